@@ -1,0 +1,227 @@
+//! The vramshim log format, shared by the recorder (`libvramshim.so`) and the report tool.
+//!
+//! A log is a header followed by chunks:
+//!
+//! ```text
+//! "VRAMSHIM" | version u32 | header length u32 | header crc32 u32 | header
+//! chunk*:  "VSCK" u32 | payload length u32 | payload crc32 u32 | payload (records)
+//! ```
+//!
+//! All integers in the fixed parts are little-endian; records inside a payload use LEB128
+//! varints with deltas against the previous record *of the same chunk*, so each chunk decodes
+//! on its own. A reader therefore knows exactly where a torn tail begins (the first chunk that
+//! is incomplete) and can skip a damaged chunk and carry on with the next one.
+
+mod reader;
+mod record;
+mod varint;
+
+pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
+pub use record::{
+    DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, MemInfo, ModuleDef, Note,
+    Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+};
+pub use varint::{Cursor, DecodeError};
+
+use varint::{put_bytes, put_u64};
+
+/// First eight bytes of every log.
+pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
+/// The format version this crate writes and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Marks the start of every chunk (also what a reader resynchronises on after damage).
+pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";
+/// Bytes before a chunk's payload.
+pub const CHUNK_HEADER_LEN: usize = 12;
+/// Larger chunk lengths are treated as damage, never allocated.
+pub const MAX_CHUNK_LEN: usize = 64 << 20;
+const MAX_HEADER_LEN: usize = 16 << 20;
+
+/// Environment variables whose values are kept in the header (allocator settings and device
+/// visibility change what a recording means).
+pub const RECORDED_ENV: [&str; 4] = [
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+];
+
+/// Who wrote the log and under which settings.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Header {
+    pub version: u32,
+    pub pid: u32,
+    pub ppid: u32,
+    pub argv: Vec<String>,
+    /// Wall-clock start, nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// `CLOCK_MONOTONIC` at start; event times are relative to it.
+    pub start_mono_ns: u64,
+    pub hostname: String,
+    /// `(name, value)` for each of [`RECORDED_ENV`]; `None` if unset.
+    pub env: Vec<(String, Option<String>)>,
+    /// Entry-point names; [`Event::api`] indexes this list.
+    pub apis: Vec<String>,
+    /// `none` or `native` (what `VRAMSHIM_STACK` selected).
+    pub stack_mode: String,
+    /// `stream` (everything written) or `ring` (flight recorder dumps).
+    pub mode: String,
+    /// Version of the recorder that wrote the log.
+    pub recorder: String,
+}
+
+impl Header {
+    /// The name of entry point `api`, or `api#N` for an index the header does not list.
+    pub fn api_name(&self, api: u16) -> std::borrow::Cow<'_, str> {
+        match self.apis.get(usize::from(api)) {
+            Some(name) => std::borrow::Cow::Borrowed(name),
+            None => std::borrow::Cow::Owned(format!("api#{api}")),
+        }
+    }
+
+    /// The recorded value of environment variable `name`.
+    pub fn env_value(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, value)| value.as_deref())
+    }
+
+    /// Serialises the header, magic and checksum included.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        put_u64(&mut body, u64::from(self.pid));
+        put_u64(&mut body, u64::from(self.ppid));
+        put_u64(&mut body, self.argv.len() as u64);
+        for arg in &self.argv {
+            put_bytes(&mut body, arg.as_bytes());
+        }
+        put_u64(&mut body, self.start_unix_ns);
+        put_u64(&mut body, self.start_mono_ns);
+        put_bytes(&mut body, self.hostname.as_bytes());
+        put_u64(&mut body, self.env.len() as u64);
+        for (name, value) in &self.env {
+            put_bytes(&mut body, name.as_bytes());
+            match value {
+                Some(value) => {
+                    body.push(1);
+                    put_bytes(&mut body, value.as_bytes());
+                }
+                None => body.push(0),
+            }
+        }
+        put_u64(&mut body, self.apis.len() as u64);
+        for api in &self.apis {
+            put_bytes(&mut body, api.as_bytes());
+        }
+        put_bytes(&mut body, self.stack_mode.as_bytes());
+        put_bytes(&mut body, self.mode.as_bytes());
+        put_bytes(&mut body, self.recorder.as_bytes());
+
+        let mut out = Vec::with_capacity(body.len() + 20);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn decode(version: u32, body: &[u8]) -> Result<Header, DecodeError> {
+        let mut cursor = Cursor::new(body);
+        let pid = cursor.u32()?;
+        let ppid = cursor.u32()?;
+        let argc = cursor.u64()?;
+        let mut argv = Vec::new();
+        for _ in 0..argc {
+            argv.push(cursor.string()?);
+        }
+        let start_unix_ns = cursor.u64()?;
+        let start_mono_ns = cursor.u64()?;
+        let hostname = cursor.string()?;
+        let env_count = cursor.u64()?;
+        let mut env = Vec::new();
+        for _ in 0..env_count {
+            let name = cursor.string()?;
+            let value = match cursor.u8()? {
+                0 => None,
+                _ => Some(cursor.string()?),
+            };
+            env.push((name, value));
+        }
+        let api_count = cursor.u64()?;
+        let mut apis = Vec::new();
+        for _ in 0..api_count {
+            apis.push(cursor.string()?);
+        }
+        let stack_mode = cursor.string()?;
+        let mode = cursor.string()?;
+        let recorder = cursor.string()?;
+        // Later versions may append fields: anything after this point is ignored.
+        Ok(Header {
+            version,
+            pid,
+            ppid,
+            argv,
+            start_unix_ns,
+            start_mono_ns,
+            hostname,
+            env,
+            apis,
+            stack_mode,
+            mode,
+            recorder,
+        })
+    }
+}
+
+/// Collects records into one chunk.
+#[derive(Default)]
+pub struct ChunkBuilder {
+    payload: Vec<u8>,
+    delta: DeltaState,
+    records: usize,
+}
+
+impl ChunkBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one record.
+    pub fn push(&mut self, record: &Record) {
+        self.delta.encode(record, &mut self.payload);
+        self.records += 1;
+    }
+
+    /// Payload bytes so far.
+    pub fn payload_len(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Records so far.
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    /// Appends the finished chunk (header and payload) to `out` and starts a new one.
+    pub fn finish_into(&mut self, out: &mut Vec<u8>) {
+        if self.records == 0 {
+            return;
+        }
+        out.extend_from_slice(&CHUNK_MAGIC);
+        out.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&self.payload).to_le_bytes());
+        out.extend_from_slice(&self.payload);
+        self.payload.clear();
+        self.delta = DeltaState::default();
+        self.records = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,372 @@
+//! Streaming decoder: header first, then records chunk by chunk, with damage reported as
+//! items in the stream rather than as errors that end it.
+
+use std::fmt;
+use std::io::{self, BufReader, Read};
+
+use crate::record::{DeltaState, Record};
+use crate::varint::Cursor;
+use crate::{
+    CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, Header, MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
+};
+
+/// Why a log could not be opened at all.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The file does not start with the vramshim magic.
+    NotALog,
+    /// Written by a newer vramshim than this one understands.
+    NewerVersion {
+        found: u32,
+        supported: u32,
+    },
+    /// The header is cut short or fails its checksum.
+    BadHeader(&'static str),
+    Io(io::Error),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::NotALog => write!(f, "not a vramshim log (no VRAMSHIM magic at the start)"),
+            OpenError::NewerVersion { found, supported } => write!(
+                f,
+                "log format version {found} is newer than this vramshim understands (up to {supported}); upgrade vramshim"
+            ),
+            OpenError::BadHeader(why) => write!(f, "damaged log header: {why}"),
+            OpenError::Io(err) => write!(f, "{err}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// What kind of damage a reader met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DamageKind {
+    /// The file ends inside a chunk (the writer was killed mid-write): `bytes` are unusable.
+    TornTail { bytes: u64 },
+    /// A chunk's payload does not match its checksum; the chunk was skipped.
+    BadChecksum { len: u64 },
+    /// Bytes that are not a chunk; skipped up to the next chunk marker (or the end).
+    Garbage { bytes: u64 },
+    /// A chunk passed its checksum but a record in it did not decode; the rest of the chunk
+    /// was skipped.
+    BadRecord { reason: &'static str },
+    /// The file could not be read further.
+    Io { message: String },
+}
+
+/// Damage at a byte offset of the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub offset: u64,
+    pub kind: DamageKind,
+}
+
+impl fmt::Display for Damage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            DamageKind::TornTail { bytes } => write!(
+                f,
+                "log ends in an incomplete chunk at byte {} ({bytes} bytes unusable): the recorder was stopped mid-write; everything before is intact",
+                self.offset
+            ),
+            DamageKind::BadChecksum { len } => write!(
+                f,
+                "damaged chunk at byte {} ({len} bytes, checksum mismatch) skipped",
+                self.offset
+            ),
+            DamageKind::Garbage { bytes } => {
+                write!(
+                    f,
+                    "{bytes} unreadable bytes at byte {} skipped",
+                    self.offset
+                )
+            }
+            DamageKind::BadRecord { reason } => write!(
+                f,
+                "undecodable record in chunk at byte {} ({reason}); rest of that chunk skipped",
+                self.offset
+            ),
+            DamageKind::Io { message } => {
+                write!(f, "read error at byte {}: {message}", self.offset)
+            }
+        }
+    }
+}
+
+/// One item of the stream: a record, or a note that something was skipped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    Record(Record),
+    Damage(Damage),
+}
+
+/// Reads a log as a stream of [`Item`]s. Memory use is one chunk, whatever the log's length.
+pub struct LogReader<R: Read> {
+    source: Source<R>,
+    header: Header,
+    /// Offset of the next unread byte of `source`.
+    offset: u64,
+    chunk: Vec<u8>,
+    chunk_offset: u64,
+    chunk_pos: usize,
+    delta: DeltaState,
+    finished: bool,
+}
+
+impl<R: Read> LogReader<R> {
+    /// Reads and checks the header.
+    pub fn new(source: R) -> Result<Self, OpenError> {
+        let mut source = BufReader::with_capacity(1 << 20, source);
+        let mut fixed = [0u8; 20];
+        let got = read_full(&mut source, &mut fixed).map_err(OpenError::Io)?;
+        if got < MAGIC.len() || &fixed[..8] != MAGIC {
+            return Err(OpenError::NotALog);
+        }
+        if got < fixed.len() {
+            return Err(OpenError::BadHeader("file ends inside the header"));
+        }
+        let version = u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]);
+        if version > FORMAT_VERSION {
+            return Err(OpenError::NewerVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if version == 0 {
+            return Err(OpenError::BadHeader("format version 0"));
+        }
+        let len = u32::from_le_bytes([fixed[12], fixed[13], fixed[14], fixed[15]]) as usize;
+        let crc = u32::from_le_bytes([fixed[16], fixed[17], fixed[18], fixed[19]]);
+        if len > MAX_HEADER_LEN {
+            return Err(OpenError::BadHeader("header length implausible"));
+        }
+        let mut body = vec![0u8; len];
+        if read_full(&mut source, &mut body).map_err(OpenError::Io)? < len {
+            return Err(OpenError::BadHeader("file ends inside the header"));
+        }
+        if crc32fast::hash(&body) != crc {
+            return Err(OpenError::BadHeader("header checksum mismatch"));
+        }
+        let header = Header::decode(version, &body).map_err(|err| OpenError::BadHeader(err.0))?;
+        Ok(LogReader {
+            source: Source {
+                front: Vec::new(),
+                front_pos: 0,
+                inner: source,
+            },
+            header,
+            offset: (fixed.len() + len) as u64,
+            chunk: Vec::new(),
+            chunk_offset: 0,
+            chunk_pos: 0,
+            delta: DeltaState::default(),
+            finished: false,
+        })
+    }
+
+    /// The log's header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Bytes consumed so far (for progress display).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Reads the next chunk into `self.chunk`; returns damage met on the way, if any.
+    fn load_chunk(&mut self) -> Option<Damage> {
+        let start = self.offset;
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        let got = match read_full(&mut self.source, &mut head) {
+            Ok(got) => got,
+            Err(err) => return Some(self.io_damage(err)),
+        };
+        self.offset += got as u64;
+        if got == 0 {
+            self.finished = true;
+            return None;
+        }
+        if got < 4 || head[..4] != CHUNK_MAGIC {
+            return Some(self.resync(start, &head[..got]));
+        }
+        if got < CHUNK_HEADER_LEN {
+            self.finished = true;
+            return Some(Damage {
+                offset: start,
+                kind: DamageKind::TornTail { bytes: got as u64 },
+            });
+        }
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let crc = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        if len > MAX_CHUNK_LEN {
+            return Some(self.resync(start, &head));
+        }
+        self.chunk.resize(len, 0);
+        let got = match read_full(&mut self.source, &mut self.chunk) {
+            Ok(got) => got,
+            Err(err) => return Some(self.io_damage(err)),
+        };
+        self.offset += got as u64;
+        if got < len {
+            self.finished = true;
+            self.chunk.clear();
+            return Some(Damage {
+                offset: start,
+                kind: DamageKind::TornTail {
+                    bytes: (CHUNK_HEADER_LEN + got) as u64,
+                },
+            });
+        }
+        if crc32fast::hash(&self.chunk) != crc {
+            self.chunk.clear();
+            return Some(Damage {
+                offset: start,
+                kind: DamageKind::BadChecksum { len: len as u64 },
+            });
+        }
+        self.chunk_offset = start;
+        self.chunk_pos = 0;
+        self.delta = DeltaState::default();
+        None
+    }
+
+    /// Skips forward to the next chunk marker. `consumed` are bytes already read at `start`.
+    fn resync(&mut self, start: u64, consumed: &[u8]) -> Damage {
+        // The marker may begin inside what was already read.
+        let mut window: Vec<u8> = consumed.get(1..).unwrap_or_default().to_vec();
+        let mut skipped = 1u64;
+        loop {
+            if let Some(pos) = window.windows(4).position(|w| w == CHUNK_MAGIC) {
+                skipped += pos as u64;
+                let rest = window.split_off(pos);
+                // Put the marker and what follows back in front of the stream.
+                self.pushback(rest);
+                break;
+            }
+            let keep = window.len().saturating_sub(3);
+            skipped += keep as u64;
+            window.drain(..keep);
+            let mut buf = [0u8; 8192];
+            match self.source.read(&mut buf) {
+                Ok(0) => {
+                    skipped += window.len() as u64;
+                    self.finished = true;
+                    let kind = if skipped < CHUNK_HEADER_LEN as u64 {
+                        DamageKind::TornTail { bytes: skipped }
+                    } else {
+                        DamageKind::Garbage { bytes: skipped }
+                    };
+                    return Damage {
+                        offset: start,
+                        kind,
+                    };
+                }
+                Ok(n) => {
+                    self.offset += n as u64;
+                    window.extend_from_slice(&buf[..n]);
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return self.io_damage(err),
+            }
+        }
+        Damage {
+            offset: start,
+            kind: DamageKind::Garbage { bytes: skipped },
+        }
+    }
+
+    /// Re-inserts bytes read ahead during a resync in front of the remaining input.
+    fn pushback(&mut self, bytes: Vec<u8>) {
+        self.offset -= bytes.len() as u64;
+        self.source.unread(bytes);
+    }
+
+    fn io_damage(&mut self, err: io::Error) -> Damage {
+        self.finished = true;
+        Damage {
+            offset: self.offset,
+            kind: DamageKind::Io {
+                message: err.to_string(),
+            },
+        }
+    }
+}
+
+impl<R: Read> Iterator for LogReader<R> {
+    type Item = Item;
+
+    fn next(&mut self) -> Option<Item> {
+        loop {
+            if self.chunk_pos < self.chunk.len() {
+                let mut cursor = Cursor::new(&self.chunk);
+                cursor.pos = self.chunk_pos;
+                match self.delta.decode(&mut cursor) {
+                    Ok(record) => {
+                        self.chunk_pos = cursor.pos;
+                        return Some(Item::Record(record));
+                    }
+                    Err(err) => {
+                        self.chunk_pos = self.chunk.len();
+                        return Some(Item::Damage(Damage {
+                            offset: self.chunk_offset,
+                            kind: DamageKind::BadRecord { reason: err.0 },
+                        }));
+                    }
+                }
+            }
+            if self.finished {
+                return None;
+            }
+            self.chunk.clear();
+            self.chunk_pos = 0;
+            if let Some(damage) = self.load_chunk() {
+                return Some(Item::Damage(damage));
+            }
+        }
+    }
+}
+
+fn read_full(source: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match source.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(filled)
+}
+
+/// The input with room for bytes put back after looking ahead for a chunk marker.
+struct Source<R> {
+    front: Vec<u8>,
+    front_pos: usize,
+    inner: BufReader<R>,
+}
+
+impl<R: Read> Source<R> {
+    fn unread(&mut self, bytes: Vec<u8>) {
+        let mut front = bytes;
+        front.extend_from_slice(&self.front[self.front_pos..]);
+        self.front = front;
+        self.front_pos = 0;
+    }
+}
+
+impl<R: Read> Read for Source<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.front_pos < self.front.len() {
+            let n = (self.front.len() - self.front_pos).min(buf.len());
+            buf[..n].copy_from_slice(&self.front[self.front_pos..self.front_pos + n]);
+            self.front_pos += n;
+            return Ok(n);
+        }
+        self.inner.read(buf)
+    }
+}

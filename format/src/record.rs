@@ -1,0 +1,484 @@
+//! The records a log holds, and the per-chunk delta state used to encode them compactly.
+
+use crate::varint::{Cursor, DecodeError, put_bytes, put_i64, put_u64};
+
+/// What a hooked call did to GPU (or pinned host) memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum EventKind {
+    /// Memory obtained at `addr` (or array `handle`), `size` bytes.
+    #[default]
+    Alloc = 0,
+    /// Memory at `addr` (or array `handle`) given back.
+    Free = 1,
+    /// An allocating call that did not succeed; `size` is the request.
+    AllocFailed = 2,
+    /// VMM physical memory created: `handle`, `size` bytes.
+    Create = 3,
+    /// VMM physical memory handle released.
+    Release = 4,
+    /// VMM: `size` bytes of `handle` mapped at `addr`.
+    Map = 5,
+    /// VMM: the range `addr`..`addr+size` unmapped.
+    Unmap = 6,
+    /// VMM: a virtual address range reserved.
+    Reserve = 7,
+    /// VMM: a virtual address range released.
+    Unreserve = 8,
+    /// A stream-ordered pool (`handle`) trimmed down to `size` bytes kept.
+    Trim = 9,
+}
+
+impl EventKind {
+    /// Every kind, in code order.
+    pub const ALL: [EventKind; 10] = [
+        EventKind::Alloc,
+        EventKind::Free,
+        EventKind::AllocFailed,
+        EventKind::Create,
+        EventKind::Release,
+        EventKind::Map,
+        EventKind::Unmap,
+        EventKind::Reserve,
+        EventKind::Unreserve,
+        EventKind::Trim,
+    ];
+
+    /// The name used in text and JSON output.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "alloc",
+            EventKind::Free => "free",
+            EventKind::AllocFailed => "alloc_failed",
+            EventKind::Create => "create",
+            EventKind::Release => "release",
+            EventKind::Map => "map",
+            EventKind::Unmap => "unmap",
+            EventKind::Reserve => "reserve",
+            EventKind::Unreserve => "unreserve",
+            EventKind::Trim => "trim",
+        }
+    }
+
+    /// The kind with code `code`, if any.
+    pub fn from_code(code: u8) -> Option<EventKind> {
+        EventKind::ALL.get(usize::from(code)).copied()
+    }
+
+    /// Whether the event gives memory back (recorded before the real call runs, so that a
+    /// free always precedes the allocation that reuses its address in time order).
+    pub fn releases(self) -> bool {
+        matches!(
+            self,
+            EventKind::Free | EventKind::Release | EventKind::Unmap | EventKind::Unreserve
+        )
+    }
+}
+
+/// Device ordinal used for pinned host memory.
+pub const HOST_DEVICE: i32 = -1;
+/// Device ordinal used when the device could not be determined.
+pub const UNKNOWN_DEVICE: i32 = -2;
+
+/// One hooked call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    pub kind: EventKind,
+    /// Index into [`Header::apis`]: the exact entry point called.
+    pub api: u16,
+    /// Monotonic nanoseconds since [`Header::start_mono_ns`].
+    pub t_ns: u64,
+    /// Kernel thread id of the caller.
+    pub thread: u32,
+    /// Device ordinal, [`HOST_DEVICE`] or [`UNKNOWN_DEVICE`].
+    pub device: i32,
+    /// `CUstream` as an integer (0 = legacy default stream).
+    pub stream: u64,
+    pub addr: u64,
+    pub size: u64,
+    /// VMM allocation handle, pool handle or array handle.
+    pub handle: u64,
+    /// Raw `CUresult` / `cudaError_t` of the call (0 = success).
+    pub result: u32,
+    /// Stack id from a [`StackDef`]; 0 = no stack captured.
+    pub stack: u32,
+    /// Device (free, total) bytes read right after a failed allocation.
+    pub mem_info: Option<(u64, u64)>,
+}
+
+/// Device memory as the driver reported it (`cuMemGetInfo_v2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    pub t_ns: u64,
+    pub device: i32,
+    pub free: u64,
+    pub total: u64,
+}
+
+/// A thread's name, recorded the first time the thread makes a hooked call.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ThreadName {
+    pub thread: u32,
+    pub name: String,
+}
+
+/// Where one captured frame points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// A native return address (innermost first in a stack).
+    Native(u64),
+}
+
+/// A call stack, written once and referred to by id from events.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StackDef {
+    pub id: u32,
+    /// Innermost frame first.
+    pub frames: Vec<Frame>,
+}
+
+/// A loaded object, so the report can symbolise addresses offline.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ModuleDef {
+    pub path: String,
+    /// Difference between run-time addresses and the file's virtual addresses.
+    pub load_bias: u64,
+    /// Run-time address range covered by the object's loadable segments.
+    pub start: u64,
+    pub end: u64,
+    /// GNU build id, empty if the object has none.
+    pub build_id: Vec<u8>,
+}
+
+/// Events discarded because the ring was full and the user chose dropping over waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Dropped {
+    pub t_ns: u64,
+    pub count: u64,
+}
+
+/// Something that happened to the recorder or the process (fork, exec, signal, a warning).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Note {
+    pub t_ns: u64,
+    pub text: String,
+}
+
+/// Flight-recorder mode: what follows until the next `DumpBegin` is one self-contained
+/// dump: the allocations live when its window opened, then every event of the window.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct DumpBegin {
+    pub t_ns: u64,
+    pub reason: String,
+    /// Events that fell out of the window before this dump (not written).
+    pub events_discarded: u64,
+    pub live_count: u64,
+    pub window_count: u64,
+}
+
+/// Anything a chunk can hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Event(Event),
+    MemInfo(MemInfo),
+    ThreadName(ThreadName),
+    Stack(StackDef),
+    Module(ModuleDef),
+    Dropped(Dropped),
+    Note(Note),
+    DumpBegin(DumpBegin),
+}
+
+// Record tags. Events use 0x10 + kind so the kind costs no extra byte.
+const TAG_MEM_INFO: u8 = 0x01;
+const TAG_THREAD_NAME: u8 = 0x02;
+const TAG_STACK: u8 = 0x03;
+const TAG_MODULE: u8 = 0x04;
+const TAG_DROPPED: u8 = 0x05;
+const TAG_NOTE: u8 = 0x06;
+const TAG_DUMP_BEGIN: u8 = 0x07;
+const TAG_EVENT: u8 = 0x10;
+
+// Event field-presence flags: fields equal to their usual value cost nothing.
+const F_THREAD: u8 = 1 << 0; // thread differs from the previous event in the chunk
+const F_DEVICE: u8 = 1 << 1; // device differs from the previous event in the chunk
+const F_STREAM: u8 = 1 << 2;
+const F_HANDLE: u8 = 1 << 3;
+const F_RESULT: u8 = 1 << 4;
+const F_MEM_INFO: u8 = 1 << 5;
+const F_STACK: u8 = 1 << 6;
+const F_ADDR: u8 = 1 << 7;
+
+/// Delta state shared by encoder and decoder; reset at every chunk so each chunk decodes
+/// on its own (a damaged chunk can be skipped without losing the ones after it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeltaState {
+    t_ns: u64,
+    thread: u32,
+    device: i32,
+    addr: u64,
+    size: u64,
+}
+
+impl DeltaState {
+    /// Appends `record` to `out`.
+    pub fn encode(&mut self, record: &Record, out: &mut Vec<u8>) {
+        match record {
+            Record::Event(event) => self.encode_event(event, out),
+            Record::MemInfo(info) => {
+                out.push(TAG_MEM_INFO);
+                put_u64(out, info.t_ns);
+                put_i64(out, i64::from(info.device));
+                put_u64(out, info.free);
+                put_u64(out, info.total);
+            }
+            Record::ThreadName(thread) => {
+                out.push(TAG_THREAD_NAME);
+                put_u64(out, u64::from(thread.thread));
+                put_bytes(out, thread.name.as_bytes());
+            }
+            Record::Stack(stack) => {
+                out.push(TAG_STACK);
+                put_u64(out, u64::from(stack.id));
+                put_u64(out, stack.frames.len() as u64);
+                // Neighbouring frames often lie in the same object: store differences.
+                let mut previous = 0u64;
+                for frame in &stack.frames {
+                    let Frame::Native(ip) = *frame;
+                    put_u64(out, 0); // frame type: native
+                    put_i64(out, ip.wrapping_sub(previous) as i64);
+                    previous = ip;
+                }
+            }
+            Record::Module(module) => {
+                out.push(TAG_MODULE);
+                put_bytes(out, module.path.as_bytes());
+                put_u64(out, module.load_bias);
+                put_u64(out, module.start);
+                put_u64(out, module.end);
+                put_bytes(out, &module.build_id);
+            }
+            Record::Dropped(dropped) => {
+                out.push(TAG_DROPPED);
+                put_u64(out, dropped.t_ns);
+                put_u64(out, dropped.count);
+            }
+            Record::Note(note) => {
+                out.push(TAG_NOTE);
+                put_u64(out, note.t_ns);
+                put_bytes(out, note.text.as_bytes());
+            }
+            Record::DumpBegin(dump) => {
+                out.push(TAG_DUMP_BEGIN);
+                put_u64(out, dump.t_ns);
+                put_bytes(out, dump.reason.as_bytes());
+                put_u64(out, dump.events_discarded);
+                put_u64(out, dump.live_count);
+                put_u64(out, dump.window_count);
+            }
+        }
+    }
+
+    fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
+        let mut flags = 0u8;
+        if event.thread != self.thread {
+            flags |= F_THREAD;
+        }
+        if event.device != self.device {
+            flags |= F_DEVICE;
+        }
+        if event.stream != 0 {
+            flags |= F_STREAM;
+        }
+        if event.handle != 0 {
+            flags |= F_HANDLE;
+        }
+        if event.result != 0 {
+            flags |= F_RESULT;
+        }
+        if event.mem_info.is_some() {
+            flags |= F_MEM_INFO;
+        }
+        if event.stack != 0 {
+            flags |= F_STACK;
+        }
+        if event.addr != 0 {
+            flags |= F_ADDR;
+        }
+        out.push(TAG_EVENT + event.kind as u8);
+        out.push(flags);
+        put_u64(out, u64::from(event.api));
+        put_i64(out, event.t_ns.wrapping_sub(self.t_ns) as i64);
+        if flags & F_THREAD != 0 {
+            put_u64(out, u64::from(event.thread));
+        }
+        if flags & F_DEVICE != 0 {
+            put_i64(out, i64::from(event.device));
+        }
+        if flags & F_ADDR != 0 {
+            put_i64(out, event.addr.wrapping_sub(self.addr) as i64);
+            self.addr = event.addr;
+        }
+        // Sizes repeat a lot (same tensor shapes): a repeated size costs one byte.
+        put_i64(out, event.size.wrapping_sub(self.size) as i64);
+        self.size = event.size;
+        if flags & F_STREAM != 0 {
+            put_u64(out, event.stream);
+        }
+        if flags & F_HANDLE != 0 {
+            put_u64(out, event.handle);
+        }
+        if flags & F_RESULT != 0 {
+            put_u64(out, u64::from(event.result));
+        }
+        if let Some((free, total)) = event.mem_info {
+            put_u64(out, free);
+            put_u64(out, total);
+        }
+        if flags & F_STACK != 0 {
+            put_u64(out, u64::from(event.stack));
+        }
+        self.t_ns = event.t_ns;
+        self.thread = event.thread;
+        self.device = event.device;
+    }
+
+    /// Reads the next record from `cursor`.
+    pub fn decode(&mut self, cursor: &mut Cursor<'_>) -> Result<Record, DecodeError> {
+        let tag = cursor.u8()?;
+        if tag >= TAG_EVENT {
+            let kind =
+                EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
+            return self.decode_event(kind, cursor).map(Record::Event);
+        }
+        Ok(match tag {
+            TAG_MEM_INFO => Record::MemInfo(MemInfo {
+                t_ns: cursor.u64()?,
+                device: device_from(cursor.i64()?)?,
+                free: cursor.u64()?,
+                total: cursor.u64()?,
+            }),
+            TAG_THREAD_NAME => Record::ThreadName(ThreadName {
+                thread: cursor.u32()?,
+                name: cursor.string()?,
+            }),
+            TAG_STACK => {
+                let id = cursor.u32()?;
+                let count = cursor.u64()?;
+                // Each frame takes at least two bytes: refuse counts the chunk cannot hold.
+                if count > (cursor.bytes.len() - cursor.pos) as u64 / 2 {
+                    return Err(DecodeError("stack frame count exceeds chunk"));
+                }
+                let mut frames = Vec::with_capacity(count as usize);
+                let mut previous = 0u64;
+                for _ in 0..count {
+                    match cursor.u64()? {
+                        0 => {
+                            previous = previous.wrapping_add(cursor.i64()? as u64);
+                            frames.push(Frame::Native(previous));
+                        }
+                        _ => return Err(DecodeError("unknown frame type")),
+                    }
+                }
+                Record::Stack(StackDef { id, frames })
+            }
+            TAG_MODULE => Record::Module(ModuleDef {
+                path: cursor.string()?,
+                load_bias: cursor.u64()?,
+                start: cursor.u64()?,
+                end: cursor.u64()?,
+                build_id: cursor.bytes()?.to_vec(),
+            }),
+            TAG_DROPPED => Record::Dropped(Dropped {
+                t_ns: cursor.u64()?,
+                count: cursor.u64()?,
+            }),
+            TAG_NOTE => Record::Note(Note {
+                t_ns: cursor.u64()?,
+                text: cursor.string()?,
+            }),
+            TAG_DUMP_BEGIN => Record::DumpBegin(DumpBegin {
+                t_ns: cursor.u64()?,
+                reason: cursor.string()?,
+                events_discarded: cursor.u64()?,
+                live_count: cursor.u64()?,
+                window_count: cursor.u64()?,
+            }),
+            _ => return Err(DecodeError("unknown record tag")),
+        })
+    }
+
+    fn decode_event(
+        &mut self,
+        kind: EventKind,
+        cursor: &mut Cursor<'_>,
+    ) -> Result<Event, DecodeError> {
+        let flags = cursor.u8()?;
+        let api = u16::try_from(cursor.u64()?).map_err(|_| DecodeError("api index too large"))?;
+        let t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
+        let thread = if flags & F_THREAD != 0 {
+            cursor.u32()?
+        } else {
+            self.thread
+        };
+        let device = if flags & F_DEVICE != 0 {
+            device_from(cursor.i64()?)?
+        } else {
+            self.device
+        };
+        let addr = if flags & F_ADDR != 0 {
+            self.addr = self.addr.wrapping_add(cursor.i64()? as u64);
+            self.addr
+        } else {
+            0
+        };
+        let size = self.size.wrapping_add(cursor.i64()? as u64);
+        self.size = size;
+        let stream = if flags & F_STREAM != 0 {
+            cursor.u64()?
+        } else {
+            0
+        };
+        let handle = if flags & F_HANDLE != 0 {
+            cursor.u64()?
+        } else {
+            0
+        };
+        let result = if flags & F_RESULT != 0 {
+            cursor.u32()?
+        } else {
+            0
+        };
+        let mem_info = if flags & F_MEM_INFO != 0 {
+            Some((cursor.u64()?, cursor.u64()?))
+        } else {
+            None
+        };
+        let stack = if flags & F_STACK != 0 {
+            cursor.u32()?
+        } else {
+            0
+        };
+        self.t_ns = t_ns;
+        self.thread = thread;
+        self.device = device;
+        Ok(Event {
+            kind,
+            api,
+            t_ns,
+            thread,
+            device,
+            stream,
+            addr,
+            size,
+            handle,
+            result,
+            stack,
+            mem_info,
+        })
+    }
+}
+
+fn device_from(value: i64) -> Result<i32, DecodeError> {
+    i32::try_from(value).map_err(|_| DecodeError("device ordinal out of range"))
+}

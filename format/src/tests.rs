@@ -1,0 +1,266 @@
+use super::*;
+
+fn header() -> Header {
+    Header {
+        version: FORMAT_VERSION,
+        pid: 4242,
+        ppid: 1,
+        argv: vec!["python".into(), "train.py".into()],
+        start_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 123_456_789,
+        hostname: "node7".into(),
+        env: vec![
+            ("CUDA_VISIBLE_DEVICES".into(), Some("0,1".into())),
+            ("PYTORCH_CUDA_ALLOC_CONF".into(), None),
+        ],
+        apis: vec!["cuMemAlloc_v2".into(), "cuMemFree_v2".into()],
+        stack_mode: "native".into(),
+        mode: "stream".into(),
+        recorder: "0.1.0".into(),
+    }
+}
+
+fn sample_records() -> Vec<Record> {
+    let mut records = vec![
+        Record::Module(ModuleDef {
+            path: "/usr/lib/libfoo.so".into(),
+            load_bias: 0x7f00_0000_0000,
+            start: 0x7f00_0000_1000,
+            end: 0x7f00_0002_0000,
+            build_id: vec![0xde, 0xad, 0xbe, 0xef],
+        }),
+        Record::Stack(StackDef {
+            id: 1,
+            frames: vec![
+                Frame::Native(0x7f00_0000_1234),
+                Frame::Native(0x5555_0000_0010),
+            ],
+        }),
+        Record::ThreadName(ThreadName {
+            thread: 77,
+            name: "pt_autograd_0".into(),
+        }),
+        Record::MemInfo(MemInfo {
+            t_ns: 5,
+            device: 1,
+            free: 1 << 30,
+            total: 80 << 30,
+        }),
+        Record::Note(Note {
+            t_ns: 6,
+            text: "fork: child 99".into(),
+        }),
+        Record::Dropped(Dropped { t_ns: 7, count: 3 }),
+        Record::DumpBegin(DumpBegin {
+            t_ns: 8,
+            reason: "SIGUSR2".into(),
+            events_discarded: 10,
+            live_count: 2,
+            window_count: 5,
+        }),
+    ];
+    for i in 0..1000u64 {
+        records.push(Record::Event(Event {
+            kind: EventKind::ALL[(i % 10) as usize],
+            api: (i % 2) as u16,
+            t_ns: 1_000 + i * 37,
+            thread: 77 + (i % 3) as u32,
+            device: (i % 4) as i32 - 2,
+            stream: if i % 5 == 0 { 0x55_0000 + i } else { 0 },
+            addr: if i % 7 == 0 {
+                0
+            } else {
+                0x7000_0000_0000 + (i * 4096) % 100_000
+            },
+            size: [0, 1 << 20, 1 << 20, 4096, u64::MAX][(i % 5) as usize],
+            handle: if i % 3 == 0 { i } else { 0 },
+            result: if i % 11 == 0 { 2 } else { 0 },
+            stack: (i % 4) as u32,
+            mem_info: if i % 13 == 0 { Some((i, i * 2)) } else { None },
+        }));
+    }
+    records
+}
+
+fn encode_log(records: &[Record], per_chunk: usize) -> Vec<u8> {
+    let mut out = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    for record in records {
+        chunk.push(record);
+        if chunk.records() == per_chunk {
+            chunk.finish_into(&mut out);
+        }
+    }
+    chunk.finish_into(&mut out);
+    out
+}
+
+fn read_all(bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
+    let reader = LogReader::new(bytes).expect("header");
+    let mut records = Vec::new();
+    let mut damage = Vec::new();
+    for item in reader {
+        match item {
+            Item::Record(record) => records.push(record),
+            Item::Damage(d) => damage.push(d),
+        }
+    }
+    (records, damage)
+}
+
+#[test]
+fn round_trip_preserves_every_field() {
+    let records = sample_records();
+    let bytes = encode_log(&records, 100);
+    let reader = LogReader::new(&bytes[..]).unwrap();
+    assert_eq!(reader.header(), &header());
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+}
+
+#[test]
+fn typical_events_are_compact() {
+    // An alloc/free pair per call site as a caching allocator or a tensor program produces.
+    let mut records = Vec::new();
+    let mut t = 0;
+    for i in 0..10_000u64 {
+        let addr = 0x7f3a_0000_0000 + (i % 64) * (2 << 20);
+        let size = [512u64, 4096, 1 << 20, 3 << 20][(i % 4) as usize];
+        t += 900 + (i % 17) * 13;
+        records.push(Record::Event(Event {
+            kind: EventKind::Alloc,
+            api: 3,
+            t_ns: t,
+            thread: 31337,
+            device: 0,
+            addr,
+            size,
+            stack: 1 + (i % 40) as u32,
+            ..Event::default()
+        }));
+        t += 400;
+        records.push(Record::Event(Event {
+            kind: EventKind::Free,
+            api: 4,
+            t_ns: t,
+            thread: 31337,
+            device: 0,
+            addr,
+            stack: 41 + (i % 40) as u32,
+            ..Event::default()
+        }));
+    }
+    let header_len = header().encode().len();
+    let bytes = encode_log(&records, 4096);
+    let per_event = (bytes.len() - header_len) as f64 / records.len() as f64;
+    assert!(per_event <= 24.0, "{per_event} bytes per event");
+    assert!(per_event >= 4.0, "suspiciously small: {per_event}");
+}
+
+#[test]
+fn torn_tail_keeps_everything_before_it() {
+    let records = sample_records();
+    let bytes = encode_log(&records, 100);
+    let header_len = header().encode().len();
+    // Cut at every byte of the last two chunks: all complete chunks survive.
+    let (full, _) = read_all(&bytes);
+    let mut boundary_free_cuts = 0;
+    for cut in (bytes.len() - 2000)..bytes.len() {
+        let (decoded, damage) = read_all(&bytes[..cut]);
+        // A cut exactly between two chunks leaves a clean, shorter log.
+        if !damage.is_empty() {
+            assert_eq!(damage.len(), 1, "cut {cut}: {damage:?}");
+            assert!(
+                matches!(damage[0].kind, DamageKind::TornTail { .. }),
+                "cut {cut}: {damage:?}"
+            );
+            assert!(damage[0].offset as usize >= header_len);
+            boundary_free_cuts += 1;
+        }
+        assert_eq!(decoded[..], full[..decoded.len()], "cut {cut}");
+        // Whole chunks of 100 records survive, nothing of the torn one.
+        assert_eq!(decoded.len() % 100, 0, "cut {cut}");
+        assert!(decoded.len() >= 800, "cut {cut}: only {}", decoded.len());
+    }
+    assert!(boundary_free_cuts >= 1990);
+}
+
+#[test]
+fn damaged_chunk_is_skipped_and_reading_goes_on() {
+    let records = sample_records();
+    let bytes = encode_log(&records, 100);
+    let header_len = header().encode().len();
+    // Flip a byte inside the second chunk's payload.
+    let (_, first_len) = chunk_bounds(&bytes, header_len);
+    let second_start = header_len + first_len;
+    let mut damaged = bytes.clone();
+    damaged[second_start + CHUNK_HEADER_LEN + 5] ^= 0xff;
+    let (decoded, damage) = read_all(&damaged);
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert_eq!(damage[0].offset as usize, second_start);
+    assert!(matches!(damage[0].kind, DamageKind::BadChecksum { .. }));
+    assert_eq!(decoded.len(), records.len() - 100);
+    assert_eq!(decoded[..100], records[..100]);
+    assert_eq!(decoded[100..], records[200..]);
+
+    // Garbage between chunks: skipped up to the next chunk marker.
+    let mut with_garbage = bytes[..second_start].to_vec();
+    with_garbage.extend_from_slice(b"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+    with_garbage.extend_from_slice(&bytes[second_start..]);
+    let (decoded, damage) = read_all(&with_garbage);
+    assert_eq!(decoded, records);
+    assert_eq!(damage.len(), 1);
+    assert_eq!(damage[0].kind, DamageKind::Garbage { bytes: 46 });
+}
+
+fn chunk_bounds(bytes: &[u8], at: usize) -> (usize, usize) {
+    let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+    (at, CHUNK_HEADER_LEN + len)
+}
+
+#[test]
+fn not_a_log_and_newer_versions_are_refused() {
+    assert!(matches!(
+        LogReader::new(&b"hello world, not a log at all"[..]),
+        Err(OpenError::NotALog)
+    ));
+    assert!(matches!(LogReader::new(&b""[..]), Err(OpenError::NotALog)));
+    let mut newer = header().encode();
+    newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert!(matches!(
+        LogReader::new(&newer[..]),
+        Err(OpenError::NewerVersion { found, .. }) if found == FORMAT_VERSION + 1
+    ));
+    let good = header().encode();
+    assert!(matches!(
+        LogReader::new(&good[..good.len() - 1]),
+        Err(OpenError::BadHeader(_))
+    ));
+    let mut bad_crc = good.clone();
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 1;
+    assert!(matches!(
+        LogReader::new(&bad_crc[..]),
+        Err(OpenError::BadHeader(_))
+    ));
+}
+
+#[test]
+fn random_corruption_never_panics() {
+    let bytes = encode_log(&sample_records(), 50);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..300 {
+        let mut damaged = bytes.clone();
+        for _ in 0..4 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let pos = (state % damaged.len() as u64) as usize;
+            damaged[pos] = (state >> 32) as u8;
+        }
+        if let Ok(reader) = LogReader::new(&damaged[..]) {
+            for _ in reader {}
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The hook path: per-thread state, per-thread event rings, and what a hooked call records.
+//!
+//! Each thread appends to its own single-producer ring, so threads never contend. Order across
+//! threads comes from timestamps: a thread publishes "I am inside a hook since t0" before it
+//! reads the clock, frees are stamped before the real call and allocations after it, and the
+//! writer only writes events older than every thread's t0 (the watermark). So the log is in
+//! time order and a free always precedes the allocation that reuses its address.
+
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use vramshim_format::{EventKind, HOST_DEVICE, UNKNOWN_DEVICE};
+
+use crate::config::{OnFull, StackMode};
+use crate::table::{DRIVER, Layer};
+use crate::{interpose, lifecycle, stacks, writer};
+
+/// What a hooked call did, as the table's spec expressions describe it.
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    pub kind: EventKind,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub handle: u64,
+    pub device: DeviceSource,
+}
+
+/// Where an event's device ordinal comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum DeviceSource {
+    /// The calling thread's current device (`cuCtxGetDevice` / `cudaGetDevice`).
+    Current,
+    /// Pinned host memory.
+    Host,
+    /// Given by the call's arguments (`CUmemAllocationProp.location`).
+    Known(i32),
+}
+
+impl Spec {
+    pub fn new(kind: EventKind, addr: u64, size: u64) -> Spec {
+        Spec {
+            kind,
+            addr,
+            size,
+            stream: 0,
+            handle: 0,
+            device: DeviceSource::Current,
+        }
+    }
+    pub fn host(mut self) -> Spec {
+        self.device = DeviceSource::Host;
+        self
+    }
+    pub fn stream(mut self, stream: *mut c_void) -> Spec {
+        self.stream = stream as u64;
+        self
+    }
+    pub fn handle(mut self, handle: u64) -> Spec {
+        self.handle = handle;
+        self
+    }
+    pub fn device_opt(mut self, device: Option<i32>) -> Spec {
+        if let Some(device) = device {
+            self.device = DeviceSource::Known(device);
+        }
+        self
+    }
+}
+
+/// What a ring slot holds.
+pub const SLOT_EVENT: u8 = 0;
+pub const SLOT_MEM_INFO: u8 = 1;
+
+/// One buffered record: an event, or a device memory sample (`aux` = free, total).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct Slot {
+    pub t_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub handle: u64,
+    pub aux: [u64; 2],
+    pub stack: u32,
+    pub result: u32,
+    pub device: i32,
+    pub api: u16,
+    pub kind: u8,
+    pub tag: u8,
+    /// Whether `aux` holds device free/total read at a failed allocation.
+    pub has_mem_info: bool,
+}
+
+/// `in_progress` value of a thread outside any hook.
+pub const IDLE: u64 = u64::MAX;
+/// `in_progress` value while a thread is reading the clock on entry.
+pub const ENTERING: u64 = 0;
+
+#[repr(align(64))]
+struct Padded<T>(T);
+
+/// A thread's event buffer: single producer (the thread), single consumer (whoever holds the
+/// writer lock).
+pub struct Ring {
+    pub tid: u32,
+    /// Monotonic time the thread entered the hook it is in, or [`IDLE`] / [`ENTERING`].
+    pub in_progress: AtomicU64,
+    /// Set when the thread has exited; the writer frees the ring once it is empty.
+    pub orphaned: AtomicBool,
+    head: Padded<AtomicUsize>,
+    tail: Padded<AtomicUsize>,
+    slots: Box<[UnsafeCell<Slot>]>,
+    mask: usize,
+}
+
+// Slots are written by the owning thread only before publishing `tail`, and read by the
+// consumer only below `tail` and above `head`.
+unsafe impl Sync for Ring {}
+unsafe impl Send for Ring {}
+
+impl Ring {
+    pub fn new(tid: u32, capacity: usize) -> Ring {
+        let capacity = capacity.next_power_of_two();
+        Ring {
+            tid,
+            in_progress: AtomicU64::new(IDLE),
+            orphaned: AtomicBool::new(false),
+            head: Padded(AtomicUsize::new(0)),
+            tail: Padded(AtomicUsize::new(0)),
+            slots: (0..capacity)
+                .map(|_| UnsafeCell::new(Slot::default()))
+                .collect(),
+            mask: capacity - 1,
+        }
+    }
+
+    /// Appends `slot`; false if the ring is full.
+    fn push(&self, slot: &Slot) -> bool {
+        let tail = self.tail.0.load(Ordering::Relaxed);
+        let head = self.head.0.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) > self.mask {
+            return false;
+        }
+        unsafe { *self.slots[tail & self.mask].get() = *slot };
+        self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Moves every buffered slot older than `watermark` to `out`. Consumer side only.
+    pub fn drain_before(&self, watermark: u64, out: &mut Vec<(u32, Slot)>) {
+        let tail = self.tail.0.load(Ordering::Acquire);
+        let mut head = self.head.0.load(Ordering::Relaxed);
+        while head != tail {
+            let slot = unsafe { *self.slots[head & self.mask].get() };
+            if slot.t_ns >= watermark {
+                break;
+            }
+            out.push((self.tid, slot));
+            head = head.wrapping_add(1);
+        }
+        self.head.0.store(head, Ordering::Release);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head.0.load(Ordering::Acquire) == self.tail.0.load(Ordering::Acquire)
+    }
+}
+
+/// Per-thread state. `const`-initialised and free of `Drop`, so it stays usable while the
+/// thread runs its TLS destructors and `atexit` handlers (frameworks free CUDA memory there).
+pub struct ThreadState {
+    /// Hooks currently active on this thread: a runtime call's inner driver call is not
+    /// recorded again, and the shim's own CUDA calls are never recorded.
+    depth: Cell<u32>,
+    ring: Cell<*const Ring>,
+    pub stack_cache: UnsafeCell<stacks::ThreadCache>,
+}
+
+thread_local! {
+    pub static THREAD: ThreadState = const {
+        ThreadState {
+            depth: Cell::new(0),
+            ring: Cell::new(std::ptr::null()),
+            stack_cache: UnsafeCell::new(stacks::ThreadCache::new()),
+        }
+    };
+}
+
+/// Monotonic clock in nanoseconds.
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Runs one hooked call: the real call always, the recording around it when recording is on.
+#[inline]
+pub fn hook(
+    api: u16,
+    layer: Layer,
+    call: impl FnOnce() -> c_int,
+    spec: impl FnOnce(c_int) -> Option<Spec>,
+) -> c_int {
+    let Some(entry) = enter() else {
+        return call();
+    };
+    let result = call();
+    crate::guard((), || {
+        record(api, layer, entry.t0, entry.ring, result, spec)
+    });
+    leave(entry.ring);
+    result
+}
+
+struct Entry {
+    t0: u64,
+    ring: *const Ring,
+}
+
+/// Marks this thread as inside a hook. `None` if this call must not be recorded (recording off,
+/// or nested inside another hook on this thread).
+#[inline]
+fn enter() -> Option<Entry> {
+    if !lifecycle::ensure_started() {
+        return None;
+    }
+    THREAD
+        .try_with(|thread| {
+            let depth = thread.depth.get();
+            if depth > 0 {
+                return None;
+            }
+            let mut ring = thread.ring.get();
+            if ring.is_null() {
+                thread.depth.set(1);
+                ring = crate::guard(std::ptr::null(), writer::register_thread);
+                thread.depth.set(0);
+                if ring.is_null() {
+                    return None;
+                }
+                thread.ring.set(ring);
+            }
+            thread.depth.set(1);
+            let ring_ref = unsafe { &*ring };
+            // Publish "entering" before reading the clock: the writer then never assumes
+            // this thread's next event is newer than a time it read earlier.
+            ring_ref.in_progress.store(ENTERING, Ordering::SeqCst);
+            let t0 = now_ns();
+            ring_ref.in_progress.store(t0, Ordering::SeqCst);
+            Some(Entry { t0, ring })
+        })
+        .ok()
+        .flatten()
+}
+
+#[inline]
+fn leave(ring: *const Ring) {
+    unsafe { &*ring }.in_progress.store(IDLE, Ordering::Release);
+    let _ = THREAD.try_with(|thread| thread.depth.set(0));
+}
+
+/// Forgets this thread's ring (after fork, in the child, or when the thread exits).
+pub fn forget_thread_ring() -> *const Ring {
+    THREAD
+        .try_with(|thread| thread.ring.replace(std::ptr::null()))
+        .unwrap_or(std::ptr::null())
+}
+
+fn record(
+    api: u16,
+    layer: Layer,
+    t0: u64,
+    ring: *const Ring,
+    result: c_int,
+    spec: impl FnOnce(c_int) -> Option<Spec>,
+) {
+    let Some(spec) = spec(result) else { return };
+    let now = now_ns();
+    let failed = result != 0;
+    let kind = match spec.kind {
+        EventKind::Alloc | EventKind::Create if failed => EventKind::AllocFailed,
+        kind => kind,
+    };
+    let current = match spec.device {
+        DeviceSource::Current => Some(current_device(layer)),
+        _ => None,
+    };
+    let device = match spec.device {
+        DeviceSource::Current => current.unwrap_or(UNKNOWN_DEVICE),
+        DeviceSource::Host => HOST_DEVICE,
+        DeviceSource::Known(device) => device,
+    };
+    let config = lifecycle::config();
+    let stack = match config.stack {
+        StackMode::None => 0,
+        StackMode::Native => stacks::capture(config.max_frames),
+    };
+    let mem_info = if kind == EventKind::AllocFailed {
+        mem_get_info()
+    } else {
+        None
+    };
+    let slot = Slot {
+        // Releases are stamped before the real call, acquisitions after it.
+        t_ns: if kind.releases() { t0 } else { now },
+        addr: spec.addr,
+        size: spec.size,
+        stream: spec.stream,
+        handle: spec.handle,
+        aux: mem_info.map_or([0, 0], |(free, total)| [free, total]),
+        has_mem_info: mem_info.is_some(),
+        stack,
+        result: result as u32,
+        device,
+        api,
+        kind: kind as u8,
+        tag: SLOT_EVENT,
+    };
+    let ring = unsafe { &*ring };
+    push(ring, &slot, config.on_full);
+    if let Some(device) = current.filter(|&d| d >= 0) {
+        sample_mem_info(ring, device, slot.t_ns);
+    }
+    if kind == EventKind::AllocFailed || lifecycle::finished() {
+        // Nothing more is pushed in this call, so the watermark may pass this event; then
+        // flush: the process may die of this failure and the evidence must be on disk (and
+        // after the final flush nobody else will write it).
+        ring.in_progress.store(slot.t_ns + 1, Ordering::SeqCst);
+        if kind == EventKind::AllocFailed {
+            crate::flight::request(crate::flight::REQUEST_ALLOC_FAILED);
+        }
+        writer::flush(writer::FlushKind::Now);
+    }
+}
+
+/// Appends to the thread's ring. Every later push of this hook call has a time at least
+/// `slot.t_ns`, so the thread may publish that as its lower bound: a flush made while waiting
+/// for room can then write everything older.
+fn push(ring: &Ring, slot: &Slot, on_full: OnFull) {
+    ring.in_progress.store(slot.t_ns, Ordering::SeqCst);
+    while !ring.push(slot) {
+        match on_full {
+            OnFull::Drop => {
+                writer::count_dropped();
+                return;
+            }
+            // Wait for room: drain synchronously rather than depend on the writer thread.
+            OnFull::Wait => writer::flush(writer::FlushKind::MakeRoom),
+        }
+    }
+}
+
+/// The calling thread's current device, by the API family it called.
+fn current_device(layer: Layer) -> i32 {
+    let mut device: c_int = UNKNOWN_DEVICE;
+    let rc = match layer {
+        Layer::Runtime => {
+            static CUDA_GET_DEVICE: std::sync::atomic::AtomicPtr<c_void> =
+                std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+            let mut real = CUDA_GET_DEVICE.load(Ordering::Acquire);
+            if real.is_null() {
+                real = interpose::next(c"cudaGetDevice");
+                CUDA_GET_DEVICE.store(real, Ordering::Release);
+            }
+            if real.is_null() {
+                return UNKNOWN_DEVICE;
+            }
+            let real: unsafe extern "C" fn(*mut c_int) -> c_int =
+                unsafe { std::mem::transmute(real) };
+            unsafe { real(&mut device) }
+        }
+        Layer::Driver => {
+            let real = DRIVER.ctx_get_device.load(Ordering::Acquire);
+            if real.is_null() {
+                return UNKNOWN_DEVICE;
+            }
+            let real: unsafe extern "C" fn(*mut c_int) -> c_int =
+                unsafe { std::mem::transmute(real) };
+            unsafe { real(&mut device) }
+        }
+    };
+    if rc == 0 { device } else { UNKNOWN_DEVICE }
+}
+
+/// Device (free, total) bytes of the current context, from the driver.
+fn mem_get_info() -> Option<(u64, u64)> {
+    let _ = interpose::libcuda();
+    let real = DRIVER.mem_get_info.load(Ordering::Acquire);
+    if real.is_null() {
+        return None;
+    }
+    let real: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int =
+        unsafe { std::mem::transmute(real) };
+    let (mut free, mut total) = (0usize, 0usize);
+    (unsafe { real(&mut free, &mut total) } == 0).then_some((free as u64, total as u64))
+}
+
+const MAX_SAMPLED_DEVICES: usize = 64;
+const SAMPLE_INTERVAL_NS: u64 = 1_000_000_000;
+/// Last device memory sample per device (0 = never).
+static LAST_SAMPLE: [AtomicU64; MAX_SAMPLED_DEVICES] =
+    [const { AtomicU64::new(0) }; MAX_SAMPLED_DEVICES];
+
+/// Records the device's free/total at its first event and then at most once a second, so
+/// the report can show memory no hook sees (context, modules). Stamped with the event's time
+/// to keep the ring in time order.
+fn sample_mem_info(ring: &Ring, device: i32, now: u64) {
+    let Some(last) = LAST_SAMPLE.get(device as usize) else {
+        return;
+    };
+    let previous = last.load(Ordering::Relaxed);
+    if previous != 0 && now.saturating_sub(previous) < SAMPLE_INTERVAL_NS {
+        return;
+    }
+    if last
+        .compare_exchange(previous, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    if let Some((free, total)) = mem_get_info() {
+        let slot = Slot {
+            t_ns: now,
+            device,
+            aux: [free, total],
+            tag: SLOT_MEM_INFO,
+            ..Slot::default()
+        };
+        push(ring, &slot, lifecycle::config().on_full);
+    }
+}
+
+/// Forgets the sample times (after fork the child's log needs its own first samples).
+pub fn reset_samples() {
+    for last in &LAST_SAMPLE {
+        last.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Keeps `Arc<Ring>` alive for the thread that owns it (released when the thread exits).
+pub fn into_thread_pointer(ring: Arc<Ring>) -> *const Ring {
+    Arc::into_raw(ring)
+}

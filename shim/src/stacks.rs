@@ -1,0 +1,326 @@
+//! Native stack capture and interning: each distinct stack is written to the log once, as a
+//! `StackDef`, and events carry its id. A per-thread cache answers repeated stacks without
+//! taking any lock; the shared table is sharded.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use vramshim_format::{Frame, ModuleDef, Record, StackDef};
+
+use crate::capture::THREAD;
+use crate::writer;
+
+const MAX_FRAMES: usize = 256;
+const CACHE_SLOTS: usize = 256;
+const SHARDS: usize = 16;
+
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    hash: u64,
+    id: u32,
+    generation: u32,
+}
+
+/// Recently seen stacks of one thread: hash → id. A 64-bit hash of the whole frame list
+/// decides a hit (a collision needs ~2^32 distinct stacks in one thread's 256 slots).
+pub struct ThreadCache {
+    entries: [CacheEntry; CACHE_SLOTS],
+}
+
+impl ThreadCache {
+    pub const fn new() -> ThreadCache {
+        ThreadCache {
+            entries: [CacheEntry {
+                hash: 0,
+                id: 0,
+                generation: 0,
+            }; CACHE_SLOTS],
+        }
+    }
+}
+
+impl Default for ThreadCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Keys are already hashes: use them as they are.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type Shard =
+    Mutex<HashMap<u64, Vec<(Box<[u64]>, u32)>, std::hash::BuildHasherDefault<IdentityHasher>>>;
+
+static SHARDS_TABLE: [Shard; SHARDS] =
+    [const { Mutex::new(HashMap::with_hasher(std::hash::BuildHasherDefault::new())) }; SHARDS];
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+/// Bumped after fork: the child's log must define its stacks again.
+static GENERATION: AtomicU32 = AtomicU32::new(1);
+
+/// The shim's own code range: frames there are dropped from the top of every stack.
+static SHIM_START: AtomicUsize = AtomicUsize::new(0);
+static SHIM_END: AtomicUsize = AtomicUsize::new(0);
+
+/// Modules already written to the log, as sorted (start, end) ranges.
+static MODULES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+/// Frames whose module could not be found: rescanning for each would be slow.
+static UNKNOWN_IPS: AtomicU64 = AtomicU64::new(0);
+
+/// Captures the calling thread's native stack (innermost first, shim frames removed) and
+/// returns its id (0 if nothing could be captured).
+pub fn capture(max_frames: usize) -> u32 {
+    let mut frames = [0u64; MAX_FRAMES];
+    let max = max_frames.min(MAX_FRAMES);
+    let mut count = 0usize;
+    let (shim_start, shim_end) = shim_range();
+    let mut outside_shim = false;
+    unsafe {
+        backtrace::trace_unsynchronized(|frame| {
+            let ip = frame.ip() as u64;
+            // The unwinder ends some stacks with a null frame.
+            if ip == 0 {
+                return false;
+            }
+            if !outside_shim && ip >= shim_start && ip < shim_end {
+                return true;
+            }
+            outside_shim = true;
+            frames[count] = ip;
+            count += 1;
+            count < max
+        });
+    }
+    if count == 0 {
+        return 0;
+    }
+    intern(&frames[..count])
+}
+
+fn shim_range() -> (u64, u64) {
+    let start = SHIM_START.load(Ordering::Relaxed);
+    if start != 0 {
+        return (start as u64, SHIM_END.load(Ordering::Relaxed) as u64);
+    }
+    let here = capture as *const c_void as u64;
+    let range = modules()
+        .into_iter()
+        .find(|m| here >= m.start && here < m.end)
+        .map_or((0, 0), |m| (m.start, m.end));
+    SHIM_END.store(range.1 as usize, Ordering::Relaxed);
+    SHIM_START.store(range.0 as usize, Ordering::Relaxed);
+    range
+}
+
+fn hash_frames(frames: &[u64]) -> u64 {
+    // FxHash-style mixing; frames are already well-distributed addresses.
+    let mut hash = frames.len() as u64;
+    for &ip in frames {
+        hash = (hash.rotate_left(5) ^ ip).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    hash | 1
+}
+
+/// The id of `frames`, defining it in the log the first time it is seen.
+pub fn intern(frames: &[u64]) -> u32 {
+    let hash = hash_frames(frames);
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let slot = (hash as usize) % CACHE_SLOTS;
+    let cached = THREAD
+        .try_with(|thread| {
+            let cache = unsafe { &*thread.stack_cache.get() };
+            let entry = cache.entries[slot];
+            (entry.hash == hash && entry.generation == generation).then_some(entry.id)
+        })
+        .ok()
+        .flatten();
+    if let Some(id) = cached {
+        return id;
+    }
+    let id = intern_shared(hash, frames);
+    let _ = THREAD.try_with(|thread| {
+        let cache = unsafe { &mut *thread.stack_cache.get() };
+        cache.entries[slot] = CacheEntry {
+            hash,
+            id,
+            generation,
+        };
+    });
+    id
+}
+
+fn intern_shared(hash: u64, frames: &[u64]) -> u32 {
+    let mut shard = SHARDS_TABLE[(hash >> 58) as usize % SHARDS].lock();
+    let bucket = shard.entry(hash).or_default();
+    if let Some((_, id)) = bucket.iter().find(|(known, _)| **known == *frames) {
+        return *id;
+    }
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    bucket.push((frames.into(), id));
+    // Define the modules first, so a reader always knows where a stack's frames point.
+    define_modules(frames);
+    writer::define(Record::Stack(StackDef {
+        id,
+        frames: frames.iter().map(|&ip| Frame::Native(ip)).collect(),
+    }));
+    id
+}
+
+/// Writes module definitions for any frame outside the modules written so far.
+fn define_modules(frames: &[u64]) {
+    let mut known = MODULES.lock();
+    let covered = |known: &Vec<(u64, u64)>, ip: u64| {
+        let at = known.partition_point(|&(start, _)| start <= ip);
+        at > 0 && ip < known[at - 1].1
+    };
+    if frames.iter().all(|&ip| covered(&known, ip)) {
+        return;
+    }
+    for module in modules() {
+        let range = (module.start, module.end);
+        if known.binary_search(&range).is_err() {
+            let at = known.partition_point(|&r| r < range);
+            known.insert(at, range);
+            writer::define(Record::Module(module));
+        }
+    }
+    if !frames.iter().all(|&ip| covered(&known, ip)) {
+        UNKNOWN_IPS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Forgets every stack and module: the next log (a fork child's) defines them again.
+pub fn reset_after_fork() {
+    for shard in &SHARDS_TABLE {
+        shard.lock().clear();
+    }
+    MODULES.lock().clear();
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Locks every stack table (fork preparation: the child must not inherit a held lock).
+pub fn lock_all() {
+    for shard in &SHARDS_TABLE {
+        std::mem::forget(shard.lock());
+    }
+    std::mem::forget(MODULES.lock());
+}
+
+/// Releases what [`lock_all`] took.
+///
+/// # Safety
+/// Only after [`lock_all`], on the thread that called it (or its fork child).
+pub unsafe fn unlock_all() {
+    unsafe { MODULES.force_unlock() };
+    for shard in &SHARDS_TABLE {
+        unsafe { shard.force_unlock() };
+    }
+}
+
+/// Every loaded object with its loadable range and build id.
+pub fn modules() -> Vec<ModuleDef> {
+    let mut found: Vec<ModuleDef> = Vec::new();
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> i32 {
+        let found = unsafe { &mut *(data as *mut Vec<ModuleDef>) };
+        let info = unsafe { &*info };
+        let mut start = u64::MAX;
+        let mut end = 0u64;
+        let mut build_id = Vec::new();
+        for i in 0..info.dlpi_phnum as usize {
+            let phdr = unsafe { &*info.dlpi_phdr.add(i) };
+            let seg_start = info.dlpi_addr.wrapping_add(phdr.p_vaddr);
+            match phdr.p_type {
+                libc::PT_LOAD => {
+                    start = start.min(seg_start);
+                    end = end.max(seg_start.wrapping_add(phdr.p_memsz));
+                }
+                libc::PT_NOTE if build_id.is_empty() => {
+                    build_id = read_build_id(seg_start, phdr.p_memsz);
+                }
+                _ => {}
+            }
+        }
+        if start >= end {
+            return 0;
+        }
+        let path = if info.dlpi_name.is_null() {
+            String::new()
+        } else {
+            unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        // The main program has an empty name: use its real path.
+        let path = if path.is_empty() {
+            std::fs::read_link("/proc/self/exe")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            path
+        };
+        found.push(ModuleDef {
+            path,
+            load_bias: info.dlpi_addr,
+            start,
+            end,
+            build_id,
+        });
+        0
+    }
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut found).cast::<c_void>()) };
+    found
+}
+
+/// The GNU build id from a loaded PT_NOTE segment, if present.
+fn read_build_id(start: u64, len: u64) -> Vec<u8> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let mut at = start;
+    let end = start.saturating_add(len);
+    while at + 12 <= end {
+        let (name_size, desc_size, kind) = unsafe {
+            let p = at as *const u32;
+            (
+                p.read_unaligned(),
+                p.add(1).read_unaligned(),
+                p.add(2).read_unaligned(),
+            )
+        };
+        let name_at = at + 12;
+        let desc_at = name_at + u64::from(name_size).next_multiple_of(4);
+        let next = desc_at + u64::from(desc_size).next_multiple_of(4);
+        if next > end {
+            break;
+        }
+        if kind == NT_GNU_BUILD_ID && name_size == 4 {
+            let name = unsafe { std::slice::from_raw_parts(name_at as *const u8, 4) };
+            if name == b"GNU\0" {
+                return unsafe {
+                    std::slice::from_raw_parts(desc_at as *const u8, desc_size as usize)
+                }
+                .to_vec();
+            }
+        }
+        at = next;
+    }
+    Vec::new()
+}

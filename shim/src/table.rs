@@ -1,0 +1,382 @@
+//! The hook table: every intercepted entry point that obtains or releases memory, declared
+//! once. From each line the `hooks!` macro generates the exported wrapper, the slot holding
+//! the real function, and the entry used by `dlsym` and the resolver to hand out wrappers.
+//!
+//! A line reads: `layer fn name(args) => |result| spec;` where `spec` says what the call did
+//! (see [`Spec`]); it runs after the real call, so it may read out-parameters.
+
+use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use vramshim_format::EventKind;
+
+use crate::capture::{self, Spec};
+use crate::interpose;
+
+/// Which library an entry point belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// libcuda: found through `dlsym` on the libcuda handle and the resolver.
+    Driver,
+    /// libcudart: found with `RTLD_NEXT`.
+    Runtime,
+}
+
+/// One row of the table.
+pub struct HookDef {
+    pub name: &'static str,
+    pub cname: &'static CStr,
+    pub layer: Layer,
+    /// The shim's exported wrapper.
+    pub wrapper: *const c_void,
+}
+
+// The table only holds pointers to functions, which are immutable.
+unsafe impl Sync for HookDef {}
+
+type CuDevicePtr = u64;
+type Stream = *mut c_void;
+const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
+/// `cudaErrorSymbolNotFound`: the runtime entry point does not exist in this process.
+const CUDA_RT_ERROR_SYMBOL_NOT_FOUND: c_int = 500;
+
+macro_rules! hooks {
+    ($( $layer:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => |$res:ident| $spec:expr; )*) => {
+        /// Index of each hook in [`HOOKS`]; also the `api` number in the log.
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u16)]
+        pub enum Hook { $($name),* }
+
+        /// Number of hooks.
+        pub const HOOK_COUNT: usize = [$(stringify!($name)),*].len();
+
+        /// The table, in [`Hook`] order.
+        pub static HOOKS: [HookDef; HOOK_COUNT] = [$(
+            HookDef {
+                name: stringify!($name),
+                cname: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(name) => name,
+                    Err(_) => panic!("hook name with NUL"),
+                },
+                layer: Layer::$layer,
+                wrapper: $name as *const c_void,
+            }
+        ),*];
+
+        $(
+            #[doc = concat!("Recording wrapper of `", stringify!($name), "`.")]
+            ///
+            /// # Safety
+            /// Same contract as the wrapped CUDA function.
+            #[unsafe(no_mangle)]
+            #[allow(non_snake_case)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+                type Real = unsafe extern "C" fn($($ty),*) -> c_int;
+                let real = real_function(Hook::$name);
+                if real.is_null() {
+                    return missing_real(Layer::$layer);
+                }
+                let real: Real = unsafe { std::mem::transmute::<*mut c_void, Real>(real) };
+                capture::hook(
+                    Hook::$name as u16,
+                    Layer::$layer,
+                    || unsafe { real($($arg),*) },
+                    #[allow(unused_variables)]
+                    |$res: c_int| -> Option<Spec> { $spec },
+                )
+            }
+        )*
+    };
+}
+
+hooks! {
+    // Driver: synchronous device memory.
+    Driver fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64));
+    Driver fn cuMemAllocPitch_v2(dptr: *mut CuDevicePtr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), pitched(r, pitch, width, height)));
+    Driver fn cuMemAllocManaged(dptr: *mut CuDevicePtr, bytesize: usize, flags: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64));
+    Driver fn cuMemFree_v2(dptr: CuDevicePtr) =>
+        |r| (dptr != 0).then(|| Spec::new(EventKind::Free, dptr, 0));
+    // Driver: pinned host memory.
+    Driver fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, pp), bytesize as u64).host());
+    Driver fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, pp), bytesize as u64).host());
+    Driver fn cuMemFreeHost(p: *mut c_void) =>
+        |r| (!p.is_null()).then(|| Spec::new(EventKind::Free, p as u64, 0).host());
+    Driver fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, p as u64, bytesize as u64).host());
+    Driver fn cuMemHostUnregister(p: *mut c_void) =>
+        |r| Some(Spec::new(EventKind::Free, p as u64, 0).host());
+    // Driver: stream-ordered allocation (each also as the per-thread-default-stream variant).
+    Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream));
+    Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream));
+    Driver fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+    Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+    Driver fn cuMemFreeAsync(dptr: CuDevicePtr, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Free, dptr, 0).stream(stream));
+    Driver fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Free, dptr, 0).stream(stream));
+    Driver fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
+        |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
+    // Driver: virtual memory management.
+    Driver fn cuMemAddressReserve(ptr: *mut CuDevicePtr, size: usize, alignment: usize, addr: CuDevicePtr, flags: u64) =>
+        |r| Some(Spec::new(EventKind::Reserve, out(r, ptr), size as u64));
+    Driver fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) =>
+        |r| Some(Spec::new(EventKind::Unreserve, ptr, size as u64));
+    Driver fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) =>
+        |r| Some(Spec::new(EventKind::Create, 0, size as u64).handle(out(r, handle)).device_opt(prop_device(prop)));
+    Driver fn cuMemRelease(handle: u64) =>
+        |r| Some(Spec::new(EventKind::Release, 0, 0).handle(handle));
+    Driver fn cuMemMap(ptr: CuDevicePtr, size: usize, offset: usize, handle: u64, flags: u64) =>
+        |r| Some(Spec::new(EventKind::Map, ptr, size as u64).handle(handle));
+    Driver fn cuMemUnmap(ptr: CuDevicePtr, size: usize) =>
+        |r| Some(Spec::new(EventKind::Unmap, ptr, size as u64));
+    // Driver: arrays (opaque handles, no device address).
+    Driver fn cuArrayCreate_v2(array: *mut *mut c_void, desc: *const ArrayDescriptor) =>
+        |r| Some(Spec::new(EventKind::Alloc, 0, array_bytes(desc)).handle(out_ptr(r, array)));
+    Driver fn cuArray3DCreate_v2(array: *mut *mut c_void, desc: *const Array3dDescriptor) =>
+        |r| Some(Spec::new(EventKind::Alloc, 0, array3d_bytes(desc, 1)).handle(out_ptr(r, array)));
+    Driver fn cuArrayDestroy(array: *mut c_void) =>
+        |r| Some(Spec::new(EventKind::Free, 0, 0).handle(array as u64));
+    Driver fn cuMipmappedArrayCreate(array: *mut *mut c_void, desc: *const Array3dDescriptor, levels: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, 0, array3d_bytes(desc, levels)).handle(out_ptr(r, array)));
+    Driver fn cuMipmappedArrayDestroy(array: *mut c_void) =>
+        |r| Some(Spec::new(EventKind::Free, 0, 0).handle(array as u64));
+
+    // Runtime (dynamic libcudart): one event per call; the driver calls inside are not recorded.
+    Runtime fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
+    Runtime fn cudaFree(dev_ptr: *mut c_void) =>
+        // cudaFree(NULL) is the idiom for "create the context": no memory involved.
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
+    Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream));
+    Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream));
+    Runtime fn cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) =>
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).stream(stream));
+    Runtime fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) =>
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).stream(stream));
+    Runtime fn cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+    Runtime fn cudaMallocFromPoolAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+    Runtime fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
+    Runtime fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, ptr), size as u64).host());
+    Runtime fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, ptr), size as u64).host());
+    Runtime fn cudaFreeHost(ptr: *mut c_void) =>
+        |r| (!ptr.is_null()).then(|| Spec::new(EventKind::Free, ptr as u64, 0).host());
+    Runtime fn cudaMallocPitch(dev_ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) =>
+        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), pitched(r, pitch, width, height)));
+    Runtime fn cudaMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
+        |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
+}
+
+/// Real functions, in [`Hook`] order (null = not resolved yet).
+static REAL: [AtomicPtr<c_void>; HOOK_COUNT] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
+
+/// Driver functions the shim itself calls (never hooked, resolved from the same handle).
+pub struct DriverHelpers {
+    pub ctx_get_device: AtomicPtr<c_void>,
+    pub mem_get_info: AtomicPtr<c_void>,
+    pub get_proc_address: AtomicPtr<c_void>,
+    pub get_proc_address_v2: AtomicPtr<c_void>,
+}
+
+pub static DRIVER: DriverHelpers = DriverHelpers {
+    ctx_get_device: AtomicPtr::new(std::ptr::null_mut()),
+    mem_get_info: AtomicPtr::new(std::ptr::null_mut()),
+    get_proc_address: AtomicPtr::new(std::ptr::null_mut()),
+    get_proc_address_v2: AtomicPtr::new(std::ptr::null_mut()),
+};
+
+/// Resolves every driver entry point from the application's libcuda handle.
+pub fn resolve_driver(handle: *mut c_void) {
+    for (def, real) in HOOKS.iter().zip(REAL.iter()) {
+        if def.layer == Layer::Driver {
+            real.store(interpose::real_dlsym(handle, def.cname), Ordering::Release);
+        }
+    }
+    let helpers = [
+        (&DRIVER.ctx_get_device, c"cuCtxGetDevice"),
+        (&DRIVER.mem_get_info, c"cuMemGetInfo_v2"),
+        (&DRIVER.get_proc_address, c"cuGetProcAddress"),
+        (&DRIVER.get_proc_address_v2, c"cuGetProcAddress_v2"),
+    ];
+    for (slot, name) in helpers {
+        slot.store(interpose::real_dlsym(handle, name), Ordering::Release);
+    }
+}
+
+/// The real function behind `hook`, resolving it on first use.
+fn real_function(hook: Hook) -> *mut c_void {
+    let slot = &REAL[hook as usize];
+    let real = slot.load(Ordering::Acquire);
+    if !real.is_null() {
+        return real;
+    }
+    let def = &HOOKS[hook as usize];
+    match def.layer {
+        Layer::Driver => {
+            // A program linked with -lcuda calls our export before any dlsym: find its libcuda.
+            if interpose::libcuda().is_none() {
+                return std::ptr::null_mut();
+            }
+            slot.load(Ordering::Acquire)
+        }
+        Layer::Runtime => {
+            let found = interpose::next(def.cname);
+            slot.store(found, Ordering::Release);
+            found
+        }
+    }
+}
+
+/// What a wrapper returns when the library it wraps has no such function (only reachable by a
+/// program that looks the shim's export up by name without the library being loaded).
+fn missing_real(layer: Layer) -> c_int {
+    match layer {
+        Layer::Driver => CUDA_ERROR_NOT_INITIALIZED,
+        Layer::Runtime => CUDA_RT_ERROR_SYMBOL_NOT_FOUND,
+    }
+}
+
+/// The wrapper for a driver function asked for by its exported name.
+pub fn driver_wrapper_by_name(name: &[u8]) -> Option<*mut c_void> {
+    match name {
+        b"cuGetProcAddress" => return Some(crate::resolver::cuGetProcAddress as *mut c_void),
+        b"cuGetProcAddress_v2" => return Some(crate::resolver::cuGetProcAddress_v2 as *mut c_void),
+        _ => {}
+    }
+    HOOKS
+        .iter()
+        .find(|def| def.layer == Layer::Driver && def.name.as_bytes() == name)
+        .map(|def| def.wrapper as *mut c_void)
+}
+
+/// The wrapper bound to the exact driver variant `real` (as the resolver returned it).
+pub fn driver_wrapper_by_real(real: *mut c_void) -> Option<(&'static HookDef, *mut c_void)> {
+    if real.is_null() {
+        return None;
+    }
+    HOOKS
+        .iter()
+        .zip(REAL.iter())
+        .find(|(def, slot)| def.layer == Layer::Driver && slot.load(Ordering::Acquire) == real)
+        .map(|(def, _)| (def, def.wrapper as *mut c_void))
+}
+
+fn out(result: c_int, p: *const u64) -> u64 {
+    if result == 0 && !p.is_null() {
+        unsafe { *p }
+    } else {
+        0
+    }
+}
+
+fn out_ptr(result: c_int, p: *const *mut c_void) -> u64 {
+    if result == 0 && !p.is_null() {
+        unsafe { *p as u64 }
+    } else {
+        0
+    }
+}
+
+/// Bytes of a pitched allocation: pitch × height once the driver chose the pitch; the
+/// requested width × height if the call failed.
+fn pitched(result: c_int, pitch: *const usize, width: usize, height: usize) -> u64 {
+    let row = if result == 0 && !pitch.is_null() {
+        unsafe { *pitch }
+    } else {
+        width
+    };
+    (row as u64).saturating_mul(height as u64)
+}
+
+/// `CUmemAllocationProp.location`: type at offset 8 (1 = device), id at offset 12.
+fn prop_device(prop: *const c_void) -> Option<i32> {
+    if prop.is_null() {
+        return None;
+    }
+    let base = prop.cast::<u8>();
+    let (kind, id) = unsafe {
+        (
+            base.add(8).cast::<i32>().read_unaligned(),
+            base.add(12).cast::<i32>().read_unaligned(),
+        )
+    };
+    (kind == 1).then_some(id)
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    width: usize,
+    height: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+/// Bytes per channel of a `CUarray_format`.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 0,
+    }
+}
+
+fn array_bytes(desc: *const ArrayDescriptor) -> u64 {
+    let Some(desc) = (unsafe { desc.as_ref() }) else {
+        return 0;
+    };
+    (desc.width as u64)
+        .saturating_mul(desc.height.max(1) as u64)
+        .saturating_mul(format_bytes(desc.format) * u64::from(desc.channels))
+}
+
+/// Bytes of a 3D array, or of a mipmapped array's `levels` levels (each half the previous).
+fn array3d_bytes(desc: *const Array3dDescriptor, levels: c_uint) -> u64 {
+    let Some(desc) = (unsafe { desc.as_ref() }) else {
+        return 0;
+    };
+    let element = format_bytes(desc.format) * u64::from(desc.channels);
+    // A level halves each extent that exists (0 = dimension unused), never below 1.
+    let half = |x: u64| if x == 0 { 0 } else { (x / 2).max(1) };
+    let (mut w, mut h, mut d) = (desc.width as u64, desc.height as u64, desc.depth as u64);
+    let mut total = 0u64;
+    for _ in 0..levels.max(1) {
+        total = total.saturating_add(w.max(1) * h.max(1) * d.max(1) * element);
+        (w, h, d) = (half(w), half(h), half(d));
+    }
+    total
+}
+
+/// Entry-point names, in `api` order, for the log header.
+pub fn api_names() -> Vec<String> {
+    HOOKS.iter().map(|def| def.name.to_owned()).collect()
+}

@@ -1,0 +1,372 @@
+//! The consumer side: drains every thread's ring up to the watermark, writes definitions and
+//! events in time order as checksummed chunks, and owns the log file.
+
+use std::ffi::{CString, OsString, c_int};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, MemInfo, Record, ThreadName};
+
+use crate::capture::{self, ENTERING, IDLE, Ring, SLOT_MEM_INFO, Slot};
+use crate::flight::Window;
+use crate::lifecycle;
+
+/// Why a flush runs; decides the watermark and whether to wait for the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushKind {
+    /// The writer thread's periodic drain.
+    Periodic,
+    /// A failed allocation: write now and wait for it.
+    Now,
+    /// A producer's ring is full.
+    MakeRoom,
+    /// Exit, exec: write everything, whatever other threads are doing.
+    Final,
+    /// A fatal signal: like `Final`, but never wait long for the lock.
+    Crash,
+}
+
+/// The open log.
+pub struct Output {
+    fd: c_int,
+    pub path: OsString,
+    start_mono_ns: u64,
+    out: Vec<u8>,
+    chunk: ChunkBuilder,
+    batch: Vec<(u32, Slot)>,
+    write_failed: bool,
+    /// Flight-recorder mode: events go to this window, not to the file.
+    pub window: Option<Window>,
+}
+
+static OUTPUT: Mutex<Option<Output>> = Mutex::new(None);
+/// Thread id holding `OUTPUT` (0 = none): a crash inside the writer must not wait for itself.
+static OUTPUT_OWNER: AtomicU32 = AtomicU32::new(0);
+static RINGS: Mutex<Vec<Arc<Ring>>> = Mutex::new(Vec::new());
+static DEFS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Chunks are closed at this payload size.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// Queues a definition (stack, module, thread name, note): written before the next events.
+pub fn define(record: Record) {
+    DEFS.lock().push(record);
+}
+
+pub fn count_dropped() {
+    DROPPED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Creates this thread's ring and names the thread in the log.
+pub fn register_thread() -> *const Ring {
+    let tid = lifecycle::gettid();
+    let ring = Arc::new(Ring::new(tid, lifecycle::config().buffer_events));
+    define(Record::ThreadName(ThreadName {
+        thread: tid,
+        name: thread_name(tid),
+    }));
+    RINGS.lock().push(ring.clone());
+    let pointer = capture::into_thread_pointer(ring);
+    lifecycle::set_thread_exit_hook(pointer);
+    pointer
+}
+
+fn thread_name(tid: u32) -> String {
+    let path = format!("/proc/self/task/{tid}/comm");
+    std::fs::read_to_string(path)
+        .map(|name| name.trim_end().to_owned())
+        .unwrap_or_default()
+}
+
+/// Called when a thread that recorded exits: its ring is written out and then freed.
+pub fn release_thread_ring(ring: *const Ring) {
+    let ring = unsafe { Arc::from_raw(ring) };
+    ring.in_progress.store(IDLE, Ordering::Release);
+    ring.orphaned.store(true, Ordering::Release);
+}
+
+/// Installs the opened log.
+pub fn install(output: Output) {
+    *OUTPUT.lock() = Some(output);
+}
+
+/// Opens `path` for a new log: created with mode 0600, never through a symlink, truncated.
+pub fn open_log(
+    path: &OsString,
+    header: &[u8],
+    start_mono_ns: u64,
+    ring_events: Option<usize>,
+) -> Result<Output, String> {
+    let cpath = CString::new(path.as_bytes()).map_err(|_| "path contains a NUL byte".to_owned())?;
+    let fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(if err.raw_os_error() == Some(libc::ELOOP) {
+            "it is a symbolic link (refused for safety)".to_owned()
+        } else {
+            err.to_string()
+        });
+    }
+    if let Err(err) = write_all(fd, header) {
+        unsafe { libc::close(fd) };
+        return Err(err.to_string());
+    }
+    Ok(Output {
+        fd,
+        path: path.clone(),
+        start_mono_ns,
+        out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
+        chunk: ChunkBuilder::new(),
+        batch: Vec::with_capacity(16 << 10),
+        write_failed: false,
+        window: ring_events.map(Window::new),
+    })
+}
+
+fn write_all(fd: c_int, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// The time below which no thread can still produce an event, or `None` if a thread is
+/// between announcing its entry and reading the clock for too long (try again later).
+fn watermark(rings: &[Arc<Ring>]) -> Option<u64> {
+    let mut watermark = capture::now_ns();
+    for ring in rings {
+        let mut spins = 0u32;
+        loop {
+            match ring.in_progress.load(Ordering::SeqCst) {
+                ENTERING => {
+                    spins += 1;
+                    if spins > 2000 {
+                        return None;
+                    }
+                    std::thread::yield_now();
+                }
+                IDLE => break,
+                since => {
+                    watermark = watermark.min(since);
+                    break;
+                }
+            }
+        }
+    }
+    Some(watermark)
+}
+
+/// Drains rings and writes what is ready.
+pub fn flush(kind: FlushKind) {
+    let me = lifecycle::gettid();
+    let mut guard = match kind {
+        FlushKind::Crash => {
+            if OUTPUT_OWNER.load(Ordering::Acquire) == me {
+                return;
+            }
+            match OUTPUT.try_lock_for(Duration::from_millis(500)) {
+                Some(guard) => guard,
+                None => return,
+            }
+        }
+        _ => OUTPUT.lock(),
+    };
+    OUTPUT_OWNER.store(me, Ordering::Release);
+    if let Some(output) = guard.as_mut() {
+        flush_locked(output, kind);
+    }
+    OUTPUT_OWNER.store(0, Ordering::Release);
+}
+
+fn flush_locked(output: &mut Output, kind: FlushKind) {
+    {
+        let mut rings = match kind {
+            FlushKind::Crash => match RINGS.try_lock_for(Duration::from_millis(200)) {
+                Some(rings) => rings,
+                None => return,
+            },
+            _ => RINGS.lock(),
+        };
+        let watermark = match kind {
+            FlushKind::Final | FlushKind::Crash => Some(u64::MAX),
+            _ => watermark(&rings),
+        };
+        let Some(watermark) = watermark else { return };
+        output.batch.clear();
+        for ring in rings.iter() {
+            ring.drain_before(watermark, &mut output.batch);
+        }
+        // Threads that exited and whose events are all out: forget their rings.
+        rings.retain(|ring| !(ring.orphaned.load(Ordering::Acquire) && ring.is_empty()));
+    }
+    // Definitions are queued before the events that use them, so taking them after the drain
+    // covers every drained event.
+    let defs = std::mem::take(&mut *DEFS.lock());
+    // Each ring is in time order; merge them (stable: same-time events keep thread order).
+    output.batch.sort_by_key(|(_, slot)| slot.t_ns);
+    let dropped = DROPPED.swap(0, Ordering::Relaxed);
+
+    for record in &defs {
+        push_record(output, record);
+    }
+    if dropped > 0 {
+        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        push_record(
+            output,
+            &Record::Dropped(Dropped {
+                t_ns,
+                count: dropped,
+            }),
+        );
+    }
+    let batch = std::mem::take(&mut output.batch);
+    for (tid, slot) in &batch {
+        let record = slot_record(*tid, slot, output.start_mono_ns);
+        if let Some(window) = output.window.as_mut() {
+            window.push(record);
+        } else {
+            push_record(output, &record);
+        }
+    }
+    output.batch = batch;
+    let dump_reason = match kind {
+        FlushKind::Final => Some("exit"),
+        FlushKind::Crash => Some("crash"),
+        _ => crate::flight::take_request(),
+    };
+    if let Some(reason) = dump_reason.filter(|_| output.window.is_some()) {
+        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        if let Some(window) = output.window.as_mut() {
+            let records = window.dump(reason, t_ns);
+            for record in &records {
+                push_record(output, record);
+            }
+        }
+    }
+    finish_chunk(output);
+}
+
+fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
+    let t_ns = slot.t_ns.saturating_sub(start);
+    if slot.tag == SLOT_MEM_INFO {
+        return Record::MemInfo(MemInfo {
+            t_ns,
+            device: slot.device,
+            free: slot.aux[0],
+            total: slot.aux[1],
+        });
+    }
+    Record::Event(Event {
+        kind: EventKind::from_code(slot.kind).unwrap_or_default(),
+        api: slot.api,
+        t_ns,
+        thread: tid,
+        device: slot.device,
+        stream: slot.stream,
+        addr: slot.addr,
+        size: slot.size,
+        handle: slot.handle,
+        result: slot.result,
+        stack: slot.stack,
+        mem_info: slot.has_mem_info.then_some((slot.aux[0], slot.aux[1])),
+    })
+}
+
+fn push_record(output: &mut Output, record: &Record) {
+    output.chunk.push(record);
+    if output.chunk.payload_len() >= CHUNK_BYTES {
+        finish_chunk(output);
+    }
+}
+
+fn finish_chunk(output: &mut Output) {
+    output.chunk.finish_into(&mut output.out);
+    if output.out.is_empty() {
+        return;
+    }
+    if !output.write_failed {
+        if let Err(err) = write_all(output.fd, &output.out) {
+            output.write_failed = true;
+            crate::warn(&format!(
+                "cannot write to {}: {err}; recording stops here (what was written stays readable)",
+                output.path.to_string_lossy()
+            ));
+        }
+    }
+    output.out.clear();
+}
+
+/// Takes every lock the writer uses (fork preparation), in the order the writer takes them.
+pub fn lock_all() {
+    std::mem::forget(OUTPUT.lock());
+    std::mem::forget(RINGS.lock());
+}
+
+/// Takes the definitions lock last (it nests inside the stack tables' locks).
+pub fn lock_defs() {
+    std::mem::forget(DEFS.lock());
+}
+
+/// Releases what [`lock_all`] and [`lock_defs`] took.
+///
+/// # Safety
+/// Only after both, on the thread that called them (or in its fork child).
+pub unsafe fn unlock_all() {
+    unsafe {
+        DEFS.force_unlock();
+        RINGS.force_unlock();
+        OUTPUT.force_unlock();
+    }
+}
+
+/// In a fork child: drop the parent's log and rings (the parent writes those).
+pub fn reset_after_fork() {
+    if let Some(output) = OUTPUT.lock().take() {
+        unsafe { libc::close(output.fd) };
+        // The buffers belong to the parent's log; dropping them is fine in the child.
+        drop(output);
+    }
+    OUTPUT_OWNER.store(0, Ordering::Relaxed);
+    RINGS.lock().clear();
+    DEFS.lock().clear();
+    DROPPED.store(0, Ordering::Relaxed);
+}
+
+/// Appends the log's path to `vramshim run`'s manifest.
+pub fn append_manifest(manifest: &OsString, log: &OsString) {
+    let Ok(cpath) = CString::new(manifest.as_bytes()) else {
+        return;
+    };
+    let fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let mut line = log.clone().into_vec();
+    line.push(b'\n');
+    // One write with O_APPEND: lines of concurrent processes do not interleave.
+    let _ = write_all(fd, &line);
+    unsafe { libc::close(fd) };
+}

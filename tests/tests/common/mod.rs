@@ -1,0 +1,248 @@
+//! Running the C test programs under the real preload and reading what the real `vramshim`
+//! tool says about the log.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::Value;
+
+/// Where the fakes and the test programs were built.
+pub fn c_dir() -> PathBuf {
+    PathBuf::from(env!("VRAMSHIM_TEST_C_DIR"))
+}
+
+pub fn program(name: &str) -> PathBuf {
+    c_dir().join("bin").join(name)
+}
+
+pub fn fake_lib_dir() -> PathBuf {
+    c_dir().join("lib")
+}
+
+/// The cargo target directory of this build (`target/debug`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/<test> -> target/debug
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+pub fn shim() -> PathBuf {
+    let path = target_dir().join("libvramshim.so");
+    assert!(
+        path.is_file(),
+        "{} missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+pub fn vramshim_tool() -> PathBuf {
+    let path = target_dir().join("vramshim");
+    assert!(
+        path.is_file(),
+        "{} missing: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+/// A fresh, empty directory for one test's logs.
+pub fn scratch(name: &str) -> PathBuf {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let dir = target_dir().join("test-scratch").join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// A program run under the shim, with its logs.
+pub struct Run {
+    pub output: Output,
+    pub dir: PathBuf,
+}
+
+impl Run {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    /// Every `.vlog` file written, sorted by name.
+    pub fn logs(&self) -> Vec<PathBuf> {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .expect("scratch dir")
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension() == Some(OsStr::new("vlog")))
+            .collect();
+        logs.sort();
+        logs
+    }
+    /// The single log written; fails the test if there is not exactly one.
+    pub fn log(&self) -> PathBuf {
+        let logs = self.logs();
+        assert_eq!(
+            logs.len(),
+            1,
+            "expected one log, got {logs:?}\nstderr:\n{}",
+            self.stderr()
+        );
+        logs[0].clone()
+    }
+    /// The log of process `pid`.
+    pub fn log_of(&self, pid: u32) -> PathBuf {
+        let path = self.dir.join(format!("{pid}.vlog"));
+        assert!(path.is_file(), "no log for pid {pid}: {:?}", self.logs());
+        path
+    }
+}
+
+/// Runs a test program with the shim preloaded and the fake driver on the library path; each
+/// process writes `<scratch>/<pid>.vlog`.
+pub fn run_under_shim(test: &str, program_name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = scratch(test);
+    let mut command = Command::new(program(program_name));
+    command
+        .args(args)
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run test program");
+    Run { output, dir }
+}
+
+/// Runs a test program without the shim (for comparisons).
+pub fn run_plain(program_name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(program(program_name));
+    command.args(args).env("LD_LIBRARY_PATH", fake_lib_dir());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("run test program")
+}
+
+/// Runs `vramshim ARGS` and returns its output.
+pub fn tool(args: &[&OsStr]) -> Output {
+    Command::new(vramshim_tool())
+        .args(args)
+        .output()
+        .expect("run vramshim")
+}
+
+/// `vramshim dump --json LOG`, parsed: one value per line. Fails the test on any error.
+pub fn dump(log: &Path) -> Vec<Value> {
+    let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
+    assert!(
+        output.status.success(),
+        "vramshim dump failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|err| panic!("bad JSON line {line:?}: {err}"))
+        })
+        .collect()
+}
+
+/// The event records of a dump.
+pub fn events(dump: &[Value]) -> Vec<&Value> {
+    dump.iter().filter(|v| v["type"] == "event").collect()
+}
+
+/// Events with the given `event` kind and `api`.
+pub fn select<'a>(events: &[&'a Value], event: &str, api: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .copied()
+        .filter(|e| e["event"] == event && e["api"] == api)
+        .collect()
+}
+
+pub fn u64_of(value: &Value, field: &str) -> u64 {
+    value[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} missing or not an integer in {value}"))
+}
+
+pub fn i64_of(value: &Value, field: &str) -> i64 {
+    value[field]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{field} missing or not an integer in {value}"))
+}
+
+/// Count of events by (event, api).
+pub fn tally(events: &[&Value]) -> HashMap<(String, String), usize> {
+    let mut counts = HashMap::new();
+    for event in events {
+        let key = (
+            event["event"].as_str().unwrap_or_default().to_owned(),
+            event["api"].as_str().unwrap_or_default().to_owned(),
+        );
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// One line the test programs print per operation:
+/// `<op> <api> dev=<d> addr=0x<hex> size=<n> rc=<code>` plus optional `key=value` fields.
+#[derive(Debug, Clone)]
+pub struct ProgramOp {
+    pub op: String,
+    pub api: String,
+    pub fields: HashMap<String, String>,
+}
+
+impl ProgramOp {
+    pub fn num(&self, key: &str) -> u64 {
+        let raw = self
+            .fields
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} missing in {self:?}"));
+        match raw.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("bad hex {raw}")),
+            None => raw
+                .parse::<i64>()
+                .map(|n| n as u64)
+                .unwrap_or_else(|_| panic!("bad number {raw}")),
+        }
+    }
+    pub fn int(&self, key: &str) -> i64 {
+        self.num(key) as i64
+    }
+}
+
+/// Parses the operation lines of a program's stdout (other lines are ignored).
+pub fn program_ops(stdout: &str) -> Vec<ProgramOp> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let op = words.next()?.to_owned();
+            let api = words.next()?.to_owned();
+            let fields: HashMap<String, String> = words
+                .filter_map(|w| w.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+                .collect();
+            fields
+                .contains_key("rc")
+                .then_some(ProgramOp { op, api, fields })
+        })
+        .collect()
+}
