@@ -76,9 +76,9 @@ wait_all() {
 
 # ---- libraries (the programs link against them) ----
 spawn "$lib/libcuda.so.1" "$fake/fakecuda.c" -- "${libflags[@]}" \
-    -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1
+    -Wl,-Bsymbolic -Wl,-z,now -Wl,-soname,libcuda.so.1
 spawn "$lib/libcudart.so.12" "$fake/fakecudart.c" -- "${libflags[@]}" \
-    -Wl,-Bsymbolic -Wl,-soname,libcudart.so.12 -ldl
+    -Wl,-Bsymbolic -Wl,-z,now -Wl,-soname,libcudart.so.12 -ldl
 spawn "$lib/libinterpose.so" "$progs/interposer.c" -- "${libflags[@]}" \
     -Wl,-soname,libinterpose.so -ldl
 wait_all

@@ -77,7 +77,7 @@ fn start() -> bool {
     let config = config();
     PROCESS_SETUP.call_once(process_setup);
     let pid = std::process::id();
-    let path = log_path(config, pid);
+    let path = not_our_earlier_log(log_path(config, pid), pid);
     let start_mono_ns = capture::now_ns();
     let header = Header {
         version: FORMAT_VERSION,
@@ -174,6 +174,29 @@ fn log_path(config: &Config, pid: u32) -> OsString {
         let mut joined = std::path::PathBuf::from(path);
         joined.push(default_name);
         return joined.into_os_string();
+    }
+    path
+}
+
+/// After `exec` the new image has the same pid, so the same path as the log of the image
+/// before it: keep that log and write `<path>.2`, `<path>.3`, ... instead. A stale log of
+/// another process at the path is overwritten as usual.
+fn not_our_earlier_log(path: OsString, pid: u32) -> OsString {
+    let written_by_us = |candidate: &OsString| {
+        std::fs::File::open(candidate)
+            .ok()
+            .and_then(|file| vramshim_format::LogReader::new(file).ok())
+            .is_some_and(|reader| reader.header().pid == pid)
+    };
+    if !written_by_us(&path) {
+        return path;
+    }
+    for n in 2..1000 {
+        let mut candidate = path.clone();
+        candidate.push(format!(".{n}"));
+        if !written_by_us(&candidate) {
+            return candidate;
+        }
     }
     path
 }

@@ -301,14 +301,14 @@ fn finish_chunk(output: &mut Output) {
     if output.out.is_empty() {
         return;
     }
-    if !output.write_failed {
-        if let Err(err) = write_all(output.fd, &output.out) {
-            output.write_failed = true;
-            crate::warn(&format!(
-                "cannot write to {}: {err}; recording stops here (what was written stays readable)",
-                output.path.to_string_lossy()
-            ));
-        }
+    if !output.write_failed
+        && let Err(err) = write_all(output.fd, &output.out)
+    {
+        output.write_failed = true;
+        crate::warn(&format!(
+            "cannot write to {}: {err}; recording stops here (what was written stays readable)",
+            output.path.to_string_lossy()
+        ));
     }
     output.out.clear();
 }

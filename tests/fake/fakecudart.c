@@ -229,7 +229,7 @@ static cudaError_t enter(void)
     cudaError_t e = lazy_init();
     if (e)
         return e;
-    CUcontext c;
+    CUcontext c = NULL;
     if ((e = primary_ctx(t_dev, &c)))
         return e;
     return map_error(d.ctxSetCurrent(c));

@@ -28,7 +28,7 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-static long work(void)
+__attribute__((noinline)) static long work(void)
 {
     pthread_barrier_wait(&g_start);
     for (long i = 0; i < g_pairs; i++) {

@@ -7,7 +7,7 @@ use common::*;
 use serde_json::Value;
 
 /// Host-memory entry points: recorded with device -1.
-const HOST_APIS: [&str; 9] = [
+const HOST_APIS: [&str; 8] = [
     "cuMemAllocHost_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
@@ -16,86 +16,137 @@ const HOST_APIS: [&str; 9] = [
     "cudaMallocHost",
     "cudaHostAlloc",
     "cudaFreeHost",
-    "cudaFreeHost",
 ];
 
-/// The recorded view of one program operation: (event, api, device, addr, handle, size).
-type Expected = (String, String, i64, u64, u64, u64);
+/// The recorded view of one program operation.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    event: String,
+    api: String,
+    device: i64,
+    addr: u64,
+    handle: u64,
+    size: u64,
+    stream: u64,
+    result: u64,
+}
 
-/// Translates the program's operation lines into the events the recorder must have written.
-/// Frees are recorded without a size (the report knows it from the allocation).
-fn expected_events(ops: &[ProgramOp], recorded_apis: &[&str]) -> Vec<Expected> {
-    ops.iter()
-        .filter(|op| recorded_apis.contains(&op.api.as_str()))
-        .map(|op| {
-            let failed = op.int("rc") != 0;
-            let event = match op.op.as_str() {
-                "alloc" | "register" if failed => "alloc_failed",
-                "alloc" | "register" => "alloc",
-                "free" | "unregister" => "free",
-                other => other,
-            };
-            let device = if HOST_APIS.contains(&op.api.as_str()) {
-                -1
-            } else {
-                op.int("dev")
-            };
-            let addr = if failed {
-                0
-            } else {
-                op.fields.get("addr").map_or(0, |_| op.num("addr"))
-            };
-            let handle = op.fields.get("handle").map_or(0, |_| op.num("handle"));
-            let size = if event == "free" { 0 } else { op.num("size") };
-            (event.to_owned(), op.api.clone(), device, addr, handle, size)
+/// Translates the program's operation lines into the events the recorder must have written,
+/// for the entry points the log header lists as hooked.
+///
+/// Rules (what the recorder promises): frees and releases carry no size (the report takes it
+/// from the allocation); a failed allocation is `alloc_failed` with address 0; pinned host
+/// memory has device -1; VMM calls other than `cuMemCreate` carry the calling thread's current
+/// device; `cudaFree(NULL)` is not an event.
+fn expected_events(ops: &[ProgramOp], hooked: &[String]) -> Vec<Seen> {
+    let mut current_device = 0i64;
+    let mut expected = Vec::new();
+    for op in ops {
+        if op.op == "ctx" {
+            current_device = op.int("dev");
+            continue;
+        }
+        if !hooked.contains(&op.api) {
+            continue;
+        }
+        let failed = op.int("rc") != 0;
+        let event = match (op.op.as_str(), op.api.as_str()) {
+            ("alloc", "cuMemCreate") if failed => "alloc_failed",
+            ("alloc", "cuMemCreate") => "create",
+            ("free", "cuMemRelease") => "release",
+            ("alloc" | "register", _) if failed => "alloc_failed",
+            ("alloc" | "register", _) => "alloc",
+            ("free" | "unregister", _) => "free",
+            ("pool_trim", _) => "trim",
+            (other @ ("reserve" | "unreserve" | "map" | "unmap"), _) => other,
+            _ => continue,
+        };
+        let field = |key: &str| op.fields.get(key).map_or(0, |_| op.num(key));
+        let device = if HOST_APIS.contains(&op.api.as_str()) {
+            -1
+        } else if matches!(event, "reserve" | "unreserve" | "map" | "unmap" | "release") {
+            current_device
+        } else {
+            op.int("dev")
+        };
+        let (addr, size) = match event {
+            "alloc_failed" => (0, field("size")),
+            "free" | "release" => (field("addr"), 0),
+            "trim" => (0, field("keep")),
+            _ => (field("addr"), field("size")),
+        };
+        let handle = if event == "trim" {
+            field("pool")
+        } else {
+            field("handle")
+        };
+        let pool = if matches!(event, "alloc" | "alloc_failed") {
+            field("pool")
+        } else {
+            0
+        };
+        expected.push(Seen {
+            event: event.to_owned(),
+            api: op.api.clone(),
+            device,
+            addr,
+            handle: handle.max(pool),
+            size,
+            stream: field("stream"),
+            result: field("rc"),
+        });
+    }
+    expected
+}
+
+fn recorded(events: &[&Value]) -> Vec<Seen> {
+    events
+        .iter()
+        .map(|e| Seen {
+            event: e["event"].as_str().unwrap_or_default().to_owned(),
+            api: e["api"].as_str().unwrap_or_default().to_owned(),
+            device: i64_of(e, "device"),
+            addr: u64_of(e, "addr"),
+            handle: u64_of(e, "handle"),
+            size: u64_of(e, "size"),
+            stream: u64_of(e, "stream"),
+            result: u64_of(e, "result"),
         })
         .collect()
 }
 
-fn recorded(events: &[&Value]) -> Vec<Expected> {
-    events
+/// Runs `program` under the shim and checks the log against the program's own account.
+/// Returns the dump and the expected events for further checks.
+fn check_program(program: &str, env: &[(&str, &str)]) -> (Vec<Value>, Vec<Seen>) {
+    let run = run_under_shim(program, program, &[], env);
+    assert!(
+        run.output.status.success(),
+        "{program} failed:\n{}{}",
+        run.stdout(),
+        run.stderr()
+    );
+    assert_eq!(run.stderr(), "", "the shim printed something");
+    let dump = dump(&run.log());
+    let hooked: Vec<String> = dump[0]["apis"]
+        .as_array()
+        .expect("header lists apis")
         .iter()
-        .map(|e| {
-            (
-                e["event"].as_str().unwrap_or_default().to_owned(),
-                e["api"].as_str().unwrap_or_default().to_owned(),
-                i64_of(e, "device"),
-                u64_of(e, "addr"),
-                u64_of(e, "handle"),
-                u64_of(e, "size"),
-            )
-        })
-        .collect()
+        .map(|api| api.as_str().unwrap_or_default().to_owned())
+        .collect();
+    let expected = expected_events(&program_ops(&run.stdout()), &hooked);
+    let events = events(&dump);
+    let got = recorded(&events);
+    for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
+        assert_eq!(want, have, "{program}: event {i} differs");
+    }
+    assert_eq!(expected.len(), got.len(), "{program}: event counts differ");
+    (dump, expected)
 }
 
 #[test]
 fn direct_link_records_every_driver_call_once() {
-    let run = run_under_shim("direct", "direct", &[], &[]);
-    assert!(
-        run.output.status.success(),
-        "direct failed:\n{}{}",
-        run.stdout(),
-        run.stderr()
-    );
-    let ops = program_ops(&run.stdout());
-    let hooked = [
-        "cuMemAlloc_v2",
-        "cuMemAllocPitch_v2",
-        "cuMemAllocManaged",
-        "cuMemFree_v2",
-        "cuMemAllocHost_v2",
-        "cuMemHostAlloc",
-        "cuMemFreeHost",
-        "cuMemHostRegister_v2",
-        "cuMemHostUnregister",
-        "cuArrayCreate_v2",
-        "cuArray3DCreate_v2",
-        "cuArrayDestroy",
-    ];
-    let expected = expected_events(&ops, &hooked);
-    let dump = dump(&run.log());
+    let (dump, expected) = check_program("direct", &[]);
     let events = events(&dump);
-    assert_eq!(recorded(&events), expected);
     // The exact figures, not only "same as the program said".
     assert_eq!(expected.len(), 19);
     let pitch = &select(&events, "alloc", "cuMemAllocPitch_v2")[0];
@@ -106,9 +157,11 @@ fn direct_link_records_every_driver_call_once() {
     );
     let array = &select(&events, "alloc", "cuArrayCreate_v2")[0];
     assert_eq!(u64_of(array, "size"), 256 * 256 * 4 * 4);
+    let array3d = &select(&events, "alloc", "cuArray3DCreate_v2")[0];
+    assert_eq!(u64_of(array3d, "size"), 128 * 64 * 8 * 2 * 2);
     // The legacy 32-bit cuMemAlloc is not a 64-bit entry point and is not recorded.
     assert!(events.iter().all(|e| e["api"] != "cuMemAlloc"));
-    // One thread, named; every event carries a stack whose first frame is in the program.
+    // One thread, named; every event carries a stack.
     let pid = u64_of(&dump[0], "pid");
     assert!(events.iter().all(|e| u64_of(e, "thread") == pid));
     assert!(
@@ -129,4 +182,156 @@ fn direct_link_records_every_driver_call_once() {
         (last["event"].as_str(), u64_of(last, "size")),
         (Some("alloc"), 3 << 20)
     );
+}
+
+#[test]
+fn dlopen_and_dlsym_reach_the_wrappers() {
+    let (dump, expected) = check_program("dlsym", &[]);
+    assert_eq!(expected.len(), 7);
+    // The invalid free is recorded with its error code.
+    let failed: Vec<&Value> = events(&dump)
+        .into_iter()
+        .filter(|e| u64_of(e, "result") == 1)
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["event"], "free");
+}
+
+#[test]
+fn resolver_hands_out_the_exact_variant_at_every_version_and_flag() {
+    let (dump, expected) = check_program("resolver", &[]);
+    let events = events(&dump);
+    // cuMemAlloc/cuMemFree through both resolvers at 3 versions, the async pair at flags 0
+    // and 2 through both: 6 + 4 allocations and their frees. The v1 look-up at version 2000
+    // gives the legacy 32-bit cuMemAlloc, which is not recorded.
+    assert_eq!(expected.len(), 20);
+    let t = tally(&events);
+    assert_eq!(t[&("alloc".into(), "cuMemAlloc_v2".into())], 6);
+    assert_eq!(t[&("alloc".into(), "cuMemAllocAsync".into())], 2);
+    assert_eq!(t[&("alloc".into(), "cuMemAllocAsync_ptsz".into())], 2);
+    assert_eq!(t[&("free".into(), "cuMemFreeAsync_ptsz".into())], 2);
+}
+
+#[test]
+fn runtime_calls_are_recorded_once_not_twice() {
+    let (dump, expected) = check_program("runtime", &[]);
+    let events = events(&dump);
+    // No driver event from inside a runtime call: the only driver-level events are the
+    // calls the program made through pointers from cudaGetDriverEntryPoint*.
+    let driver: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e["api"]
+                .as_str()
+                .is_some_and(|api| api.starts_with("cu") && !api.starts_with("cuda"))
+        })
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["event"].as_str().unwrap_or_default(),
+                e["api"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        driver,
+        [
+            "alloc cuMemAlloc_v2",
+            "free cuMemFree_v2",
+            "create cuMemCreate",
+            "release cuMemRelease",
+            "alloc cuMemAllocAsync_ptsz"
+        ]
+    );
+    let t = tally(&events);
+    assert_eq!(t[&("alloc".into(), "cudaMalloc".into())], 3);
+    assert_eq!(t[&("trim".into(), "cudaMemPoolTrimTo".into())], 2);
+    assert!(expected.len() >= 25, "{}", expected.len());
+    // cudaMalloc on device 1 after cudaSetDevice(1).
+    let on_device_1 = select(&events, "alloc", "cudaMalloc")
+        .into_iter()
+        .filter(|e| i64_of(e, "device") == 1)
+        .count();
+    assert_eq!(on_device_1, 1);
+}
+
+#[test]
+fn virtual_memory_calls_are_recorded_by_handle_and_range() {
+    let (dump, expected) = check_program("vmm", &[]);
+    let kinds: Vec<&str> = expected.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "reserve",
+            "create",
+            "create",
+            "map",
+            "map",
+            "map",
+            "unmap",
+            "unmap",
+            "release",
+            "release",
+            "unreserve"
+        ]
+    );
+    let events = events(&dump);
+    let creates = select(&events, "create", "cuMemCreate");
+    assert!(
+        creates
+            .iter()
+            .all(|e| i64_of(e, "device") == 1 && u64_of(e, "size") == 20 << 20)
+    );
+    // The map with a bad handle failed and says so.
+    let maps = select(&events, "map", "cuMemMap");
+    assert_eq!(
+        maps.iter().map(|e| u64_of(e, "result")).collect::<Vec<_>>(),
+        [0, 0, 1]
+    );
+}
+
+#[test]
+fn stream_ordered_and_pool_allocations_keep_their_streams() {
+    let (dump, expected) = check_program("async", &[]);
+    assert_eq!(expected.len(), 9);
+    let events = events(&dump);
+    let streams: std::collections::BTreeSet<u64> =
+        events.iter().map(|e| u64_of(e, "stream")).collect();
+    assert_eq!(
+        streams.len(),
+        3,
+        "stream 0 (trim) and the two streams: {streams:?}"
+    );
+    let trim = &select(&events, "trim", "cuMemPoolTrimTo")[0];
+    assert_ne!(u64_of(trim, "handle"), 0);
+}
+
+#[test]
+fn an_interposer_loaded_after_the_shim_still_finds_the_next_definition() {
+    let interposer = fake_lib_dir().join("libinterpose.so");
+    let preload = format!("{}:{}", shim().display(), interposer.display());
+    let run = run_under_shim("interposed", "interposed", &[], &[("LD_PRELOAD", &preload)]);
+    assert!(
+        run.output.status.success(),
+        "{}{}",
+        run.stdout(),
+        run.stderr()
+    );
+    assert!(
+        run.stderr()
+            .contains("interposer cudaMalloc=100 cudaFree=100"),
+        "{}",
+        run.stderr()
+    );
+    let dump = dump(&run.log());
+    let events = events(&dump);
+    let t = tally(&events);
+    assert_eq!(t[&("alloc".into(), "cudaMalloc".into())], 100);
+    assert_eq!(t[&("free".into(), "cudaFree".into())], 100);
+    assert_eq!(events.len(), 200);
+    let sizes: Vec<u64> = select(&events, "alloc", "cudaMalloc")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .collect();
+    assert_eq!(sizes, (1..=100).map(|i| 4096 * i).collect::<Vec<u64>>());
 }
