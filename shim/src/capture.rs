@@ -177,6 +177,10 @@ pub struct ThreadState {
     depth: Cell<u32>,
     ring: Cell<*const Ring>,
     pub stack_cache: UnsafeCell<stacks::ThreadCache>,
+    /// This thread's cache of unwind rules (allocated on first use, freed at thread exit).
+    pub unwind_cache: Cell<*mut crate::unwind::ThreadCache>,
+    /// This thread's stack range (0, 0 = not known yet).
+    pub stack_bounds: Cell<(u64, u64)>,
 }
 
 thread_local! {
@@ -185,6 +189,8 @@ thread_local! {
             depth: Cell::new(0),
             ring: Cell::new(std::ptr::null()),
             stack_cache: UnsafeCell::new(stacks::ThreadCache::new()),
+            unwind_cache: Cell::new(std::ptr::null_mut()),
+            stack_bounds: Cell::new((0, 0)),
         }
     };
 }
@@ -268,6 +274,16 @@ fn leave(ring: *const Ring) {
     let _ = THREAD.try_with(|thread| thread.depth.set(0));
 }
 
+/// Frees this thread's unwind cache (at thread exit).
+pub fn release_unwind_cache() {
+    let _ = THREAD.try_with(|thread| {
+        let cache = thread.unwind_cache.replace(std::ptr::null_mut());
+        if !cache.is_null() {
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    });
+}
+
 /// Forgets this thread's ring (after fork, in the child, or when the thread exits).
 pub fn forget_thread_ring() -> *const Ring {
     THREAD
@@ -302,7 +318,7 @@ fn record(
     let config = lifecycle::config();
     let stack = match config.stack {
         StackMode::None => 0,
-        StackMode::Native => stacks::capture(config.max_frames),
+        StackMode::Native => stacks::capture(config.max_frames, now),
     };
     let mem_info = if kind == EventKind::AllocFailed {
         mem_get_info()

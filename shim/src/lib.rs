@@ -22,6 +22,7 @@ mod lifecycle;
 mod resolver;
 mod stacks;
 mod table;
+mod unwind;
 mod writer;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -303,6 +303,7 @@ pub fn set_thread_exit_hook(ring: *const Ring) {
 unsafe extern "C" fn thread_exit(ring: *mut c_void) {
     // Later hooks on this thread (TLS destructors) get a fresh ring.
     crate::guard((), || {
+        capture::release_unwind_cache();
         let current = capture::forget_thread_ring();
         if !current.is_null() && current != ring.cast_const().cast() {
             // A newer ring replaced this one; it is released by its own key value.

@@ -85,11 +85,51 @@ static UNKNOWN_IPS: AtomicU64 = AtomicU64::new(0);
 
 /// Captures the calling thread's native stack (innermost first, shim frames removed) and
 /// returns its id (0 if nothing could be captured).
-pub fn capture(max_frames: usize) -> u32 {
-    let mut frames = [0u64; MAX_FRAMES];
+pub fn capture(max_frames: usize, now_ns: u64) -> u32 {
+    let mut raw = [0u64; MAX_FRAMES + 16];
     let max = max_frames.min(MAX_FRAMES);
-    let mut count = 0usize;
     let (shim_start, shim_end) = shim_range();
+    let in_shim = |ip: u64| ip >= shim_start && ip < shim_end;
+    // Fast path: cached unwind rules. The walk starts inside the shim; leave room for the
+    // shim's own frames on top of the `max` frames kept.
+    let walked = THREAD
+        .try_with(|thread| {
+            let mut cache = thread.unwind_cache.get();
+            if cache.is_null() {
+                cache = Box::into_raw(Box::new(crate::unwind::ThreadCache::new()));
+                thread.unwind_cache.set(cache);
+            }
+            let mut bounds = thread.stack_bounds.get();
+            if bounds == (0, 0) {
+                bounds = crate::unwind::thread_stack_bounds();
+                thread.stack_bounds.set(bounds);
+            }
+            crate::unwind::walk(&mut raw, unsafe { &mut *cache }, bounds, now_ns)
+        })
+        .unwrap_or(0);
+    let skip = raw[..walked].iter().take_while(|&&ip| in_shim(ip)).count();
+    let mut frames = [0u64; MAX_FRAMES];
+    let mut count = 0;
+    for &ip in raw[skip..walked]
+        .iter()
+        .take_while(|&&ip| ip != 0)
+        .take(max)
+    {
+        frames[count] = ip;
+        count += 1;
+    }
+    if count == 0 {
+        // Objects without .eh_frame_hdr: the slow, general unwinder.
+        count = capture_with_libgcc(&mut frames[..max], in_shim);
+    }
+    if count == 0 {
+        return 0;
+    }
+    intern(&frames[..count])
+}
+
+fn capture_with_libgcc(frames: &mut [u64], in_shim: impl Fn(u64) -> bool) -> usize {
+    let mut count = 0usize;
     let mut outside_shim = false;
     unsafe {
         backtrace::trace_unsynchronized(|frame| {
@@ -98,19 +138,16 @@ pub fn capture(max_frames: usize) -> u32 {
             if ip == 0 {
                 return false;
             }
-            if !outside_shim && ip >= shim_start && ip < shim_end {
+            if !outside_shim && in_shim(ip) {
                 return true;
             }
             outside_shim = true;
             frames[count] = ip;
             count += 1;
-            count < max
+            count < frames.len()
         });
     }
-    if count == 0 {
-        return 0;
-    }
-    intern(&frames[..count])
+    count
 }
 
 fn shim_range() -> (u64, u64) {

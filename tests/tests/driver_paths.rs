@@ -335,3 +335,73 @@ fn an_interposer_loaded_after_the_shim_still_finds_the_next_definition() {
         .collect();
     assert_eq!(sizes, (1..=100).map(|i| 4096 * i).collect::<Vec<u64>>());
 }
+
+/// `file:line` of a return address, from the log's own module map and `addr2line`.
+fn source_line(dump: &[Value], ip: u64) -> String {
+    let module = dump
+        .iter()
+        .filter(|r| r["type"] == "module")
+        .find(|m| u64_of(m, "start") <= ip && ip < u64_of(m, "end"))
+        .unwrap_or_else(|| panic!("no module holds {ip:#x}"));
+    let offset = ip - u64_of(module, "load_bias") - 1; // the call, not the return address
+    let output = std::process::Command::new("addr2line")
+        .arg("-e")
+        .arg(module["path"].as_str().expect("module path"))
+        .arg(format!("{offset:#x}"))
+        .output()
+        .expect("addr2line (binutils) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let location = text.trim();
+    let file = location.rsplit('/').next().unwrap_or(location);
+    // addr2line may append " (discriminator N)".
+    file.split(' ').next().unwrap_or(file).to_owned()
+}
+
+fn line_of(source: &str, needle: &str) -> usize {
+    source
+        .lines()
+        .position(|line| line.contains(needle))
+        .unwrap_or_else(|| panic!("{needle:?} not in the source"))
+        + 1
+}
+
+#[test]
+fn native_stacks_point_at_the_calling_line() {
+    let (dump, _) = check_program("direct", &[]);
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/programs/direct.c"))
+        .expect("direct.c");
+    let stacks: std::collections::HashMap<u64, Vec<u64>> = dump
+        .iter()
+        .filter(|r| r["type"] == "stack")
+        .map(|r| {
+            let frames = r["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .map(|f| f.as_u64().expect("frame"))
+                .collect();
+            (u64_of(r, "id"), frames)
+        })
+        .collect();
+    let events = events(&dump);
+    let allocs = select(&events, "alloc", "cuMemAlloc_v2");
+    let first = &stacks[&u64_of(allocs[0], "stack")];
+    let leak = &stacks[&u64_of(allocs.last().expect("leak"), "stack")];
+    // Innermost frame: the line of the call in main; no frame of the shim above it.
+    assert_eq!(
+        source_line(&dump, first[0]),
+        format!(
+            "direct.c:{}",
+            line_of(&source, "cuMemAlloc_v2(&d_buf, 1 * MiB)")
+        )
+    );
+    assert_eq!(
+        source_line(&dump, leak[0]),
+        format!(
+            "direct.c:{}",
+            line_of(&source, "cuMemAlloc_v2(&leak, 3 * MiB)")
+        )
+    );
+    // main <- __libc_start_call_main <- __libc_start_main <- _start.
+    assert_eq!(first.len(), 4, "{first:x?}");
+}

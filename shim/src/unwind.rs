@@ -1,0 +1,219 @@
+//! Fast native stack walking with cached DWARF unwind rules (`framehop`).
+//!
+//! libgcc's `_Unwind_Backtrace` re-reads the unwind tables for every frame (about 130 ns a
+//! frame here); framehop evaluates a return address's rule once and keeps it in a per-thread
+//! cache, so a repeated call path costs a few nanoseconds a frame. The unwinder reads the
+//! tables straight from the loaded objects' memory (`PT_GNU_EH_FRAME`), and is rebuilt when
+//! the dynamic loader reports objects loaded or unloaded. Stack reads are bounds-checked
+//! against the thread's stack, so a corrupt frame ends the walk instead of faulting.
+
+use std::ffi::c_void;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
+use parking_lot::Mutex;
+
+/// Bytes of a loaded object, valid while the object stays loaded.
+#[derive(Clone, Copy, Default)]
+pub struct Loaded(&'static [u8]);
+
+impl Deref for Loaded {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0
+    }
+}
+
+type ProcessUnwinder = UnwinderX86_64<Loaded>;
+pub type ThreadCache = CacheX86_64;
+
+/// The unwinder for the current set of loaded objects. Replaced ones are leaked on purpose:
+/// another thread may still be walking with them, and they change only on dlopen/dlclose.
+static CURRENT: AtomicPtr<ProcessUnwinder> = AtomicPtr::new(std::ptr::null_mut());
+/// `dlpi_adds` / `dlpi_subs` the current unwinder was built for.
+static BUILT_FOR: AtomicU64 = AtomicU64::new(u64::MAX);
+/// When the loader counters were last looked at (ns), to check at most every 10 ms.
+static LAST_CHECK: AtomicU64 = AtomicU64::new(0);
+static REBUILD: Mutex<()> = Mutex::new(());
+const CHECK_INTERVAL_NS: u64 = 10_000_000;
+
+/// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
+/// the instruction pointer inside this function). Returns the count, 0 if walking failed.
+#[inline(never)]
+pub fn walk(frames: &mut [u64], cache: &mut ThreadCache, stack: (u64, u64), now_ns: u64) -> usize {
+    let unwinder = current_unwinder(now_ns);
+    let Some(unwinder) = (unsafe { unwinder.as_ref() }) else {
+        return 0;
+    };
+    let (ip, sp, bp): (u64, u64, u64);
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    let (low, high) = if stack.0 <= sp && sp < stack.1 {
+        stack
+    } else {
+        (sp, sp.saturating_add(1 << 20))
+    };
+    let mut read_stack = |addr: u64| -> Result<u64, ()> {
+        if addr < low || addr.saturating_add(8) > high || addr % 8 != 0 {
+            return Err(());
+        }
+        Ok(unsafe { (addr as *const u64).read() })
+    };
+    let mut iter = unwinder.iter_frames(
+        ip,
+        UnwindRegsX86_64::new(ip, sp, bp),
+        cache,
+        &mut read_stack,
+    );
+    let mut count = 0;
+    while count < frames.len() {
+        match iter.next() {
+            Ok(Some(frame)) => {
+                frames[count] = frame.address();
+                count += 1;
+            }
+            _ => break,
+        }
+    }
+    count
+}
+
+fn current_unwinder(now_ns: u64) -> *const ProcessUnwinder {
+    let current = CURRENT.load(Ordering::Acquire);
+    let last = LAST_CHECK.load(Ordering::Relaxed);
+    if !current.is_null() && now_ns.saturating_sub(last) < CHECK_INTERVAL_NS {
+        return current;
+    }
+    LAST_CHECK.store(now_ns, Ordering::Relaxed);
+    let counters = loader_counters();
+    if !current.is_null() && counters == BUILT_FOR.load(Ordering::Acquire) {
+        return current;
+    }
+    let _rebuilding = REBUILD.lock();
+    if counters == BUILT_FOR.load(Ordering::Acquire) {
+        return CURRENT.load(Ordering::Acquire);
+    }
+    let fresh = Box::into_raw(Box::new(build()));
+    CURRENT.store(fresh, Ordering::Release);
+    BUILT_FOR.store(counters, Ordering::Release);
+    fresh
+}
+
+/// The loader's load and unload counters, packed.
+fn loader_counters() -> u64 {
+    let mut counters = 0u64;
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> i32 {
+        let info = unsafe { &*info };
+        unsafe { *(data as *mut u64) = (info.dlpi_adds << 32) ^ info.dlpi_subs };
+        1
+    }
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut counters).cast::<c_void>()) };
+    counters
+}
+
+fn build() -> ProcessUnwinder {
+    let mut unwinder = ProcessUnwinder::new();
+    let mut modules: Vec<Module<Loaded>> = Vec::new();
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> i32 {
+        let modules = unsafe { &mut *(data as *mut Vec<Module<Loaded>>) };
+        if let Some(module) = module_of(unsafe { &*info }) {
+            modules.push(module);
+        }
+        0
+    }
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut modules).cast::<c_void>()) };
+    for module in modules {
+        unwinder.add_module(module);
+    }
+    unwinder
+}
+
+fn slice(avma: u64, len: u64) -> Loaded {
+    Loaded(unsafe { std::slice::from_raw_parts(avma as *const u8, len as usize) })
+}
+
+/// Describes one loaded object to framehop: its executable range and its unwind tables.
+fn module_of(info: &libc::dl_phdr_info) -> Option<Module<Loaded>> {
+    let bias = info.dlpi_addr;
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let loads: Vec<&libc::Elf64_Phdr> =
+        phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD).collect();
+    let start = loads.iter().map(|p| p.p_vaddr).min()?;
+    let end = loads.iter().map(|p| p.p_vaddr + p.p_memsz).max()?;
+    let text = loads.iter().find(|p| p.p_flags & libc::PF_X != 0)?;
+    let hdr = phdrs.iter().find(|p| p.p_type == libc::PT_GNU_EH_FRAME)?;
+    // .eh_frame_hdr: version, eh_frame_ptr encoding, fde count encoding, table encoding, then
+    // eh_frame_ptr. Linkers write it pc-relative sdata4 (0x1b); anything else is skipped.
+    let hdr_avma = bias.wrapping_add(hdr.p_vaddr);
+    let header = unsafe { std::slice::from_raw_parts(hdr_avma as *const u8, 8) };
+    if header[0] != 1 || header[1] != 0x1b {
+        return None;
+    }
+    let offset = i32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let eh_frame_svma = (hdr.p_vaddr + 4).wrapping_add(offset as i64 as u64);
+    // .eh_frame has no length in the program headers: it runs to the end of its segment.
+    let segment = loads
+        .iter()
+        .find(|p| p.p_vaddr <= eh_frame_svma && eh_frame_svma < p.p_vaddr + p.p_memsz)?;
+    let eh_frame_len = segment.p_vaddr + segment.p_filesz.min(segment.p_memsz) - eh_frame_svma;
+    let name = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let sections = ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: Some(text.p_vaddr..text.p_vaddr + text.p_memsz),
+        text: Some(slice(bias.wrapping_add(text.p_vaddr), text.p_memsz)),
+        eh_frame_svma: Some(eh_frame_svma..eh_frame_svma + eh_frame_len),
+        eh_frame: Some(slice(bias.wrapping_add(eh_frame_svma), eh_frame_len)),
+        eh_frame_hdr_svma: Some(hdr.p_vaddr..hdr.p_vaddr + hdr.p_memsz),
+        eh_frame_hdr: Some(slice(hdr_avma, hdr.p_memsz)),
+        ..Default::default()
+    };
+    Some(Module::new(
+        name,
+        bias.wrapping_add(start)..bias.wrapping_add(end),
+        bias,
+        sections,
+    ))
+}
+
+/// The calling thread's stack range, for bounds-checking reads.
+pub fn thread_stack_bounds() -> (u64, u64) {
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return (0, 0);
+        }
+        let mut base: *mut c_void = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut base, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 {
+            return (0, 0);
+        }
+        (base as u64, base as u64 + size as u64)
+    }
+}
