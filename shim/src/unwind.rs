@@ -65,7 +65,7 @@ pub fn walk(frames: &mut [u64], cache: &mut ThreadCache, stack: (u64, u64), now_
         (sp, sp.saturating_add(1 << 20))
     };
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        if addr < low || addr.saturating_add(8) > high || addr % 8 != 0 {
+        if addr < low || addr.saturating_add(8) > high || !addr.is_multiple_of(8) {
             return Err(());
         }
         Ok(unsafe { (addr as *const u64).read() })
