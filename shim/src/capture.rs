@@ -110,6 +110,8 @@ pub struct Ring {
     pub in_progress: AtomicU64,
     /// Set when the thread has exited; the writer frees the ring once it is empty.
     pub orphaned: AtomicBool,
+    /// The producer asked the writer to drain early (ring half full); cleared by a drain.
+    wake_sent: AtomicBool,
     head: Padded<AtomicUsize>,
     tail: Padded<AtomicUsize>,
     slots: Box<[UnsafeCell<Slot>]>,
@@ -128,6 +130,7 @@ impl Ring {
             tid,
             in_progress: AtomicU64::new(IDLE),
             orphaned: AtomicBool::new(false),
+            wake_sent: AtomicBool::new(false),
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
             slots: (0..capacity)
@@ -137,15 +140,23 @@ impl Ring {
         }
     }
 
-    /// Appends `slot`; false if the ring is full.
+    /// Appends `slot`; false if the ring is full. Wakes the writer once the ring is half
+    /// full, so a busy thread rarely has to drain its ring itself.
     fn push(&self, slot: &Slot) -> bool {
         let tail = self.tail.0.load(Ordering::Relaxed);
         let head = self.head.0.load(Ordering::Acquire);
-        if tail.wrapping_sub(head) > self.mask {
+        let used = tail.wrapping_sub(head);
+        if used > self.mask {
             return false;
         }
         unsafe { *self.slots[tail & self.mask].get() = *slot };
         self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        if used >= self.mask / 2
+            && !self.wake_sent.load(Ordering::Relaxed)
+            && !self.wake_sent.swap(true, Ordering::AcqRel)
+        {
+            writer::wake();
+        }
         true
     }
 
@@ -162,6 +173,7 @@ impl Ring {
             head = head.wrapping_add(1);
         }
         self.head.0.store(head, Ordering::Release);
+        self.wake_sent.store(false, Ordering::Release);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -363,14 +375,27 @@ fn record(
 /// for room can then write everything older.
 fn push(ring: &Ring, slot: &Slot, on_full: OnFull) {
     ring.in_progress.store(slot.t_ns, Ordering::SeqCst);
+    let mut attempts = 0u32;
     while !ring.push(slot) {
         match on_full {
             OnFull::Drop => {
                 writer::count_dropped();
                 return;
             }
-            // Wait for room: drain synchronously rather than depend on the writer thread.
-            OnFull::Wait => writer::flush(writer::FlushKind::MakeRoom),
+            // Wait for room: drain synchronously rather than depend on the writer thread. If
+            // that made no room, another thread inside a hook holds the watermark back (it
+            // was preempted): give it the CPU instead of spinning on the writer lock.
+            OnFull::Wait => {
+                writer::flush(writer::FlushKind::MakeRoom);
+                attempts += 1;
+                if attempts > 2 {
+                    if attempts < 20 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                }
+            }
         }
     }
 }

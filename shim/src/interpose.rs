@@ -140,6 +140,8 @@ fn is_libcuda(handle: *mut c_void) -> bool {
 }
 
 /// Remembers the application's libcuda and resolves the real driver functions from it.
+/// The handle is published only once every real function is resolved: a thread that sees it
+/// never finds a wrapper without its real function.
 ///
 /// Real cudart `dlclose`s libcuda when `cuInit` fails; the shim keeps its own reference so
 /// that the driver functions it holds never dangle.
@@ -147,21 +149,20 @@ pub fn adopt_libcuda(handle: *mut c_void) {
     if LIBCUDA_HANDLE.load(Ordering::Acquire) != 0 {
         return;
     }
-    let path = link_map_name(handle);
-    let pinned = match &path {
+    let _adopting = ADOPTING.lock();
+    if LIBCUDA_HANDLE.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let pinned = match link_map_name(handle) {
         Some(path) => unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) },
         None => std::ptr::null_mut(),
     };
     let kept = if pinned.is_null() { handle } else { pinned };
-    if LIBCUDA_HANDLE
-        .compare_exchange(0, kept as usize, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        table::resolve_driver(kept);
-    } else if !pinned.is_null() {
-        unsafe { libc::dlclose(pinned) };
-    }
+    table::resolve_driver(kept);
+    LIBCUDA_HANDLE.store(kept as usize, Ordering::Release);
 }
+
+static ADOPTING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// The path a handle was loaded from.
 fn link_map_name(handle: *mut c_void) -> Option<std::ffi::CString> {

@@ -132,7 +132,10 @@ fn start() -> bool {
         .name("vramshim-writer".into())
         .spawn(move || writer_loop(interval))
     {
-        Ok(handle) => *WRITER.lock() = Some(handle),
+        Ok(handle) => {
+            writer::set_writer_thread(handle.thread().clone());
+            *WRITER.lock() = Some(handle);
+        }
         Err(err) => crate::warn(&format!(
             "cannot start the writer thread ({err}); events are written when buffers fill and at exit"
         )),
@@ -141,6 +144,7 @@ fn start() -> bool {
 }
 
 fn writer_loop(interval: Duration) {
+    // Wakes every interval, or early when a producer's ring is half full.
     loop {
         std::thread::park_timeout(interval);
         if STATE.load(Ordering::Acquire) == OFF {
@@ -355,6 +359,7 @@ extern "C" fn after_fork_child() {
             capture::forget_thread_ring();
             // The writer thread does not exist in the child.
             std::mem::forget(WRITER.lock().take());
+            writer::clear_writer_thread();
             FORKED_FROM.store(unsafe { libc::getppid() } as u32, Ordering::Release);
             STATE.store(UNINIT, Ordering::Release);
         }
@@ -502,13 +507,7 @@ macro_rules! concat_cstr {
 
 fn before_exec() {
     if STATE.load(Ordering::Acquire) == ON {
-        crate::guard((), || {
-            writer::define(Record::Note(Note {
-                t_ns: 0,
-                text: "exec".into(),
-            }));
-            writer::flush(writer::FlushKind::Final);
-        });
+        crate::guard((), || writer::final_note("exec"));
     }
 }
 

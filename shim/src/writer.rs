@@ -51,6 +51,27 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Chunks are closed at this payload size.
 const CHUNK_BYTES: usize = 256 << 10;
 
+/// The writer thread, for early wake-ups (leaked: replaced only when a fork child starts one).
+static WRITER_THREAD: std::sync::atomic::AtomicPtr<std::thread::Thread> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers the thread that drains periodically.
+pub fn set_writer_thread(thread: std::thread::Thread) {
+    WRITER_THREAD.store(Box::into_raw(Box::new(thread)), Ordering::Release);
+}
+
+/// Forgets the writer thread (in a fork child, where it does not exist).
+pub fn clear_writer_thread() {
+    WRITER_THREAD.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Asks the writer thread to drain now.
+pub fn wake() {
+    if let Some(thread) = unsafe { WRITER_THREAD.load(Ordering::Acquire).as_ref() } {
+        thread.unpark();
+    }
+}
+
 /// Queues a definition (stack, module, thread name, note): written before the next events.
 pub fn define(record: Record) {
     DEFS.lock().push(record);
@@ -311,6 +332,24 @@ fn finish_chunk(output: &mut Output) {
         ));
     }
     output.out.clear();
+}
+
+/// Writes everything buffered, then `text` as a note stamped now (so it follows every event
+/// that happened before it, as the exec note must).
+pub fn final_note(text: &str) {
+    flush(FlushKind::Final);
+    let mut guard = OUTPUT.lock();
+    if let Some(output) = guard.as_mut() {
+        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        push_record(
+            output,
+            &Record::Note(vramshim_format::Note {
+                t_ns,
+                text: text.to_owned(),
+            }),
+        );
+        finish_chunk(output);
+    }
 }
 
 /// Takes every lock the writer uses (fork preparation), in the order the writer takes them.

@@ -1,0 +1,606 @@
+//! The `vramshim` binary: `run` (exit status, signals, log names, LD_PRELOAD, VRAMSHIM_LIB)
+//! and `dump` (bad input, newer logs, torn and damaged logs, text output), on logs written by
+//! real programs under the real preload.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::Value;
+use vramshim_format::{Item, LogReader};
+
+/// `vramshim ARGS` with the fake driver on the library path and no vramshim settings from the
+/// test's own environment; `env` is applied last.
+fn vramshim(args: &[&OsStr], env: &[(&str, &OsStr)], cwd: &Path) -> (Output, u32) {
+    let mut command = Command::new(vramshim_tool());
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .env_remove("VRAMSHIM_MANIFEST");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vramshim");
+    let pid = child.id();
+    (child.wait_with_output().expect("wait for vramshim"), pid)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The size as `vramshim run` prints it (binary units, two decimals).
+fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+fn manifest_of(vramshim_pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("vramshim-run-{vramshim_pid}.manifest"))
+}
+
+#[test]
+fn run_passes_the_exit_code_of_a_program_without_cuda() {
+    let dir = scratch("run-exit7");
+    let output_path = dir.join("%p.vlog");
+    let (output, pid) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            output_path.as_os_str(),
+            OsStr::new("--"),
+            OsStr::new("sh"),
+            OsStr::new("-c"),
+            OsStr::new("echo out; exit 7"),
+        ],
+        &[],
+        &dir,
+    );
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
+    assert_eq!(text(&output.stdout), "out\n");
+    assert_eq!(
+        text(&output.stderr),
+        "vramshim: no log written (the program made no CUDA memory call)\n"
+    );
+    assert_eq!(files_in(&dir), Vec::<String>::new());
+    assert!(!manifest_of(pid).exists(), "manifest left behind");
+}
+
+#[test]
+fn run_names_the_log_of_a_cuda_program() {
+    let dir = scratch("run-oom");
+    let output_path = dir.join("%p.vlog");
+    let (output, vramshim_pid) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            output_path.as_os_str(),
+            OsStr::new("--"),
+            program("oom").as_os_str(),
+        ],
+        &[("FAKECUDA_MEM", OsStr::new("1G"))],
+        &dir,
+    );
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{output:?}");
+    let plain = run_plain("oom", &[], &[("FAKECUDA_MEM", "1G")]);
+    assert_eq!(
+        text(&output.stdout),
+        text(&plain.stdout),
+        "the program's output is untouched"
+    );
+
+    let logs = files_in(&dir);
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let log = dir.join(&logs[0]);
+    let dump = dump(&log);
+    let header = &dump[0];
+    let pid = u64_of(header, "pid");
+    assert_eq!(logs[0], format!("{pid}.vlog"));
+    assert_eq!(
+        u64_of(header, "ppid"),
+        u64::from(vramshim_pid),
+        "vramshim ran the program itself"
+    );
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert_eq!(
+        stderr,
+        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+    );
+    let events = events(&dump);
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| (e["event"].as_str().unwrap(), u64_of(e, "size")))
+            .collect::<Vec<_>>(),
+        vec![
+            ("alloc", 512 << 20),
+            ("alloc_failed", 768 << 20),
+            ("free", 0)
+        ]
+    );
+    assert!(!manifest_of(vramshim_pid).exists(), "manifest left behind");
+}
+
+#[test]
+fn run_names_every_log_of_a_process_tree() {
+    let dir = scratch("run-fork");
+    let output_path = dir.join("%p.vlog");
+    let (output, vramshim_pid) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            output_path.as_os_str(),
+            OsStr::new("--"),
+            program("fork").as_os_str(),
+        ],
+        &[],
+        &dir,
+    );
+    assert!(output.status.success(), "{output:?}");
+    let stdout = text(&output.stdout);
+    let pid_after = |prefix: &str| -> u64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in {stdout}"))
+            .parse()
+            .unwrap()
+    };
+    let (parent, child, exec) = (
+        pid_after("done fork pid="),
+        pid_after("child pid="),
+        pid_after("exec pid="),
+    );
+    // Each process appends its log's name when it opens it: parent, fork child, exec child.
+    let expected: String = [parent, child, exec]
+        .iter()
+        .map(|pid| {
+            let log = dir.join(format!("{pid}.vlog"));
+            let size = std::fs::metadata(&log).expect("log").len();
+            format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+        })
+        .collect();
+    assert_eq!(text(&output.stderr), expected);
+    assert_eq!(files_in(&dir).len(), 3);
+    assert_eq!(
+        u64_of(&dump(&dir.join(format!("{parent}.vlog")))[0], "ppid"),
+        u64::from(vramshim_pid)
+    );
+    assert!(!manifest_of(vramshim_pid).exists(), "manifest left behind");
+}
+
+#[test]
+fn run_without_output_writes_the_default_name_in_the_working_directory() {
+    let dir = scratch("run-default");
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("--stack"),
+            OsStr::new("none"),
+            OsStr::new("--"),
+            program("oom").as_os_str(),
+        ],
+        &[("FAKECUDA_MEM", OsStr::new("1G"))],
+        &dir,
+    );
+    assert!(output.status.success(), "{output:?}");
+    let logs = files_in(&dir);
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let log = dir.join(&logs[0]);
+    let dump = dump(&log);
+    let pid = u64_of(&dump[0], "pid");
+    assert_eq!(logs[0], format!("vramshim-oom.{pid}.vlog"));
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert_eq!(
+        text(&output.stderr),
+        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+    );
+    assert_eq!(dump[0]["stack_mode"], "none");
+    assert_eq!(events(&dump).len(), 3);
+    assert!(events(&dump).iter().all(|e| u64_of(e, "stack") == 0));
+}
+
+#[test]
+fn run_dies_by_the_signal_that_killed_the_program() {
+    let dir = scratch("run-abort");
+    let output_path = dir.join("%p.vlog");
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            output_path.as_os_str(),
+            OsStr::new("--"),
+            program("abort").as_os_str(),
+        ],
+        &[],
+        &dir,
+    );
+    assert_eq!(output.status.signal(), Some(6), "{output:?}");
+    let stdout = text(&output.stdout);
+    let pid: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("aborting pid="))
+        .expect("aborting line")
+        .parse()
+        .unwrap();
+    let log = dir.join(format!("{pid}.vlog"));
+    let size = std::fs::metadata(&log).expect("the log").len();
+    assert_eq!(
+        text(&output.stderr),
+        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+    );
+    // Every allocation made before the abort is there.
+    let recorded: Vec<u64> = events(&dump(&log))
+        .iter()
+        .map(|e| u64_of(e, "addr"))
+        .collect();
+    let printed: Vec<u64> = program_ops(&stdout)
+        .iter()
+        .map(|op| op.num("addr"))
+        .collect();
+    assert_eq!(printed.len(), 5);
+    assert_eq!(recorded, printed);
+    // Core files, if the system writes any, land in the scratch dir; no other file does.
+    assert!(
+        files_in(&dir)
+            .iter()
+            .all(|f| f == &format!("{pid}.vlog") || f.starts_with("core")),
+        "{:?}",
+        files_in(&dir)
+    );
+}
+
+#[test]
+fn run_keeps_an_existing_ld_preload() {
+    let dir = scratch("run-preload");
+    let other = fake_lib_dir().join("libcuda.so.1");
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("--"),
+            OsStr::new("sh"),
+            OsStr::new("-c"),
+            OsStr::new("printf '%s\\n' \"$LD_PRELOAD\""),
+        ],
+        &[("LD_PRELOAD", other.as_os_str())],
+        &dir,
+    );
+    assert!(output.status.success(), "{output:?}");
+    let library = shim().canonicalize().unwrap();
+    assert_eq!(
+        text(&output.stdout),
+        format!("{}:{}\n", library.display(), other.display())
+    );
+    assert_eq!(
+        text(&output.stderr),
+        "vramshim: no log written (the program made no CUDA memory call)\n"
+    );
+}
+
+#[test]
+fn run_with_a_missing_vramshim_lib_fails_before_running_anything() {
+    let dir = scratch("run-nolib");
+    let missing = dir.join("no-such-libvramshim.so");
+    let marker = dir.join("ran");
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("--"),
+            OsStr::new("touch"),
+            marker.as_os_str(),
+        ],
+        &[("VRAMSHIM_LIB", missing.as_os_str())],
+        &dir,
+    );
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_eq!(text(&output.stdout), "");
+    assert_eq!(
+        text(&output.stderr),
+        format!(
+            "vramshim: VRAMSHIM_LIB={} is not a file\n",
+            missing.display()
+        )
+    );
+    assert!(!marker.exists(), "the program ran");
+}
+
+// ---------------------------------------------------------------------------------------
+// dump
+
+fn dump_output(log: &Path, json: bool) -> Output {
+    let mut args = vec![OsStr::new("dump")];
+    if json {
+        args.push(OsStr::new("--json"));
+    }
+    args.push(log.as_os_str());
+    tool(&args)
+}
+
+fn json_lines(output: &Output) -> Vec<Value> {
+    text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+        .collect()
+}
+
+#[test]
+fn dump_of_a_missing_file_names_it() {
+    let dir = scratch("dump-missing");
+    let missing = dir.join("nothing-here.vlog");
+    let output = dump_output(&missing, true);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(text(&output.stdout), "");
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("vramshim: cannot open {}", missing.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn dump_of_a_text_file_says_it_is_not_a_log() {
+    let dir = scratch("dump-text");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "just some text\nnothing else\n").unwrap();
+    let output = dump_output(&file, true);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(text(&output.stdout), "");
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+    assert!(stderr.contains("not a vramshim log"), "{stderr}");
+}
+
+/// A small real log (`oom`: three events).
+fn small_log(test: &str) -> PathBuf {
+    let run = run_under_shim(test, "oom", &[], &[("FAKECUDA_MEM", "1G")]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    run.log()
+}
+
+#[test]
+fn dump_of_a_newer_log_says_so() {
+    let original = small_log("dump-newer-src");
+    let mut bytes = std::fs::read(&original).unwrap();
+    assert_eq!(&bytes[..8], b"VRAMSHIM");
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let dir = scratch("dump-newer");
+    let newer = dir.join("newer.vlog");
+    std::fs::write(&newer, &bytes).unwrap();
+    let output = dump_output(&newer, true);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(text(&output.stdout), "");
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&newer.display().to_string()), "{stderr}");
+    assert!(stderr.contains("newer"), "{stderr}");
+    assert!(stderr.contains("version 2"), "{stderr}");
+}
+
+/// Where the chunks of a log lie: (start offset, payload length).
+fn chunks(bytes: &[u8]) -> (usize, Vec<(usize, usize)>) {
+    assert_eq!(&bytes[..8], b"VRAMSHIM");
+    let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let header_end = 20 + header_len;
+    let mut at = header_end;
+    let mut found = Vec::new();
+    while at < bytes.len() {
+        assert_eq!(&bytes[at..at + 4], b"VSCK", "chunk marker at {at}");
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        found.push((at, len));
+        at += 12 + len;
+    }
+    assert_eq!(at, bytes.len(), "the log ends with a whole chunk");
+    (header_end, found)
+}
+
+/// Records in each chunk, decoded with the format crate (each chunk decodes on its own).
+fn records_per_chunk(bytes: &[u8]) -> Vec<usize> {
+    let (header_end, chunks) = chunks(bytes);
+    chunks
+        .iter()
+        .map(|&(start, len)| {
+            let mut one = bytes[..header_end].to_vec();
+            one.extend_from_slice(&bytes[start..start + 12 + len]);
+            LogReader::new(std::io::Cursor::new(one))
+                .expect("header")
+                .map(|item| match item {
+                    Item::Record(_) => 1,
+                    Item::Damage(damage) => panic!("chunk at {start}: {damage}"),
+                })
+                .sum()
+        })
+        .collect()
+}
+
+const BENCH_PAIRS: u64 = 20_000;
+
+/// A real log with several chunks: one thread, 20000 alloc/free pairs (its per-thread buffer
+/// of 8192 events fills several times, and every drain closes a chunk). Made once.
+fn chunked_log() -> &'static (PathBuf, Vec<Value>) {
+    static LOG: OnceLock<(PathBuf, Vec<Value>)> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let pairs = BENCH_PAIRS.to_string();
+        let run = run_under_shim("chunked", "bench", &["1", &pairs, "0"], &[]);
+        assert!(run.output.status.success(), "{}", run.stderr());
+        assert!(
+            run.stdout()
+                .starts_with(&format!("threads=1 pairs={BENCH_PAIRS} "))
+        );
+        let log = run.log();
+        let output = dump_output(&log, true);
+        assert!(output.status.success());
+        assert_eq!(text(&output.stderr), "");
+        let dump = json_lines(&output);
+        let events = events(&dump);
+        assert_eq!(
+            select(&events, "alloc", "cuMemAlloc_v2").len() as u64,
+            BENCH_PAIRS
+        );
+        assert_eq!(
+            select(&events, "free", "cuMemFree_v2").len() as u64,
+            BENCH_PAIRS
+        );
+        assert!(
+            events
+                .iter()
+                .all(|e| u64_of(e, "size") == 4096 || e["event"] == "free")
+        );
+        let bytes = std::fs::read(&log).unwrap();
+        assert!(chunks(&bytes).1.len() >= 3, "need at least 3 chunks");
+        assert_eq!(
+            records_per_chunk(&bytes).iter().sum::<usize>(),
+            dump.len() - 1,
+            "every record of the dump is in some chunk"
+        );
+        (log, dump)
+    })
+}
+
+#[test]
+fn dump_of_a_log_torn_in_its_last_chunk_prints_everything_before() {
+    let (log, original) = chunked_log();
+    let bytes = std::fs::read(log).unwrap();
+    let (_, chunks) = chunks(&bytes);
+    let per_chunk = records_per_chunk(&bytes);
+    let &(last_start, last_len) = chunks.last().unwrap();
+    let cut = last_start + 12 + last_len / 2;
+    let dir = scratch("dump-torn");
+    let torn = dir.join("torn.vlog");
+    std::fs::write(&torn, &bytes[..cut]).unwrap();
+
+    let output = dump_output(&torn, true);
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "vramshim: warning: {}: log ends in an incomplete chunk at byte {last_start} ({} bytes unusable)",
+            torn.display(),
+            cut - last_start
+        )),
+        "{stderr}"
+    );
+    let dump = json_lines(&output);
+    let kept = 1 + per_chunk[..per_chunk.len() - 1].iter().sum::<usize>();
+    assert_eq!(
+        dump.len(),
+        kept + 1,
+        "every record before the torn chunk, then the damage"
+    );
+    assert_eq!(&dump[..kept], &original[..kept]);
+    let damage = &dump[kept];
+    assert_eq!(damage["type"], "damage");
+    assert_eq!(u64_of(damage, "offset"), last_start as u64);
+}
+
+#[test]
+fn dump_skips_a_damaged_middle_chunk_and_goes_on() {
+    let (log, original) = chunked_log();
+    let mut bytes = std::fs::read(log).unwrap();
+    let (_, chunks) = chunks(&bytes);
+    let per_chunk = records_per_chunk(&bytes);
+    let (start, len) = chunks[1];
+    bytes[start + 12 + len / 2] ^= 0xff;
+    let dir = scratch("dump-flipped");
+    let flipped = dir.join("flipped.vlog");
+    std::fs::write(&flipped, &bytes).unwrap();
+
+    let output = dump_output(&flipped, true);
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "vramshim: warning: {}: damaged chunk at byte {start} ({len} bytes, checksum mismatch) skipped\n",
+            flipped.display()
+        )
+    );
+    let dump = json_lines(&output);
+    let before = 1 + per_chunk[0];
+    let skipped = per_chunk[1];
+    assert_eq!(dump.len(), original.len() - skipped + 1);
+    assert_eq!(&dump[..before], &original[..before]);
+    assert_eq!(dump[before]["type"], "damage");
+    assert_eq!(u64_of(&dump[before], "offset"), start as u64);
+    // Every later record is there, exactly.
+    assert_eq!(&dump[before + 1..], &original[before + skipped..]);
+}
+
+#[test]
+fn dump_text_shows_one_line_per_event() {
+    let run = run_under_shim("dump-text-mode", "direct", &[], &[]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let log = run.log();
+    let json = dump(&log);
+    let events = events(&json);
+    assert_eq!(events.len(), 19);
+    let output = dump_output(&log, false);
+    assert!(output.status.success());
+    assert_eq!(text(&output.stderr), "");
+    let stdout = text(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(" tid ")).collect();
+    assert_eq!(lines.len(), events.len(), "{stdout}");
+    for (line, event) in lines.iter().zip(&events) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[1], "tid", "{line}");
+        assert_eq!(words[2], event["thread"].to_string(), "{line}");
+        assert_eq!(words[3], event["event"].as_str().unwrap(), "{line}");
+        assert_eq!(words[4], event["api"].as_str().unwrap(), "{line}");
+        assert!(
+            line.contains(&format!(" size {} ", u64_of(event, "size"))),
+            "{line}"
+        );
+        match (u64_of(event, "addr"), u64_of(event, "handle")) {
+            (0, handle) => {
+                assert_ne!(handle, 0);
+                assert!(!line.contains(" addr "), "{line}");
+                assert!(line.contains(&format!(" handle {handle:#x}")), "{line}");
+            }
+            (addr, _) => assert!(line.contains(&format!(" addr {addr:#x} ")), "{line}"),
+        }
+    }
+    // The header is shown as comments.
+    assert!(stdout.starts_with("# vramshim log, format 1"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("# pid {} ", json[0]["pid"])),
+        "{stdout}"
+    );
+}
