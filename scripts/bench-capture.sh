@@ -83,7 +83,10 @@ run_bench() {
                 "$bench" "$threads" "$pairs" "${depth[$cfg]}" 2>&1)" || rc=$?
         fi
         last_line="$(printf '%s\n' "$out" | grep '^threads=' | tail -n 1 || true)"
-        last_log="$(ls "$tmp"/bench.*.vlog 2>/dev/null | head -n 1 || true)"
+        last_log=""
+        for f in "$tmp"/bench.*.vlog; do
+            [ -e "$f" ] && last_log="$f" && break
+        done
         if [ "$rc" = 0 ] && [ -n "$last_line" ]; then
             return 0
         fi
@@ -113,7 +116,7 @@ scale() {
 # The cost per pair is not linear in the count (the shim's buffers fill up only in longer
 # runs), so the first estimate is checked with a run at full length and corrected if needed.
 calibrate() {
-    local cfg="$1" threads="$2" pairs=2000 wall try
+    local cfg="$1" threads="$2" pairs=2000 wall
     while :; do
         run_bench "$cfg" "$threads" "$pairs"
         wall="$(wall_ns "$pairs")"
@@ -123,7 +126,7 @@ calibrate() {
         pairs=$((pairs * 10))
     done
     pairs="$(scale "$pairs" "$wall")"
-    for try in 1 2; do
+    for _ in 1 2; do
         run_bench "$cfg" "$threads" "$pairs"
         wall="$(wall_ns "$pairs")"
         # Within [0.6, 1.6] x target: keep.

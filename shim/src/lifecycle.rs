@@ -77,7 +77,7 @@ fn start() -> bool {
     let config = config();
     PROCESS_SETUP.call_once(process_setup);
     let pid = std::process::id();
-    let path = not_our_earlier_log(log_path(config, pid), pid);
+    let path = free_log_path(log_path(config, pid), pid);
     let start_mono_ns = capture::now_ns();
     let header = Header {
         version: FORMAT_VERSION,
@@ -182,27 +182,50 @@ fn log_path(config: &Config, pid: u32) -> OsString {
     path
 }
 
-/// After `exec` the new image has the same pid, so the same path as the log of the image
-/// before it: keep that log and write `<path>.2`, `<path>.3`, ... instead. A stale log of
-/// another process at the path is overwritten as usual.
-fn not_our_earlier_log(path: OsString, pid: u32) -> OsString {
-    let written_by_us = |candidate: &OsString| {
+/// A path that does not destroy another recording. With a fixed `VRAMSHIM_OUTPUT` (no `%p`)
+/// a fork child, an exec'd child or a second program would truncate a log that its writer is
+/// still writing. So: the log of a running process is never overwritten. After `exec` (same
+/// pid) the new image writes `<path>.2`, `<path>.3`, ...; for another live process it writes
+/// `<stem>.<pid>.<ext>`. A log whose writer is gone (an earlier run) is overwritten as usual.
+fn free_log_path(path: OsString, pid: u32) -> OsString {
+    let writer_of = |candidate: &OsString| {
         std::fs::File::open(candidate)
             .ok()
             .and_then(|file| vramshim_format::LogReader::new(file).ok())
-            .is_some_and(|reader| reader.header().pid == pid)
+            .map(|reader| reader.header().pid)
     };
-    if !written_by_us(&path) {
-        return path;
-    }
-    for n in 2..1000 {
-        let mut candidate = path.clone();
-        candidate.push(format!(".{n}"));
-        if !written_by_us(&candidate) {
-            return candidate;
+    let running = |other: u32| {
+        other != 0
+            && (unsafe { libc::kill(other as libc::pid_t, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    };
+    match writer_of(&path) {
+        Some(owner) if owner == pid => {
+            for n in 2..1000 {
+                let mut candidate = path.clone();
+                candidate.push(format!(".{n}"));
+                if writer_of(&candidate) != Some(pid) {
+                    return candidate;
+                }
+            }
+            path
         }
+        Some(owner) if running(owner) => {
+            let as_path = std::path::Path::new(&path);
+            let stem = as_path
+                .file_stem()
+                .map(|s| s.to_os_string())
+                .unwrap_or_default();
+            let mut name = stem;
+            name.push(format!(".{pid}"));
+            if let Some(ext) = as_path.extension() {
+                name.push(".");
+                name.push(ext);
+            }
+            as_path.with_file_name(name).into_os_string()
+        }
+        _ => path,
     }
-    path
 }
 
 /// The program's name for the default log name: the script for `python x.py`, the module for

@@ -405,3 +405,27 @@ fn native_stacks_point_at_the_calling_line() {
     // main <- __libc_start_call_main <- __libc_start_main <- _start.
     assert_eq!(first.len(), 4, "{first:x?}");
 }
+
+/// Eight threads whose very first CUDA call happens at once (after a barrier): every one must
+/// reach the real driver. (The shim once published the driver handle before resolving the real
+/// functions, and a racing thread got CUDA_ERROR_NOT_INITIALIZED.)
+#[test]
+fn simultaneous_first_calls_all_reach_the_driver() {
+    for attempt in 0..10 {
+        let run = run_under_shim(
+            "first-calls",
+            "bench",
+            &["8", "200", "0"],
+            &[("FAKECUDA_MEM", "unlimited"), ("VRAMSHIM_STACK", "none")],
+        );
+        assert!(
+            run.output.status.success(),
+            "attempt {attempt}: {}{}",
+            run.stdout(),
+            run.stderr()
+        );
+        let dump = dump(&run.log());
+        assert_eq!(events(&dump).len(), 8 * 200 * 2, "attempt {attempt}");
+        let _ = std::fs::remove_dir_all(&run.dir);
+    }
+}

@@ -310,6 +310,49 @@ fn fork_and_exec_children_write_their_own_logs() {
     assert_stacks_defined(&exec_dump, "exec child");
 }
 
+/// `VRAMSHIM_OUTPUT` without `%p`: three processes want the same path. Whatever names the
+/// shim picks, no process's log may be destroyed: each of the three must end up with a
+/// readable, undamaged log of exactly its own events.
+#[test]
+fn fork_with_a_fixed_output_path_keeps_every_log_intact() {
+    let dir = scratch("fork-fixed-out");
+    let fixed = dir.join("fixed.vlog");
+    let run = run_under_shim(
+        "fork-fixed",
+        "fork",
+        &[],
+        &[("VRAMSHIM_OUTPUT", fixed.to_str().unwrap())],
+    );
+    assert_ok(&run, "fork");
+    let stdout = run.stdout();
+    let ops = program_ops(&stdout);
+    let (parent, child, exec) = fork_pids(&stdout);
+
+    let mut by_pid: HashMap<u64, Vec<Value>> = HashMap::new();
+    let mut damage = Vec::new();
+    for name in all_files(&dir) {
+        let path = dir.join(&name);
+        let (records, stderr) = dump_with_stderr(&path);
+        if !stderr.is_empty() {
+            damage.push(format!("{name}: {}", stderr.trim_end()));
+        }
+        by_pid.insert(u64_of(&records[0], "pid"), records);
+    }
+    assert!(
+        damage.is_empty(),
+        "logs damaged by another process writing the same path:\n{}",
+        damage.join("\n")
+    );
+    for (pid, count) in [(parent, 2), (child, 4), (exec, 1)] {
+        let records = by_pid
+            .get(&u64::from(pid))
+            .unwrap_or_else(|| panic!("no log of pid {pid} in {:?}", all_files(&dir)));
+        let mine = ops_of(&ops, pid);
+        assert_eq!(mine.len(), count);
+        assert_eq!(shapes(&events(records)), printed_shapes(&mine), "pid {pid}");
+    }
+}
+
 /// A tiny program that records one 5 MiB allocation and then execs its arguments in the same
 /// process (same pid): compiled here because no fixture records *before* an exec.
 const RECORD_THEN_EXEC: &str = r#"

@@ -285,6 +285,50 @@ fn run_dies_by_the_signal_that_killed_the_program() {
 }
 
 #[test]
+fn run_forwards_sigterm_to_the_program() {
+    let dir = scratch("run-sigterm");
+    let mut child = Command::new(vramshim_tool())
+        .args(["run", "--", "sh", "-c"])
+        .arg("trap 'kill $! 2>/dev/null; echo got TERM; exit 3' TERM; echo ready; sleep 5 >/dev/null 2>&1 & wait")
+        .current_dir(&dir)
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSHIM_LIB")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vramshim");
+    // Wait until the program has set its trap.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout, &mut first).expect("ready line");
+    assert_eq!(&first, b"ready\n");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    let status = child.wait().expect("wait");
+    let waited = started.elapsed();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?} {stderr}");
+    assert_eq!(rest, "got TERM\n");
+    assert!(
+        waited < std::time::Duration::from_secs(4),
+        "the program was not told"
+    );
+    assert_eq!(
+        stderr,
+        "vramshim: no log written (the program made no CUDA memory call)\n"
+    );
+}
+
+#[test]
 fn run_keeps_an_existing_ld_preload() {
     let dir = scratch("run-preload");
     let other = fake_lib_dir().join("libcuda.so.1");
@@ -336,6 +380,26 @@ fn run_with_a_missing_vramshim_lib_fails_before_running_anything() {
         )
     );
     assert!(!marker.exists(), "the program ran");
+}
+
+#[test]
+fn run_of_a_missing_program_exits_127() {
+    let dir = scratch("run-missing-program");
+    let missing = dir.join("no-such-program");
+    let (output, _) = vramshim(
+        &[OsStr::new("run"), OsStr::new("--"), missing.as_os_str()],
+        &[],
+        &dir,
+    );
+    assert_eq!(output.status.code(), Some(127), "{output:?}");
+    assert_eq!(text(&output.stdout), "");
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("vramshim: cannot run {}: ", missing.display())),
+        "{stderr}"
+    );
+    assert_eq!(files_in(&dir), Vec::<String>::new());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# GPU smoke test: does the log's peak agree with PyTorch's own figures on a real GPU?
+#
+# Runs only where `nvidia-smi` works and python3 has PyTorch with CUDA; anywhere else it says
+# "skipped: ..." and exits 0. Builds the recorder (release), then trains a small MLP
+# (scripts/gpu_smoke.py, a few hundred MiB) under `vramshim run` in four allocator modes:
+#   default     the native caching allocator
+#   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#   async       PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+#   nocache     PYTORCH_NO_CUDA_MEMORY_CACHING=1
+# Each run prints PyTorch's figures as JSON; the log is replayed from `vramshim dump --json`
+# (peak of live device bytes) and compared with them. Which figure is compared with which
+# sum, and why, is written at the top of scripts/gpu_smoke.py. In short:
+#   default     live cudaMalloc bytes        == max_memory_reserved()       (exact)
+#   expandable  mapped VMM bytes             ~  max_memory_reserved()       (2%)
+#   async       live cudaMallocAsync bytes   ~  max_memory_allocated()      (2%; the pool's
+#               used high watermark; its reserved high watermark is shown, not compared)
+#   nocache     live cudaMalloc bytes        ~  the default run's peak requested bytes (2%;
+#               PyTorch keeps no statistics without its cache)
+# Memory outside PyTorch's allocator (cuBLAS's own workspace, ...) is printed, not compared.
+#
+# Environment: PYTHON (default python3), OUT_DIR (where logs and JSON go; default a new
+# temporary folder, kept and named at the end), MODES (default "default expandable async
+# nocache"; nocache needs default's figures). Exit status 1 if any mode fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root="$PWD"
+python="${PYTHON:-python3}"
+
+skip() {
+    echo "skipped: $*"
+    exit 0
+}
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    skip "no NVIDIA GPU (nvidia-smi not found or failing)"
+fi
+if ! command -v "$python" >/dev/null 2>&1; then
+    skip "no $python"
+fi
+probe="$("$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>/dev/null | tail -n 1 || true)"
+case "$probe" in
+    "") skip "PyTorch is not importable by $python" ;;
+    *" True") ;;
+    *) skip "torch.cuda.is_available() is False ($probe)" ;;
+esac
+
+echo "== $(nvidia-smi -L | head -n 1)"
+echo "== $probe"
+echo "== building (cargo build --release)"
+cargo build --release --quiet -p vramshim -p vramshim-report
+target="${CARGO_TARGET_DIR:-$root/target}"
+vramshim="$target/release/vramshim"
+[ -x "$vramshim" ] || { echo "gpu-smoke: $vramshim missing after the build" >&2; exit 2; }
+
+out_dir="${OUT_DIR:-}"
+if [ -z "$out_dir" ]; then
+    out_dir="$(mktemp -d "${TMPDIR:-/tmp}/vramshim-gpu-smoke.XXXXXX")"
+fi
+mkdir -p "$out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
+
+modes="${MODES:-default expandable async nocache}"
+passed=0
+failed=0
+
+echo
+printf '%-10s %14s %14s %10s  %s\n' mode "log peak" "torch figure" diff verdict
+for mode in $modes; do
+    case "$mode" in
+        default) setting=() ;;
+        expandable) setting=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+        async) setting=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+        nocache) setting=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+        *)
+            echo "$mode: unknown mode (default, expandable, async, nocache)  FAIL"
+            failed=$((failed + 1))
+            continue
+            ;;
+    esac
+    json="$out_dir/$mode.json"
+    errors="$out_dir/$mode.stderr"
+    rm -f "$json" "$errors" "$out_dir/$mode".*.vlog
+    # Only this mode's setting: PyTorch reads them when it starts.
+    rc=0
+    env -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING \
+        ${setting[@]+"${setting[@]}"} \
+        "$vramshim" run -o "$out_dir/$mode.%p.vlog" -- \
+        "$python" "$root/scripts/gpu_smoke.py" --mode "$mode" >"$json" 2>"$errors" || rc=$?
+    pid="$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$json" | tail -n 1)"
+    if [ "$rc" != 0 ] || [ -z "$pid" ]; then
+        if [ "$rc" != 0 ]; then
+            echo "$mode: the training run exited with status $rc  FAIL"
+        else
+            echo "$mode: the training run printed no result line  FAIL"
+        fi
+        tail -n 8 "$errors" | sed 's/^/           | /'
+        failed=$((failed + 1))
+        continue
+    fi
+    log="$out_dir/$mode.$pid.vlog"
+    if [ ! -s "$log" ]; then
+        echo "$mode: no log $log for pid $pid  FAIL"
+        tail -n 8 "$errors" | sed 's/^/           | /'
+        failed=$((failed + 1))
+        continue
+    fi
+    if "$vramshim" dump --json "$log" |
+        "$python" "$root/scripts/gpu_smoke.py" --replay --mode "$mode" \
+            --torch-json "$json" --reference-json "$out_dir/default.json"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+    fi
+    echo "           log: $log"
+done
+
+echo
+echo "logs, JSON and stderr of each run: $out_dir"
+echo "gpu-smoke: $passed passed, $failed failed"
+[ "$failed" = 0 ]
