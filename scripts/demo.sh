@@ -75,5 +75,6 @@ print("device memory: peak %s, still allocated at exit %s in %d block(s)"
       % (mib(peak), mib(current), len(live)))
 '
 echo
-echo "Next: vramshim dump --json LOG | python3 ... (or jq) on your own program's log:"
-echo "      $vramshim run -- python train.py"
+echo "Next, on your own program (a GPU and the real CUDA libraries this time):"
+echo "  $vramshim run -- python train.py"
+echo "  $vramshim dump vramshim-train.<pid>.vlog"
