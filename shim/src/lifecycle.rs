@@ -458,6 +458,8 @@ extern "C" fn on_fatal_signal(signal: c_int, _info: *mut libc::siginfo_t, _conte
 
 extern "C" fn on_sigusr2(_signal: c_int, _info: *mut libc::siginfo_t, _context: *mut c_void) {
     flight::request(flight::REQUEST_SIGUSR2);
+    // An atomic swap and a futex wake: no lock, no allocation, so fine in a signal handler.
+    writer::wake();
 }
 
 // ---------------------------------------------------------------------------------------

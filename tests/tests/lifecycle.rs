@@ -1079,3 +1079,83 @@ fn concurrent_first_calls_all_reach_the_driver() {
         failures.join("\n")
     );
 }
+
+/// Flight-recorder mode writes a dump at the failed allocation (the evidence of an OOM is on
+/// disk even if the process dies of it) and another at exit.
+#[test]
+fn ring_mode_dumps_at_a_failed_allocation_and_at_exit() {
+    let run = run_under_shim(
+        "ring-oom",
+        "oom",
+        &[],
+        &[
+            ("FAKECUDA_MEM", "1G"),
+            ("VRAMSHIM_MODE", "ring"),
+            ("VRAMSHIM_RING_EVENTS", "16"),
+        ],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let dump = dump(&run.log());
+    let dumps: Vec<(usize, &str)> = dump
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r["type"] == "dump_begin")
+        .map(|(i, r)| (i, r["reason"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        dumps.iter().map(|d| d.1).collect::<Vec<_>>(),
+        ["alloc_failed", "exit"]
+    );
+    // The first dump holds the 512 MiB allocation (live) and the failed 768 MiB request.
+    let first: Vec<&serde_json::Value> = dump[dumps[0].0 + 1..dumps[1].0]
+        .iter()
+        .filter(|r| r["type"] == "event")
+        .collect();
+    let kinds: Vec<(&str, u64)> = first
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap_or_default(), u64_of(e, "size")))
+        .collect();
+    assert_eq!(kinds, [("alloc", 512 << 20), ("alloc_failed", 768 << 20)]);
+}
+
+/// SIGUSR2 asks for a dump while the program runs; it is on disk even though the program is
+/// then killed with SIGKILL.
+#[test]
+fn ring_mode_dumps_on_sigusr2_and_the_dump_survives_sigkill() {
+    use std::process::{Command, Stdio};
+    let dir = scratch("ring-usr2");
+    let mut child = Command::new(program("sigkill"))
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_MODE", "ring")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sigkill");
+    // sigkill makes 5 allocations, sleeps 500 ms, makes 5 more and kills itself.
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    unsafe { libc_kill(child.id() as i32, 12) }; // SIGUSR2
+    let status = child.wait().expect("wait");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let log = dir.join(format!("{}.vlog", child.id()));
+    let dump = dump(&log);
+    let begin = dump
+        .iter()
+        .position(|r| r["type"] == "dump_begin")
+        .expect("a dump on SIGUSR2");
+    assert_eq!(dump[begin]["reason"], "SIGUSR2");
+    let allocs = dump[begin..]
+        .iter()
+        .filter(|r| r["type"] == "event" && r["event"] == "alloc")
+        .count();
+    assert_eq!(allocs, 5, "the five allocations made before the signal");
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
