@@ -370,13 +370,13 @@ fn record(
     }
 }
 
-/// Appends to the thread's ring. Every later push of this hook call has a time at least
-/// `slot.t_ns`, so the thread may publish that as its lower bound: a flush made while waiting
-/// for room can then write everything older.
+/// Appends to the thread's ring. If it is full, every later push of this hook call has a
+/// time at least `slot.t_ns`, so the thread may publish that as its lower bound before
+/// draining: the flush can then write everything older, this thread's events included.
 fn push(ring: &Ring, slot: &Slot, on_full: OnFull) {
-    ring.in_progress.store(slot.t_ns, Ordering::SeqCst);
     let mut attempts = 0u32;
     while !ring.push(slot) {
+        ring.in_progress.store(slot.t_ns, Ordering::SeqCst);
         match on_full {
             OnFull::Drop => {
                 writer::count_dropped();
