@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use vramshim_format::{Frame, ModuleDef, Record, StackDef};
@@ -80,8 +80,6 @@ static SHIM_END: AtomicUsize = AtomicUsize::new(0);
 
 /// Modules already written to the log, as sorted (start, end) ranges.
 static MODULES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
-/// Frames whose module could not be found: rescanning for each would be slow.
-static UNKNOWN_IPS: AtomicU64 = AtomicU64::new(0);
 
 /// Captures the calling thread's native stack (innermost first, shim frames removed) and
 /// returns its id (0 if nothing could be captured).
@@ -236,9 +234,6 @@ fn define_modules(frames: &[u64]) {
             known.insert(at, range);
             writer::define(Record::Module(module));
         }
-    }
-    if !frames.iter().all(|&ip| covered(&known, ip)) {
-        UNKNOWN_IPS.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -400,14 +400,8 @@ fn compile_record_then_exec(dir: &Path) -> PathBuf {
 
 /// Runs `exe` with the shim preloaded; logs go to `<log_dir>/%p.vlog`.
 fn run_exe_under_shim(exe: &Path, args: &[&OsStr], log_dir: &Path, env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(exe);
-    command
-        .args(args)
-        .env("LD_PRELOAD", shim())
-        .env("LD_LIBRARY_PATH", fake_lib_dir())
-        .env("VRAMSHIM_OUTPUT", log_dir.join("%p.vlog"))
-        .env_remove("VRAMSHIM_STACK")
-        .env_remove("VRAMSHIM_MODE");
+    let mut command = shim_command(exe, log_dir);
+    command.args(args);
     for (key, value) in env {
         command.env(key, value);
     }
@@ -1122,12 +1116,9 @@ fn ring_mode_dumps_at_a_failed_allocation_and_at_exit() {
 /// then killed with SIGKILL.
 #[test]
 fn ring_mode_dumps_on_sigusr2_and_the_dump_survives_sigkill() {
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     let dir = scratch("ring-usr2");
-    let mut child = Command::new(program("sigkill"))
-        .env("LD_PRELOAD", shim())
-        .env("LD_LIBRARY_PATH", fake_lib_dir())
-        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+    let mut child = shim_command(&program("sigkill"), &dir)
         .env("VRAMSHIM_MODE", "ring")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -113,19 +113,26 @@ impl Run {
 /// process writes `<scratch>/<pid>.vlog`.
 pub fn run_under_shim(test: &str, program_name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = scratch(test);
-    let mut command = Command::new(program(program_name));
-    command
-        .args(args)
-        .env("LD_PRELOAD", shim())
-        .env("LD_LIBRARY_PATH", fake_lib_dir())
-        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
-        .env_remove("VRAMSHIM_STACK")
-        .env_remove("VRAMSHIM_MODE");
+    let mut command = shim_command(&program(program_name), &dir);
+    command.args(args);
     for (key, value) in env {
         command.env(key, value);
     }
     let output = command.output().expect("run test program");
     Run { output, dir }
+}
+
+/// `exe` with the shim preloaded, the fakes on the library path, default settings, and each
+/// process logging to `<log_dir>/<pid>.vlog`.
+pub fn shim_command(exe: &Path, log_dir: &Path) -> Command {
+    let mut command = Command::new(exe);
+    command
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("VRAMSHIM_OUTPUT", log_dir.join("%p.vlog"))
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE");
+    command
 }
 
 /// Runs a test program without the shim (for comparisons).
