@@ -97,6 +97,11 @@ done
 for p in dlsym resolver; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" -ldl
 done
+# Report scenarios (tests/programs/report_*.c): linked with both runtime and driver.
+for src in "$progs"/report_*.c; do
+    [ -e "$src" ] || continue
+    spawn "$bin/$(basename "$src" .c)" "$src" -- "${testflags[@]}" "${link_cudart[@]}" -lcuda
+done
 spawn "$bin/nocuda" "$progs/nocuda.c" -- "${testflags[@]}"
 spawn "$bin/bench" "$progs/bench.c" -- "${benchflags[@]}" "${link_cuda[@]}"
 wait_all

@@ -1,7 +1,11 @@
 //! `vramshim`: runs programs under the recorder and reads what it recorded.
 
+mod analysis;
 mod commands;
 mod logfile;
+mod render;
+mod replay;
+mod symbols;
 mod units;
 
 use std::process::ExitCode;
@@ -20,6 +24,16 @@ struct Cli {
 enum Command {
     /// Run a program under the recorder (LD_PRELOAD=libvramshim.so) and name the logs written.
     Run(commands::run::Args),
+    /// Overview: peak per device and what held it, live at exit, calls by API family,
+    /// largest allocations, device memory no hook sees.
+    #[command(visible_alias = "summary")]
+    Report(commands::report::Args),
+    /// The exact set of allocations live at each device's peak (or `--at` a time), by stack.
+    Peak(commands::peak::PeakArgs),
+    /// Allocations still live when the process ended, by stack.
+    Leaks(commands::peak::LeaksArgs),
+    /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
+    Oom(commands::oom::Args),
     /// Print every record of a log, as text or as JSON lines.
     Dump(commands::dump::Args),
 }
@@ -44,6 +58,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
+        Command::Report(args) => commands::report::run(args),
+        Command::Peak(args) => commands::peak::peak(args),
+        Command::Leaks(args) => commands::peak::leaks(args),
+        Command::Oom(args) => commands::oom::run(args),
         Command::Dump(args) => commands::dump::run(args),
     };
     match result {

@@ -32,3 +32,34 @@ mod tests {
         assert_eq!(super::seconds(1_500_000), "0.001500s");
     }
 }
+
+/// Parses a time since the start: `1.5` or `1.5s` (seconds), `250ms`, `40us`, `1200ns`.
+pub fn parse_time(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, scale) = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)]
+        .iter()
+        .find_map(|(suffix, scale)| text.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((text, 1e9));
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a time: {text:?} (examples: 1.5, 1.5s, 250ms, 40us)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("not a time: {text:?} (must be zero or more)"));
+    }
+    Ok((value * scale).round() as u64)
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn times_parse_with_units() {
+        assert_eq!(super::parse_time("1.5"), Ok(1_500_000_000));
+        assert_eq!(super::parse_time("1.5s"), Ok(1_500_000_000));
+        assert_eq!(super::parse_time("250ms"), Ok(250_000_000));
+        assert_eq!(super::parse_time("40us"), Ok(40_000));
+        assert_eq!(super::parse_time("1200ns"), Ok(1200));
+        assert!(super::parse_time("-1").is_err());
+        assert!(super::parse_time("soon").is_err());
+    }
+}

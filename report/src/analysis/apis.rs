@@ -1,0 +1,103 @@
+//! API families: which kind of allocator an entry point belongs to, from its exact name.
+
+/// How the summary groups entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// `cudaMalloc`, `cudaFree`, `cudaMallocPitch`.
+    Runtime,
+    /// `cuMemAlloc_v2`, `cuMemFree_v2`, pitch allocations, arrays.
+    Driver,
+    /// `cu(da)MallocAsync`, `...FromPoolAsync`, `...FreeAsync`, pool trims.
+    StreamOrdered,
+    /// `cuMemAddressReserve`/`Free`, `cuMemCreate`/`Release`, `cuMemMap`/`Unmap`.
+    Vmm,
+    /// `cu(da)MallocManaged`.
+    Managed,
+    /// Pinned host memory: `cudaMallocHost`, `cudaHostAlloc`, `cuMemHostRegister`, ...
+    PinnedHost,
+}
+
+impl Family {
+    /// Every family, in report order.
+    pub const ALL: [Family; 6] = [
+        Family::Runtime,
+        Family::Driver,
+        Family::StreamOrdered,
+        Family::Vmm,
+        Family::Managed,
+        Family::PinnedHost,
+    ];
+
+    /// Name in text and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Runtime => "runtime",
+            Family::Driver => "driver",
+            Family::StreamOrdered => "stream_ordered",
+            Family::Vmm => "vmm",
+            Family::Managed => "managed",
+            Family::PinnedHost => "pinned_host",
+        }
+    }
+
+    /// The family of the entry point called `api`.
+    pub fn of(api: &str) -> Family {
+        if api.contains("Managed") {
+            Family::Managed
+        } else if api.contains("Host") {
+            Family::PinnedHost
+        } else if api.contains("Async") || api.contains("Pool") {
+            Family::StreamOrdered
+        } else if [
+            "cuMemAddress",
+            "cuMemCreate",
+            "cuMemRelease",
+            "cuMemMap",
+            "cuMemUnmap",
+        ]
+        .iter()
+        .any(|prefix| api.starts_with(prefix))
+        {
+            Family::Vmm
+        } else if api.starts_with("cuda") {
+            Family::Runtime
+        } else {
+            Family::Driver
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Family;
+
+    #[test]
+    fn every_hooked_entry_point_has_its_family() {
+        let cases = [
+            ("cudaMalloc", Family::Runtime),
+            ("cudaFree", Family::Runtime),
+            ("cudaMallocPitch", Family::Runtime),
+            ("cuMemAlloc_v2", Family::Driver),
+            ("cuMemAllocPitch_v2", Family::Driver),
+            ("cuArray3DCreate_v2", Family::Driver),
+            ("cuMemFree_v2", Family::Driver),
+            ("cudaMallocAsync_ptsz", Family::StreamOrdered),
+            ("cuMemFreeAsync", Family::StreamOrdered),
+            ("cudaMallocFromPoolAsync", Family::StreamOrdered),
+            ("cudaMemPoolTrimTo", Family::StreamOrdered),
+            ("cuMemAddressReserve", Family::Vmm),
+            ("cuMemCreate", Family::Vmm),
+            ("cuMemUnmap", Family::Vmm),
+            ("cuMemAllocManaged", Family::Managed),
+            ("cudaMallocManaged", Family::Managed),
+            ("cudaMallocHost", Family::PinnedHost),
+            ("cudaHostAlloc", Family::PinnedHost),
+            ("cuMemHostRegister_v2", Family::PinnedHost),
+            ("cuMemFreeHost", Family::PinnedHost),
+            ("cudaFreeHost", Family::PinnedHost),
+        ];
+        for (api, family) in cases {
+            assert_eq!(Family::of(api), family, "{api}");
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Grouping a set of allocations by call stack, flat and as a caller → callee tree.
+
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+
+use crate::replay::{Live, Process};
+use crate::symbols::{SymFrame, Symbolizer};
+
+/// Symbolised stacks of every process of a replay, each resolved once.
+pub struct Stacks {
+    symbolizers: Vec<Option<Symbolizer>>,
+    cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
+}
+
+impl Stacks {
+    pub fn new(processes: &[Process]) -> Stacks {
+        Stacks {
+            symbolizers: processes.iter().map(|_| None).collect(),
+            cache: FxHashMap::default(),
+        }
+    }
+
+    /// The frames of stack `stack` of process `process`, innermost first, shim frames removed.
+    /// Stack 0 (none captured) and unknown ids give no frames.
+    pub fn frames(&mut self, processes: &[Process], process: u32, stack: u32) -> Rc<[SymFrame]> {
+        if let Some(frames) = self.cache.get(&(process, stack)) {
+            return frames.clone();
+        }
+        let frames: Rc<[SymFrame]> = match processes.get(process as usize) {
+            Some(info) => match info.stacks.get(&stack) {
+                Some(ips) => {
+                    let symbolizer = self.symbolizers[process as usize]
+                        .get_or_insert_with(|| Symbolizer::new(info.modules.clone()));
+                    symbolizer.stack(ips).into()
+                }
+                None => Rc::from(Vec::new()),
+            },
+            None => Rc::from(Vec::new()),
+        };
+        self.cache.insert((process, stack), frames.clone());
+        frames
+    }
+
+    /// One line per module that could not be symbolised.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .symbolizers
+            .iter()
+            .flatten()
+            .flat_map(|s| s.warnings())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// Allocations sharing one (symbolised) call stack.
+#[derive(Clone, Debug)]
+pub struct StackGroup {
+    /// Innermost first; empty when no stack was recorded.
+    pub frames: Rc<[SymFrame]>,
+    pub bytes: u64,
+    pub count: u64,
+    /// Processes (indexes into the replay's processes) contributing.
+    pub processes: Vec<u32>,
+}
+
+/// Groups `allocations` by symbolised stack (identical stacks of different processes or ids
+/// merge), largest first.
+pub fn by_stack<'a>(
+    allocations: impl IntoIterator<Item = &'a Live>,
+    stacks: &mut Stacks,
+    processes: &[Process],
+) -> Vec<StackGroup> {
+    by_stack_totals(&totals_by_id(allocations), stacks, processes)
+}
+
+/// Bytes and count per (process, stack id): the cheap first step of grouping, small enough to
+/// keep for many moments.
+pub type IdTotals = FxHashMap<(u32, u32), (u64, u64)>;
+
+/// Sums `allocations` per (process, stack id).
+pub fn totals_by_id<'a>(allocations: impl IntoIterator<Item = &'a Live>) -> IdTotals {
+    let mut by_id = IdTotals::default();
+    for live in allocations {
+        let entry = by_id.entry((live.process, live.stack)).or_default();
+        entry.0 += live.size;
+        entry.1 += 1;
+    }
+    by_id
+}
+
+/// Groups per-id totals by symbolised stack, largest first.
+pub fn by_stack_totals(
+    totals: &IdTotals,
+    stacks: &mut Stacks,
+    processes: &[Process],
+) -> Vec<StackGroup> {
+    let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
+    ids.sort_unstable_by_key(|(id, _)| *id);
+    let mut by_frames: FxHashMap<Rc<[SymFrame]>, usize> = FxHashMap::default();
+    let mut groups: Vec<StackGroup> = Vec::new();
+    for ((process, stack), (bytes, count)) in ids {
+        let frames = stacks.frames(processes, process, stack);
+        let index = *by_frames.entry(frames.clone()).or_insert_with(|| {
+            groups.push(StackGroup {
+                frames,
+                bytes: 0,
+                count: 0,
+                processes: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        let group = &mut groups[index];
+        group.bytes += bytes;
+        group.count += count;
+        if !group.processes.contains(&process) {
+            group.processes.push(process);
+        }
+    }
+    groups.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then_with(|| label_of(&a.frames).cmp(&label_of(&b.frames)))
+    });
+    groups
+}
+
+/// The label of a stack's innermost frame.
+pub fn label_of(frames: &[SymFrame]) -> String {
+    frames
+        .first()
+        .map_or_else(|| NO_STACK.to_string(), SymFrame::label)
+}
+
+/// Shown for allocations without a recorded stack.
+pub const NO_STACK: &str = "[no stack recorded]";
+
+/// A node of the caller → callee tree: bytes and count of everything below it.
+#[derive(Clone, Debug, Default)]
+pub struct TreeNode {
+    /// None at the root.
+    pub frame: Option<SymFrame>,
+    pub bytes: u64,
+    pub count: u64,
+    /// Largest first.
+    pub children: Vec<TreeNode>,
+}
+
+/// Builds the caller → callee tree of `groups` (outermost frame at the top).
+pub fn tree(groups: &[StackGroup]) -> TreeNode {
+    let mut root = TreeNode::default();
+    for group in groups {
+        root.bytes += group.bytes;
+        root.count += group.count;
+        let mut node = &mut root;
+        let no_stack = [no_stack_frame()];
+        let frames: &[SymFrame] = if group.frames.is_empty() {
+            &no_stack
+        } else {
+            &group.frames
+        };
+        for frame in frames.iter().rev() {
+            let index = match node
+                .children
+                .iter()
+                .position(|child| child.frame.as_ref() == Some(frame))
+            {
+                Some(index) => index,
+                None => {
+                    node.children.push(TreeNode {
+                        frame: Some(frame.clone()),
+                        ..TreeNode::default()
+                    });
+                    node.children.len() - 1
+                }
+            };
+            node = &mut node.children[index];
+            node.bytes += group.bytes;
+            node.count += group.count;
+        }
+    }
+    sort_tree(&mut root);
+    root
+}
+
+fn sort_tree(node: &mut TreeNode) {
+    node.children.sort_by_key(|child| std::cmp::Reverse(child.bytes));
+    for child in &mut node.children {
+        sort_tree(child);
+    }
+}
+
+/// The placeholder frame for allocations without a stack.
+pub fn no_stack_frame() -> SymFrame {
+    SymFrame {
+        function: Some(NO_STACK.to_string()),
+        file: None,
+        line: None,
+        module: String::new(),
+        offset: 0,
+        inlined: false,
+    }
+}

@@ -1,0 +1,211 @@
+//! Failed allocations: what was live, how much was free, why it failed, and PyTorch's
+//! release-cache-and-retry sequence around it.
+
+use std::cmp::Reverse;
+
+use super::groups::{IdTotals, totals_by_id};
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
+
+/// Failures analysed in full; later ones are only counted (each keeps a live-set summary).
+pub const DETAILED: usize = 50;
+/// Largest live allocations kept per failure.
+pub const LARGEST_LIVE: usize = 5;
+
+/// Why an allocation failed, as far as the recording tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The request was larger than the device's free memory.
+    ExceededFree,
+    /// Free memory was enough: fragmentation of the driver's address space, a pool or
+    /// process limit, or memory that was free only in total, not in one piece.
+    FragmentationOrLimit,
+    /// No free/total reading was recorded with the failure.
+    Unknown,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::ExceededFree => "exceeded_free_memory",
+            Verdict::FragmentationOrLimit => "fragmentation_or_limit",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// PyTorch-style retry after a failure: frees on the failing thread, then the same request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub released_bytes: u64,
+    pub released_count: u64,
+    /// Whether the repeated request succeeded.
+    pub succeeded: bool,
+    pub t_ns: u64,
+}
+
+/// One failed allocation.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub process: u32,
+    pub t_ns: u64,
+    pub api: u16,
+    pub device: i32,
+    pub thread: u32,
+    pub stream: u64,
+    pub request: u64,
+    pub result: u32,
+    pub stack: u32,
+    /// Device (free, total) read right after the failure.
+    pub mem_info: Option<(u64, u64)>,
+    /// Bytes the hooks saw live on the device at that moment (all processes).
+    pub tracked_bytes: u64,
+    pub tracked_count: u64,
+    pub verdict: Verdict,
+    /// Live set on the device by (process, stack id); None past [`DETAILED`].
+    pub live_by_id: Option<IdTotals>,
+    pub largest_live: Vec<Live>,
+    /// Set when the same thread released memory and asked again.
+    pub retry: Option<Retry>,
+    /// This failure is itself the repeated request of an earlier failure's retry.
+    pub is_retry_of: Option<usize>,
+}
+
+/// A failure waiting to see whether its thread retries.
+struct Pending {
+    process: u32,
+    thread: u32,
+    failure: usize,
+    released_bytes: u64,
+    released_count: u64,
+}
+
+/// Observer collecting every failed allocation.
+#[derive(Default)]
+pub struct Oom {
+    device: Option<i32>,
+    pub failures: Vec<Failure>,
+    pending: Vec<Pending>,
+}
+
+impl Oom {
+    pub fn new(device: Option<i32>) -> Oom {
+        Oom {
+            device,
+            ..Oom::default()
+        }
+    }
+}
+
+impl Observer for Oom {
+    fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
+        let (process, t_ns, event, effect) = match step {
+            Step::Event {
+                process,
+                t_ns,
+                event,
+                effect,
+            } => (process, t_ns, event, effect),
+            // A dump rebuilds the live set from scratch: a retry cannot span it.
+            Step::Dump { process } => {
+                self.pending.retain(|p| p.process != *process);
+                return;
+            }
+            Step::MemInfo { .. } => return,
+        };
+        let pending = self
+            .pending
+            .iter()
+            .position(|p| p.process == *process && p.thread == event.thread);
+        match effect {
+            Effect::Removed(live) => {
+                if let Some(index) = pending {
+                    self.pending[index].released_bytes += live.size;
+                    self.pending[index].released_count += 1;
+                }
+            }
+            Effect::Added(live) => {
+                if let Some(index) = pending {
+                    let waiting = self.pending.swap_remove(index);
+                    let failure = &mut self.failures[waiting.failure];
+                    if live.size == failure.request && live.device == failure.device {
+                        failure.retry = Some(Retry {
+                            released_bytes: waiting.released_bytes,
+                            released_count: waiting.released_count,
+                            succeeded: true,
+                            t_ns: *t_ns,
+                        });
+                    }
+                }
+            }
+            Effect::Failed => {
+                if self.device.is_some_and(|d| d != event.device) {
+                    return;
+                }
+                let mut is_retry_of = None;
+                if let Some(index) = pending {
+                    let waiting = self.pending.swap_remove(index);
+                    let failure = &mut self.failures[waiting.failure];
+                    if event.size == failure.request && event.device == failure.device {
+                        failure.retry = Some(Retry {
+                            released_bytes: waiting.released_bytes,
+                            released_count: waiting.released_count,
+                            succeeded: false,
+                            t_ns: *t_ns,
+                        });
+                        is_retry_of = Some(waiting.failure);
+                    }
+                }
+                let detailed = self.failures.len() < DETAILED;
+                let on_device = || state.live().filter(|live| live.device == event.device);
+                let (tracked_bytes, tracked_count) = on_device()
+                    .fold((0, 0), |(bytes, count), live| {
+                        (bytes + live.size, count + 1)
+                    });
+                let largest_live = if detailed {
+                    let mut all: Vec<Live> = on_device().copied().collect();
+                    all.sort_by_key(|live| (Reverse(live.size), live.t_ns));
+                    all.truncate(LARGEST_LIVE);
+                    all
+                } else {
+                    Vec::new()
+                };
+                let verdict = match event.mem_info {
+                    Some((free, _)) if event.size > free => Verdict::ExceededFree,
+                    Some(_) => Verdict::FragmentationOrLimit,
+                    None => Verdict::Unknown,
+                };
+                let index = self.failures.len();
+                self.failures.push(Failure {
+                    process: *process,
+                    t_ns: *t_ns,
+                    api: event.api,
+                    device: event.device,
+                    thread: event.thread,
+                    stream: event.stream,
+                    request: event.size,
+                    result: event.result,
+                    stack: event.stack,
+                    mem_info: event.mem_info,
+                    tracked_bytes,
+                    tracked_count,
+                    verdict,
+                    live_by_id: detailed.then(|| totals_by_id(on_device())),
+                    largest_live,
+                    retry: None,
+                    is_retry_of,
+                });
+                // A failed retry ends the sequence; a first failure may be retried.
+                if is_retry_of.is_none() {
+                    self.pending.push(Pending {
+                        process: *process,
+                        thread: event.thread,
+                        failure: index,
+                        released_bytes: 0,
+                        released_count: 0,
+                    });
+                }
+            }
+            Effect::Unmatched | Effect::None => {}
+        }
+    }
+}

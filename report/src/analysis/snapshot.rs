@@ -1,0 +1,72 @@
+//! Selecting a snapshot: the exact set of allocations live at one moment.
+
+use crate::replay::{Live, Observer, Process, State, Step};
+
+/// Allocations live at one moment (on one device, or on all).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Device ordinal the snapshot is restricted to; None: every device and host.
+    pub device: Option<i32>,
+    pub t_ns: u64,
+    pub allocations: Vec<Live>,
+}
+
+impl Snapshot {
+    /// Copies what `state` holds now.
+    pub fn of(state: &State, device: Option<i32>, t_ns: u64) -> Snapshot {
+        let mut allocations: Vec<Live> = state
+            .live()
+            .filter(|live| device.is_none_or(|d| live.device == d))
+            .copied()
+            .collect();
+        // Deterministic order: oldest first.
+        allocations.sort_by_key(|live| (live.t_ns, live.process, live.addr, live.handle));
+        Snapshot {
+            device,
+            t_ns,
+            allocations,
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.allocations.iter().map(|live| live.size).sum()
+    }
+}
+
+/// Pass two of a peak view: captures each device's live set right after the event with the
+/// given sequence number.
+pub struct SnapshotsAt {
+    /// (sequence number, device), sorted by sequence number.
+    targets: Vec<(u64, i32)>,
+    pub taken: Vec<Snapshot>,
+}
+
+impl SnapshotsAt {
+    pub fn new(mut targets: Vec<(u64, i32)>) -> SnapshotsAt {
+        targets.sort();
+        SnapshotsAt {
+            targets,
+            taken: Vec::new(),
+        }
+    }
+
+    /// The last sequence number needed: the replay can stop there.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.targets.last().map(|(seq, _)| *seq)
+    }
+}
+
+impl Observer for SnapshotsAt {
+    fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
+        let Step::Event { t_ns, .. } = step else {
+            return;
+        };
+        while let Some(&(seq, device)) = self.targets.first() {
+            if seq != state.seq {
+                break;
+            }
+            self.targets.remove(0);
+            self.taken.push(Snapshot::of(state, Some(device), *t_ns));
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The summary: counts by API family, largest allocations, device memory samples against
+//! what the hooks tracked.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::apis::Family;
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
+
+/// Calls of one API family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyCounts {
+    pub allocs: u64,
+    pub frees: u64,
+    pub failures: u64,
+    /// Bytes of successful allocations over the whole run.
+    pub allocated_bytes: u64,
+}
+
+/// One `cuMemGetInfo` sample beside the bytes the hooks saw live at that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySample {
+    pub process: u32,
+    pub device: i32,
+    pub t_ns: u64,
+    /// total - free, as the driver reported.
+    pub used: u64,
+    pub total: u64,
+    /// Live bytes on the device over all recorded processes.
+    pub tracked: u64,
+}
+
+impl MemorySample {
+    /// Used memory no hook accounts for: CUDA context, modules, other processes.
+    pub fn untracked(&self) -> u64 {
+        self.used.saturating_sub(self.tracked)
+    }
+}
+
+/// How many of the largest allocations are kept.
+pub const LARGEST: usize = 10;
+
+/// Observer collecting the summary's counts.
+pub struct Summary {
+    device: Option<i32>,
+    /// Per process, per family (indexed like `Family::ALL`).
+    pub families: Vec<[FamilyCounts; 6]>,
+    /// Per device: failed allocations.
+    pub failures: Vec<(i32, u64)>,
+    pub samples: Vec<MemorySample>,
+    largest: BinaryHeap<Reverse<(u64, Reverse<u64>, LiveKey)>>,
+    /// Family of each api index, per process.
+    family_cache: Vec<Vec<Family>>,
+}
+
+/// A `Live` kept in a heap (ordered by size, then earliest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LiveKey(Live);
+
+impl PartialOrd for LiveKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LiveKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0.process, self.0.addr, self.0.handle).cmp(&(
+            other.0.process,
+            other.0.addr,
+            other.0.handle,
+        ))
+    }
+}
+
+impl Summary {
+    pub fn new(processes: usize, device: Option<i32>) -> Summary {
+        Summary {
+            device,
+            families: vec![[FamilyCounts::default(); 6]; processes],
+            failures: Vec::new(),
+            samples: Vec::new(),
+            largest: BinaryHeap::new(),
+            family_cache: vec![Vec::new(); processes],
+        }
+    }
+
+    /// The largest successful allocations of the run, largest first (earliest first on ties).
+    pub fn largest(&self) -> Vec<Live> {
+        let mut out: Vec<_> = self
+            .largest
+            .iter()
+            .map(|Reverse((_, _, key))| key.0)
+            .collect();
+        out.sort_by_key(|live| (Reverse(live.size), live.t_ns));
+        out
+    }
+
+    /// Counts summed over processes.
+    pub fn total_families(&self) -> [FamilyCounts; 6] {
+        let mut total = [FamilyCounts::default(); 6];
+        for per_process in &self.families {
+            for (sum, counts) in total.iter_mut().zip(per_process) {
+                sum.allocs += counts.allocs;
+                sum.frees += counts.frees;
+                sum.failures += counts.failures;
+                sum.allocated_bytes += counts.allocated_bytes;
+            }
+        }
+        total
+    }
+
+    fn family(&mut self, processes: &[Process], process: u32, api: u16) -> Family {
+        let cache = &mut self.family_cache[process as usize];
+        if cache.is_empty() {
+            *cache = processes[process as usize]
+                .header
+                .apis
+                .iter()
+                .map(|name| Family::of(name))
+                .collect();
+        }
+        cache
+            .get(usize::from(api))
+            .copied()
+            .unwrap_or(Family::Driver)
+    }
+}
+
+impl Observer for Summary {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        match step {
+            Step::Event {
+                process,
+                event,
+                effect,
+                ..
+            } => {
+                if self.device.is_some_and(|d| d != event.device) {
+                    return;
+                }
+                let family = self.family(processes, *process, event.api);
+                let index = Family::ALL.iter().position(|f| *f == family).unwrap_or(0);
+                let counts = &mut self.families[*process as usize][index];
+                match effect {
+                    Effect::Added(live) => {
+                        counts.allocs += 1;
+                        counts.allocated_bytes += live.size;
+                        let key = (live.size, Reverse(state.seq), LiveKey(*live));
+                        if self.largest.len() < LARGEST {
+                            self.largest.push(Reverse(key));
+                        } else if self.largest.peek().is_some_and(|Reverse(min)| key > *min) {
+                            self.largest.pop();
+                            self.largest.push(Reverse(key));
+                        }
+                    }
+                    Effect::Removed(_) | Effect::Unmatched => counts.frees += 1,
+                    Effect::Failed => {
+                        counts.failures += 1;
+                        match self.failures.iter_mut().find(|(d, _)| *d == event.device) {
+                            Some((_, n)) => *n += 1,
+                            None => {
+                                self.failures.push((event.device, 1));
+                                self.failures.sort();
+                            }
+                        }
+                    }
+                    // Maps and reservations are address ranges, not memory: VMM memory is
+                    // counted by its create/release.
+                    Effect::None => {}
+                }
+            }
+            Step::MemInfo {
+                process,
+                t_ns,
+                info,
+            } => {
+                if self.device.is_some_and(|d| d != info.device) {
+                    return;
+                }
+                self.samples.push(MemorySample {
+                    process: *process,
+                    device: info.device,
+                    t_ns: *t_ns,
+                    used: info.total.saturating_sub(info.free),
+                    total: info.total,
+                    tracked: state.device_bytes(info.device),
+                });
+            }
+            Step::Dump { .. } => {}
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! What every report command shares: which logs, which device, text or JSON, and output.
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use crate::Failure;
+
+/// Which recording(s) to read and how to print.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Select {
+    /// Log(s) to read; several logs of one job (one per process or rank) are merged by
+    /// wall-clock time and reported per process and in total.
+    #[arg(required = true, value_name = "LOG")]
+    pub logs: Vec<PathBuf>,
+    /// Only this device ordinal (as the process numbered it; -1 = pinned host memory).
+    #[arg(long, allow_hyphen_values = true)]
+    pub device: Option<i32>,
+    /// The same content as one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints `warnings` on stderr, then the JSON document or the text report on stdout.
+pub fn emit(
+    select: &Select,
+    warnings: &[String],
+    json: impl FnOnce() -> Value,
+    text: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<ExitCode, Failure> {
+    for warning in warnings {
+        eprintln!("vramshim: warning: {warning}");
+    }
+    let stdout = io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    let written = if select.json {
+        let mut value = json();
+        if let Value::Object(map) = &mut value {
+            map.insert("warnings".to_string(), Value::from(warnings.to_vec()));
+        }
+        serde_json::to_writer_pretty(&mut out, &value)
+            .map_err(io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        text(&mut out)
+    }
+    .and_then(|()| out.flush());
+    match written {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(err) => Err(Failure {
+            message: format!("cannot write output: {err}"),
+            code: 1,
+        }),
+    }
+}

@@ -1,0 +1,142 @@
+//! `vramshim peak LOG... [--at TIME]` and `vramshim leaks LOG...`: the exact live set at the
+//! peak, at a given time, or at exit, grouped by stack.
+
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::groups::{Stacks, by_stack, tree};
+use crate::analysis::peaks::Peaks;
+use crate::analysis::snapshot::{Snapshot, SnapshotsAt};
+use crate::commands::common::{Select, emit};
+use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
+use crate::replay::{self, Process, Stop};
+use crate::units;
+
+/// How much of a snapshot the text shows.
+#[derive(clap::Args)]
+pub struct Shape {
+    /// Stacks listed (flat view, text only).
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Frames printed per stack (text only).
+    #[arg(long, default_value_t = 8)]
+    frames: usize,
+    /// Fold tree branches holding less than this percentage (text only).
+    #[arg(long, default_value_t = 1.0)]
+    min_share: f64,
+}
+
+#[derive(clap::Args)]
+pub struct PeakArgs {
+    #[command(flatten)]
+    select: Select,
+    /// Show what was live at this time instead of at the peak (since the start: `1.5`,
+    /// `1.5s`, `250ms`, `40us`, `1200ns`).
+    #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
+    at: Option<u64>,
+    #[command(flatten)]
+    shape: Shape,
+}
+
+#[derive(clap::Args)]
+pub struct LeaksArgs {
+    #[command(flatten)]
+    select: Select,
+    #[command(flatten)]
+    shape: Shape,
+}
+
+pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
+    let select = &args.select;
+    let (replay, snapshots, what) = match args.at {
+        Some(at) => {
+            let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
+            let snapshots = devices_of(&replay.state, select.device)
+                .into_iter()
+                .map(|device| Snapshot::of(&replay.state, Some(device), at))
+                .collect();
+            (replay, snapshots, "at")
+        }
+        None => {
+            let mut peaks = Peaks::default();
+            let first = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
+            let targets = peaks
+                .total
+                .iter()
+                .filter(|p| select.device.is_none_or(|d| d == p.device))
+                .map(|p| (p.seq, p.device))
+                .collect();
+            let mut at_peaks = SnapshotsAt::new(targets);
+            if let Some(last) = at_peaks.last_seq() {
+                replay::run(&select.logs, &mut [&mut at_peaks], Stop::AfterSeq(last))?;
+            }
+            // Process facts (events, duration, damage) come from the complete first pass.
+            (first, at_peaks.taken, "peak")
+        }
+    };
+    render(select, &args.shape, &replay, snapshots, what)
+}
+
+pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
+    let select = &args.select;
+    let replay = replay::run(&select.logs, &mut [], Stop::End)?;
+    let snapshots = devices_of(&replay.state, select.device)
+        .into_iter()
+        .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
+        .collect();
+    render(select, &args.shape, &replay, snapshots, "leaks")
+}
+
+/// Devices with something live, narrowed to `only`.
+fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
+    let mut devices: Vec<i32> = state
+        .devices()
+        .iter()
+        .filter(|d| d.live_count > 0 && only.is_none_or(|o| o == d.device))
+        .map(|d| d.device)
+        .collect();
+    devices.sort_by_key(|d| crate::render::device_order(*d));
+    devices
+}
+
+fn render(
+    select: &Select,
+    shape: &Shape,
+    replay: &replay::Replay,
+    snapshots: Vec<Snapshot>,
+    what: &'static str,
+) -> Result<ExitCode, Failure> {
+    let processes: &[Process] = &replay.processes;
+    let mut stacks = Stacks::new(processes);
+    let views = snapshots
+        .into_iter()
+        .filter(|s| !s.allocations.is_empty())
+        .map(|s| {
+            let groups = by_stack(&s.allocations, &mut stacks, processes);
+            SnapshotView {
+                device: s.device.unwrap_or_default(),
+                t_ns: s.t_ns,
+                bytes: s.bytes(),
+                count: s.allocations.len() as u64,
+                tree: tree(&groups),
+                groups,
+            }
+        })
+        .collect();
+    let report = SnapshotReport {
+        processes,
+        what,
+        views,
+        top: shape.top,
+        frames: shape.frames,
+        min_share: shape.min_share,
+    };
+    let mut warnings = replay.warnings();
+    warnings.extend(stacks.warnings());
+    emit(
+        select,
+        &warnings,
+        || snapshot::json(&report),
+        |out| snapshot::text(out, &report),
+    )
+}

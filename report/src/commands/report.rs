@@ -1,0 +1,103 @@
+//! `vramshim report LOG...` (also `summary`): the overview.
+
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::groups::{Stacks, by_stack};
+use crate::analysis::peaks::Peaks;
+use crate::analysis::snapshot::SnapshotsAt;
+use crate::analysis::summary::Summary;
+use crate::commands::common::{Select, emit};
+use crate::render::summary::{self, DeviceSummary, SummaryReport};
+use crate::replay::{self, Stop};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    select: Select,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let select = &args.select;
+    // Pass one: counts, peaks, samples.
+    let mut peaks = Peaks::default();
+    let mut counts = Summary::new(select.logs.len(), select.device);
+    let replay = replay::run(&select.logs, &mut [&mut peaks, &mut counts], Stop::End)?;
+    let wanted: Vec<_> = peaks
+        .total
+        .iter()
+        .filter(|peak| select.device.is_none_or(|d| d == peak.device))
+        .copied()
+        .collect();
+    // Pass two, up to the last peak: the live set at each device's peak.
+    let mut at_peaks = SnapshotsAt::new(wanted.iter().map(|p| (p.seq, p.device)).collect());
+    if let Some(last) = at_peaks.last_seq() {
+        replay::run(&select.logs, &mut [&mut at_peaks], Stop::AfterSeq(last))?;
+    }
+    let processes = &replay.processes;
+    let mut stacks = Stacks::new(processes);
+    let devices = wanted
+        .iter()
+        .map(|peak| {
+            let snapshot = at_peaks
+                .taken
+                .iter()
+                .find(|s| s.device == Some(peak.device));
+            let peak_groups = snapshot.map_or_else(Vec::new, |s| {
+                by_stack(&s.allocations, &mut stacks, processes)
+            });
+            let exit = replay
+                .state
+                .devices()
+                .iter()
+                .find(|d| d.device == peak.device)
+                .copied()
+                .unwrap_or_default();
+            DeviceSummary {
+                device: peak.device,
+                peak: *peak,
+                peak_groups,
+                exit_bytes: exit.live_bytes,
+                exit_count: exit.live_count,
+                failures: counts
+                    .failures
+                    .iter()
+                    .find(|(d, _)| *d == peak.device)
+                    .map_or(0, |(_, n)| *n),
+                samples: counts
+                    .samples
+                    .iter()
+                    .filter(|s| s.device == peak.device)
+                    .copied()
+                    .collect(),
+                per_process: peaks
+                    .per_process
+                    .iter()
+                    .filter(|(_, p)| p.device == peak.device)
+                    .copied()
+                    .collect(),
+            }
+        })
+        .collect();
+    let largest = counts
+        .largest()
+        .into_iter()
+        .map(|live| (live, stacks.frames(processes, live.process, live.stack)))
+        .collect();
+    let report = SummaryReport {
+        processes,
+        duration_ns: replay.end_ns,
+        devices,
+        families: counts.families.clone(),
+        total_families: counts.total_families(),
+        largest,
+    };
+    let mut warnings = replay.warnings();
+    warnings.extend(stacks.warnings());
+    emit(
+        select,
+        &warnings,
+        || summary::json(&report),
+        |out| summary::text(out, &report),
+    )
+}

@@ -1,0 +1,251 @@
+//! Renderers: text and JSON from analysis results. Nothing here reads logs.
+
+pub mod oom;
+pub mod snapshot;
+pub mod summary;
+
+use std::io::{self, Write};
+
+use serde_json::{Value, json};
+use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
+
+use crate::analysis::groups::{NO_STACK, StackGroup, TreeNode};
+use crate::replay::{Live, Process};
+use crate::symbols::SymFrame;
+use crate::units::{bytes, seconds};
+
+/// Tree levels indented; deeper ones line up with the last.
+const MAX_INDENT: usize = 24;
+
+/// Report order of devices: device ordinals first, then pinned host (-1), then unknown (-2).
+pub fn device_order(device: i32) -> (bool, i32) {
+    (device < 0, device.abs())
+}
+
+/// How a device is named in text.
+pub fn device_name(device: i32) -> String {
+    match device {
+        HOST_DEVICE => "pinned host memory".to_string(),
+        UNKNOWN_DEVICE => "unknown device".to_string(),
+        n => format!("device {n}"),
+    }
+}
+
+/// Share of `part` in `whole` as a percentage (0 when `whole` is 0).
+pub fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+pub fn frame_json(frame: &SymFrame) -> Value {
+    json!({
+        "function": frame.function,
+        "file": frame.file,
+        "line": frame.line,
+        "module": frame.module,
+        "offset": frame.offset,
+        "inlined": frame.inlined,
+        "label": frame.label(),
+    })
+}
+
+/// A stack group: bytes, count, share of `whole`, the pids contributing, frames innermost first.
+pub fn group_json(group: &StackGroup, whole: u64, processes: &[Process]) -> Value {
+    json!({
+        "bytes": group.bytes,
+        "count": group.count,
+        "share": share(group.bytes, whole),
+        "pids": group.processes.iter().map(|p| processes[*p as usize].header.pid).collect::<Vec<_>>(),
+        "frames": group.frames.iter().map(frame_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The caller → callee tree as nested objects.
+pub fn tree_json(node: &TreeNode, whole: u64) -> Value {
+    json!({
+        "frame": node.frame.as_ref().map(frame_json),
+        "bytes": node.bytes,
+        "count": node.count,
+        "share": share(node.bytes, whole),
+        "children": node.children.iter().map(|child| tree_json(child, whole)).collect::<Vec<_>>(),
+    })
+}
+
+/// The innermost `n` frames on one line: `alloc (a.c:3) <- main (a.c:9)`.
+pub fn short_stack(frames: &[SymFrame], n: usize) -> String {
+    if frames.is_empty() {
+        return NO_STACK.to_string();
+    }
+    frames
+        .iter()
+        .take(n)
+        .map(SymFrame::label)
+        .collect::<Vec<_>>()
+        .join(" <- ")
+}
+
+/// One live allocation.
+pub fn live_json(live: &Live, processes: &[Process]) -> Value {
+    let process = &processes[live.process as usize];
+    json!({
+        "pid": process.header.pid,
+        "kind": live.kind.name(),
+        "api": process.api(live.api),
+        "device": live.device,
+        "addr": live.addr,
+        "handle": live.handle,
+        "size": live.size,
+        "stream": live.stream,
+        "thread": live.thread,
+        "thread_name": process.thread_names.get(&live.thread),
+        "t_ns": live.t_ns,
+    })
+}
+
+/// Prints the largest groups with up to `frames` frames each.
+pub fn write_groups(
+    out: &mut dyn Write,
+    groups: &[StackGroup],
+    whole: u64,
+    limit: usize,
+    frames: usize,
+) -> io::Result<()> {
+    for group in groups.iter().take(limit) {
+        writeln!(
+            out,
+            "  {:>11} {:>6.1}%  {} allocation{}",
+            bytes(group.bytes),
+            share(group.bytes, whole),
+            group.count,
+            if group.count == 1 { "" } else { "s" }
+        )?;
+        if group.frames.is_empty() {
+            writeln!(out, "        {NO_STACK}")?;
+        }
+        for frame in group.frames.iter().take(frames) {
+            writeln!(out, "        {}", frame.label())?;
+        }
+        if group.frames.len() > frames {
+            writeln!(
+                out,
+                "        ... {} more frames",
+                group.frames.len() - frames
+            )?;
+        }
+    }
+    if groups.len() > limit {
+        let rest: u64 = groups[limit..].iter().map(|g| g.bytes).sum();
+        writeln!(
+            out,
+            "  {:>11} {:>6.1}%  in {} more stacks",
+            bytes(rest),
+            share(rest, whole),
+            groups.len() - limit
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints the caller → callee tree, hiding branches under `min_share` percent.
+pub fn write_tree(
+    out: &mut dyn Write,
+    node: &TreeNode,
+    whole: u64,
+    min_share: f64,
+) -> io::Result<()> {
+    fn walk(
+        out: &mut dyn Write,
+        node: &TreeNode,
+        whole: u64,
+        min_share: f64,
+        depth: usize,
+    ) -> io::Result<()> {
+        let mut hidden = (0u64, 0usize);
+        for child in &node.children {
+            if share(child.bytes, whole) < min_share {
+                hidden.0 += child.bytes;
+                hidden.1 += 1;
+                continue;
+            }
+            let label = child
+                .frame
+                .as_ref()
+                .map_or_else(String::new, SymFrame::label);
+            writeln!(
+                out,
+                "  {:>11} {:>6.1}% {}{}",
+                bytes(child.bytes),
+                share(child.bytes, whole),
+                "  ".repeat(depth),
+                label
+            )?;
+            // Deep stacks stop indenting at some point rather than run off the screen.
+            walk(out, child, whole, min_share, (depth + 1).min(MAX_INDENT))?;
+        }
+        if hidden.1 > 0 {
+            writeln!(
+                out,
+                "  {:>11} {:>6.1}% {}({} smaller branch{})",
+                bytes(hidden.0),
+                share(hidden.0, whole),
+                "  ".repeat(depth),
+                hidden.1,
+                if hidden.1 == 1 { "" } else { "es" }
+            )?;
+        }
+        Ok(())
+    }
+    walk(out, node, whole, min_share, 0)
+}
+
+/// Text header naming each process of the replay.
+pub fn write_processes(out: &mut dyn Write, processes: &[Process]) -> io::Result<()> {
+    for process in processes {
+        let header = &process.header;
+        writeln!(
+            out,
+            "process {} on {}: {}",
+            header.pid,
+            header.hostname,
+            header.argv.join(" ")
+        )?;
+        writeln!(
+            out,
+            "  log {}, {} events over {}",
+            process.path.display(),
+            process.events,
+            seconds(process.end_ns)
+        )?;
+    }
+    Ok(())
+}
+
+/// Per-process facts for JSON.
+pub fn processes_json(processes: &[Process]) -> Value {
+    Value::Array(
+        processes
+            .iter()
+            .map(|process| {
+                let header = &process.header;
+                json!({
+                    "log": process.path.display().to_string(),
+                    "pid": header.pid,
+                    "ppid": header.ppid,
+                    "argv": header.argv,
+                    "hostname": header.hostname,
+                    "start_unix_ns": header.start_unix_ns,
+                    "start_offset_ns": process.start_offset_ns,
+                    "duration_ns": process.end_ns,
+                    "events": process.events,
+                    "unmatched_frees": process.unmatched_frees,
+                    "dropped_events": process.dropped,
+                    "ring_dumps": process.dumps.len(),
+                    "damage": process.damage.iter().map(|d| json!({"offset": d.offset, "message": d.to_string()})).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+}

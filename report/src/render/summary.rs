@@ -1,0 +1,242 @@
+//! `vramshim report` / `summary`: text and JSON.
+
+use std::io::{self, Write};
+use std::rc::Rc;
+
+use serde_json::{Value, json};
+
+use super::{
+    device_name, frame_json, group_json, live_json, processes_json, short_stack, write_groups,
+    write_processes,
+};
+use crate::analysis::apis::Family;
+use crate::analysis::groups::StackGroup;
+use crate::analysis::peaks::Peak;
+use crate::analysis::summary::{FamilyCounts, MemorySample};
+use crate::replay::{Live, Process};
+use crate::symbols::SymFrame;
+use crate::units::{bytes, seconds};
+
+/// Stacks shown at each peak.
+pub const TOP_STACKS: usize = 10;
+
+/// One device (or pinned host memory) in the summary.
+pub struct DeviceSummary {
+    pub device: i32,
+    pub peak: Peak,
+    pub peak_groups: Vec<StackGroup>,
+    pub exit_bytes: u64,
+    pub exit_count: u64,
+    pub failures: u64,
+    /// This device's `cuMemGetInfo` samples, in time order.
+    pub samples: Vec<MemorySample>,
+    /// Each process's own peak on this device.
+    pub per_process: Vec<(u32, Peak)>,
+}
+
+/// Everything the summary shows.
+pub struct SummaryReport<'a> {
+    pub processes: &'a [Process],
+    pub duration_ns: u64,
+    pub devices: Vec<DeviceSummary>,
+    pub families: Vec<[FamilyCounts; 6]>,
+    pub total_families: [FamilyCounts; 6],
+    pub largest: Vec<(Live, Rc<[SymFrame]>)>,
+}
+
+fn sample_json(sample: &MemorySample) -> Value {
+    json!({
+        "t_ns": sample.t_ns,
+        "used": sample.used,
+        "total": sample.total,
+        "tracked": sample.tracked,
+        "untracked": sample.untracked(),
+    })
+}
+
+fn families_json(counts: &[FamilyCounts; 6]) -> Value {
+    Value::Array(
+        Family::ALL
+            .iter()
+            .zip(counts)
+            .map(|(family, c)| {
+                json!({
+                    "family": family.name(),
+                    "allocs": c.allocs,
+                    "frees": c.frees,
+                    "failures": c.failures,
+                    "allocated_bytes": c.allocated_bytes,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The sample with the highest use, and the first one (the baseline before most allocations).
+fn notable_samples(samples: &[MemorySample]) -> Option<(&MemorySample, &MemorySample)> {
+    let first = samples.first()?;
+    let highest = samples
+        .iter()
+        .max_by_key(|s| (s.used, std::cmp::Reverse(s.t_ns)))?;
+    Some((first, highest))
+}
+
+pub fn json(report: &SummaryReport<'_>) -> Value {
+    let processes = report.processes;
+    let devices: Vec<Value> = report
+        .devices
+        .iter()
+        .map(|d| {
+            let notable = notable_samples(&d.samples);
+            json!({
+                "device": d.device,
+                "peak_bytes": d.peak.bytes,
+                "peak_count": d.peak.count,
+                "peak_t_ns": d.peak.t_ns,
+                "live_at_exit_bytes": d.exit_bytes,
+                "live_at_exit_count": d.exit_count,
+                "failures": d.failures,
+                "top_stacks_at_peak": d.peak_groups.iter().take(TOP_STACKS).map(|g| group_json(g, d.peak.bytes, processes)).collect::<Vec<_>>(),
+                "memory_samples": {
+                    "count": d.samples.len(),
+                    "first": notable.map(|(first, _)| sample_json(first)),
+                    "highest_use": notable.map(|(_, highest)| sample_json(highest)),
+                },
+                "per_process": d.per_process.iter().map(|(p, peak)| json!({
+                    "pid": processes[*p as usize].header.pid,
+                    "peak_bytes": peak.bytes,
+                    "peak_t_ns": peak.t_ns,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let (device_entries, host): (Vec<_>, Vec<_>) = report
+        .devices
+        .iter()
+        .zip(devices)
+        .partition(|(d, _)| d.device != vramshim_format::HOST_DEVICE);
+    json!({
+        "processes": processes_json(processes),
+        "per_process_families": processes.iter().zip(&report.families).map(|(p, f)| json!({
+            "pid": p.header.pid,
+            "families": families_json(f),
+        })).collect::<Vec<_>>(),
+        "duration_ns": report.duration_ns,
+        "devices": device_entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        "pinned_host": host.into_iter().map(|(_, v)| v).next(),
+        "families": families_json(&report.total_families),
+        "largest": report.largest.iter().map(|(live, frames)| {
+            let mut value = live_json(live, processes);
+            if let Value::Object(map) = &mut value {
+                map.insert("frames".into(), frames.iter().map(frame_json).collect::<Vec<_>>().into());
+            }
+            value
+        }).collect::<Vec<_>>(),
+    })
+}
+
+pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
+    let processes = report.processes;
+    write_processes(out, processes)?;
+    if processes.len() > 1 {
+        writeln!(
+            out,
+            "{} processes over {}",
+            processes.len(),
+            seconds(report.duration_ns)
+        )?;
+    }
+    if report.devices.is_empty() {
+        writeln!(out, "\nno memory was allocated")?;
+    }
+    for d in &report.devices {
+        writeln!(out, "\n{}", device_name(d.device))?;
+        writeln!(
+            out,
+            "  peak          {} at {} ({} allocation{} live)",
+            bytes(d.peak.bytes),
+            seconds(d.peak.t_ns),
+            d.peak.count,
+            if d.peak.count == 1 { "" } else { "s" }
+        )?;
+        writeln!(
+            out,
+            "  live at exit  {} in {} allocation{}",
+            bytes(d.exit_bytes),
+            d.exit_count,
+            if d.exit_count == 1 { "" } else { "s" }
+        )?;
+        if d.failures > 0 {
+            writeln!(out, "  failed allocations  {}", d.failures)?;
+        }
+        if processes.len() > 1 {
+            for (p, peak) in &d.per_process {
+                writeln!(
+                    out,
+                    "  pid {:<8} peak {} at {}",
+                    processes[*p as usize].header.pid,
+                    bytes(peak.bytes),
+                    seconds(peak.t_ns)
+                )?;
+            }
+        }
+        if let Some((first, highest)) = notable_samples(&d.samples) {
+            writeln!(
+                out,
+                "  device memory ({} samples of cuMemGetInfo, {} total):",
+                d.samples.len(),
+                bytes(first.total)
+            )?;
+            for (what, s) in [("first sample", first), ("highest use", highest)] {
+                writeln!(
+                    out,
+                    "    {what:<13} at {}: used {}, tracked {}, untracked {} (context, modules, other processes)",
+                    seconds(s.t_ns),
+                    bytes(s.used),
+                    bytes(s.tracked),
+                    bytes(s.untracked())
+                )?;
+            }
+        }
+        if !d.peak_groups.is_empty() {
+            writeln!(out, "  stacks holding most at the peak:")?;
+            write_groups(out, &d.peak_groups, d.peak.bytes, TOP_STACKS, 4)?;
+        }
+    }
+    writeln!(out, "\ncalls by API family")?;
+    writeln!(
+        out,
+        "  {:<15} {:>10} {:>10} {:>8} {:>12}",
+        "family", "allocs", "frees", "failed", "allocated"
+    )?;
+    for (family, c) in Family::ALL.iter().zip(&report.total_families) {
+        if c.allocs + c.frees + c.failures == 0 {
+            continue;
+        }
+        writeln!(
+            out,
+            "  {:<15} {:>10} {:>10} {:>8} {:>12}",
+            family.name(),
+            c.allocs,
+            c.frees,
+            c.failures,
+            bytes(c.allocated_bytes)
+        )?;
+    }
+    if !report.largest.is_empty() {
+        writeln!(out, "\nlargest allocations")?;
+        for (live, frames) in &report.largest {
+            let process = &processes[live.process as usize];
+            writeln!(
+                out,
+                "  {:>11}  {:<22} {:<18} at {}  {}",
+                bytes(live.size),
+                process.api(live.api),
+                device_name(live.device),
+                seconds(live.t_ns),
+                short_stack(frames, 2)
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,599 @@
+//! The replay engine: one streaming pass over one or more logs, in time order, keeping only
+//! what is live (allocations by address or handle, bytes per device) and the definitions
+//! reports need (stacks, modules, thread names). Analyses observe each step; they never see
+//! the file.
+//!
+//! Several logs (one per process of a job) are merged by wall-clock time, so totals across
+//! processes are exact at every moment. Times are nanoseconds since the earliest start.
+
+use std::fs::File;
+use std::io::{BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use vramshim_format::{
+    Damage, DumpBegin, Event, EventKind, Header, Item, LogReader, MemInfo, ModuleDef,
+    Note, Record,
+};
+
+use crate::{Failure, logfile};
+
+/// What a log told us about its process, besides the events.
+pub struct Process {
+    pub path: PathBuf,
+    pub header: Header,
+    /// Nanoseconds from the earliest process start of the replay to this one's start.
+    pub start_offset_ns: u64,
+    /// Native stacks by id, innermost frame first.
+    pub stacks: FxHashMap<u32, Vec<u64>>,
+    pub modules: Vec<ModuleDef>,
+    pub thread_names: FxHashMap<u32, String>,
+    pub damage: Vec<Damage>,
+    pub notes: Vec<Note>,
+    /// Events the recorder discarded (`VRAMSHIM_ON_FULL=drop`).
+    pub dropped: u64,
+    /// Flight-recorder dumps met (ring mode); each one restarts the live set.
+    pub dumps: Vec<DumpBegin>,
+    /// Frees of addresses that were never seen allocated (allocated before recording began,
+    /// or lost to damage or dropping).
+    pub unmatched_frees: u64,
+    /// Time of the process's last timed record.
+    pub end_ns: u64,
+    pub events: u64,
+}
+
+impl Process {
+    /// The API name of an event.
+    pub fn api(&self, api: u16) -> std::borrow::Cow<'_, str> {
+        self.header.api_name(api)
+    }
+
+    /// A thread's recorded name, or its id.
+    pub fn thread_name(&self, thread: u32) -> String {
+        self.thread_names
+            .get(&thread)
+            .cloned()
+            .unwrap_or_else(|| thread.to_string())
+    }
+}
+
+/// A live allocation (or VMM physical allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Live {
+    pub process: u32,
+    /// `Alloc` or `Create`.
+    pub kind: EventKind,
+    pub api: u16,
+    pub device: i32,
+    pub addr: u64,
+    pub handle: u64,
+    pub size: u64,
+    pub stack: u32,
+    pub thread: u32,
+    pub stream: u64,
+    /// Replay time of the allocation.
+    pub t_ns: u64,
+}
+
+/// Identity of a live object: same scheme as the recorder's flight mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    process: u32,
+    /// 0: allocation by address (arrays: by handle with the top bit set); 1: VMM handle.
+    class: u8,
+    value: u64,
+}
+
+/// Live bytes of one device (or of pinned host memory, device = -1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceBytes {
+    pub device: i32,
+    pub live_bytes: u64,
+    pub live_count: u64,
+}
+
+/// Everything live at the current step.
+#[derive(Default)]
+pub struct State {
+    live: FxHashMap<Key, Live>,
+    /// Per device, summed over processes; few devices, so a vector beats a map.
+    devices: Vec<DeviceBytes>,
+    /// Per (process, device).
+    process_devices: Vec<(u32, DeviceBytes)>,
+    /// Index of the current step among events (0-based), across all logs.
+    pub seq: u64,
+}
+
+impl State {
+    /// Live bytes per device (host pinned as device -1), sorted by device.
+    pub fn devices(&self) -> &[DeviceBytes] {
+        &self.devices
+    }
+
+    /// Live bytes of `device` over all processes.
+    pub fn device_bytes(&self, device: i32) -> u64 {
+        self.devices
+            .iter()
+            .find(|d| d.device == device)
+            .map_or(0, |d| d.live_bytes)
+    }
+
+    /// Live bytes of `device` in one process.
+    pub fn process_device_bytes(&self, process: u32, device: i32) -> u64 {
+        self.process_devices
+            .iter()
+            .find(|(p, d)| *p == process && d.device == device)
+            .map_or(0, |(_, d)| d.live_bytes)
+    }
+
+    /// Every live object, in no particular order.
+    pub fn live(&self) -> impl Iterator<Item = &Live> {
+        self.live.values()
+    }
+
+    fn add(&mut self, key: Key, live: Live) {
+        if let Some(old) = self.live.insert(key, live) {
+            // The same address allocated twice without a free in between: the free was lost
+            // (damage, dropping). The newer allocation replaces the older one.
+            self.account(&old, false);
+        }
+        self.account(&live, true);
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Live> {
+        let live = self.live.remove(key)?;
+        self.account(&live, false);
+        Some(live)
+    }
+
+    fn clear_process(&mut self, process: u32) {
+        let keys: Vec<Key> = self
+            .live
+            .keys()
+            .filter(|key| key.process == process)
+            .copied()
+            .collect();
+        for key in keys {
+            self.remove(&key);
+        }
+    }
+
+    fn account(&mut self, live: &Live, add: bool) {
+        fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
+            if add {
+                entry.live_bytes += size;
+                entry.live_count += 1;
+            } else {
+                entry.live_bytes = entry.live_bytes.saturating_sub(size);
+                entry.live_count = entry.live_count.saturating_sub(1);
+            }
+        }
+        let device = live.device;
+        let index = match self.devices.iter().position(|d| d.device == device) {
+            Some(index) => index,
+            None => {
+                self.devices.push(DeviceBytes {
+                    device,
+                    ..DeviceBytes::default()
+                });
+                self.devices.sort_by_key(|d| d.device);
+                self.devices
+                    .iter()
+                    .position(|d| d.device == device)
+                    .unwrap_or(0)
+            }
+        };
+        apply(&mut self.devices[index], live.size, add);
+        let process = live.process;
+        let index = match self
+            .process_devices
+            .iter()
+            .position(|(p, d)| *p == process && d.device == device)
+        {
+            Some(index) => index,
+            None => {
+                self.process_devices.push((
+                    process,
+                    DeviceBytes {
+                        device,
+                        ..DeviceBytes::default()
+                    },
+                ));
+                self.process_devices.len() - 1
+            }
+        };
+        apply(&mut self.process_devices[index].1, live.size, add);
+    }
+}
+
+/// What one event did to the live state.
+#[derive(Clone, Copy, Debug)]
+pub enum Effect {
+    /// A new live object (already in the state).
+    Added(Live),
+    /// A live object ended (already gone from the state).
+    Removed(Live),
+    /// An allocating call failed.
+    Failed,
+    /// A free of something never seen allocated.
+    Unmatched,
+    /// Nothing live changed: map/unmap, reserve/unreserve, trims, failed frees, `free(NULL)`.
+    None,
+}
+
+/// One step of the replay, as analyses see it.
+pub enum Step<'a> {
+    Event {
+        process: u32,
+        /// Replay time (ns since the earliest start).
+        t_ns: u64,
+        event: &'a Event,
+        effect: Effect,
+    },
+    MemInfo {
+        process: u32,
+        t_ns: u64,
+        info: &'a MemInfo,
+    },
+    /// A ring-mode dump begins (details in `Process::dumps`): the process's live set was
+    /// cleared and is rebuilt from the dump's own records.
+    Dump { process: u32 },
+}
+
+/// An analysis fed by the replay.
+pub trait Observer {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>);
+}
+
+/// Where a replay stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Read every log to its end.
+    End,
+    /// Stop right after the event with this sequence number.
+    AfterSeq(u64),
+    /// Stop before the first event later than this replay time.
+    AfterTime(u64),
+}
+
+/// The result of a replay: what each process defined, and the state where it stopped.
+pub struct Replay {
+    pub processes: Vec<Process>,
+    pub state: State,
+    /// Replay time of the last step taken.
+    pub end_ns: u64,
+}
+
+impl Replay {
+    /// Warnings for the user: damage met, dropped events, several ring-mode dumps.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for process in &self.processes {
+            let name = process.path.display();
+            for damage in &process.damage {
+                out.push(format!("{name}: {damage}"));
+            }
+            if process.dropped > 0 {
+                out.push(format!(
+                    "{name}: the recorder dropped {} events (VRAMSHIM_ON_FULL=drop); figures are lower bounds",
+                    process.dropped
+                ));
+            }
+            if process.dumps.len() > 1 {
+                out.push(format!(
+                    "{name}: ring-mode log with {} dumps; each restarts the live set",
+                    process.dumps.len()
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Logs opened for a replay.
+struct Input {
+    reader: LogReader<BufReader<File>>,
+    /// The next timed record, read ahead for merging.
+    pending: Option<Record>,
+    finished: bool,
+    size_bytes: u64,
+}
+
+/// Replays `paths` merged in time order, feeding `observers`, until `stop`.
+pub fn run(
+    paths: &[PathBuf],
+    observers: &mut [&mut dyn Observer],
+    stop: Stop,
+) -> Result<Replay, Failure> {
+    let mut inputs = Vec::with_capacity(paths.len());
+    let mut processes = Vec::with_capacity(paths.len());
+    for path in paths {
+        let reader = open_buffered(path)?;
+        let size_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+        processes.push(Process {
+            path: path.clone(),
+            header: reader.header().clone(),
+            start_offset_ns: 0,
+            stacks: FxHashMap::default(),
+            modules: Vec::new(),
+            thread_names: FxHashMap::default(),
+            damage: Vec::new(),
+            notes: Vec::new(),
+            dropped: 0,
+            dumps: Vec::new(),
+            unmatched_frees: 0,
+            end_ns: 0,
+            events: 0,
+        });
+        inputs.push(Input {
+            reader,
+            pending: None,
+            finished: false,
+            size_bytes,
+        });
+    }
+    let earliest = processes
+        .iter()
+        .map(|p| p.header.start_unix_ns)
+        .min()
+        .unwrap_or(0);
+    for process in &mut processes {
+        process.start_offset_ns = process.header.start_unix_ns - earliest;
+    }
+
+    let mut state = State::default();
+    let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
+    let mut end_ns = 0u64;
+    let mut steps = 0u64;
+    loop {
+        // Refill lookahead; definitions are absorbed as they are read.
+        for (index, input) in inputs.iter_mut().enumerate() {
+            if input.pending.is_none() && !input.finished {
+                input.pending = next_timed(input, &mut processes[index]);
+            }
+        }
+        // The input whose next record is earliest; a single log skips the comparison.
+        let mut best: Option<(usize, u64)> = None;
+        for (index, input) in inputs.iter().enumerate() {
+            if let Some(record) = &input.pending {
+                let t = processes[index].start_offset_ns + record_time(record);
+                if best.is_none_or(|(_, best_t)| t < best_t) {
+                    best = Some((index, t));
+                }
+            }
+        }
+        let Some((index, t_ns)) = best else { break };
+        let Some(record) = inputs[index].pending.take() else {
+            break;
+        };
+        let process = index as u32;
+        if let Record::Event(event) = &record {
+            if let Stop::AfterTime(limit) = stop
+                && t_ns > limit
+            {
+                break;
+            }
+            let effect = apply(&mut state, &mut processes[index], process, t_ns, event);
+            processes[index].events += 1;
+            let step = Step::Event {
+                process,
+                t_ns,
+                event,
+                effect,
+            };
+            for observer in observers.iter_mut() {
+                observer.step(&state, &processes, &step);
+            }
+            let seq = state.seq;
+            state.seq += 1;
+            end_ns = end_ns.max(t_ns);
+            processes[index].end_ns = processes[index]
+                .end_ns
+                .max(t_ns - processes[index].start_offset_ns);
+            if stop == Stop::AfterSeq(seq) {
+                break;
+            }
+        } else {
+            match &record {
+                Record::MemInfo(info) => {
+                    let step = Step::MemInfo {
+                        process,
+                        t_ns,
+                        info,
+                    };
+                    for observer in observers.iter_mut() {
+                        observer.step(&state, &processes, &step);
+                    }
+                }
+                Record::DumpBegin(begin) => {
+                    state.clear_process(process);
+                    processes[index].dumps.push(begin.clone());
+                    let step = Step::Dump { process };
+                    for observer in observers.iter_mut() {
+                        observer.step(&state, &processes, &step);
+                    }
+                }
+                Record::Note(note) => processes[index].notes.push(note.clone()),
+                Record::Dropped(dropped) => processes[index].dropped += dropped.count,
+                _ => {}
+            }
+            end_ns = end_ns.max(t_ns);
+        }
+        steps += 1;
+        if steps & 0xffff == 0 {
+            progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
+        }
+    }
+    progress.finish();
+    Ok(Replay {
+        processes,
+        state,
+        end_ns,
+    })
+}
+
+fn open_buffered(path: &Path) -> Result<LogReader<BufReader<File>>, Failure> {
+    // Opened once through `logfile::open` for its error messages, then with a larger buffer.
+    drop(logfile::open(path)?);
+    let file = File::open(path)
+        .map_err(|err| Failure::input(format!("cannot open {}: {err}", path.display())))?;
+    LogReader::new(BufReader::with_capacity(1 << 20, file))
+        .map_err(|err| Failure::input(format!("{}: {err}", path.display())))
+}
+
+/// Reads until a timed record (event, memory sample, note, dump) and absorbs definitions.
+fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
+    loop {
+        match input.reader.next() {
+            None => {
+                input.finished = true;
+                return None;
+            }
+            Some(Item::Damage(damage)) => process.damage.push(damage),
+            Some(Item::Record(record)) => match record {
+                Record::Stack(stack) => {
+                    let ips = stack
+                        .frames
+                        .iter()
+                        .map(|frame| match frame {
+                            vramshim_format::Frame::Native(ip) => *ip,
+                        })
+                        .collect();
+                    process.stacks.insert(stack.id, ips);
+                }
+                Record::Module(module) => process.modules.push(module),
+                Record::ThreadName(thread) => {
+                    process.thread_names.insert(thread.thread, thread.name);
+                }
+                Record::Dropped(dropped) => process.dropped += dropped.count,
+                other => return Some(other),
+            },
+        }
+    }
+}
+
+fn record_time(record: &Record) -> u64 {
+    match record {
+        Record::Event(event) => event.t_ns,
+        Record::MemInfo(info) => info.t_ns,
+        Record::Note(note) => note.t_ns,
+        Record::DumpBegin(begin) => begin.t_ns,
+        Record::Dropped(dropped) => dropped.t_ns,
+        Record::Stack(_) | Record::Module(_) | Record::ThreadName(_) => 0,
+    }
+}
+
+/// Applies one event to the live state.
+fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event: &Event) -> Effect {
+    if event.kind == EventKind::AllocFailed {
+        return Effect::Failed;
+    }
+    if event.result != 0 {
+        return Effect::None;
+    }
+    let (class, value) = match event.kind {
+        EventKind::Alloc | EventKind::Free => {
+            // Arrays have no address: known by handle, kept apart from addresses.
+            if event.addr != 0 {
+                (0, event.addr)
+            } else if event.handle != 0 {
+                (0, event.handle | 1 << 63)
+            } else {
+                // cudaFree(NULL) and the like.
+                return Effect::None;
+            }
+        }
+        EventKind::Create | EventKind::Release => (1, event.handle),
+        _ => return Effect::None,
+    };
+    let key = Key {
+        process: index,
+        class,
+        value,
+    };
+    match event.kind {
+        EventKind::Alloc | EventKind::Create => {
+            let live = Live {
+                process: index,
+                kind: event.kind,
+                api: event.api,
+                device: event.device,
+                addr: event.addr,
+                handle: event.handle,
+                size: event.size,
+                stack: event.stack,
+                thread: event.thread,
+                stream: event.stream,
+                t_ns,
+            };
+            state.add(key, live);
+            Effect::Added(live)
+        }
+        _ => match state.remove(&key) {
+            Some(live) => Effect::Removed(live),
+            None => {
+                process.unmatched_frees += 1;
+                Effect::Unmatched
+            }
+        },
+    }
+}
+
+/// A progress bar on stderr for long replays, only when stderr is a terminal.
+struct Progress {
+    total_bytes: u64,
+    started: Instant,
+    shown: bool,
+    enabled: bool,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(total_bytes: u64) -> Progress {
+        let now = Instant::now();
+        Progress {
+            total_bytes,
+            started: now,
+            shown: false,
+            enabled: std::io::stderr().is_terminal() && total_bytes > 0,
+            last: now,
+        }
+    }
+
+    fn update(&mut self, done_bytes: u64) {
+        if !self.enabled {
+            return;
+        }
+        let now = Instant::now();
+        // Short replays finish before a bar would help; redraw at most 10 times a second.
+        if now.duration_since(self.started) < Duration::from_millis(500)
+            || now.duration_since(self.last) < Duration::from_millis(100)
+        {
+            return;
+        }
+        self.last = now;
+        let fraction = (done_bytes as f64 / self.total_bytes as f64).min(1.0);
+        let width = 30;
+        let filled = (fraction * width as f64) as usize;
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(
+            stderr,
+            "\rvramshim: replaying [{}{}] {:3.0}% of {}",
+            "#".repeat(filled),
+            " ".repeat(width - filled),
+            fraction * 100.0,
+            crate::units::bytes(self.total_bytes)
+        );
+        let _ = stderr.flush();
+        self.shown = true;
+    }
+
+    fn finish(&mut self) {
+        if self.shown {
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(stderr, "\r{:70}\r", "");
+            let _ = stderr.flush();
+        }
+    }
+}
