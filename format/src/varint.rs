@@ -53,6 +53,17 @@ impl<'a> Cursor<'a> {
 
     #[inline]
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        // Most values (flags, deltas, small ids) fit one byte: decode those without the loop.
+        if let Some(&byte) = self.bytes.get(self.pos)
+            && byte < 0x80
+        {
+            self.pos += 1;
+            return Ok(u64::from(byte));
+        }
+        self.u64_multibyte()
+    }
+
+    fn u64_multibyte(&mut self) -> Result<u64, DecodeError> {
         let mut value = 0u64;
         let mut shift = 0u32;
         loop {

@@ -74,6 +74,8 @@ pub struct Live {
     pub stream: u64,
     /// Replay time of the allocation.
     pub t_ns: u64,
+    /// Sequence number of the allocating event.
+    pub seq: u64,
 }
 
 /// Identity of a live object: same scheme as the recorder's flight mode.
@@ -147,16 +149,15 @@ impl State {
         Some(live)
     }
 
-    fn clear_process(&mut self, process: u32) {
+    /// Ends every live object of `process`; returns them.
+    fn clear_process(&mut self, process: u32) -> Vec<Live> {
         let keys: Vec<Key> = self
             .live
             .keys()
             .filter(|key| key.process == process)
             .copied()
             .collect();
-        for key in keys {
-            self.remove(&key);
-        }
+        keys.iter().filter_map(|key| self.remove(key)).collect()
     }
 
     fn account(&mut self, live: &Live, add: bool) {
@@ -237,8 +238,12 @@ pub enum Step<'a> {
         info: &'a MemInfo,
     },
     /// A ring-mode dump begins (details in `Process::dumps`): the process's live set was
-    /// cleared and is rebuilt from the dump's own records.
-    Dump { process: u32 },
+    /// cleared (`cleared`) and is rebuilt from the dump's own records.
+    Dump {
+        process: u32,
+        t_ns: u64,
+        cleared: &'a [Live],
+    },
 }
 
 /// An analysis fed by the replay.
@@ -407,9 +412,13 @@ pub fn run(
                     }
                 }
                 Record::DumpBegin(begin) => {
-                    state.clear_process(process);
+                    let cleared = state.clear_process(process);
                     processes[index].dumps.push(begin.clone());
-                    let step = Step::Dump { process };
+                    let step = Step::Dump {
+                        process,
+                        t_ns,
+                        cleared: &cleared,
+                    };
                     for observer in observers.iter_mut() {
                         observer.step(&state, &processes, &step);
                     }
@@ -526,6 +535,7 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
                 thread: event.thread,
                 stream: event.stream,
                 t_ns,
+                seq: state.seq,
             };
             state.add(key, live);
             Effect::Added(live)

@@ -48,6 +48,8 @@ pub struct Retry {
 pub struct Failure {
     pub process: u32,
     pub t_ns: u64,
+    /// Sequence number of the failed event.
+    pub seq: u64,
     pub api: u16,
     pub device: i32,
     pub thread: u32,
@@ -106,7 +108,7 @@ impl Observer for Oom {
                 effect,
             } => (process, t_ns, event, effect),
             // A dump rebuilds the live set from scratch: a retry cannot span it.
-            Step::Dump { process } => {
+            Step::Dump { process, .. } => {
                 self.pending.retain(|p| p.process != *process);
                 return;
             }
@@ -178,6 +180,7 @@ impl Observer for Oom {
                 self.failures.push(Failure {
                     process: *process,
                     t_ns: *t_ns,
+                    seq: state.seq,
                     api: event.api,
                     device: event.device,
                     thread: event.thread,

@@ -1,6 +1,13 @@
-//! Finds the moment each device's live bytes were highest (pass one of every peak view).
+//! Finds the moment each device's live bytes were highest, and the exact set of allocations
+//! live then, in the same single pass.
+//!
+//! The set is kept without copying the live set at every new peak: an allocation live at the
+//! peak is either still live at the end (allocated at or before the peak's event) or was freed
+//! after the peak, and only the latter need remembering. A new peak forgets them all. So the
+//! extra memory is bounded by the peak's live set.
 
-use crate::replay::{Effect, Observer, Process, State, Step};
+use crate::analysis::snapshot::Snapshot;
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
 
 /// A device's highest live bytes and the first moment they were reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -20,69 +27,109 @@ pub struct Peaks {
     pub total: Vec<Peak>,
     /// (process, peak of that process alone).
     pub per_process: Vec<(u32, Peak)>,
+    /// Per device (same order as `total`): allocations live at the peak, freed since.
+    freed_since_peak: Vec<Vec<Live>>,
+}
+
+impl Peaks {
+    /// The exact live set at each device's peak (devices in report order), given the state
+    /// where the replay ended.
+    pub fn snapshots(&self, state: &State, only: Option<i32>) -> Vec<Snapshot> {
+        self.total
+            .iter()
+            .zip(&self.freed_since_peak)
+            .filter(|(peak, _)| only.is_none_or(|d| d == peak.device))
+            .map(|(peak, freed)| {
+                let still_live = state
+                    .live()
+                    .filter(|live| live.device == peak.device && live.seq <= peak.seq);
+                Snapshot::from_allocations(
+                    Some(peak.device),
+                    peak.t_ns,
+                    still_live.chain(freed.iter()).copied().collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn ended(&mut self, live: &Live) {
+        if let Some(index) = self.total.iter().position(|p| p.device == live.device)
+            && live.seq <= self.total[index].seq
+        {
+            self.freed_since_peak[index].push(*live);
+        }
+    }
 }
 
 impl Observer for Peaks {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
-        let Step::Event {
-            process,
-            t_ns,
-            effect: Effect::Added(live),
-            ..
-        } = step
-        else {
-            return;
+        let (process, t_ns, live) = match step {
+            Step::Event {
+                process,
+                t_ns,
+                effect: Effect::Added(live),
+                ..
+            } => (*process, *t_ns, live),
+            Step::Event {
+                effect: Effect::Removed(live),
+                ..
+            } => return self.ended(live),
+            Step::Dump { cleared, .. } => {
+                for live in cleared.iter() {
+                    self.ended(live);
+                }
+                return;
+            }
+            _ => return,
         };
         // Only an allocation can raise a peak.
         let device = live.device;
-        let bytes = state.device_bytes(device);
-        let count = state
-            .devices()
-            .iter()
-            .find(|d| d.device == device)
-            .map_or(0, |d| d.live_count);
-        raise(
-            &mut self.total,
-            |p| p.device == device,
-            Peak {
-                device,
-                bytes,
-                count,
-                t_ns: *t_ns,
-                seq: state.seq,
-            },
-        );
-        let process_bytes = state.process_device_bytes(*process, device);
-        let entry = self
-            .per_process
-            .iter_mut()
-            .find(|(p, peak)| *p == *process && peak.device == device);
+        let Some(now) = state.devices().iter().find(|d| d.device == device) else {
+            return;
+        };
         let candidate = Peak {
             device,
-            bytes: process_bytes,
-            count: 0,
-            t_ns: *t_ns,
+            bytes: now.live_bytes,
+            count: now.live_count,
+            t_ns,
             seq: state.seq,
         };
-        match entry {
+        match self.total.iter().position(|p| p.device == device) {
+            Some(index) if self.total[index].bytes >= candidate.bytes => {}
+            Some(index) => {
+                self.total[index] = candidate;
+                self.freed_since_peak[index].clear();
+            }
+            None => {
+                let index = self
+                    .total
+                    .partition_point(|p| device_order(p.device) < device_order(device));
+                self.total.insert(index, candidate);
+                self.freed_since_peak.insert(index, Vec::new());
+            }
+        }
+        let process_bytes = state.process_device_bytes(process, device);
+        let candidate = Peak {
+            bytes: process_bytes,
+            count: 0,
+            ..candidate
+        };
+        match self
+            .per_process
+            .iter_mut()
+            .find(|(p, peak)| *p == process && peak.device == device)
+        {
             Some((_, peak)) if peak.bytes >= process_bytes => {}
             Some((_, peak)) => *peak = candidate,
             None => {
-                self.per_process.push((*process, candidate));
+                self.per_process.push((process, candidate));
                 self.per_process
-                    .sort_by_key(|(p, peak)| (*p, crate::render::device_order(peak.device)));
+                    .sort_by_key(|(p, peak)| (*p, device_order(peak.device)));
             }
         }
     }
 }
 
-fn raise(peaks: &mut Vec<Peak>, matches: impl Fn(&Peak) -> bool, candidate: Peak) {
-    match peaks.iter_mut().find(|peak| matches(peak)) {
-        Some(peak) if peak.bytes >= candidate.bytes => {}
-        Some(peak) => *peak = candidate,
-        None => {
-            peaks.push(candidate);
-            peaks.sort_by_key(|peak| crate::render::device_order(peak.device));
-        }
-    }
+fn device_order(device: i32) -> (bool, i32) {
+    crate::render::device_order(device)
 }

@@ -14,13 +14,17 @@ pub struct Snapshot {
 impl Snapshot {
     /// Copies what `state` holds now.
     pub fn of(state: &State, device: Option<i32>, t_ns: u64) -> Snapshot {
-        let mut allocations: Vec<Live> = state
+        let allocations = state
             .live()
             .filter(|live| device.is_none_or(|d| live.device == d))
             .copied()
             .collect();
-        // Deterministic order: oldest first.
-        allocations.sort_by_key(|live| (live.t_ns, live.process, live.addr, live.handle));
+        Snapshot::from_allocations(device, t_ns, allocations)
+    }
+
+    /// A snapshot of `allocations`, put in a deterministic order (oldest first).
+    pub fn from_allocations(device: Option<i32>, t_ns: u64, mut allocations: Vec<Live>) -> Snapshot {
+        allocations.sort_by_key(|live| live.seq);
         Snapshot {
             device,
             t_ns,
@@ -33,8 +37,8 @@ impl Snapshot {
     }
 }
 
-/// Pass two of a peak view: captures each device's live set right after the event with the
-/// given sequence number.
+/// Captures each device's live set right after the event with the given sequence number
+/// (for moments found by an earlier pass, such as a failed allocation).
 pub struct SnapshotsAt {
     /// (sequence number, device), sorted by sequence number.
     targets: Vec<(u64, i32)>,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
-use crate::analysis::snapshot::{Snapshot, SnapshotsAt};
+use crate::analysis::snapshot::Snapshot;
 use crate::commands::common::{Select, emit};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
@@ -59,19 +59,9 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
         }
         None => {
             let mut peaks = Peaks::default();
-            let first = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
-            let targets = peaks
-                .total
-                .iter()
-                .filter(|p| select.device.is_none_or(|d| d == p.device))
-                .map(|p| (p.seq, p.device))
-                .collect();
-            let mut at_peaks = SnapshotsAt::new(targets);
-            if let Some(last) = at_peaks.last_seq() {
-                replay::run(&select.logs, &mut [&mut at_peaks], Stop::AfterSeq(last))?;
-            }
-            // Process facts (events, duration, damage) come from the complete first pass.
-            (first, at_peaks.taken, "peak")
+            let replay = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
+            let snapshots = peaks.snapshots(&replay.state, select.device);
+            (replay, snapshots, "peak")
         }
     };
     render(select, &args.shape, &replay, snapshots, what)

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
-use crate::analysis::snapshot::SnapshotsAt;
 use crate::analysis::summary::Summary;
 use crate::commands::common::{Select, emit};
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
@@ -19,7 +18,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    // Pass one: counts, peaks, samples.
+    // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);
     let replay = replay::run(&select.logs, &mut [&mut peaks, &mut counts], Stop::End)?;
@@ -29,18 +28,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .filter(|peak| select.device.is_none_or(|d| d == peak.device))
         .copied()
         .collect();
-    // Pass two, up to the last peak: the live set at each device's peak.
-    let mut at_peaks = SnapshotsAt::new(wanted.iter().map(|p| (p.seq, p.device)).collect());
-    if let Some(last) = at_peaks.last_seq() {
-        replay::run(&select.logs, &mut [&mut at_peaks], Stop::AfterSeq(last))?;
-    }
+    let at_peaks = peaks.snapshots(&replay.state, select.device);
     let processes = &replay.processes;
     let mut stacks = Stacks::new(processes);
     let devices = wanted
         .iter()
         .map(|peak| {
             let snapshot = at_peaks
-                .taken
                 .iter()
                 .find(|s| s.device == Some(peak.device));
             let peak_groups = snapshot.map_or_else(Vec::new, |s| {
