@@ -1,0 +1,1254 @@
+//! The simulator: blocks, pools, segments and the allocation algorithm.
+//!
+//! Blocks live in a slab (`Vec<Block>`) and link to their neighbours in the same segment by
+//! index, as PyTorch's `Block::prev` / `Block::next`. Each pool (small, large) keeps its free
+//! mapped blocks in an ordered map keyed by (stream, size, address) — PyTorch's
+//! `BlockPool::blocks` — and the unmapped parts of expandable segments keyed by
+//! (stream, address) — `BlockPool::unmapped`. Live allocations are found by request id.
+//!
+//! Streams are numbered densely in order of first use, and a key packs (stream number,
+//! size / 512, address / 512) into one `u128` (32 + 48 + 48 bits): sizes and addresses are
+//! multiples of 512, and ordering by stream number instead of the stream's value changes
+//! nothing, since every search stays within one stream.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+
+use crate::hash::BuildIdHasher;
+use crate::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, allocation_size, round_size};
+use crate::{LARGE_BUFFER, MIB};
+
+const NONE: u32 = u32::MAX;
+/// First simulated device address; segments are laid out upwards from here.
+const ADDR_BASE: u64 = 1 << 40;
+/// Expandable segments reserve 9/8 of the capacity as address space, but at most 9/8 of this
+/// (when the capacity is unlimited).
+const MAX_VA_CAPACITY: u64 = 1 << 40;
+/// Alignment of simulated `cudaMalloc` results.
+const SEGMENT_ALIGN: u64 = 2 * MIB;
+/// Requests above this fail at once (64 PiB; keeps sizes within the 48-bit key field).
+const MAX_REQUEST: u64 = 1 << 56;
+/// Simulated addresses stay below this (keeps them within the 48-bit key field).
+const ADDR_LIMIT: u64 = 1 << 57;
+
+/// A free-set key: stream number, size and address.
+type Key = u128;
+
+fn key(stream: u32, size: u64, addr: u64) -> Key {
+    (u128::from(stream) << 96) | (u128::from(size >> 9) << 48) | u128::from(addr >> 9)
+}
+
+fn key_stream(k: Key) -> u32 {
+    (k >> 96) as u32
+}
+
+fn key_size(k: Key) -> u64 {
+    (((k >> 48) as u64) & ((1 << 48) - 1)) << 9
+}
+
+/// The first key of `stream` with a size of at least `size`.
+fn lower_key(stream: u32, size: u64) -> Key {
+    key(stream, size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE, 0)
+}
+
+/// One request to the allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// `malloc(size)` on `stream`; `id` names the allocation for its later `Free`.
+    Alloc {
+        /// Caller's name for this allocation (e.g. the recorded address or a counter).
+        id: u64,
+        /// Bytes requested (before rounding).
+        size: u64,
+        /// The stream the allocation belongs to (any value; blocks are reused only on the
+        /// same stream).
+        stream: u64,
+    },
+    /// `free` of the allocation made under `id`.
+    Free {
+        /// The `id` of an earlier `Alloc`.
+        id: u64,
+    },
+    /// `torch.cuda.empty_cache()`: release every fully free segment.
+    EmptyCache,
+}
+
+/// What a request did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    /// Done (a zero-byte allocation is done without touching the cache, as in PyTorch).
+    Ok,
+    /// Skipped: a `Free` of an id that is not live (never allocated, already freed, or its
+    /// allocation failed), or an `Alloc` whose id is already live.
+    Ignored,
+    /// The allocation failed for lack of memory; it is dropped and the run goes on.
+    Oom(OomEvent),
+}
+
+/// A failed allocation: what PyTorch's "CUDA out of memory" error would report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OomEvent {
+    /// Time passed to [`Simulator::apply`].
+    pub t_ns: u64,
+    /// 0-based position of the request in the stream.
+    pub request_index: u64,
+    /// The allocation's id.
+    pub id: u64,
+    /// Bytes requested.
+    pub size: u64,
+    /// Bytes after rounding.
+    pub rounded: u64,
+    /// The segment size it tried to get ("Tried to allocate" in PyTorch's message).
+    pub alloc_size: u64,
+    /// Stream of the request.
+    pub stream: u64,
+    /// Reserved bytes when it failed (after the release-and-retry step).
+    pub reserved: u64,
+    /// Allocated bytes when it failed.
+    pub allocated: u64,
+    /// Capacity left on the device (`capacity − reserved`).
+    pub device_free: u64,
+}
+
+/// The allocator's state when reserved memory reached its peak, measured at the end of the
+/// request that first reached it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AtPeak {
+    /// Time of that request.
+    pub t_ns: u64,
+    /// 0-based position of that request in the stream.
+    pub request_index: u64,
+    /// Reserved bytes.
+    pub reserved: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+    /// Reserved but unallocated bytes (cached free blocks).
+    pub reserved_minus_allocated: u64,
+    /// Free bytes inside segments that also hold live blocks — PyTorch's
+    /// `inactive_split_bytes` (which leaves out expandable segments).
+    pub inactive_split_bytes: u64,
+    /// Largest single cached free block.
+    pub largest_free_block: u64,
+    /// All cached free bytes (equal to `reserved_minus_allocated`).
+    pub total_free: u64,
+    /// `1 − largest_free_block / total_free` (0 when nothing is free): how scattered the
+    /// free memory is.
+    pub external_fragmentation: f64,
+}
+
+/// Counters and peaks of a run (see [`Simulator::stats`]). Byte counts are block sizes after
+/// rounding unless named "requested".
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    /// Requests applied.
+    pub requests: u64,
+    /// `Alloc` requests.
+    pub allocs: u64,
+    /// `Free` requests.
+    pub frees: u64,
+    /// `EmptyCache` requests.
+    pub empty_cache_calls: u64,
+    /// Requests that were [`Outcome::Ignored`].
+    pub ignored: u64,
+    /// Bytes held by the allocator now (segments, or mapped pages of expandable segments).
+    pub reserved: u64,
+    /// Bytes handed out and not yet freed.
+    pub allocated: u64,
+    /// Bytes requested by the live allocations (before rounding).
+    pub requested: u64,
+    /// PyTorch's `inactive_split_bytes` now: free blocks inside segments that hold other
+    /// blocks (expandable segments excluded, as in PyTorch).
+    pub inactive_split_bytes: u64,
+    /// Highest `reserved` ever (PyTorch's `reserved_bytes.all.peak`).
+    pub peak_reserved: u64,
+    /// Highest `allocated` ever.
+    pub peak_allocated: u64,
+    /// Highest `requested` ever.
+    pub peak_requested: u64,
+    /// Time at which `peak_allocated` was reached.
+    pub peak_allocated_t_ns: u64,
+    /// The state when reserved memory first reached its peak.
+    pub at_peak: AtPeak,
+    /// `cudaMalloc` calls, or page-range mappings of expandable segments (`num_device_alloc`).
+    pub num_device_alloc: u64,
+    /// `cudaFree` calls, or page-range unmappings (`num_device_free`).
+    pub num_device_free: u64,
+    /// Times every fully free segment was released to retry an allocation
+    /// (`num_alloc_retries`).
+    pub num_alloc_retries: u64,
+    /// Failed allocations (`num_ooms`).
+    pub num_ooms: u64,
+    /// The first failed allocation, if any.
+    pub first_oom: Option<OomEvent>,
+}
+
+/// One segment of [`Simulator::segments`] (for expandable segments: one mapped range).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Simulated start address.
+    pub address: u64,
+    /// Bytes.
+    pub total_size: u64,
+    /// Allocated bytes in it.
+    pub allocated_size: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Small pool (≤ 1 MiB requests) or large.
+    pub small: bool,
+    /// Part of an expandable segment.
+    pub expandable: bool,
+    /// Its blocks in address order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// One block of a [`SegmentInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Simulated address.
+    pub address: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Handed out (else cached free).
+    pub allocated: bool,
+    /// Bytes requested for it, when allocated.
+    pub requested_size: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    /// Stream number (index into `Simulator::streams`).
+    stream: u32,
+    /// Pool's `gc_calls` when the block was (re)inserted into the free set.
+    gc_base: u64,
+    prev: u32,
+    next: u32,
+    /// Expandable segment index, or NONE for a cudaMalloc segment.
+    seg: u32,
+    small: bool,
+    allocated: bool,
+    mapped: bool,
+    live: bool,
+}
+
+impl Block {
+    fn is_split(&self) -> bool {
+        self.prev != NONE || self.next != NONE
+    }
+    fn key(&self) -> Key {
+        key(self.stream, self.size, self.addr)
+    }
+}
+
+#[derive(Default)]
+struct Pool {
+    /// Free mapped blocks by (stream, size, address).
+    blocks: BTreeMap<Key, u32>,
+    /// Unmapped ranges of expandable segments by (stream, address).
+    unmapped: BTreeMap<(u32, u64), u32>,
+    /// PyTorch's `get_free_blocks_call_count` (counted only while GC is enabled).
+    gc_calls: u64,
+}
+
+struct ExpSeg {
+    base: u64,
+    page: u64,
+}
+
+fn pool_index(small: bool) -> usize {
+    if small { 0 } else { 1 }
+}
+
+/// The caching-allocator model. Feed it requests with [`apply`](Simulator::apply) and read
+/// [`stats`](Simulator::stats).
+pub struct Simulator {
+    cfg: Config,
+    max_split: u64,
+    allowed_max: Option<u64>,
+    gc: bool,
+    slab: Vec<Block>,
+    free_slots: Vec<u32>,
+    pools: [Pool; 2],
+    segs: Vec<ExpSeg>,
+    /// Released expandable segments (small, large), whose address ranges are reused.
+    free_segs: [Vec<u32>; 2],
+    /// Stream values by stream number.
+    streams: Vec<u64>,
+    /// The last stream looked up: (value, number).
+    last_stream: (u64, u32),
+    live: HashMap<u64, u32, BuildIdHasher>,
+    next_addr: u64,
+    scratch: Vec<u32>,
+    scratch2: Vec<u32>,
+    st: Stats,
+    peak_pending: bool,
+    now: u64,
+}
+
+impl Simulator {
+    /// A simulator with an empty cache. Fails when [`Config::validate`] does.
+    pub fn new(config: Config) -> Result<Simulator, String> {
+        config.validate()?;
+        Ok(Simulator {
+            max_split: config.max_split_size.unwrap_or(u64::MAX),
+            allowed_max: config.allowed_maximum(),
+            gc: config.gc_enabled(),
+            cfg: config,
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            pools: [Pool::default(), Pool::default()],
+            segs: Vec::new(),
+            free_segs: [Vec::new(), Vec::new()],
+            streams: Vec::new(),
+            last_stream: (0, NONE),
+            live: HashMap::default(),
+            next_addr: ADDR_BASE,
+            scratch: Vec::new(),
+            scratch2: Vec::new(),
+            st: Stats::default(),
+            peak_pending: false,
+            now: 0,
+        })
+    }
+
+    /// The settings this simulator runs with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Applies one request at time `t_ns` (used only to say when peaks and failures happen).
+    pub fn apply(&mut self, t_ns: u64, req: &Request) -> Outcome {
+        let index = self.st.requests;
+        self.st.requests += 1;
+        self.now = t_ns;
+        let out = match *req {
+            Request::Alloc { id, size, stream } => self.malloc(index, id, size, stream),
+            Request::Free { id } => {
+                self.st.frees += 1;
+                match self.live.remove(&id) {
+                    Some(b) => {
+                        self.free(b);
+                        Outcome::Ok
+                    }
+                    None => {
+                        self.st.ignored += 1;
+                        Outcome::Ignored
+                    }
+                }
+            }
+            Request::EmptyCache => {
+                self.st.empty_cache_calls += 1;
+                self.release_cached_blocks();
+                Outcome::Ok
+            }
+        };
+        if self.peak_pending {
+            self.peak_pending = false;
+            self.snapshot_peak(t_ns, index);
+        }
+        out
+    }
+
+    /// Applies every `(t_ns, request)` in order and returns the statistics.
+    pub fn run<'a, I>(&mut self, requests: I) -> Stats
+    where
+        I: IntoIterator<Item = &'a (u64, Request)>,
+    {
+        for (t, r) in requests {
+            self.apply(*t, r);
+        }
+        self.stats()
+    }
+
+    /// Counters, current values and peaks so far.
+    pub fn stats(&self) -> Stats {
+        self.st.clone()
+    }
+
+    /// Number of live allocations.
+    pub fn live_allocations(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Every segment and its blocks, by address (for expandable segments, one entry per
+    /// mapped range, as in PyTorch's snapshot). Walks all blocks: for reports, not per
+    /// request.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let mut out = Vec::new();
+        for b in &self.slab {
+            if !b.live || !b.mapped {
+                continue;
+            }
+            if b.prev != NONE && self.slab[b.prev as usize].mapped {
+                continue;
+            }
+            let mut seg = SegmentInfo {
+                address: b.addr,
+                total_size: 0,
+                allocated_size: 0,
+                stream: self.streams[b.stream as usize],
+                small: b.small,
+                expandable: b.seg != NONE,
+                blocks: Vec::new(),
+            };
+            let mut cur = Some(*b);
+            while let Some(c) = cur {
+                if !c.mapped {
+                    break;
+                }
+                seg.total_size += c.size;
+                if c.allocated {
+                    seg.allocated_size += c.size;
+                }
+                seg.blocks.push(BlockInfo {
+                    address: c.addr,
+                    size: c.size,
+                    allocated: c.allocated,
+                    requested_size: if c.allocated { c.requested } else { 0 },
+                });
+                cur = (c.next != NONE).then(|| self.slab[c.next as usize]);
+            }
+            out.push(seg);
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    /// Checks the internal invariants (links, adjacency, merged free neighbours, pool
+    /// membership, byte counters). For tests and fuzzing; walks everything.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut reserved = 0u64;
+        let mut allocated = 0u64;
+        let mut inactive = 0u64;
+        let mut in_pools = 0usize;
+        let mut unmapped = 0usize;
+        for (i, b) in self.slab.iter().enumerate() {
+            if !b.live {
+                continue;
+            }
+            let i = i as u32;
+            if b.next != NONE {
+                let n = &self.slab[b.next as usize];
+                if !n.live || n.prev != i || b.addr + b.size != n.addr {
+                    return Err(format!("block {i}: bad next link"));
+                }
+                if !b.allocated && !n.allocated && b.mapped == n.mapped {
+                    return Err(format!("block {i}: unmerged free neighbours"));
+                }
+            }
+            if b.prev != NONE && self.slab[b.prev as usize].next != i {
+                return Err(format!("block {i}: bad prev link"));
+            }
+            let pool = &self.pools[pool_index(b.small)];
+            if b.mapped {
+                reserved += b.size;
+            }
+            if b.allocated {
+                allocated += b.size;
+                if !b.mapped {
+                    return Err(format!("block {i}: allocated but unmapped"));
+                }
+            } else if b.mapped {
+                in_pools += 1;
+                if pool.blocks.get(&b.key()) != Some(&i) {
+                    return Err(format!("block {i}: free but not in its pool"));
+                }
+                if b.seg == NONE && b.is_split() {
+                    inactive += b.size;
+                }
+            } else {
+                unmapped += 1;
+                if pool.unmapped.get(&(b.stream, b.addr)) != Some(&i) {
+                    return Err(format!("block {i}: unmapped but not in its pool"));
+                }
+            }
+        }
+        let pooled: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        let pooled_unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
+        if pooled != in_pools || pooled_unmapped != unmapped {
+            return Err("pool holds blocks that are not free".to_string());
+        }
+        if reserved != self.st.reserved {
+            return Err(format!(
+                "reserved {} != blocks {}",
+                self.st.reserved, reserved
+            ));
+        }
+        if allocated != self.st.allocated {
+            return Err(format!(
+                "allocated {} != blocks {}",
+                self.st.allocated, allocated
+            ));
+        }
+        if inactive != self.st.inactive_split_bytes {
+            return Err(format!(
+                "inactive_split_bytes {} != blocks {}",
+                self.st.inactive_split_bytes, inactive
+            ));
+        }
+        for &b in self.live.values() {
+            if !self.slab[b as usize].allocated {
+                return Err(format!("live id maps to free block {b}"));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- slab ---------------------------------------------------------------------------
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slab[i as usize] = b;
+                i
+            }
+            None => {
+                self.slab.push(b);
+                (self.slab.len() - 1) as u32
+            }
+        }
+    }
+
+    fn drop_block(&mut self, i: u32) {
+        self.slab[i as usize].live = false;
+        self.free_slots.push(i);
+    }
+
+    fn insert_free(&mut self, i: u32) {
+        let b = &mut self.slab[i as usize];
+        let pool = &mut self.pools[pool_index(b.small)];
+        b.gc_base = pool.gc_calls;
+        pool.blocks.insert(b.key(), i);
+    }
+
+    fn remove_free(&mut self, i: u32) {
+        let b = &self.slab[i as usize];
+        self.pools[pool_index(b.small)].blocks.remove(&b.key());
+    }
+
+    fn insert_unmapped(&mut self, i: u32) {
+        let b = &self.slab[i as usize];
+        self.pools[pool_index(b.small)]
+            .unmapped
+            .insert((b.stream, b.addr), i);
+    }
+
+    fn remove_unmapped(&mut self, i: u32) {
+        let b = &self.slab[i as usize];
+        self.pools[pool_index(b.small)]
+            .unmapped
+            .remove(&(b.stream, b.addr));
+    }
+
+    fn reserve_va(&mut self, size: u64, align: u64) -> u64 {
+        let a = self.next_addr.div_ceil(align) * align;
+        self.next_addr = a + size;
+        assert!(
+            self.next_addr <= ADDR_LIMIT,
+            "simulated address space exhausted"
+        );
+        a
+    }
+
+    /// The number of stream value `stream`, numbering new streams as they come.
+    fn stream_index(&mut self, stream: u64) -> u32 {
+        if self.last_stream.1 != NONE && self.last_stream.0 == stream {
+            return self.last_stream.1;
+        }
+        let i = match self.streams.iter().position(|&s| s == stream) {
+            Some(i) => i as u32,
+            None => {
+                self.streams.push(stream);
+                (self.streams.len() - 1) as u32
+            }
+        };
+        self.last_stream = (stream, i);
+        i
+    }
+
+    // ---- statistics -----------------------------------------------------------------------
+
+    fn add_reserved(&mut self, n: u64) {
+        self.st.reserved += n;
+        if self.st.reserved > self.st.peak_reserved {
+            self.st.peak_reserved = self.st.reserved;
+            self.peak_pending = true;
+        }
+    }
+
+    fn snapshot_peak(&mut self, t_ns: u64, index: u64) {
+        let mut largest = 0u64;
+        for pool in &self.pools {
+            // The last block of each stream is that stream's largest.
+            let mut from: Key = 0;
+            while let Some((&k, _)) = pool.blocks.range(from..).next() {
+                let stream = key_stream(k);
+                let upper = if stream == u32::MAX {
+                    Bound::Unbounded
+                } else {
+                    Bound::Excluded(key(stream + 1, 0, 0))
+                };
+                if let Some((&last, _)) = pool
+                    .blocks
+                    .range((Bound::Included(key(stream, 0, 0)), upper))
+                    .next_back()
+                {
+                    largest = largest.max(key_size(last));
+                }
+                match upper {
+                    Bound::Excluded(k) => from = k,
+                    _ => break,
+                }
+            }
+        }
+        let total_free = self.st.reserved - self.st.allocated;
+        self.st.at_peak = AtPeak {
+            t_ns,
+            request_index: index,
+            reserved: self.st.reserved,
+            allocated: self.st.allocated,
+            reserved_minus_allocated: total_free,
+            inactive_split_bytes: self.st.inactive_split_bytes,
+            largest_free_block: largest,
+            total_free,
+            external_fragmentation: if total_free == 0 {
+                0.0
+            } else {
+                1.0 - largest as f64 / total_free as f64
+            },
+        };
+    }
+
+    // ---- malloc ---------------------------------------------------------------------------
+
+    fn malloc(&mut self, index: u64, id: u64, orig: u64, stream: u64) -> Outcome {
+        self.st.allocs += 1;
+        if orig == 0 {
+            return Outcome::Ok;
+        }
+        if self.live.contains_key(&id) {
+            self.st.ignored += 1;
+            return Outcome::Ignored;
+        }
+        let too_big = orig > MAX_REQUEST;
+        let size = if too_big {
+            orig
+        } else {
+            round_size(orig, &self.cfg)
+        };
+        let small = size <= SMALL_SIZE;
+        let alloc_size = if too_big { orig } else { allocation_size(size) };
+        let sidx = self.stream_index(stream);
+
+        let mut found = None;
+        if !too_big {
+            found = self.get_free_block(small, sidx, size);
+            if found.is_none() {
+                if self.gc {
+                    self.garbage_collect();
+                }
+                found = self.alloc_block(small, sidx, size, alloc_size, false);
+                if found.is_none() && self.release_available_cached_blocks(small, sidx, size) {
+                    found = self.alloc_block(small, sidx, size, alloc_size, false);
+                }
+                if found.is_none() {
+                    self.release_cached_blocks();
+                    found = self.alloc_block(small, sidx, size, alloc_size, true);
+                }
+            }
+        }
+        let Some(block) = found else {
+            let ev = OomEvent {
+                t_ns: self.now,
+                request_index: index,
+                id,
+                size: orig,
+                rounded: size,
+                alloc_size,
+                stream,
+                reserved: self.st.reserved,
+                allocated: self.st.allocated,
+                device_free: self.cfg.capacity.saturating_sub(self.st.reserved),
+            };
+            self.st.num_ooms += 1;
+            if self.st.first_oom.is_none() {
+                self.st.first_oom = Some(ev);
+            }
+            return Outcome::Oom(ev);
+        };
+        let b = self.alloc_found_block(block, size, orig, sidx);
+        self.live.insert(id, b);
+        Outcome::Ok
+    }
+
+    /// Best fit in the pool on the same stream, honouring the max_split_size rules.
+    fn get_free_block(&mut self, small: bool, stream: u32, size: u64) -> Option<u32> {
+        let p = pool_index(small);
+        if self.gc {
+            self.pools[p].gc_calls += 1;
+        }
+        let slab = &self.slab;
+        let exp_size = |i: u32| {
+            let b = &slab[i as usize];
+            let n = b.next;
+            b.size
+                + if n != NONE && !slab[n as usize].mapped {
+                    slab[n as usize].size
+                } else {
+                    0
+                }
+        };
+        let mut it = self.pools[p].blocks.range(lower_key(stream, size)..);
+        let (&k, &first) = it.next()?;
+        if key_stream(k) != stream {
+            return None;
+        }
+        let mut cur = first;
+        if slab[cur as usize].seg != NONE {
+            // For a block at the mapped end of an expandable segment, best fit counts the
+            // size it could grow to; prefer a later block that can grow less.
+            for (&k2, &n) in it {
+                if slab[cur as usize].seg == NONE
+                    || key_stream(k2) != stream
+                    || exp_size(n) >= exp_size(cur)
+                {
+                    break;
+                }
+                cur = n;
+            }
+        }
+        let bsize = slab[cur as usize].size;
+        if size < self.max_split && bsize >= self.max_split {
+            return None;
+        }
+        if size >= self.max_split && bsize >= size.saturating_add(self.cfg.max_non_split_rounding) {
+            return None;
+        }
+        self.remove_free(cur);
+        Some(cur)
+    }
+
+    fn should_split(&self, b: u32, size: u64) -> bool {
+        let b = &self.slab[b as usize];
+        let remaining = b.size - size;
+        if b.small || self.cfg.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.max_split && remaining > SMALL_SIZE
+        }
+    }
+
+    /// Hands out `b` (already out of the free set), splitting off the remainder if the rules
+    /// allow. Returns the allocated block.
+    fn alloc_found_block(&mut self, b: u32, size: u64, orig: u64, stream: u32) -> u32 {
+        let split = self.should_split(b, size);
+        let blk = self.slab[b as usize];
+        let already_split = blk.is_split();
+        let expandable = blk.seg != NONE;
+        let out = if split {
+            let front = self.new_block(Block {
+                addr: blk.addr,
+                size,
+                requested: 0,
+                stream,
+                gc_base: 0,
+                prev: blk.prev,
+                next: b,
+                seg: blk.seg,
+                small: blk.small,
+                allocated: false,
+                mapped: true,
+                live: true,
+            });
+            if blk.prev != NONE {
+                self.slab[blk.prev as usize].next = front;
+            }
+            let rem = &mut self.slab[b as usize];
+            rem.prev = front;
+            rem.addr += size;
+            rem.size -= size;
+            let rem_size = rem.size;
+            self.insert_free(b);
+            if !expandable {
+                if already_split {
+                    self.st.inactive_split_bytes -= size;
+                } else {
+                    self.st.inactive_split_bytes += rem_size;
+                }
+            }
+            front
+        } else {
+            if already_split && !expandable {
+                self.st.inactive_split_bytes -= blk.size;
+            }
+            b
+        };
+        let o = &mut self.slab[out as usize];
+        o.allocated = true;
+        o.requested = orig;
+        let bsize = o.size;
+        self.st.allocated += bsize;
+        self.st.requested += orig;
+        if self.st.allocated > self.st.peak_allocated {
+            self.st.peak_allocated = self.st.allocated;
+            self.st.peak_allocated_t_ns = self.now;
+        }
+        self.st.peak_requested = self.st.peak_requested.max(self.st.requested);
+        out
+    }
+
+    /// A new segment (`cudaMalloc`) or, with expandable segments, newly mapped pages.
+    fn alloc_block(
+        &mut self,
+        small: bool,
+        stream: u32,
+        size: u64,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Option<u32> {
+        if is_retry {
+            self.st.num_alloc_retries += 1;
+        }
+        if let Some(limit) = self.allowed_max
+            && self.st.reserved.saturating_add(alloc_size) > limit
+        {
+            return None;
+        }
+        if self.cfg.expandable_segments {
+            return self.try_allocate_expandable_block(small, stream, size);
+        }
+        if self.st.reserved.saturating_add(alloc_size) > self.cfg.capacity {
+            return None;
+        }
+        let addr = self.reserve_va(alloc_size, SEGMENT_ALIGN);
+        let b = self.new_block(Block {
+            addr,
+            size: alloc_size,
+            requested: 0,
+            stream,
+            gc_base: 0,
+            prev: NONE,
+            next: NONE,
+            seg: NONE,
+            small,
+            allocated: false,
+            mapped: true,
+            live: true,
+        });
+        self.add_reserved(alloc_size);
+        self.st.num_device_alloc += 1;
+        Some(b)
+    }
+
+    // ---- free -----------------------------------------------------------------------------
+
+    fn free(&mut self, b: u32) {
+        let blk = &mut self.slab[b as usize];
+        blk.allocated = false;
+        let (size, requested) = (blk.size, blk.requested);
+        self.st.allocated -= size;
+        self.st.requested -= requested;
+        self.free_block(b);
+    }
+
+    /// Returns `b` to its pool, merged with its free neighbours.
+    fn free_block(&mut self, b: u32) {
+        let mut net: i64 = 0;
+        let (prev, next) = {
+            let blk = &self.slab[b as usize];
+            (blk.prev, blk.next)
+        };
+        for cand in [prev, next] {
+            let subsumed = self.try_merge(b, cand);
+            if subsumed > 0 {
+                net -= subsumed as i64;
+            }
+        }
+        self.insert_free(b);
+        let blk = &self.slab[b as usize];
+        if blk.is_split() {
+            net += blk.size as i64;
+        }
+        if blk.seg == NONE {
+            self.st.inactive_split_bytes = (self.st.inactive_split_bytes as i64 + net) as u64;
+        }
+    }
+
+    /// Merges free neighbour `src` into `dst` when both are free and equally mapped.
+    /// Returns the bytes taken over (0 when not merged).
+    fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NONE {
+            return 0;
+        }
+        let s = self.slab[src as usize];
+        if s.allocated || s.mapped != self.slab[dst as usize].mapped {
+            return 0;
+        }
+        if s.mapped {
+            self.remove_free(src);
+        } else {
+            self.remove_unmapped(src);
+        }
+        if self.slab[dst as usize].prev == src {
+            let d = &mut self.slab[dst as usize];
+            d.addr = s.addr;
+            d.prev = s.prev;
+            if s.prev != NONE {
+                self.slab[s.prev as usize].next = dst;
+            }
+        } else {
+            let d = &mut self.slab[dst as usize];
+            d.next = s.next;
+            if s.next != NONE {
+                self.slab[s.next as usize].prev = dst;
+            }
+        }
+        self.slab[dst as usize].size += s.size;
+        self.drop_block(src);
+        s.size
+    }
+
+    // ---- releasing memory -----------------------------------------------------------------
+
+    /// `cudaFree` of a whole free segment.
+    fn release_block(&mut self, b: u32) {
+        debug_assert!(!self.slab[b as usize].is_split() && self.slab[b as usize].seg == NONE);
+        self.remove_free(b);
+        self.st.reserved -= self.slab[b as usize].size;
+        self.st.num_device_free += 1;
+        self.drop_block(b);
+    }
+
+    /// With max_split_size set: frees one cached oversize block big enough for the request,
+    /// or else oversize blocks from the largest down until enough is freed. Returns whether
+    /// enough was freed. (Skipped with expandable segments, whose blocks PyTorch cannot
+    /// release this way.)
+    fn release_available_cached_blocks(&mut self, small: bool, stream: u32, size: u64) -> bool {
+        if self.max_split == u64::MAX || self.cfg.expandable_segments {
+            return false;
+        }
+        let want = size.max(self.max_split);
+        let pool = &self.pools[pool_index(small)];
+        if let Some((&k, &b)) = pool.blocks.range(lower_key(stream, want)..).next()
+            && key_stream(k) == stream
+        {
+            self.release_block(b);
+            return true;
+        }
+        let mut list = std::mem::take(&mut self.scratch);
+        list.clear();
+        let mut total = 0u64;
+        for (&k, &b) in pool.blocks.range(..lower_key(stream, want)).rev() {
+            let bsize = key_size(k);
+            if total >= want || bsize < self.max_split || key_stream(k) != stream {
+                break;
+            }
+            total += bsize;
+            list.push(b);
+        }
+        for &b in &list {
+            self.release_block(b);
+        }
+        self.scratch = list;
+        total >= want
+    }
+
+    /// Releases every fully free segment (and unmaps the free pages of expandable ones):
+    /// `empty_cache()` and the last step before an OOM.
+    fn release_cached_blocks(&mut self) {
+        self.release_blocks(false);
+        self.release_blocks(true);
+    }
+
+    fn release_blocks(&mut self, small: bool) {
+        let mut whole = std::mem::take(&mut self.scratch);
+        let mut to_unmap = std::mem::take(&mut self.scratch2);
+        whole.clear();
+        to_unmap.clear();
+        for &b in self.pools[pool_index(small)].blocks.values() {
+            let blk = &self.slab[b as usize];
+            if blk.seg != NONE {
+                to_unmap.push(b);
+            } else if !blk.is_split() {
+                whole.push(b);
+            }
+        }
+        for &b in &whole {
+            self.release_block(b);
+        }
+        for &b in &to_unmap {
+            self.unmap_block(b);
+            let blk = self.slab[b as usize];
+            if !blk.is_split() && !blk.mapped {
+                // The whole address range is unmapped: give the segment back.
+                self.remove_unmapped(b);
+                self.drop_block(b);
+                self.free_segs[pool_index(small)].push(blk.seg);
+            }
+        }
+        self.scratch = whole;
+        self.scratch2 = to_unmap;
+    }
+
+    /// Garbage collection (memory fraction and threshold set): when reserved memory is above
+    /// `threshold × allowed`, frees whole cached large-pool segments that have gone unused
+    /// for at least the average number of pool lookups, repeating until enough is freed.
+    fn garbage_collect(&mut self) {
+        let Some(limit) = self.allowed_max else {
+            return;
+        };
+        let threshold = self.cfg.garbage_collection_threshold.unwrap_or(0.0);
+        let gc_threshold = (threshold * limit as f64) as u64;
+        if self.st.reserved <= gc_threshold {
+            return;
+        }
+        let target = self.st.reserved - gc_threshold;
+        let calls = self.pools[1].gc_calls;
+        let age = |b: &Block| calls - b.gc_base;
+        let freeable = |b: &Block| !b.is_split() && b.seg == NONE;
+
+        let mut total_age = 0.0f64;
+        let mut count = 0usize;
+        for &b in self.pools[1].blocks.values() {
+            let blk = &self.slab[b as usize];
+            if freeable(blk) {
+                total_age += age(blk) as f64;
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        let mut reclaimed = 0u64;
+        let mut freed = true;
+        let mut list = std::mem::take(&mut self.scratch);
+        while reclaimed < target && freed && count > 0 {
+            let age_threshold = total_age / count as f64;
+            freed = false;
+            list.clear();
+            for &b in self.pools[1].blocks.values() {
+                let blk = &self.slab[b as usize];
+                if freeable(blk) && age(blk) as f64 >= age_threshold {
+                    list.push(b);
+                }
+            }
+            for &b in &list {
+                let blk = self.slab[b as usize];
+                freed = true;
+                reclaimed += blk.size;
+                total_age -= age(&blk) as f64;
+                count -= 1;
+                self.release_block(b);
+            }
+        }
+        self.scratch = list;
+    }
+
+    // ---- expandable segments --------------------------------------------------------------
+
+    /// The lowest-address place in an existing segment of this stream and pool with `size`
+    /// bytes of free and unmapped space in a row, or a new segment's unmapped range.
+    fn find_expandable_block(&mut self, small: bool, stream: u32, size: u64) -> u32 {
+        let slab = &self.slab;
+        let allocatable = |b: u32| b != NONE && !slab[b as usize].allocated;
+        let p = pool_index(small);
+        for (&(s, _), &u) in self.pools[p].unmapped.range((stream, 0)..) {
+            if s != stream {
+                break;
+            }
+            let mut c = u;
+            let prev = slab[c as usize].prev;
+            if allocatable(prev) {
+                c = prev;
+            }
+            let mut bytes = 0u64;
+            let mut b = c;
+            while bytes < size && allocatable(b) {
+                bytes += slab[b as usize].size;
+                b = slab[b as usize].next;
+            }
+            if bytes >= size {
+                return c;
+            }
+        }
+        let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+        let cap = self.cfg.capacity.min(MAX_VA_CAPACITY);
+        let va = (cap + cap / 8).div_ceil(page).max(1) * page;
+        let seg = match self.free_segs[p].pop() {
+            Some(seg) => seg,
+            None => {
+                let base = self.reserve_va(va, page);
+                self.segs.push(ExpSeg { base, page });
+                (self.segs.len() - 1) as u32
+            }
+        };
+        let base = self.segs[seg as usize].base;
+        let b = self.new_block(Block {
+            addr: base,
+            size: va,
+            requested: 0,
+            stream,
+            gc_base: 0,
+            prev: NONE,
+            next: NONE,
+            seg,
+            small,
+            allocated: false,
+            mapped: false,
+            live: true,
+        });
+        self.insert_unmapped(b);
+        b
+    }
+
+    /// Maps whole pages covering the first `size` bytes of unmapped block `b`; the mapped
+    /// part merges with free neighbours and joins the free set. False when the pages do not
+    /// fit in the capacity (nothing is mapped then).
+    fn map_block(&mut self, b: u32, size: u64) -> bool {
+        let blk = self.slab[b as usize];
+        debug_assert!(!blk.mapped && size <= blk.size);
+        let seg = &self.segs[blk.seg as usize];
+        let page = seg.page;
+        let rel = blk.addr - seg.base;
+        debug_assert_eq!(rel % page, 0);
+        let mapped = (rel + size).div_ceil(page) * page - rel;
+        if mapped == 0 || self.st.reserved.saturating_add(mapped) > self.cfg.capacity {
+            return false;
+        }
+        self.remove_unmapped(b);
+        self.slab[b as usize].mapped = true;
+        if mapped < blk.size {
+            let rest = self.new_block(Block {
+                addr: blk.addr + mapped,
+                size: blk.size - mapped,
+                requested: 0,
+                stream: blk.stream,
+                gc_base: 0,
+                prev: b,
+                next: blk.next,
+                seg: blk.seg,
+                small: blk.small,
+                allocated: false,
+                mapped: false,
+                live: true,
+            });
+            if blk.next != NONE {
+                self.slab[blk.next as usize].prev = rest;
+            }
+            let m = &mut self.slab[b as usize];
+            m.next = rest;
+            m.size = mapped;
+            self.insert_unmapped(rest);
+        }
+        let (prev, next) = (self.slab[b as usize].prev, self.slab[b as usize].next);
+        self.try_merge(b, prev);
+        self.try_merge(b, next);
+        self.insert_free(b);
+        self.add_reserved(mapped);
+        self.st.num_device_alloc += 1;
+        true
+    }
+
+    fn try_allocate_expandable_block(
+        &mut self,
+        small: bool,
+        stream: u32,
+        size: u64,
+    ) -> Option<u32> {
+        let mut c = self.find_expandable_block(small, stream, size);
+        if !self.slab[c as usize].mapped {
+            let want = self.slab[c as usize].size.min(size);
+            if !self.map_block(c, want) {
+                return None;
+            }
+        }
+        while self.slab[c as usize].size < size {
+            let remaining = size - self.slab[c as usize].size;
+            let n = self.slab[c as usize].next;
+            if n == NONE || self.slab[n as usize].mapped {
+                return None;
+            }
+            let want = remaining.min(self.slab[n as usize].size);
+            if !self.map_block(n, want) {
+                return None;
+            }
+            c = n;
+        }
+        self.remove_free(c);
+        Some(c)
+    }
+
+    /// Unmaps the whole pages inside free expandable block `b`; partial pages at either end
+    /// stay mapped as free blocks of their own.
+    fn unmap_block(&mut self, b: u32) {
+        let blk = self.slab[b as usize];
+        let seg = &self.segs[blk.seg as usize];
+        let (base, page) = (seg.base, seg.page);
+        let begin = (blk.addr - base).div_ceil(page);
+        let end = (blk.addr + blk.size - base) / page;
+        if begin >= end {
+            return;
+        }
+        self.remove_free(b);
+        let un_addr = base + begin * page;
+        let un_size = (end - begin) * page;
+        let before = un_addr - blk.addr;
+        if before > 0 {
+            let f = self.new_block(Block {
+                addr: blk.addr,
+                size: before,
+                requested: 0,
+                stream: blk.stream,
+                gc_base: 0,
+                prev: blk.prev,
+                next: b,
+                seg: blk.seg,
+                small: blk.small,
+                allocated: false,
+                mapped: true,
+                live: true,
+            });
+            if blk.prev != NONE {
+                self.slab[blk.prev as usize].next = f;
+            }
+            self.slab[b as usize].prev = f;
+            self.insert_free(f);
+        }
+        let after = blk.size - before - un_size;
+        if after > 0 {
+            let f = self.new_block(Block {
+                addr: un_addr + un_size,
+                size: after,
+                requested: 0,
+                stream: blk.stream,
+                gc_base: 0,
+                prev: b,
+                next: blk.next,
+                seg: blk.seg,
+                small: blk.small,
+                allocated: false,
+                mapped: true,
+                live: true,
+            });
+            if blk.next != NONE {
+                self.slab[blk.next as usize].prev = f;
+            }
+            self.slab[b as usize].next = f;
+            self.insert_free(f);
+        }
+        {
+            let m = &mut self.slab[b as usize];
+            m.addr = un_addr;
+            m.size = un_size;
+            m.mapped = false;
+        }
+        let (prev, next) = (self.slab[b as usize].prev, self.slab[b as usize].next);
+        self.try_merge(b, prev);
+        self.try_merge(b, next);
+        self.insert_unmapped(b);
+        self.st.reserved -= un_size;
+        self.st.num_device_free += 1;
+    }
+}

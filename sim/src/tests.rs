@@ -1,0 +1,721 @@
+//! Rules of PyTorch's caching allocator, each with its numbers worked out by hand.
+
+use crate::*;
+
+fn sim(conf: &str) -> Simulator {
+    Simulator::new(Config::parse(conf).unwrap()).unwrap()
+}
+
+fn sim_cap(conf: &str, capacity: u64) -> Simulator {
+    let mut c = Config::parse(conf).unwrap();
+    c.capacity = capacity;
+    Simulator::new(c).unwrap()
+}
+
+fn alloc(s: &mut Simulator, id: u64, size: u64, stream: u64) -> Outcome {
+    let out = s.apply(id, &Request::Alloc { id, size, stream });
+    s.validate().unwrap();
+    out
+}
+
+fn free(s: &mut Simulator, id: u64) -> Outcome {
+    let out = s.apply(id, &Request::Free { id });
+    s.validate().unwrap();
+    out
+}
+
+fn empty_cache(s: &mut Simulator) {
+    s.apply(0, &Request::EmptyCache);
+    s.validate().unwrap();
+}
+
+/// (size, allocated) of each block of each segment, in address order.
+fn layout(s: &Simulator) -> Vec<Vec<(u64, bool)>> {
+    s.segments()
+        .iter()
+        .map(|g| g.blocks.iter().map(|b| (b.size, b.allocated)).collect())
+        .collect()
+}
+
+// ---- rounding --------------------------------------------------------------------------------
+
+#[test]
+fn round_size_plain() {
+    let c = Config::default();
+    // Below 512 everything is 512; otherwise the next multiple of 512.
+    assert_eq!(round_size(1, &c), 512);
+    assert_eq!(round_size(512, &c), 512);
+    assert_eq!(round_size(513, &c), 1024);
+    // 1 MiB + 1 → 1 MiB + 512, which is above kSmallSize and so goes to the large pool.
+    assert_eq!(round_size(MIB + 1, &c), MIB + 512);
+}
+
+#[test]
+fn round_size_power2_divisions() {
+    let c = Config::parse("roundup_power2_divisions:4").unwrap();
+    // 1200 B: 4 divisions apply only above 512·4 = 2048 B, so plain rounding: 3·512 = 1536.
+    assert_eq!(round_size(1200, &c), 1536);
+    // 5 MiB + 1: between 4 MiB and 8 MiB, steps of 4/4 = 1 MiB → 6 MiB.
+    assert_eq!(round_size(5 * MIB + 1, &c), 6 * MIB);
+    // A power of two stays itself.
+    assert_eq!(round_size(8 * MIB, &c), 8 * MIB);
+    // 1100 MiB: between 1 GiB and 2 GiB, steps of 256 MiB → 1280 MiB.
+    assert_eq!(round_size(1100 * MIB, &c), 1280 * MIB);
+
+    // Per interval: 256:1 also covers everything below 256 MiB (first entry fills down),
+    // 512:2 is [512 MiB, 1 GiB), >:4 is 1 GiB and up.
+    let c = Config::parse("roundup_power2_divisions:[256:1,512:2,>:4]").unwrap();
+    assert_eq!(
+        c.roundup_power2_divisions,
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4]
+    );
+    // 3 MiB + 1 with 1 division: plain rounding to 3 MiB + 512.
+    assert_eq!(round_size(3 * MIB + 1, &c), 3 * MIB + 512);
+    // 700 MiB with 2 divisions: steps of 256 MiB above 512 MiB → 768 MiB.
+    assert_eq!(round_size(700 * MIB, &c), 768 * MIB);
+    // 1100 MiB with 4 divisions → 1280 MiB.
+    assert_eq!(round_size(1100 * MIB, &c), 1280 * MIB);
+}
+
+#[test]
+fn allocation_sizes() {
+    // ≤ 1 MiB → 2 MiB; < 10 MiB → 20 MiB; else round up to 2 MiB.
+    assert_eq!(allocation_size(512), 2 * MIB);
+    assert_eq!(allocation_size(MIB), 2 * MIB);
+    assert_eq!(allocation_size(MIB + 512), 20 * MIB);
+    assert_eq!(allocation_size(10 * MIB - 512), 20 * MIB);
+    assert_eq!(allocation_size(10 * MIB), 10 * MIB);
+    assert_eq!(allocation_size(11 * MIB), 12 * MIB);
+}
+
+// ---- the six rules of the issue --------------------------------------------------------------
+
+#[test]
+fn three_mib_takes_a_20_mib_segment_and_leaves_a_17_mib_split() {
+    let mut s = sim("");
+    alloc(&mut s, 1, 3 * MIB, 0);
+    // 3 MiB is between 1 and 10 MiB → a 20 MiB segment; the 17 MiB remainder is > 1 MiB, so
+    // it is split off and stays cached.
+    assert_eq!(layout(&s), vec![vec![(3 * MIB, true), (17 * MIB, false)]]);
+    let st = s.stats();
+    assert_eq!(st.reserved, 20 * MIB);
+    assert_eq!(st.allocated, 3 * MIB);
+    assert_eq!(st.inactive_split_bytes, 17 * MIB);
+    assert_eq!(st.num_device_alloc, 1);
+    // A second 3 MiB request is served from the 17 MiB block: no new segment, 14 MiB left.
+    alloc(&mut s, 2, 3 * MIB, 0);
+    assert_eq!(
+        layout(&s),
+        vec![vec![(3 * MIB, true), (3 * MIB, true), (14 * MIB, false)]]
+    );
+    assert_eq!(s.stats().num_device_alloc, 1);
+    assert_eq!(s.stats().inactive_split_bytes, 14 * MIB);
+    // Freeing both merges everything back into one unsplit 20 MiB block.
+    free(&mut s, 1);
+    free(&mut s, 2);
+    assert_eq!(layout(&s), vec![vec![(20 * MIB, false)]]);
+    assert_eq!(s.stats().inactive_split_bytes, 0);
+}
+
+#[test]
+fn eleven_mib_takes_a_12_mib_segment_whole() {
+    let mut s = sim("");
+    alloc(&mut s, 1, 11 * MIB, 0);
+    // ≥ 10 MiB → segment of 11 MiB rounded up to 2 MiB = 12 MiB. The 1 MiB remainder is not
+    // > 1 MiB, so the block is handed out whole: allocated counts all 12 MiB.
+    assert_eq!(layout(&s), vec![vec![(12 * MIB, true)]]);
+    let st = s.stats();
+    assert_eq!(
+        (st.reserved, st.allocated, st.requested),
+        (12 * MIB, 12 * MIB, 11 * MIB)
+    );
+    assert_eq!(st.inactive_split_bytes, 0);
+}
+
+#[test]
+fn a_block_freed_on_one_stream_is_not_reused_on_another() {
+    let mut s = sim("");
+    alloc(&mut s, 1, 4 * MIB, 1);
+    free(&mut s, 1);
+    // The 20 MiB segment of stream 1 is fully free, but stream 2 cannot use it.
+    alloc(&mut s, 2, 4 * MIB, 2);
+    let st = s.stats();
+    assert_eq!(st.reserved, 40 * MIB);
+    assert_eq!(st.num_device_alloc, 2);
+    // Stream 1 gets its cached block back without a new segment.
+    alloc(&mut s, 3, 4 * MIB, 1);
+    assert_eq!(s.stats().num_device_alloc, 2);
+    assert_eq!(s.stats().reserved, 40 * MIB);
+}
+
+#[test]
+fn retry_releases_only_fully_free_segments() {
+    let mut s = sim_cap("", 60 * MIB);
+    alloc(&mut s, 1, 12 * MIB, 0); // segment 12 MiB, whole
+    alloc(&mut s, 2, 12 * MIB, 0); // segment 12 MiB, whole
+    alloc(&mut s, 3, 3 * MIB, 0); // segment 20 MiB: [3][17 free]
+    alloc(&mut s, 4, 3 * MIB, 0); // same segment: [3][3][14 free]
+    assert_eq!(s.stats().reserved, 44 * MIB);
+    free(&mut s, 1); // segment 1 fully free
+    free(&mut s, 3); // 20 MiB segment: [3 free][3 live][14 free] — partly used
+    // 24 MiB: no cached block ≥ 24 MiB; 44 + 24 = 68 > 60 → cudaMalloc fails. Release every
+    // fully free segment (only the 12 MiB one: 44 − 12 = 32) and retry: 32 + 24 = 56 ≤ 60.
+    assert_eq!(alloc(&mut s, 5, 24 * MIB, 0), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!(st.num_alloc_retries, 1);
+    assert_eq!(st.num_device_free, 1);
+    assert_eq!(st.reserved, 56 * MIB);
+    // The 3 + 14 MiB free inside the partly used segment stayed.
+    assert_eq!(st.inactive_split_bytes, 17 * MIB);
+    assert_eq!(
+        layout(&s),
+        vec![
+            vec![(12 * MIB, true)],
+            vec![(3 * MIB, false), (3 * MIB, true), (14 * MIB, false)],
+            vec![(24 * MIB, true)],
+        ]
+    );
+}
+
+#[test]
+fn max_split_size_stops_oversize_splits() {
+    // Without max_split_size a cached 64 MiB block is split for a 30 MiB request.
+    let mut s = sim("");
+    alloc(&mut s, 1, 64 * MIB, 0);
+    free(&mut s, 1);
+    alloc(&mut s, 2, 30 * MIB, 0);
+    assert_eq!(layout(&s), vec![vec![(30 * MIB, true), (34 * MIB, false)]]);
+    assert_eq!(s.stats().reserved, 64 * MIB);
+
+    // With max_split_size_mb:40, the 64 MiB block is oversize: a 30 MiB (< 40) request may
+    // not take it, so it gets its own 30 MiB segment.
+    let mut s = sim("max_split_size_mb:40");
+    alloc(&mut s, 1, 64 * MIB, 0);
+    free(&mut s, 1);
+    alloc(&mut s, 2, 30 * MIB, 0);
+    assert_eq!(s.stats().reserved, 94 * MIB);
+    assert_eq!(s.stats().num_device_alloc, 2);
+    // A 50 MiB (≥ 40) request may take it, because 64 < 50 + 20 (max_non_split_rounding), and
+    // takes it whole (no split at or above max_split_size): allocated 30 + 64.
+    alloc(&mut s, 3, 50 * MIB, 0);
+    assert_eq!(s.stats().allocated, 94 * MIB);
+    assert_eq!(s.stats().num_device_alloc, 2);
+    free(&mut s, 3);
+    // 42 MiB: 64 ≥ 42 + 20 = 62, too much rounding → a new 42 MiB segment.
+    alloc(&mut s, 4, 42 * MIB, 0);
+    assert_eq!(s.stats().reserved, 136 * MIB);
+    assert_eq!(s.stats().num_device_alloc, 3);
+
+    // max_non_split_rounding_mb:30 widens the window: 64 < 42 + 30, so it is reused.
+    let mut s = sim("max_split_size_mb:40,max_non_split_rounding_mb:30");
+    alloc(&mut s, 1, 64 * MIB, 0);
+    free(&mut s, 1);
+    alloc(&mut s, 4, 42 * MIB, 0);
+    assert_eq!(s.stats().reserved, 64 * MIB);
+    assert_eq!(s.stats().allocated, 64 * MIB);
+}
+
+#[test]
+fn max_split_size_frees_oversize_blocks_before_the_retry() {
+    // Capacity 80 MiB, cached oversize 64 MiB block. A 30 MiB request may not use it and
+    // 64 + 30 = 94 > 80, so the allocator frees the smallest cached block ≥ max(30, 40) MiB
+    // (the 64 MiB one) and tries again: 0 + 30 ≤ 80. That step is not a counted retry.
+    let mut s = sim_cap("max_split_size_mb:40", 80 * MIB);
+    alloc(&mut s, 1, 64 * MIB, 0);
+    free(&mut s, 1);
+    assert_eq!(alloc(&mut s, 2, 30 * MIB, 0), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!(st.reserved, 30 * MIB);
+    assert_eq!(st.num_device_free, 1);
+    assert_eq!(st.num_alloc_retries, 0);
+}
+
+#[test]
+fn expandable_segments_grow_in_20_mib_steps_and_shrink_on_release() {
+    let mut s = sim("expandable_segments:True");
+    // 3 MiB: a new expandable segment for (stream 0, large pool); one 20 MiB page is mapped
+    // and split: [3 live][17 free].
+    alloc(&mut s, 1, 3 * MIB, 0);
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (20 * MIB, 1)
+    );
+    assert_eq!(layout(&s), vec![vec![(3 * MIB, true), (17 * MIB, false)]]);
+    // 25 MiB: the free 17 MiB at the end plus 8 MiB more → one more 20 MiB page (37 MiB
+    // free), split: [3][25][12 free].
+    alloc(&mut s, 2, 25 * MIB, 0);
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (40 * MIB, 2)
+    );
+    // 30 MiB: 12 free + 18 more → one page: [3][25][30][2 free], 60 MiB mapped.
+    alloc(&mut s, 3, 30 * MIB, 0);
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (60 * MIB, 3)
+    );
+    assert_eq!(
+        layout(&s),
+        vec![vec![
+            (3 * MIB, true),
+            (25 * MIB, true),
+            (30 * MIB, true),
+            (2 * MIB, false)
+        ]]
+    );
+    // Free the last two: [3 live][57 free]. Releasing unmaps the whole pages inside the free
+    // block, [20, 60) MiB = 2 pages, in one unmap; [3, 20) stays mapped (its page holds the
+    // live block).
+    free(&mut s, 3);
+    free(&mut s, 2);
+    empty_cache(&mut s);
+    let st = s.stats();
+    assert_eq!((st.reserved, st.num_device_free), (20 * MIB, 1));
+    assert_eq!(layout(&s), vec![vec![(3 * MIB, true), (17 * MIB, false)]]);
+    // Growing again maps 40 MiB at once for a 40 MiB request (17 free + 23 → 2 pages).
+    alloc(&mut s, 4, 40 * MIB, 0);
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (60 * MIB, 4)
+    );
+    // Freeing everything and releasing unmaps it all and gives the segment back.
+    free(&mut s, 1);
+    free(&mut s, 4);
+    empty_cache(&mut s);
+    assert_eq!(s.stats().reserved, 0);
+    assert!(s.segments().is_empty());
+}
+
+#[test]
+fn expandable_best_fit_counts_the_room_to_grow() {
+    let mut s = sim("expandable_segments:True");
+    alloc(&mut s, 1, 8 * MIB, 0); // [A 8][12 free] in the first 20 MiB page
+    alloc(&mut s, 2, 9 * MIB, 0); // [A 8][B 9][3 free]
+    free(&mut s, 1); // [8 free][B 9][3 free]
+    // 2 MiB: the smallest fit is the 3 MiB tail, but it borders unmapped space and so counts
+    // as "3 MiB + the rest of the address space"; the 8 MiB hole counts as 8 MiB and wins.
+    alloc(&mut s, 3, 2 * MIB, 0);
+    assert_eq!(
+        layout(&s),
+        vec![vec![
+            (2 * MIB, true),
+            (6 * MIB, false),
+            (9 * MIB, true),
+            (3 * MIB, false)
+        ]]
+    );
+    assert_eq!(s.stats().reserved, 20 * MIB);
+}
+
+#[test]
+fn expandable_small_pool_grows_in_2_mib_pages() {
+    let mut s = sim("expandable_segments:True");
+    alloc(&mut s, 1, 1000, 0); // rounds to 1024, small pool → one 2 MiB page
+    assert_eq!(s.stats().reserved, 2 * MIB);
+    alloc(&mut s, 2, MIB, 0); // fits in the rest of the page (2 MiB − 1 KiB)
+    assert_eq!(s.stats().reserved, 2 * MIB);
+    alloc(&mut s, 3, MIB, 0); // 1 MiB − 1 KiB left → one more page
+    assert_eq!(s.stats().reserved, 4 * MIB);
+    assert_eq!(s.stats().peak_allocated, 2 * MIB + 1024);
+}
+
+// ---- more rules --------------------------------------------------------------------------------
+
+#[test]
+fn small_requests_pack_into_2_mib_segments() {
+    let mut s = sim("");
+    // 2 MiB / 512 B = 4096 blocks fill one small segment exactly (a remainder of 512 B is
+    // still split off in the small pool; the last block takes the final 512 B whole).
+    for id in 0..4096 {
+        s.apply(
+            id,
+            &Request::Alloc {
+                id,
+                size: 100,
+                stream: 0,
+            },
+        );
+    }
+    s.validate().unwrap();
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (2 * MIB, 1)
+    );
+    assert_eq!(s.stats().inactive_split_bytes, 0);
+    alloc(&mut s, 4096, 100, 0);
+    assert_eq!(
+        (s.stats().reserved, s.stats().num_device_alloc),
+        (4 * MIB, 2)
+    );
+}
+
+#[test]
+fn oom_at_the_exact_request_and_the_run_goes_on() {
+    let mut s = sim_cap("", 100 * MIB);
+    // 30 MiB segments: 30, 60, 90 MiB reserved; the 4th needs 120 > 100. Nothing is cached,
+    // the release-and-retry step frees nothing and the retry fails too.
+    for id in 0..3 {
+        assert_eq!(alloc(&mut s, id, 30 * MIB, 0), Outcome::Ok);
+    }
+    s.apply(
+        1234,
+        &Request::Alloc {
+            id: 3,
+            size: 30 * MIB,
+            stream: 0,
+        },
+    );
+    let st = s.stats();
+    let oom = st.first_oom.unwrap();
+    assert_eq!(
+        oom,
+        OomEvent {
+            t_ns: 1234,
+            request_index: 3,
+            id: 3,
+            size: 30 * MIB,
+            rounded: 30 * MIB,
+            alloc_size: 30 * MIB,
+            stream: 0,
+            reserved: 90 * MIB,
+            allocated: 90 * MIB,
+            device_free: 10 * MIB,
+        }
+    );
+    assert_eq!((st.num_ooms, st.num_alloc_retries), (1, 1));
+    // The failed allocation was dropped: freeing it is ignored.
+    assert_eq!(free(&mut s, 3), Outcome::Ignored);
+    // Free one and try again: the cached 30 MiB block is reused.
+    free(&mut s, 0);
+    assert_eq!(alloc(&mut s, 4, 30 * MIB, 0), Outcome::Ok);
+    // Two more failures are counted; the first stays the first.
+    assert!(matches!(alloc(&mut s, 5, 30 * MIB, 0), Outcome::Oom(_)));
+    assert!(matches!(alloc(&mut s, 6, 11 * MIB, 0), Outcome::Oom(_)));
+    let st = s.stats();
+    assert_eq!(st.num_ooms, 3);
+    assert_eq!(st.first_oom.unwrap().request_index, 3);
+    assert_eq!(st.peak_reserved, 90 * MIB);
+}
+
+#[test]
+fn oom_message_numbers_for_a_fragmented_cache() {
+    // Continues the retry example: 17 MiB are free but split around a live block, so a
+    // 16 MiB request fails: no cached block ≥ 16 MiB, 56 + 16 = 72 > 60, nothing fully free.
+    let mut s = sim_cap("", 60 * MIB);
+    for (id, mib) in [(1, 12), (2, 12), (3, 3), (4, 3)] {
+        alloc(&mut s, id, mib * MIB, 0);
+    }
+    free(&mut s, 1);
+    free(&mut s, 3);
+    alloc(&mut s, 5, 24 * MIB, 0);
+    let Outcome::Oom(ev) = alloc(&mut s, 6, 16 * MIB, 0) else {
+        panic!("expected an OOM");
+    };
+    // Allocated 12 + 3 + 24 = 39 MiB, reserved 56 MiB → 17 MiB "reserved but unallocated".
+    assert_eq!(
+        (ev.reserved, ev.allocated, ev.device_free),
+        (56 * MIB, 39 * MIB, 4 * MIB)
+    );
+    assert_eq!(ev.alloc_size, 16 * MIB);
+    assert_eq!(s.stats().num_alloc_retries, 2);
+}
+
+#[test]
+fn absurd_sizes_fail_without_touching_the_cache() {
+    let mut s = sim("");
+    let Outcome::Oom(ev) = alloc(&mut s, 1, u64::MAX, 0) else {
+        panic!("expected an OOM");
+    };
+    assert_eq!((ev.size, ev.reserved), (u64::MAX, 0));
+    assert_eq!(round_size(u64::MAX, &Config::default()), u64::MAX);
+    assert_eq!(allocation_size(u64::MAX), u64::MAX);
+    // Zero bytes: done without a block, as PyTorch returns a null pointer.
+    assert_eq!(alloc(&mut s, 2, 0, 0), Outcome::Ok);
+    assert_eq!(s.stats().reserved, 0);
+    assert_eq!(free(&mut s, 2), Outcome::Ignored);
+    // An id that is already live is not allocated twice.
+    assert_eq!(alloc(&mut s, 3, 100, 0), Outcome::Ok);
+    assert_eq!(alloc(&mut s, 3, 100, 0), Outcome::Ignored);
+    assert_eq!(s.stats().allocated, 512);
+    assert_eq!(s.stats().ignored, 2);
+}
+
+#[test]
+fn memory_fraction_limits_reserved_memory() {
+    let c = Config {
+        capacity: 100 * MIB,
+        memory_fraction: Some(0.5), // allowed 50 MiB
+        ..Config::default()
+    };
+    let mut s = Simulator::new(c).unwrap();
+    assert_eq!(alloc(&mut s, 1, 30 * MIB, 0), Outcome::Ok);
+    // 30 + 30 = 60 > 50 even though the device has 70 MiB left.
+    let Outcome::Oom(ev) = alloc(&mut s, 2, 30 * MIB, 0) else {
+        panic!("expected an OOM");
+    };
+    assert_eq!((ev.reserved, ev.device_free), (30 * MIB, 70 * MIB));
+}
+
+#[test]
+fn garbage_collection_frees_the_oldest_cached_segments() {
+    // Capacity 100 MiB, fraction 1.0, threshold 0.5 → GC starts above 50 MiB reserved.
+    let mk = |gc: bool| {
+        let mut c = Config::parse(if gc {
+            "garbage_collection_threshold:0.5"
+        } else {
+            ""
+        })
+        .unwrap();
+        c.capacity = 100 * MIB;
+        c.memory_fraction = Some(1.0);
+        Simulator::new(c).unwrap()
+    };
+    let mut s = mk(true);
+    // Each pool lookup ticks the large pool's counter: A's lookup → 1; A cached at 1.
+    alloc(&mut s, 1, 30 * MIB, 0);
+    free(&mut s, 1);
+    // B's lookup → 2 (A is too small); reserved 30 ≤ 50, no GC; B cached at 2.
+    alloc(&mut s, 2, 40 * MIB, 0);
+    free(&mut s, 2);
+    // C's lookup → 3; nothing fits; reserved 70 > 50 → reclaim ≥ 20 MiB. Ages: A 3−1 = 2,
+    // B 3−2 = 1, average 1.5 → only A (30 MiB) goes. Then 40 + 50 = 90 ≤ 100.
+    alloc(&mut s, 3, 50 * MIB, 0);
+    let st = s.stats();
+    assert_eq!(
+        (st.reserved, st.num_device_free, st.num_alloc_retries),
+        (90 * MIB, 1, 0)
+    );
+    assert_eq!(
+        layout(&s),
+        vec![vec![(40 * MIB, false)], vec![(50 * MIB, true)]]
+    );
+
+    // Without the threshold: 70 + 50 = 120 > 100 → release everything cached, retry.
+    let mut s = mk(false);
+    alloc(&mut s, 1, 30 * MIB, 0);
+    free(&mut s, 1);
+    alloc(&mut s, 2, 40 * MIB, 0);
+    free(&mut s, 2);
+    alloc(&mut s, 3, 50 * MIB, 0);
+    let st = s.stats();
+    assert_eq!(
+        (st.reserved, st.num_device_free, st.num_alloc_retries),
+        (50 * MIB, 2, 1)
+    );
+}
+
+#[test]
+fn gc_threshold_needs_a_memory_fraction() {
+    // As in PyTorch: without set_per_process_memory_fraction the threshold does nothing.
+    let mut c = Config::parse("garbage_collection_threshold:0.5").unwrap();
+    c.capacity = 100 * MIB;
+    assert!(!c.gc_enabled());
+    let mut s = Simulator::new(c).unwrap();
+    alloc(&mut s, 1, 30 * MIB, 0);
+    free(&mut s, 1);
+    alloc(&mut s, 2, 40 * MIB, 0);
+    free(&mut s, 2);
+    alloc(&mut s, 3, 20 * MIB, 0); // takes the 30 MiB block, split 20 + 10
+    assert_eq!(s.stats().num_device_free, 0);
+}
+
+#[test]
+fn stats_at_peak_inactive_split_and_fragmentation() {
+    let mut s = sim("");
+    alloc(&mut s, 1, 3 * MIB, 0); // [A 3][17]
+    alloc(&mut s, 2, 3 * MIB, 0); // [A][B 3][14]
+    alloc(&mut s, 3, 3 * MIB, 0); // [A][B][C 3][11]
+    free(&mut s, 2); // [A][3 free][C][11 free]
+    assert_eq!(s.stats().inactive_split_bytes, 14 * MIB);
+    // 12 MiB: the free blocks are 3 and 11 MiB → a new 12 MiB segment; reserved 32 MiB is
+    // the new peak. At that point allocated = 3 + 3 + 12 = 18 MiB, free = 14 MiB, the
+    // largest free block 11 MiB → fragmentation 1 − 11/14 = 3/14.
+    alloc(&mut s, 4, 12 * MIB, 0);
+    let st = s.stats();
+    assert_eq!(st.peak_reserved, 32 * MIB);
+    let p = st.at_peak;
+    assert_eq!(p.request_index, 4);
+    assert_eq!((p.reserved, p.allocated), (32 * MIB, 18 * MIB));
+    assert_eq!(p.reserved_minus_allocated, 14 * MIB);
+    assert_eq!(p.inactive_split_bytes, 14 * MIB);
+    assert_eq!((p.largest_free_block, p.total_free), (11 * MIB, 14 * MIB));
+    assert!((p.external_fragmentation - 3.0 / 14.0).abs() < 1e-12);
+    // Later requests that do not raise reserved leave the snapshot alone.
+    free(&mut s, 4);
+    assert_eq!(s.stats().at_peak, p);
+    assert_eq!(s.stats().peak_allocated, 18 * MIB);
+}
+
+#[test]
+fn empty_cache_keeps_partly_used_segments() {
+    let mut s = sim("");
+    alloc(&mut s, 1, 3 * MIB, 0);
+    alloc(&mut s, 2, 100, 0); // small pool, 2 MiB segment
+    free(&mut s, 2);
+    empty_cache(&mut s);
+    // The small segment was fully free → cudaFree; the large one holds A → stays.
+    let st = s.stats();
+    assert_eq!((st.reserved, st.num_device_free), (20 * MIB, 1));
+    assert_eq!(st.num_alloc_retries, 0);
+}
+
+// ---- configuration ---------------------------------------------------------------------------
+
+#[test]
+fn config_parses_pytorch_syntax() {
+    let c = Config::parse(
+        "expandable_segments:True, max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6,backend:native",
+    )
+    .unwrap();
+    assert!(c.expandable_segments);
+    assert_eq!(c.max_split_size, Some(128 * MIB));
+    assert_eq!(c.max_non_split_rounding, 20 * MIB);
+    assert_eq!(c.garbage_collection_threshold, Some(0.6));
+    assert_eq!(c.roundup_power2_divisions[8], 1);
+    assert_eq!(c.roundup_power2_divisions[9], 2);
+    assert_eq!(c.roundup_power2_divisions[10], 4);
+    assert_eq!(Config::parse("").unwrap(), Config::default());
+    assert_eq!(
+        Config::parse("roundup_power2_divisions:4")
+            .unwrap()
+            .roundup_power2_divisions,
+        [4; ROUNDUP_INTERVALS]
+    );
+    // Keys PyTorch knows that do not change device memory are accepted.
+    assert_eq!(
+        Config::parse("release_lock_on_cudamalloc:True,pinned_num_register_threads:8").unwrap(),
+        Config::default()
+    );
+    // Last value wins.
+    assert_eq!(
+        Config::parse("max_split_size_mb:64,max_split_size_mb:256")
+            .unwrap()
+            .max_split_size,
+        Some(256 * MIB)
+    );
+}
+
+#[test]
+fn config_rejects_bad_strings() {
+    let err = |s: &str| Config::parse(s).unwrap_err();
+    assert!(err("foo:1").contains("'foo'"));
+    assert!(err("expandable_segments:True,max_split:64").contains("'max_split'"));
+    assert!(err("max_split_size_mb:10").contains("max_split_size_mb"));
+    assert!(err("max_split_size_mb:abc").contains("max_split_size_mb"));
+    assert!(err("max_non_split_rounding_mb:5").contains("max_non_split_rounding_mb"));
+    assert!(err("expandable_segments:true").contains("expandable_segments"));
+    assert!(err("garbage_collection_threshold:1.0").contains("garbage_collection_threshold"));
+    assert!(err("garbage_collection_threshold:0").contains("garbage_collection_threshold"));
+    assert!(err("roundup_power2_divisions:3").contains("power of 2"));
+    assert!(err("roundup_power2_divisions:[100:2]").contains("power of 2"));
+    assert!(err("roundup_power2_divisions:[256:3]").contains("power of 2"));
+    assert!(err("roundup_power2_divisions:[256:2").contains("']'"));
+    assert!(err("backend:cudaMallocAsync").contains("cudaMallocAsync"));
+    assert!(err("max_split_size_mb").contains("':'"));
+    assert!(err("max_split_size_mb:128,").contains("trailing"));
+    assert!(err("max_split_size_mb:128;expandable_segments:True").contains("max_split_size_mb"));
+}
+
+#[test]
+fn config_round_trips() {
+    for s in [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:128,max_non_split_rounding_mb:64",
+        "roundup_power2_divisions:8",
+        "roundup_power2_divisions:[256:1,512:2,>:4]",
+        "roundup_power2_divisions:[1:16,2:8,>:0]",
+        "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.6",
+    ] {
+        let c = Config::parse(s).unwrap();
+        let text = c.to_conf_string();
+        assert_eq!(Config::parse(&text).unwrap(), c, "{s} → {text}");
+    }
+    assert_eq!(Config::default().to_conf_string(), "");
+    assert_eq!(
+        Config::parse("garbage_collection_threshold:0.6, expandable_segments:True")
+            .unwrap()
+            .to_conf_string(),
+        "expandable_segments:True,garbage_collection_threshold:0.6"
+    );
+}
+
+#[test]
+fn invalid_fraction_is_refused() {
+    let c = Config {
+        memory_fraction: Some(1.5),
+        ..Config::default()
+    };
+    assert!(Simulator::new(c).is_err());
+}
+
+// ---- randomised consistency ------------------------------------------------------------------
+
+/// Random allocs/frees (many sizes, 3 streams, occasional empty_cache) under a tight
+/// capacity, checking every invariant after each request.
+#[test]
+fn random_streams_keep_invariants() {
+    for conf in [
+        "",
+        "max_split_size_mb:24",
+        "roundup_power2_divisions:4",
+        "expandable_segments:True",
+        "expandable_segments:True,max_split_size_mb:24",
+        "garbage_collection_threshold:0.7",
+    ] {
+        let mut c = Config::parse(conf).unwrap();
+        c.capacity = 400 * MIB;
+        c.memory_fraction = Some(0.9);
+        let mut s = Simulator::new(c).unwrap();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut live: Vec<u64> = Vec::new();
+        for id in 0..10_000u64 {
+            let r = next();
+            let req = if r % 97 == 0 {
+                Request::EmptyCache
+            } else if !live.is_empty() && (r % 5 < 2 || live.len() > 60) {
+                let k = (next() as usize) % live.len();
+                Request::Free {
+                    id: live.swap_remove(k),
+                }
+            } else {
+                let size = match r % 7 {
+                    0..=2 => next() % 4096 + 1,
+                    3 | 4 => next() % (2 * MIB) + 1,
+                    5 => next() % (12 * MIB) + 1,
+                    _ => next() % (60 * MIB) + 1,
+                };
+                live.push(id);
+                Request::Alloc {
+                    id,
+                    size,
+                    stream: r % 3,
+                }
+            };
+            s.apply(id, &req);
+            if let Err(e) = s.validate() {
+                panic!("{conf}: request {id} {req:?}: {e}");
+            }
+        }
+        let st = s.stats();
+        // The fraction caps reserved memory at 360 MiB; with expandable segments PyTorch
+        // checks the fraction against the segment size but maps whole pages, so it can
+        // overshoot up to the capacity.
+        let cap = if conf.contains("expandable") {
+            400
+        } else {
+            360
+        };
+        assert!(st.peak_reserved <= cap * MIB, "{conf}: {st:?}");
+        assert!(
+            st.num_ooms > 0 && st.num_ooms < st.allocs / 10,
+            "{conf}: {st:?}"
+        );
+    }
+}
