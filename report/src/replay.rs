@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
-    Damage, DumpBegin, Event, EventKind, Header, Item, LogReader, MemInfo, ModuleDef,
-    Note, Record,
+    Damage, DumpBegin, Event, EventKind, Header, Item, LogReader, MemInfo, ModuleDef, Note, Record,
 };
 
 use crate::{Failure, logfile};
@@ -239,6 +238,7 @@ pub enum Step<'a> {
     },
     /// A ring-mode dump begins (details in `Process::dumps`): the process's live set was
     /// cleared (`cleared`) and is rebuilt from the dump's own records.
+    #[allow(dead_code)] // `t_ns` is read by the timeline (landing next)
     Dump {
         process: u32,
         t_ns: u64,
@@ -338,13 +338,10 @@ pub fn run(
             size_bytes,
         });
     }
-    let earliest = processes
-        .iter()
-        .map(|p| p.header.start_unix_ns)
-        .min()
-        .unwrap_or(0);
-    for process in &mut processes {
-        process.start_offset_ns = process.header.start_unix_ns - earliest;
+    let starts = start_times(&processes);
+    let earliest = starts.iter().copied().min().unwrap_or(0);
+    for (process, start) in processes.iter_mut().zip(starts) {
+        process.start_offset_ns = start - earliest;
     }
 
     let mut state = State::default();
@@ -440,6 +437,29 @@ pub fn run(
         state,
         end_ns,
     })
+}
+
+/// Each process's start on one common clock. Logs of one host and boot share
+/// `CLOCK_MONOTONIC`, which is exact; otherwise wall-clock starts are used (their precision is
+/// that of the hosts' clock synchronisation).
+fn start_times(processes: &[Process]) -> Vec<u64> {
+    let wall: Vec<u64> = processes.iter().map(|p| p.header.start_unix_ns).collect();
+    let Some(first) = processes.first() else {
+        return wall;
+    };
+    // Same boot: the two clocks' differences agree to well within a second.
+    let same_boot = processes.iter().all(|p| {
+        p.header.hostname == first.header.hostname && {
+            let wall_gap = p.header.start_unix_ns as i128 - first.header.start_unix_ns as i128;
+            let mono_gap = p.header.start_mono_ns as i128 - first.header.start_mono_ns as i128;
+            (wall_gap - mono_gap).abs() < 1_000_000_000
+        }
+    });
+    if same_boot {
+        processes.iter().map(|p| p.header.start_mono_ns).collect()
+    } else {
+        wall
+    }
 }
 
 fn open_buffered(path: &Path) -> Result<LogReader<BufReader<File>>, Failure> {

@@ -13,6 +13,12 @@
  *   FAKECUDA_MEM        per-device capacity: bytes with optional K/M/G/T suffix
  *                       (binary), default 80G; "unlimited" disables accounting.
  *   FAKECUDA_NO_DEVICE  "1": cuInit returns CUDA_ERROR_NO_DEVICE.
+ *   FAKECUDA_FAIL_SIZE  bytes (same syntax as FAKECUDA_MEM): every charged
+ *                       allocation of exactly this many bytes fails with
+ *                       CUDA_ERROR_OUT_OF_MEMORY whatever the free memory, like
+ *                       a fragmented device or an allocator limit would; unset
+ *                       or 0: off.  Also with FAKECUDA_MEM=unlimited.  An
+ *                       invalid value makes cuInit return CUDA_ERROR_INVALID_VALUE.
  *
  * The library never prints.
  */
@@ -60,6 +66,7 @@ static struct {
     CUresult init_result;
     bool unlimited;
     unsigned long long capacity;
+    unsigned long long fail_size; /* FAKECUDA_FAIL_SIZE; 0 = off */
 } g_cfg __attribute__((aligned(CACHELINE)));
 
 static atomic_int g_initialized __attribute__((aligned(CACHELINE)));
@@ -362,6 +369,8 @@ static inline int my_shard(void)
 
 static bool charge(int dev, uint64_t n)
 {
+    if (g_cfg.fail_size && n == g_cfg.fail_size)
+        return false;
     if (g_cfg.unlimited)
         return true;
     unsigned long long cap = g_cfg.capacity;
@@ -493,6 +502,11 @@ static void init_once(void)
             g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
             return;
         }
+    }
+    const char *fail = getenv("FAKECUDA_FAIL_SIZE");
+    if (fail && *fail && !parse_size(fail, &g_cfg.fail_size)) {
+        g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
+        return;
     }
     for (int d = 0; d < NDEV; d++) {
         for (int s = 0; s < NSHARDS; s++)

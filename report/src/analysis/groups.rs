@@ -100,11 +100,11 @@ pub fn by_stack_totals(
 ) -> Vec<StackGroup> {
     let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
     ids.sort_unstable_by_key(|(id, _)| *id);
-    let mut by_frames: FxHashMap<Rc<[SymFrame]>, usize> = FxHashMap::default();
+    let mut by_frames: FxHashMap<Vec<Place>, usize> = FxHashMap::default();
     let mut groups: Vec<StackGroup> = Vec::new();
     for ((process, stack), (bytes, count)) in ids {
         let frames = stacks.frames(processes, process, stack);
-        let index = *by_frames.entry(frames.clone()).or_insert_with(|| {
+        let index = *by_frames.entry(places(&frames)).or_insert_with(|| {
             groups.push(StackGroup {
                 frames,
                 bytes: 0,
@@ -167,7 +167,7 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
             let index = match node
                 .children
                 .iter()
-                .position(|child| child.frame.as_ref() == Some(frame))
+                .position(|child| child.frame.as_ref().is_some_and(|f| same_place(f, frame)))
             {
                 Some(index) => index,
                 None => {
@@ -188,7 +188,8 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
 }
 
 fn sort_tree(node: &mut TreeNode) {
-    node.children.sort_by_key(|child| std::cmp::Reverse(child.bytes));
+    node.children
+        .sort_by_key(|child| std::cmp::Reverse(child.bytes));
     for child in &mut node.children {
         sort_tree(child);
     }
@@ -204,4 +205,39 @@ pub fn no_stack_frame() -> SymFrame {
         offset: 0,
         inlined: false,
     }
+}
+
+/// What makes two frames the same place for grouping: function, file and line, so that call
+/// sites the compiler duplicated (unrolled loops, inlined copies) group together; the module
+/// and code offset only when nothing else is known.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Place {
+    function: Option<String>,
+    file: Option<String>,
+    line: Option<u32>,
+    module: String,
+    offset: u64,
+}
+
+fn place(frame: &SymFrame) -> Place {
+    let known = frame.function.is_some() || frame.line.is_some();
+    Place {
+        function: frame.function.clone(),
+        file: frame.file.clone(),
+        line: frame.line,
+        module: if known {
+            String::new()
+        } else {
+            frame.module.clone()
+        },
+        offset: if known { 0 } else { frame.offset },
+    }
+}
+
+fn places(frames: &[SymFrame]) -> Vec<Place> {
+    frames.iter().map(place).collect()
+}
+
+fn same_place(a: &SymFrame, b: &SymFrame) -> bool {
+    place(a) == place(b)
 }

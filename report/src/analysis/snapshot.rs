@@ -23,7 +23,11 @@ impl Snapshot {
     }
 
     /// A snapshot of `allocations`, put in a deterministic order (oldest first).
-    pub fn from_allocations(device: Option<i32>, t_ns: u64, mut allocations: Vec<Live>) -> Snapshot {
+    pub fn from_allocations(
+        device: Option<i32>,
+        t_ns: u64,
+        mut allocations: Vec<Live>,
+    ) -> Snapshot {
         allocations.sort_by_key(|live| live.seq);
         Snapshot {
             device,
@@ -39,12 +43,14 @@ impl Snapshot {
 
 /// Captures each device's live set right after the event with the given sequence number
 /// (for moments found by an earlier pass, such as a failed allocation).
+#[allow(dead_code)] // used by `flamegraph --what oom` (landing next)
 pub struct SnapshotsAt {
     /// (sequence number, device), sorted by sequence number.
     targets: Vec<(u64, i32)>,
     pub taken: Vec<Snapshot>,
 }
 
+#[allow(dead_code)]
 impl SnapshotsAt {
     pub fn new(mut targets: Vec<(u64, i32)>) -> SnapshotsAt {
         targets.sort();

@@ -136,7 +136,13 @@ impl Observer for Summary {
                 effect,
                 ..
             } => {
-                if self.device.is_some_and(|d| d != event.device) {
+                // A free counts for the device of the memory it frees, which need not be the
+                // device current when it was called (the event's device).
+                let device = match effect {
+                    Effect::Added(live) | Effect::Removed(live) => live.device,
+                    _ => event.device,
+                };
+                if self.device.is_some_and(|d| d != device) {
                     return;
                 }
                 let family = self.family(processes, *process, event.api);

@@ -79,6 +79,7 @@ fn header_json(header: &Header) -> Value {
         "ppid": header.ppid,
         "argv": header.argv,
         "start_unix_ns": header.start_unix_ns,
+        "start_mono_ns": header.start_mono_ns,
         "hostname": header.hostname,
         "env": env,
         "stack_mode": header.stack_mode,

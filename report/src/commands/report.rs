@@ -34,9 +34,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let devices = wanted
         .iter()
         .map(|peak| {
-            let snapshot = at_peaks
-                .iter()
-                .find(|s| s.device == Some(peak.device));
+            let snapshot = at_peaks.iter().find(|s| s.device == Some(peak.device));
             let peak_groups = snapshot.map_or_else(Vec::new, |s| {
                 by_stack(&s.allocations, &mut stacks, processes)
             });
