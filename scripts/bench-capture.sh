@@ -264,6 +264,43 @@ else
     echo "   ($cores cores; without the shim ${base_ratio}x)"
 fi
 
+# Python: the cost Python frames add to each event, at a 30-deep Python stack (native stacks
+# are captured in both runs; the difference is the Python frame walk and its interning).
+budget_python=1000
+python="$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)"
+echo
+if [ -z "$python" ]; then
+    echo "python: n/a (no python3)"
+else
+    py_pairs="${BENCH_PY_PAIRS:-100000}"
+    declare -A py_runs
+    for _ in $(seq 1 "$reps"); do
+        for mode in native mixed; do
+            rm -f "$tmp"/*.vlog
+            out="$(env LD_PRELOAD="$shim" VRAMSHIM_OUTPUT="$tmp/py.%p.vlog" VRAMSHIM_STACK="$mode" \
+                "$python" scripts/bench_python.py "$py_pairs" 30 2>&1)" || {
+                echo "bench-capture: python bench ($mode) failed: $out" >&2
+                exit 2
+            }
+            py_runs[$mode]+=" $(field ns_per_pair "$out")"
+        done
+    done
+    rm -f "$tmp"/*.vlog
+    # shellcheck disable=SC2086
+    py_native="$(awk -v n="$(median ${py_runs[native]})" 'BEGIN { printf "%.1f", n / 2 }')"
+    # shellcheck disable=SC2086
+    py_mixed="$(awk -v n="$(median ${py_runs[mixed]})" 'BEGIN { printf "%.1f", n / 2 }')"
+    py_added="$(awk -v a="$py_mixed" -v b="$py_native" 'BEGIN { printf "%.1f", a - b }')"
+    echo "python $("$python" -c 'import sys; print(sys.version.split()[0])'), 30-deep Python stack," \
+        "$py_pairs pairs, median of $reps: native $py_native ns/event, mixed $py_mixed ns/event"
+    line="$(printf '  %-46s <= %5s ns : %8s ns' "python frames, added ns/event, 1 thread" \
+        "$budget_python" "$py_added")"
+    ok="$(awk -v a="$py_added" -v b="$budget_python" 'BEGIN { print (a <= b) ? 1 : 0 }')"
+    printf '%s   ' "$line"
+    verdict "$ok"
+    echo
+fi
+
 if [ "$failures" -gt 0 ]; then
     echo
     echo "WARNING: $failures bench run(s) under the shim failed and were retried; first: $first_failure"

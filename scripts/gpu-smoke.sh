@@ -21,7 +21,9 @@
 #
 # Environment: PYTHON (default python3), OUT_DIR (where logs and JSON go; default a new
 # temporary folder, kept and named at the end), MODES (default "default expandable async
-# nocache"; nocache needs default's figures). Exit status 1 if any mode fails.
+# nocache"; nocache needs default's figures), WHATIF=1 (also run the optional what-if check
+# at the end: `vramshim whatif` on the async log against the default and expandable runs).
+# Exit status 1 if any mode fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root="$PWD"
@@ -114,6 +116,60 @@ for mode in $modes; do
     fi
     echo "           log: $log"
 done
+
+# ---------------------------------------------------------------------------------------
+# Optional, separate: the allocator what-if against the real allocator (WHATIF=1).
+# `vramshim whatif` replays the async run's per-tensor log through the caching-allocator
+# model; its predicted peak reserved must be within 2% of torch.cuda.max_memory_reserved() of
+# the default run (config '') and of the expandable run (expandable_segments:True). Needs
+# MODES to include async and default (expandable optional). Unverified on a real GPU so far.
+if [ "${WHATIF:-0}" = 1 ]; then
+    echo
+    echo "== whatif: predicted peak reserved vs. PyTorch (2%)"
+    async_pid="$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$out_dir/async.json" 2>/dev/null | tail -n 1 || true)"
+    async_log="$out_dir/async.$async_pid.vlog"
+    if [ -z "$async_pid" ] || [ ! -s "$async_log" ] || [ ! -s "$out_dir/default.json" ]; then
+        echo "whatif: needs the async and default runs (MODES includes both)  FAIL"
+        failed=$((failed + 1))
+    elif ! "$vramshim" whatif --json --config '' --config expandable_segments:True \
+        "$async_log" >"$out_dir/whatif.json" 2>"$out_dir/whatif.stderr"; then
+        echo "whatif: vramshim whatif failed  FAIL"
+        tail -n 8 "$out_dir/whatif.stderr" | sed 's/^/           | /'
+        failed=$((failed + 1))
+    else
+        whatif_rc=0
+        "$python" - "$out_dir" <<'PY' || whatif_rc=$?
+import json, os, sys
+out = sys.argv[1]
+def torch_figures(mode):
+    path = os.path.join(out, mode + ".json")
+    if not os.path.exists(path):
+        return None
+    lines = [l for l in open(path) if l.lstrip().startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+report = json.load(open(os.path.join(out, "whatif.json")))
+predicted = {c["conf"]: c["peak_reserved"] for c in report["configs"]}
+bad = 0
+for conf, mode in (("", "default"), ("expandable_segments:True", "expandable")):
+    figures = torch_figures(mode)
+    name = conf or "(default)"
+    if figures is None or not figures.get("max_memory_reserved"):
+        print("%-26s no %s run to compare with  SKIP" % (name, mode))
+        continue
+    want = figures["max_memory_reserved"]
+    got = predicted.get(conf)
+    diff = (got - want) / want * 100.0 if got is not None else float("inf")
+    ok = got is not None and abs(diff) <= 2.0
+    print("%-26s predicted %10.1f MiB  torch %10.1f MiB  %+6.2f%%  %s"
+          % (name, (got or 0) / 2**20, want / 2**20, diff, "PASS" if ok else "FAIL"))
+    bad += 0 if ok else 1
+for note in report.get("notes", []):
+    print("           note: " + note)
+sys.exit(1 if bad else 0)
+PY
+        if [ "$whatif_rc" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    fi
+fi
 
 echo
 echo "logs, JSON and stderr of each run: $out_dir"

@@ -19,3 +19,8 @@ step "cargo build"
 cargo build --workspace --quiet
 step "cargo test"
 cargo test --workspace --quiet 2>&1
+# The decoder under libFuzzer (installs cargo-fuzz on first use); VRAMSHIM_FUZZ_SECONDS=0 skips.
+if [ "${VRAMSHIM_FUZZ_SECONDS:-60}" != 0 ]; then
+  step "fuzz the log decoder (scripts/fuzz.sh)"
+  bash scripts/fuzz.sh
+fi

@@ -18,8 +18,8 @@ mod varint;
 
 pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
 pub use record::{
-    DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, MemInfo, ModuleDef, Note,
-    Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, MemInfo,
+    ModuleDef, Note, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 pub use varint::{Cursor, DecodeError};
 

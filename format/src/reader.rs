@@ -46,7 +46,8 @@ impl std::error::Error for OpenError {}
 pub enum DamageKind {
     /// The file ends inside a chunk (the writer was killed mid-write): `bytes` are unusable.
     TornTail { bytes: u64 },
-    /// A chunk's payload does not match its checksum; the chunk was skipped.
+    /// A chunk does not match its checksum; `len` bytes were skipped, from the chunk's start
+    /// up to the next chunk marker (or the end).
     BadChecksum { len: u64 },
     /// Bytes that are not a chunk; skipped up to the next chunk marker (or the end).
     Garbage { bytes: u64 },
@@ -212,21 +213,35 @@ impl<R: Read> LogReader<R> {
         };
         self.offset += got as u64;
         if got < len {
-            self.finished = true;
+            // Either the writer was stopped mid-chunk, or the length field itself is damaged
+            // and whole chunks follow: a chunk marker in what was read tells them apart.
+            let mut consumed = head.to_vec();
+            consumed.extend_from_slice(&self.chunk[..got]);
             self.chunk.clear();
+            if consumed[1..].windows(4).any(|w| w == CHUNK_MAGIC) {
+                return Some(self.resync(start, &consumed));
+            }
+            self.finished = true;
             return Some(Damage {
                 offset: start,
                 kind: DamageKind::TornTail {
-                    bytes: (CHUNK_HEADER_LEN + got) as u64,
+                    bytes: consumed.len() as u64,
                 },
             });
         }
         if crc32fast::hash(&self.chunk) != crc {
-            self.chunk.clear();
-            return Some(Damage {
-                offset: start,
-                kind: DamageKind::BadChecksum { len: len as u64 },
-            });
+            // The damage may be in the length field: rather than trust it, carry on from the
+            // next chunk marker after this chunk's own.
+            let mut consumed = head.to_vec();
+            consumed.append(&mut self.chunk);
+            let damage = self.resync(start, &consumed);
+            let kind = match damage.kind {
+                DamageKind::Garbage { bytes } | DamageKind::TornTail { bytes } => {
+                    DamageKind::BadChecksum { len: bytes }
+                }
+                other => other,
+            };
+            return Some(Damage { kind, ..damage });
         }
         self.chunk_offset = start;
         self.chunk_pos = 0;

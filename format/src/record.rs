@@ -127,6 +127,26 @@ pub struct ThreadName {
 pub enum Frame {
     /// A native return address (innermost first in a stack).
     Native(u64),
+    /// A Python frame: code object `code` (a [`CodeDef`] id) executing the instruction at
+    /// `offset` (in code units, `_Py_CODEUNIT`, from the start of the bytecode). `entry` marks
+    /// the outermost Python frame run by one native call of the interpreter's eval loop
+    /// (`_PyEval_EvalFrameDefault`), so a report can splice Python frames into native ones.
+    Python { code: u32, offset: u32, entry: bool },
+}
+
+/// A Python code object, written once and referred to by id from [`Frame::Python`].
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CodeDef {
+    pub id: u32,
+    /// The interpreter's version as `major << 8 | minor` (0x030b = 3.11); it decides how the
+    /// line table and instruction offsets are read.
+    pub python: u16,
+    pub filename: String,
+    /// `co_qualname`: `Class.method`, `outer.<locals>.inner`, `<lambda>`, `<module>`.
+    pub qualname: String,
+    pub first_line: u32,
+    /// `co_linetable` as the interpreter holds it (3.11+: the location table).
+    pub line_table: Vec<u8>,
 }
 
 /// A call stack, written once and referred to by id from events.
@@ -187,6 +207,7 @@ pub enum Record {
     Dropped(Dropped),
     Note(Note),
     DumpBegin(DumpBegin),
+    Code(CodeDef),
 }
 
 // Record tags. Events use 0x10 + kind so the kind costs no extra byte.
@@ -197,6 +218,12 @@ const TAG_MODULE: u8 = 0x04;
 const TAG_DROPPED: u8 = 0x05;
 const TAG_NOTE: u8 = 0x06;
 const TAG_DUMP_BEGIN: u8 = 0x07;
+const TAG_CODE: u8 = 0x08;
+
+// Stack frame types.
+const FRAME_NATIVE: u64 = 0;
+const FRAME_PYTHON: u64 = 1;
+const FRAME_PYTHON_ENTRY: u64 = 2;
 const TAG_EVENT: u8 = 0x10;
 
 // Event field-presence flags: fields equal to their usual value cost nothing.
@@ -244,10 +271,29 @@ impl DeltaState {
                 // Neighbouring frames often lie in the same object: store differences.
                 let mut previous = 0u64;
                 for frame in &stack.frames {
-                    let Frame::Native(ip) = *frame;
-                    put_u64(out, 0); // frame type: native
-                    put_i64(out, ip.wrapping_sub(previous) as i64);
-                    previous = ip;
+                    match *frame {
+                        Frame::Native(ip) => {
+                            put_u64(out, FRAME_NATIVE);
+                            put_i64(out, ip.wrapping_sub(previous) as i64);
+                            previous = ip;
+                        }
+                        Frame::Python {
+                            code,
+                            offset,
+                            entry,
+                        } => {
+                            put_u64(
+                                out,
+                                if entry {
+                                    FRAME_PYTHON_ENTRY
+                                } else {
+                                    FRAME_PYTHON
+                                },
+                            );
+                            put_u64(out, u64::from(code));
+                            put_u64(out, u64::from(offset));
+                        }
+                    }
                 }
             }
             Record::Module(module) => {
@@ -275,6 +321,15 @@ impl DeltaState {
                 put_u64(out, dump.events_discarded);
                 put_u64(out, dump.live_count);
                 put_u64(out, dump.window_count);
+            }
+            Record::Code(code) => {
+                out.push(TAG_CODE);
+                put_u64(out, u64::from(code.id));
+                put_u64(out, u64::from(code.python));
+                put_bytes(out, code.filename.as_bytes());
+                put_bytes(out, code.qualname.as_bytes());
+                put_u64(out, u64::from(code.first_line));
+                put_bytes(out, &code.line_table);
             }
         }
     }
@@ -373,10 +428,15 @@ impl DeltaState {
                 let mut previous = 0u64;
                 for _ in 0..count {
                     match cursor.u64()? {
-                        0 => {
+                        FRAME_NATIVE => {
                             previous = previous.wrapping_add(cursor.i64()? as u64);
                             frames.push(Frame::Native(previous));
                         }
+                        kind @ (FRAME_PYTHON | FRAME_PYTHON_ENTRY) => frames.push(Frame::Python {
+                            code: cursor.u32()?,
+                            offset: cursor.u32()?,
+                            entry: kind == FRAME_PYTHON_ENTRY,
+                        }),
                         _ => return Err(DecodeError("unknown frame type")),
                     }
                 }
@@ -403,6 +463,15 @@ impl DeltaState {
                 events_discarded: cursor.u64()?,
                 live_count: cursor.u64()?,
                 window_count: cursor.u64()?,
+            }),
+            TAG_CODE => Record::Code(CodeDef {
+                id: cursor.u32()?,
+                python: u16::try_from(cursor.u64()?)
+                    .map_err(|_| DecodeError("python version out of range"))?,
+                filename: cursor.string()?,
+                qualname: cursor.string()?,
+                first_line: cursor.u32()?,
+                line_table: cursor.bytes()?.to_vec(),
             }),
             _ => return Err(DecodeError("unknown record tag")),
         })

@@ -40,6 +40,31 @@ fn sample_records() -> Vec<Record> {
             thread: 77,
             name: "pt_autograd_0".into(),
         }),
+        Record::Code(CodeDef {
+            id: 4,
+            python: 0x030b,
+            filename: "/srv/model.py".into(),
+            qualname: "Net.forward.<locals>.<lambda>".into(),
+            first_line: 42,
+            line_table: vec![0x80, 0x00, 0xd8, 0x04, 0xff],
+        }),
+        Record::Stack(StackDef {
+            id: 2,
+            frames: vec![
+                Frame::Native(0x7f00_0000_1234),
+                Frame::Python {
+                    code: 4,
+                    offset: 17,
+                    entry: false,
+                },
+                Frame::Native(0x7f00_0000_1000),
+                Frame::Python {
+                    code: 4,
+                    offset: 100_000,
+                    entry: true,
+                },
+            ],
+        }),
         Record::MemInfo(MemInfo {
             t_ns: 5,
             device: 1,
@@ -262,5 +287,90 @@ fn random_corruption_never_panics() {
         if let Ok(reader) = LogReader::new(&damaged[..]) {
             for _ in reader {}
         }
+    }
+}
+
+#[test]
+fn python_frames_and_code_defs_encode_exactly() {
+    let mut state = DeltaState::default();
+    let mut out = Vec::new();
+    state.encode(
+        &Record::Stack(StackDef {
+            id: 3,
+            frames: vec![
+                Frame::Native(0x10),
+                Frame::Python {
+                    code: 5,
+                    offset: 6,
+                    entry: false,
+                },
+                Frame::Python {
+                    code: 7,
+                    offset: 8,
+                    entry: true,
+                },
+            ],
+        }),
+        &mut out,
+    );
+    // tag, id, count, native (type 0, zigzag delta 0x10), python (1, code, offset), entry (2, ...)
+    assert_eq!(out, [0x03, 3, 3, 0, 0x20, 1, 5, 6, 2, 7, 8]);
+    out.clear();
+    let code = CodeDef {
+        id: 9,
+        python: 0x030c,
+        filename: "a.py".into(),
+        qualname: "f".into(),
+        first_line: 3,
+        line_table: vec![0xaa],
+    };
+    state.encode(&Record::Code(code.clone()), &mut out);
+    assert_eq!(
+        out,
+        [
+            0x08, 9, 0x8c, 0x06, 4, b'a', b'.', b'p', b'y', 1, b'f', 3, 1, 0xaa
+        ]
+    );
+    let mut cursor = Cursor::new(&out);
+    assert_eq!(state.decode(&mut cursor), Ok(Record::Code(code)));
+}
+
+#[test]
+fn unknown_frame_type_is_an_error() {
+    let bytes = [0x03, 1, 1, 3, 0];
+    let mut cursor = Cursor::new(&bytes);
+    assert!(DeltaState::default().decode(&mut cursor).is_err());
+}
+
+#[test]
+fn damaged_chunk_length_loses_only_that_chunk() {
+    let records = sample_records();
+    let bytes = encode_log(&records, 100);
+    let header_len = header().encode().len();
+    let (_, first_len) = chunk_bounds(&bytes, header_len);
+    let second_start = header_len + first_len;
+    let (_, second_len) = chunk_bounds(&bytes, second_start);
+    let length_field = second_start + 4..second_start + 8;
+    let original = u32::from_le_bytes(bytes[length_field.clone()].try_into().unwrap());
+    // A length too large by 4 KiB (checksum fails), and one pointing past the end of the file
+    // (looks like a torn tail): both lose the second chunk only.
+    for wrong in [original + 4096, (bytes.len() * 2) as u32] {
+        let mut damaged = bytes.clone();
+        damaged[length_field.clone()].copy_from_slice(&wrong.to_le_bytes());
+        let (decoded, damage) = read_all(&damaged);
+        assert_eq!(
+            decoded.len(),
+            records.len() - 100,
+            "length {wrong}: {damage:?}"
+        );
+        assert_eq!(decoded[..100], records[..100]);
+        assert_eq!(decoded[100..], records[200..]);
+        assert_eq!(damage.len(), 1, "length {wrong}: {damage:?}");
+        assert_eq!(damage[0].offset as usize, second_start);
+        let skipped = match damage[0].kind {
+            DamageKind::BadChecksum { len } | DamageKind::Garbage { bytes: len } => len,
+            ref other => panic!("length {wrong}: {other:?}"),
+        };
+        assert_eq!(skipped as usize, second_len, "length {wrong}");
     }
 }

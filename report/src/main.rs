@@ -3,6 +3,7 @@
 mod analysis;
 mod commands;
 mod logfile;
+mod python;
 mod render;
 mod replay;
 mod symbols;
@@ -34,6 +35,21 @@ enum Command {
     Leaks(commands::peak::LeaksArgs),
     /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
     Oom(commands::oom::Args),
+    /// Live bytes over time per device, with used memory, the peak and failures: a terminal
+    /// chart, JSON, or an SVG picture.
+    Timeline(commands::timeline::Args),
+    /// A flame graph weighted by bytes: live at the peak, leaks, all allocations or at an OOM.
+    Flamegraph(commands::flamegraph::Args),
+    /// Per-stack changes of peak and allocated bytes between two recordings, growth first.
+    Diff(commands::diff::Args),
+    /// The caching-allocator view: which allocator the log looks like, reserved bytes over
+    /// time, segment sizes, cudaMalloc/cudaFree, empty_cache() bursts, OOM retries, memory
+    /// outside any allocator.
+    Allocator(commands::allocator::Args),
+    /// Simulate PyTorch's caching allocator under several PYTORCH_CUDA_ALLOC_CONF settings on a
+    /// tensor-level recording (backend:cudaMallocAsync or PYTORCH_NO_CUDA_MEMORY_CACHING=1),
+    /// ranked by peak reserved memory.
+    Whatif(commands::whatif::Args),
     /// Print every record of a log, as text or as JSON lines.
     Dump(commands::dump::Args),
 }
@@ -62,6 +78,11 @@ fn main() -> ExitCode {
         Command::Peak(args) => commands::peak::peak(args),
         Command::Leaks(args) => commands::peak::leaks(args),
         Command::Oom(args) => commands::oom::run(args),
+        Command::Timeline(args) => commands::timeline::run(args),
+        Command::Flamegraph(args) => commands::flamegraph::run(args),
+        Command::Diff(args) => commands::diff::run(args),
+        Command::Allocator(args) => commands::allocator::run(args),
+        Command::Whatif(args) => commands::whatif::run(args),
         Command::Dump(args) => commands::dump::run(args),
     };
     match result {

@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
-    Damage, DumpBegin, Event, EventKind, Header, Item, LogReader, MemInfo, ModuleDef, Note, Record,
+    CodeDef, Damage, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, MemInfo,
+    ModuleDef, Note, Record,
 };
 
+use crate::python::PyFrame;
 use crate::{Failure, logfile};
 
 /// What a log told us about its process, besides the events.
@@ -26,6 +28,10 @@ pub struct Process {
     pub start_offset_ns: u64,
     /// Native stacks by id, innermost frame first.
     pub stacks: FxHashMap<u32, Vec<u64>>,
+    /// Python frames of the stacks that have them, by stack id, innermost first.
+    pub python_stacks: FxHashMap<u32, Vec<PyFrame>>,
+    /// Python code objects by id.
+    pub codes: FxHashMap<u32, CodeDef>,
     pub modules: Vec<ModuleDef>,
     pub thread_names: FxHashMap<u32, String>,
     pub damage: Vec<Damage>,
@@ -238,7 +244,6 @@ pub enum Step<'a> {
     },
     /// A ring-mode dump begins (details in `Process::dumps`): the process's live set was
     /// cleared (`cleared`) and is rebuilt from the dump's own records.
-    #[allow(dead_code)] // `t_ns` is read by the timeline (landing next)
     Dump {
         process: u32,
         t_ns: u64,
@@ -321,6 +326,8 @@ pub fn run(
             header: reader.header().clone(),
             start_offset_ns: 0,
             stacks: FxHashMap::default(),
+            python_stacks: FxHashMap::default(),
+            codes: FxHashMap::default(),
             modules: Vec::new(),
             thread_names: FxHashMap::default(),
             damage: Vec::new(),
@@ -482,14 +489,29 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
             Some(Item::Damage(damage)) => process.damage.push(damage),
             Some(Item::Record(record)) => match record {
                 Record::Stack(stack) => {
-                    let ips = stack
-                        .frames
-                        .iter()
-                        .map(|frame| match frame {
-                            vramshim_format::Frame::Native(ip) => *ip,
-                        })
-                        .collect();
+                    let mut ips = Vec::with_capacity(stack.frames.len());
+                    let mut python = Vec::new();
+                    for frame in &stack.frames {
+                        match *frame {
+                            Frame::Native(ip) => ips.push(ip),
+                            Frame::Python {
+                                code,
+                                offset,
+                                entry,
+                            } => python.push(PyFrame {
+                                code,
+                                offset,
+                                entry,
+                            }),
+                        }
+                    }
                     process.stacks.insert(stack.id, ips);
+                    if !python.is_empty() {
+                        process.python_stacks.insert(stack.id, python);
+                    }
+                }
+                Record::Code(code) => {
+                    process.codes.insert(code.id, code);
                 }
                 Record::Module(module) => process.modules.push(module),
                 Record::ThreadName(thread) => {
@@ -509,7 +531,7 @@ fn record_time(record: &Record) -> u64 {
         Record::Note(note) => note.t_ns,
         Record::DumpBegin(begin) => begin.t_ns,
         Record::Dropped(dropped) => dropped.t_ns,
-        Record::Stack(_) | Record::Module(_) | Record::ThreadName(_) => 0,
+        Record::Stack(_) | Record::Module(_) | Record::ThreadName(_) | Record::Code(_) => 0,
     }
 }
 

@@ -63,3 +63,66 @@ mod time_tests {
         assert!(super::parse_time("soon").is_err());
     }
 }
+
+/// Parses a size in bytes: `1073741824`, `512MiB`, `24GiB`, `24G`, `1.5TiB`, `64KiB`, `100B`.
+/// Every suffix is binary (`K`/`KB`/`KiB` = 1024, `M` = 1024², `G`, `T`, `P`); case and
+/// spaces before the suffix do not matter.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let lower = text.to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(lower.len());
+    let (number, suffix) = lower.split_at(split);
+    let shift = match suffix.trim() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        _ => {
+            return Err(format!(
+                "not a size: {text:?} (examples: 24GiB, 512MiB, 24G, 1073741824)"
+            ));
+        }
+    };
+    let bad = || format!("not a size: {text:?} (examples: 24GiB, 512MiB, 24G, 1073741824)");
+    if number.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole
+            .checked_mul(1u64 << shift)
+            .ok_or_else(|| format!("size too large: {text:?}"));
+    }
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!("size too large: {text:?}"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("24GiB"), Ok(24 << 30));
+        assert_eq!(parse_size("24G"), Ok(24 << 30));
+        assert_eq!(parse_size("24gb"), Ok(24 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("512 M"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("100B"), Ok(100));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_size("99999999999P").is_err());
+    }
+}

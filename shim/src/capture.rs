@@ -330,7 +330,7 @@ fn record(
     let config = lifecycle::config();
     let stack = match config.stack {
         StackMode::None => 0,
-        StackMode::Native => stacks::capture(config.max_frames, now),
+        mode => stacks::capture(mode, config.max_frames, now),
     };
     let mem_info = if kind == EventKind::AllocFailed {
         mem_get_info()

@@ -9,6 +9,10 @@ use std::os::unix::ffi::OsStringExt;
 pub enum StackMode {
     None,
     Native,
+    /// Python frames only (native ones where a thread runs no Python code).
+    Python,
+    /// Native and Python frames (Python frames only where an interpreter is present).
+    Mixed,
 }
 
 impl StackMode {
@@ -16,6 +20,8 @@ impl StackMode {
         match self {
             StackMode::None => "none",
             StackMode::Native => "native",
+            StackMode::Python => "python",
+            StackMode::Mixed => "mixed",
         }
     }
 }
@@ -62,7 +68,7 @@ impl Config {
         let mut warnings = Vec::new();
         let mut config = Config {
             output: env("VRAMSHIM_OUTPUT").filter(|v| !v.is_empty()),
-            stack: StackMode::Native,
+            stack: StackMode::Mixed,
             max_frames: 64,
             buffer_events: 8192,
             flush_ms: 50,
@@ -76,9 +82,14 @@ impl Config {
             match value.as_str() {
                 "none" => config.stack = StackMode::None,
                 "native" => config.stack = StackMode::Native,
-                // Python capture comes later; until then these record native stacks.
-                "mixed" | "python" => config.stack = StackMode::Native,
-                _ => warnings.push(invalid("VRAMSHIM_STACK", &value, "none, native", "native")),
+                "python" => config.stack = StackMode::Python,
+                "mixed" => config.stack = StackMode::Mixed,
+                _ => warnings.push(invalid(
+                    "VRAMSHIM_STACK",
+                    &value,
+                    "none, native, python, mixed",
+                    "mixed",
+                )),
             }
         }
         config.max_frames = number(

@@ -19,6 +19,7 @@ mod config;
 mod flight;
 mod interpose;
 mod lifecycle;
+mod python;
 mod resolver;
 mod stacks;
 mod table;

@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 use vramshim_format::{Frame, ModuleDef, Record, StackDef};
 
 use crate::capture::THREAD;
-use crate::writer;
+use crate::config::StackMode;
+use crate::{python, writer};
 
 const MAX_FRAMES: usize = 256;
 const CACHE_SLOTS: usize = 256;
@@ -81,9 +82,38 @@ static SHIM_END: AtomicUsize = AtomicUsize::new(0);
 /// Modules already written to the log, as sorted (start, end) ranges.
 static MODULES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
-/// Captures the calling thread's native stack (innermost first, shim frames removed) and
-/// returns its id (0 if nothing could be captured).
-pub fn capture(max_frames: usize, now_ns: u64) -> u32 {
+/// Key words a stack may take: native frames, then Python frames and their tag word.
+const KEY_WORDS: usize = MAX_FRAMES + python::MAX_PY_FRAMES * python::WORDS_PER_FRAME + 1;
+
+/// Captures the calling thread's stack as `mode` asks (native frames innermost first, shim
+/// frames removed; then its Python frames) and returns its id (0 if nothing was captured).
+/// `python` mode falls back to the native stack where the thread runs no Python code.
+pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
+    let mut key = [0u64; KEY_WORDS];
+    let mut py = [0u64; python::MAX_PY_FRAMES * python::WORDS_PER_FRAME];
+    let py_count = if mode == StackMode::Native {
+        0
+    } else {
+        python::walk(&mut py)
+    };
+    let mut count = 0;
+    if mode != StackMode::Python || py_count == 0 {
+        count = capture_native(&mut key[..MAX_FRAMES], max_frames, now_ns);
+    }
+    if py_count > 0 {
+        let words = py_count * python::WORDS_PER_FRAME;
+        key[count..count + words].copy_from_slice(&py[..words]);
+        key[count + words] = python::PY_KEY_TAG | py_count as u64;
+        count += words + 1;
+    }
+    if count == 0 {
+        return 0;
+    }
+    intern(&key[..count])
+}
+
+/// The native part: up to `max_frames` return addresses into `frames`; returns the count.
+fn capture_native(frames: &mut [u64], max_frames: usize, now_ns: u64) -> usize {
     let mut raw = [0u64; MAX_FRAMES + 16];
     let max = max_frames.min(MAX_FRAMES);
     let (shim_start, shim_end) = shim_range();
@@ -106,7 +136,6 @@ pub fn capture(max_frames: usize, now_ns: u64) -> u32 {
         })
         .unwrap_or(0);
     let skip = raw[..walked].iter().take_while(|&&ip| in_shim(ip)).count();
-    let mut frames = [0u64; MAX_FRAMES];
     let mut count = 0;
     for &ip in raw[skip..walked]
         .iter()
@@ -120,10 +149,7 @@ pub fn capture(max_frames: usize, now_ns: u64) -> u32 {
         // Objects without .eh_frame_hdr: the slow, general unwinder.
         count = capture_with_libgcc(&mut frames[..max], in_shim);
     }
-    if count == 0 {
-        return 0;
-    }
-    intern(&frames[..count])
+    count
 }
 
 fn capture_with_libgcc(frames: &mut [u64], in_shim: impl Fn(u64) -> bool) -> usize {
@@ -208,11 +234,32 @@ fn intern_shared(hash: u64, frames: &[u64]) -> u32 {
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     bucket.push((frames.into(), id));
-    // Define the modules first, so a reader always knows where a stack's frames point.
-    define_modules(frames);
+    // A key ends with its Python frames, then a tag word counting them.
+    let py_count = match frames.last() {
+        Some(&last) if last & python::PY_KEY_TAG == python::PY_KEY_TAG => {
+            (last & 0xffff_ffff) as usize
+        }
+        _ => 0,
+    };
+    let py_words = py_count * python::WORDS_PER_FRAME;
+    let native_count = frames
+        .len()
+        .saturating_sub(py_words + usize::from(py_count > 0));
+    let (native, py) = frames.split_at(native_count);
+    // Define the modules and code objects first, so a reader always knows where a stack's
+    // frames point.
+    define_modules(native);
+    let mut defined: Vec<Frame> = native.iter().map(|&ip| Frame::Native(ip)).collect();
+    for words in py[..py_words.min(py.len())].chunks_exact(python::WORDS_PER_FRAME) {
+        defined.push(Frame::Python {
+            code: python::code_id(words[0], words[1]),
+            offset: (words[2] >> 1) as u32,
+            entry: words[2] & 1 == 1,
+        });
+    }
     writer::define(Record::Stack(StackDef {
         id,
-        frames: frames.iter().map(|&ip| Frame::Native(ip)).collect(),
+        frames: defined,
     }));
     id
 }
@@ -243,6 +290,7 @@ pub fn reset_after_fork() {
         shard.lock().clear();
     }
     MODULES.lock().clear();
+    python::reset_after_fork();
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -252,6 +300,7 @@ pub fn lock_all() {
         std::mem::forget(shard.lock());
     }
     std::mem::forget(MODULES.lock());
+    python::lock_all();
 }
 
 /// Releases what [`lock_all`] took.
@@ -259,6 +308,7 @@ pub fn lock_all() {
 /// # Safety
 /// Only after [`lock_all`], on the thread that called it (or its fork child).
 pub unsafe fn unlock_all() {
+    unsafe { python::unlock_all() };
     unsafe { MODULES.force_unlock() };
     for shard in &SHARDS_TABLE {
         unsafe { shard.force_unlock() };

@@ -684,7 +684,7 @@ fn invalid_settings_warn_once_each_and_recording_uses_the_defaults() {
         assert!(naming[0].starts_with("vramshim: "), "{stderr}");
     }
     let dump = dump(&run.log());
-    assert_eq!(dump[0]["stack_mode"], "native");
+    assert_eq!(dump[0]["stack_mode"], "mixed");
     let events = events(&dump);
     assert_eq!(shapes(&events), printed_shapes(&program_ops(&run.stdout())));
     assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
@@ -897,7 +897,7 @@ fn the_header_describes_the_process() {
     assert_eq!(env.len(), 4);
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(header["hostname"], hostname.trim_end());
-    assert_eq!(header["stack_mode"], "native");
+    assert_eq!(header["stack_mode"], "mixed");
     assert_eq!(header["mode"], "stream");
     assert_eq!(header["recorder"], env!("CARGO_PKG_VERSION"));
     let start = u64_of(header, "start_unix_ns");

@@ -613,8 +613,10 @@ fn dump_skips_a_damaged_middle_chunk_and_goes_on() {
     assert_eq!(
         stderr,
         format!(
-            "vramshim: warning: {}: damaged chunk at byte {start} ({len} bytes, checksum mismatch) skipped\n",
-            flipped.display()
+            "vramshim: warning: {}: damaged chunk at byte {start} ({} bytes, checksum mismatch) skipped\n",
+            flipped.display(),
+            // The whole chunk, its 12-byte chunk header included, up to the next marker.
+            len + 12
         )
     );
     let dump = json_lines(&output);

@@ -1,23 +1,48 @@
 //! Grouping a set of allocations by call stack, flat and as a caller → callee tree.
 
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustc_hash::FxHashMap;
 
+use crate::python::{self, StackView};
 use crate::replay::{Live, Process};
 use crate::symbols::{SymFrame, Symbolizer};
+
+/// The view [`Stacks::new`] uses (a command's `--stacks`), as a [`StackView`] index.
+static VIEW: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the view every later [`Stacks::new`] uses.
+pub fn set_view(view: StackView) {
+    VIEW.store(view as u8, Ordering::Relaxed);
+}
+
+fn current_view() -> StackView {
+    match VIEW.load(Ordering::Relaxed) {
+        1 => StackView::Python,
+        2 => StackView::Native,
+        _ => StackView::Mixed,
+    }
+}
 
 /// Symbolised stacks of every process of a replay, each resolved once.
 pub struct Stacks {
     symbolizers: Vec<Option<Symbolizer>>,
     cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
+    view: StackView,
 }
 
 impl Stacks {
+    /// Stacks shown as the command's `--stacks` asks (default: mixed).
     pub fn new(processes: &[Process]) -> Stacks {
+        Stacks::with_view(processes, current_view())
+    }
+
+    pub fn with_view(processes: &[Process], view: StackView) -> Stacks {
         Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),
+            view,
         }
     }
 
@@ -32,7 +57,22 @@ impl Stacks {
                 Some(ips) => {
                     let symbolizer = self.symbolizers[process as usize]
                         .get_or_insert_with(|| Symbolizer::new(info.modules.clone()));
-                    symbolizer.stack(ips).into()
+                    match info.python_stacks.get(&stack) {
+                        Some(py) if self.view != StackView::Native => {
+                            let frames: Vec<SymFrame> = py
+                                .iter()
+                                .map(|&f| python::sym_frame(info.codes.get(&f.code), f))
+                                .collect();
+                            if self.view == StackView::Python {
+                                frames.into()
+                            } else {
+                                let native =
+                                    ips.iter().map(|&ip| symbolizer.stack(&[ip])).collect();
+                                python::splice(native, python::groups(&frames, py)).into()
+                            }
+                        }
+                        _ => symbolizer.stack(ips).into(),
+                    }
                 }
                 None => Rc::from(Vec::new()),
             },

@@ -2,9 +2,14 @@
 //! formats output.
 
 pub mod allocated;
+pub mod allocator;
 pub mod apis;
+pub mod diff;
+pub mod flame;
 pub mod groups;
 pub mod oom;
 pub mod peaks;
+pub mod requests;
 pub mod snapshot;
 pub mod summary;
+pub mod timeline;

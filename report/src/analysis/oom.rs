@@ -49,7 +49,6 @@ pub struct Failure {
     pub process: u32,
     pub t_ns: u64,
     /// Sequence number of the failed event.
-    #[allow(dead_code)] // read by `flamegraph --what oom` (landing next)
     pub seq: u64,
     pub api: u16,
     pub device: i32,

@@ -43,14 +43,12 @@ impl Snapshot {
 
 /// Captures each device's live set right after the event with the given sequence number
 /// (for moments found by an earlier pass, such as a failed allocation).
-#[allow(dead_code)] // used by `flamegraph --what oom` (landing next)
 pub struct SnapshotsAt {
     /// (sequence number, device), sorted by sequence number.
     targets: Vec<(u64, i32)>,
     pub taken: Vec<Snapshot>,
 }
 
-#[allow(dead_code)]
 impl SnapshotsAt {
     pub fn new(mut targets: Vec<(u64, i32)>) -> SnapshotsAt {
         targets.sort();

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use crate::Failure;
+use crate::python::StackView;
 
 /// Which recording(s) to read and how to print.
 #[derive(clap::Args, Clone, Debug)]
@@ -21,6 +22,22 @@ pub struct Select {
     /// The same content as one JSON document.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Which frames stacks show (commands that print stacks flatten this beside [`Select`]).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct StacksArg {
+    /// mixed: Python frames in place of the interpreter's eval loop; python: Python frames
+    /// only (native ones where a stack has none); native: native frames only.
+    #[arg(long, value_enum, default_value_t = StackView::Mixed)]
+    pub stacks: StackView,
+}
+
+impl StacksArg {
+    /// Makes every later stack grouping use this view.
+    pub fn apply(self) {
+        crate::analysis::groups::set_view(self.stacks);
+    }
 }
 
 /// Prints `warnings` on stderr, then the JSON document or the text report on stdout.

@@ -123,7 +123,18 @@ pub fn record_json(header: &Header, record: &Record) -> Value {
         Record::Stack(stack) => json!({
             "type": "stack",
             "id": stack.id,
-            "frames": stack.frames.iter().map(|Frame::Native(ip)| *ip).collect::<Vec<u64>>(),
+            "frames": stack.frames.iter().map(|frame| match *frame {
+                Frame::Native(ip) => json!(ip),
+                Frame::Python { code, offset, entry } => {
+                    json!({"code": code, "offset": offset, "entry": entry})
+                }
+            }).collect::<Vec<Value>>(),
+        }),
+        Record::Code(code) => json!({
+            "type": "code", "id": code.id,
+            "python": format!("{}.{}", code.python >> 8, code.python & 0xff),
+            "filename": code.filename, "qualname": code.qualname,
+            "first_line": code.first_line, "line_table": hex(&code.line_table),
         }),
         Record::Module(module) => json!({
             "type": "module", "path": module.path, "load_bias": module.load_bias,
@@ -212,11 +223,28 @@ fn write_record_text(out: &mut impl Write, header: &Header, record: &Record) -> 
             bytes(m.total)
         ),
         Record::ThreadName(t) => writeln!(out, "thread {} is {:?}", t.thread, t.name),
+        Record::Code(c) => writeln!(
+            out,
+            "code {}: {} ({}:{}) python {}.{}",
+            c.id,
+            c.qualname,
+            c.filename,
+            c.first_line,
+            c.python >> 8,
+            c.python & 0xff
+        ),
         Record::Stack(s) => {
             let frames: Vec<String> = s
                 .frames
                 .iter()
-                .map(|Frame::Native(ip)| format!("{ip:#x}"))
+                .map(|frame| match *frame {
+                    Frame::Native(ip) => format!("{ip:#x}"),
+                    Frame::Python {
+                        code,
+                        offset,
+                        entry,
+                    } => format!("py:{code}@{offset}{}", if entry { "!" } else { "" }),
+                })
                 .collect();
             writeln!(out, "stack {}: {}", s.id, frames.join(" "))
         }

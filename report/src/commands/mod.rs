@@ -1,8 +1,13 @@
 //! One module per subcommand.
 
+pub mod allocator;
 pub mod common;
+pub mod diff;
 pub mod dump;
+pub mod flamegraph;
 pub mod oom;
 pub mod peak;
 pub mod report;
 pub mod run;
+pub mod timeline;
+pub mod whatif;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack_totals};
 use crate::analysis::oom::Oom;
-use crate::commands::common::{Select, emit};
+use crate::commands::common::{Select, StacksArg, emit};
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
@@ -13,6 +13,8 @@ use crate::replay::{self, Stop};
 pub struct Args {
     #[command(flatten)]
     select: Select,
+    #[command(flatten)]
+    view: StacksArg,
     /// Live stacks listed per failure (text only).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -23,6 +25,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    args.view.apply();
     let mut analysis = Oom::new(select.device);
     let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
     let processes = &replay.processes;

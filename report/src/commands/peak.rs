@@ -7,7 +7,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{Select, emit};
+use crate::commands::common::{Select, StacksArg, emit};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
 use crate::units;
@@ -30,6 +30,8 @@ pub struct Shape {
 pub struct PeakArgs {
     #[command(flatten)]
     select: Select,
+    #[command(flatten)]
+    view: StacksArg,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
     /// `1.5s`, `250ms`, `40us`, `1200ns`).
     #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
@@ -43,11 +45,14 @@ pub struct LeaksArgs {
     #[command(flatten)]
     select: Select,
     #[command(flatten)]
+    view: StacksArg,
+    #[command(flatten)]
     shape: Shape,
 }
 
 pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    args.view.apply();
     let (replay, snapshots, what) = match args.at {
         Some(at) => {
             let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
@@ -69,6 +74,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    args.view.apply();
     let replay = replay::run(&select.logs, &mut [], Stop::End)?;
     let snapshots = devices_of(&replay.state, select.device)
         .into_iter()

@@ -6,7 +6,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{Select, emit};
+use crate::commands::common::{Select, StacksArg, emit};
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -14,10 +14,13 @@ use crate::replay::{self, Stop};
 pub struct Args {
     #[command(flatten)]
     select: Select,
+    #[command(flatten)]
+    view: StacksArg,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    args.view.apply();
     // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);

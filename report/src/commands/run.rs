@@ -16,8 +16,9 @@ pub struct Args {
     /// Log path (`%p` = pid of the recorded process); default vramshim-<program>.<pid>.vlog.
     #[arg(short = 'o', long = "output")]
     output: Option<OsString>,
-    /// Call stacks to capture: none or native (default native).
-    #[arg(long, value_parser = ["none", "native"])]
+    /// Call stacks to capture: none, native, python or mixed (default mixed: native frames
+    /// plus, in a Python process, the Python frames).
+    #[arg(long, value_parser = ["none", "native", "python", "mixed"])]
     stack: Option<String>,
     /// The program and its arguments.
     #[arg(required = true, last = true)]

@@ -1,8 +1,14 @@
 //! Renderers: text and JSON from analysis results. Nothing here reads logs.
 
+pub mod allocator;
+pub mod diff;
+pub mod flamegraph;
 pub mod oom;
 pub mod snapshot;
 pub mod summary;
+pub mod svg;
+pub mod timeline;
+pub mod whatif;
 
 use std::io::{self, Write};
 

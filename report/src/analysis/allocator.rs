@@ -1,0 +1,739 @@
+//! The caching-allocator view of a recording: which allocator pattern the device's
+//! allocations follow (PyTorch's native caching allocator, expandable segments,
+//! `cudaMallocAsync`, one buffer per allocation), reserved bytes over time, segment sizes,
+//! `cudaMalloc`/`cudaFree` counts, `empty_cache()`-like release bursts, and device memory
+//! outside every allocator.
+//!
+//! "Reserved" here is what the hooks see held from the driver: live `cudaMalloc`/`cuMemAlloc`
+//! allocations, VMM physical allocations (`cuMemCreate`) and stream-ordered allocations of the
+//! device (managed memory and pinned host memory excluded). For PyTorch's native allocator and
+//! expandable segments that is exactly `torch.cuda.memory_reserved()`; for `cudaMallocAsync`
+//! it is the live tensors (the driver pool's own cache is invisible to the hooks).
+
+use std::collections::BTreeMap;
+
+use vramshim_format::EventKind;
+
+use super::apis::Family;
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
+
+const MIB: u64 = 1 << 20;
+/// Points kept in a reserved-bytes series; a long log costs the same as a short one.
+pub const MAX_POINTS: usize = 256;
+/// Distinct allocation sizes counted exactly per device; later new sizes go to "other".
+pub const MAX_SIZES: usize = 4096;
+/// Release bursts kept per device; later ones are only counted.
+pub const MAX_BURSTS: usize = 1000;
+/// Longest gap between two frees of one release burst.
+pub const BURST_GAP_NS: u64 = 100_000_000;
+/// Fewest frees that make a burst.
+pub const BURST_MIN_FREES: u64 = 2;
+/// Width of the first series bucket.
+const FIRST_BUCKET_NS: u64 = 1_000_000;
+
+/// Recorded environment variables that select PyTorch's allocator.
+pub const ALLOC_ENV: [&str; 3] = [
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+];
+
+/// Which allocator the recorded allocations look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// PyTorch's default caching allocator: `cudaMalloc` of segments (2 MiB, 20 MiB, larger
+    /// multiples of 2 MiB).
+    NativeCaching,
+    /// PyTorch's `expandable_segments:True`: VMM chunks of 2 MiB / 20 MiB.
+    ExpandableSegments,
+    /// A stream-ordered pool (`cudaMallocAsync`): one allocation per tensor.
+    CudaMallocAsync,
+    /// One `cudaMalloc` per buffer, no caching (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, or a
+    /// program managing its own buffers).
+    PerBuffer,
+    /// Nothing allocated, or nothing recognisable.
+    Unknown,
+}
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::NativeCaching => "native_caching",
+            Pattern::ExpandableSegments => "expandable_segments",
+            Pattern::CudaMallocAsync => "cuda_malloc_async",
+            Pattern::PerBuffer => "per_buffer",
+            Pattern::Unknown => "unknown",
+        }
+    }
+
+    /// Whether the device's allocations are allocator segments rather than tensors.
+    pub fn is_segments(self) -> bool {
+        matches!(self, Pattern::NativeCaching | Pattern::ExpandableSegments)
+    }
+}
+
+/// A size PyTorch's native allocator `cudaMalloc`s for a segment: 2 MiB, or a multiple of
+/// 2 MiB from 10 MiB on (20 MiB included).
+pub fn is_segment_size(size: u64) -> bool {
+    size == 2 * MIB || (size >= 10 * MIB && size.is_multiple_of(2 * MIB))
+}
+
+/// The allocator settings a process's header recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocEnv {
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING` set to a true value.
+    pub no_caching: bool,
+    /// `backend:cudaMallocAsync` in either configuration variable.
+    pub cuda_malloc_async: bool,
+    /// `expandable_segments:True` in either configuration variable.
+    pub expandable: bool,
+}
+
+impl AllocEnv {
+    /// Reads the recorded variables (PyTorch uses `PYTORCH_ALLOC_CONF` when set, else
+    /// `PYTORCH_CUDA_ALLOC_CONF`).
+    pub fn of(process: &Process) -> AllocEnv {
+        let header = &process.header;
+        let no_caching = header
+            .env_value("PYTORCH_NO_CUDA_MEMORY_CACHING")
+            .is_some_and(|v| {
+                let v = v.trim();
+                !v.is_empty() && v != "0"
+            });
+        let mut env = AllocEnv {
+            no_caching,
+            ..AllocEnv::default()
+        };
+        let conf = header
+            .env_value("PYTORCH_ALLOC_CONF")
+            .or_else(|| header.env_value("PYTORCH_CUDA_ALLOC_CONF"));
+        if let Some(conf) = conf {
+            for (key, value) in conf_pairs(conf) {
+                match key.as_str() {
+                    "backend" => {
+                        env.cuda_malloc_async = value.eq_ignore_ascii_case("cudaMallocAsync")
+                    }
+                    "expandable_segments" => env.expandable = value == "True" || value == "true",
+                    _ => {}
+                }
+            }
+        }
+        env
+    }
+}
+
+/// The top-level `key:value` pairs of an allocator configuration string (brackets kept
+/// inside values), spaces removed.
+fn conf_pairs(conf: &str) -> Vec<(String, String)> {
+    let cleaned: String = conf.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut current = String::new();
+    for c in cleaned.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth <= 0 => {
+                parts.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    parts.push(current);
+    parts
+        .into_iter()
+        .filter_map(|part| {
+            part.split_once(':')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// What a device's allocations looked like, for [`PatternCounts::classify`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PatternCounts {
+    /// Successful `cudaMalloc` / `cuMemAlloc` (runtime and driver families, arrays excluded).
+    pub plain_allocs: u64,
+    /// ... of which had a segment size ([`is_segment_size`]).
+    pub segment_sized: u64,
+    /// Successful stream-ordered allocations.
+    pub async_allocs: u64,
+    /// Successful `cuMemCreate`.
+    pub vmm_creates: u64,
+    /// ... of which were multiples of 2 MiB.
+    pub chunk_sized: u64,
+    /// The settings of the processes that allocated on the device, or-ed.
+    pub env: AllocEnv,
+}
+
+impl PatternCounts {
+    /// Says which allocator the counts look like, and why.
+    pub fn classify(&self) -> (Pattern, String) {
+        let c = self;
+        if c.plain_allocs + c.async_allocs + c.vmm_creates == 0 {
+            return (
+                Pattern::Unknown,
+                "no cudaMalloc, stream-ordered or VMM allocation on the device".to_string(),
+            );
+        }
+        if c.env.no_caching {
+            return (
+                Pattern::PerBuffer,
+                "PYTORCH_NO_CUDA_MEMORY_CACHING is set in the recorded environment".to_string(),
+            );
+        }
+        if c.env.cuda_malloc_async {
+            return (
+                Pattern::CudaMallocAsync,
+                "the recorded allocator configuration selects backend:cudaMallocAsync".to_string(),
+            );
+        }
+        if c.vmm_creates > 0
+            && c.vmm_creates >= c.plain_allocs
+            && c.vmm_creates >= c.async_allocs
+            && (c.env.expandable || c.chunk_sized * 10 >= c.vmm_creates * 9)
+        {
+            let why = if c.env.expandable {
+                "the recorded configuration sets expandable_segments:True and physical memory comes from cuMemCreate chunks"
+            } else {
+                "physical memory comes from cuMemCreate chunks of multiples of 2 MiB"
+            };
+            return (Pattern::ExpandableSegments, why.to_string());
+        }
+        if c.async_allocs > c.plain_allocs {
+            return (
+                Pattern::CudaMallocAsync,
+                "most allocations are stream-ordered (cudaMallocAsync / cuMemAllocAsync)"
+                    .to_string(),
+            );
+        }
+        if c.plain_allocs > 0 && c.segment_sized * 10 >= c.plain_allocs * 9 {
+            return (
+                Pattern::NativeCaching,
+                format!(
+                    "{} of {} cudaMalloc sizes are caching-allocator segment sizes (2 MiB, or multiples of 2 MiB from 10 MiB)",
+                    c.segment_sized, c.plain_allocs
+                ),
+            );
+        }
+        if c.plain_allocs > 0 {
+            return (
+                Pattern::PerBuffer,
+                format!(
+                    "only {} of {} cudaMalloc sizes are caching-allocator segment sizes",
+                    c.segment_sized, c.plain_allocs
+                ),
+            );
+        }
+        (
+            Pattern::Unknown,
+            "allocations follow no known allocator pattern".to_string(),
+        )
+    }
+}
+
+/// A value over time in bounded memory: at most [`MAX_POINTS`] buckets of equal width, each
+/// holding the highest value reached in it; the width doubles as the replay runs on.
+#[derive(Clone, Debug)]
+pub struct Series {
+    pub bucket_ns: u64,
+    buckets: Vec<Option<u64>>,
+    level: u64,
+}
+
+impl Default for Series {
+    fn default() -> Series {
+        Series {
+            bucket_ns: FIRST_BUCKET_NS,
+            buckets: Vec::new(),
+            level: 0,
+        }
+    }
+}
+
+impl Series {
+    /// The value changed to `value` at `t_ns`.
+    pub fn record(&mut self, t_ns: u64, value: u64) {
+        let mut index = t_ns / self.bucket_ns;
+        while index >= MAX_POINTS as u64 {
+            let merged: Vec<Option<u64>> = self
+                .buckets
+                .chunks(2)
+                .map(|pair| pair.iter().flatten().copied().max())
+                .collect();
+            self.buckets = merged;
+            self.bucket_ns = self.bucket_ns.saturating_mul(2);
+            index = t_ns / self.bucket_ns;
+        }
+        let index = index as usize;
+        if self.buckets.len() <= index {
+            self.buckets.resize(index + 1, None);
+        }
+        let slot = &mut self.buckets[index];
+        let start = slot.unwrap_or(self.level);
+        *slot = Some(start.max(value));
+        self.level = value;
+    }
+
+    /// (bucket start, highest value in the bucket) for each bucket where the value changed.
+    pub fn points(&self) -> Vec<(u64, u64)> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i as u64 * self.bucket_ns, v)))
+            .collect()
+    }
+}
+
+/// Several frees of segments close together with no allocation between them: what
+/// `torch.cuda.empty_cache()` looks like from below.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Burst {
+    pub process: u32,
+    pub t_ns: u64,
+    pub end_t_ns: u64,
+    pub frees: u64,
+    pub bytes: u64,
+}
+
+/// Calls and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Calls {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl Calls {
+    fn add(&mut self, bytes: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// Used device memory outside every allocator: `cuMemGetInfo` used − reserved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outside {
+    pub samples: u64,
+    pub max: u64,
+    pub max_t_ns: u64,
+    pub last: u64,
+    pub last_t_ns: u64,
+    /// The device's total memory (last sample).
+    pub total: u64,
+}
+
+/// Everything the view keeps for one device.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceAllocator {
+    pub device: i32,
+    pub counts: PatternCounts,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub peak_t_ns: u64,
+    pub series: Series,
+    /// Successful allocation sizes (plain allocations and VMM creates): size → count.
+    pub sizes: BTreeMap<u64, u64>,
+    /// Allocations whose size came after [`MAX_SIZES`] distinct ones.
+    pub other_sizes: Calls,
+    pub malloc: Calls,
+    pub malloc_failed: Calls,
+    pub free: Calls,
+    pub vmm_create: Calls,
+    pub vmm_release: Calls,
+    pub vmm_maps: u64,
+    pub vmm_unmaps: u64,
+    pub async_alloc: Calls,
+    pub async_free: Calls,
+    pub trims: u64,
+    pub bursts: Vec<Burst>,
+    pub bursts_omitted: u64,
+    pub burst_total: Calls,
+    pub outside: Option<Outside>,
+    current_burst: Option<Burst>,
+    /// A failed allocation and no allocation since: frees now belong to an OOM retry.
+    after_failure: bool,
+}
+
+impl DeviceAllocator {
+    fn new(device: i32) -> DeviceAllocator {
+        DeviceAllocator {
+            device,
+            ..DeviceAllocator::default()
+        }
+    }
+
+    pub fn pattern(&self) -> (Pattern, String) {
+        self.counts.classify()
+    }
+
+    fn set_reserved(&mut self, t_ns: u64, value: u64) {
+        self.reserved = value;
+        if value > self.peak_reserved {
+            self.peak_reserved = value;
+            self.peak_t_ns = t_ns;
+        }
+        self.series.record(t_ns, value);
+    }
+
+    fn close_burst(&mut self) {
+        if let Some(burst) = self.current_burst.take()
+            && burst.frees >= BURST_MIN_FREES
+        {
+            self.burst_total.count += 1;
+            self.burst_total.bytes += burst.bytes;
+            if self.bursts.len() < MAX_BURSTS {
+                self.bursts.push(burst);
+            } else {
+                self.bursts_omitted += 1;
+            }
+        }
+    }
+
+    fn segment_freed(&mut self, process: u32, t_ns: u64, bytes: u64) {
+        if self.after_failure {
+            return;
+        }
+        if let Some(burst) = &mut self.current_burst
+            && burst.process == process
+            && t_ns.saturating_sub(burst.end_t_ns) <= BURST_GAP_NS
+        {
+            burst.end_t_ns = t_ns;
+            burst.frees += 1;
+            burst.bytes += bytes;
+            return;
+        }
+        self.close_burst();
+        self.current_burst = Some(Burst {
+            process,
+            t_ns,
+            end_t_ns: t_ns,
+            frees: 1,
+            bytes,
+        });
+    }
+
+    fn count_size(&mut self, size: u64) {
+        if let Some(n) = self.sizes.get_mut(&size) {
+            *n += 1;
+        } else if self.sizes.len() < MAX_SIZES {
+            self.sizes.insert(size, 1);
+        } else {
+            self.other_sizes.add(size);
+        }
+    }
+}
+
+/// Which family a live object belongs to, for the reserved figure.
+fn counts_as_reserved(live: &Live, family: Family) -> bool {
+    live.device >= 0
+        && (live.kind == EventKind::Create
+            || matches!(
+                family,
+                Family::Runtime | Family::Driver | Family::StreamOrdered
+            ))
+}
+
+/// Observer building the allocator view of every device (or only `device`).
+pub struct AllocatorView {
+    filter: Option<i32>,
+    pub devices: Vec<DeviceAllocator>,
+    /// `cuMemAddressReserve` calls (address space only, any device).
+    pub reservations: Calls,
+    /// Family of each api index, per process.
+    families: Vec<Vec<Family>>,
+    envs: Vec<Option<AllocEnv>>,
+}
+
+impl AllocatorView {
+    pub fn new(filter: Option<i32>) -> AllocatorView {
+        AllocatorView {
+            filter,
+            devices: Vec::new(),
+            reservations: Calls::default(),
+            families: Vec::new(),
+            envs: Vec::new(),
+        }
+    }
+
+    /// Closes open bursts; call once after the replay.
+    pub fn finish(&mut self) {
+        for device in &mut self.devices {
+            device.close_burst();
+        }
+        self.devices.sort_by_key(|d| d.device);
+    }
+
+    /// The view of `device`, if anything happened there.
+    pub fn device(&self, device: i32) -> Option<&DeviceAllocator> {
+        self.devices.iter().find(|d| d.device == device)
+    }
+
+    fn family(&mut self, processes: &[Process], process: u32, api: u16) -> Family {
+        let p = process as usize;
+        if self.families.len() <= p {
+            self.families.resize(p + 1, Vec::new());
+        }
+        let cache = &mut self.families[p];
+        if cache.is_empty()
+            && let Some(proc_) = processes.get(p)
+        {
+            *cache = proc_
+                .header
+                .apis
+                .iter()
+                .map(|name| Family::of(name))
+                .collect();
+        }
+        cache
+            .get(usize::from(api))
+            .copied()
+            .unwrap_or(Family::Driver)
+    }
+
+    fn env(&mut self, processes: &[Process], process: u32) -> AllocEnv {
+        let p = process as usize;
+        if self.envs.len() <= p {
+            self.envs.resize(p + 1, None);
+        }
+        if let Some(env) = &self.envs[p] {
+            return env.clone();
+        }
+        let env = processes.get(p).map(AllocEnv::of).unwrap_or_default();
+        self.envs[p] = Some(env.clone());
+        env
+    }
+
+    fn slot(&mut self, device: i32) -> Option<&mut DeviceAllocator> {
+        if device < 0 || self.filter.is_some_and(|d| d != device) {
+            return None;
+        }
+        let index = match self.devices.iter().position(|d| d.device == device) {
+            Some(index) => index,
+            None => {
+                self.devices.push(DeviceAllocator::new(device));
+                self.devices.len() - 1
+            }
+        };
+        Some(&mut self.devices[index])
+    }
+
+    fn removed(&mut self, processes: &[Process], process: u32, t_ns: u64, live: &Live) {
+        let family = self.family(processes, live.process, live.api);
+        let reserved = counts_as_reserved(live, family);
+        let Some(dev) = self.slot(live.device) else {
+            return;
+        };
+        if reserved {
+            let value = dev.reserved.saturating_sub(live.size);
+            dev.set_reserved(t_ns, value);
+        }
+        if live.kind == EventKind::Create {
+            dev.vmm_release.add(live.size);
+            dev.segment_freed(process, t_ns, live.size);
+        } else {
+            match family {
+                Family::Runtime | Family::Driver if live.addr != 0 => {
+                    dev.free.add(live.size);
+                    dev.segment_freed(process, t_ns, live.size);
+                }
+                Family::StreamOrdered => dev.async_free.add(live.size),
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Observer for AllocatorView {
+    fn step(&mut self, _state: &State, processes: &[Process], step: &Step<'_>) {
+        match step {
+            Step::Event {
+                process,
+                t_ns,
+                event,
+                effect,
+            } => {
+                let (process, t_ns) = (*process, *t_ns);
+                match effect {
+                    Effect::Added(live) => {
+                        let family = self.family(processes, process, live.api);
+                        let env = self.env(processes, process);
+                        let reserved = counts_as_reserved(live, family);
+                        let Some(dev) = self.slot(live.device) else {
+                            return;
+                        };
+                        dev.close_burst();
+                        dev.after_failure = false;
+                        dev.counts.env.no_caching |= env.no_caching;
+                        dev.counts.env.cuda_malloc_async |= env.cuda_malloc_async;
+                        dev.counts.env.expandable |= env.expandable;
+                        if live.kind == EventKind::Create {
+                            dev.counts.vmm_creates += 1;
+                            if live.size.is_multiple_of(2 * MIB) {
+                                dev.counts.chunk_sized += 1;
+                            }
+                            dev.vmm_create.add(live.size);
+                            dev.count_size(live.size);
+                        } else {
+                            match family {
+                                Family::Runtime | Family::Driver if live.addr != 0 => {
+                                    dev.counts.plain_allocs += 1;
+                                    if is_segment_size(live.size) {
+                                        dev.counts.segment_sized += 1;
+                                    }
+                                    dev.malloc.add(live.size);
+                                    dev.count_size(live.size);
+                                }
+                                Family::StreamOrdered => {
+                                    dev.counts.async_allocs += 1;
+                                    dev.async_alloc.add(live.size);
+                                }
+                                _ => {}
+                            }
+                        }
+                        if reserved {
+                            let value = dev.reserved + live.size;
+                            dev.set_reserved(t_ns, value);
+                        }
+                    }
+                    Effect::Removed(live) => self.removed(processes, process, t_ns, live),
+                    Effect::Failed => {
+                        let family = self.family(processes, process, event.api);
+                        let Some(dev) = self.slot(event.device) else {
+                            return;
+                        };
+                        dev.close_burst();
+                        dev.after_failure = true;
+                        if matches!(family, Family::Runtime | Family::Driver) {
+                            dev.malloc_failed.add(event.size);
+                        }
+                    }
+                    Effect::Unmatched | Effect::None => {
+                        if event.result != 0 {
+                            return;
+                        }
+                        match event.kind {
+                            EventKind::Reserve => self.reservations.add(event.size),
+                            EventKind::Map => {
+                                if let Some(dev) = self.slot(event.device) {
+                                    dev.vmm_maps += 1;
+                                }
+                            }
+                            EventKind::Unmap => {
+                                if let Some(dev) = self.slot(event.device) {
+                                    dev.vmm_unmaps += 1;
+                                }
+                            }
+                            EventKind::Trim => {
+                                if let Some(dev) = self.slot(event.device) {
+                                    dev.trims += 1;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            Step::MemInfo { t_ns, info, .. } => {
+                if let Some(dev) = self.slot(info.device) {
+                    let used = info.total.saturating_sub(info.free);
+                    let outside = used.saturating_sub(dev.reserved);
+                    let o = dev.outside.get_or_insert_with(Outside::default);
+                    o.samples += 1;
+                    if o.samples == 1 || outside > o.max {
+                        o.max = outside;
+                        o.max_t_ns = *t_ns;
+                    }
+                    o.last = outside;
+                    o.last_t_ns = *t_ns;
+                    o.total = info.total;
+                }
+            }
+            Step::Dump {
+                process,
+                t_ns,
+                cleared,
+            } => {
+                for live in cleared.iter() {
+                    self.removed(processes, *process, *t_ns, live);
+                }
+                for dev in &mut self.devices {
+                    dev.current_burst = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_sizes_are_recognised() {
+        assert!(is_segment_size(2 * MIB));
+        assert!(is_segment_size(20 * MIB));
+        assert!(is_segment_size(10 * MIB));
+        assert!(is_segment_size(24 * MIB));
+        assert!(!is_segment_size(4 * MIB));
+        assert!(!is_segment_size(3 * MIB));
+        assert!(!is_segment_size(11 * MIB));
+        assert!(!is_segment_size(MIB));
+    }
+
+    #[test]
+    fn conf_pairs_keep_brackets() {
+        assert_eq!(
+            conf_pairs("backend:cudaMallocAsync, roundup_power2_divisions:[256:1,>:4]"),
+            vec![
+                ("backend".to_string(), "cudaMallocAsync".to_string()),
+                (
+                    "roundup_power2_divisions".to_string(),
+                    "[256:1,>:4]".to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn classification_follows_sizes_and_settings() {
+        let mut c = PatternCounts {
+            plain_allocs: 10,
+            segment_sized: 10,
+            ..PatternCounts::default()
+        };
+        assert_eq!(c.classify().0, Pattern::NativeCaching);
+        c.segment_sized = 5;
+        assert_eq!(c.classify().0, Pattern::PerBuffer);
+        c.env.no_caching = true;
+        c.segment_sized = 10;
+        assert_eq!(c.classify().0, Pattern::PerBuffer);
+        let c = PatternCounts {
+            vmm_creates: 4,
+            chunk_sized: 4,
+            plain_allocs: 1,
+            ..PatternCounts::default()
+        };
+        assert_eq!(c.classify().0, Pattern::ExpandableSegments);
+        let c = PatternCounts {
+            async_allocs: 4,
+            plain_allocs: 1,
+            ..PatternCounts::default()
+        };
+        assert_eq!(c.classify().0, Pattern::CudaMallocAsync);
+        assert_eq!(PatternCounts::default().classify().0, Pattern::Unknown);
+    }
+
+    #[test]
+    fn series_stays_bounded_and_keeps_maxima() {
+        let mut s = Series::default();
+        for i in 0..10_000u64 {
+            s.record(i * 1_000_000, i);
+        }
+        let points = s.points();
+        assert!(points.len() <= MAX_POINTS);
+        assert_eq!(points.last().map(|p| p.1), Some(9_999));
+        assert_eq!(points.iter().map(|p| p.1).max(), Some(9_999));
+    }
+}

@@ -1,0 +1,493 @@
+//! Allocator request streams from tensor-level recordings, and the what-if simulation fed by
+//! them.
+//!
+//! A recording made with `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` (one
+//! `cudaMallocAsync`/`cudaFreeAsync` per tensor), with `PYTORCH_NO_CUDA_MEMORY_CACHING=1` (one
+//! `cudaMalloc`/`cudaFree` per tensor), or of any program allocating per buffer, is the
+//! request stream PyTorch's caching allocator would see. [`Requests`] turns the replay's
+//! allocations and frees on one device into [`Request`]s (ids are the allocations' sequence
+//! numbers, so they are unique), trims of a pool down to nothing (`cudaMemPoolTrimTo(pool,
+//! 0)`, which is what `torch.cuda.empty_cache()` does with `cudaMallocAsync`) into
+//! [`Request::EmptyCache`]. [`WhatIf`] feeds them to one simulator per configuration in
+//! lockstep, so memory stays bounded by the live set, whatever the log's length.
+
+use vramshim_format::EventKind;
+use vramshim_sim::{Request, Simulator};
+
+use super::allocator::AllocEnv;
+use super::apis::Family;
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
+
+/// Which allocations are PyTorch's tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// Not decided yet (decided from the first process's header).
+    #[default]
+    Undecided,
+    /// Every device allocation (a program allocating per buffer).
+    All,
+    /// `backend:cudaMallocAsync`: stream-ordered allocations only; `cudaMalloc` and
+    /// `cuMemAlloc` come from other libraries (cuBLAS's own workspace, NCCL).
+    StreamOrdered,
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: runtime `cudaMalloc` only (driver allocations
+    /// come from other libraries).
+    Runtime,
+}
+
+/// Turns replay steps into allocator requests for one device.
+#[derive(Clone, Debug, Default)]
+pub struct Requests {
+    /// The device followed: fixed by the caller, or the first device (≥ 0) allocated on.
+    pub device: Option<i32>,
+    pub allocs: u64,
+    pub frees: u64,
+    pub empty_cache: u64,
+    /// Allocations that failed in the recording (not replayed).
+    pub failed: u64,
+    /// VMM physical allocations on the device (segments, not tensors; not replayed).
+    pub vmm_creates: u64,
+    /// Other devices (≥ 0) that allocated, not followed.
+    pub other_devices: Vec<i32>,
+    /// Allocations on the device left out because another library made them (see
+    /// [`Source`]).
+    pub skipped: u64,
+    pub source: Source,
+    /// Family of each api index, per process.
+    families: Vec<Vec<Family>>,
+}
+
+impl Requests {
+    pub fn new(device: Option<i32>) -> Requests {
+        Requests {
+            device,
+            ..Requests::default()
+        }
+    }
+
+    /// Whether `device` is the one followed (choosing it when none is yet).
+    fn follows(&mut self, device: i32) -> bool {
+        if device < 0 {
+            return false;
+        }
+        match self.device {
+            Some(d) if d == device => true,
+            Some(_) => {
+                if !self.other_devices.contains(&device) {
+                    self.other_devices.push(device);
+                    self.other_devices.sort_unstable();
+                }
+                false
+            }
+            None => {
+                self.device = Some(device);
+                true
+            }
+        }
+    }
+
+    /// Whether an allocation made through `api` of `process` is a tensor.
+    fn wanted(&mut self, processes: &[Process], process: u32, api: u16) -> bool {
+        let p = process as usize;
+        if self.source == Source::Undecided {
+            let env = processes.get(p).map(AllocEnv::of).unwrap_or_default();
+            self.source = if env.cuda_malloc_async {
+                Source::StreamOrdered
+            } else if env.no_caching {
+                Source::Runtime
+            } else {
+                Source::All
+            };
+        }
+        if self.families.len() <= p {
+            self.families.resize(p + 1, Vec::new());
+        }
+        if self.families[p].is_empty()
+            && let Some(proc_) = processes.get(p)
+        {
+            self.families[p] = proc_.header.apis.iter().map(|n| Family::of(n)).collect();
+        }
+        let family = self.families[p]
+            .get(usize::from(api))
+            .copied()
+            .unwrap_or(Family::Driver);
+        match self.source {
+            Source::StreamOrdered => family == Family::StreamOrdered,
+            Source::Runtime => family == Family::Runtime,
+            Source::All | Source::Undecided => matches!(
+                family,
+                Family::Runtime | Family::Driver | Family::StreamOrdered
+            ),
+        }
+    }
+
+    fn alloc(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
+        if !self.follows(live.device) {
+            return None;
+        }
+        if live.kind != EventKind::Alloc {
+            self.vmm_creates += 1;
+            return None;
+        }
+        if !self.wanted(processes, live.process, live.api) {
+            self.skipped += 1;
+            return None;
+        }
+        self.allocs += 1;
+        Some(Request::Alloc {
+            id: live.seq,
+            size: live.size,
+            stream: live.stream,
+        })
+    }
+
+    fn free(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
+        if live.kind != EventKind::Alloc
+            || live.device < 0
+            || self.device != Some(live.device)
+            || !self.wanted(processes, live.process, live.api)
+        {
+            return None;
+        }
+        self.frees += 1;
+        Some(Request::Free { id: live.seq })
+    }
+
+    /// The requests one replay step makes, in order (at most one, except for a ring-mode
+    /// dump, which ends every live allocation of its process), passed to `sink`.
+    pub fn convert(
+        &mut self,
+        processes: &[Process],
+        step: &Step<'_>,
+        mut sink: impl FnMut(u64, Request),
+    ) {
+        match step {
+            Step::Event {
+                t_ns,
+                event,
+                effect,
+                ..
+            } => {
+                let request = match effect {
+                    Effect::Added(live) => self.alloc(processes, live),
+                    Effect::Removed(live) => self.free(processes, live),
+                    Effect::Failed => {
+                        if event.device >= 0 && self.device.is_none_or(|d| d == event.device) {
+                            self.failed += 1;
+                        }
+                        None
+                    }
+                    Effect::None | Effect::Unmatched => {
+                        let trim = event.kind == EventKind::Trim
+                            && event.result == 0
+                            && event.size == 0
+                            && (event.device < 0 || self.device.is_none_or(|d| d == event.device));
+                        if trim {
+                            self.empty_cache += 1;
+                            Some(Request::EmptyCache)
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(request) = request {
+                    sink(*t_ns, request);
+                }
+            }
+            Step::Dump { t_ns, cleared, .. } => {
+                for live in cleared.iter() {
+                    if let Some(request) = self.free(processes, live) {
+                        sink(*t_ns, request);
+                    }
+                }
+            }
+            Step::MemInfo { .. } => {}
+        }
+    }
+}
+
+/// Requests held back until the device's capacity is known (the first memory sample of a
+/// device is written right after its first allocation).
+pub const MAX_PENDING: usize = 1 << 16;
+
+/// Where the simulated device capacity came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Given,
+    /// The device's total memory from the log's `cuMemGetInfo` samples.
+    MemInfo,
+    /// Neither: nothing ever fails.
+    Unlimited,
+}
+
+impl CapacitySource {
+    pub fn name(self) -> &'static str {
+        match self {
+            CapacitySource::Given => "option",
+            CapacitySource::MemInfo => "mem_info",
+            CapacitySource::Unlimited => "unlimited",
+        }
+    }
+}
+
+/// Observer feeding one request stream to one simulator per configuration, in lockstep.
+pub struct WhatIf {
+    pub requests: Requests,
+    configs: Vec<vramshim_sim::Config>,
+    given_capacity: Option<u64>,
+    /// Empty until the capacity is known (see [`MAX_PENDING`]); then one per configuration.
+    pub simulators: Vec<Simulator>,
+    pub capacity: u64,
+    pub capacity_source: CapacitySource,
+    /// Total memory per device from the samples seen.
+    totals: Vec<(i32, u64)>,
+    pending: Vec<(u64, Request)>,
+    /// Reused for the requests of one step.
+    scratch: Vec<(u64, Request)>,
+    error: Option<String>,
+}
+
+impl WhatIf {
+    /// Checks every configuration (with the given capacity, if any).
+    pub fn new(
+        device: Option<i32>,
+        configs: Vec<vramshim_sim::Config>,
+        capacity: Option<u64>,
+    ) -> Result<WhatIf, String> {
+        for config in &configs {
+            let mut config = config.clone();
+            config.capacity = capacity.unwrap_or(u64::MAX);
+            Simulator::new(config)?;
+        }
+        let mut what_if = WhatIf {
+            requests: Requests::new(device),
+            configs,
+            given_capacity: capacity,
+            simulators: Vec::new(),
+            capacity: u64::MAX,
+            capacity_source: CapacitySource::Unlimited,
+            totals: Vec::new(),
+            pending: Vec::new(),
+            scratch: Vec::new(),
+            error: None,
+        };
+        if capacity.is_some() {
+            what_if.start();
+        }
+        Ok(what_if)
+    }
+
+    fn started(&self) -> bool {
+        !self.simulators.is_empty() || self.configs.is_empty()
+    }
+
+    fn start(&mut self) {
+        let sampled = self.requests.device.and_then(|device| {
+            self.totals
+                .iter()
+                .find(|(d, _)| *d == device)
+                .map(|(_, total)| *total)
+        });
+        (self.capacity, self.capacity_source) = match (self.given_capacity, sampled) {
+            (Some(capacity), _) => (capacity, CapacitySource::Given),
+            (None, Some(total)) => (total, CapacitySource::MemInfo),
+            (None, None) => (u64::MAX, CapacitySource::Unlimited),
+        };
+        let mut simulators = Vec::with_capacity(self.configs.len());
+        for config in &self.configs {
+            let mut config = config.clone();
+            config.capacity = self.capacity;
+            match Simulator::new(config) {
+                Ok(sim) => simulators.push(sim),
+                Err(err) => {
+                    self.error.get_or_insert(err);
+                    return;
+                }
+            }
+        }
+        self.simulators = simulators;
+        for (t_ns, request) in std::mem::take(&mut self.pending) {
+            for sim in &mut self.simulators {
+                sim.apply(t_ns, &request);
+            }
+        }
+    }
+
+    /// Feeds what is still held back; call once after the replay. Fails when a simulator
+    /// could not be made.
+    pub fn finish(&mut self) -> Result<(), String> {
+        if !self.started() && self.error.is_none() {
+            self.start();
+        }
+        match self.error.take() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Observer for WhatIf {
+    fn step(&mut self, _state: &State, processes: &[Process], step: &Step<'_>) {
+        if let Step::MemInfo { info, .. } = step {
+            match self.totals.iter_mut().find(|(d, _)| *d == info.device) {
+                Some(entry) => entry.1 = info.total,
+                None => self.totals.push((info.device, info.total)),
+            }
+            if !self.started() && self.error.is_none() && self.requests.device == Some(info.device)
+            {
+                self.start();
+            }
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.scratch);
+        self.requests
+            .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
+        for (t_ns, request) in batch.drain(..) {
+            if self.started() {
+                for sim in &mut self.simulators {
+                    sim.apply(t_ns, &request);
+                }
+            } else {
+                self.pending.push((t_ns, request));
+                if self.pending.len() >= MAX_PENDING && self.error.is_none() {
+                    self.start();
+                }
+            }
+        }
+        self.scratch = batch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vramshim_format::{Event, EventKind, MemInfo};
+    use vramshim_sim::{Config, MIB, Request};
+
+    use super::{CapacitySource, Requests, WhatIf};
+    use crate::replay::{Effect, Live, Observer, State, Step};
+
+    fn live(seq: u64, device: i32, kind: EventKind, size: u64, stream: u64) -> Live {
+        Live {
+            process: 0,
+            kind,
+            api: 0,
+            device,
+            addr: 0x1000 * (seq + 1),
+            handle: 0,
+            size,
+            stack: 0,
+            thread: 1,
+            stream,
+            t_ns: seq * 10,
+            seq,
+        }
+    }
+
+    fn convert(requests: &mut Requests, event: &Event, effect: Effect) -> Vec<Request> {
+        let mut out = Vec::new();
+        let step = Step::Event {
+            process: 0,
+            t_ns: event.t_ns,
+            event,
+            effect,
+        };
+        requests.convert(&[], &step, |_, r| out.push(r));
+        out
+    }
+
+    #[test]
+    fn allocations_frees_and_trims_become_requests() {
+        let mut requests = Requests::new(None);
+        let event = Event::default();
+        let a = live(3, 0, EventKind::Alloc, 5 * MIB, 7);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(a)),
+            vec![Request::Alloc {
+                id: 3,
+                size: 5 * MIB,
+                stream: 7
+            }]
+        );
+        assert_eq!(requests.device, Some(0));
+        // Another device is noted, not followed; VMM memory is counted, not replayed.
+        let other = live(4, 1, EventKind::Alloc, MIB, 0);
+        assert!(convert(&mut requests, &event, Effect::Added(other)).is_empty());
+        assert_eq!(requests.other_devices, vec![1]);
+        let create = live(5, 0, EventKind::Create, 20 * MIB, 0);
+        assert!(convert(&mut requests, &event, Effect::Added(create)).is_empty());
+        assert_eq!(requests.vmm_creates, 1);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Removed(a)),
+            vec![Request::Free { id: 3 }]
+        );
+        let trim = |size| Event {
+            kind: EventKind::Trim,
+            size,
+            ..Event::default()
+        };
+        assert_eq!(
+            convert(&mut requests, &trim(0), Effect::None),
+            vec![Request::EmptyCache]
+        );
+        assert!(convert(&mut requests, &trim(MIB), Effect::None).is_empty());
+        let failed = Event {
+            kind: EventKind::AllocFailed,
+            ..Event::default()
+        };
+        assert!(convert(&mut requests, &failed, Effect::Failed).is_empty());
+        assert_eq!(
+            (
+                requests.allocs,
+                requests.frees,
+                requests.empty_cache,
+                requests.failed
+            ),
+            (1, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn capacity_comes_from_the_first_sample_after_the_first_allocation() {
+        let mut what_if = WhatIf::new(None, vec![Config::default()], None).unwrap();
+        let state = State::default();
+        let event = Event::default();
+        let a = live(0, 0, EventKind::Alloc, 30 * MIB, 0);
+        let step = Step::Event {
+            process: 0,
+            t_ns: 0,
+            event: &event,
+            effect: Effect::Added(a),
+        };
+        what_if.step(&state, &[], &step);
+        assert!(what_if.simulators.is_empty());
+        let info = MemInfo {
+            t_ns: 0,
+            device: 0,
+            free: 0,
+            total: 40 * MIB,
+        };
+        what_if.step(
+            &state,
+            &[],
+            &Step::MemInfo {
+                process: 0,
+                t_ns: 0,
+                info: &info,
+            },
+        );
+        assert_eq!(what_if.capacity, 40 * MIB);
+        assert_eq!(what_if.capacity_source, CapacitySource::MemInfo);
+        let b = live(1, 0, EventKind::Alloc, 30 * MIB, 0);
+        let step = Step::Event {
+            process: 0,
+            t_ns: 1,
+            event: &event,
+            effect: Effect::Added(b),
+        };
+        what_if.step(&state, &[], &step);
+        assert!(what_if.finish().is_ok());
+        let stats = what_if.simulators[0].stats();
+        assert_eq!(stats.peak_reserved, 30 * MIB);
+        assert_eq!(stats.num_ooms, 1);
+    }
+}

@@ -1,0 +1,59 @@
+//! `vramshim allocator LOG...`: the caching-allocator view of any recording.
+
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::allocator::AllocatorView;
+use crate::analysis::oom::Oom;
+use crate::commands::common::{Select, emit};
+use crate::render::allocator::{self, AllocatorReport, RetryView};
+use crate::replay::{self, Stop};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    select: Select,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let select = &args.select;
+    let mut view = AllocatorView::new(select.device);
+    let mut oom = Oom::new(select.device);
+    let replay = replay::run(&select.logs, &mut [&mut view, &mut oom], Stop::End)?;
+    view.finish();
+    let retries = oom
+        .failures
+        .iter()
+        .filter(|f| f.is_retry_of.is_none() && f.device >= 0)
+        .filter_map(|f| {
+            f.retry.map(|retry| RetryView {
+                process: f.process,
+                device: f.device,
+                t_ns: f.t_ns,
+                request: f.request,
+                retry,
+            })
+        })
+        .collect();
+    let failures: Vec<(i32, u64)> = view
+        .devices
+        .iter()
+        .map(|d| {
+            let n = oom.failures.iter().filter(|f| f.device == d.device).count() as u64;
+            (d.device, n)
+        })
+        .collect();
+    let report = AllocatorReport {
+        processes: &replay.processes,
+        duration_ns: replay.end_ns,
+        view: &view,
+        retries,
+        failures,
+    };
+    emit(
+        select,
+        &replay.warnings(),
+        || allocator::json(&report),
+        |out| allocator::text(out, &report),
+    )
+}

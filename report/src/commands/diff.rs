@@ -1,0 +1,128 @@
+//! `vramshim diff A B`: what changed between two recordings, stack by stack: bytes live at
+//! the peak and bytes allocated over the run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::allocated::Allocated;
+use crate::analysis::diff::{Side, diff};
+use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
+use crate::analysis::peaks::{Peak, Peaks};
+use crate::commands::common::{Select, StacksArg, emit};
+use crate::render::diff::{self, DiffReport, SideView};
+use crate::replay::{self, Replay, Stop};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The first recording (the baseline).
+    #[arg(value_name = "A")]
+    a: PathBuf,
+    /// The second recording, compared with A.
+    #[arg(value_name = "B")]
+    b: PathBuf,
+    /// Only this device ordinal (as the process numbered it; -1 = pinned host memory).
+    #[arg(long, allow_hyphen_values = true)]
+    device: Option<i32>,
+    /// The same content as one JSON document, every stack included.
+    #[arg(long)]
+    json: bool,
+    /// Stacks listed (text only).
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Frames printed per stack (text only).
+    #[arg(long, default_value_t = 3)]
+    frames: usize,
+    #[command(flatten)]
+    view: StacksArg,
+}
+
+/// One recording, measured.
+struct Measured {
+    replay: Replay,
+    peaks: Vec<Peak>,
+    peak_groups: Vec<StackGroup>,
+    allocated_groups: Vec<StackGroup>,
+    allocated_bytes: u64,
+    warnings: Vec<String>,
+}
+
+fn measure(path: &PathBuf, device: Option<i32>) -> Result<Measured, Failure> {
+    let logs = std::slice::from_ref(path);
+    let mut peaks = Peaks::default();
+    let mut allocated = Allocated::new(device);
+    let replay = replay::run(logs, &mut [&mut peaks, &mut allocated], Stop::End)?;
+    let snapshots = peaks.snapshots(&replay.state, device);
+    let peaks: Vec<Peak> = peaks
+        .total
+        .iter()
+        .filter(|p| device.is_none_or(|d| d == p.device))
+        .copied()
+        .collect();
+    let mut stacks = Stacks::new(&replay.processes);
+    // Each device at its own peak, summed: the memory the run needed at most, per stack.
+    let peak_groups = by_stack(
+        snapshots.iter().flat_map(|s| &s.allocations),
+        &mut stacks,
+        &replay.processes,
+    );
+    let allocated_groups = by_stack_totals(&allocated.totals, &mut stacks, &replay.processes);
+    let allocated_bytes = allocated.totals.values().map(|(bytes, _)| bytes).sum();
+    let mut warnings = replay.warnings();
+    warnings.extend(stacks.warnings());
+    Ok(Measured {
+        replay,
+        peaks,
+        peak_groups,
+        allocated_groups,
+        allocated_bytes,
+        warnings,
+    })
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    args.view.apply();
+    let a = measure(&args.a, args.device)?;
+    let b = measure(&args.b, args.device)?;
+    let rows = diff(
+        &Side {
+            peak: &a.peak_groups,
+            allocated: &a.allocated_groups,
+        },
+        &Side {
+            peak: &b.peak_groups,
+            allocated: &b.allocated_groups,
+        },
+    );
+    let mut warnings: Vec<String> = a.warnings.clone();
+    warnings.extend(b.warnings.iter().cloned());
+    warnings.dedup();
+    let report = DiffReport {
+        a: SideView {
+            processes: &a.replay.processes,
+            peaks: a.peaks.clone(),
+            allocated_bytes: a.allocated_bytes,
+        },
+        b: SideView {
+            processes: &b.replay.processes,
+            peaks: b.peaks.clone(),
+            allocated_bytes: b.allocated_bytes,
+        },
+        device: args.device,
+        rows,
+        top: args.top,
+        frames: args.frames,
+    };
+    // `emit` reads only `json` from the selection.
+    let select = Select {
+        logs: vec![args.a.clone(), args.b.clone()],
+        device: args.device,
+        json: args.json,
+    };
+    emit(
+        &select,
+        &warnings,
+        || diff::json(&report),
+        |out| diff::text(out, &report),
+    )
+}

@@ -1,0 +1,213 @@
+//! `vramshim whatif LOG`: replays a tensor-level recording's allocations through a model of
+//! PyTorch's caching allocator under several `PYTORCH_CUDA_ALLOC_CONF` settings and ranks
+//! them by peak reserved memory.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use vramshim_sim::Config;
+
+use crate::Failure;
+use crate::analysis::allocator::AllocatorView;
+use crate::analysis::requests::{CapacitySource, Source, WhatIf};
+use crate::commands::common::{Select, emit};
+use crate::render::whatif::{self, Row, WhatIfReport};
+use crate::replay::{self, Stop};
+use crate::units::parse_size;
+
+/// The configurations simulated when no `--config` is given.
+pub const DEFAULT_CONFIGS: [&str; 11] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:8",
+    "expandable_segments:True,roundup_power2_divisions:4",
+    "max_split_size_mb:256,roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+];
+
+/// Added to the default set when a memory fraction is given (it has no effect without one).
+pub const GC_CONFIG: &str = "garbage_collection_threshold:0.8";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A tensor-level recording: made with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync or
+    /// PYTORCH_NO_CUDA_MEMORY_CACHING=1, or of a program allocating one buffer at a time.
+    #[arg(value_name = "LOG")]
+    log: PathBuf,
+    /// The device whose allocations are simulated (default: the first one allocated on).
+    #[arg(long, allow_hyphen_values = true)]
+    device: Option<i32>,
+    /// Device memory the allocator may take, e.g. 24GiB, 512MiB, 24G (binary units). Default:
+    /// the device's total from the log's memory samples, else unlimited.
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Simulate only this PYTORCH_CUDA_ALLOC_CONF string (repeatable; '' = the defaults).
+    #[arg(long = "config", value_name = "STRING")]
+    configs: Vec<String>,
+    /// torch.cuda.set_per_process_memory_fraction(F) for every configuration (makes
+    /// garbage_collection_threshold meaningful).
+    #[arg(long, value_name = "F")]
+    memory_fraction: Option<f64>,
+    /// The same content as one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How rows are ranked: no OOM first, then peak reserved, then fewer `cudaMalloc`s, then the
+/// order simulated.
+fn rank_key(index: usize, row: &Row) -> (bool, u64, u64, usize) {
+    (
+        !row.fits(),
+        row.stats.peak_reserved,
+        row.stats.num_device_alloc,
+        index,
+    )
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    if let Some(f) = args.memory_fraction
+        && !(0.0..=1.0).contains(&f)
+    {
+        return Err(Failure::input(format!(
+            "--memory-fraction {f}: must be in [0, 1]"
+        )));
+    }
+    let mut notes = Vec::new();
+    let strings: Vec<String> = if args.configs.is_empty() {
+        let mut set: Vec<String> = DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect();
+        if args.memory_fraction.is_some() {
+            set.push(GC_CONFIG.to_string());
+        } else {
+            notes.push(format!(
+                "{GC_CONFIG} is not in the set: garbage collection only runs with a memory fraction (torch.cuda.set_per_process_memory_fraction); pass --memory-fraction to include it"
+            ));
+        }
+        set
+    } else {
+        args.configs.clone()
+    };
+    let mut configs = Vec::with_capacity(strings.len());
+    for text in &strings {
+        let mut config = Config::parse(text)
+            .map_err(|err| Failure::input(format!("--config {text:?}: {err}")))?;
+        config.memory_fraction = args.memory_fraction;
+        if config.garbage_collection_threshold.is_some() && args.memory_fraction.is_none() {
+            notes.push(format!(
+                "{text:?}: garbage_collection_threshold has no effect without a memory fraction (--memory-fraction)"
+            ));
+        }
+        configs.push(config);
+    }
+    let conf_strings: Vec<String> = configs.iter().map(Config::to_conf_string).collect();
+
+    let mut view = AllocatorView::new(args.device);
+    let mut sims = WhatIf::new(args.device, configs, args.capacity).map_err(Failure::input)?;
+    let logs = vec![args.log.clone()];
+    let replay = replay::run(&logs, &mut [&mut view, &mut sims], Stop::End)?;
+    view.finish();
+    sims.finish().map_err(Failure::input)?;
+
+    let log = args.log.display();
+    let device = match sims.requests.device {
+        Some(device) if sims.requests.allocs > 0 || sims.requests.vmm_creates > 0 => device,
+        _ => {
+            return Err(Failure::input(match args.device {
+                Some(d) => format!("{log}: no allocation on device {d} to simulate"),
+                None => format!("{log}: no device allocation to simulate"),
+            }));
+        }
+    };
+    let (pattern, pattern_reason) = view
+        .device(device)
+        .map(|d| d.pattern())
+        .unwrap_or((crate::analysis::allocator::Pattern::Unknown, String::new()));
+    if pattern.is_segments() {
+        return Err(Failure::input(format!(
+            "{log}: device {device} looks like a caching-allocator recording ({}: {pattern_reason}); its allocations are the allocator's segments, not tensors, so they cannot be replayed through it. Record the workload again with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (or PYTORCH_NO_CUDA_MEMORY_CACHING=1) and run whatif on that log",
+            pattern.name()
+        )));
+    }
+    let mut rows: Vec<(usize, Row)> = sims
+        .simulators
+        .iter()
+        .zip(strings.iter().zip(conf_strings))
+        .enumerate()
+        .map(|(index, (sim, (label, conf)))| {
+            (
+                index,
+                Row {
+                    label: label.trim().to_string(),
+                    conf,
+                    stats: sim.stats(),
+                },
+            )
+        })
+        .collect();
+    rows.sort_by_key(|(index, row)| rank_key(*index, row));
+    let rows: Vec<Row> = rows.into_iter().map(|(_, row)| row).collect();
+
+    let mut warnings = replay.warnings();
+    if !sims.requests.other_devices.is_empty() {
+        warnings.push(format!(
+            "only device {device} is simulated; devices {:?} also allocated (use --device)",
+            sims.requests.other_devices
+        ));
+    }
+    if sims.requests.failed > 0 {
+        notes.push(format!(
+            "{} allocations failed in the recording and are not replayed",
+            sims.requests.failed
+        ));
+    }
+    if sims.requests.skipped > 0 {
+        notes.push(format!(
+            "{} allocations on the device are left out: with {} PyTorch's tensors come only from {}, the others from libraries outside its allocator (cuBLAS's own workspace, NCCL)",
+            sims.requests.skipped,
+            match sims.requests.source {
+                Source::StreamOrdered => "backend:cudaMallocAsync",
+                _ => "PYTORCH_NO_CUDA_MEMORY_CACHING=1",
+            },
+            match sims.requests.source {
+                Source::StreamOrdered => "stream-ordered allocations",
+                _ => "cudaMalloc",
+            }
+        ));
+    }
+    if sims.requests.vmm_creates > 0 {
+        notes.push(format!(
+            "{} VMM physical allocations (cuMemCreate) on the device are not replayed",
+            sims.requests.vmm_creates
+        ));
+    }
+    let Some(process) = replay.processes.first() else {
+        return Err(Failure::input(format!("{log}: nothing to read")));
+    };
+    let report = WhatIfReport {
+        process,
+        device,
+        pattern,
+        pattern_reason,
+        requests: &sims.requests,
+        capacity: (sims.capacity_source != CapacitySource::Unlimited).then_some(sims.capacity),
+        capacity_source: sims.capacity_source,
+        memory_fraction: args.memory_fraction,
+        rows,
+        notes,
+    };
+    let select = Select {
+        logs,
+        device: args.device,
+        json: args.json,
+    };
+    emit(
+        &select,
+        &warnings,
+        || whatif::json(&report),
+        |out| whatif::text(out, &report),
+    )
+}

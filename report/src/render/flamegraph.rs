@@ -1,0 +1,139 @@
+//! Flame graphs weighted by bytes: folded stack lines and the SVG `inferno` draws from them.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use inferno::flamegraph::color::{BasicPalette, Palette};
+use inferno::flamegraph::{self, Options};
+
+use super::svg::Svg;
+use crate::analysis::groups::{NO_STACK, StackGroup};
+use crate::symbols::SymFrame;
+
+/// The stacks of one device, drawn under a root frame naming the device.
+pub struct DeviceStacks {
+    pub device: i32,
+    pub groups: Vec<StackGroup>,
+}
+
+/// A frame label made safe for the folded format: `;` separates frames, a line ends a stack.
+fn folded_label(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| match c {
+            ';' => ',',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Folded lines, `device;outermost;...;innermost bytes`, sorted; identical stacks merged.
+pub fn folded(parts: &[DeviceStacks]) -> Vec<String> {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for part in parts {
+        for group in &part.groups {
+            if group.bytes == 0 {
+                continue;
+            }
+            let mut stack = folded_label(&super::device_name(part.device));
+            if group.frames.is_empty() {
+                stack.push(';');
+                stack.push_str(NO_STACK);
+            }
+            for frame in group.frames.iter().rev() {
+                stack.push(';');
+                stack.push_str(&folded_label(&SymFrame::label(frame)));
+            }
+            *lines.entry(stack).or_default() += group.bytes;
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(stack, bytes)| format!("{stack} {bytes}"))
+        .collect()
+}
+
+/// The flame graph of `lines` as SVG; with no lines, a small picture that says so.
+pub fn svg(lines: &[String], title: &str, subtitle: &str, empty: &str) -> io::Result<Vec<u8>> {
+    if lines.is_empty() {
+        // inferno refuses empty input; the answer "nothing" is still a picture.
+        let mut svg = Svg::new(1200.0, 110.0, title);
+        svg.text(
+            600.0,
+            30.0,
+            &[("text-anchor", "middle"), ("font-size", "17")],
+            title,
+        );
+        svg.text(600.0, 55.0, &[("text-anchor", "middle")], subtitle);
+        svg.text(600.0, 85.0, &[("text-anchor", "middle")], empty);
+        return Ok(svg.finish().into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = title.to_string();
+    options.subtitle = Some(subtitle.to_string());
+    options.count_name = "bytes".to_string();
+    options.colors = Palette::Basic(BasicPalette::Mem);
+    // Same colour for the same frame in every graph, so two graphs compare at a glance.
+    options.hash = true;
+    let mut out = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flamegraph_folded_lines_are_outermost_first_and_merged() {
+        let frame = |name: &str, line: u32| SymFrame {
+            function: Some(name.into()),
+            file: Some("/src/a.c".into()),
+            line: Some(line),
+            module: "/bin/a".into(),
+            offset: u64::from(line),
+            inlined: false,
+        };
+        let groups = vec![
+            StackGroup {
+                frames: vec![frame("f;g", 3), frame("main", 9)].into(),
+                bytes: 10,
+                count: 1,
+                processes: vec![0],
+            },
+            StackGroup {
+                frames: Vec::new().into(),
+                bytes: 4,
+                count: 1,
+                processes: vec![0],
+            },
+            StackGroup {
+                // Another module, same labels: one line.
+                frames: vec![
+                    SymFrame {
+                        module: "/bin/b".into(),
+                        ..frame("f;g", 3)
+                    },
+                    frame("main", 9),
+                ]
+                .into(),
+                bytes: 5,
+                count: 1,
+                processes: vec![1],
+            },
+        ];
+        let lines = folded(&[DeviceStacks { device: 0, groups }]);
+        assert_eq!(
+            lines,
+            [
+                "device 0;[no stack recorded] 4",
+                "device 0;main (a.c:9);f,g (a.c:3) 15",
+            ]
+        );
+        let picture = String::from_utf8(svg(&lines, "t", "s", "none").unwrap()).unwrap();
+        assert!(picture.contains("main (a.c:9)"));
+        let empty = String::from_utf8(svg(&[], "t<", "s", "nothing").unwrap()).unwrap();
+        assert!(empty.contains("<title>t&lt;</title>") && empty.contains("nothing"));
+    }
+}

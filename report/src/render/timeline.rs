@@ -1,0 +1,877 @@
+//! `timeline` views: live bytes over time per device, as a terminal chart, JSON and SVG.
+
+use std::io::{self, Write};
+
+use serde_json::{Value, json};
+use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
+
+use super::processes_json;
+use super::svg::{Svg, num};
+use crate::analysis::timeline::{DeviceTimeline, MAX_BUCKETS, Timeline};
+use crate::replay::Process;
+use crate::units::bytes;
+
+/// Rows of a terminal chart; a multiple of [`Y_TICKS`] so every tick sits on a row edge.
+const ROWS: usize = 12;
+/// Value ticks on the memory axis above zero.
+const Y_TICKS: usize = 4;
+/// Failures listed by name (text) or labelled (SVG) per device; the rest only get markers.
+const LABELLED_FAILURES: usize = 8;
+/// Partial blocks, by eighths of a row.
+const BLOCKS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+/// Everything a timeline view shows.
+pub struct TimelineReport<'a> {
+    pub processes: &'a [Process],
+    pub timeline: &'a Timeline,
+    /// Replay time of the last record: the right end of the time axis.
+    pub end_ns: u64,
+}
+
+impl TimelineReport<'_> {
+    /// Length of the time axis (at least 1 ns, so scales never divide by zero).
+    fn span_ns(&self) -> u64 {
+        self.end_ns.max(1)
+    }
+}
+
+/// How a device is named on its chart.
+pub fn chart_name(device: i32) -> String {
+    match device {
+        HOST_DEVICE => "pinned host".to_string(),
+        UNKNOWN_DEVICE => "unknown device".to_string(),
+        n => format!("device {n}"),
+    }
+}
+
+/// The memory unit of an axis whose largest value is `max` bytes: GiB, or MiB below 1 GiB
+/// (KiB and bytes for tiny ones).
+pub fn memory_unit(max: u64) -> (&'static str, f64) {
+    match max {
+        m if m >= 1 << 30 => ("GiB", (1u64 << 30) as f64),
+        m if m >= 1 << 20 => ("MiB", (1u64 << 20) as f64),
+        m if m >= 1 << 10 => ("KiB", 1024.0),
+        _ => ("bytes", 1.0),
+    }
+}
+
+/// A time in seconds with three significant digits: `0.00163 s`, `12.3 s`, `0 s`.
+pub fn seconds_label(ns: u64) -> String {
+    if ns == 0 {
+        return "0 s".to_string();
+    }
+    let seconds = ns as f64 / 1e9;
+    let decimals = (2 - seconds.log10().floor() as i32).clamp(0, 9) as usize;
+    let mut text = format!("{seconds:.decimals$}");
+    if text.contains('.') {
+        text.truncate(text.trim_end_matches('0').trim_end_matches('.').len());
+    }
+    format!("{text} s")
+}
+
+/// The label of a device's peak: `peak 1.17 GiB at 0.0026 s`.
+pub fn peak_label(bytes_: u64, t_ns: u64) -> String {
+    format!("peak {} at {}", bytes(bytes_), seconds_label(t_ns))
+}
+
+/// The label of a failed allocation: `failed cudaMalloc 1.17 GiB at 0.0027 s`.
+pub fn failure_label(api: &str, request: u64, t_ns: u64) -> String {
+    format!("failed {api} {} at {}", bytes(request), seconds_label(t_ns))
+}
+
+/// The smallest step ≥ `x` from 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k (memory axes: tight fit).
+fn fine_step(x: f64) -> f64 {
+    nice(x, &[1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0])
+}
+
+/// The smallest step ≥ `x` from 1, 2, 5 × 10^k (time axes: round labels).
+fn round_step(x: f64) -> f64 {
+    nice(x, &[1.0, 2.0, 5.0])
+}
+
+fn nice(x: f64, mantissas: &[f64]) -> f64 {
+    if !x.is_finite() || x <= 0.0 {
+        return 1.0;
+    }
+    let exponent = x.log10().floor() as i32;
+    // Dividing by an exact power of ten gives the double nearest 0.3; multiplying by 0.1
+    // would not.
+    let scale = |m: f64| {
+        if exponent < 0 {
+            m / 10f64.powi(-exponent)
+        } else {
+            m * 10f64.powi(exponent)
+        }
+    };
+    mantissas
+        .iter()
+        .map(|m| scale(*m))
+        .find(|step| *step >= x * (1.0 - 1e-9))
+        .unwrap_or_else(|| scale(10.0))
+}
+
+/// `value` with `places` decimals, trailing zeros dropped: `0`, `0.5`, `1.25`.
+fn tick_label(value: f64, places: usize) -> String {
+    let text = format!("{value:.places$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// Decimals needed to print multiples of `step` exactly.
+fn decimals(step: f64) -> usize {
+    (0..=9)
+        .find(|d| {
+            let scaled = step * 10f64.powi(*d as i32);
+            (scaled - scaled.round()).abs() < 1e-6 * scaled.max(1.0)
+        })
+        .unwrap_or(9)
+}
+
+/// The memory axis of one chart.
+struct MemoryAxis {
+    unit: &'static str,
+    unit_bytes: f64,
+    /// Tick step in units; the axis ends at `Y_TICKS * step`.
+    step: f64,
+    decimals: usize,
+}
+
+impl MemoryAxis {
+    fn new(series: &DeviceTimeline) -> MemoryAxis {
+        let top = series
+            .peak
+            .map_or(0, |p| p.bytes)
+            .max(series.used_max().unwrap_or(0))
+            .max(1);
+        let (unit, unit_bytes) = memory_unit(top);
+        let step = fine_step(top as f64 / unit_bytes / Y_TICKS as f64);
+        MemoryAxis {
+            unit,
+            unit_bytes,
+            step,
+            decimals: decimals(step),
+        }
+    }
+
+    fn max_bytes(&self) -> f64 {
+        self.step * Y_TICKS as f64 * self.unit_bytes
+    }
+
+    /// Label of tick `k` (0 = the axis).
+    fn tick(&self, k: usize) -> String {
+        tick_label(self.step * k as f64, self.decimals)
+    }
+
+    fn title(&self) -> String {
+        format!("memory ({})", self.unit)
+    }
+}
+
+/// Time ticks for an axis of `span_ns` with at most `count` labels: (seconds, label).
+fn time_ticks(span_ns: u64, count: usize) -> Vec<(f64, String)> {
+    let span = span_ns as f64 / 1e9;
+    let step = round_step(span / count.max(1) as f64);
+    let places = decimals(step);
+    (0..)
+        .map(|k| k as f64 * step)
+        .take_while(|t| *t <= span * (1.0 + 1e-9))
+        .map(|t| (t, tick_label(t, places)))
+        .collect()
+}
+
+/// Per column of the chart: the highest live bytes and the highest used memory in its time
+/// range. A column without changes holds the level the previous one ended at.
+fn columns(
+    series: &DeviceTimeline,
+    bucket_ns: u64,
+    span_ns: u64,
+    width: usize,
+) -> (Vec<u64>, Vec<Option<u64>>) {
+    let column_of = |t_ns: u64| {
+        ((t_ns as u128 * width as u128 / span_ns as u128) as usize).min(width.saturating_sub(1))
+    };
+    let mut maxima: Vec<Option<u64>> = vec![None; width];
+    let mut lasts: Vec<Option<u64>> = vec![None; width];
+    let mut used: Vec<Option<u64>> = vec![None; width];
+    for (index, bucket) in series.buckets.iter().enumerate() {
+        let column = column_of(index as u64 * bucket_ns);
+        if let Some(live) = bucket.live {
+            maxima[column] = Some(maxima[column].map_or(live.max, |m| m.max(live.max)));
+            lasts[column] = Some(live.last);
+        }
+        if let Some(value) = bucket.used {
+            used[column] = Some(used[column].map_or(value, |u| u.max(value)));
+        }
+    }
+    let mut level = 0;
+    let mut live = Vec::with_capacity(width);
+    for column in 0..width {
+        live.push(maxima[column].map_or(level, |m| m.max(level)));
+        level = lasts[column].unwrap_or(level);
+    }
+    // The peak is exact: its own column reaches it even where its bucket began a column early.
+    if let Some(peak) = series.peak
+        && let Some(value) = live.get_mut(column_of(peak.t_ns))
+    {
+        *value = (*value).max(peak.bytes);
+    }
+    (live, used)
+}
+
+/// The series as one JSON document: per device the buckets that changed, used-memory
+/// samples, the exact peak and failures.
+pub fn json(report: &TimelineReport<'_>) -> Value {
+    let bucket_ns = report.timeline.bucket_ns;
+    json!({
+        "processes": processes_json(report.processes),
+        "end_ns": report.end_ns,
+        "bucket_ns": bucket_ns,
+        "max_buckets": MAX_BUCKETS,
+        "devices": report.timeline.devices.iter().map(|series| json!({
+            "device": series.device,
+            "name": chart_name(series.device),
+            "peak": series.peak.map(|p| json!({"bytes": p.bytes, "t_ns": p.t_ns})),
+            "total_bytes": series.total_bytes,
+            "used_max_bytes": series.used_max(),
+            "series": series.buckets.iter().enumerate().filter_map(|(i, b)| b.live.map(|live| json!({
+                "t_ns": i as u64 * bucket_ns,
+                "max_bytes": live.max,
+                "last_bytes": live.last,
+            }))).collect::<Vec<_>>(),
+            "used": series.buckets.iter().enumerate().filter_map(|(i, b)| b.used.map(|used| json!({
+                "t_ns": i as u64 * bucket_ns,
+                "bytes": used,
+            }))).collect::<Vec<_>>(),
+            "failures": series.failures.iter().map(|f| json!({
+                "t_ns": f.t_ns,
+                "request": f.request,
+                "api": f.api,
+                "pid": f.pid,
+            })).collect::<Vec<_>>(),
+            "failures_omitted": series.failures_omitted,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Terminal charts, `columns` characters wide.
+pub fn text(out: &mut dyn Write, report: &TimelineReport<'_>, columns: usize) -> io::Result<()> {
+    super::write_processes(out, report.processes)?;
+    if report.timeline.devices.is_empty() {
+        writeln!(out, "\nno device memory was allocated")?;
+    }
+    for series in &report.timeline.devices {
+        writeln!(out)?;
+        write_chart(out, report, series, columns)?;
+    }
+    Ok(())
+}
+
+fn failure_count(series: &DeviceTimeline) -> u64 {
+    series.failures.len() as u64 + series.failures_omitted
+}
+
+fn heading(series: &DeviceTimeline) -> String {
+    let mut text = chart_name(series.device);
+    match series.peak {
+        Some(peak) => text.push_str(&format!(": {}", peak_label(peak.bytes, peak.t_ns))),
+        None => text.push_str(": nothing allocated"),
+    }
+    let failures = failure_count(series);
+    if failures > 0 {
+        let plural = if failures == 1 { "" } else { "s" };
+        text.push_str(&format!(", {failures} failed allocation{plural}"));
+    }
+    text
+}
+
+fn write_chart(
+    out: &mut dyn Write,
+    report: &TimelineReport<'_>,
+    series: &DeviceTimeline,
+    columns: usize,
+) -> io::Result<()> {
+    let axis = MemoryAxis::new(series);
+    let labels: Vec<String> = (0..=Y_TICKS).map(|k| axis.tick(k)).collect();
+    let label_width = labels.iter().map(String::len).max().unwrap_or(1);
+    // No wider than the buckets resolve.
+    let width = columns
+        .saturating_sub(label_width + 4)
+        .clamp(20, MAX_BUCKETS);
+    let span = report.span_ns();
+    let (live, used) = columns_of(report, series, width);
+    let max_bytes = axis.max_bytes();
+    let eighths = |value: u64| -> usize {
+        let scaled = (value as f64 / max_bytes * (ROWS * 8) as f64).round() as usize;
+        // Anything live shows at least a sliver.
+        if value > 0 { scaled.max(1) } else { 0 }
+    };
+    let pad = " ".repeat(label_width + 2);
+
+    writeln!(out, "{}", heading(series))?;
+    writeln!(out, "{pad}{}", axis.title())?;
+    for row in (0..ROWS).rev() {
+        let edge = row + 1;
+        let tick = (edge % (ROWS / Y_TICKS) == 0).then(|| &labels[edge / (ROWS / Y_TICKS)]);
+        let mut line = format!(
+            "{:>label_width$} {}",
+            tick.map_or("", |t| t.as_str()),
+            if tick.is_some() { '┤' } else { '│' }
+        );
+        for column in 0..width {
+            let filled = eighths(live[column]).saturating_sub(row * 8).min(8);
+            let mut cell = BLOCKS[filled];
+            if cell == ' '
+                && let Some(value) = used[column]
+            {
+                let used_row = ((value as f64 / max_bytes * ROWS as f64) as usize).min(ROWS - 1);
+                if used_row == row {
+                    cell = '•';
+                }
+            }
+            line.push(cell);
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    writeln!(out, "{:>label_width$} ┼{}", labels[0], "─".repeat(width))?;
+
+    // Markers under the axis: the peak and each failure, at their exact times.
+    let column_of = |t_ns: u64| {
+        ((t_ns as u128 * width as u128 / span as u128) as usize).min(width.saturating_sub(1))
+    };
+    if series.peak.is_some() || !series.failures.is_empty() {
+        let mut marks = vec![' '; width];
+        if let Some(peak) = series.peak {
+            marks[column_of(peak.t_ns)] = '^';
+        }
+        for failure in &series.failures {
+            // Beside the peak's mark rather than over it when they share a column.
+            let mut at = column_of(failure.t_ns);
+            if marks[at] == '^' && at + 1 < width {
+                at += 1;
+            }
+            if marks[at] == ' ' {
+                marks[at] = 'x';
+            }
+        }
+        let marks: String = marks.into_iter().collect();
+        writeln!(out, "{pad}{}", marks.trim_end())?;
+    }
+
+    // Time labels where they fit, about every 12 columns; one that would run past the axis
+    // ends at its end instead.
+    let mut ticks = vec![' '; width];
+    let mut free_from = 0;
+    for (seconds, label) in time_ticks(span, width / 12) {
+        let at = (seconds * 1e9 / span as f64 * width as f64).round() as usize;
+        let at = at.min(width.saturating_sub(label.len()));
+        if at < free_from || label.len() > width {
+            continue;
+        }
+        for (offset, c) in label.chars().enumerate() {
+            ticks[at + offset] = c;
+        }
+        free_from = at + label.len() + 2;
+    }
+    let ticks: String = ticks.into_iter().collect();
+    writeln!(out, "{pad}{}", ticks.trim_end())?;
+    writeln!(out, "{pad}{:>width$}", "time (s)")?;
+
+    let mut legend = vec!["█ live bytes (hooked allocations)"];
+    if series.used_max().is_some() {
+        legend.push("• device used memory (total - free, sampled)");
+    }
+    // One line when it fits the terminal, else one entry per line.
+    let one_line = legend.join("   ");
+    if pad.len() + one_line.chars().count() <= columns {
+        writeln!(out, "{pad}{one_line}")?;
+    } else {
+        for entry in legend {
+            writeln!(out, "{pad}{entry}")?;
+        }
+    }
+    if let Some(peak) = series.peak {
+        writeln!(out, "{pad}^ {}", peak_label(peak.bytes, peak.t_ns))?;
+    }
+    for failure in series.failures.iter().take(LABELLED_FAILURES) {
+        writeln!(
+            out,
+            "{pad}x {} (pid {})",
+            failure_label(&failure.api, failure.request, failure.t_ns),
+            failure.pid
+        )?;
+    }
+    let unlisted = failure_count(series).saturating_sub(LABELLED_FAILURES as u64);
+    if unlisted > 0 {
+        writeln!(out, "{pad}x ... and {unlisted} more failed allocations")?;
+    }
+    Ok(())
+}
+
+fn columns_of(
+    report: &TimelineReport<'_>,
+    series: &DeviceTimeline,
+    width: usize,
+) -> (Vec<u64>, Vec<Option<u64>>) {
+    columns(series, report.timeline.bucket_ns, report.span_ns(), width)
+}
+
+/// SVG layout, in pixels.
+const SVG_WIDTH: f64 = 960.0;
+const SVG_HEADING: f64 = 34.0;
+const PANEL_HEIGHT: f64 = 310.0;
+const PLOT_LEFT: f64 = 90.0;
+const PLOT_RIGHT: f64 = SVG_WIDTH - 30.0;
+/// From a panel's top to its plot's top, and the plot's height.
+const PLOT_OFFSET: f64 = 60.0;
+const PLOT_HEIGHT: f64 = 200.0;
+const LIVE_COLOUR: &str = "#1f5fa8";
+const USED_COLOUR: &str = "#e07b00";
+const FAILURE_COLOUR: &str = "#d00000";
+
+/// Names a recording in titles: `demo --flag (pid 1234)` (the program without its directory),
+/// or the number of processes.
+pub fn subject(processes: &[Process]) -> String {
+    match processes {
+        [one] => {
+            let mut argv: Vec<&str> = one.header.argv.iter().map(String::as_str).collect();
+            if let Some(program) = argv.first_mut() {
+                *program = program.rsplit('/').next().unwrap_or(program);
+            }
+            let mut text = argv.join(" ");
+            if text.chars().count() > 80 {
+                text = text.chars().take(77).collect::<String>() + "...";
+            }
+            format!("{text} (pid {})", one.header.pid)
+        }
+        many => format!("{} processes", many.len()),
+    }
+}
+
+/// The charts as one SVG picture, one panel per device.
+pub fn svg(report: &TimelineReport<'_>) -> String {
+    let title = format!("vramshim timeline: {}", subject(report.processes));
+    let panels = report.timeline.devices.len().max(1);
+    let height = SVG_HEADING + panels as f64 * PANEL_HEIGHT;
+    let mut svg = Svg::new(SVG_WIDTH, height, &title);
+    svg.text(
+        SVG_WIDTH / 2.0,
+        22.0,
+        &[("text-anchor", "middle"), ("font-size", "15")],
+        &title,
+    );
+    if report.timeline.devices.is_empty() {
+        svg.text(
+            SVG_WIDTH / 2.0,
+            SVG_HEADING + 40.0,
+            &[("text-anchor", "middle")],
+            "no device memory was allocated",
+        );
+    }
+    for (index, series) in report.timeline.devices.iter().enumerate() {
+        panel(
+            &mut svg,
+            report,
+            series,
+            SVG_HEADING + index as f64 * PANEL_HEIGHT,
+        );
+    }
+    svg.finish()
+}
+
+fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, top: f64) {
+    let axis = MemoryAxis::new(series);
+    let span = report.span_ns() as f64;
+    let plot_top = top + PLOT_OFFSET;
+    let bottom = plot_top + PLOT_HEIGHT;
+    let x_of = |t_ns: f64| PLOT_LEFT + t_ns / span * (PLOT_RIGHT - PLOT_LEFT);
+    let max_bytes = axis.max_bytes();
+    let y_of = |value: u64| bottom - (value as f64 / max_bytes).min(1.0) * PLOT_HEIGHT;
+    let bucket_ns = report.timeline.bucket_ns as f64;
+
+    svg.open("g", &[("class", "device")]);
+    svg.text(
+        PLOT_LEFT,
+        top + 20.0,
+        &[("font-size", "14"), ("font-weight", "bold")],
+        &heading(series),
+    );
+    legend(svg, top + 42.0, series);
+
+    // Memory axis: grid, ticks, title.
+    for k in 0..=Y_TICKS {
+        let y = bottom - k as f64 / Y_TICKS as f64 * PLOT_HEIGHT;
+        svg.line(
+            (PLOT_LEFT, y),
+            (PLOT_RIGHT, y),
+            &[("stroke", "#dddddd"), ("stroke-width", "1")],
+        );
+        svg.text(
+            PLOT_LEFT - 6.0,
+            y + 4.0,
+            &[("text-anchor", "end"), ("class", "y-tick")],
+            &axis.tick(k),
+        );
+    }
+    let (title_x, title_y) = (24.0, (plot_top + bottom) / 2.0);
+    let rotate = format!("rotate(-90 {} {})", num(title_x), num(title_y));
+    svg.text(
+        title_x,
+        title_y,
+        &[
+            ("text-anchor", "middle"),
+            ("transform", &rotate),
+            ("class", "y-label"),
+        ],
+        &axis.title(),
+    );
+    // Time axis.
+    for (seconds, label) in time_ticks(report.span_ns(), 8) {
+        let x = x_of(seconds * 1e9);
+        svg.line((x, bottom), (x, bottom + 4.0), &[("stroke", "black")]);
+        svg.text(
+            x,
+            bottom + 17.0,
+            &[("text-anchor", "middle"), ("class", "x-tick")],
+            &label,
+        );
+    }
+    svg.text(
+        (PLOT_LEFT + PLOT_RIGHT) / 2.0,
+        bottom + 36.0,
+        &[("text-anchor", "middle"), ("class", "x-label")],
+        "time (s)",
+    );
+    svg.line(
+        (PLOT_LEFT, plot_top),
+        (PLOT_LEFT, bottom),
+        &[("stroke", "black")],
+    );
+    svg.line(
+        (PLOT_LEFT, bottom),
+        (PLOT_RIGHT, bottom),
+        &[("stroke", "black")],
+    );
+
+    // Live bytes as steps: each bucket rises to its maximum and settles at its last level.
+    let mut d = format!("M{} {}", num(PLOT_LEFT), num(bottom));
+    let mut level = 0;
+    for (index, bucket) in series.buckets.iter().enumerate() {
+        let Some(live) = bucket.live else { continue };
+        let x = num(x_of(index as f64 * bucket_ns));
+        d.push_str(&format!(
+            " L{x} {} L{x} {} L{x} {}",
+            num(y_of(level)),
+            num(y_of(live.max)),
+            num(y_of(live.last))
+        ));
+        level = live.last;
+    }
+    d.push_str(&format!(" L{} {}", num(PLOT_RIGHT), num(y_of(level))));
+    let area = format!("{d} L{} {} Z", num(PLOT_RIGHT), num(bottom));
+    svg.element(
+        "path",
+        &[
+            ("d", &area),
+            ("fill", LIVE_COLOUR),
+            ("fill-opacity", "0.18"),
+            ("stroke", "none"),
+        ],
+    );
+    svg.element(
+        "path",
+        &[
+            ("d", &d),
+            ("fill", "none"),
+            ("stroke", LIVE_COLOUR),
+            ("stroke-width", "1.5"),
+            ("class", "live"),
+        ],
+    );
+
+    // Used memory: a dashed step line through the samples, and a dot at each.
+    let samples: Vec<(f64, f64)> = series
+        .buckets
+        .iter()
+        .enumerate()
+        .filter_map(|(index, bucket)| {
+            bucket
+                .used
+                .map(|used| (x_of(index as f64 * bucket_ns), y_of(used)))
+        })
+        .collect();
+    if samples.len() > 1 {
+        let mut points = Vec::with_capacity(samples.len() * 2);
+        for (i, (x, y)) in samples.iter().enumerate() {
+            if i > 0 {
+                points.push(format!("{},{}", num(*x), num(samples[i - 1].1)));
+            }
+            points.push(format!("{},{}", num(*x), num(*y)));
+        }
+        svg.element(
+            "polyline",
+            &[
+                ("points", &points.join(" ")),
+                ("fill", "none"),
+                ("stroke", USED_COLOUR),
+                ("stroke-dasharray", "4 3"),
+                ("class", "used"),
+            ],
+        );
+    }
+    for (x, y) in &samples {
+        svg.element(
+            "circle",
+            &[
+                ("cx", &num(*x)),
+                ("cy", &num(*y)),
+                ("r", "2.5"),
+                ("fill", USED_COLOUR),
+            ],
+        );
+    }
+
+    // The exact peak.
+    if let Some(peak) = series.peak {
+        let (x, y) = (x_of(peak.t_ns as f64), y_of(peak.bytes));
+        svg.element(
+            "circle",
+            &[
+                ("cx", &num(x)),
+                ("cy", &num(y)),
+                ("r", "4.5"),
+                ("fill", "none"),
+                ("stroke", "black"),
+                ("stroke-width", "2"),
+                ("class", "peak"),
+            ],
+        );
+        let right_half = x > (PLOT_LEFT + PLOT_RIGHT) / 2.0;
+        let label_x = if right_half { x - 8.0 } else { x + 8.0 };
+        svg.text(
+            label_x,
+            (y - 8.0).max(plot_top + 12.0),
+            &[
+                ("text-anchor", if right_half { "end" } else { "start" }),
+                ("font-weight", "bold"),
+                ("class", "peak-label"),
+                ("stroke", "white"),
+                ("stroke-width", "3"),
+                ("paint-order", "stroke"),
+            ],
+            &peak_label(peak.bytes, peak.t_ns),
+        );
+    }
+
+    // Failed allocations: a red line and cross at the exact time, labelled.
+    for (index, failure) in series.failures.iter().enumerate() {
+        let x = x_of(failure.t_ns as f64);
+        svg.line(
+            (x, plot_top),
+            (x, bottom),
+            &[
+                ("stroke", FAILURE_COLOUR),
+                ("stroke-dasharray", "3 3"),
+                ("class", "failure"),
+            ],
+        );
+        let y = plot_top + 6.0;
+        svg.line(
+            (x - 5.0, y - 5.0),
+            (x + 5.0, y + 5.0),
+            &[("stroke", FAILURE_COLOUR), ("stroke-width", "2")],
+        );
+        svg.line(
+            (x - 5.0, y + 5.0),
+            (x + 5.0, y - 5.0),
+            &[("stroke", FAILURE_COLOUR), ("stroke-width", "2")],
+        );
+        if index < LABELLED_FAILURES {
+            let right_half = x > (PLOT_LEFT + PLOT_RIGHT) / 2.0;
+            // Along the bottom of the plot, away from the peak's label at the top.
+            svg.text(
+                if right_half { x - 8.0 } else { x + 8.0 },
+                bottom - 8.0 - 14.0 * index as f64,
+                &[
+                    ("text-anchor", if right_half { "end" } else { "start" }),
+                    ("fill", FAILURE_COLOUR),
+                    ("class", "failure-label"),
+                    ("stroke", "white"),
+                    ("stroke-width", "3"),
+                    ("paint-order", "stroke"),
+                ],
+                &failure_label(&failure.api, failure.request, failure.t_ns),
+            );
+        }
+    }
+    let unlabelled = failure_count(series).saturating_sub(LABELLED_FAILURES as u64);
+    if unlabelled > 0 {
+        svg.text(
+            PLOT_RIGHT,
+            bottom + 36.0,
+            &[("text-anchor", "end"), ("fill", FAILURE_COLOUR)],
+            &format!("{unlabelled} more failed allocations not labelled"),
+        );
+    }
+    svg.close("g");
+}
+
+fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline) {
+    let mut x = PLOT_LEFT;
+    let entry = |svg: &mut Svg, x: &mut f64, label: &str| {
+        svg.text(*x + 16.0, y + 4.0, &[("class", "legend")], label);
+        *x += 16.0 + 7.5 * label.len() as f64 + 24.0;
+    };
+    svg.line(
+        (x, y),
+        (x + 12.0, y),
+        &[("stroke", LIVE_COLOUR), ("stroke-width", "3")],
+    );
+    entry(svg, &mut x, "live bytes (hooked allocations)");
+    if series.used_max().is_some() {
+        svg.element(
+            "circle",
+            &[
+                ("cx", &num(x + 6.0)),
+                ("cy", &num(y)),
+                ("r", "3"),
+                ("fill", USED_COLOUR),
+            ],
+        );
+        entry(svg, &mut x, "device used memory (total - free, sampled)");
+    }
+    if series.peak.is_some() {
+        svg.element(
+            "circle",
+            &[
+                ("cx", &num(x + 6.0)),
+                ("cy", &num(y)),
+                ("r", "4"),
+                ("fill", "none"),
+                ("stroke", "black"),
+                ("stroke-width", "2"),
+            ],
+        );
+        entry(svg, &mut x, "peak");
+    }
+    if !series.failures.is_empty() {
+        svg.line(
+            (x + 2.0, y - 4.0),
+            (x + 10.0, y + 4.0),
+            &[("stroke", FAILURE_COLOUR), ("stroke-width", "2")],
+        );
+        svg.line(
+            (x + 2.0, y + 4.0),
+            (x + 10.0, y - 4.0),
+            &[("stroke", FAILURE_COLOUR), ("stroke-width", "2")],
+        );
+        entry(svg, &mut x, "failed allocation");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::timeline::{Bucket, FailurePoint, LiveRange, PeakPoint};
+
+    #[test]
+    fn timeline_labels_and_scales() {
+        assert_eq!(seconds_label(2_600_000), "0.0026 s");
+        assert_eq!(seconds_label(1_634_567), "0.00163 s");
+        assert_eq!(seconds_label(12_345_000_000), "12.3 s");
+        assert_eq!(seconds_label(0), "0 s");
+        assert_eq!(
+            peak_label(1_258_291_200, 2_600_000),
+            "peak 1.17 GiB at 0.0026 s"
+        );
+        assert_eq!(memory_unit(1 << 30).0, "GiB");
+        assert_eq!(memory_unit((1 << 30) - 1).0, "MiB");
+        assert_eq!(fine_step(0.29), 0.3);
+        assert_eq!(fine_step(1.0), 1.0);
+        assert_eq!(fine_step(1.01), 1.5);
+        assert_eq!(round_step(0.00026), 0.0005);
+        assert_eq!(decimals(0.0005), 4);
+        assert_eq!(decimals(2.5), 1);
+        assert_eq!(decimals(300.0), 0);
+        let ticks = time_ticks(2_000_000_000, 4);
+        let labels: Vec<&str> = ticks.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["0", "0.5", "1", "1.5", "2"]);
+    }
+
+    fn sample() -> (Timeline, DeviceTimeline) {
+        let mut buckets = vec![Bucket::default(); 100];
+        buckets[10].live = Some(LiveRange {
+            max: 600,
+            last: 600,
+        });
+        buckets[50].live = Some(LiveRange {
+            max: 1000,
+            last: 200,
+        });
+        buckets[60].used = Some(900);
+        let mut series = DeviceTimeline::default();
+        series.buckets = buckets;
+        series.peak = Some(PeakPoint {
+            bytes: 1000,
+            t_ns: 50,
+        });
+        series.failures = vec![FailurePoint {
+            t_ns: 90,
+            request: 5000,
+            api: "cudaMalloc<&>".into(),
+            pid: 7,
+        }];
+        let mut timeline = Timeline::new(None);
+        timeline.devices.push(series.clone());
+        (timeline, series)
+    }
+
+    #[test]
+    fn timeline_columns_carry_levels_and_keep_maxima() {
+        let (_, series) = sample();
+        let (live, used) = columns(&series, 1, 100, 10);
+        assert_eq!(live, [0, 600, 600, 600, 600, 1000, 200, 200, 200, 200]);
+        assert_eq!(used[6], Some(900));
+        assert_eq!(used.iter().flatten().count(), 1);
+    }
+
+    #[test]
+    fn timeline_text_and_svg_show_peak_and_failures() {
+        let (timeline, _) = sample();
+        let report = TimelineReport {
+            processes: &[],
+            timeline: &timeline,
+            end_ns: 100,
+        };
+        let mut out = Vec::new();
+        text(&mut out, &report, 60).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("device 0: peak 1000 B at 0.00000005 s"),
+            "{out}"
+        );
+        assert!(out.contains("memory (bytes)"), "{out}");
+        assert!(
+            out.contains('█') && out.contains('^') && out.contains('•'),
+            "{out}"
+        );
+        assert!(out.contains("x failed cudaMalloc<&> 4.88 KiB at"), "{out}");
+        // A tick right at the end of the axis stays inside the width.
+        let report_end = TimelineReport {
+            end_ns: 1_000_000_001,
+            ..report
+        };
+        let mut out = Vec::new();
+        text(&mut out, &report_end, 60).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains(" 1\n"), "{out}");
+        for line in out.lines().filter(|l| !l.contains("failed")) {
+            assert!(line.chars().count() <= 60, "{line:?}");
+        }
+        let picture = svg(&report);
+        assert!(picture.contains("failed cudaMalloc&lt;&amp;&gt; 4.88 KiB"));
+        assert!(picture.contains(">time (s)</text>"));
+    }
+}

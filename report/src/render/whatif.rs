@@ -1,0 +1,255 @@
+//! `vramshim whatif`: the simulated configurations, ranked, as text and JSON.
+
+use std::io::{self, Write};
+
+use serde_json::{Value, json};
+use vramshim_sim::Stats;
+
+use super::device_name;
+use crate::analysis::allocator::Pattern;
+use crate::analysis::requests::{CapacitySource, Requests};
+use crate::replay::Process;
+use crate::units::{bytes, seconds};
+
+/// One simulated configuration and its outcome.
+pub struct Row {
+    /// As the user wrote it, or the built-in set's name for it.
+    pub label: String,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string (normalised; empty for the defaults).
+    pub conf: String,
+    pub stats: Stats,
+}
+
+impl Row {
+    /// No simulated allocation failed.
+    pub fn fits(&self) -> bool {
+        self.stats.num_ooms == 0
+    }
+}
+
+pub struct WhatIfReport<'a> {
+    pub process: &'a Process,
+    pub device: i32,
+    pub pattern: Pattern,
+    pub pattern_reason: String,
+    pub requests: &'a Requests,
+    /// `None`: unlimited.
+    pub capacity: Option<u64>,
+    pub capacity_source: CapacitySource,
+    pub memory_fraction: Option<f64>,
+    /// Best first: no OOM before OOM, then by peak reserved, then fewer `cudaMalloc`s, then
+    /// the order simulated.
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+impl WhatIfReport<'_> {
+    /// The best configuration that fits, if any.
+    pub fn best(&self) -> Option<&Row> {
+        self.rows.iter().find(|row| row.fits())
+    }
+}
+
+fn oom_json(stats: &Stats) -> Value {
+    match &stats.first_oom {
+        Some(oom) => json!({
+            "t_ns": oom.t_ns,
+            "request_index": oom.request_index,
+            "size": oom.size,
+            "rounded": oom.rounded,
+            "alloc_size": oom.alloc_size,
+            "stream": oom.stream,
+            "reserved": oom.reserved,
+            "allocated": oom.allocated,
+        }),
+        None => Value::Null,
+    }
+}
+
+fn row_json(rank: usize, row: &Row) -> Value {
+    let s = &row.stats;
+    json!({
+        "rank": rank,
+        "label": row.label,
+        "conf": row.conf,
+        "fits": row.fits(),
+        "peak_reserved": s.peak_reserved,
+        "peak_reserved_t_ns": s.at_peak.t_ns,
+        "peak_allocated": s.peak_allocated,
+        "peak_requested": s.peak_requested,
+        "allocated_at_peak": s.at_peak.allocated,
+        "reserved_minus_allocated_at_peak": s.at_peak.reserved_minus_allocated,
+        "inactive_split_at_peak": s.at_peak.inactive_split_bytes,
+        "largest_free_at_peak": s.at_peak.largest_free_block,
+        "total_free_at_peak": s.at_peak.total_free,
+        "fragmentation_at_peak": s.at_peak.external_fragmentation,
+        "num_device_alloc": s.num_device_alloc,
+        "num_device_free": s.num_device_free,
+        "num_alloc_retries": s.num_alloc_retries,
+        "num_ooms": s.num_ooms,
+        "oom": oom_json(s),
+    })
+}
+
+pub fn json(report: &WhatIfReport<'_>) -> Value {
+    let r = report.requests;
+    json!({
+        "log": report.process.path.display().to_string(),
+        "pid": report.process.header.pid,
+        "device": report.device,
+        "pattern": report.pattern.name(),
+        "pattern_reason": report.pattern_reason,
+        "capacity": report.capacity,
+        "capacity_source": report.capacity_source.name(),
+        "memory_fraction": report.memory_fraction,
+        "requests": {
+            "allocs": r.allocs,
+            "frees": r.frees,
+            "empty_cache": r.empty_cache,
+            "failed_in_recording": r.failed,
+            "left_out": r.skipped,
+            "other_devices": r.other_devices,
+        },
+        "configs": report.rows.iter().enumerate().map(|(i, row)| row_json(i + 1, row)).collect::<Vec<_>>(),
+        "best": report.best().map(|row| json!({
+            "label": row.label,
+            "conf": row.conf,
+            "peak_reserved": row.stats.peak_reserved,
+        })),
+        "notes": report.notes,
+    })
+}
+
+/// How to set a configuration in the shell.
+pub fn export_line(conf: &str) -> String {
+    if conf.is_empty() {
+        "the defaults: leave PYTORCH_CUDA_ALLOC_CONF unset (or set it to \"\")".to_string()
+    } else {
+        format!("PYTORCH_CUDA_ALLOC_CONF={conf}")
+    }
+}
+
+fn oom_text(stats: &Stats) -> String {
+    match &stats.first_oom {
+        Some(oom) => format!("yes at {} ({} request)", seconds(oom.t_ns), bytes(oom.size)),
+        None => "no".to_string(),
+    }
+}
+
+pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
+    let r = report.requests;
+    writeln!(
+        out,
+        "{} (pid {}), {}: {} allocations, {} frees, {} empty_cache",
+        report.process.path.display(),
+        report.process.header.pid,
+        device_name(report.device),
+        r.allocs,
+        r.frees,
+        r.empty_cache
+    )?;
+    writeln!(
+        out,
+        "recording looks like: {} ({})",
+        report.pattern.name(),
+        report.pattern_reason
+    )?;
+    match report.capacity {
+        Some(capacity) => writeln!(
+            out,
+            "capacity: {}{}",
+            bytes(capacity),
+            match report.capacity_source {
+                CapacitySource::Given => " (--capacity)",
+                _ => " (device total from the log's cuMemGetInfo samples)",
+            }
+        )?,
+        None => writeln!(
+            out,
+            "capacity: unlimited (no --capacity and no memory sample)"
+        )?,
+    }
+    if let Some(fraction) = report.memory_fraction {
+        writeln!(out, "memory fraction: {fraction}")?;
+    }
+    writeln!(out)?;
+    let headers = [
+        "#",
+        "fits",
+        "peak reserved",
+        "peak allocated",
+        "reserved-alloc",
+        "frag",
+        "cudaMalloc",
+        "retries",
+        "OOM",
+        "config",
+    ];
+    let cells: Vec<[String; 10]> = report
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let s = &row.stats;
+            [
+                (i + 1).to_string(),
+                if row.fits() { "yes" } else { "no" }.to_string(),
+                bytes(s.peak_reserved),
+                bytes(s.peak_allocated),
+                bytes(s.at_peak.reserved_minus_allocated),
+                format!("{:.1}%", s.at_peak.external_fragmentation * 100.0),
+                s.num_device_alloc.to_string(),
+                s.num_alloc_retries.to_string(),
+                oom_text(s),
+                if row.label.is_empty() {
+                    "(default)".to_string()
+                } else {
+                    row.label.clone()
+                },
+            ]
+        })
+        .collect();
+    let mut widths = headers.map(str::len);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut dyn Write, row: &[String]| -> io::Result<()> {
+        let mut text = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            // Numbers right-aligned, words left-aligned; the last column unpadded.
+            if i == row.len() - 1 {
+                text.push_str(cell);
+            } else if (2..=7).contains(&i) || i == 0 {
+                text.push_str(&" ".repeat(pad));
+                text.push_str(cell);
+                text.push_str("  ");
+            } else {
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        writeln!(out, "{}", text.trim_end())
+    };
+    let header_cells: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    line(out, &header_cells)?;
+    for row in &cells {
+        line(out, row)?;
+    }
+    writeln!(out)?;
+    match report.best() {
+        Some(best) => writeln!(
+            out,
+            "best that fits: {} (peak reserved {})",
+            export_line(&best.conf),
+            bytes(best.stats.peak_reserved)
+        )?,
+        None => writeln!(out, "no configuration fits the capacity")?,
+    }
+    for note in &report.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    Ok(())
+}

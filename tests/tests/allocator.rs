@@ -1,0 +1,564 @@
+//! `vramshim allocator` and `vramshim whatif` on logs written by real programs under the real
+//! preload with the fake driver. Expected figures are worked out by hand in the programs'
+//! head comments (`tests/programs/report_alloc_*.c`); times come from `vramshim dump --json`.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// The allocator settings a test's own environment might carry.
+const ALLOC_ENV: [&str; 3] = [
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+];
+
+/// Runs `program ARGS` under the shim with exactly the allocator settings in `env`; its log.
+fn record(test: &str, program_name: &str, args: &[&str], env: &[(&str, &str)]) -> PathBuf {
+    let dir = scratch(test);
+    let mut command = shim_command(&program(program_name), &dir);
+    command.args(args);
+    for name in ALLOC_ENV {
+        command.env_remove(name);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run test program");
+    let run = Run { output, dir };
+    assert!(
+        run.output.status.success(),
+        "{program_name} failed: {}\n{}",
+        run.stderr(),
+        run.stdout()
+    );
+    run.log()
+}
+
+/// `vramshim ARGS`: exit code, stdout, stderr.
+fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+    let output = Command::new(vramshim_tool())
+        .args(args.iter().map(AsRef::as_ref))
+        .output()
+        .expect("run vramshim");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `vramshim ARGS`, which must succeed with JSON on stdout.
+fn json_of<S: AsRef<OsStr>>(args: &[S]) -> Value {
+    let (code, stdout, stderr) = vramshim(args);
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
+    assert_eq!(code, Some(0), "vramshim {shown:?} failed: {stderr}");
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|err| panic!("vramshim {shown:?}: bad JSON: {err}\n{stdout}"))
+}
+
+fn arr(value: &Value) -> &Vec<Value> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {value}"))
+}
+
+fn device0(report: &Value) -> &Value {
+    let devices = arr(&report["devices"]);
+    assert_eq!(devices.len(), 1, "one device expected: {report}");
+    assert_eq!(devices[0]["device"], 0);
+    &devices[0]
+}
+
+/// Replay times (ns) of the log's successful allocations of `size` bytes, in order.
+fn alloc_times(log: &Path, size: u64) -> Vec<u64> {
+    let dump = dump(log);
+    events(&dump)
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && u64_of(e, "size") == size && u64_of(e, "result") == 0)
+        .map(|e| u64_of(e, "t_ns"))
+        .collect()
+}
+
+/// (size, count) pairs of the segment-size histogram.
+fn histogram(device: &Value) -> Vec<(u64, u64)> {
+    arr(&device["segment_sizes"])
+        .iter()
+        .map(|entry| {
+            assert_eq!(
+                u64_of(entry, "bytes"),
+                u64_of(entry, "size") * u64_of(entry, "count")
+            );
+            (u64_of(entry, "size"), u64_of(entry, "count"))
+        })
+        .collect()
+}
+
+fn native_log(test: &str) -> PathBuf {
+    record(
+        test,
+        "report_alloc_native",
+        &[],
+        &[("FAKECUDA_MEM", "256M")],
+    )
+}
+
+fn expandable_log(test: &str) -> PathBuf {
+    record(test, "report_alloc_expandable", &[], &[])
+}
+
+fn async_log(test: &str) -> PathBuf {
+    record(
+        test,
+        "report_alloc_tensors",
+        &["async"],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+    )
+}
+
+fn plain_log(test: &str) -> PathBuf {
+    record(
+        test,
+        "report_alloc_tensors",
+        &["plain"],
+        &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+    )
+}
+
+/// The config entry of a whatif report whose normalised string is `conf`.
+fn config<'a>(report: &'a Value, conf: &str) -> &'a Value {
+    arr(&report["configs"])
+        .iter()
+        .find(|c| c["conf"] == conf)
+        .unwrap_or_else(|| panic!("no config {conf:?} in {report}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// allocator
+
+#[test]
+fn allocator_recognises_the_native_caching_allocator() {
+    let log = native_log("alloc-native");
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let d = device0(&report);
+    assert_eq!(d["pattern"], "native_caching");
+    // 3 x 2 MiB, 3 x 20 MiB, 24 MiB, 100 MiB, 130 MiB (the retry); the failure not counted.
+    assert_eq!(u64_of(&d["cuda_malloc"], "count"), 9);
+    assert_eq!(u64_of(&d["cuda_malloc"], "bytes"), 320 * MIB);
+    assert_eq!(u64_of(&d["cuda_malloc"], "failed"), 1);
+    assert_eq!(u64_of(&d["cuda_malloc"], "failed_bytes"), 130 * MIB);
+    assert_eq!(u64_of(&d["cuda_free"], "count"), 5);
+    assert_eq!(u64_of(&d["cuda_free"], "bytes"), 144 * MIB);
+    assert_eq!(
+        histogram(d),
+        vec![
+            (2 * MIB, 3),
+            (20 * MIB, 3),
+            (24 * MIB, 1),
+            (100 * MIB, 1),
+            (130 * MIB, 1)
+        ]
+    );
+    assert_eq!(u64_of(&d["segment_sizes_other"], "count"), 0);
+    // Peak: 46 MiB left after the retry's release, plus the 130 MiB segment.
+    let retry_t = alloc_times(&log, 130 * MIB);
+    assert_eq!(retry_t.len(), 1);
+    assert_eq!(u64_of(&d["reserved"], "peak"), 176 * MIB);
+    assert_eq!(u64_of(&d["reserved"], "peak_t_ns"), retry_t[0]);
+    assert_eq!(u64_of(&d["reserved"], "final"), 176 * MIB);
+    let series = arr(&d["reserved"]["series"]);
+    assert!(!series.is_empty() && series.len() <= 256);
+    assert_eq!(
+        series.iter().map(|p| u64_of(p, "reserved")).max(),
+        Some(176 * MIB)
+    );
+    // empty_cache(): 2 + 2 + 20 MiB; the retry's frees are not a burst.
+    let empty = &d["empty_cache"];
+    assert_eq!(u64_of(empty, "count"), 1);
+    assert_eq!(u64_of(empty, "bytes"), 24 * MIB);
+    let bursts = arr(&empty["bursts"]);
+    assert_eq!(bursts.len(), 1);
+    assert_eq!(u64_of(&bursts[0], "frees"), 3);
+    assert_eq!(u64_of(&bursts[0], "bytes"), 24 * MIB);
+    assert!(u64_of(&bursts[0], "t_ns") <= u64_of(&bursts[0], "end_t_ns"));
+    assert!(u64_of(&bursts[0], "end_t_ns") < retry_t[0]);
+    // The OOM retry: 100 + 20 MiB released in 2 frees, then 130 MiB succeeded.
+    assert_eq!(u64_of(d, "failed_allocations"), 1);
+    let retries = arr(&d["oom_retries"]);
+    assert_eq!(retries.len(), 1);
+    assert_eq!(u64_of(&retries[0], "request"), 130 * MIB);
+    assert_eq!(u64_of(&retries[0], "released_bytes"), 120 * MIB);
+    assert_eq!(u64_of(&retries[0], "released_count"), 2);
+    assert_eq!(retries[0]["succeeded"], true);
+    assert_eq!(u64_of(&retries[0], "retry_t_ns"), retry_t[0]);
+    // The fake charges exactly what the hooks see: nothing outside the allocator.
+    let outside = &d["outside_allocator"];
+    assert!(u64_of(outside, "samples") >= 1, "{outside}");
+    assert_eq!(u64_of(outside, "max"), 0);
+    assert_eq!(u64_of(outside, "device_total"), 256 * MIB);
+    // The header's allocator settings, all unset.
+    let env = &arr(&report["env"])[0];
+    for name in ALLOC_ENV {
+        assert_eq!(env[name], Value::Null, "{name}");
+    }
+
+    let (code, text, stderr) = vramshim(&[OsStr::new("allocator"), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(text.contains("looks like native_caching"), "{text}");
+    assert!(
+        text.contains("empty_cache() bursts: 1 releasing 24.00 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("130.00 MiB failed, released 120.00 MiB in 2 frees, retry succeeded"),
+        "{text}"
+    );
+}
+
+#[test]
+fn allocator_recognises_expandable_segments() {
+    let log = expandable_log("alloc-expandable");
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let d = device0(&report);
+    assert_eq!(d["pattern"], "expandable_segments");
+    // 3 x 20 MiB + 2 x 2 MiB mapped at once.
+    assert_eq!(u64_of(&d["reserved"], "peak"), 64 * MIB);
+    assert_eq!(u64_of(&d["reserved"], "final"), 0);
+    assert_eq!(u64_of(&d["vmm"]["create"], "count"), 6);
+    assert_eq!(u64_of(&d["vmm"]["create"], "bytes"), 84 * MIB);
+    assert_eq!(u64_of(&d["vmm"]["release"], "count"), 6);
+    assert_eq!(u64_of(&d["vmm"], "maps"), 6);
+    assert_eq!(u64_of(&d["vmm"], "unmaps"), 6);
+    assert_eq!(u64_of(&d["cuda_malloc"], "count"), 0);
+    assert_eq!(histogram(d), vec![(2 * MIB, 2), (20 * MIB, 4)]);
+    assert_eq!(u64_of(&report["address_reservations"], "count"), 2);
+    assert_eq!(
+        u64_of(&report["address_reservations"], "bytes"),
+        1024 * MIB + 64 * MIB
+    );
+    // empty_cache() (2 chunks) and the release at the end (4 chunks).
+    let bursts: Vec<(u64, u64)> = arr(&d["empty_cache"]["bursts"])
+        .iter()
+        .map(|b| (u64_of(b, "frees"), u64_of(b, "bytes")))
+        .collect();
+    assert_eq!(bursts, vec![(2, 40 * MIB), (4, 44 * MIB)]);
+    assert_eq!(arr(&d["oom_retries"]).len(), 0);
+
+    // The recorded setting is named as the reason.
+    let log = record(
+        "alloc-expandable-env",
+        "report_alloc_expandable",
+        &[],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+    );
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let d = device0(&report);
+    assert_eq!(d["pattern"], "expandable_segments");
+    assert!(
+        d["pattern_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("expandable_segments:True")),
+        "{d}"
+    );
+    assert_eq!(
+        arr(&report["env"])[0]["PYTORCH_CUDA_ALLOC_CONF"],
+        "expandable_segments:True"
+    );
+}
+
+#[test]
+fn allocator_recognises_tensor_level_recordings() {
+    let log = async_log("alloc-async-view");
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let d = device0(&report);
+    assert_eq!(d["pattern"], "cuda_malloc_async");
+    assert_eq!(u64_of(&d["stream_ordered"]["alloc"], "count"), 5);
+    assert_eq!(u64_of(&d["stream_ordered"]["free"], "count"), 5);
+    assert_eq!(u64_of(&d["stream_ordered"], "trims"), 1);
+    assert_eq!(u64_of(&d["cuda_malloc"], "count"), 1);
+    // Live at most: the workspace and b + c + d.
+    assert_eq!(u64_of(&d["reserved"], "peak"), 7 * MIB + 21 * MIB + 512_000);
+
+    let log = plain_log("alloc-plain-view");
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let d = device0(&report);
+    assert_eq!(d["pattern"], "per_buffer");
+    assert_eq!(u64_of(&d["cuda_malloc"], "count"), 5);
+}
+
+// ---------------------------------------------------------------------------------------
+// whatif
+
+/// Default settings on the async recording: a takes a 12 MiB segment whole, b a 20 MiB one,
+/// c a 2 MiB small segment, d (18 MiB) fits no cached block: 52 MiB; the trim releases it
+/// all and e takes a new 20 MiB segment. Expandable segments: a maps one 20 MiB page (b fits
+/// in its tail), c one 2 MiB page, d extends the large segment by 20 MiB: 42 MiB; after the
+/// trim e maps 20 MiB again.
+#[test]
+fn whatif_matches_hand_worked_numbers_for_a_cuda_malloc_async_recording() {
+    let log = async_log("whatif-async");
+    let d_time = alloc_times(&log, 18 * MIB);
+    assert_eq!(d_time.len(), 1);
+    let report = json_of(&[
+        OsStr::new("whatif"),
+        OsStr::new("--json"),
+        OsStr::new("--config"),
+        OsStr::new(""),
+        OsStr::new("--config"),
+        OsStr::new("expandable_segments:True"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(report["pattern"], "cuda_malloc_async");
+    assert_eq!(report["device"], 0);
+    assert_eq!(report["capacity_source"], "mem_info");
+    assert_eq!(u64_of(&report, "capacity"), 80 * GIB);
+    let requests = &report["requests"];
+    assert_eq!(u64_of(requests, "allocs"), 5);
+    assert_eq!(u64_of(requests, "frees"), 5);
+    assert_eq!(u64_of(requests, "empty_cache"), 1);
+    assert_eq!(u64_of(requests, "failed_in_recording"), 0);
+    // The 7 MiB cudaMalloc is not a tensor under backend:cudaMallocAsync.
+    assert_eq!(u64_of(requests, "left_out"), 1);
+    assert_eq!(arr(&report["configs"]).len(), 2);
+
+    let default = config(&report, "");
+    assert_eq!(u64_of(default, "peak_reserved"), 52 * MIB);
+    assert_eq!(u64_of(default, "peak_reserved_t_ns"), d_time[0]);
+    assert_eq!(u64_of(default, "peak_allocated"), 21 * MIB + 512_000);
+    // At the peak: a's 12 MiB segment free, 17 MiB free in b's: 30.5 MiB minus c's 500 KiB
+    // block... exactly 52 MiB - (3 MiB + 512000 B + 18 MiB).
+    assert_eq!(
+        u64_of(default, "reserved_minus_allocated_at_peak"),
+        52 * MIB - (21 * MIB + 512_000)
+    );
+    assert_eq!(u64_of(default, "largest_free_at_peak"), 17 * MIB);
+    assert_eq!(u64_of(default, "num_device_alloc"), 5);
+    assert_eq!(u64_of(default, "num_device_free"), 4);
+    assert_eq!(u64_of(default, "num_alloc_retries"), 0);
+    assert_eq!(default["fits"], true);
+    assert_eq!(default["oom"], Value::Null);
+
+    let expandable = config(&report, "expandable_segments:True");
+    assert_eq!(u64_of(expandable, "peak_reserved"), 42 * MIB);
+    assert_eq!(u64_of(expandable, "peak_reserved_t_ns"), d_time[0]);
+    assert_eq!(u64_of(expandable, "num_device_alloc"), 4);
+    assert_eq!(expandable["fits"], true);
+    // Ranked by peak reserved: expandable first, and the one to copy.
+    assert_eq!(report["configs"][0]["conf"], "expandable_segments:True");
+    assert_eq!(u64_of(&report["configs"][0], "rank"), 1);
+    assert_eq!(report["best"]["conf"], "expandable_segments:True");
+}
+
+/// With 41 MiB the default settings hit the limit at d, release a's free 12 MiB segment and
+/// retry: 40 MiB, no OOM. Expandable segments need 42 MiB at d and have no free page to
+/// release: d fails.
+#[test]
+fn whatif_capacity_marks_what_fits() {
+    let log = async_log("whatif-capacity");
+    let d_time = alloc_times(&log, 18 * MIB);
+    let args = |capacity: &str| {
+        json_of(&[
+            OsStr::new("whatif"),
+            OsStr::new("--json"),
+            OsStr::new("--capacity"),
+            OsStr::new(capacity),
+            OsStr::new("--config"),
+            OsStr::new("expandable_segments:True"),
+            OsStr::new("--config"),
+            OsStr::new(""),
+            log.as_os_str(),
+        ])
+    };
+    let report = args("41MiB");
+    assert_eq!(u64_of(&report, "capacity"), 41 * MIB);
+    assert_eq!(report["capacity_source"], "option");
+    let default = config(&report, "");
+    assert_eq!(default["fits"], true);
+    assert_eq!(u64_of(default, "peak_reserved"), 40 * MIB);
+    assert_eq!(u64_of(default, "num_alloc_retries"), 1);
+    assert_eq!(u64_of(default, "num_ooms"), 0);
+    let expandable = config(&report, "expandable_segments:True");
+    assert_eq!(expandable["fits"], false);
+    assert_eq!(u64_of(expandable, "num_ooms"), 1);
+    assert_eq!(u64_of(&expandable["oom"], "size"), 18 * MIB);
+    assert_eq!(u64_of(&expandable["oom"], "t_ns"), d_time[0]);
+    assert_eq!(report["configs"][0]["conf"], "");
+    assert_eq!(report["configs"][1]["conf"], "expandable_segments:True");
+    assert_eq!(report["best"]["conf"], "");
+
+    // 64 GiB written the short way: both fit, expandable is best.
+    let report = args("64G");
+    assert_eq!(u64_of(&report, "capacity"), 64 * GIB);
+    assert!(arr(&report["configs"]).iter().all(|c| c["fits"] == true));
+    assert_eq!(report["best"]["conf"], "expandable_segments:True");
+
+    // 20 MiB: nothing fits.
+    let report = args("20MiB");
+    assert!(arr(&report["configs"]).iter().all(|c| c["fits"] == false));
+    assert_eq!(report["best"], Value::Null);
+
+    let (code, text, stderr) = vramshim(&[
+        OsStr::new("whatif"),
+        OsStr::new("--capacity"),
+        OsStr::new("41MiB"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(text.contains("capacity: 41.00 MiB (--capacity)"), "{text}");
+    assert!(text.contains("yes at"), "{text}");
+    assert!(
+        text.contains("best that fits: the defaults: leave PYTORCH_CUDA_ALLOC_CONF unset"),
+        "{text}"
+    );
+}
+
+/// Without the trim, e (8 MiB) reuses cached memory: 4 segments by default, and the
+/// expandable segment's free 40 MiB takes it without a new mapping.
+#[test]
+fn whatif_replays_a_no_caching_recording() {
+    let log = plain_log("whatif-plain");
+    let report = json_of(&[
+        OsStr::new("whatif"),
+        OsStr::new("--json"),
+        OsStr::new("--config"),
+        OsStr::new(""),
+        OsStr::new("--config"),
+        OsStr::new(" expandable_segments : True "),
+        log.as_os_str(),
+    ]);
+    assert_eq!(report["pattern"], "per_buffer");
+    assert_eq!(u64_of(&report["requests"], "allocs"), 5);
+    assert_eq!(u64_of(&report["requests"], "left_out"), 0);
+    assert_eq!(u64_of(&report["requests"], "empty_cache"), 0);
+    let default = config(&report, "");
+    assert_eq!(u64_of(default, "peak_reserved"), 52 * MIB);
+    assert_eq!(u64_of(default, "num_device_alloc"), 4);
+    assert_eq!(u64_of(default, "num_device_free"), 0);
+    let expandable = config(&report, "expandable_segments:True");
+    assert_eq!(expandable["label"], "expandable_segments : True");
+    assert_eq!(u64_of(expandable, "peak_reserved"), 42 * MIB);
+    assert_eq!(u64_of(expandable, "num_device_alloc"), 3);
+}
+
+#[test]
+fn whatif_simulates_the_default_set_ranked() {
+    let log = async_log("whatif-default-set");
+    let report = json_of(&[OsStr::new("whatif"), OsStr::new("--json"), log.as_os_str()]);
+    let configs = arr(&report["configs"]);
+    assert_eq!(configs.len(), 11);
+    let peaks: Vec<u64> = configs.iter().map(|c| u64_of(c, "peak_reserved")).collect();
+    let mut sorted = peaks.clone();
+    sorted.sort_unstable();
+    assert_eq!(peaks, sorted, "ranked by peak reserved");
+    for (i, c) in configs.iter().enumerate() {
+        assert_eq!(u64_of(c, "rank"), i as u64 + 1);
+    }
+    assert_eq!(u64_of(config(&report, ""), "peak_reserved"), 52 * MIB);
+    assert_eq!(report["best"]["conf"], "expandable_segments:True");
+    // garbage_collection_threshold needs a memory fraction: left out, and said so.
+    assert!(
+        arr(&report["notes"]).iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("garbage_collection_threshold"))),
+        "{report}"
+    );
+    let report = json_of(&[
+        OsStr::new("whatif"),
+        OsStr::new("--json"),
+        OsStr::new("--memory-fraction"),
+        OsStr::new("0.5"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(arr(&report["configs"]).len(), 12);
+    config(&report, "garbage_collection_threshold:0.8");
+}
+
+#[test]
+fn whatif_refuses_caching_allocator_recordings() {
+    for (name, log) in [
+        ("native_caching", native_log("whatif-refuse-native")),
+        (
+            "expandable_segments",
+            expandable_log("whatif-refuse-expandable"),
+        ),
+    ] {
+        let (code, stdout, stderr) = vramshim(&[OsStr::new("whatif"), log.as_os_str()]);
+        assert_eq!(code, Some(2), "{name}: {stdout}{stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+        assert!(
+            stderr.contains("looks like a caching-allocator recording")
+                && stderr.contains(name)
+                && stderr.contains("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync")
+                && stderr.contains("PYTORCH_NO_CUDA_MEMORY_CACHING=1"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn whatif_rejects_bad_arguments() {
+    let log = async_log("whatif-bad-args");
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("whatif"),
+        OsStr::new("--config"),
+        OsStr::new("max_split_size_mb:5"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("--config \"max_split_size_mb:5\": max_split_size_mb"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("whatif"),
+        OsStr::new("--config"),
+        OsStr::new("backend:cudaMallocAsync"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("backend:cudaMallocAsync"), "{stderr}");
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("whatif"),
+        OsStr::new("--capacity"),
+        OsStr::new("lots"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("not a size"), "{stderr}");
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("whatif"),
+        OsStr::new("--device"),
+        OsStr::new("1"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("no allocation on device 1"), "{stderr}");
+}

@@ -1,0 +1,438 @@
+//! Python call stacks: a real CPython runs `tests/python/alloc_stacks.py` under the real
+//! preload, allocating through the fake runtime with the GIL released (`ctypes.CDLL`) and held
+//! (`ctypes.PyDLL`), and the reports must name the exact `file:line` and function of every
+//! Python frame.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+/// The script, by absolute path (code objects record the path the script was run by).
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_stacks.py")
+}
+
+/// The real interpreter behind `python3` (not a launcher script such as pyenv's shim);
+/// `VRAMSHIM_TEST_PYTHON` overrides it.
+fn machine_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("VRAMSHIM_TEST_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let output = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 runs (the tests need Python 3)");
+    assert!(output.status.success(), "python3 failed: {output:?}");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// An installed interpreter of version `3.minor` (pyenv layout or on PATH), if any.
+fn python_version(minor: u32) -> Option<PathBuf> {
+    let home = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(home.join("versions"))
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(OsStr::to_str)
+                .is_some_and(|n| n.starts_with(&format!("3.{minor}.")) && !n.ends_with('t'))
+        })
+        .map(|p| p.join("bin/python3"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn minor_of(python: &Path) -> u32 {
+    let output = Command::new(python)
+        .args(["-c", "import sys; print(sys.version_info[1])"])
+        .output()
+        .expect("run python");
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("python minor version")
+}
+
+fn run_script(test: &str, python: &Path, env: &[(&str, &str)]) -> Run {
+    let dir = scratch(test);
+    let mut command = shim_command(python, &dir);
+    command.arg(script());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run python");
+    let run = Run { output, dir };
+    assert!(
+        run.output.status.success(),
+        "python failed: {}",
+        run.stderr()
+    );
+    assert_eq!(run.stdout(), "done\n");
+    run
+}
+
+/// The line of the script ending in `# MARKER`.
+fn line_of(marker: &str) -> u64 {
+    let text = std::fs::read_to_string(script()).expect("read script");
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with(&format!("# {marker}")))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(lines.len(), 1, "marker {marker}");
+    lines[0] as u64
+}
+
+/// `vramshim COMMAND --json --stacks VIEW LOG`: (bytes, count, frames) per stack of device 0.
+fn groups(command: &str, view: &str, log: &Path) -> Vec<(u64, u64, Vec<Value>)> {
+    let output = tool(&[
+        OsStr::new(command),
+        OsStr::new("--json"),
+        OsStr::new("--stacks"),
+        OsStr::new(view),
+        log.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("report JSON");
+    let devices = report["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 1, "{report}");
+    assert_eq!(devices[0]["device"], 0);
+    devices[0]["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(|g| {
+            (
+                u64_of(g, "bytes"),
+                u64_of(g, "count"),
+                g["frames"].as_array().expect("frames").clone(),
+            )
+        })
+        .collect()
+}
+
+const K: u64 = 4096;
+
+/// Python frames expected for each allocation site (innermost first): bytes, count, and
+/// (function, line in the script). Thread frames below `worker` are in threading.py.
+/// Bytes, allocation count and (function, line) of the Python frames of one stack.
+type Expected = (u64, u64, Vec<(&'static str, u64)>);
+
+fn expected() -> Vec<Expected> {
+    vec![
+        (
+            (20 + 21 + 22 + 23) * K,
+            4,
+            vec![("worker", line_of("site: thread"))],
+        ),
+        (8 * K, 1, vec![("<module>", line_of("site: module"))]),
+        (
+            7 * K,
+            1,
+            vec![
+                ("with_gil", line_of("site: gil")),
+                ("<module>", line_of("call: gil")),
+            ],
+        ),
+        (
+            6 * K,
+            1,
+            vec![
+                ("in_except", line_of("site: except")),
+                ("<module>", line_of("call: except")),
+            ],
+        ),
+        (
+            5 * K,
+            1,
+            vec![
+                ("in_with", line_of("site: with")),
+                ("<module>", line_of("call: with")),
+            ],
+        ),
+        (
+            4 * K,
+            1,
+            vec![
+                ("gen", line_of("site: generator")),
+                ("<module>", line_of("call: generator")),
+            ],
+        ),
+        (
+            3 * K,
+            1,
+            vec![
+                ("<lambda>", line_of("site: lambda")),
+                ("<module>", line_of("call: lambda")),
+            ],
+        ),
+        (
+            2 * K,
+            1,
+            vec![
+                ("Model.forward", line_of("site: method")),
+                ("<module>", line_of("call: method")),
+            ],
+        ),
+        (
+            K,
+            1,
+            vec![
+                ("outer.<locals>.inner", line_of("site: inner")),
+                ("outer", line_of("call: inner")),
+                ("<module>", line_of("call: outer")),
+            ],
+        ),
+    ]
+}
+
+fn is_python(frame: &Value) -> bool {
+    frame["module"] == "[python]"
+}
+
+/// Checks the python, mixed and native views of `leaks` and `peak` for the script's log.
+fn check_exact_python_stacks(log: &Path) {
+    let script = script().to_string_lossy().into_owned();
+    let thread_tail = ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"];
+    for command in ["leaks", "peak"] {
+        let python = groups(command, "python", log);
+        let want = expected();
+        assert_eq!(python.len(), want.len(), "{command}: {python:#?}");
+        for ((bytes, count, frames), (want_bytes, want_count, want_frames)) in
+            python.iter().zip(&want)
+        {
+            assert_eq!((*bytes, *count), (*want_bytes, *want_count), "{command}");
+            let got: Vec<(String, u64)> = frames
+                .iter()
+                .take(want_frames.len())
+                .map(|f| {
+                    assert!(is_python(f), "{f}");
+                    assert_eq!(f["file"], script.as_str(), "{f}");
+                    (
+                        f["function"].as_str().unwrap_or("").to_owned(),
+                        u64_of(f, "line"),
+                    )
+                })
+                .collect();
+            let want_frames: Vec<(String, u64)> = want_frames
+                .iter()
+                .map(|(f, l)| ((*f).to_owned(), *l))
+                .collect();
+            assert_eq!(got, want_frames, "{command}, {bytes} bytes");
+            let rest: Vec<&str> = frames[want_frames.len()..]
+                .iter()
+                .map(|f| f["function"].as_str().unwrap_or(""))
+                .collect();
+            if want_frames[0].0 == "worker" {
+                assert_eq!(rest, thread_tail, "{command}");
+                assert!(frames[1..].iter().all(|f| {
+                    f["file"]
+                        .as_str()
+                        .is_some_and(|p| p.ends_with("/threading.py"))
+                        && u64_of(f, "line") > 0
+                }));
+            } else {
+                assert!(rest.is_empty(), "{command}: {rest:?}");
+            }
+        }
+
+        // Mixed: the same Python frames, in order, in place of the eval loop's frames; the
+        // fake runtime's cudaMalloc is innermost.
+        let mixed = groups(command, "mixed", log);
+        assert_eq!(mixed.len(), python.len());
+        for ((bytes, _, frames), (py_bytes, _, py_frames)) in mixed.iter().zip(&python) {
+            assert_eq!(bytes, py_bytes);
+            assert_eq!(frames[0]["function"], "cudaMalloc", "{command}");
+            let python_part: Vec<&Value> = frames.iter().filter(|f| is_python(f)).collect();
+            assert_eq!(
+                python_part,
+                py_frames.iter().collect::<Vec<_>>(),
+                "{command}"
+            );
+            assert!(
+                frames
+                    .iter()
+                    .all(|f| f["function"] != "_PyEval_EvalFrameDefault"),
+                "{command}: an eval-loop frame was not replaced"
+            );
+            // Python frames come after the ctypes call that made the allocation.
+            let first_python = frames.iter().position(is_python).expect("python frame");
+            assert!(
+                frames[..first_python]
+                    .iter()
+                    .any(|f| f["function"] == "_ctypes_callproc")
+            );
+        }
+
+        // Native: no Python frames; the eval loop shows.
+        let native = groups(command, "native", log);
+        assert!(!native.is_empty());
+        for (_, _, frames) in &native {
+            assert!(!frames.iter().any(is_python), "{command}");
+            assert!(
+                frames
+                    .iter()
+                    .any(|f| f["function"] == "_PyEval_EvalFrameDefault")
+            );
+        }
+    }
+}
+
+fn notes(dump: &[Value]) -> Vec<String> {
+    dump.iter()
+        .filter(|r| r["type"] == "note")
+        .map(|r| r["text"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+#[test]
+fn python_stacks_name_exact_lines_with_and_without_the_gil() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    assert!(
+        minor == 11 || minor == 12,
+        "machine python 3.{minor}: these tests expect 3.11 or 3.12 (set VRAMSHIM_TEST_PYTHON)"
+    );
+    let run = run_script("py-exact", &python, &[]);
+    assert_eq!(run.stderr(), "");
+    let log = run.log();
+    let dump = dump(&log);
+    assert_eq!(dump[0]["stack_mode"], "mixed");
+    assert_eq!(notes(&dump), Vec::<String>::new());
+    let codes: Vec<&Value> = dump.iter().filter(|r| r["type"] == "code").collect();
+    // Each code object defined once: the 10 of the script plus threading's 3.
+    assert_eq!(codes.len(), 13, "{codes:#?}");
+    for code in &codes {
+        assert_eq!(code["python"], format!("3.{minor}"));
+    }
+    check_exact_python_stacks(&log);
+}
+
+#[test]
+fn python_stack_mode_records_python_frames_only() {
+    let run = run_script(
+        "py-only",
+        &machine_python(),
+        &[("VRAMSHIM_STACK", "python")],
+    );
+    let dump = dump(&run.log());
+    assert_eq!(dump[0]["stack_mode"], "python");
+    let stacks: Vec<&Value> = dump.iter().filter(|r| r["type"] == "stack").collect();
+    assert_eq!(stacks.len(), 9);
+    for stack in stacks {
+        let frames = stack["frames"].as_array().expect("frames");
+        assert!(frames.iter().all(|f| f.is_object()), "{stack}");
+    }
+    let python = groups("leaks", "mixed", &run.log());
+    let want = expected();
+    assert_eq!(python.len(), want.len());
+    for ((_, _, frames), (_, _, want_frames)) in python.iter().zip(&want) {
+        assert_eq!(frames[0]["function"], want_frames[0].0);
+        assert_eq!(u64_of(&frames[0], "line"), want_frames[0].1);
+    }
+}
+
+#[test]
+fn native_stack_mode_records_no_python_frames() {
+    let run = run_script(
+        "py-native",
+        &machine_python(),
+        &[("VRAMSHIM_STACK", "native")],
+    );
+    let dump = dump(&run.log());
+    assert!(!dump.iter().any(|r| r["type"] == "code"));
+    for stack in dump.iter().filter(|r| r["type"] == "stack") {
+        assert!(
+            stack["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .all(Value::is_u64)
+        );
+    }
+}
+
+#[test]
+fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    let run = run_script(
+        "py-mismatch",
+        &python,
+        &[("VRAMSHIM_TEST_PY_LAYOUT_BREAK", "1")],
+    );
+    assert_eq!(run.stderr(), "");
+    let log = run.log();
+    let dump = dump(&log);
+    assert_eq!(
+        notes(&dump),
+        [format!(
+            "python stacks unavailable: the frame layout of CPython 3.{minor} does not match \
+             the running interpreter; recording native stacks only"
+        )]
+    );
+    assert!(!dump.iter().any(|r| r["type"] == "code"));
+    let events = events(&dump);
+    assert_eq!(events.len(), 12);
+    assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
+    for stack in dump.iter().filter(|r| r["type"] == "stack") {
+        let frames = stack["frames"].as_array().expect("frames");
+        assert!(!frames.is_empty() && frames.iter().all(Value::is_u64));
+    }
+    let mixed = groups("leaks", "mixed", &log);
+    assert_eq!(mixed.iter().map(|g| g.1).sum::<u64>(), 12);
+    for (_, _, frames) in &mixed {
+        assert!(!frames.iter().any(is_python));
+        assert!(
+            frames
+                .iter()
+                .any(|f| f["function"] == "_PyEval_EvalFrameDefault")
+        );
+    }
+}
+
+#[test]
+fn other_cpython_versions() {
+    let mut tried = Vec::new();
+    for minor in [12u32, 11] {
+        if let Some(python) = python_version(minor) {
+            let run = run_script(&format!("py-3{minor}"), &python, &[]);
+            assert_eq!(notes(&dump(&run.log())), Vec::<String>::new());
+            check_exact_python_stacks(&run.log());
+            tried.push(minor);
+        }
+    }
+    // Versions without a table: one note, native stacks, nothing else changes.
+    for (minor, why) in [
+        (
+            13u32,
+            "no frame layout for CPython 3.13 (supported: 3.11, 3.12)",
+        ),
+        (10, "CPython older than 3.11 (supported: 3.11, 3.12)"),
+    ] {
+        if let Some(python) = python_version(minor) {
+            let run = run_script(&format!("py-3{minor}"), &python, &[]);
+            let dump = dump(&run.log());
+            assert_eq!(
+                notes(&dump),
+                [format!(
+                    "python stacks unavailable: {why}; recording native stacks only"
+                )]
+            );
+            assert!(!dump.iter().any(|r| r["type"] == "code"));
+            assert_eq!(events(&dump).len(), 12);
+            tried.push(minor);
+        }
+    }
+    eprintln!("other_cpython_versions: tested 3.{tried:?}");
+}
