@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first command to try: records a toy training run and shows what the log holds.
+# The first command to try: records a toy training run and shows what vramshim says about it.
 #
 # No GPU needed: tests/fake/ holds a small fake CUDA driver (libcuda.so.1) and runtime
 # (libcudart.so.12) that hand out made-up device addresses from a pretend 2 GiB GPU. The
@@ -31,50 +31,30 @@ echo "== running: vramshim run -o $log -- demo"
 LD_LIBRARY_PATH="$fakes${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FAKECUDA_MEM=2G \
     "$vramshim" run -o "$log" -- "$demo"
 
-# The log starts with the module map and the distinct call stacks (raw addresses, for
-# offline symbolisation); they are left out here so that the events fit on the screen.
 echo
-echo "== vramshim dump (first 25 lines; module and stack records left out)"
-"$vramshim" dump "$log" | grep -Ev '^(module|stack) ' | head -n 25 || true
+echo "== vramshim report: peak per device, what held it, calls by API family"
+"$vramshim" report "$log"
 
-# A tally from the JSON form (one object per line), the way a script would read it.
 echo
-echo "== tally, from vramshim dump --json"
-"$vramshim" dump --json "$log" | python3 -c '
-import json, sys
-from collections import Counter
+echo "== vramshim leaks: still allocated at exit, by call stack"
+"$vramshim" leaks "$log" --frames 3
 
-def mib(n):
-    return "%.0f MiB" % (n / 2**20)
+echo
+echo "== vramshim oom: why the 1200 MiB allocation failed"
+"$vramshim" oom "$log" --frames 3 --top 3
 
-count, size, records = Counter(), Counter(), Counter()
-live, current, peak = {}, 0, 0
-for line in sys.stdin:
-    rec = json.loads(line)
-    records[rec["type"]] += 1
-    if rec["type"] != "event":
-        continue
-    key = (rec["event"], rec["api"])
-    count[key] += 1
-    size[key] += rec["size"]
-    if rec["device"] < 0 or rec["result"] != 0:
-        continue  # pinned host memory (device -1) and failed calls hold no device memory
-    if rec["event"] == "alloc":
-        live[rec["addr"]] = rec["size"]
-        current += rec["size"]
-        peak = max(peak, current)
-    elif rec["event"] == "free":
-        current -= live.pop(rec["addr"], 0)
+echo
+echo "== vramshim timeline (also: --svg FILE)"
+COLUMNS=${COLUMNS:-90} "$vramshim" timeline "$log" --device 0
 
-print("%-14s %-16s %6s %12s" % ("event", "api", "count", "bytes asked"))
-for (event, api), n in sorted(count.items()):
-    asked = mib(size[(event, api)]) if event != "free" else "-"
-    print("%-14s %-16s %6d %12s" % (event, api, n, asked))
-print("records: " + ", ".join("%d %s" % (n, t) for t, n in sorted(records.items())))
-print("device memory: peak %s, still allocated at exit %s in %d block(s)"
-      % (mib(peak), mib(current), len(live)))
-'
+flame="$tmp/leaks.svg"
+"$vramshim" flamegraph "$log" --what leaks -o "$flame" 2>/dev/null
+echo
+echo "== vramshim flamegraph --what leaks --folded (the SVG form went to a temporary file)"
+"$vramshim" flamegraph "$log" --what leaks --folded
+
 echo
 echo "Next, on your own program (a GPU and the real CUDA libraries this time):"
 echo "  $vramshim run -- python train.py"
-echo "  $vramshim dump vramshim-train.<pid>.vlog"
+echo "  $vramshim report vramshim-train.<pid>.vlog     # then peak, leaks, oom, timeline, flamegraph"
+echo "  $vramshim dump vramshim-train.<pid>.vlog       # every record"

@@ -974,6 +974,16 @@ fn oom_gives_the_verdict_free_memory_and_live_set_of_each_failure() {
             assert_eq!(num(entry, "size"), block.size, "{entry}");
             assert_eq!(entry["api"], rec.ops[block.op].api.as_str());
             assert_eq!(num(entry, "t_ns"), rec.times[block.op]);
+            // Each carries the stack of its own allocation: the API says which call site.
+            let (function, marker) = match (entry["device"].as_i64(), entry["api"].as_str()) {
+                (Some(0), Some("cudaMalloc")) => ("hold_weights", "LIVE: weights"),
+                (Some(0), Some("cuMemAlloc_v2")) => ("hold_kv", "LIVE: kv"),
+                (Some(1), Some("cudaMalloc")) => ("hold_other_device", "LIVE: other-device"),
+                other => panic!("unexpected live allocation {other:?}: {entry}"),
+            };
+            assert_eq!(entry["frames"][0]["function"], function, "{entry}");
+            assert_eq!(num(&entry["frames"][0], "line"), marker_line(src, marker));
+            assert_eq!(entry["frames"][1]["function"], "main", "{entry}");
         }
     }
     // The verdicts in numbers: 448 MiB live on device 0 leaves 576 MiB free; 600 MiB does not

@@ -1,29 +1,12 @@
 //! Grouping a set of allocations by call stack, flat and as a caller → callee tree.
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustc_hash::FxHashMap;
 
 use crate::python::{self, StackView};
 use crate::replay::{Live, Process};
 use crate::symbols::{SymFrame, Symbolizer};
-
-/// The view [`Stacks::new`] uses (a command's `--stacks`), as a [`StackView`] index.
-static VIEW: AtomicU8 = AtomicU8::new(0);
-
-/// Sets the view every later [`Stacks::new`] uses.
-pub fn set_view(view: StackView) {
-    VIEW.store(view as u8, Ordering::Relaxed);
-}
-
-fn current_view() -> StackView {
-    match VIEW.load(Ordering::Relaxed) {
-        1 => StackView::Python,
-        2 => StackView::Native,
-        _ => StackView::Mixed,
-    }
-}
 
 /// Symbolised stacks of every process of a replay, each resolved once.
 pub struct Stacks {
@@ -33,12 +16,8 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    /// Stacks shown as the command's `--stacks` asks (default: mixed).
-    pub fn new(processes: &[Process]) -> Stacks {
-        Stacks::with_view(processes, current_view())
-    }
-
-    pub fn with_view(processes: &[Process], view: StackView) -> Stacks {
+    /// Stacks of `processes` shown as `view` asks (a command's `--stacks`).
+    pub fn new(processes: &[Process], view: StackView) -> Stacks {
         Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),

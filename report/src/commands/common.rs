@@ -33,13 +33,6 @@ pub struct StacksArg {
     pub stacks: StackView,
 }
 
-impl StacksArg {
-    /// Makes every later stack grouping use this view.
-    pub fn apply(self) {
-        crate::analysis::groups::set_view(self.stacks);
-    }
-}
-
 /// Prints `warnings` on stderr, then the JSON document or the text report on stdout.
 pub fn emit(
     select: &Select,

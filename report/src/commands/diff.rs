@@ -10,6 +10,7 @@ use crate::analysis::diff::{Side, diff};
 use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
 use crate::analysis::peaks::{Peak, Peaks};
 use crate::commands::common::{Select, StacksArg, emit};
+use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Replay, Stop};
 
@@ -47,7 +48,7 @@ struct Measured {
     warnings: Vec<String>,
 }
 
-fn measure(path: &PathBuf, device: Option<i32>) -> Result<Measured, Failure> {
+fn measure(path: &PathBuf, device: Option<i32>, view: StackView) -> Result<Measured, Failure> {
     let logs = std::slice::from_ref(path);
     let mut peaks = Peaks::default();
     let mut allocated = Allocated::new(device);
@@ -59,7 +60,7 @@ fn measure(path: &PathBuf, device: Option<i32>) -> Result<Measured, Failure> {
         .filter(|p| device.is_none_or(|d| d == p.device))
         .copied()
         .collect();
-    let mut stacks = Stacks::new(&replay.processes);
+    let mut stacks = Stacks::new(&replay.processes, view);
     // Each device at its own peak, summed: the memory the run needed at most, per stack.
     let peak_groups = by_stack(
         snapshots.iter().flat_map(|s| &s.allocations),
@@ -81,9 +82,8 @@ fn measure(path: &PathBuf, device: Option<i32>) -> Result<Measured, Failure> {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    args.view.apply();
-    let a = measure(&args.a, args.device)?;
-    let b = measure(&args.b, args.device)?;
+    let a = measure(&args.a, args.device, args.view.stacks)?;
+    let b = measure(&args.b, args.device, args.view.stacks)?;
     let rows = diff(
         &Side {
             peak: &a.peak_groups,

@@ -83,7 +83,6 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if args.failure.is_some() && args.what != What::Oom {
         return Err(Failure::input("--failure only applies to --what oom"));
     }
-    args.view.apply();
     let (replay, warnings, view) = match args.what {
         What::Peak => peak(&args)?,
         What::Leaks => leaks(&args)?,
@@ -140,7 +139,7 @@ type Found = (replay::Replay, Vec<String>, View);
 fn peak(args: &Args) -> Result<Found, Failure> {
     let mut peaks = Peaks::default();
     let replay = replay::run(&args.logs, &mut [&mut peaks], Stop::End)?;
-    let mut stacks = Stacks::new(&replay.processes);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
     let mut parts = Vec::new();
     let mut moments = Vec::new();
     for snapshot in peaks.snapshots(&replay.state, args.device) {
@@ -178,7 +177,7 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
         .map(|d| d.device)
         .collect();
     devices.sort_by_key(|d| device_order(*d));
-    let mut stacks = Stacks::new(&replay.processes);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
     let parts = devices
         .into_iter()
         .map(|device| DeviceStacks {
@@ -205,7 +204,7 @@ fn allocated(args: &Args) -> Result<Found, Failure> {
     let replay = replay::run(&args.logs, &mut [&mut totals], Stop::End)?;
     let mut devices: Vec<i32> = totals.devices.keys().copied().collect();
     devices.sort_by_key(|d| device_order(*d));
-    let mut stacks = Stacks::new(&replay.processes);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
     let parts = devices
         .into_iter()
         .filter_map(|device| {
@@ -246,7 +245,7 @@ fn oom(args: &Args) -> Result<Found, Failure> {
         )));
     }
     let failure = &analysis.failures[number - 1];
-    let mut stacks = Stacks::new(&replay.processes);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
     let groups = match &failure.live_by_id {
         Some(totals) => by_stack_totals(totals, &mut stacks, &replay.processes),
         None => {

@@ -25,17 +25,21 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    args.view.apply();
     let mut analysis = Oom::new(select.device);
     let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes);
+    let mut stacks = Stacks::new(processes, args.view.stacks);
     let failures = analysis
         .failures
         .iter()
         .map(|failure| FailureView {
             failure,
             frames: stacks.frames(processes, failure.process, failure.stack),
+            largest_frames: failure
+                .largest_live
+                .iter()
+                .map(|live| stacks.frames(processes, live.process, live.stack))
+                .collect(),
             live_groups: failure.live_by_id.as_ref().map_or_else(Vec::new, |totals| {
                 by_stack_totals(totals, &mut stacks, processes)
             }),

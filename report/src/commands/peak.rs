@@ -8,6 +8,7 @@ use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
 use crate::commands::common::{Select, StacksArg, emit};
+use crate::python::StackView;
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
 use crate::units;
@@ -52,7 +53,6 @@ pub struct LeaksArgs {
 
 pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    args.view.apply();
     let (replay, snapshots, what) = match args.at {
         Some(at) => {
             let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
@@ -69,18 +69,31 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
             (replay, snapshots, "peak")
         }
     };
-    render(select, &args.shape, &replay, snapshots, what)
+    render(
+        select,
+        &args.shape,
+        args.view.stacks,
+        &replay,
+        snapshots,
+        what,
+    )
 }
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    args.view.apply();
     let replay = replay::run(&select.logs, &mut [], Stop::End)?;
     let snapshots = devices_of(&replay.state, select.device)
         .into_iter()
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
         .collect();
-    render(select, &args.shape, &replay, snapshots, "leaks")
+    render(
+        select,
+        &args.shape,
+        args.view.stacks,
+        &replay,
+        snapshots,
+        "leaks",
+    )
 }
 
 /// Devices with something live, narrowed to `only`.
@@ -98,12 +111,13 @@ fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
 fn render(
     select: &Select,
     shape: &Shape,
+    view: StackView,
     replay: &replay::Replay,
     snapshots: Vec<Snapshot>,
     what: &'static str,
 ) -> Result<ExitCode, Failure> {
     let processes: &[Process] = &replay.processes;
-    let mut stacks = Stacks::new(processes);
+    let mut stacks = Stacks::new(processes, view);
     let views = snapshots
         .into_iter()
         .filter(|s| !s.allocations.is_empty())

@@ -20,7 +20,6 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    args.view.apply();
     // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);
@@ -33,7 +32,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .collect();
     let at_peaks = peaks.snapshots(&replay.state, select.device);
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes);
+    let mut stacks = Stacks::new(processes, args.view.stacks);
     let devices = wanted
         .iter()
         .map(|peak| {

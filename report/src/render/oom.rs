@@ -15,6 +15,8 @@ use crate::units::{bytes, seconds};
 pub struct FailureView<'a> {
     pub failure: &'a Failure,
     pub frames: std::rc::Rc<[SymFrame]>,
+    /// Stacks of `failure.largest_live`, in the same order.
+    pub largest_frames: Vec<std::rc::Rc<[SymFrame]>>,
     /// Live set on the device by stack (empty past the detailed limit).
     pub live_groups: Vec<StackGroup>,
 }
@@ -92,7 +94,13 @@ pub fn json(report: &OomReport<'_>) -> Value {
                     "t_ns": r.t_ns,
                 })),
                 "is_retry_of": f.is_retry_of,
-                "largest_live": f.largest_live.iter().map(|l| live_json(l, processes)).collect::<Vec<_>>(),
+                "largest_live": f.largest_live.iter().zip(&view.largest_frames).map(|(l, frames)| {
+                    let mut value = live_json(l, processes);
+                    if let Value::Object(map) = &mut value {
+                        map.insert("frames".into(), frames.iter().map(super::frame_json).collect::<Vec<_>>().into());
+                    }
+                    value
+                }).collect::<Vec<_>>(),
                 "live_by_stack": view.live_groups.iter().map(|g| group_json(g, f.tracked_bytes, processes)).collect::<Vec<_>>(),
             })
         }).collect::<Vec<_>>(),
@@ -155,13 +163,14 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
         }
         if !f.largest_live.is_empty() {
             writeln!(out, "  largest live allocations:")?;
-            for live in &f.largest_live {
+            for (live, frames) in f.largest_live.iter().zip(&view.largest_frames) {
                 writeln!(
                     out,
-                    "    {:>11}  {} at {}",
+                    "    {:>11}  {} at {}  {}",
                     bytes(live.size),
                     process.api(live.api),
-                    seconds(live.t_ns)
+                    seconds(live.t_ns),
+                    super::short_stack(frames, 2)
                 )?;
             }
         }
