@@ -629,13 +629,20 @@ impl Progress {
         let width = 30;
         let filled = (fraction * width as f64) as usize;
         let mut stderr = std::io::stderr().lock();
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        let left = if fraction > 0.0 {
+            elapsed * (1.0 - fraction) / fraction
+        } else {
+            0.0
+        };
         let _ = write!(
             stderr,
-            "\rvramshim: replaying [{}{}] {:3.0}% of {}",
+            "\rvramshim: replaying [{}{}] {:3.0}% of {}, about {:.0} s left ",
             "#".repeat(filled),
             " ".repeat(width - filled),
             fraction * 100.0,
-            crate::units::bytes(self.total_bytes)
+            crate::units::bytes(self.total_bytes),
+            left.ceil()
         );
         let _ = stderr.flush();
         self.shown = true;
@@ -644,7 +651,7 @@ impl Progress {
     fn finish(&mut self) {
         if self.shown {
             let mut stderr = std::io::stderr().lock();
-            let _ = write!(stderr, "\r{:70}\r", "");
+            let _ = write!(stderr, "\r{:90}\r", "");
             let _ = stderr.flush();
         }
     }
