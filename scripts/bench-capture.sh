@@ -266,8 +266,9 @@ fi
 
 # Python: the cost Python frames add to each event, at a 30-deep Python stack (native stacks
 # are captured in both runs; the difference is the Python frame walk and its interning).
+# BENCH_PYTHON picks another interpreter (e.g. ~/.pyenv/versions/3.9.18/bin/python3).
 budget_python=1000
-python="$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)"
+python="${BENCH_PYTHON:-$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)}"
 echo
 if [ -z "$python" ]; then
     echo "python: n/a (no python3)"

@@ -128,9 +128,10 @@ pub enum Frame {
     /// A native return address (innermost first in a stack).
     Native(u64),
     /// A Python frame: code object `code` (a [`CodeDef`] id) executing the instruction at
-    /// `offset` (in code units, `_Py_CODEUNIT`, from the start of the bytecode). `entry` marks
-    /// the outermost Python frame run by one native call of the interpreter's eval loop
-    /// (`_PyEval_EvalFrameDefault`), so a report can splice Python frames into native ones.
+    /// `offset` (in code units, `_Py_CODEUNIT`, from the start of the bytecode, on every
+    /// version). `entry` marks the outermost Python frame run by one native call of the
+    /// interpreter's eval loop (`_PyEval_EvalFrameDefault`), so a report can splice Python
+    /// frames into native ones; before 3.11 every frame is one.
     Python { code: u32, offset: u32, entry: bool },
 }
 
@@ -142,10 +143,12 @@ pub struct CodeDef {
     /// line table and instruction offsets are read.
     pub python: u16,
     pub filename: String,
-    /// `co_qualname`: `Class.method`, `outer.<locals>.inner`, `<lambda>`, `<module>`.
+    /// `co_qualname`: `Class.method`, `outer.<locals>.inner`, `<lambda>`, `<module>`. Before
+    /// 3.11 code objects have no qualified name: `co_name` (`method`, `inner`).
     pub qualname: String,
     pub first_line: u32,
-    /// `co_linetable` as the interpreter holds it (3.11+: the location table).
+    /// The line table as the interpreter holds it: `co_lnotab` (3.9), `co_linetable` in the
+    /// PEP 626 format (3.10), the location table `co_linetable` (3.11+).
     pub line_table: Vec<u8>,
 }
 

@@ -193,6 +193,10 @@ pub struct ThreadState {
     pub unwind_cache: Cell<*mut crate::unwind::ThreadCache>,
     /// This thread's stack range (0, 0 = not known yet).
     pub stack_bounds: Cell<(u64, u64)>,
+    /// The OS name last written to the log for this thread (`comm`, NUL-padded).
+    name: Cell<[u8; 16]>,
+    /// When that name was last read (monotonic ns).
+    name_read_ns: Cell<u64>,
 }
 
 thread_local! {
@@ -203,6 +207,8 @@ thread_local! {
             stack_cache: UnsafeCell::new(stacks::ThreadCache::new()),
             unwind_cache: Cell::new(std::ptr::null_mut()),
             stack_bounds: Cell::new((0, 0)),
+            name: Cell::new([0; 16]),
+            name_read_ns: Cell::new(0),
         }
     };
 }
@@ -259,13 +265,10 @@ fn enter() -> Option<Entry> {
             }
             let mut ring = thread.ring.get();
             if ring.is_null() {
-                thread.depth.set(1);
-                ring = crate::guard(std::ptr::null(), writer::register_thread);
-                thread.depth.set(0);
+                ring = register(thread);
                 if ring.is_null() {
                     return None;
                 }
-                thread.ring.set(ring);
             }
             thread.depth.set(1);
             let ring_ref = unsafe { &*ring };
@@ -274,10 +277,91 @@ fn enter() -> Option<Entry> {
             ring_ref.in_progress.store(ENTERING, Ordering::SeqCst);
             let t0 = now_ns();
             ring_ref.in_progress.store(t0, Ordering::SeqCst);
+            if t0.wrapping_sub(thread.name_read_ns.get()) >= NAME_CHECK_NS {
+                reread_name(thread, ring_ref.tid, t0);
+            }
             Some(Entry { t0, ring })
         })
         .ok()
         .flatten()
+}
+
+/// How often a thread's OS name is read again: threads often name themselves after their first
+/// CUDA call (PyTorch's `pt_autograd_N`, data loader threads, Python 3.14's `threading`).
+const NAME_CHECK_NS: u64 = 1_000_000_000;
+
+/// Creates the calling thread's ring and names the thread in the log (its first hooked call).
+#[cold]
+#[inline(never)]
+fn register(thread: &ThreadState) -> *const Ring {
+    thread.depth.set(1);
+    let name = current_thread_name().unwrap_or_default();
+    let ring = crate::guard(std::ptr::null(), || {
+        writer::register_thread(name_text(&name))
+    });
+    thread.depth.set(0);
+    if !ring.is_null() {
+        thread.ring.set(ring);
+        thread.name.set(name);
+        thread.name_read_ns.set(now_ns());
+    }
+    ring
+}
+
+/// Reads the thread's OS name again and writes a new `thread` record if it changed.
+#[cold]
+#[inline(never)]
+fn reread_name(thread: &ThreadState, tid: u32, now: u64) {
+    thread.name_read_ns.set(now);
+    let Some(name) = current_thread_name() else {
+        return;
+    };
+    if name != thread.name.get() {
+        thread.name.set(name);
+        crate::guard((), || writer::name_thread(tid, name_text(&name)));
+    }
+}
+
+/// Checks the calling thread's name once more, whenever it was last read (the process ends):
+/// a name set since the last check still reaches the log.
+pub fn reread_own_name() {
+    let ring = THREAD
+        .try_with(|thread| thread.ring.get())
+        .unwrap_or(std::ptr::null());
+    reread_own_name_of(ring);
+}
+
+/// Like [`reread_own_name`] for `ring`, the calling thread's ring (also once the thread has
+/// forgotten it, as it exits).
+pub fn reread_own_name_of(ring: *const Ring) {
+    if ring.is_null() {
+        return;
+    }
+    let tid = unsafe { &*ring }.tid;
+    let _ = THREAD.try_with(|thread| reread_name(thread, tid, now_ns()));
+}
+
+/// The calling thread's OS name (`comm`: at most 15 bytes), NUL-padded. One system call, no
+/// file to open.
+fn current_thread_name() -> Option<[u8; 16]> {
+    let mut name = [0u8; 16];
+    // PR_GET_NAME writes at most 16 bytes, NUL included.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_GET_NAME,
+            name.as_mut_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    (rc == 0).then_some(name)
+}
+
+/// A NUL-padded name as text.
+fn name_text(name: &[u8; 16]) -> String {
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..len]).into_owned()
 }
 
 #[inline]

@@ -336,6 +336,10 @@ unsafe extern "C" fn thread_exit(ring: *mut c_void) {
             // A newer ring replaced this one; it is released by its own key value.
             return;
         }
+        if current == ring.cast_const().cast() {
+            // A name set since the last check still reaches the log.
+            capture::reread_own_name_of(current);
+        }
         writer::release_thread_ring(ring.cast_const().cast());
     });
 }
@@ -392,7 +396,10 @@ extern "C" fn after_fork_child() {
 /// Writes everything out before the process image goes away (exit, `_exit`, exec).
 pub fn final_flush() {
     if STATE.load(Ordering::Acquire) == ON {
-        crate::guard((), || writer::flush(writer::FlushKind::Final));
+        crate::guard((), || {
+            capture::reread_own_name();
+            writer::flush(writer::FlushKind::Final)
+        });
     }
 }
 

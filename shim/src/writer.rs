@@ -81,25 +81,20 @@ pub fn count_dropped() {
     DROPPED.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Creates this thread's ring and names the thread in the log.
-pub fn register_thread() -> *const Ring {
+/// Creates the calling thread's ring and names the thread in the log as `name`.
+pub fn register_thread(name: String) -> *const Ring {
     let tid = lifecycle::gettid();
     let ring = Arc::new(Ring::new(tid, lifecycle::config().buffer_events));
-    define(Record::ThreadName(ThreadName {
-        thread: tid,
-        name: thread_name(tid),
-    }));
+    name_thread(tid, name);
     RINGS.lock().push(ring.clone());
     let pointer = capture::into_thread_pointer(ring);
     lifecycle::set_thread_exit_hook(pointer);
     pointer
 }
 
-fn thread_name(tid: u32) -> String {
-    let path = format!("/proc/self/task/{tid}/comm");
-    std::fs::read_to_string(path)
-        .map(|name| name.trim_end().to_owned())
-        .unwrap_or_default()
+/// Names thread `tid` in the log (again, when it renamed itself: the report keeps the last).
+pub fn name_thread(tid: u32, name: String) {
+    define(Record::ThreadName(ThreadName { thread: tid, name }));
 }
 
 /// Called when a thread that recorded exits: its ring is written out and then freed.

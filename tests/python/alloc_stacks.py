@@ -3,7 +3,7 @@ tests/tests/python_stacks.rs. Every allocation site has its own size (a multiple
 line ends in a `# site: NAME` marker; the line that calls into it ends in `# call: NAME`.
 
 `ctypes.CDLL` releases the GIL around each foreign call, as PyTorch does before it allocates;
-`ctypes.PyDLL` keeps it held."""
+`ctypes.PyDLL` keeps it held. Runs on CPython 3.8 and later: no newer syntax."""
 
 import ctypes
 import threading

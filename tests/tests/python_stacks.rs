@@ -1,7 +1,8 @@
 //! Python call stacks: a real CPython runs `tests/python/alloc_stacks.py` under the real
 //! preload, allocating through the fake runtime with the GIL released (`ctypes.CDLL`) and held
 //! (`ctypes.PyDLL`), and the reports must name the exact `file:line` and function of every
-//! Python frame.
+//! Python frame. `python3` runs every test; `other_cpython_versions` runs the exact check on
+//! every other supported version installed with pyenv (3.9 to 3.14).
 
 mod common;
 
@@ -31,8 +32,9 @@ fn machine_python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
 
-/// An installed interpreter of version `3.minor` (pyenv layout or on PATH), if any.
-fn python_version(minor: u32) -> Option<PathBuf> {
+/// An installed interpreter of version `3.minor` (pyenv layout), if any; `free_threaded` picks
+/// the free-threaded build (`3.13.0t`) instead of the default one.
+fn python_version(minor: u32, free_threaded: bool) -> Option<PathBuf> {
     let home = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))?;
@@ -40,9 +42,9 @@ fn python_version(minor: u32) -> Option<PathBuf> {
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(OsStr::to_str)
-                .is_some_and(|n| n.starts_with(&format!("3.{minor}.")) && !n.ends_with('t'))
+            p.file_name().and_then(OsStr::to_str).is_some_and(|n| {
+                n.starts_with(&format!("3.{minor}.")) && n.ends_with('t') == free_threaded
+            })
         })
         .map(|p| p.join("bin/python3"))
         .filter(|p| p.is_file())
@@ -123,12 +125,19 @@ fn groups(command: &str, view: &str, log: &Path) -> Vec<(u64, u64, Vec<Value>)> 
 
 const K: u64 = 4096;
 
-/// Python frames expected for each allocation site (innermost first): bytes, count, and
-/// (function, line in the script). Thread frames below `worker` are in threading.py.
 /// Bytes, allocation count and (function, line) of the Python frames of one stack.
 type Expected = (u64, u64, Vec<(&'static str, u64)>);
 
-fn expected() -> Vec<Expected> {
+/// The name reports give a function on CPython 3.`minor`: its qualified name from 3.11, its
+/// plain name (`co_name`) before, as code objects have no qualified name there.
+fn name(minor: u32, qualified: &'static str, plain: &'static str) -> &'static str {
+    if minor >= 11 { qualified } else { plain }
+}
+
+/// Python frames expected for each allocation site (innermost first) on CPython 3.`minor`:
+/// bytes, count, and (function, line in the script). Thread frames below `worker` are in
+/// threading.py.
+fn expected(minor: u32) -> Vec<Expected> {
     vec![
         (
             (20 + 21 + 22 + 23) * K,
@@ -180,7 +189,10 @@ fn expected() -> Vec<Expected> {
             2 * K,
             1,
             vec![
-                ("Model.forward", line_of("site: method")),
+                (
+                    name(minor, "Model.forward", "forward"),
+                    line_of("site: method"),
+                ),
                 ("<module>", line_of("call: method")),
             ],
         ),
@@ -188,7 +200,10 @@ fn expected() -> Vec<Expected> {
             K,
             1,
             vec![
-                ("outer.<locals>.inner", line_of("site: inner")),
+                (
+                    name(minor, "outer.<locals>.inner", "inner"),
+                    line_of("site: inner"),
+                ),
                 ("outer", line_of("call: inner")),
                 ("<module>", line_of("call: outer")),
             ],
@@ -200,13 +215,18 @@ fn is_python(frame: &Value) -> bool {
     frame["module"] == "[python]"
 }
 
-/// Checks the python, mixed and native views of `leaks` and `peak` for the script's log.
-fn check_exact_python_stacks(log: &Path) {
+/// Checks the python, mixed and native views of `leaks` and `peak` for the script's log,
+/// written by CPython 3.`minor`.
+fn check_exact_python_stacks(log: &Path, minor: u32) {
     let script = script().to_string_lossy().into_owned();
-    let thread_tail = ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"];
+    let thread_tail = [
+        name(minor, "Thread.run", "run"),
+        name(minor, "Thread._bootstrap_inner", "_bootstrap_inner"),
+        name(minor, "Thread._bootstrap", "_bootstrap"),
+    ];
     for command in ["leaks", "peak"] {
         let python = groups(command, "python", log);
-        let want = expected();
+        let want = expected(minor);
         assert_eq!(python.len(), want.len(), "{command}: {python:#?}");
         for ((bytes, count, frames), (want_bytes, want_count, want_frames)) in
             python.iter().zip(&want)
@@ -295,80 +315,30 @@ fn notes(dump: &[Value]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn python_stacks_name_exact_lines_with_and_without_the_gil() {
-    let python = machine_python();
-    let minor = minor_of(&python);
-    assert!(
-        minor == 11 || minor == 12,
-        "machine python 3.{minor}: these tests expect 3.11 or 3.12 (set VRAMSHIM_TEST_PYTHON)"
-    );
-    let run = run_script("py-exact", &python, &[]);
+/// Runs the script on CPython 3.`minor` and checks its log exactly: no note, each code object
+/// defined once with its version, and every view of every stack.
+fn check_version(python: &Path, minor: u32) {
+    let run = run_script(&format!("py-exact-3{minor}"), python, &[]);
     assert_eq!(run.stderr(), "");
     let log = run.log();
     let dump = dump(&log);
     assert_eq!(dump[0]["stack_mode"], "mixed");
-    assert_eq!(notes(&dump), Vec::<String>::new());
+    assert_eq!(notes(&dump), Vec::<String>::new(), "3.{minor}");
     let codes: Vec<&Value> = dump.iter().filter(|r| r["type"] == "code").collect();
     // Each code object defined once: the 10 of the script plus threading's 3.
-    assert_eq!(codes.len(), 13, "{codes:#?}");
+    assert_eq!(codes.len(), 13, "3.{minor}: {codes:#?}");
     for code in &codes {
         assert_eq!(code["python"], format!("3.{minor}"));
     }
-    check_exact_python_stacks(&log);
+    check_exact_python_stacks(&log, minor);
 }
 
-#[test]
-fn python_stack_mode_records_python_frames_only() {
+/// With a wrong offset (the test hook moves the frame's code field), the one-time check must
+/// catch it: one note, no Python frame, native stacks as usual.
+fn check_layout_mismatch(python: &Path, minor: u32) {
     let run = run_script(
-        "py-only",
-        &machine_python(),
-        &[("VRAMSHIM_STACK", "python")],
-    );
-    let dump = dump(&run.log());
-    assert_eq!(dump[0]["stack_mode"], "python");
-    let stacks: Vec<&Value> = dump.iter().filter(|r| r["type"] == "stack").collect();
-    assert_eq!(stacks.len(), 9);
-    for stack in stacks {
-        let frames = stack["frames"].as_array().expect("frames");
-        assert!(frames.iter().all(|f| f.is_object()), "{stack}");
-    }
-    let python = groups("leaks", "mixed", &run.log());
-    let want = expected();
-    assert_eq!(python.len(), want.len());
-    for ((_, _, frames), (_, _, want_frames)) in python.iter().zip(&want) {
-        assert_eq!(frames[0]["function"], want_frames[0].0);
-        assert_eq!(u64_of(&frames[0], "line"), want_frames[0].1);
-    }
-}
-
-#[test]
-fn native_stack_mode_records_no_python_frames() {
-    let run = run_script(
-        "py-native",
-        &machine_python(),
-        &[("VRAMSHIM_STACK", "native")],
-    );
-    let dump = dump(&run.log());
-    assert!(!dump.iter().any(|r| r["type"] == "code"));
-    for stack in dump.iter().filter(|r| r["type"] == "stack") {
-        assert!(
-            stack["frames"]
-                .as_array()
-                .expect("frames")
-                .iter()
-                .all(Value::is_u64)
-        );
-    }
-}
-
-#[test]
-fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
-    let python = machine_python();
-    let minor = minor_of(&python);
-    let run = run_script(
-        "py-mismatch",
-        &python,
+        &format!("py-mismatch-3{minor}"),
+        python,
         &[("VRAMSHIM_TEST_PY_LAYOUT_BREAK", "1")],
     );
     assert_eq!(run.stderr(), "");
@@ -401,38 +371,145 @@ fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
     }
 }
 
+/// An interpreter the recorder has no layout for: one note saying `why`, native stacks, the
+/// program's behaviour unchanged.
+fn check_refused(python: &Path, label: &str, why: &str) {
+    let run = run_script(&format!("py-refused-{label}"), python, &[]);
+    assert_eq!(run.stderr(), "");
+    let dump = dump(&run.log());
+    assert_eq!(
+        notes(&dump),
+        [format!(
+            "python stacks unavailable: {why}; recording native stacks only"
+        )]
+    );
+    assert!(!dump.iter().any(|r| r["type"] == "code"));
+    let events = events(&dump);
+    assert_eq!(events.len(), 12);
+    assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
+}
+
+#[test]
+fn python_stacks_name_exact_lines_with_and_without_the_gil() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    assert!(
+        (9..=13).contains(&minor),
+        "machine python 3.{minor}: these tests expect 3.9 to 3.13 (set VRAMSHIM_TEST_PYTHON)"
+    );
+    check_version(&python, minor);
+}
+
+#[test]
+fn python_stack_mode_records_python_frames_only() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    let run = run_script("py-only", &python, &[("VRAMSHIM_STACK", "python")]);
+    let dump = dump(&run.log());
+    assert_eq!(dump[0]["stack_mode"], "python");
+    let stacks: Vec<&Value> = dump.iter().filter(|r| r["type"] == "stack").collect();
+    assert_eq!(stacks.len(), 9);
+    for stack in stacks {
+        let frames = stack["frames"].as_array().expect("frames");
+        assert!(frames.iter().all(|f| f.is_object()), "{stack}");
+    }
+    let python = groups("leaks", "mixed", &run.log());
+    let want = expected(minor);
+    assert_eq!(python.len(), want.len());
+    for ((_, _, frames), (_, _, want_frames)) in python.iter().zip(&want) {
+        assert_eq!(frames[0]["function"], want_frames[0].0);
+        assert_eq!(u64_of(&frames[0], "line"), want_frames[0].1);
+    }
+}
+
+#[test]
+fn native_stack_mode_records_no_python_frames() {
+    let run = run_script(
+        "py-native",
+        &machine_python(),
+        &[("VRAMSHIM_STACK", "native")],
+    );
+    let dump = dump(&run.log());
+    assert!(!dump.iter().any(|r| r["type"] == "code"));
+    for stack in dump.iter().filter(|r| r["type"] == "stack") {
+        assert!(
+            stack["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .all(Value::is_u64)
+        );
+    }
+}
+
+#[test]
+fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    check_layout_mismatch(&python, minor);
+}
+
+/// Every supported version installed with pyenv gets the exact check and the mismatch check
+/// (3.9 / 3.10: frame objects and their own line tables, plain names; 3.11 / 3.12: tables;
+/// 3.13: `_Py_DebugOffsets`; 3.14: `_Py_DebugOffsets`, untested until a 3.14 is installed).
+/// Versions without a layout and free-threaded builds must be refused with a note. Versions
+/// not installed are skipped and named (CI has only its `python3`).
 #[test]
 fn other_cpython_versions() {
-    let mut tried = Vec::new();
-    for minor in [12u32, 11] {
-        if let Some(python) = python_version(minor) {
-            let run = run_script(&format!("py-3{minor}"), &python, &[]);
-            assert_eq!(notes(&dump(&run.log())), Vec::<String>::new());
-            check_exact_python_stacks(&run.log());
-            tried.push(minor);
+    let mut checked = Vec::new();
+    let mut missing = Vec::new();
+    for minor in 9u32..=14 {
+        match python_version(minor, false) {
+            Some(python) => {
+                assert_eq!(minor_of(&python), minor, "{}", python.display());
+                check_version(&python, minor);
+                check_layout_mismatch(&python, minor);
+                checked.push(format!("3.{minor}"));
+            }
+            None => missing.push(format!("3.{minor}")),
         }
     }
-    // Versions without a table: one note, native stacks, nothing else changes.
-    for (minor, why) in [
-        (
-            13u32,
-            "no frame layout for CPython 3.13 (supported: 3.11, 3.12)",
-        ),
-        (10, "CPython older than 3.11 (supported: 3.11, 3.12)"),
-    ] {
-        if let Some(python) = python_version(minor) {
-            let run = run_script(&format!("py-3{minor}"), &python, &[]);
-            let dump = dump(&run.log());
-            assert_eq!(
-                notes(&dump),
-                [format!(
-                    "python stacks unavailable: {why}; recording native stacks only"
-                )]
-            );
-            assert!(!dump.iter().any(|r| r["type"] == "code"));
-            assert_eq!(events(&dump).len(), 12);
-            tried.push(minor);
+    // Versions without a layout: one note, native stacks, nothing else changes.
+    for minor in [8u32, 15] {
+        match python_version(minor, false) {
+            Some(python) => {
+                check_refused(
+                    &python,
+                    &format!("3{minor}"),
+                    &format!("no frame layout for CPython 3.{minor} (supported: 3.9 to 3.14)"),
+                );
+                checked.push(format!("3.{minor} (refused)"));
+            }
+            None => missing.push(format!("3.{minor}")),
         }
     }
-    eprintln!("other_cpython_versions: tested 3.{tried:?}");
+    // Free-threaded builds: other object headers, and no table for them.
+    for minor in [13u32, 14] {
+        match python_version(minor, true) {
+            Some(python) => {
+                check_refused(
+                    &python,
+                    &format!("3{minor}t"),
+                    &format!(
+                        "free-threaded CPython 3.{minor} (no frame layout for free-threaded \
+                         builds)"
+                    ),
+                );
+                checked.push(format!("3.{minor}t (refused)"));
+            }
+            None => missing.push(format!("3.{minor}t")),
+        }
+    }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    eprintln!(
+        "other_cpython_versions: checked {}; not installed, skipped: {}",
+        list(&checked),
+        list(&missing)
+    );
 }

@@ -1,21 +1,23 @@
 //! Bytes allocated over the whole run, per stack (for "where does churn come from" views).
 
-use super::groups::IdTotals;
+use super::groups::{IdTotals, add_total};
 use crate::replay::{Effect, Observer, Process, State, Step};
 
-/// Sums every successful allocation per (process, stack id).
+/// Sums every successful allocation per (process, stack id), and per thread when asked.
 #[allow(dead_code)] // used by `flamegraph --what allocated` and `diff` (in progress)
 #[derive(Default)]
 pub struct Allocated {
     device: Option<i32>,
+    by_thread: bool,
     pub totals: IdTotals,
 }
 
 #[allow(dead_code)]
 impl Allocated {
-    pub fn new(device: Option<i32>) -> Allocated {
+    pub fn new(device: Option<i32>, by_thread: bool) -> Allocated {
         Allocated {
             device,
+            by_thread,
             totals: IdTotals::default(),
         }
     }
@@ -29,9 +31,7 @@ impl Observer for Allocated {
         } = step
             && self.device.is_none_or(|d| d == live.device)
         {
-            let entry = self.totals.entry((live.process, live.stack)).or_default();
-            entry.0 += live.size;
-            entry.1 += 1;
+            add_total(&mut self.totals, live, self.by_thread);
         }
     }
 }

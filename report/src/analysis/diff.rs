@@ -1,12 +1,13 @@
 //! Comparing two recordings stack by stack. Stack ids and addresses differ between processes
-//! (and binaries between builds), so stacks are matched by their symbolised labels.
+//! (and binaries between builds), so stacks are matched by their symbolised labels; groups
+//! split by thread are matched by thread name and labels (thread ids differ between runs).
 
 use std::cmp::Reverse;
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
-use super::groups::StackGroup;
+use super::groups::{StackGroup, UNNAMED_THREAD};
 use crate::symbols::SymFrame;
 
 /// What one recording says per stack.
@@ -28,6 +29,9 @@ pub struct Amount {
 /// has zeros on the other side.
 #[derive(Clone, Debug)]
 pub struct StackDiff {
+    /// The thread's name when groups are split by thread ([`UNNAMED_THREAD`] for a thread
+    /// without one).
+    pub thread: Option<String>,
     /// Frame labels, innermost first; empty when no stack was recorded.
     pub labels: Vec<String>,
     /// The frames themselves (from A where A has the stack).
@@ -48,18 +52,25 @@ impl StackDiff {
     }
 }
 
-/// Matches the stacks of `a` and `b` by label and sorts growth first: by peak change, then
-/// allocated change, both descending.
+/// Matches the stacks of `a` and `b` by label (and thread name) and sorts growth first: by
+/// peak change, then allocated change, both descending.
 pub fn diff(a: &Side<'_>, b: &Side<'_>) -> Vec<StackDiff> {
-    let mut by_labels: FxHashMap<Vec<String>, usize> = FxHashMap::default();
+    type RowKey = (Option<String>, Vec<String>);
+    let mut by_labels: FxHashMap<RowKey, usize> = FxHashMap::default();
     let mut rows: Vec<StackDiff> = Vec::new();
     let sides = [a, b];
     for (side, input) in sides.iter().enumerate() {
         for (peak, groups) in [(true, input.peak), (false, input.allocated)] {
             for group in groups {
                 let labels: Vec<String> = group.frames.iter().map(SymFrame::label).collect();
-                let index = *by_labels.entry(labels.clone()).or_insert_with(|| {
+                let thread = group
+                    .thread
+                    .as_ref()
+                    .map(|t| t.name.clone().unwrap_or_else(|| UNNAMED_THREAD.to_string()));
+                let key = (thread.clone(), labels.clone());
+                let index = *by_labels.entry(key).or_insert_with(|| {
                     rows.push(StackDiff {
+                        thread,
                         labels,
                         frames: group.frames.clone(),
                         peak: [Amount::default(); 2],
@@ -84,6 +95,7 @@ pub fn diff(a: &Side<'_>, b: &Side<'_>) -> Vec<StackDiff> {
             .cmp(&Reverse(y.peak_change()))
             .then(Reverse(x.allocated_change()).cmp(&Reverse(y.allocated_change())))
             .then_with(|| x.labels.cmp(&y.labels))
+            .then_with(|| x.thread.cmp(&y.thread))
     });
     rows
 }
@@ -109,6 +121,7 @@ mod tests {
             bytes,
             count: 1,
             processes: vec![0],
+            thread: None,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::groups::IdTotals;
+use super::groups::{IdTotals, add_total};
 use crate::replay::{Effect, Observer, Process, State, Step};
 
 /// Bytes allocated over the whole run per device and (process, stack id): the `allocated`
@@ -10,14 +10,16 @@ use crate::replay::{Effect, Observer, Process, State, Step};
 #[derive(Default)]
 pub struct AllocatedByDevice {
     device: Option<i32>,
+    by_thread: bool,
     pub devices: FxHashMap<i32, IdTotals>,
 }
 
 impl AllocatedByDevice {
-    /// Every device, or only `device`.
-    pub fn new(device: Option<i32>) -> AllocatedByDevice {
+    /// Every device, or only `device`; per thread too when `by_thread`.
+    pub fn new(device: Option<i32>, by_thread: bool) -> AllocatedByDevice {
         AllocatedByDevice {
             device,
+            by_thread,
             devices: FxHashMap::default(),
         }
     }
@@ -31,14 +33,8 @@ impl Observer for AllocatedByDevice {
         } = step
             && self.device.is_none_or(|d| d == live.device)
         {
-            let entry = self
-                .devices
-                .entry(live.device)
-                .or_default()
-                .entry((live.process, live.stack))
-                .or_default();
-            entry.0 += live.size;
-            entry.1 += 1;
+            let totals = self.devices.entry(live.device).or_default();
+            add_total(totals, live, self.by_thread);
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Grouping a set of allocations by call stack, flat and as a caller → callee tree.
+//! Grouping a set of allocations by call stack, flat and as a caller → callee tree; with
+//! `--by-thread`, by (process, thread, stack).
 
 use std::rc::Rc;
 
@@ -8,21 +9,30 @@ use crate::python::{self, StackView};
 use crate::replay::{Live, Process};
 use crate::symbols::{SymFrame, Symbolizer};
 
-/// Symbolised stacks of every process of a replay, each resolved once.
+/// Symbolised stacks of every process of a replay, each resolved once, and how groups of them
+/// are keyed.
 pub struct Stacks {
     symbolizers: Vec<Option<Symbolizer>>,
     cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
     view: StackView,
+    by_thread: bool,
 }
 
 impl Stacks {
-    /// Stacks of `processes` shown as `view` asks (a command's `--stacks`).
-    pub fn new(processes: &[Process], view: StackView) -> Stacks {
+    /// Stacks of `processes` shown as `view` asks (a command's `--stacks`); `by_thread` (a
+    /// command's `--by-thread`) splits [`by_stack`]'s groups by allocating thread.
+    pub fn new(processes: &[Process], view: StackView, by_thread: bool) -> Stacks {
         Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),
             view,
+            by_thread,
         }
+    }
+
+    /// Whether groups are split by thread.
+    pub fn by_thread(&self) -> bool {
+        self.by_thread
     }
 
     /// The frames of stack `stack` of process `process`, innermost first, shim frames removed.
@@ -75,7 +85,7 @@ impl Stacks {
     }
 }
 
-/// Allocations sharing one (symbolised) call stack.
+/// Allocations sharing one (symbolised) call stack, and with `--by-thread` one thread.
 #[derive(Clone, Debug)]
 pub struct StackGroup {
     /// Innermost first; empty when no stack was recorded.
@@ -84,34 +94,112 @@ pub struct StackGroup {
     pub count: u64,
     /// Processes (indexes into the replay's processes) contributing.
     pub processes: Vec<u32>,
+    /// The allocating thread, when groups are split by thread.
+    pub thread: Option<GroupThread>,
+}
+
+/// A thread of one process, as groups split by thread show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupThread {
+    /// Index into the replay's processes.
+    pub process: u32,
+    pub pid: u32,
+    pub tid: u32,
+    /// The last name recorded for the thread; None when none was (or it was empty).
+    pub name: Option<String>,
+}
+
+/// Shown for a thread without a recorded name.
+pub const UNNAMED_THREAD: &str = "[unnamed]";
+
+impl GroupThread {
+    /// The thread `tid` of process `process`, named as the log names it.
+    pub fn of(processes: &[Process], process: u32, tid: u32) -> GroupThread {
+        let info = processes.get(process as usize);
+        GroupThread {
+            process,
+            pid: info.map_or(0, |p| p.header.pid),
+            tid,
+            name: info
+                .and_then(|p| p.thread_names.get(&tid))
+                .filter(|name| !name.is_empty())
+                .cloned(),
+        }
+    }
+
+    /// The name, or [`UNNAMED_THREAD`].
+    pub fn name_or_unnamed(&self) -> &str {
+        self.name.as_deref().unwrap_or(UNNAMED_THREAD)
+    }
+
+    /// `thread NAME (tid N, pid P)`.
+    pub fn label(&self) -> String {
+        format!(
+            "thread {} (tid {}, pid {})",
+            self.name_or_unnamed(),
+            self.tid,
+            self.pid
+        )
+    }
 }
 
 /// Groups `allocations` by symbolised stack (identical stacks of different processes or ids
-/// merge), largest first.
+/// merge), and by thread when `stacks` splits by thread; largest first.
 pub fn by_stack<'a>(
     allocations: impl IntoIterator<Item = &'a Live>,
     stacks: &mut Stacks,
     processes: &[Process],
 ) -> Vec<StackGroup> {
-    by_stack_totals(&totals_by_id(allocations), stacks, processes)
+    let by_thread = stacks.by_thread();
+    by_stack_totals(&totals_by_id(allocations, by_thread), stacks, processes)
 }
 
-/// Bytes and count per (process, stack id): the cheap first step of grouping, small enough to
-/// keep for many moments.
-pub type IdTotals = FxHashMap<(u32, u32), (u64, u64)>;
+/// What allocations are summed under before symbolisation: process, stack id and, when
+/// grouping by thread, the allocating thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdKey {
+    pub process: u32,
+    /// The allocating thread; None when groups are not split by thread.
+    pub thread: Option<u32>,
+    pub stack: u32,
+}
 
-/// Sums `allocations` per (process, stack id).
-pub fn totals_by_id<'a>(allocations: impl IntoIterator<Item = &'a Live>) -> IdTotals {
+impl IdKey {
+    /// The key of `live`, with its thread only when `by_thread`.
+    pub fn of(live: &Live, by_thread: bool) -> IdKey {
+        IdKey {
+            process: live.process,
+            thread: by_thread.then_some(live.thread),
+            stack: live.stack,
+        }
+    }
+}
+
+/// Bytes and count per [`IdKey`]: the cheap first step of grouping, small enough to keep for
+/// many moments.
+pub type IdTotals = FxHashMap<IdKey, (u64, u64)>;
+
+/// Adds `live` to `totals` (keyed with its thread only when `by_thread`).
+pub fn add_total(totals: &mut IdTotals, live: &Live, by_thread: bool) {
+    let entry = totals.entry(IdKey::of(live, by_thread)).or_default();
+    entry.0 += live.size;
+    entry.1 += 1;
+}
+
+/// Sums `allocations` per (process, stack id), and per thread when `by_thread`.
+pub fn totals_by_id<'a>(
+    allocations: impl IntoIterator<Item = &'a Live>,
+    by_thread: bool,
+) -> IdTotals {
     let mut by_id = IdTotals::default();
     for live in allocations {
-        let entry = by_id.entry((live.process, live.stack)).or_default();
-        entry.0 += live.size;
-        entry.1 += 1;
+        add_total(&mut by_id, live, by_thread);
     }
     by_id
 }
 
-/// Groups per-id totals by symbolised stack, largest first.
+/// Groups per-id totals by symbolised stack (and by (process, thread) where the keys carry a
+/// thread), largest first.
 pub fn by_stack_totals(
     totals: &IdTotals,
     stacks: &mut Stacks,
@@ -119,24 +207,29 @@ pub fn by_stack_totals(
 ) -> Vec<StackGroup> {
     let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
     ids.sort_unstable_by_key(|(id, _)| *id);
-    let mut by_frames: FxHashMap<Vec<Place>, usize> = FxHashMap::default();
+    type GroupKey = (Option<(u32, u32)>, Vec<Place>);
+    let mut by_frames: FxHashMap<GroupKey, usize> = FxHashMap::default();
     let mut groups: Vec<StackGroup> = Vec::new();
-    for ((process, stack), (bytes, count)) in ids {
-        let frames = stacks.frames(processes, process, stack);
-        let index = *by_frames.entry(places(&frames)).or_insert_with(|| {
-            groups.push(StackGroup {
-                frames,
-                bytes: 0,
-                count: 0,
-                processes: Vec::new(),
+    for (id, (bytes, count)) in ids {
+        let frames = stacks.frames(processes, id.process, id.stack);
+        let thread = id.thread.map(|tid| (id.process, tid));
+        let index = *by_frames
+            .entry((thread, places(&frames)))
+            .or_insert_with(|| {
+                groups.push(StackGroup {
+                    frames,
+                    bytes: 0,
+                    count: 0,
+                    processes: Vec::new(),
+                    thread: thread.map(|(process, tid)| GroupThread::of(processes, process, tid)),
+                });
+                groups.len() - 1
             });
-            groups.len() - 1
-        });
         let group = &mut groups[index];
         group.bytes += bytes;
         group.count += count;
-        if !group.processes.contains(&process) {
-            group.processes.push(process);
+        if !group.processes.contains(&id.process) {
+            group.processes.push(id.process);
         }
     }
     groups.sort_by(|a, b| {
@@ -144,8 +237,14 @@ pub fn by_stack_totals(
             .cmp(&a.bytes)
             .then(b.count.cmp(&a.count))
             .then_with(|| label_of(&a.frames).cmp(&label_of(&b.frames)))
+            .then_with(|| thread_order(a).cmp(&thread_order(b)))
     });
     groups
+}
+
+/// Ties between groups of different threads: by process, then thread id.
+fn thread_order(group: &StackGroup) -> Option<(u32, u32)> {
+    group.thread.as_ref().map(|t| (t.process, t.tid))
 }
 
 /// The label of a stack's innermost frame.
@@ -161,21 +260,45 @@ pub const NO_STACK: &str = "[no stack recorded]";
 /// A node of the caller → callee tree: bytes and count of everything below it.
 #[derive(Clone, Debug, Default)]
 pub struct TreeNode {
-    /// None at the root.
+    /// None at the root and at thread nodes.
     pub frame: Option<SymFrame>,
+    /// Set at the nodes of the top level when groups are split by thread: each thread's
+    /// stacks hang below its node.
+    pub thread: Option<GroupThread>,
     pub bytes: u64,
     pub count: u64,
     /// Largest first.
     pub children: Vec<TreeNode>,
 }
 
-/// Builds the caller → callee tree of `groups` (outermost frame at the top).
+/// Builds the caller → callee tree of `groups` (outermost frame at the top; groups split by
+/// thread hang below a node per thread).
 pub fn tree(groups: &[StackGroup]) -> TreeNode {
     let mut root = TreeNode::default();
     for group in groups {
         root.bytes += group.bytes;
         root.count += group.count;
         let mut node = &mut root;
+        if let Some(thread) = &group.thread {
+            let index = match node.children.iter().position(|child| {
+                child
+                    .thread
+                    .as_ref()
+                    .is_some_and(|t| (t.process, t.tid) == (thread.process, thread.tid))
+            }) {
+                Some(index) => index,
+                None => {
+                    node.children.push(TreeNode {
+                        thread: Some(thread.clone()),
+                        ..TreeNode::default()
+                    });
+                    node.children.len() - 1
+                }
+            };
+            node = &mut node.children[index];
+            node.bytes += group.bytes;
+            node.count += group.count;
+        }
         let no_stack = [no_stack_frame()];
         let frames: &[SymFrame] = if group.frames.is_empty() {
             &no_stack

@@ -63,7 +63,8 @@ pub struct Failure {
     pub tracked_bytes: u64,
     pub tracked_count: u64,
     pub verdict: Verdict,
-    /// Live set on the device by (process, stack id); None past [`DETAILED`].
+    /// Live set on the device by (process, stack id), and thread when the analysis splits by
+    /// thread; None past [`DETAILED`].
     pub live_by_id: Option<IdTotals>,
     pub largest_live: Vec<Live>,
     /// Set when the same thread released memory and asked again.
@@ -85,14 +86,19 @@ struct Pending {
 #[derive(Default)]
 pub struct Oom {
     device: Option<i32>,
+    /// Keep each failure's live set by thread too (`--by-thread`).
+    by_thread: bool,
     pub failures: Vec<Failure>,
     pending: Vec<Pending>,
 }
 
 impl Oom {
-    pub fn new(device: Option<i32>) -> Oom {
+    /// Failures on every device, or only on `device`; `by_thread` keys each failure's live set
+    /// by thread too.
+    pub fn new(device: Option<i32>, by_thread: bool) -> Oom {
         Oom {
             device,
+            by_thread,
             ..Oom::default()
         }
     }
@@ -192,7 +198,7 @@ impl Observer for Oom {
                     tracked_bytes,
                     tracked_count,
                     verdict,
-                    live_by_id: detailed.then(|| totals_by_id(on_device())),
+                    live_by_id: detailed.then(|| totals_by_id(on_device(), self.by_thread)),
                     largest_live,
                     retry: None,
                     is_retry_of,

@@ -18,7 +18,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
     let mut view = AllocatorView::new(select.device);
-    let mut oom = Oom::new(select.device);
+    let mut oom = Oom::new(select.device, false);
     let replay = replay::run(&select.logs, &mut [&mut view, &mut oom], Stop::End)?;
     view.finish();
     let retries = oom

@@ -33,6 +33,16 @@ pub struct StacksArg {
     pub stacks: StackView,
 }
 
+/// Whether views that group by stack also split by thread (commands that group by stack
+/// flatten this beside [`StacksArg`]).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ByThread {
+    /// Split each stack by the thread that allocated: groups are keyed by (process, thread,
+    /// stack) and name their thread (`thread NAME (tid N, pid P)`; JSON: `thread`).
+    #[arg(long)]
+    pub by_thread: bool,
+}
+
 /// Prints `warnings` on stderr, then the JSON document or the text report on stdout.
 pub fn emit(
     select: &Select,

@@ -9,7 +9,7 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Side, diff};
 use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{Select, StacksArg, emit};
+use crate::commands::common::{ByThread, Select, StacksArg, emit};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Replay, Stop};
@@ -36,6 +36,9 @@ pub struct Args {
     frames: usize,
     #[command(flatten)]
     view: StacksArg,
+    // With it, rows are matched by thread name and stack: thread ids differ between runs.
+    #[command(flatten)]
+    threads: ByThread,
 }
 
 /// One recording, measured.
@@ -48,10 +51,15 @@ struct Measured {
     warnings: Vec<String>,
 }
 
-fn measure(path: &PathBuf, device: Option<i32>, view: StackView) -> Result<Measured, Failure> {
+fn measure(
+    path: &PathBuf,
+    device: Option<i32>,
+    view: StackView,
+    by_thread: bool,
+) -> Result<Measured, Failure> {
     let logs = std::slice::from_ref(path);
     let mut peaks = Peaks::default();
-    let mut allocated = Allocated::new(device);
+    let mut allocated = Allocated::new(device, by_thread);
     let replay = replay::run(logs, &mut [&mut peaks, &mut allocated], Stop::End)?;
     let snapshots = peaks.snapshots(&replay.state, device);
     let peaks: Vec<Peak> = peaks
@@ -60,7 +68,7 @@ fn measure(path: &PathBuf, device: Option<i32>, view: StackView) -> Result<Measu
         .filter(|p| device.is_none_or(|d| d == p.device))
         .copied()
         .collect();
-    let mut stacks = Stacks::new(&replay.processes, view);
+    let mut stacks = Stacks::new(&replay.processes, view, by_thread);
     // Each device at its own peak, summed: the memory the run needed at most, per stack.
     let peak_groups = by_stack(
         snapshots.iter().flat_map(|s| &s.allocations),
@@ -82,8 +90,9 @@ fn measure(path: &PathBuf, device: Option<i32>, view: StackView) -> Result<Measu
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let a = measure(&args.a, args.device, args.view.stacks)?;
-    let b = measure(&args.b, args.device, args.view.stacks)?;
+    let by_thread = args.threads.by_thread;
+    let a = measure(&args.a, args.device, args.view.stacks, by_thread)?;
+    let b = measure(&args.b, args.device, args.view.stacks, by_thread)?;
     let rows = diff(
         &Side {
             peak: &a.peak_groups,
@@ -109,6 +118,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             allocated_bytes: b.allocated_bytes,
         },
         device: args.device,
+        by_thread,
         rows,
         top: args.top,
         frames: args.frames,

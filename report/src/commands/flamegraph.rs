@@ -11,7 +11,7 @@ use crate::analysis::groups::{Stacks, by_stack, by_stack_totals};
 use crate::analysis::oom::Oom;
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::SnapshotsAt;
-use crate::commands::common::StacksArg;
+use crate::commands::common::{ByThread, StacksArg};
 use crate::render::flamegraph::{self, DeviceStacks};
 use crate::render::timeline::{seconds_label, subject};
 use crate::render::{device_name, device_order};
@@ -66,6 +66,9 @@ pub struct Args {
     failure: Option<usize>,
     #[command(flatten)]
     view: StacksArg,
+    // With it, a `thread NAME (TID)` frame right under each device frame.
+    #[command(flatten)]
+    threads: ByThread,
 }
 
 /// The stacks to draw and what to call them.
@@ -139,7 +142,7 @@ type Found = (replay::Replay, Vec<String>, View);
 fn peak(args: &Args) -> Result<Found, Failure> {
     let mut peaks = Peaks::default();
     let replay = replay::run(&args.logs, &mut [&mut peaks], Stop::End)?;
-    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let mut parts = Vec::new();
     let mut moments = Vec::new();
     for snapshot in peaks.snapshots(&replay.state, args.device) {
@@ -177,7 +180,7 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
         .map(|d| d.device)
         .collect();
     devices.sort_by_key(|d| device_order(*d));
-    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let parts = devices
         .into_iter()
         .map(|device| DeviceStacks {
@@ -200,11 +203,11 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
 }
 
 fn allocated(args: &Args) -> Result<Found, Failure> {
-    let mut totals = AllocatedByDevice::new(args.device);
+    let mut totals = AllocatedByDevice::new(args.device, args.threads.by_thread);
     let replay = replay::run(&args.logs, &mut [&mut totals], Stop::End)?;
     let mut devices: Vec<i32> = totals.devices.keys().copied().collect();
     devices.sort_by_key(|d| device_order(*d));
-    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let parts = devices
         .into_iter()
         .filter_map(|device| {
@@ -226,7 +229,7 @@ fn allocated(args: &Args) -> Result<Found, Failure> {
 }
 
 fn oom(args: &Args) -> Result<Found, Failure> {
-    let mut analysis = Oom::new(args.device);
+    let mut analysis = Oom::new(args.device, args.threads.by_thread);
     let replay = replay::run(&args.logs, &mut [&mut analysis], Stop::End)?;
     let count = analysis.failures.len();
     let on = args
@@ -245,7 +248,7 @@ fn oom(args: &Args) -> Result<Found, Failure> {
         )));
     }
     let failure = &analysis.failures[number - 1];
-    let mut stacks = Stacks::new(&replay.processes, args.view.stacks);
+    let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let groups = match &failure.live_by_id {
         Some(totals) => by_stack_totals(totals, &mut stacks, &replay.processes),
         None => {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack_totals};
 use crate::analysis::oom::Oom;
-use crate::commands::common::{Select, StacksArg, emit};
+use crate::commands::common::{ByThread, Select, StacksArg, emit};
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
@@ -15,6 +15,8 @@ pub struct Args {
     select: Select,
     #[command(flatten)]
     view: StacksArg,
+    #[command(flatten)]
+    threads: ByThread,
     /// Live stacks listed per failure (text only).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -25,10 +27,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let mut analysis = Oom::new(select.device);
+    let by_thread = args.threads.by_thread;
+    let mut analysis = Oom::new(select.device, by_thread);
     let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes, args.view.stacks);
+    let mut stacks = Stacks::new(processes, args.view.stacks, by_thread);
     let failures = analysis
         .failures
         .iter()

@@ -7,8 +7,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{Select, StacksArg, emit};
-use crate::python::StackView;
+use crate::commands::common::{ByThread, Select, StacksArg, emit};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
 use crate::units;
@@ -33,6 +32,8 @@ pub struct PeakArgs {
     select: Select,
     #[command(flatten)]
     view: StacksArg,
+    #[command(flatten)]
+    threads: ByThread,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
     /// `1.5s`, `250ms`, `40us`, `1200ns`).
     #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
@@ -47,6 +48,8 @@ pub struct LeaksArgs {
     select: Select,
     #[command(flatten)]
     view: StacksArg,
+    #[command(flatten)]
+    threads: ByThread,
     #[command(flatten)]
     shape: Shape,
 }
@@ -69,14 +72,8 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
             (replay, snapshots, "peak")
         }
     };
-    render(
-        select,
-        &args.shape,
-        args.view.stacks,
-        &replay,
-        snapshots,
-        what,
-    )
+    let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
+    render(select, &args.shape, stacks, &replay, snapshots, what)
 }
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
@@ -86,14 +83,8 @@ pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
         .into_iter()
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
         .collect();
-    render(
-        select,
-        &args.shape,
-        args.view.stacks,
-        &replay,
-        snapshots,
-        "leaks",
-    )
+    let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
+    render(select, &args.shape, stacks, &replay, snapshots, "leaks")
 }
 
 /// Devices with something live, narrowed to `only`.
@@ -108,16 +99,16 @@ fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
     devices
 }
 
+/// Renders `snapshots` grouped as `stacks` says (by stack, or by thread and stack).
 fn render(
     select: &Select,
     shape: &Shape,
-    view: StackView,
+    mut stacks: Stacks,
     replay: &replay::Replay,
     snapshots: Vec<Snapshot>,
     what: &'static str,
 ) -> Result<ExitCode, Failure> {
     let processes: &[Process] = &replay.processes;
-    let mut stacks = Stacks::new(processes, view);
     let views = snapshots
         .into_iter()
         .filter(|s| !s.allocations.is_empty())
@@ -136,6 +127,7 @@ fn render(
     let report = SnapshotReport {
         processes,
         what,
+        by_thread: stacks.by_thread(),
         views,
         top: shape.top,
         frames: shape.frames,

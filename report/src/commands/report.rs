@@ -6,7 +6,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{Select, StacksArg, emit};
+use crate::commands::common::{ByThread, Select, StacksArg, emit};
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -16,6 +16,8 @@ pub struct Args {
     select: Select,
     #[command(flatten)]
     view: StacksArg,
+    #[command(flatten)]
+    threads: ByThread,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -32,7 +34,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .collect();
     let at_peaks = peaks.snapshots(&replay.state, select.device);
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes, args.view.stacks);
+    let mut stacks = Stacks::new(processes, args.view.stacks, args.threads.by_thread);
     let devices = wanted
         .iter()
         .map(|peak| {

@@ -31,6 +31,8 @@ pub struct DiffReport<'a> {
     pub a: SideView<'a>,
     pub b: SideView<'a>,
     pub device: Option<i32>,
+    /// Rows are per thread name and stack (`--by-thread`).
+    pub by_thread: bool,
     pub rows: Vec<StackDiff>,
     /// Rows shown in text.
     pub top: usize,
@@ -82,19 +84,25 @@ pub fn json(report: &DiffReport<'_>) -> Value {
             "allocated_b": b.allocated_bytes,
             "allocated_change": change(a.allocated_bytes, b.allocated_bytes),
         },
-        "stacks": report.rows.iter().map(|row| json!({
-            "frames": row.labels,
-            "peak_a": row.peak[0].bytes,
-            "peak_b": row.peak[1].bytes,
-            "peak_change": change(row.peak[0].bytes, row.peak[1].bytes),
-            "peak_count_a": row.peak[0].count,
-            "peak_count_b": row.peak[1].count,
-            "allocated_a": row.allocated[0].bytes,
-            "allocated_b": row.allocated[1].bytes,
-            "allocated_change": change(row.allocated[0].bytes, row.allocated[1].bytes),
-            "allocated_count_a": row.allocated[0].count,
-            "allocated_count_b": row.allocated[1].count,
-        })).collect::<Vec<_>>(),
+        "stacks": report.rows.iter().map(|row| {
+            let mut value = json!({
+                "frames": row.labels,
+                "peak_a": row.peak[0].bytes,
+                "peak_b": row.peak[1].bytes,
+                "peak_change": change(row.peak[0].bytes, row.peak[1].bytes),
+                "peak_count_a": row.peak[0].count,
+                "peak_count_b": row.peak[1].count,
+                "allocated_a": row.allocated[0].bytes,
+                "allocated_b": row.allocated[1].bytes,
+                "allocated_change": change(row.allocated[0].bytes, row.allocated[1].bytes),
+                "allocated_count_a": row.allocated[0].count,
+                "allocated_count_b": row.allocated[1].count,
+            });
+            if let (Some(thread), Value::Object(map)) = (&row.thread, &mut value) {
+                map.insert("thread".to_string(), Value::from(thread.as_str()));
+            }
+            value
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -139,7 +147,12 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
     }
     writeln!(
         out,
-        "\nper stack, growth first (peak: live at each device's peak, summed over devices):"
+        "\nper {}, growth first (peak: live at each device's peak, summed over devices):",
+        if report.by_thread {
+            "thread name and stack"
+        } else {
+            "stack"
+        }
     )?;
     writeln!(
         out,
@@ -168,7 +181,13 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
                 row.allocated[0].bytes,
                 row.allocated[1].bytes,
             ],
-            &short_stack(&row.frames, report.frames),
+            &match &row.thread {
+                Some(thread) => format!(
+                    "thread {thread}: {}",
+                    short_stack(&row.frames, report.frames)
+                ),
+                None => short_stack(&row.frames, report.frames),
+            },
         )?;
     }
     if report.rows.len() > report.top {

@@ -7,7 +7,7 @@ use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{self, Options};
 
 use super::svg::Svg;
-use crate::analysis::groups::{NO_STACK, StackGroup};
+use crate::analysis::groups::{GroupThread, NO_STACK, StackGroup};
 use crate::symbols::SymFrame;
 
 /// The stacks of one device, drawn under a root frame naming the device.
@@ -28,7 +28,13 @@ fn folded_label(label: &str) -> String {
         .collect()
 }
 
-/// Folded lines, `device;outermost;...;innermost bytes`, sorted; identical stacks merged.
+/// The frame naming a thread in flame graphs: `thread NAME (TID)`.
+pub fn thread_frame(thread: &GroupThread) -> String {
+    format!("thread {} ({})", thread.name_or_unnamed(), thread.tid)
+}
+
+/// Folded lines, `device;outermost;...;innermost bytes` (groups split by thread:
+/// `device;thread NAME (TID);outermost;...`), sorted; identical stacks merged.
 pub fn folded(parts: &[DeviceStacks]) -> Vec<String> {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for part in parts {
@@ -37,6 +43,10 @@ pub fn folded(parts: &[DeviceStacks]) -> Vec<String> {
                 continue;
             }
             let mut stack = folded_label(&super::device_name(part.device));
+            if let Some(thread) = &group.thread {
+                stack.push(';');
+                stack.push_str(&folded_label(&thread_frame(thread)));
+            }
             if group.frames.is_empty() {
                 stack.push(';');
                 stack.push_str(NO_STACK);
@@ -101,12 +111,14 @@ mod tests {
                 bytes: 10,
                 count: 1,
                 processes: vec![0],
+                thread: None,
             },
             StackGroup {
                 frames: Vec::new().into(),
                 bytes: 4,
                 count: 1,
                 processes: vec![0],
+                thread: None,
             },
             StackGroup {
                 // Another module, same labels: one line.
@@ -121,6 +133,7 @@ mod tests {
                 bytes: 5,
                 count: 1,
                 processes: vec![1],
+                thread: None,
             },
         ];
         let lines = folded(&[DeviceStacks { device: 0, groups }]);
@@ -135,5 +148,71 @@ mod tests {
         assert!(picture.contains("main (a.c:9)"));
         let empty = String::from_utf8(svg(&[], "t<", "s", "nothing").unwrap()).unwrap();
         assert!(empty.contains("<title>t&lt;</title>") && empty.contains("nothing"));
+    }
+
+    #[test]
+    fn flamegraph_folded_lines_of_groups_split_by_thread() {
+        use crate::analysis::groups::tree;
+        let frame = |name: &str| SymFrame {
+            function: Some(name.into()),
+            file: Some("/src/a.c".into()),
+            line: Some(1),
+            module: "/bin/a".into(),
+            offset: 0,
+            inlined: false,
+        };
+        let thread = |tid: u32, name: Option<&str>| GroupThread {
+            process: 0,
+            pid: 7,
+            tid,
+            name: name.map(str::to_string),
+        };
+        let group = |bytes: u64, t: GroupThread| StackGroup {
+            frames: vec![frame("f"), frame("main")].into(),
+            bytes,
+            count: 1,
+            processes: vec![0],
+            thread: Some(t),
+        };
+        let groups = vec![
+            group(8, thread(12, Some("loader;0"))),
+            group(4, thread(11, None)),
+            group(2, thread(12, Some("loader;0"))),
+        ];
+        assert_eq!(
+            folded(&[DeviceStacks {
+                device: 1,
+                groups: groups.clone(),
+            }]),
+            [
+                "device 1;thread [unnamed] (11);main (a.c:1);f (a.c:1) 4",
+                "device 1;thread loader,0 (12);main (a.c:1);f (a.c:1) 10",
+            ]
+        );
+        // The tree: a node per thread at the top, largest first, the stacks below.
+        let root = tree(&groups);
+        assert_eq!(root.bytes, 14);
+        let top: Vec<(Option<u32>, u64)> = root
+            .children
+            .iter()
+            .map(|c| (c.thread.as_ref().map(|t| t.tid), c.bytes))
+            .collect();
+        assert_eq!(top, [(Some(12), 10), (Some(11), 4)]);
+        assert!(root.children.iter().all(|c| c.frame.is_none()));
+        let below = &root.children[0].children;
+        assert_eq!(below.len(), 1);
+        assert_eq!(
+            below[0].frame.as_ref().map(SymFrame::label).as_deref(),
+            Some("main (a.c:1)")
+        );
+        assert!(below[0].thread.is_none());
+        assert_eq!(
+            root.children[1]
+                .thread
+                .as_ref()
+                .map(GroupThread::label)
+                .as_deref(),
+            Some("thread [unnamed] (tid 11, pid 7)")
+        );
     }
 }

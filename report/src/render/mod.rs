@@ -15,7 +15,7 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
 
-use crate::analysis::groups::{NO_STACK, StackGroup, TreeNode};
+use crate::analysis::groups::{GroupThread, NO_STACK, StackGroup, TreeNode};
 use crate::replay::{Live, Process};
 use crate::symbols::SymFrame;
 use crate::units::{bytes, seconds};
@@ -58,26 +58,51 @@ pub fn frame_json(frame: &SymFrame) -> Value {
     })
 }
 
-/// A stack group: bytes, count, share of `whole`, the pids contributing, frames innermost first.
-pub fn group_json(group: &StackGroup, whole: u64, processes: &[Process]) -> Value {
+/// A thread of a group split by thread: `{"tid", "name", "pid"}` (name null when unknown).
+pub fn thread_json(thread: &GroupThread) -> Value {
     json!({
-        "bytes": group.bytes,
-        "count": group.count,
-        "share": share(group.bytes, whole),
-        "pids": group.processes.iter().map(|p| processes[*p as usize].header.pid).collect::<Vec<_>>(),
-        "frames": group.frames.iter().map(frame_json).collect::<Vec<_>>(),
+        "tid": thread.tid,
+        "name": thread.name,
+        "pid": thread.pid,
     })
 }
 
-/// The caller → callee tree as nested objects.
+/// Adds `"thread"` to `value` when `thread` is set (groups split by thread only, so views
+/// without `--by-thread` keep their shape).
+fn with_thread(mut value: Value, thread: Option<&GroupThread>) -> Value {
+    if let (Some(thread), Value::Object(map)) = (thread, &mut value) {
+        map.insert("thread".to_string(), thread_json(thread));
+    }
+    value
+}
+
+/// A stack group: bytes, count, share of `whole`, the pids contributing, frames innermost
+/// first, and its thread when split by thread.
+pub fn group_json(group: &StackGroup, whole: u64, processes: &[Process]) -> Value {
+    with_thread(
+        json!({
+            "bytes": group.bytes,
+            "count": group.count,
+            "share": share(group.bytes, whole),
+            "pids": group.processes.iter().map(|p| processes[*p as usize].header.pid).collect::<Vec<_>>(),
+            "frames": group.frames.iter().map(frame_json).collect::<Vec<_>>(),
+        }),
+        group.thread.as_ref(),
+    )
+}
+
+/// The caller → callee tree as nested objects (thread nodes: `frame` null, `thread` set).
 pub fn tree_json(node: &TreeNode, whole: u64) -> Value {
-    json!({
-        "frame": node.frame.as_ref().map(frame_json),
-        "bytes": node.bytes,
-        "count": node.count,
-        "share": share(node.bytes, whole),
-        "children": node.children.iter().map(|child| tree_json(child, whole)).collect::<Vec<_>>(),
-    })
+    with_thread(
+        json!({
+            "frame": node.frame.as_ref().map(frame_json),
+            "bytes": node.bytes,
+            "count": node.count,
+            "share": share(node.bytes, whole),
+            "children": node.children.iter().map(|child| tree_json(child, whole)).collect::<Vec<_>>(),
+        }),
+        node.thread.as_ref(),
+    )
 }
 
 /// The innermost `n` frames on one line: `alloc (a.c:3) <- main (a.c:9)`.
@@ -111,7 +136,8 @@ pub fn live_json(live: &Live, processes: &[Process]) -> Value {
     })
 }
 
-/// Prints the largest groups with up to `frames` frames each.
+/// Prints the largest groups with up to `frames` frames each (and the thread of each group
+/// split by thread).
 pub fn write_groups(
     out: &mut dyn Write,
     groups: &[StackGroup],
@@ -128,6 +154,9 @@ pub fn write_groups(
             group.count,
             if group.count == 1 { "" } else { "s" }
         )?;
+        if let Some(thread) = &group.thread {
+            writeln!(out, "        {}", thread.label())?;
+        }
         if group.frames.is_empty() {
             writeln!(out, "        {NO_STACK}")?;
         }
@@ -176,10 +205,11 @@ pub fn write_tree(
                 hidden.1 += 1;
                 continue;
             }
-            let label = child
-                .frame
-                .as_ref()
-                .map_or_else(String::new, SymFrame::label);
+            let label = match (&child.frame, &child.thread) {
+                (Some(frame), _) => frame.label(),
+                (None, Some(thread)) => thread.label(),
+                (None, None) => String::new(),
+            };
             writeln!(
                 out,
                 "  {:>11} {:>6.1}% {}{}",

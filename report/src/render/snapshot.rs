@@ -27,6 +27,8 @@ pub struct SnapshotReport<'a> {
     pub processes: &'a [Process],
     /// "peak", "at" or "leaks".
     pub what: &'static str,
+    /// Groups are split by thread (`--by-thread`).
+    pub by_thread: bool,
     pub views: Vec<SnapshotView>,
     /// Flat groups shown in text.
     pub top: usize,
@@ -75,7 +77,11 @@ pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> 
             bytes(view.bytes),
             view.count
         )?;
-        writeln!(out, "  by stack:")?;
+        if report.by_thread {
+            writeln!(out, "  by thread and stack:")?;
+        } else {
+            writeln!(out, "  by stack:")?;
+        }
         write_groups(out, &view.groups, view.bytes, report.top, report.frames)?;
         writeln!(out, "  callers -> callees:")?;
         write_tree(out, &view.tree, view.bytes, report.min_share)?;
