@@ -1,25 +1,41 @@
-//! Bytes allocated over the whole run, per stack (for "where does churn come from" views).
+//! Bytes allocated over the whole run, per device and stack (where churn comes from): the
+//! `allocated` flame graph keeps devices apart, `diff` sums them.
+
+use rustc_hash::FxHashMap;
 
 use super::groups::{IdTotals, add_total};
 use crate::replay::{Effect, Observer, Process, State, Step};
 
-/// Sums every successful allocation per (process, stack id), and per thread when asked.
-#[allow(dead_code)] // used by `flamegraph --what allocated` and `diff` (in progress)
+/// Sums every successful allocation per device and (process, stack id), and per thread when
+/// asked.
 #[derive(Default)]
 pub struct Allocated {
     device: Option<i32>,
     by_thread: bool,
-    pub totals: IdTotals,
+    pub devices: FxHashMap<i32, IdTotals>,
 }
 
-#[allow(dead_code)]
 impl Allocated {
+    /// Every device, or only `device`; per thread too when `by_thread`.
     pub fn new(device: Option<i32>, by_thread: bool) -> Allocated {
         Allocated {
             device,
             by_thread,
-            totals: IdTotals::default(),
+            devices: FxHashMap::default(),
         }
+    }
+
+    /// Totals over every device.
+    pub fn summed(&self) -> IdTotals {
+        let mut sum = IdTotals::default();
+        for totals in self.devices.values() {
+            for (key, (bytes, count)) in totals {
+                let entry = sum.entry(*key).or_default();
+                entry.0 += bytes;
+                entry.1 += count;
+            }
+        }
+        sum
     }
 }
 
@@ -31,7 +47,11 @@ impl Observer for Allocated {
         } = step
             && self.device.is_none_or(|d| d == live.device)
         {
-            add_total(&mut self.totals, live, self.by_thread);
+            add_total(
+                self.devices.entry(live.device).or_default(),
+                live,
+                self.by_thread,
+            );
         }
     }
 }

@@ -5,7 +5,6 @@ pub mod allocated;
 pub mod allocator;
 pub mod apis;
 pub mod diff;
-pub mod flame;
 pub mod groups;
 pub mod oom;
 pub mod peaks;

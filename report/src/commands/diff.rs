@@ -75,8 +75,9 @@ fn measure(
         &mut stacks,
         &replay.processes,
     );
-    let allocated_groups = by_stack_totals(&allocated.totals, &mut stacks, &replay.processes);
-    let allocated_bytes = allocated.totals.values().map(|(bytes, _)| bytes).sum();
+    let allocated = allocated.summed();
+    let allocated_groups = by_stack_totals(&allocated, &mut stacks, &replay.processes);
+    let allocated_bytes = allocated.values().map(|(bytes, _)| bytes).sum();
     let mut warnings = replay.warnings();
     warnings.extend(stacks.warnings());
     Ok(Measured {

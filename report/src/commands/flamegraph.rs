@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::Failure;
-use crate::analysis::flame::AllocatedByDevice;
+use crate::analysis::allocated::Allocated;
 use crate::analysis::groups::{Stacks, by_stack, by_stack_totals};
 use crate::analysis::oom::Oom;
 use crate::analysis::peaks::Peaks;
@@ -203,7 +203,7 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
 }
 
 fn allocated(args: &Args) -> Result<Found, Failure> {
-    let mut totals = AllocatedByDevice::new(args.device, args.threads.by_thread);
+    let mut totals = Allocated::new(args.device, args.threads.by_thread);
     let replay = replay::run(&args.logs, &mut [&mut totals], Stop::End)?;
     let mut devices: Vec<i32> = totals.devices.keys().copied().collect();
     devices.sort_by_key(|d| device_order(*d));
