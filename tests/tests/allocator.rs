@@ -6,7 +6,6 @@ mod common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -41,28 +40,6 @@ fn record(test: &str, program_name: &str, args: &[&str], env: &[(&str, &str)]) -
         run.stdout()
     );
     run.log()
-}
-
-/// `vramshim ARGS`: exit code, stdout, stderr.
-fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
-    let output = Command::new(vramshim_tool())
-        .args(args.iter().map(AsRef::as_ref))
-        .output()
-        .expect("run vramshim");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-/// `vramshim ARGS`, which must succeed with JSON on stdout.
-fn json_of<S: AsRef<OsStr>>(args: &[S]) -> Value {
-    let (code, stdout, stderr) = vramshim(args);
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    assert_eq!(code, Some(0), "vramshim {shown:?} failed: {stderr}");
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|err| panic!("vramshim {shown:?}: bad JSON: {err}\n{stdout}"))
 }
 
 fn arr(value: &Value) -> &Vec<Value> {

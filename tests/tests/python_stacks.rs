@@ -18,20 +18,6 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_stacks.py")
 }
 
-/// The real interpreter behind `python3` (not a launcher script such as pyenv's shim);
-/// `VRAMSHIM_TEST_PYTHON` overrides it.
-fn machine_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("VRAMSHIM_TEST_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let output = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 runs (the tests need Python 3)");
-    assert!(output.status.success(), "python3 failed: {output:?}");
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-}
-
 /// An installed interpreter of version `3.minor` (pyenv layout), if any; `free_threaded` picks
 /// the free-threaded build (`3.13.0t`) instead of the default one.
 fn python_version(minor: u32, free_threaded: bool) -> Option<PathBuf> {

@@ -23,17 +23,6 @@ const DEFAULT_CAPACITY: u64 = 80 * GIB;
 // ---------------------------------------------------------------------------------------
 // Running the tool
 
-/// `vramshim ARGS`: exit code, stdout, stderr.
-fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
-    let args: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
-    let output = tool(&args);
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 /// `vramshim COMMAND --json ARGS... LOGS...`, which must succeed, warning about nothing but
 /// system libraries it cannot symbolise.
 fn json_of(command: &str, args: &[&str], logs: &[&PathBuf]) -> Value {

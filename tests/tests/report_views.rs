@@ -18,26 +18,6 @@ const MIB: u64 = 1 << 20;
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// `vramshim ARGS`: exit code, stdout, stderr.
-fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
-    let args: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
-    let output = tool(&args);
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-/// `vramshim ARGS`, which must succeed with JSON on stdout.
-fn json_of<S: AsRef<OsStr>>(args: &[S]) -> Value {
-    let (code, stdout, stderr) = vramshim(args);
-    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
-    assert_eq!(code, Some(0), "vramshim {shown:?} failed: {stderr}");
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|err| panic!("vramshim {shown:?}: bad JSON: {err}\n{stdout}"))
-}
-
 /// `vramshim ARGS`, which must succeed; its stdout.
 fn stdout_of<S: AsRef<OsStr>>(args: &[S]) -> String {
     let (code, stdout, stderr) = vramshim(args);

@@ -8,7 +8,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
@@ -716,20 +715,6 @@ fn diff_by_thread_matches_threads_of_two_runs_by_name() {
 
 // ---------------------------------------------------------------------------------------
 // Python threads
-
-/// The real interpreter behind `python3` (not a launcher script such as pyenv's shim);
-/// `VRAMSHIM_TEST_PYTHON` overrides it.
-fn machine_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("VRAMSHIM_TEST_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let output = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 runs (the tests need Python 3)");
-    assert!(output.status.success(), "python3 failed: {output:?}");
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-}
 
 #[test]
 fn python_threads_show_the_os_name_they_have() {

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use vramshim_format::EventKind;
 
-use super::apis::Family;
+use super::apis::{Family, FamilyCache};
 use crate::replay::{Effect, Live, Observer, Process, State, Step};
 
 const MIB: u64 = 1 << 20;
@@ -442,7 +442,7 @@ pub struct AllocatorView {
     /// `cuMemAddressReserve` calls (address space only, any device).
     pub reservations: Calls,
     /// Family of each api index, per process.
-    families: Vec<Vec<Family>>,
+    families: FamilyCache,
     envs: Vec<Option<AllocEnv>>,
 }
 
@@ -452,7 +452,7 @@ impl AllocatorView {
             filter,
             devices: Vec::new(),
             reservations: Calls::default(),
-            families: Vec::new(),
+            families: FamilyCache::default(),
             envs: Vec::new(),
         }
     }
@@ -468,28 +468,6 @@ impl AllocatorView {
     /// The view of `device`, if anything happened there.
     pub fn device(&self, device: i32) -> Option<&DeviceAllocator> {
         self.devices.iter().find(|d| d.device == device)
-    }
-
-    fn family(&mut self, processes: &[Process], process: u32, api: u16) -> Family {
-        let p = process as usize;
-        if self.families.len() <= p {
-            self.families.resize(p + 1, Vec::new());
-        }
-        let cache = &mut self.families[p];
-        if cache.is_empty()
-            && let Some(proc_) = processes.get(p)
-        {
-            *cache = proc_
-                .header
-                .apis
-                .iter()
-                .map(|name| Family::of(name))
-                .collect();
-        }
-        cache
-            .get(usize::from(api))
-            .copied()
-            .unwrap_or(Family::Driver)
     }
 
     fn env(&mut self, processes: &[Process], process: u32) -> AllocEnv {
@@ -520,7 +498,7 @@ impl AllocatorView {
     }
 
     fn removed(&mut self, processes: &[Process], process: u32, t_ns: u64, live: &Live) {
-        let family = self.family(processes, live.process, live.api);
+        let family = self.families.of(processes, live.process, live.api);
         let reserved = counts_as_reserved(live, family);
         let Some(dev) = self.slot(live.device) else {
             return;
@@ -557,7 +535,7 @@ impl Observer for AllocatorView {
                 let (process, t_ns) = (*process, *t_ns);
                 match effect {
                     Effect::Added(live) => {
-                        let family = self.family(processes, process, live.api);
+                        let family = self.families.of(processes, process, live.api);
                         let env = self.env(processes, process);
                         let reserved = counts_as_reserved(live, family);
                         let Some(dev) = self.slot(live.device) else {
@@ -599,7 +577,7 @@ impl Observer for AllocatorView {
                     }
                     Effect::Removed(live) => self.removed(processes, process, t_ns, live),
                     Effect::Failed => {
-                        let family = self.family(processes, process, event.api);
+                        let family = self.families.of(processes, process, event.api);
                         let Some(dev) = self.slot(event.device) else {
                             return;
                         };

@@ -67,6 +67,37 @@ impl Family {
     }
 }
 
+/// The family of every api index of every process, computed on first use.
+#[derive(Default)]
+pub struct FamilyCache {
+    per_process: Vec<Vec<Family>>,
+}
+
+impl FamilyCache {
+    /// The family of api `api` of process `process`.
+    pub fn of(&mut self, processes: &[crate::replay::Process], process: u32, api: u16) -> Family {
+        let index = process as usize;
+        if self.per_process.len() <= index {
+            self.per_process.resize(index + 1, Vec::new());
+        }
+        let cache = &mut self.per_process[index];
+        if cache.is_empty()
+            && let Some(info) = processes.get(index)
+        {
+            *cache = info
+                .header
+                .apis
+                .iter()
+                .map(|name| Family::of(name))
+                .collect();
+        }
+        cache
+            .get(usize::from(api))
+            .copied()
+            .unwrap_or(Family::Driver)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Family;

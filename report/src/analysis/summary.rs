@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::apis::Family;
+use super::apis::{Family, FamilyCache};
 use crate::replay::{Effect, Live, Observer, Process, State, Step};
 
 /// Calls of one API family.
@@ -50,7 +50,7 @@ pub struct Summary {
     pub samples: Vec<MemorySample>,
     largest: BinaryHeap<Reverse<(u64, Reverse<u64>, LiveKey)>>,
     /// Family of each api index, per process.
-    family_cache: Vec<Vec<Family>>,
+    family_cache: FamilyCache,
 }
 
 /// A `Live` kept in a heap (ordered by size, then earliest).
@@ -81,7 +81,7 @@ impl Summary {
             failures: Vec::new(),
             samples: Vec::new(),
             largest: BinaryHeap::new(),
-            family_cache: vec![Vec::new(); processes],
+            family_cache: FamilyCache::default(),
         }
     }
 
@@ -109,22 +109,6 @@ impl Summary {
         }
         total
     }
-
-    fn family(&mut self, processes: &[Process], process: u32, api: u16) -> Family {
-        let cache = &mut self.family_cache[process as usize];
-        if cache.is_empty() {
-            *cache = processes[process as usize]
-                .header
-                .apis
-                .iter()
-                .map(|name| Family::of(name))
-                .collect();
-        }
-        cache
-            .get(usize::from(api))
-            .copied()
-            .unwrap_or(Family::Driver)
-    }
 }
 
 impl Observer for Summary {
@@ -145,7 +129,7 @@ impl Observer for Summary {
                 if self.device.is_some_and(|d| d != device) {
                     return;
                 }
-                let family = self.family(processes, *process, event.api);
+                let family = self.family_cache.of(processes, *process, event.api);
                 let index = Family::ALL.iter().position(|f| *f == family).unwrap_or(0);
                 let counts = &mut self.families[*process as usize][index];
                 match effect {

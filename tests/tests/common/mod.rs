@@ -153,6 +153,40 @@ pub fn tool(args: &[&OsStr]) -> Output {
         .expect("run vramshim")
 }
 
+/// `vramshim ARGS`: exit code, stdout, stderr (lossily decoded).
+pub fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+    let args: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
+    let output = tool(&args);
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `vramshim ARGS`, which must succeed with JSON on stdout.
+pub fn json_of<S: AsRef<OsStr>>(args: &[S]) -> Value {
+    let (code, stdout, stderr) = vramshim(args);
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
+    assert_eq!(code, Some(0), "vramshim {shown:?} failed: {stderr}");
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|err| panic!("vramshim {shown:?}: bad JSON: {err}\n{stdout}"))
+}
+
+/// The real interpreter behind `python3` (not a launcher script such as pyenv's shim);
+/// `VRAMSHIM_TEST_PYTHON` overrides it.
+pub fn machine_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("VRAMSHIM_TEST_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let output = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 runs (the tests need Python 3)");
+    assert!(output.status.success(), "python3 failed: {output:?}");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
 /// `vramshim dump --json LOG`, parsed: one value per line. Fails the test on any error.
 pub fn dump(log: &Path) -> Vec<Value> {
     let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
