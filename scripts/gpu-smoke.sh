@@ -21,7 +21,8 @@
 #
 # Environment: PYTHON (default python3), OUT_DIR (where logs and JSON go; default a new
 # temporary folder, kept and named at the end), MODES (default "default expandable async
-# nocache"; nocache needs default's figures), WHATIF (default 1; 0 skips the what-if check at
+# nocache"; nocache needs default's figures), PYSTACKS (default 1; 0 skips the Python-stack
+# check on the async run), WHATIF (default 1; 0 skips the what-if check at
 # the end: `vramshim whatif` on the async log against the default and expandable runs).
 # Exit status 1 if any mode fails.
 set -euo pipefail
@@ -116,6 +117,28 @@ for mode in $modes; do
     fi
     echo "           log: $log"
 done
+
+# ---------------------------------------------------------------------------------------
+# Python stacks (PYSTACKS=0 skips): in the cudaMallocAsync run (one allocation per tensor),
+# allocations must be attributed to the model's forward line and the training loop's line
+# that calls it, and backward-pass allocations to an autograd thread (pt_autograd_N) with its
+# native ...Backward0 frame. Unverified on a real GPU so far.
+if [ "${PYSTACKS:-1}" = 1 ]; then
+    echo
+    echo "== python stacks: forward lines and autograd threads"
+    async_pid="$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$out_dir/async.json" 2>/dev/null | tail -n 1 || true)"
+    async_log="$out_dir/async.$async_pid.vlog"
+    if [ -z "$async_pid" ] || [ ! -s "$async_log" ]; then
+        echo "stacks: skipped (needs the async run's log; MODES includes async)"
+    elif "$vramshim" flamegraph "$async_log" --what allocated --folded --by-thread \
+        >"$out_dir/async.folded" 2>"$out_dir/stacks.stderr" &&
+        "$python" "$root/scripts/gpu_smoke.py" --mode async --check-stacks <"$out_dir/async.folded"; then
+        passed=$((passed + 1))
+    else
+        tail -n 8 "$out_dir/stacks.stderr" | sed 's/^/           | /'
+        failed=$((failed + 1))
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------
 # The allocator what-if against the real allocator (WHATIF=0 skips it).

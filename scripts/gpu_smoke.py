@@ -124,6 +124,65 @@ def pool_attributes(torch):
     return None
 
 
+def make_model(torch, width, layers):
+    """An MLP with its own forward, so that Python stacks have a model line to name."""
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                torch.nn.Linear(width, width, bias=False) for _ in range(layers))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))  # STACK-CHECK: forward
+            return x
+
+    return MLP()
+
+
+def marker_line(marker):
+    """The line of this file that carries `# STACK-CHECK: marker`."""
+    with open(os.path.abspath(__file__)) as source:
+        for number, line in enumerate(source, 1):
+            if line.rstrip().endswith("# STACK-CHECK: " + marker):
+                return number
+    raise SystemExit("gpu_smoke.py: no STACK-CHECK marker %r" % marker)
+
+
+def check_stacks(folded):
+    """Checks `vramshim flamegraph --what allocated --folded --by-thread` of a training run:
+    the model's forward line and the training loop's line that calls it are named, and
+    backward-pass allocations are attributed to an autograd thread with a ...Backward0 frame.
+    Prints one verdict line and details; returns True on PASS."""
+    forward = "forward (gpu_smoke.py:%d)" % marker_line("forward")
+    call = "train (gpu_smoke.py:%d)" % marker_line("call")
+    forward_bytes = backward_bytes = total = 0
+    autograd_threads = set()
+    for line in folded:
+        stack, _, weight = line.rstrip("\n").rpartition(" ")
+        if not stack or not weight.isdigit():
+            continue
+        frames = stack.split(";")
+        total += int(weight)
+        # Python frames are named by qualified name ("MLP.forward"): match the tail.
+        names_forward = any(f.endswith(forward) for f in frames)
+        names_call = any(f.endswith(call) for f in frames)
+        if names_forward and names_call:
+            forward_bytes += int(weight)
+        thread = next((f for f in frames if f.startswith("thread ")), "")
+        if thread.startswith("thread pt_autograd") and any("Backward0" in f for f in frames):
+            backward_bytes += int(weight)
+            autograd_threads.add(thread)
+    ok = forward_bytes > 0 and backward_bytes > 0
+    print("%-10s forward %s, backward on %s: %s" % (
+        "stacks", mib(forward_bytes), ", ".join(sorted(autograd_threads)) or "no autograd thread",
+        "PASS" if ok else "FAIL"))
+    print("           allocated in all: %s; looked for '%s' under '%s', and 'thread pt_autograd*'"
+          " with a '...Backward0' frame" % (mib(total), forward, call))
+    return ok
+
+
 def train(mode, steps):
     problems = check_env(mode)
     for problem in problems:
@@ -142,10 +201,7 @@ def train(mode, steps):
     # weights 2048 x 2048 fp32 = 16 MiB, activations 1024 x 2048 fp32 = 8 MiB. Six layers:
     # 96 MiB of weights, 96 of gradients, 192 of Adam state, ~100 of activations.
     width, layers, batch = 2048, 6, 1024
-    blocks = []
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(width, width, bias=False), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*blocks).to(device)
+    model = make_model(torch, width, layers).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     losses = []
@@ -153,7 +209,7 @@ def train(mode, steps):
         x = torch.randn(batch, width, device=device)
         y = torch.randn(batch, width, device=device)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
+        loss = F.mse_loss(model(x), y)  # STACK-CHECK: call
         loss.backward()
         optimizer.step()
         losses.append(float(loss.item()))
@@ -442,7 +498,12 @@ def main(argv):
     parser.add_argument("--reference-json", help="the default run's JSON line (replay, nocache)")
     parser.add_argument("--peaks-only", action="store_true",
                         help="replay: print the computed peaks as JSON, compare nothing")
+    parser.add_argument("--check-stacks", action="store_true",
+                        help="read folded stacks (flamegraph --what allocated --folded "
+                             "--by-thread) from stdin and check the Python and autograd frames")
     args = parser.parse_args(argv)
+    if args.check_stacks:
+        return 0 if check_stacks(sys.stdin) else 1
     if not args.replay:
         return train(args.mode, args.steps)
     result = replay(sys.stdin, args.mode)
