@@ -110,6 +110,8 @@ pub struct State {
     process_devices: Vec<(u32, DeviceBytes)>,
     /// Index of the current step among events (0-based), across all logs.
     pub seq: u64,
+    /// What the current step's [`Effect::Added`] replaced, if anything.
+    replaced: Option<Live>,
 }
 
 impl State {
@@ -139,8 +141,15 @@ impl State {
         self.live.values()
     }
 
+    /// The live object that the current step's [`Effect::Added`] ended: the same address
+    /// allocated twice without a free in between (the free was lost). None at other steps.
+    pub fn replaced(&self) -> Option<&Live> {
+        self.replaced.as_ref()
+    }
+
     fn add(&mut self, key: Key, live: Live) {
-        if let Some(old) = self.live.insert(key, live) {
+        self.replaced = self.live.insert(key, live);
+        if let Some(old) = self.replaced {
             // The same address allocated twice without a free in between: the free was lost
             // (damage, dropping). The newer allocation replaces the older one.
             self.account(&old, false);
@@ -210,6 +219,17 @@ impl State {
             }
         };
         apply(&mut self.process_devices[index].1, live.size, add);
+    }
+}
+
+#[cfg(test)]
+impl State {
+    /// A state at a step whose allocation replaced `old` (whose free was lost).
+    pub fn replacing(old: Live) -> State {
+        State {
+            replaced: Some(old),
+            ..State::default()
+        }
     }
 }
 
@@ -377,6 +397,7 @@ pub fn run(
             break;
         };
         let process = index as u32;
+        state.replaced = None;
         if let Record::Event(event) = &record {
             if let Stop::AfterTime(limit) = stop
                 && t_ns > limit

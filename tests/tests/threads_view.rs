@@ -565,6 +565,366 @@ fn flamegraph_by_thread_puts_a_thread_frame_under_the_device() {
 }
 
 // ---------------------------------------------------------------------------------------
+// timeline
+
+/// Per thread id: the `t_ns` of each successful allocation it made, in log order.
+fn alloc_times(log: &Path) -> BTreeMap<u64, Vec<u64>> {
+    let dump = dump(log);
+    let mut times: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for event in events(&dump) {
+        if event["event"] == "alloc" && event["result"] == 0 {
+            times
+                .entry(u64_of(event, "thread"))
+                .or_default()
+                .push(u64_of(event, "t_ns"));
+        }
+    }
+    times
+}
+
+/// (name, tid, pid, peak bytes, peak t_ns) of each thread series of a timeline device entry.
+type ThreadPeak = (String, u64, u64, u64, u64);
+
+fn thread_peaks(device: &Value) -> Vec<ThreadPeak> {
+    arr(&device["threads"])
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().expect("thread name").to_string(),
+                u64_of(t, "tid"),
+                u64_of(t, "pid"),
+                u64_of(&t["peak"], "bytes"),
+                u64_of(&t["peak"], "t_ns"),
+            )
+        })
+        .collect()
+}
+
+/// The expected series of `role`: everything it allocated is live at its last allocation
+/// (main frees its weights only at the very end, the other threads never free).
+fn expected_thread_peak(
+    recorded: &Recorded,
+    times: &BTreeMap<u64, Vec<u64>>,
+    role: &str,
+    function: &str,
+) -> ThreadPeak {
+    let thread = recorded.thread(role);
+    let (bytes, count) = recorded.amount(role, function);
+    let allocs = &times[&thread.tid];
+    assert_eq!(allocs.len() as u64, count, "{role}: {allocs:?}");
+    (
+        thread.name.clone(),
+        thread.tid,
+        thread.pid,
+        bytes,
+        *allocs.last().expect("an allocation"),
+    )
+}
+
+/// `vramshim timeline ARGS` with `COLUMNS` set; its stdout.
+fn timeline_text(args: &[&OsStr], columns: &str) -> String {
+    let output = std::process::Command::new(vramshim_tool())
+        .arg("timeline")
+        .args(args)
+        .env("COLUMNS", columns)
+        .output()
+        .expect("run vramshim");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn timeline_by_thread_has_a_series_per_thread_with_its_exact_peak() {
+    let recorded = recorded();
+    let log = recorded.log.as_os_str();
+    let times = alloc_times(&recorded.log);
+    let timeline = json_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--by-thread"),
+        OsStr::new("--json"),
+        log,
+    ]);
+    assert_eq!(timeline["max_thread_series"], 16);
+    let device = device0(&timeline);
+    // Highest peak first; main's 8 MiB came before the gradients' 8 MiB.
+    let expected = vec![
+        expected_thread_peak(recorded, &times, "main", "weights"),
+        expected_thread_peak(recorded, &times, "autograd", "grad_buffer"),
+        expected_thread_peak(recorded, &times, "loader-1", "load_batch"),
+        expected_thread_peak(recorded, &times, "loader-0", "load_batch"),
+        expected_thread_peak(recorded, &times, "prefetch", "prefetch_buf"),
+    ];
+    assert_eq!(thread_peaks(device), expected);
+    // Equal peaks: the one reached first comes first.
+    assert_eq!((expected[0].3, expected[1].3), (8 * MIB, 8 * MIB));
+    assert!(expected[0].4 < expected[1].4, "{expected:?}");
+    // The renamed threads under the names they ended with.
+    let names: Vec<&str> = arr(&device["threads"])
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "report_threads",
+            "pt_autograd_0",
+            "loader-1",
+            "loader-0",
+            "prefetch_late"
+        ]
+    );
+    assert_eq!(device["other_threads"], Value::Null);
+
+    // Each series reaches its peak and no higher, and ends at what the thread left live:
+    // main freed its weights, the others leaked everything.
+    let bucket = u64_of(&timeline, "bucket_ns");
+    for (thread, (_, _, _, bytes, _)) in arr(&device["threads"]).iter().zip(&expected) {
+        let series = arr(&thread["series"]);
+        let highest = series.iter().map(|s| u64_of(s, "max_bytes")).max();
+        assert_eq!(highest, Some(*bytes), "{thread}");
+        let times: Vec<u64> = series.iter().map(|s| u64_of(s, "t_ns")).collect();
+        assert!(times.iter().all(|t| t % bucket == 0), "{times:?}");
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+        let last = series.last().map(|s| u64_of(s, "last_bytes"));
+        let leaked = if thread["name"] == "report_threads" {
+            0
+        } else {
+            *bytes
+        };
+        assert_eq!(last, Some(leaked), "{thread}");
+    }
+
+    // The device's own series is the same as without --by-thread, and that has no threads.
+    let plain = json_of(&[OsStr::new("timeline"), OsStr::new("--json"), log]);
+    assert!(plain.get("max_thread_series").is_none());
+    let plain0 = device0(&plain);
+    assert!(plain0.get("threads").is_none() && plain0.get("other_threads").is_none());
+    let mut split = device.clone();
+    if let Value::Object(map) = &mut split {
+        map.remove("threads");
+        map.remove("other_threads");
+    }
+    assert_eq!(&split, plain0);
+}
+
+#[test]
+fn timeline_by_thread_folds_threads_beyond_the_top_into_other_threads() {
+    let recorded = recorded();
+    let log = recorded.log.as_os_str();
+    let times = alloc_times(&recorded.log);
+    let timeline = json_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--by-thread"),
+        OsStr::new("--top-threads"),
+        OsStr::new("2"),
+        OsStr::new("--json"),
+        log,
+    ]);
+    assert_eq!(timeline["max_thread_series"], 2);
+    let device = device0(&timeline);
+    assert_eq!(
+        thread_peaks(device),
+        [
+            expected_thread_peak(recorded, &times, "main", "weights"),
+            expected_thread_peak(recorded, &times, "autograd", "grad_buffer"),
+        ]
+    );
+    // The loaders' and prefetch's allocations, summed; all live at the last of them.
+    let other = &device["other_threads"];
+    assert_eq!(other["threads"], 3, "{other}");
+    let folded = ["loader-0", "loader-1", "prefetch"];
+    let bytes: u64 = [
+        recorded.amount("loader-0", "load_batch").0,
+        recorded.amount("loader-1", "load_batch").0,
+        recorded.amount("prefetch", "prefetch_buf").0,
+    ]
+    .iter()
+    .sum();
+    assert_eq!(bytes, 10 * MIB);
+    let last = folded
+        .iter()
+        .flat_map(|role| times[&recorded.thread(role).tid].iter().copied())
+        .max();
+    assert_eq!(u64_of(&other["peak"], "bytes"), bytes);
+    assert_eq!(other["peak"]["t_ns"].as_u64(), last);
+
+    let text = timeline_text(
+        &[
+            OsStr::new("--by-thread"),
+            OsStr::new("--top-threads"),
+            OsStr::new("2"),
+            log,
+        ],
+        "100",
+    );
+    assert!(
+        text.contains(
+            "    other threads (3 more threads, summed; 2 series at most): peak 10.00 MiB at "
+        ),
+        "{text}"
+    );
+    // --top-threads means nothing without --by-thread.
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("timeline"),
+        OsStr::new("--top-threads"),
+        OsStr::new("2"),
+        log,
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--by-thread"), "{stderr}");
+}
+
+#[test]
+fn timeline_by_thread_text_has_a_row_per_thread_under_the_chart() {
+    let recorded = recorded();
+    let log = recorded.log.as_os_str();
+    let text = timeline_text(&[OsStr::new("--by-thread"), log], "100");
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with("process") && !l.starts_with("  log"))
+    {
+        assert!(line.chars().count() <= 100, "too wide: {line:?}");
+    }
+    let rows = text
+        .split("    by allocating thread (each row scaled to its own peak):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no thread rows:\n{text}"));
+    let lines: Vec<&str> = rows.lines().collect();
+    let roles = ["main", "autograd", "loader-1", "loader-0", "prefetch"];
+    assert_eq!(lines.len(), 2 * roles.len(), "{rows}");
+    let label_width = lines[1].find('│').expect("axis");
+    for (pair, role) in lines.chunks(2).zip(roles) {
+        let thread = recorded.thread(role);
+        let (bytes, _) = match role {
+            "main" => recorded.amount(role, "weights"),
+            "autograd" => recorded.amount(role, "grad_buffer"),
+            "prefetch" => recorded.amount(role, "prefetch_buf"),
+            _ => recorded.amount(role, "load_batch"),
+        };
+        let label = format!(
+            "    thread {} (tid {}, pid {}): peak {:.2} MiB at ",
+            thread.name,
+            thread.tid,
+            thread.pid,
+            bytes as f64 / MIB as f64
+        );
+        assert!(pair[0].starts_with(&label), "{:?} vs {label:?}", pair[0]);
+        // A one-row chart in the chart's columns: the full block at the thread's peak.
+        assert_eq!(pair[1].find('│'), Some(label_width), "{rows}");
+        assert!(pair[1].ends_with('█'), "{:?}", pair[1]);
+    }
+    // The rows line up with the device chart's axis.
+    let axis = text
+        .lines()
+        .find(|l| l.contains('┼'))
+        .expect("the chart's axis");
+    assert_eq!(axis.find('┼'), Some(label_width), "{text}");
+
+    let plain = timeline_text(&[log], "100");
+    assert!(
+        !plain.contains("by allocating thread") && !plain.contains("(tid "),
+        "{plain}"
+    );
+}
+
+/// The value of attribute `name` in one line of SVG (one element per line).
+fn attribute<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!(" {name}=\""))? + name.len() + 3;
+    let end = line[start..].find('"')?;
+    Some(&line[start..start + end])
+}
+
+#[test]
+fn timeline_by_thread_svg_has_a_line_and_a_legend_entry_per_thread() {
+    let recorded = recorded();
+    let log = recorded.log.as_os_str();
+    let svg = stdout_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--by-thread"),
+        OsStr::new("--svg"),
+        OsStr::new("-"),
+        log,
+    ]);
+    let text = well_formed(&svg);
+    let lines: Vec<&str> = svg
+        .lines()
+        .filter(|l| l.starts_with("<polyline") && attribute(l, "class") == Some("thread"))
+        .collect();
+    let line_colours: Vec<&str> = lines
+        .iter()
+        .map(|l| attribute(l, "stroke").expect("stroke"))
+        .collect();
+    let legend: Vec<&str> = svg
+        .lines()
+        .filter(|l| l.starts_with("<text") && attribute(l, "class") == Some("thread-legend"))
+        .collect();
+    let legend_colours: Vec<&str> = legend
+        .iter()
+        .map(|l| attribute(l, "fill").expect("fill"))
+        .collect();
+    let roles = ["main", "autograd", "loader-1", "loader-0", "prefetch"];
+    assert_eq!(line_colours.len(), roles.len(), "{svg}");
+    // One colour per thread, the same in the line and its legend entry.
+    assert_eq!(legend_colours, line_colours);
+    let mut distinct = line_colours.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), roles.len(), "{line_colours:?}");
+    for (entry, role) in legend.iter().zip(roles) {
+        let thread = recorded.thread(role);
+        let label = format!(
+            ">thread {} (tid {}, pid {}): peak ",
+            thread.name, thread.tid, thread.pid
+        );
+        assert!(entry.contains(&label), "{entry} vs {label}");
+    }
+    assert!(text.contains("live bytes by allocating thread"), "{text}");
+    assert!(!svg.contains("other-threads"));
+
+    // Folded: a dashed line and a legend entry for the other threads.
+    let folded = stdout_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--by-thread"),
+        OsStr::new("--top-threads"),
+        OsStr::new("2"),
+        OsStr::new("--svg"),
+        OsStr::new("-"),
+        log,
+    ]);
+    let text = well_formed(&folded);
+    assert!(
+        text.contains(
+            "other threads (3 more threads, summed; 2 series at most): peak 10.00 MiB at "
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        folded
+            .lines()
+            .filter(|l| attribute(l, "class") == Some("other-threads"))
+            .count(),
+        1
+    );
+
+    // Without --by-thread: no thread lines.
+    let plain = stdout_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--svg"),
+        OsStr::new("-"),
+        log,
+    ]);
+    well_formed(&plain);
+    assert!(
+        !plain.contains("class=\"thread") && !plain.contains("(tid "),
+        "{plain}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // oom
 
 #[test]

@@ -1,12 +1,12 @@
-//! `vramshim timeline LOG... [--svg FILE]`: live bytes over time per device, as a terminal
-//! chart, JSON or an SVG picture.
+//! `vramshim timeline LOG... [--svg FILE] [--by-thread]`: live bytes over time per device (and
+//! per allocating thread), as a terminal chart, JSON or an SVG picture.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::Failure;
-use crate::analysis::timeline::Timeline;
+use crate::analysis::timeline::{DEFAULT_THREAD_SERIES, Timeline};
 use crate::commands::common::{Select, emit};
 use crate::commands::flamegraph::write_file;
 use crate::render::timeline::{self, TimelineReport};
@@ -23,12 +23,41 @@ pub struct Args {
     /// the terminal chart).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Also a series per allocating thread under each device's: the live bytes of the
+    /// allocations that thread made (a free counts against the thread that allocated,
+    /// whichever thread frees), named `thread NAME (tid N, pid P)`; JSON: each device's
+    /// `threads`.
+    #[arg(long)]
+    by_thread: bool,
+    /// With --by-thread: series for the N threads with the highest peak on each device; the
+    /// others are summed into one "other threads" series.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "by_thread",
+        default_value_t = DEFAULT_THREAD_SERIES as u16,
+        value_parser = clap::value_parser!(u16).range(1..=256)
+    )]
+    top_threads: u16,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let mut analysis = Timeline::new(select.device);
-    let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+    let top_threads = usize::from(args.top_threads);
+    let mut analysis = if args.by_thread {
+        Timeline::by_thread(select.device, top_threads, None)
+    } else {
+        Timeline::new(select.device)
+    };
+    let mut replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+    // More allocating threads on a device than series: now that their peaks are known, a
+    // second replay draws the chosen ones.
+    if let Some(chosen) = analysis.second_pass() {
+        drop(replay);
+        analysis = Timeline::by_thread(select.device, top_threads, Some(chosen));
+        replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+    }
+    analysis.finish();
     let report = TimelineReport {
         processes: &replay.processes,
         timeline: &analysis,

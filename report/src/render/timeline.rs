@@ -5,9 +5,13 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
 
-use super::processes_json;
 use super::svg::{Svg, num};
-use crate::analysis::timeline::{DeviceTimeline, MAX_BUCKETS, Timeline};
+use super::{processes_json, thread_json};
+use crate::analysis::groups::GroupThread;
+use crate::analysis::timeline::{
+    DeviceTimeline, LiveRange, MAX_BUCKETS, OtherThreads, PeakPoint, ThreadKey, ThreadTimeline,
+    Timeline,
+};
 use crate::replay::Process;
 use crate::units::bytes;
 
@@ -182,28 +186,27 @@ fn time_ticks(span_ns: u64, count: usize) -> Vec<(f64, String)> {
         .collect()
 }
 
-/// Per column of the chart: the highest live bytes and the highest used memory in its time
-/// range. A column without changes holds the level the previous one ended at.
-fn columns(
-    series: &DeviceTimeline,
+/// The column of a chart `width` columns wide that `t_ns` falls in.
+fn column_of(t_ns: u64, span_ns: u64, width: usize) -> usize {
+    ((t_ns as u128 * width as u128 / span_ns as u128) as usize).min(width.saturating_sub(1))
+}
+
+/// Per column of a chart: the highest live bytes in its time range. A column without changes
+/// holds the level the previous one ended at; the exact `peak` reaches its own column.
+fn live_columns(
+    buckets: impl Iterator<Item = Option<LiveRange>>,
+    peak: Option<PeakPoint>,
     bucket_ns: u64,
     span_ns: u64,
     width: usize,
-) -> (Vec<u64>, Vec<Option<u64>>) {
-    let column_of = |t_ns: u64| {
-        ((t_ns as u128 * width as u128 / span_ns as u128) as usize).min(width.saturating_sub(1))
-    };
+) -> Vec<u64> {
     let mut maxima: Vec<Option<u64>> = vec![None; width];
     let mut lasts: Vec<Option<u64>> = vec![None; width];
-    let mut used: Vec<Option<u64>> = vec![None; width];
-    for (index, bucket) in series.buckets.iter().enumerate() {
-        let column = column_of(index as u64 * bucket_ns);
-        if let Some(live) = bucket.live {
+    for (index, live) in buckets.enumerate() {
+        if let Some(live) = live {
+            let column = column_of(index as u64 * bucket_ns, span_ns, width);
             maxima[column] = Some(maxima[column].map_or(live.max, |m| m.max(live.max)));
             lasts[column] = Some(live.last);
-        }
-        if let Some(value) = bucket.used {
-            used[column] = Some(used[column].map_or(value, |u| u.max(value)));
         }
     }
     let mut level = 0;
@@ -213,47 +216,147 @@ fn columns(
         level = lasts[column].unwrap_or(level);
     }
     // The peak is exact: its own column reaches it even where its bucket began a column early.
-    if let Some(peak) = series.peak
-        && let Some(value) = live.get_mut(column_of(peak.t_ns))
+    if let Some(peak) = peak
+        && let Some(value) = live.get_mut(column_of(peak.t_ns, span_ns, width))
     {
         *value = (*value).max(peak.bytes);
+    }
+    live
+}
+
+/// Per column of the chart: the highest live bytes and the highest used memory in its time
+/// range. A column without changes holds the level the previous one ended at.
+fn columns(
+    series: &DeviceTimeline,
+    bucket_ns: u64,
+    span_ns: u64,
+    width: usize,
+) -> (Vec<u64>, Vec<Option<u64>>) {
+    let live = live_columns(
+        series.buckets.iter().map(|b| b.live),
+        series.peak,
+        bucket_ns,
+        span_ns,
+        width,
+    );
+    let mut used: Vec<Option<u64>> = vec![None; width];
+    for (index, bucket) in series.buckets.iter().enumerate() {
+        if let Some(value) = bucket.used {
+            let column = column_of(index as u64 * bucket_ns, span_ns, width);
+            used[column] = Some(used[column].map_or(value, |u| u.max(value)));
+        }
     }
     (live, used)
 }
 
 /// The series as one JSON document: per device the buckets that changed, used-memory
-/// samples, the exact peak and failures.
+/// samples, the exact peak and failures; split by thread, also `threads` and `other_threads`
+/// per device (and `max_thread_series`).
 pub fn json(report: &TimelineReport<'_>) -> Value {
     let bucket_ns = report.timeline.bucket_ns;
-    json!({
+    let mut value = json!({
         "processes": processes_json(report.processes),
         "end_ns": report.end_ns,
         "bucket_ns": bucket_ns,
         "max_buckets": MAX_BUCKETS,
-        "devices": report.timeline.devices.iter().map(|series| json!({
-            "device": series.device,
-            "name": chart_name(series.device),
-            "peak": series.peak.map(|p| json!({"bytes": p.bytes, "t_ns": p.t_ns})),
-            "total_bytes": series.total_bytes,
-            "used_max_bytes": series.used_max(),
-            "series": series.buckets.iter().enumerate().filter_map(|(i, b)| b.live.map(|live| json!({
-                "t_ns": i as u64 * bucket_ns,
-                "max_bytes": live.max,
-                "last_bytes": live.last,
-            }))).collect::<Vec<_>>(),
-            "used": series.buckets.iter().enumerate().filter_map(|(i, b)| b.used.map(|used| json!({
-                "t_ns": i as u64 * bucket_ns,
-                "bytes": used,
-            }))).collect::<Vec<_>>(),
-            "failures": series.failures.iter().map(|f| json!({
-                "t_ns": f.t_ns,
-                "request": f.request,
-                "api": f.api,
-                "pid": f.pid,
-            })).collect::<Vec<_>>(),
-            "failures_omitted": series.failures_omitted,
-        })).collect::<Vec<_>>(),
-    })
+        "devices": report.timeline.devices.iter().map(|series| {
+            let mut device = json!({
+                "device": series.device,
+                "name": chart_name(series.device),
+                "peak": peak_json(series.peak),
+                "total_bytes": series.total_bytes,
+                "used_max_bytes": series.used_max(),
+                "series": series_json(series.buckets.iter().map(|b| b.live), bucket_ns),
+                "used": series.buckets.iter().enumerate().filter_map(|(i, b)| b.used.map(|used| json!({
+                    "t_ns": i as u64 * bucket_ns,
+                    "bytes": used,
+                }))).collect::<Vec<_>>(),
+                "failures": series.failures.iter().map(|f| json!({
+                    "t_ns": f.t_ns,
+                    "request": f.request,
+                    "api": f.api,
+                    "pid": f.pid,
+                })).collect::<Vec<_>>(),
+                "failures_omitted": series.failures_omitted,
+            });
+            if report.timeline.is_by_thread()
+                && let Value::Object(map) = &mut device
+            {
+                map.insert("threads".to_string(), threads_json(report, series));
+                map.insert(
+                    "other_threads".to_string(),
+                    series.other_threads.as_ref().map_or(Value::Null, |other| json!({
+                        "threads": other.threads,
+                        "peak": peak_json(other.series.peak),
+                        "series": series_json(other.series.buckets.iter().copied(), bucket_ns),
+                    })),
+                );
+            }
+            device
+        }).collect::<Vec<_>>(),
+    });
+    if let (Some(max), Value::Object(map)) = (report.timeline.max_thread_series(), &mut value) {
+        map.insert("max_thread_series".to_string(), Value::from(max));
+    }
+    value
+}
+
+fn peak_json(peak: Option<PeakPoint>) -> Value {
+    peak.map_or(Value::Null, |p| json!({"bytes": p.bytes, "t_ns": p.t_ns}))
+}
+
+/// The buckets that changed: `{t_ns, max_bytes, last_bytes}` each.
+fn series_json(buckets: impl Iterator<Item = Option<LiveRange>>, bucket_ns: u64) -> Value {
+    buckets
+        .enumerate()
+        .filter_map(|(i, live)| {
+            live.map(|live| {
+                json!({
+                    "t_ns": i as u64 * bucket_ns,
+                    "max_bytes": live.max,
+                    "last_bytes": live.last,
+                })
+            })
+        })
+        .collect()
+}
+
+/// A device's thread series: `{tid, name, pid, peak, series}` each, highest peak first.
+fn threads_json(report: &TimelineReport<'_>, series: &DeviceTimeline) -> Value {
+    series
+        .threads
+        .iter()
+        .map(|thread| {
+            let mut value = thread_json(&group_thread(report, thread.thread));
+            if let Value::Object(map) = &mut value {
+                map.insert("peak".to_string(), peak_json(thread.series.peak));
+                map.insert(
+                    "series".to_string(),
+                    series_json(
+                        thread.series.buckets.iter().copied(),
+                        report.timeline.bucket_ns,
+                    ),
+                );
+            }
+            value
+        })
+        .collect()
+}
+
+/// How the other threads' series is named: `other threads (3 more threads, summed; 16
+/// series at most)`.
+fn other_threads_label(report: &TimelineReport<'_>, other: &OtherThreads) -> String {
+    let plural = if other.threads == 1 { "" } else { "s" };
+    let max = report.timeline.max_thread_series().unwrap_or(0);
+    format!(
+        "other threads ({} more thread{plural}, summed; {max} series at most)",
+        other.threads
+    )
+}
+
+/// The thread `(process, tid)` as the log names it.
+fn group_thread(report: &TimelineReport<'_>, (process, tid): ThreadKey) -> GroupThread {
+    GroupThread::of(report.processes, process, tid)
 }
 
 /// Terminal charts, `columns` characters wide.
@@ -265,6 +368,9 @@ pub fn text(out: &mut dyn Write, report: &TimelineReport<'_>, columns: usize) ->
     for series in &report.timeline.devices {
         writeln!(out)?;
         write_chart(out, report, series, columns)?;
+        if report.timeline.is_by_thread() {
+            write_thread_rows(out, report, series, columns)?;
+        }
     }
     Ok(())
 }
@@ -293,13 +399,12 @@ fn write_chart(
     series: &DeviceTimeline,
     columns: usize,
 ) -> io::Result<()> {
-    let axis = MemoryAxis::new(series);
-    let labels: Vec<String> = (0..=Y_TICKS).map(|k| axis.tick(k)).collect();
-    let label_width = labels.iter().map(String::len).max().unwrap_or(1);
-    // No wider than the buckets resolve.
-    let width = columns
-        .saturating_sub(label_width + 4)
-        .clamp(20, MAX_BUCKETS);
+    let ChartLayout {
+        axis,
+        labels,
+        label_width,
+        width,
+    } = ChartLayout::new(series, columns);
     let span = report.span_ns();
     let (live, used) = columns_of(report, series, width);
     let max_bytes = axis.max_bytes();
@@ -338,9 +443,7 @@ fn write_chart(
     writeln!(out, "{:>label_width$} ┼{}", labels[0], "─".repeat(width))?;
 
     // Markers under the axis: the peak and each failure, at their exact times.
-    let column_of = |t_ns: u64| {
-        ((t_ns as u128 * width as u128 / span as u128) as usize).min(width.saturating_sub(1))
-    };
+    let column_of = |t_ns: u64| column_of(t_ns, span, width);
     if series.peak.is_some() || !series.failures.is_empty() {
         let mut marks = vec![' '; width];
         if let Some(peak) = series.peak {
@@ -410,6 +513,97 @@ fn write_chart(
     Ok(())
 }
 
+/// The memory axis and the widths of a device's chart.
+struct ChartLayout {
+    axis: MemoryAxis,
+    /// Labels of the memory ticks, 0 first.
+    labels: Vec<String>,
+    label_width: usize,
+    /// Columns of the plot.
+    width: usize,
+}
+
+impl ChartLayout {
+    fn new(series: &DeviceTimeline, columns: usize) -> ChartLayout {
+        let axis = MemoryAxis::new(series);
+        let labels: Vec<String> = (0..=Y_TICKS).map(|k| axis.tick(k)).collect();
+        let label_width = labels.iter().map(String::len).max().unwrap_or(1);
+        // No wider than the buckets resolve.
+        let width = columns
+            .saturating_sub(label_width + 4)
+            .clamp(20, MAX_BUCKETS);
+        ChartLayout {
+            axis,
+            labels,
+            label_width,
+            width,
+        }
+    }
+}
+
+/// Under a device's chart, split by thread: per thread series a line naming the thread and
+/// its peak, and a one-row chart of its live bytes in the chart's columns, scaled to its own
+/// peak; then the other threads' sum, if any.
+fn write_thread_rows(
+    out: &mut dyn Write,
+    report: &TimelineReport<'_>,
+    series: &DeviceTimeline,
+    columns: usize,
+) -> io::Result<()> {
+    if series.threads.is_empty() && series.other_threads.is_none() {
+        return Ok(());
+    }
+    let ChartLayout {
+        label_width, width, ..
+    } = ChartLayout::new(series, columns);
+    let pad = " ".repeat(label_width + 2);
+    let axis_pad = " ".repeat(label_width + 1);
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{pad}by allocating thread (each row scaled to its own peak):"
+    )?;
+    let row = |out: &mut dyn Write, name: String, thread: &ThreadTimeline| -> io::Result<()> {
+        let peak = thread.peak.map_or_else(
+            || "nothing live".to_string(),
+            |p| peak_label(p.bytes, p.t_ns),
+        );
+        // One line when it fits the terminal, else the peak on a line of its own.
+        let line = format!("{name}: {peak}");
+        if pad.len() + line.chars().count() <= columns {
+            writeln!(out, "{pad}{line}")?;
+        } else {
+            writeln!(out, "{pad}{name}:")?;
+            writeln!(out, "{pad}  {peak}")?;
+        }
+        let live = live_columns(
+            thread.buckets.iter().copied(),
+            thread.peak,
+            report.timeline.bucket_ns,
+            report.span_ns(),
+            width,
+        );
+        let top = thread.peak.map_or(0, |p| p.bytes).max(1) as f64;
+        let cells: String = live
+            .iter()
+            .map(|&value| {
+                let eighths = (value as f64 / top * 8.0).round() as usize;
+                // Anything live shows at least a sliver.
+                BLOCKS[if value > 0 { eighths.clamp(1, 8) } else { 0 }]
+            })
+            .collect();
+        writeln!(out, "{axis_pad}│{}", cells.trim_end())
+    };
+    for thread in &series.threads {
+        let name = group_thread(report, thread.thread).label();
+        row(out, name, &thread.series)?;
+    }
+    if let Some(other) = &series.other_threads {
+        row(out, other_threads_label(report, other), &other.series)?;
+    }
+    Ok(())
+}
+
 fn columns_of(
     report: &TimelineReport<'_>,
     series: &DeviceTimeline,
@@ -430,6 +624,56 @@ const PLOT_HEIGHT: f64 = 200.0;
 const LIVE_COLOUR: &str = "#1f5fa8";
 const USED_COLOUR: &str = "#e07b00";
 const FAILURE_COLOUR: &str = "#d00000";
+/// Split by thread: the thread legend's rows, under a panel's time axis.
+const THREAD_ROW: f64 = 17.0;
+/// Thread series' colours, in order of peak; apart from the live, used and failure colours.
+const THREAD_COLOURS: [&str; 16] = [
+    "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#e6550d",
+    "#637939", "#7b4173", "#843c39", "#3182bd", "#8c6d31", "#31a354", "#756bb1", "#636363",
+];
+const OTHER_THREADS_COLOUR: &str = "#a0a0a0";
+
+/// The colour of the `index`th thread series: the palette, then hues a golden angle apart.
+fn thread_colour(index: usize) -> String {
+    if let Some(colour) = THREAD_COLOURS.get(index) {
+        return (*colour).to_string();
+    }
+    let hue = (index as f64 * 137.508) % 360.0;
+    // HSL with saturation 0.65 and lightness 0.4, as RGB.
+    let (s, l) = (0.65, 0.4);
+    let c = (1.0 - (2.0 * l - 1.0_f64).abs()) * s;
+    let x = c * (1.0 - ((hue / 60.0) % 2.0 - 1.0).abs());
+    let (r, g, b) = match (hue / 60.0) as u32 {
+        0 => (c, x, 0.0),
+        1 => (x, c, 0.0),
+        2 => (0.0, c, x),
+        3 => (0.0, x, c),
+        4 => (x, 0.0, c),
+        _ => (c, 0.0, x),
+    };
+    let m = l - c / 2.0;
+    let byte = |v: f64| ((v + m) * 255.0).round().clamp(0.0, 255.0) as u8;
+    format!("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b))
+}
+
+/// Rows of a panel's thread legend (a heading, a row per thread series, one for the other
+/// threads); 0 when not split by thread or the device has no thread series.
+fn thread_legend_rows(report: &TimelineReport<'_>, series: &DeviceTimeline) -> usize {
+    if !report.timeline.is_by_thread()
+        || (series.threads.is_empty() && series.other_threads.is_none())
+    {
+        return 0;
+    }
+    1 + series.threads.len() + usize::from(series.other_threads.is_some())
+}
+
+/// Height of a device's panel: the chart, and the thread legend when split by thread.
+fn panel_height(report: &TimelineReport<'_>, series: &DeviceTimeline) -> f64 {
+    match thread_legend_rows(report, series) {
+        0 => PANEL_HEIGHT,
+        rows => PANEL_HEIGHT + 8.0 + rows as f64 * THREAD_ROW,
+    }
+}
 
 /// Names a recording in titles: `demo --flag (pid 1234)` (the program without its directory),
 /// or the number of processes.
@@ -453,8 +697,13 @@ pub fn subject(processes: &[Process]) -> String {
 /// The charts as one SVG picture, one panel per device.
 pub fn svg(report: &TimelineReport<'_>) -> String {
     let title = format!("vramshim timeline: {}", subject(report.processes));
-    let panels = report.timeline.devices.len().max(1);
-    let height = SVG_HEADING + panels as f64 * PANEL_HEIGHT;
+    let panels: f64 = if report.timeline.devices.is_empty() {
+        PANEL_HEIGHT
+    } else {
+        let heights = report.timeline.devices.iter();
+        heights.map(|series| panel_height(report, series)).sum()
+    };
+    let height = SVG_HEADING + panels;
     let mut svg = Svg::new(SVG_WIDTH, height, &title);
     svg.text(
         SVG_WIDTH / 2.0,
@@ -470,13 +719,10 @@ pub fn svg(report: &TimelineReport<'_>) -> String {
             "no device memory was allocated",
         );
     }
-    for (index, series) in report.timeline.devices.iter().enumerate() {
-        panel(
-            &mut svg,
-            report,
-            series,
-            SVG_HEADING + index as f64 * PANEL_HEIGHT,
-        );
+    let mut top = SVG_HEADING;
+    for series in &report.timeline.devices {
+        panel(&mut svg, report, series, top);
+        top += panel_height(report, series);
     }
     svg.finish()
 }
@@ -590,6 +836,9 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
             ("class", "live"),
         ],
     );
+    if thread_legend_rows(report, series) > 0 {
+        thread_lines(svg, report, series, top, &x_of, &y_of);
+    }
 
     // Used memory: a dashed step line through the samples, and a dot at each.
     let samples: Vec<(f64, f64)> = series
@@ -718,6 +967,85 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
     svg.close("g");
 }
 
+/// Split by thread: a step line per thread series over the device's, in its colour, and a
+/// legend row naming each under the time axis.
+fn thread_lines(
+    svg: &mut Svg,
+    report: &TimelineReport<'_>,
+    series: &DeviceTimeline,
+    top: f64,
+    x_of: &dyn Fn(f64) -> f64,
+    y_of: &dyn Fn(u64) -> f64,
+) {
+    let bucket_ns = report.timeline.bucket_ns as f64;
+    let legend_top = top + PANEL_HEIGHT + 4.0;
+    svg.text(
+        PLOT_LEFT,
+        legend_top + 4.0,
+        &[("class", "thread-heading")],
+        "live bytes by allocating thread (a free counts against the thread that allocated):",
+    );
+    let draw = |svg: &mut Svg, row: usize, thread: &ThreadTimeline, label: &str, other: bool| {
+        let colour = if other {
+            OTHER_THREADS_COLOUR.to_string()
+        } else {
+            thread_colour(row)
+        };
+        let class = if other { "other-threads" } else { "thread" };
+        let dash = if other { "5 3" } else { "none" };
+        let mut points = vec![format!("{},{}", num(PLOT_LEFT), num(y_of(0)))];
+        let mut level = 0;
+        for (index, live) in thread.buckets.iter().enumerate() {
+            let Some(live) = live else { continue };
+            let x = num(x_of(index as f64 * bucket_ns));
+            for value in [level, live.max, live.last] {
+                points.push(format!("{x},{}", num(y_of(value))));
+            }
+            level = live.last;
+        }
+        points.push(format!("{},{}", num(PLOT_RIGHT), num(y_of(level))));
+        svg.element(
+            "polyline",
+            &[
+                ("points", &points.join(" ")),
+                ("fill", "none"),
+                ("stroke", &colour),
+                ("stroke-width", "1.5"),
+                ("stroke-dasharray", dash),
+                ("class", class),
+            ],
+        );
+        let y = legend_top + (row + 1) as f64 * THREAD_ROW;
+        svg.line(
+            (PLOT_LEFT, y),
+            (PLOT_LEFT + 12.0, y),
+            &[
+                ("stroke", &colour),
+                ("stroke-width", "3"),
+                ("stroke-dasharray", dash),
+            ],
+        );
+        let peak = thread.peak.map_or_else(
+            || "nothing live".to_string(),
+            |p| peak_label(p.bytes, p.t_ns),
+        );
+        svg.text(
+            PLOT_LEFT + 16.0,
+            y + 4.0,
+            &[("class", "thread-legend"), ("fill", &colour)],
+            &format!("{label}: {peak}"),
+        );
+    };
+    for (row, thread) in series.threads.iter().enumerate() {
+        let label = group_thread(report, thread.thread).label();
+        draw(svg, row, &thread.series, &label, false);
+    }
+    if let Some(other) = &series.other_threads {
+        let label = other_threads_label(report, other);
+        draw(svg, series.threads.len(), &other.series, &label, true);
+    }
+}
+
 fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline) {
     let mut x = PLOT_LEFT;
     let entry = |svg: &mut Svg, x: &mut f64, label: &str| {
@@ -826,6 +1154,25 @@ mod tests {
         let mut timeline = Timeline::new(None);
         timeline.devices.push(series.clone());
         (timeline, series)
+    }
+
+    #[test]
+    fn timeline_thread_colours_are_distinct() {
+        let mut colours: Vec<String> = (0..256).map(thread_colour).collect();
+        assert!(colours.iter().all(|c| c.len() == 7 && c.starts_with('#')));
+        assert_eq!(colours[0], THREAD_COLOURS[0]);
+        let mut first: Vec<String> = colours[..THREAD_COLOURS.len() + 8].to_vec();
+        first.push(OTHER_THREADS_COLOUR.to_string());
+        for colour in [LIVE_COLOUR, USED_COLOUR, FAILURE_COLOUR] {
+            first.push(colour.to_string());
+        }
+        let count = first.len();
+        first.sort();
+        first.dedup();
+        assert_eq!(first.len(), count);
+        colours.sort();
+        colours.dedup();
+        assert!(colours.len() > 200, "{}", colours.len());
     }
 
     #[test]

@@ -287,3 +287,73 @@ pub fn program_ops(stdout: &str) -> Vec<ProgramOp> {
         })
         .collect()
 }
+
+/// Checks that `xml` is one well-formed XML document (balanced, matching tags, valid
+/// attributes, only predefined or character references) and returns its character data,
+/// references resolved, one line per element end.
+pub fn well_formed(xml: &str) -> String {
+    use quick_xml::events::Event;
+
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut depth = 0usize;
+    let mut roots = 0;
+    let mut text = String::new();
+    let check_attributes = |start: &quick_xml::events::BytesStart<'_>| {
+        for attribute in start.attributes() {
+            let attribute = attribute.unwrap_or_else(|err| panic!("bad attribute: {err}"));
+            attribute
+                .normalized_value(quick_xml::XmlVersion::Implicit1_0)
+                .unwrap_or_else(|err| panic!("bad attribute value: {err}"));
+        }
+    };
+    loop {
+        let event = reader.read_event().unwrap_or_else(|err| {
+            panic!("not well-formed at byte {}: {err}", reader.error_position())
+        });
+        match event {
+            Event::Eof => break,
+            Event::Start(start) => {
+                check_attributes(&start);
+                if depth == 0 {
+                    roots += 1;
+                }
+                depth += 1;
+            }
+            Event::Empty(start) => {
+                check_attributes(&start);
+                if depth == 0 {
+                    roots += 1;
+                }
+            }
+            Event::End(_) => {
+                depth = depth.checked_sub(1).expect("end tag without start");
+                text.push('\n');
+            }
+            Event::Text(chars) => {
+                let chars = chars.decode().expect("text decodes");
+                assert!(
+                    depth > 0 || chars.trim().is_empty(),
+                    "text outside the root: {chars:?}"
+                );
+                text.push_str(&chars);
+            }
+            Event::GeneralRef(reference) => {
+                if let Some(c) = reference
+                    .resolve_char_ref()
+                    .expect("valid character reference")
+                {
+                    text.push(c);
+                } else {
+                    let name = reference.decode().expect("reference decodes");
+                    let resolved = quick_xml::escape::resolve_xml_entity(&name)
+                        .unwrap_or_else(|| panic!("undefined entity &{name};"));
+                    text.push_str(resolved);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(depth, 0, "unclosed elements");
+    assert_eq!(roots, 1, "one root element");
+    text
+}
