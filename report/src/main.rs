@@ -50,6 +50,9 @@ enum Command {
     /// tensor-level recording (backend:cudaMallocAsync or PYTORCH_NO_CUDA_MEMORY_CACHING=1),
     /// ranked by peak reserved memory.
     Whatif(commands::whatif::Args),
+    /// Export the recording to another tool's format: `--pytorch-snapshot` writes a memory
+    /// snapshot for PyTorch's memory viewer (pytorch.org/memory_viz).
+    Export(commands::export::Args),
     /// Print every record of a log, as text or as JSON lines.
     Dump(commands::dump::Args),
 }
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => commands::diff::run(args),
         Command::Allocator(args) => commands::allocator::run(args),
         Command::Whatif(args) => commands::whatif::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::Dump(args) => commands::dump::run(args),
     };
     match result {

@@ -107,7 +107,43 @@ impl Symbolizer {
     /// A symbolizer for the modules of ONE process (addresses of different processes overlap).
     /// Nothing is opened until an address needs it.
     pub fn new(modules: Vec<ModuleDef>) -> Symbolizer {
-        let mut by_start: Vec<(u64, u64, usize)> = modules
+        let mut symbolizer = Symbolizer {
+            state: vec![None; modules.len()],
+            modules,
+            by_start: Vec::new(),
+            files: Vec::new(),
+            file_by_path: FxHashMap::default(),
+            cache: FxHashMap::default(),
+            warnings: Vec::new(),
+            debug_roots: vec![PathBuf::from(DEBUG_ROOT)],
+        };
+        symbolizer.index_modules();
+        symbolizer
+    }
+
+    /// How many modules the symbolizer knows.
+    pub fn module_count(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// Adds modules defined later in the log (a streaming reader symbolises before the whole
+    /// module map is known). Addresses no module held before are looked up again.
+    pub fn add_modules(&mut self, modules: &[ModuleDef]) {
+        if modules.is_empty() {
+            return;
+        }
+        self.modules.extend_from_slice(modules);
+        self.state.resize(self.modules.len(), None);
+        self.index_modules();
+        // A later module may hold an address cached as unknown, or win over an older
+        // overlapping one (the one defined last wins).
+        self.cache.clear();
+    }
+
+    /// Rebuilds the start-sorted index of usable modules.
+    fn index_modules(&mut self) {
+        let mut by_start: Vec<(u64, u64, usize)> = self
+            .modules
             .iter()
             .enumerate()
             .filter(|(_, module)| module.start < module.end)
@@ -119,16 +155,7 @@ impl Symbolizer {
             max_end = max_end.max(entry.1);
             entry.1 = max_end;
         }
-        Symbolizer {
-            state: vec![None; modules.len()],
-            modules,
-            by_start,
-            files: Vec::new(),
-            file_by_path: FxHashMap::default(),
-            cache: FxHashMap::default(),
-            warnings: Vec::new(),
-            debug_roots: vec![PathBuf::from(DEBUG_ROOT)],
-        }
+        self.by_start = by_start;
     }
 
     /// Expands one recorded return address into frames: innermost first, inlined ones before
@@ -871,6 +898,32 @@ mod tests {
         );
         // Cached: the same answer again.
         assert_eq!(symbolizer.frames(addr + 1), frames);
+    }
+
+    #[test]
+    fn symbols_modules_defined_later_are_used_from_then_on() {
+        // `export` symbolises while the replay runs, before later modules are defined: a
+        // module added afterwards must be found, and an address first seen as unknown must be
+        // looked up again.
+        let modules = loaded_modules();
+        let module = own_module(&modules);
+        let others: Vec<ModuleDef> = modules.iter().filter(|m| **m != module).cloned().collect();
+        let mut symbolizer = Symbolizer::new(others);
+        let count = symbolizer.module_count();
+        let addr = symbolise_me_target as *const () as u64 + 1;
+        assert_eq!(symbolizer.frames(addr)[0].module, UNKNOWN_MODULE);
+        symbolizer.add_modules(std::slice::from_ref(&module));
+        assert_eq!(symbolizer.module_count(), count + 1);
+        let frames = symbolizer.frames(addr);
+        let frame = frames.last().unwrap();
+        assert_eq!(frame.module, module.path);
+        assert!(
+            frame
+                .function
+                .as_deref()
+                .is_some_and(|f| f.contains("symbolise_me_target")),
+            "{frames:?}"
+        );
     }
 
     #[test]

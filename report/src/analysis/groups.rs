@@ -46,6 +46,11 @@ impl Stacks {
                 Some(ips) => {
                     let symbolizer = self.symbolizers[process as usize]
                         .get_or_insert_with(|| Symbolizer::new(info.modules.clone()));
+                    // Symbolising while the replay runs: modules defined since the symbolizer
+                    // was made (the log defines each before the first stack that needs it).
+                    if let Some(new) = info.modules.get(symbolizer.module_count()..) {
+                        symbolizer.add_modules(new);
+                    }
                     match info.python_stacks.get(&stack) {
                         Some(py) if self.view != StackView::Native => {
                             let frames: Vec<SymFrame> = py

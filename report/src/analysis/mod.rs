@@ -12,3 +12,4 @@ pub mod requests;
 pub mod snapshot;
 pub mod summary;
 pub mod timeline;
+pub mod trace;

@@ -4,6 +4,7 @@ pub mod allocator;
 pub mod common;
 pub mod diff;
 pub mod dump;
+pub mod export;
 pub mod flamegraph;
 pub mod oom;
 pub mod peak;

@@ -4,6 +4,7 @@ pub mod allocator;
 pub mod diff;
 pub mod flamegraph;
 pub mod oom;
+pub mod pytorch;
 pub mod snapshot;
 pub mod summary;
 pub mod svg;

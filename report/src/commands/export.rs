@@ -1,0 +1,417 @@
+//! `vramshim export LOG... --pytorch-snapshot`: the recording as a memory snapshot for
+//! PyTorch's memory viewer (pytorch.org/memory_viz), streamed to a file.
+//!
+//! A first replay counts the trace entries of each device (and checks that no two processes
+//! share a device ordinal); then one replay per device writes that device's entries, the last
+//! `--max-events` of them, straight into the file, frames resolved as they come and cached
+//! per stack. Memory stays bounded by what is live and by the number of distinct stacks.
+
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::groups::Stacks;
+use crate::analysis::trace::{Census, Entry, Sink, Trace, viewer_addr};
+use crate::commands::common::StacksArg;
+use crate::render::pytorch::{
+    JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
+    write_settings,
+};
+use crate::replay::{self, Process, Stop};
+
+/// Trace entries kept per device by default: PyTorch's viewer becomes unusably slow past
+/// about 600,000.
+pub const DEFAULT_MAX_EVENTS: u64 = 500_000;
+
+/// The longest string Chrome's JavaScript engine makes (2^28 - 16 characters, with pointer
+/// compression); the viewer decodes a whole JSON file into one string.
+const BROWSER_TEXT_MAX: u64 = (1 << 28) - 16;
+
+/// Device ordinals above this are taken for damage: the document needs a list per ordinal.
+const MAX_DEVICE: i32 = 1023;
+
+/// The allocator settings PyTorch reads, as the log headers recorded them.
+const SETTINGS_ENV: [&str; 3] = [
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Log(s) to read; several logs of one job are merged by wall-clock time (each device
+    /// ordinal must then belong to one process).
+    #[arg(required = true, value_name = "LOG")]
+    logs: Vec<PathBuf>,
+    /// Write a memory snapshot for PyTorch's memory viewer (pytorch.org/memory_viz, or
+    /// torch/cuda/_memory_viz.py): every device allocation the recorder saw, NCCL, cuBLAS
+    /// and cudaMallocAsync memory included, is a segment holding one block; failed
+    /// allocations are `oom` entries. The only export format so far, hence required.
+    #[arg(long, required = true)]
+    pytorch_snapshot: bool,
+    /// Output file (default: `vramshim-snapshot.json` here, `vramshim-snapshot.pickle` with
+    /// --pickle). Written under a temporary name and renamed when complete.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// A protocol-2 pickle, as `torch.cuda.memory._dump_snapshot()` writes, instead of JSON:
+    /// each stack's frames are stored once (JSON repeats them per entry), so it is usually
+    /// many times smaller; also for viewers older than JSON support and for
+    /// `python -m torch.cuda._memory_viz`.
+    #[arg(long)]
+    pickle: bool,
+    /// Only this device ordinal (as the process numbered it). Pinned host memory is never
+    /// exported: the viewer shows device memory.
+    #[arg(long, allow_hyphen_values = true)]
+    device: Option<i32>,
+    #[command(flatten)]
+    view: StacksArg,
+    /// Trace entries kept per device: the last N (an allocation is 2 entries, its free 3, a
+    /// failure 1); older ones are left out and said so. The viewer becomes unusably slow past
+    /// about 600,000 entries. 0 keeps every entry.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_EVENTS)]
+    max_events: u64,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    if let Some(device) = args.device {
+        if device < 0 {
+            return Err(Failure::input(format!(
+                "--device {device}: PyTorch's memory viewer shows device memory only; pick a device ordinal"
+            )));
+        }
+        if device > MAX_DEVICE {
+            return Err(Failure::input(format!(
+                "--device {device}: device ordinals above {MAX_DEVICE} are not exported"
+            )));
+        }
+    }
+    let path = args.output.clone().unwrap_or_else(|| {
+        PathBuf::from(if args.pickle {
+            "vramshim-snapshot.pickle"
+        } else {
+            "vramshim-snapshot.json"
+        })
+    });
+
+    // Pass 1: how many entries each device has, and whose.
+    let mut census = Trace::new(args.device, Census::default());
+    let replay = replay::run(&args.logs, &mut [&mut census], Stop::End)?;
+    census.finish(replay.end_ns, &replay.processes);
+    let processes = &replay.processes;
+    for (device, (_, owners)) in &census.sink.devices {
+        if owners.len() > 1 {
+            let pids: Vec<String> = owners
+                .iter()
+                .filter_map(|p| processes.get(*p as usize))
+                .map(|p| p.header.pid.to_string())
+                .collect();
+            return Err(Failure::input(format!(
+                "device {device} is used by {} processes (pids {}): the viewer tells allocations \
+                 apart by address only, and addresses of different processes can coincide; \
+                 export one log at a time, or pick a device one process owns with --device",
+                owners.len(),
+                pids.join(", ")
+            )));
+        }
+    }
+
+    let mut segments: Vec<Segment> = replay
+        .state
+        .live()
+        .filter(|live| census.selects(live.device))
+        .map(|live| Segment {
+            device: live.device,
+            address: viewer_addr(live),
+            size: live.size,
+            stream: live.stream,
+            process: live.process,
+            stack: live.stack,
+        })
+        .collect();
+    segments.sort_by_key(|s| (s.device, s.address));
+
+    let highest = census
+        .sink
+        .devices
+        .keys()
+        .copied()
+        .chain(segments.iter().map(|s| s.device))
+        .chain(args.device)
+        .max();
+    if let Some(device) = highest
+        && device > MAX_DEVICE
+    {
+        return Err(Failure::input(format!(
+            "device {device}: no GPU has that ordinal (the viewer needs a list for each one \
+             below it); the log looks damaged"
+        )));
+    }
+    let plan = Plan {
+        counts: (0..highest.map_or(0, |d| d + 1))
+            .map(|device| census.sink.devices.get(&device).map_or(0, |(c, _)| *c))
+            .collect(),
+        limit: if args.max_events == 0 {
+            u64::MAX
+        } else {
+            args.max_events
+        },
+        segments,
+    };
+
+    let mut stacks = Stacks::new(processes, args.view.stacks, false);
+    let mut output = Output::create(&path, args.pickle)?;
+    let written = {
+        let out = output
+            .writer
+            .as_deref_mut()
+            .ok_or_else(|| output_failure(&path, io::Error::other("no writer")))?;
+        write_snapshot(out, &args, &plan, &mut stacks, processes).map_err(|err| match err {
+            Written::Io(err) => output_failure(&path, err),
+            Written::Replay(failure) => failure,
+        })?
+    };
+    output.commit(&path)?;
+
+    let mut warnings = replay.warnings();
+    warnings.extend(stacks.warnings());
+    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    if !args.pickle && size > BROWSER_TEXT_MAX {
+        warnings.push(format!(
+            "{} is {}: browsers cannot read text this long (Chrome's limit is {}), so the \
+             viewer will fail to open it; --pickle stores each stack's frames once (usually \
+             many times smaller), or lower --max-events",
+            path.display(),
+            crate::units::bytes(size),
+            crate::units::bytes(BROWSER_TEXT_MAX)
+        ));
+    }
+    for warning in &warnings {
+        eprintln!("vramshim: warning: {warning}");
+    }
+    if census.host_allocations > 0 {
+        eprintln!(
+            "vramshim: note: {} pinned host allocation(s) left out: the viewer shows device memory only",
+            census.host_allocations
+        );
+    }
+    if census.unknown_device_allocations > 0 {
+        eprintln!(
+            "vramshim: note: {} allocation(s) on an unknown device left out",
+            census.unknown_device_allocations
+        );
+    }
+    for (device, &count) in plan.counts.iter().enumerate() {
+        if count > plan.limit {
+            eprintln!(
+                "vramshim: note: device {device}: kept the last {} of {count} trace entries; \
+                 the {} older ones are left out (--max-events)",
+                plan.limit,
+                count - plan.limit
+            );
+        }
+    }
+    if plan.counts.is_empty() {
+        eprintln!("vramshim: note: no device memory in the log(s): the snapshot is empty");
+    } else if let Some(device) = args.device
+        && plan.count(device) == 0
+    {
+        eprintln!("vramshim: note: nothing recorded on device {device}");
+    }
+    eprintln!(
+        "vramshim: wrote {}: {written} trace entries over {} device(s), {} allocation(s) live at the end as segments",
+        path.display(),
+        plan.counts.len(),
+        plan.segments.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the snapshot will hold, known after the first replay.
+struct Plan {
+    /// Trace entries per device ordinal, one for each list of `device_traces`.
+    counts: Vec<u64>,
+    /// Entries kept per device (`u64::MAX`: all).
+    limit: u64,
+    /// Allocations live at the end, by device and address.
+    segments: Vec<Segment>,
+}
+
+impl Plan {
+    fn count(&self, device: i32) -> u64 {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.counts.get(d))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Why writing the snapshot stopped.
+enum Written {
+    Io(io::Error),
+    Replay(Failure),
+}
+
+impl From<io::Error> for Written {
+    fn from(err: io::Error) -> Written {
+        Written::Io(err)
+    }
+}
+
+/// Writes the whole document; returns the number of trace entries written.
+fn write_snapshot(
+    out: &mut dyn SnapshotWriter,
+    args: &Args,
+    plan: &Plan,
+    stacks: &mut Stacks,
+    processes: &[Process],
+) -> Result<u64, Written> {
+    let mut written = 0;
+    out.begin_dict()?;
+    out.key("device_traces")?;
+    out.begin_list()?;
+    for (device, &count) in plan.counts.iter().enumerate() {
+        out.begin_list()?;
+        if count > 0 {
+            let sink = Writer {
+                out: &mut *out,
+                stacks: &mut *stacks,
+                skip: count.saturating_sub(plan.limit),
+                written: 0,
+                error: None,
+            };
+            let mut trace = Trace::new(Some(device as i32), sink);
+            let replay =
+                replay::run(&args.logs, &mut [&mut trace], Stop::End).map_err(Written::Replay)?;
+            trace.finish(replay.end_ns, &replay.processes);
+            if let Some(err) = trace.sink.error {
+                return Err(Written::Io(err));
+            }
+            written += trace.sink.written;
+        }
+        out.end_list()?;
+    }
+    out.end_list()?;
+
+    out.key("segments")?;
+    out.begin_list()?;
+    for segment in &plan.segments {
+        write_segment(out, segment, &mut || {
+            stacks.frames(processes, segment.process, segment.stack)
+        })?;
+    }
+    out.end_list()?;
+
+    out.key("allocator_settings")?;
+    let mut settings: Vec<(&'static str, Setting)> = Vec::new();
+    for name in SETTINGS_ENV {
+        if let Some(value) = processes.iter().find_map(|p| p.header.env_value(name)) {
+            settings.push((name, Setting::Text(value.to_string())));
+        }
+    }
+    if plan.limit != u64::MAX {
+        settings.push(("trace_alloc_max_entries", Setting::Count(plan.limit)));
+    }
+    let overflowed = plan.counts.iter().any(|&count| count > plan.limit);
+    settings.push(("trace_alloc_overflowed", Setting::Flag(overflowed)));
+    settings.push((
+        "recorded_by",
+        Setting::Text(format!(
+            "vramshim {}: each device allocation the recorder saw (any API: PyTorch, NCCL, \
+             cuBLAS, cudaMallocAsync, VMM) is one segment holding one block; frees show the \
+             allocating call's frames",
+            env!("CARGO_PKG_VERSION")
+        )),
+    ));
+    write_settings(out, &settings)?;
+    out.end_dict()?;
+    out.finish()?;
+    Ok(written)
+}
+
+/// Writes one device's entries from the `skip`th on, resolving frames as they come.
+struct Writer<'a> {
+    out: &'a mut dyn SnapshotWriter,
+    stacks: &'a mut Stacks,
+    skip: u64,
+    written: u64,
+    /// The first write error; nothing more is written after it.
+    error: Option<io::Error>,
+}
+
+impl Sink for Writer<'_> {
+    fn entry(&mut self, index: u64, entry: &Entry, processes: &[Process]) {
+        if index < self.skip || self.error.is_some() {
+            return;
+        }
+        let stacks = &mut *self.stacks;
+        let result = write_entry(self.out, entry, &mut || {
+            stacks.frames(processes, entry.process, entry.stack)
+        });
+        match result {
+            Ok(()) => self.written += 1,
+            Err(err) => self.error = Some(err),
+        }
+    }
+}
+
+/// The output file, written under a temporary name beside it until complete.
+struct Output {
+    temp: PathBuf,
+    /// Dropped (which closes the file) before the rename.
+    writer: Option<Box<dyn SnapshotWriter>>,
+    committed: bool,
+}
+
+impl Output {
+    fn create(path: &Path, pickle: bool) -> Result<Output, Failure> {
+        if path.is_dir() {
+            return Err(output_failure(path, io::Error::other("it is a directory")));
+        }
+        let Some(name) = path.file_name() else {
+            return Err(output_failure(path, io::Error::other("not a file name")));
+        };
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".{}.tmp", std::process::id()));
+        let temp = path.with_file_name(temp_name);
+        let file = File::create(&temp).map_err(|err| output_failure(path, err))?;
+        let mut output = Output {
+            temp,
+            writer: None,
+            committed: false,
+        };
+        let buffered = BufWriter::with_capacity(1 << 20, file);
+        output.writer = Some(if pickle {
+            Box::new(PickleWriter::new(buffered).map_err(|err| output_failure(path, err))?)
+        } else {
+            Box::new(JsonWriter::new(buffered))
+        });
+        Ok(output)
+    }
+
+    fn commit(&mut self, path: &Path) -> Result<(), Failure> {
+        self.writer = None;
+        std::fs::rename(&self.temp, path).map_err(|err| output_failure(path, err))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.writer = None;
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}
+
+fn output_failure(path: &Path, err: io::Error) -> Failure {
+    Failure {
+        message: format!("cannot write {}: {err}", path.display()),
+        code: 1,
+    }
+}
