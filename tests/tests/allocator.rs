@@ -42,12 +42,6 @@ fn record(test: &str, program_name: &str, args: &[&str], env: &[(&str, &str)]) -
     run.log()
 }
 
-fn arr(value: &Value) -> &Vec<Value> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array: {value}"))
-}
-
 fn device0(report: &Value) -> &Value {
     let devices = arr(&report["devices"]);
     assert_eq!(devices.len(), 1, "one device expected: {report}");

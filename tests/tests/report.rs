@@ -68,12 +68,6 @@ fn is_system_library_warning(warning: &str) -> bool {
             || warning.contains("some frames lack file and line"))
 }
 
-fn arr(value: &Value) -> &Vec<Value> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array: {value}"))
-}
-
 fn num(value: &Value, field: &str) -> u64 {
     u64_of(value, field)
 }

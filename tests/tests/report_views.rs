@@ -25,30 +25,12 @@ fn stdout_of<S: AsRef<OsStr>>(args: &[S]) -> String {
     stdout
 }
 
-fn arr(value: &Value) -> &Vec<Value> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array: {value}"))
-}
-
 /// The entry of `devices` for `device`.
 fn device_entry(devices: &Value, device: i64) -> &Value {
     arr(devices)
         .iter()
         .find(|d| d["device"].as_i64() == Some(device))
         .unwrap_or_else(|| panic!("no device {device} in {devices}"))
-}
-
-fn source(program: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("programs")
-        .join(format!("{program}.c"));
-    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
-
-/// The line of `/* MARKER */` in a test program's source; exactly one must exist.
-fn marker_line(program_source: &str, marker: &str) -> u64 {
-    line_containing(program_source, &format!("/* {marker} */"))
 }
 
 /// The line holding `text`; exactly one must.

@@ -36,32 +36,6 @@ fn json_of<S: AsRef<OsStr>>(args: &[S]) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|err| panic!("bad JSON: {err}\n{text}"))
 }
 
-fn arr(value: &Value) -> &Vec<Value> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array: {value}"))
-}
-
-fn source(program: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("programs")
-        .join(format!("{program}.c"));
-    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
-
-/// The line of `/* MARKER */` in a test program's source; exactly one must exist.
-fn marker_line(program_source: &str, marker: &str) -> u64 {
-    let text = format!("/* {marker} */");
-    let lines: Vec<u64> = program_source
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| line.contains(&text))
-        .map(|(index, _)| index as u64 + 1)
-        .collect();
-    assert_eq!(lines.len(), 1, "{text:?} must be on exactly one line");
-    lines[0]
-}
-
 /// What `report_threads` said about one of its threads.
 #[derive(Clone, Debug)]
 struct ThreadInfo {

@@ -153,6 +153,34 @@ pub fn tool(args: &[&OsStr]) -> Output {
         .expect("run vramshim")
 }
 
+/// `value` as a JSON array (fails the test otherwise).
+pub fn arr(value: &Value) -> &Vec<Value> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {value}"))
+}
+
+/// The source text of test program `program` (tests/programs/PROGRAM.c).
+pub fn source(program: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("programs")
+        .join(format!("{program}.c"));
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+/// The line of `/* MARKER */` in a test program's source text; exactly one must exist.
+pub fn marker_line(program_source: &str, marker: &str) -> u64 {
+    let text = format!("/* {marker} */");
+    let lines: Vec<u64> = program_source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.contains(&text))
+        .map(|(index, _)| index as u64 + 1)
+        .collect();
+    assert_eq!(lines.len(), 1, "{text:?} must be on exactly one line");
+    lines[0]
+}
+
 /// `vramshim ARGS`: exit code, stdout, stderr (lossily decoded).
 pub fn vramshim<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
     let args: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
