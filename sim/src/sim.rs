@@ -498,6 +498,61 @@ impl Simulator {
 
     // ---- slab ---------------------------------------------------------------------------
 
+    /// Splits the first `size` bytes of `b` off into a new unallocated block just before it
+    /// (same segment and pool), on `stream`; `b` keeps the rest. Returns the new block.
+    fn carve_front(&mut self, b: u32, size: u64, stream: u32, mapped: bool) -> u32 {
+        let blk = self.slab[b as usize];
+        let front = self.new_block(Block {
+            addr: blk.addr,
+            size,
+            requested: 0,
+            stream,
+            gc_base: 0,
+            prev: blk.prev,
+            next: b,
+            seg: blk.seg,
+            small: blk.small,
+            allocated: false,
+            mapped,
+            live: true,
+        });
+        if blk.prev != NONE {
+            self.slab[blk.prev as usize].next = front;
+        }
+        let rest = &mut self.slab[b as usize];
+        rest.prev = front;
+        rest.addr += size;
+        rest.size -= size;
+        front
+    }
+
+    /// Splits everything of `b` past its first `keep` bytes off into a new unallocated block
+    /// just after it (same segment, pool and stream). Returns the new block.
+    fn carve_back(&mut self, b: u32, keep: u64, mapped: bool) -> u32 {
+        let blk = self.slab[b as usize];
+        let back = self.new_block(Block {
+            addr: blk.addr + keep,
+            size: blk.size - keep,
+            requested: 0,
+            stream: blk.stream,
+            gc_base: 0,
+            prev: b,
+            next: blk.next,
+            seg: blk.seg,
+            small: blk.small,
+            allocated: false,
+            mapped,
+            live: true,
+        });
+        if blk.next != NONE {
+            self.slab[blk.next as usize].prev = back;
+        }
+        let m = &mut self.slab[b as usize];
+        m.next = back;
+        m.size = keep;
+        back
+    }
+
     fn new_block(&mut self, b: Block) -> u32 {
         match self.free_slots.pop() {
             Some(i) => {
@@ -748,28 +803,8 @@ impl Simulator {
         let already_split = blk.is_split();
         let expandable = blk.seg != NONE;
         let out = if split {
-            let front = self.new_block(Block {
-                addr: blk.addr,
-                size,
-                requested: 0,
-                stream,
-                gc_base: 0,
-                prev: blk.prev,
-                next: b,
-                seg: blk.seg,
-                small: blk.small,
-                allocated: false,
-                mapped: true,
-                live: true,
-            });
-            if blk.prev != NONE {
-                self.slab[blk.prev as usize].next = front;
-            }
-            let rem = &mut self.slab[b as usize];
-            rem.prev = front;
-            rem.addr += size;
-            rem.size -= size;
-            let rem_size = rem.size;
+            let front = self.carve_front(b, size, stream, true);
+            let rem_size = self.slab[b as usize].size;
             self.insert_free(b);
             if !expandable {
                 if already_split {
@@ -1120,26 +1155,7 @@ impl Simulator {
         self.remove_unmapped(b);
         self.slab[b as usize].mapped = true;
         if mapped < blk.size {
-            let rest = self.new_block(Block {
-                addr: blk.addr + mapped,
-                size: blk.size - mapped,
-                requested: 0,
-                stream: blk.stream,
-                gc_base: 0,
-                prev: b,
-                next: blk.next,
-                seg: blk.seg,
-                small: blk.small,
-                allocated: false,
-                mapped: false,
-                live: true,
-            });
-            if blk.next != NONE {
-                self.slab[blk.next as usize].prev = rest;
-            }
-            let m = &mut self.slab[b as usize];
-            m.next = rest;
-            m.size = mapped;
+            let rest = self.carve_back(b, mapped, false);
             self.insert_unmapped(rest);
         }
         let (prev, next) = (self.slab[b as usize].prev, self.slab[b as usize].next);
@@ -1195,55 +1211,20 @@ impl Simulator {
         let un_addr = base + begin * page;
         let un_size = (end - begin) * page;
         let before = un_addr - blk.addr;
+        // Partial pages at either end stay mapped, as free blocks of their own.
         if before > 0 {
-            let f = self.new_block(Block {
-                addr: blk.addr,
-                size: before,
-                requested: 0,
-                stream: blk.stream,
-                gc_base: 0,
-                prev: blk.prev,
-                next: b,
-                seg: blk.seg,
-                small: blk.small,
-                allocated: false,
-                mapped: true,
-                live: true,
-            });
-            if blk.prev != NONE {
-                self.slab[blk.prev as usize].next = f;
-            }
-            self.slab[b as usize].prev = f;
+            let f = self.carve_front(b, before, blk.stream, true);
             self.insert_free(f);
         }
-        let after = blk.size - before - un_size;
-        if after > 0 {
-            let f = self.new_block(Block {
-                addr: un_addr + un_size,
-                size: after,
-                requested: 0,
-                stream: blk.stream,
-                gc_base: 0,
-                prev: b,
-                next: blk.next,
-                seg: blk.seg,
-                small: blk.small,
-                allocated: false,
-                mapped: true,
-                live: true,
-            });
-            if blk.next != NONE {
-                self.slab[blk.next as usize].prev = f;
-            }
-            self.slab[b as usize].next = f;
+        if blk.size - before > un_size {
+            let f = self.carve_back(b, un_size, true);
             self.insert_free(f);
         }
-        {
-            let m = &mut self.slab[b as usize];
-            m.addr = un_addr;
-            m.size = un_size;
-            m.mapped = false;
-        }
+        debug_assert_eq!(
+            (self.slab[b as usize].addr, self.slab[b as usize].size),
+            (un_addr, un_size)
+        );
+        self.slab[b as usize].mapped = false;
         let (prev, next) = (self.slab[b as usize].prev, self.slab[b as usize].next);
         self.try_merge(b, prev);
         self.try_merge(b, next);
