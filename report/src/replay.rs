@@ -3,7 +3,7 @@
 //! reports need (stacks, modules, thread names). Analyses observe each step; they never see
 //! the file.
 //!
-//! Several logs (one per process of a job) are merged by wall-clock time, so totals across
+//! Several logs (one per process of a job) are merged in time order, so totals across
 //! processes are exact at every moment. Times are nanoseconds since the earliest start.
 
 use std::fs::File;

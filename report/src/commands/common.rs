@@ -12,8 +12,8 @@ use crate::python::StackView;
 /// Which recording(s) to read and how to print.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Select {
-    /// Log(s) to read; several logs of one job (one per process or rank) are merged by
-    /// wall-clock time and reported per process and in total.
+    /// Log(s) to read; several logs of one job (one per process or rank) are merged in time
+    /// order and reported per process and in total.
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
     /// Only this device ordinal (as the process numbered it; -1 = pinned host memory).

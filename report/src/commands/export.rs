@@ -41,7 +41,7 @@ const SETTINGS_ENV: [&str; 3] = [
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Log(s) to read; several logs of one job are merged by wall-clock time (each device
+    /// Log(s) to read; several logs of one job are merged in time order (each device
     /// ordinal must then belong to one process).
     #[arg(required = true, value_name = "LOG")]
     logs: Vec<PathBuf>,

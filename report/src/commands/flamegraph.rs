@@ -44,7 +44,7 @@ impl What {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Log(s) to read; several logs of one job are merged by wall-clock time.
+    /// Log(s) to read; several logs of one job are merged in time order.
     #[arg(required = true, value_name = "LOG")]
     logs: Vec<PathBuf>,
     /// What the flame graph weighs.
