@@ -1,13 +1,15 @@
 //! What every report command shares: which logs, which device, text or JSON, and output.
 
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::Value;
 
 use crate::Failure;
+use crate::analysis::groups::Stacks;
 use crate::python::StackView;
+use crate::replay::Replay;
 
 /// Which recording(s) to read and how to print.
 #[derive(clap::Args, Clone, Debug)]
@@ -67,13 +69,42 @@ pub fn emit(
         text(&mut out)
     }
     .and_then(|()| out.flush());
+    finish_stdout(written)
+}
+
+/// The exit of a command that wrote to stdout: a closed pipe (`| head`) is the reader's
+/// choice, not an error; any other failure is exit code 1.
+pub fn finish_stdout(written: io::Result<()>) -> Result<ExitCode, Failure> {
     match written {
         Ok(()) => Ok(ExitCode::SUCCESS),
-        // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
         Err(err) => Err(Failure {
             message: format!("cannot write output: {err}"),
             code: 1,
         }),
     }
+}
+
+/// Writes `data` to stdout.
+pub fn write_stdout(data: &[u8]) -> Result<ExitCode, Failure> {
+    let mut stdout = io::stdout().lock();
+    finish_stdout(stdout.write_all(data).and_then(|()| stdout.flush()))
+}
+
+/// Writes an output file whole (nothing is left half-written by a failed render) and says so
+/// on stderr.
+pub fn write_file(path: &Path, data: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, data).map_err(|err| Failure {
+        message: format!("cannot write {}: {err}", path.display()),
+        code: 1,
+    })?;
+    eprintln!("vramshim: wrote {}", path.display());
+    Ok(())
+}
+
+/// A replay's warnings followed by those of symbolising its stacks.
+pub fn warnings(replay: &Replay, stacks: &Stacks) -> Vec<String> {
+    let mut warnings = replay.warnings();
+    warnings.extend(stacks.warnings());
+    warnings
 }

@@ -9,7 +9,7 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Side, diff};
 use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Replay, Stop};
@@ -78,8 +78,7 @@ fn measure(
     let allocated = allocated.summed();
     let allocated_groups = by_stack_totals(&allocated, &mut stacks, &replay.processes);
     let allocated_bytes = allocated.values().map(|(bytes, _)| bytes).sum();
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
+    let warnings = common::warnings(&replay, &stacks);
     Ok(Measured {
         replay,
         peaks,

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use serde_json::{Value, json};
 use vramshim_format::{Frame, Header, Item, Record};
 
+use crate::commands::common;
 use crate::units::{bytes, seconds};
 use crate::{Failure, logfile};
 
@@ -50,15 +51,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         }
         out.flush()
     })();
-    match written {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // A closed pipe (`| head`) is the reader's choice, not an error.
-        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(err) => Err(Failure {
-            message: format!("cannot write output: {err}"),
-            code: 1,
-        }),
-    }
+    common::finish_stdout(written)
 }
 
 fn header_json(header: &Header) -> Value {

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::Stacks;
 use crate::analysis::trace::{Census, Entry, Sink, Trace, viewer_addr};
-use crate::commands::common::StacksArg;
+use crate::commands::common::{self, StacksArg};
 use crate::render::pytorch::{
     JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
     write_settings,
@@ -174,8 +174,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     output.commit(&path)?;
 
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
+    let mut warnings = common::warnings(&replay, &stacks);
     let size = std::fs::metadata(&path).map_or(0, |m| m.len());
     if !args.pickle && size > BROWSER_TEXT_MAX {
         warnings.push(format!(

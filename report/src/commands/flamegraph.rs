@@ -1,8 +1,7 @@
 //! `vramshim flamegraph LOG... --what peak|leaks|allocated|oom`: a flame graph weighted by
 //! bytes, as SVG or as folded stack lines.
 
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::Failure;
@@ -11,7 +10,7 @@ use crate::analysis::groups::{Stacks, by_stack, by_stack_totals};
 use crate::analysis::oom::Oom;
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::SnapshotsAt;
-use crate::commands::common::{ByThread, StacksArg};
+use crate::commands::common::{self, ByThread, StacksArg};
 use crate::render::flamegraph::{self, DeviceStacks};
 use crate::render::timeline::{seconds_label, subject};
 use crate::render::{device_name, device_order};
@@ -109,8 +108,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             text.push('\n');
         }
         return match &args.output {
-            Some(path) => write_file(path, text.as_bytes()).map(|()| ExitCode::SUCCESS),
-            None => write_stdout(text.as_bytes()),
+            Some(path) => common::write_file(path, text.as_bytes()).map(|()| ExitCode::SUCCESS),
+            None => common::write_stdout(text.as_bytes()),
         };
     }
     let title = format!(
@@ -132,7 +131,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("vramshim-flamegraph-{}.svg", args.what.name())));
-    write_file(&path, &picture)?;
+    common::write_file(&path, &picture)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -166,7 +165,7 @@ fn peak(args: &Args) -> Result<Found, Failure> {
         moments,
         empty: "nothing was ever allocated",
     };
-    let warnings = warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -198,7 +197,7 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
         moments: vec![format!("exit at {}", seconds_label(replay.end_ns))],
         empty: "no leaks: everything allocated was freed",
     };
-    let warnings = warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -224,7 +223,7 @@ fn allocated(args: &Args) -> Result<Found, Failure> {
         moments: Vec::new(),
         empty: "nothing was allocated",
     };
-    let warnings = warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -279,36 +278,6 @@ fn oom(args: &Args) -> Result<Found, Failure> {
         )],
         empty: "nothing was live on the device when the allocation failed",
     };
-    let warnings = warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, &stacks);
     Ok((replay, warnings, view))
-}
-
-fn warnings(replay: &replay::Replay, stacks: &Stacks) -> Vec<String> {
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
-    warnings
-}
-
-fn write_stdout(data: &[u8]) -> Result<ExitCode, Failure> {
-    let mut stdout = io::stdout().lock();
-    match stdout.write_all(data).and_then(|()| stdout.flush()) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // A closed pipe (`| head`) is the reader's choice, not an error.
-        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(err) => Err(Failure {
-            message: format!("cannot write output: {err}"),
-            code: 1,
-        }),
-    }
-}
-
-/// Writes an output file whole (nothing is left half-written by a failed render) and says so
-/// on stderr.
-pub fn write_file(path: &Path, data: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, data).map_err(|err| Failure {
-        message: format!("cannot write {}: {err}", path.display()),
-        code: 1,
-    })?;
-    eprintln!("vramshim: wrote {}", path.display());
-    Ok(())
 }

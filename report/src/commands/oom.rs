@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack_totals};
 use crate::analysis::oom::Oom;
-use crate::commands::common::{ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
@@ -54,8 +54,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         top: args.top,
         frames: args.frames,
     };
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
+    let warnings = common::warnings(&replay, &stacks);
     emit(
         select,
         &warnings,

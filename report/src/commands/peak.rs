@@ -7,7 +7,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
 use crate::units;
@@ -133,8 +133,7 @@ fn render(
         frames: shape.frames,
         min_share: shape.min_share,
     };
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
+    let warnings = common::warnings(replay, &stacks);
     emit(
         select,
         &warnings,

@@ -6,7 +6,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -88,8 +88,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         total_families: counts.total_families(),
         largest,
     };
-    let mut warnings = replay.warnings();
-    warnings.extend(stacks.warnings());
+    let warnings = common::warnings(&replay, &stacks);
     emit(
         select,
         &warnings,

@@ -1,14 +1,12 @@
 //! `vramshim timeline LOG... [--svg FILE] [--by-thread]`: live bytes over time per device (and
 //! per allocating thread), as a terminal chart, JSON or an SVG picture.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::Failure;
 use crate::analysis::timeline::{DEFAULT_THREAD_SERIES, Timeline};
-use crate::commands::common::{Select, emit};
-use crate::commands::flamegraph::write_file;
+use crate::commands::common::{Select, emit, write_file, write_stdout};
 use crate::render::timeline::{self, TimelineReport};
 use crate::replay::{self, Stop};
 
@@ -70,18 +68,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             for warning in &warnings {
                 eprintln!("vramshim: warning: {warning}");
             }
-            let mut stdout = std::io::stdout().lock();
-            return match stdout
-                .write_all(picture.as_bytes())
-                .and_then(|()| stdout.flush())
-            {
-                Ok(()) => Ok(ExitCode::SUCCESS),
-                Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-                Err(err) => Err(Failure {
-                    message: format!("cannot write output: {err}"),
-                    code: 1,
-                }),
-            };
+            return write_stdout(picture.as_bytes());
         }
         write_file(path, picture.as_bytes())?;
     }
