@@ -91,7 +91,7 @@ link_cudart=(-L"$lib" -lcudart -pthread)
 for p in direct vmm async threads oom fork abort sigkill; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" "${link_cuda[@]}"
 done
-for p in runtime interposed demo; do
+for p in runtime interposed demo dryrun_train; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" "${link_cudart[@]}"
 done
 for p in dlsym resolver; do

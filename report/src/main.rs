@@ -2,6 +2,7 @@
 
 mod analysis;
 mod commands;
+mod gpus;
 mod logfile;
 mod python;
 mod render;
@@ -25,6 +26,9 @@ struct Cli {
 enum Command {
     /// Run a program under the recorder (LD_PRELOAD=libvramshim.so) and name the logs written.
     Run(commands::run::Args),
+    /// Run a program on simulated GPUs (fake NVIDIA libraries, memory is exact bookkeeping of
+    /// the chosen card) under the recorder, and say whether it fits.
+    Dryrun(commands::dryrun::Args),
     /// Overview: peak per device and what held it, live at exit, calls by API family,
     /// largest allocations, device memory no hook sees.
     #[command(visible_alias = "summary")]
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
+        Command::Dryrun(args) => commands::dryrun::run(args),
         Command::Report(args) => commands::report::run(args),
         Command::Peak(args) => commands::peak::peak(args),
         Command::Leaks(args) => commands::peak::leaks(args),

@@ -19,6 +19,16 @@
  *                       a fragmented device or an allocator limit would; unset
  *                       or 0: off.  Also with FAKECUDA_MEM=unlimited.  An
  *                       invalid value makes cuInit return CUDA_ERROR_INVALID_VALUE.
+ *   VRAMSHIM_FAKEGPU_MEMORY  `vramshim dryrun`'s name for the capacity; wins
+ *                       over FAKECUDA_MEM.
+ *   VRAMSHIM_FAKEGPU_COUNT  devices, 1 to NDEV (4); default 2.
+ *   VRAMSHIM_FAKEGPU_CONTEXT_BYTES  device memory a context takes: charged at a
+ *                       device's first cuDevicePrimaryCtxRetain (the primary
+ *                       context is never destroyed) and by cuCtxCreate (given
+ *                       back by cuCtxDestroy); default 0.
+ *   VRAMSHIM_FAKEGPU_NAME  the name cuDeviceGetName reports.
+ *                       An invalid count or size makes cuInit return
+ *                       CUDA_ERROR_INVALID_VALUE.
  *
  * The library never prints.
  */
@@ -37,13 +47,14 @@
 #define EXPORT __attribute__((visibility("default")))
 #define CACHELINE 128 /* two lines: keeps the adjacent-line prefetcher out of it */
 
-#define NDEV 2
+#define NDEV 4 /* devices there is room for; VRAMSHIM_FAKEGPU_COUNT picks how many exist */
+#define DEFAULT_DEVICES 2
 #define NSHARDS 64
 #define DEV_BASE 0x700000000000ULL
 #define DEV_SPAN 0x10000000000ULL /* 1 TiB per device */
 #define SHARD_SPAN (DEV_SPAN / NSHARDS) /* 16 GiB per shard */
 #define LEGACY_BASE 0x10000000ULL /* 32-bit addresses for the v1 entry points */
-#define LEGACY_SPAN 0x40000000ULL /* 1 GiB per device */
+#define LEGACY_SPAN 0x20000000ULL /* 512 MiB per device: NDEV of them stay below 4 GiB */
 #define VMM_BASE 0x600000000000ULL
 #define VMM_LIMIT 0x700000000000ULL
 #define ADDR_ALIGN 512ULL
@@ -67,6 +78,9 @@ static struct {
     bool unlimited;
     unsigned long long capacity;
     unsigned long long fail_size; /* FAKECUDA_FAIL_SIZE; 0 = off */
+    int devices;                     /* VRAMSHIM_FAKEGPU_COUNT */
+    unsigned long long context_bytes; /* VRAMSHIM_FAKEGPU_CONTEXT_BYTES */
+    const char *name;                /* VRAMSHIM_FAKEGPU_NAME; NULL = "Fake CUDA Device N" */
 } g_cfg __attribute__((aligned(CACHELINE)));
 
 static atomic_int g_initialized __attribute__((aligned(CACHELINE)));
@@ -94,11 +108,15 @@ struct CUctx_st {
 static struct CUctx_st g_primary[NDEV] __attribute__((aligned(CACHELINE))) = {
     {CTX_MAGIC, 0, 1},
     {CTX_MAGIC, 1, 1},
+    {CTX_MAGIC, 2, 1},
+    {CTX_MAGIC, 3, 1},
 };
 struct refcount {
     atomic_int n;
 } __attribute__((aligned(CACHELINE)));
 static struct refcount g_primary_refs[NDEV];
+/* Whether a device's primary context has been charged its context bytes (never released). */
+static atomic_int g_primary_charged[NDEV];
 
 static __thread struct CUctx_st *t_ctx;
 static __thread int t_shard = -1;
@@ -117,6 +135,8 @@ struct CUmemPoolHandle_st {
 static struct CUmemPoolHandle_st g_default_pool[NDEV] = {
     {POOL_MAGIC, 0, 1},
     {POOL_MAGIC, 1, 1},
+    {POOL_MAGIC, 2, 1},
+    {POOL_MAGIC, 3, 1},
 };
 
 /* ------------------------------------------------------------------------- */
@@ -493,7 +513,9 @@ static void init_once(void)
         g_cfg.init_result = CUDA_ERROR_NO_DEVICE;
         return;
     }
-    const char *mem = getenv("FAKECUDA_MEM");
+    const char *mem = getenv("VRAMSHIM_FAKEGPU_MEMORY");
+    if (!mem || !*mem)
+        mem = getenv("FAKECUDA_MEM");
     g_cfg.capacity = DEFAULT_CAPACITY;
     if (mem && *mem) {
         if (strcasecmp(mem, "unlimited") == 0) {
@@ -508,6 +530,23 @@ static void init_once(void)
         g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
         return;
     }
+    g_cfg.devices = DEFAULT_DEVICES;
+    const char *count = getenv("VRAMSHIM_FAKEGPU_COUNT");
+    if (count && *count) {
+        unsigned long long n;
+        if (!parse_size(count, &n) || n < 1 || n > NDEV) {
+            g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
+            return;
+        }
+        g_cfg.devices = (int)n;
+    }
+    const char *context = getenv("VRAMSHIM_FAKEGPU_CONTEXT_BYTES");
+    if (context && *context && !parse_size(context, &g_cfg.context_bytes)) {
+        g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
+        return;
+    }
+    const char *name = getenv("VRAMSHIM_FAKEGPU_NAME");
+    g_cfg.name = name && *name ? name : NULL;
     for (int d = 0; d < NDEV; d++) {
         for (int s = 0; s < NSHARDS; s++)
             shard_setup(&g_shards[d][s], d, DEV_BASE + d * DEV_SPAN + s * SHARD_SPAN, SHARD_SPAN);
@@ -537,7 +576,7 @@ static inline CUresult need_ctx(struct CUctx_st **out)
 
 static inline bool valid_dev(int d)
 {
-    return d >= 0 && d < NDEV;
+    return d >= 0 && d < g_cfg.devices;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -629,7 +668,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!count)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = NDEV;
+    *count = g_cfg.devices;
     return CUDA_SUCCESS;
 }
 
@@ -643,10 +682,11 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     char buf[32] = "Fake CUDA Device 0";
     buf[17] = (char)('0' + dev);
-    size_t n = strlen(buf);
+    const char *text = g_cfg.name ? g_cfg.name : buf;
+    size_t n = strlen(text);
     if (n >= (size_t)len)
         n = (size_t)len - 1;
-    memcpy(name, buf, n);
+    memcpy(name, text, n);
     name[n] = '\0';
     return CUDA_SUCCESS;
 }
@@ -743,6 +783,13 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    /* The first retain creates the context: it takes its device memory once. */
+    if (g_cfg.context_bytes &&
+        atomic_exchange_explicit(&g_primary_charged[dev], 1, memory_order_acq_rel) == 0 &&
+        !charge(dev, g_cfg.context_bytes)) {
+        atomic_store_explicit(&g_primary_charged[dev], 0, memory_order_release);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     atomic_fetch_add_explicit(&g_primary_refs[dev].n, 1, memory_order_relaxed);
     *pctx = &g_primary[dev];
     return CUDA_SUCCESS;
@@ -775,9 +822,14 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    struct CUctx_st *c = malloc(sizeof *c);
-    if (!c)
+    if (g_cfg.context_bytes && !charge(dev, g_cfg.context_bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = malloc(sizeof *c);
+    if (!c) {
+        if (g_cfg.context_bytes)
+            uncharge(dev, g_cfg.context_bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     c->magic = CTX_MAGIC;
     c->dev = dev;
     c->primary = 0;
@@ -798,6 +850,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     ctx->magic = DEAD_MAGIC; /* never freed: stale handles stay readable */
+    if (g_cfg.context_bytes)
+        uncharge(ctx->dev, g_cfg.context_bytes);
     if (t_ctx == ctx)
         t_ctx = NULL;
     return CUDA_SUCCESS;

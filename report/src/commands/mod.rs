@@ -3,9 +3,11 @@
 pub mod allocator;
 pub mod common;
 pub mod diff;
+pub mod dryrun;
 pub mod dump;
 pub mod export;
 pub mod flamegraph;
+pub mod launch;
 pub mod oom;
 pub mod peak;
 pub mod report;

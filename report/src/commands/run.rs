@@ -3,12 +3,11 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::Failure;
+use crate::commands::launch;
 use crate::units::bytes;
 
 #[derive(clap::Args)]
@@ -25,30 +24,14 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-static CHILD: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn forward(signal: libc::c_int) {
-    let child = CHILD.load(Ordering::Relaxed);
-    if child > 0 {
-        unsafe { libc::kill(child, signal) };
-    }
-}
-
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    let library = find_library()?;
+    let library = launch::find_library()?;
     let manifest =
         std::env::temp_dir().join(format!("vramshim-run-{}.manifest", std::process::id()));
     let _ = std::fs::remove_file(&manifest);
 
-    let mut preload = OsString::from(&library);
-    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        preload.push(":");
-        preload.push(existing);
-    }
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| Failure::input("no command given"))?;
+    let preload = launch::preload(&[library]);
+    let (program, rest) = launch::split_command(&args.command)?;
     let mut command = Command::new(program);
     command
         .args(rest)
@@ -60,65 +43,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(stack) = &args.stack {
         command.env("VRAMSHIM_STACK", stack);
     }
-    let mut child = command.spawn().map_err(|err| Failure {
-        message: format!("cannot run {}: {err}", program.to_string_lossy()),
-        code: 127,
-    })?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
-    // Signals sent to vramshim alone go to the program. Terminal signals (Ctrl-C) already
-    // reach both; vramshim waits for the program to decide.
-    unsafe {
-        for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
-            libc::signal(signal, forward as *const () as libc::sighandler_t);
-        }
-        for signal in [libc::SIGINT, libc::SIGQUIT] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-    }
-    let status = child.wait().map_err(|err| Failure {
-        message: format!("waiting for the program failed: {err}"),
-        code: 1,
-    })?;
+    let status = launch::spawn_and_wait(&mut command, program)?;
     report_logs(&manifest);
     let _ = std::fs::remove_file(&manifest);
-    if let Some(signal) = status.signal() {
-        // Die the same way, so the caller sees the same status.
-        unsafe {
-            libc::signal(signal, libc::SIG_DFL);
-            libc::kill(libc::getpid(), signal);
-        }
-        return Ok(ExitCode::from((128 + signal) as u8));
-    }
-    Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
-}
-
-/// `VRAMSHIM_LIB`, else `libvramshim.so` beside this executable (or in `../lib`).
-fn find_library() -> Result<PathBuf, Failure> {
-    if let Some(path) = std::env::var_os("VRAMSHIM_LIB").filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
-        if path.is_file() {
-            return Ok(path);
-        }
-        return Err(Failure::input(format!(
-            "VRAMSHIM_LIB={} is not a file",
-            path.display()
-        )));
-    }
-    let exe = std::env::current_exe()
-        .map_err(|err| Failure::input(format!("cannot find own executable: {err}")))?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    for candidate in [
-        dir.join("libvramshim.so"),
-        dir.join("../lib/libvramshim.so"),
-    ] {
-        if candidate.is_file() {
-            return Ok(candidate.canonicalize().unwrap_or(candidate));
-        }
-    }
-    Err(Failure::input(format!(
-        "libvramshim.so not found beside {} (build it with `cargo build`, or set VRAMSHIM_LIB)",
-        exe.display()
-    )))
+    Ok(launch::exit_like(status))
 }
 
 fn report_logs(manifest: &Path) {

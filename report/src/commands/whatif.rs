@@ -60,7 +60,7 @@ pub struct Args {
 
 /// How rows are ranked: no OOM first, then peak reserved, then fewer `cudaMalloc`s, then the
 /// order simulated.
-fn rank_key(index: usize, row: &Row) -> (bool, u64, u64, usize) {
+pub fn rank_key(index: usize, row: &Row) -> (bool, u64, u64, usize) {
     (
         !row.fits(),
         row.stats.peak_reserved,

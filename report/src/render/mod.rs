@@ -2,6 +2,7 @@
 
 pub mod allocator;
 pub mod diff;
+pub mod dryrun;
 pub mod flamegraph;
 pub mod oom;
 pub mod pytorch;

@@ -1,0 +1,484 @@
+//! `vramshim dryrun [--gpu MODEL | --memory SIZE] [--gpus N] [--json] -- CMD ARGS...`: runs
+//! an unmodified program on simulated GPUs (fake NVIDIA libraries whose device memory is exact
+//! bookkeeping of the chosen card) under the recorder, then says whether it fit.
+
+use std::ffi::OsString;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
+
+use vramshim_sim::Config;
+
+use crate::Failure;
+use crate::analysis::allocator::AllocatorView;
+use crate::analysis::groups::{Stacks, by_stack_totals};
+use crate::analysis::oom::Oom;
+use crate::analysis::peaks::Peaks;
+use crate::analysis::requests::WhatIf;
+use crate::analysis::summary::Summary;
+use crate::commands::common::finish_stdout;
+use crate::commands::launch;
+use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
+use crate::gpus::{self, Gpu};
+use crate::python::{PYTHON_MODULE, StackView};
+use crate::render::dryrun::{self as render, DeviceVerdict, DryrunReport, FailureVerdict};
+use crate::render::oom::FailureView;
+use crate::render::whatif::Row;
+use crate::replay::{self, Stop};
+use crate::symbols::SymFrame;
+use crate::units::parse_size;
+
+/// Most devices `--gpus` takes.
+pub const MAX_GPUS: u32 = 64;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The card to simulate (`--list-gpus` shows them; default h100).
+    #[arg(long, value_name = "MODEL", conflicts_with = "memory")]
+    gpu: Option<String>,
+    /// A custom card with this much device memory, e.g. 24GiB, 512MiB (binary units).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Number of simulated devices (1 to 64).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_gpus)]
+    gpus: u32,
+    /// Log path (`%p` = pid of the recorded process); default vramshim-<program>.<pid>.vlog.
+    #[arg(short = 'o', long = "output")]
+    output: Option<OsString>,
+    /// The verdict as one JSON document on stdout (the program's own stdout goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Print the simulated cards and exit.
+    #[arg(long, exclusive = true)]
+    list_gpus: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required_unless_present = "list_gpus")]
+    command: Vec<OsString>,
+}
+
+fn parse_gpus(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_GPUS).contains(&n) => Ok(n),
+        _ => Err(format!("not a device count: {text:?} (1 to {MAX_GPUS})")),
+    }
+}
+
+/// Where the fake libraries are: `VRAMSHIM_FAKEGPU_DIR`, else `fakegpu` beside this executable.
+fn find_fakes() -> Result<PathBuf, Failure> {
+    let from_env = std::env::var_os("VRAMSHIM_FAKEGPU_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("fakegpu")));
+    let candidates = [from_env.clone(), beside.clone()];
+    if let Some(dir) = candidates
+        .iter()
+        .flatten()
+        .find(|dir| dir.join("lib").is_dir())
+    {
+        return Ok(dir.canonicalize().unwrap_or_else(|_| dir.clone()));
+    }
+    let env_text = match &from_env {
+        Some(dir) => format!("VRAMSHIM_FAKEGPU_DIR={} has no lib/", dir.display()),
+        None => "VRAMSHIM_FAKEGPU_DIR is not set".to_string(),
+    };
+    let beside_text = beside.map_or_else(
+        || "the directory of the vramshim executable is unknown".to_string(),
+        |dir| format!("{} does not exist", dir.join("lib").display()),
+    );
+    Err(Failure::input(format!(
+        "the fake NVIDIA libraries were not found: {env_text}, and {beside_text} (build them, or point VRAMSHIM_FAKEGPU_DIR at the directory holding lib/)"
+    )))
+}
+
+/// Every `*.so*` file of `lib`, each file once (links to one file count once), by name.
+fn fake_libraries(lib: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let entries = std::fs::read_dir(lib)
+        .map_err(|err| Failure::input(format!("cannot read {}: {err}", lib.display())))?;
+    let mut names: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".so") || n.contains(".so."))
+                && path.is_file()
+        })
+        .collect();
+    names.sort();
+    let mut seen = Vec::new();
+    let mut libraries = Vec::new();
+    for path in names {
+        let target = path.canonicalize().unwrap_or_else(|_| path.clone());
+        if !seen.contains(&target) {
+            seen.push(target);
+            libraries.push(path);
+        }
+    }
+    if libraries.is_empty() {
+        return Err(Failure::input(format!(
+            "{} holds no fake library (*.so*)",
+            lib.display()
+        )));
+    }
+    Ok(libraries)
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    if args.list_gpus {
+        let mut out = BufWriter::new(io::stdout().lock());
+        let written = render::list_gpus(&mut out, &gpus::presets()).and_then(|()| out.flush());
+        return finish_stdout(written);
+    }
+    let gpu = match (&args.gpu, args.memory) {
+        (_, Some(0)) => return Err(Failure::input("--memory 0: a card needs some memory")),
+        (_, Some(memory)) => gpus::custom(memory),
+        (Some(name), None) => gpus::find(name).map_err(Failure::input)?,
+        (None, None) => gpus::find("h100").map_err(Failure::input)?,
+    };
+    let fakes = find_fakes()?;
+    let lib = fakes.join("lib");
+    let mut first = vec![launch::find_library()?];
+    first.extend(fake_libraries(&lib)?);
+    let (program, rest) = launch::split_command(&args.command)?;
+
+    let manifest =
+        std::env::temp_dir().join(format!("vramshim-dryrun-{}.manifest", std::process::id()));
+    let _ = std::fs::remove_file(&manifest);
+    let mut library_path = OsString::from(&lib);
+    if let Some(existing) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        library_path.push(":");
+        library_path.push(existing);
+    }
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        .env("LD_PRELOAD", launch::preload(&first))
+        .env("LD_LIBRARY_PATH", library_path)
+        .env("VRAMSHIM_MANIFEST", &manifest)
+        .env("VRAMSHIM_FAKEGPU_COUNT", args.gpus.to_string())
+        .env("VRAMSHIM_FAKEGPU_MEMORY", gpu.memory.to_string())
+        .env("VRAMSHIM_FAKEGPU_NAME", &gpu.name)
+        .env("VRAMSHIM_FAKEGPU_CC", format!("{}.{}", gpu.cc.0, gpu.cc.1))
+        .env("VRAMSHIM_FAKEGPU_SMS", gpu.sms.to_string())
+        .env(
+            "VRAMSHIM_FAKEGPU_CONTEXT_BYTES",
+            gpu.context_bytes.to_string(),
+        );
+    if let Some(output) = &args.output {
+        command.env("VRAMSHIM_OUTPUT", output);
+    }
+    if args.json {
+        // stdout carries the JSON document: the program's own output goes to stderr.
+        let stderr = io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|err| Failure::input(format!("cannot duplicate stderr: {err}")))?;
+        command.stdout(Stdio::from(stderr));
+    }
+    let status = launch::spawn_and_wait(&mut command, program)?;
+    let logs: Vec<PathBuf> = launch::manifest_logs(&manifest)
+        .into_iter()
+        .filter(|log| log.is_file())
+        .collect();
+    let _ = std::fs::remove_file(&manifest);
+
+    let command_line: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    match verdict(
+        &gpu,
+        args.gpus,
+        &command_line,
+        status,
+        &logs,
+        &lib,
+        args.json,
+    ) {
+        Ok(()) => {}
+        Err(failure) => eprintln!("vramshim: {}", failure.message),
+    }
+    Ok(launch::exit_like(status))
+}
+
+/// Reads the logs and prints the verdict.
+fn verdict(
+    gpu: &Gpu,
+    count: u32,
+    command: &[String],
+    status: ExitStatus,
+    logs: &[PathBuf],
+    fakes_lib: &Path,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut peaks = Peaks::default();
+    let mut summary = Summary::new(logs.len(), None);
+    let mut oom = Oom::new(None, false);
+    let mut view = AllocatorView::new(None);
+    let replay = if logs.is_empty() {
+        None
+    } else {
+        let replay = replay::run(
+            logs,
+            &mut [&mut peaks, &mut summary, &mut oom, &mut view],
+            Stop::End,
+        )?;
+        view.finish();
+        Some(replay)
+    };
+    let processes = replay.as_ref().map_or(&[][..], |r| &r.processes[..]);
+    let mut stacks = Stacks::new(processes, StackView::Mixed, false);
+
+    let mut devices: Vec<i32> = (0..count as i32).collect();
+    for peak in &peaks.total {
+        if peak.device >= 0 && !devices.contains(&peak.device) {
+            devices.push(peak.device);
+        }
+    }
+    devices.sort();
+    let device_verdicts: Vec<DeviceVerdict> = devices
+        .iter()
+        .map(|&device| {
+            let peak = peaks.total.iter().find(|p| p.device == device);
+            let samples: Vec<_> = summary
+                .samples
+                .iter()
+                .filter(|s| s.device == device)
+                .collect();
+            let untracked = samples.iter().map(|s| s.untracked()).max();
+            let sampled_used = samples.iter().map(|s| s.used).max();
+            let failure_used = oom
+                .failures
+                .iter()
+                .filter(|f| f.device == device)
+                .filter_map(|f| f.mem_info.map(|(free, total)| total.saturating_sub(free)))
+                .max();
+            let peak_recorded = peak.map_or(0, |p| p.bytes);
+            let peak_used = [
+                untracked.map(|u| peak_recorded + u),
+                sampled_used,
+                failure_used,
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            let (pattern, _) = view
+                .device(device)
+                .map(|d| d.pattern())
+                .unwrap_or((crate::analysis::allocator::Pattern::Unknown, String::new()));
+            DeviceVerdict {
+                device,
+                peak_recorded,
+                peak_recorded_t_ns: peak.map(|p| p.t_ns),
+                pattern,
+                untracked,
+                peak_used,
+                capacity: gpu.memory,
+                failures: oom.failures.iter().filter(|f| f.device == device).count() as u64,
+            }
+        })
+        .collect();
+
+    // The first failure the program did not recover from (PyTorch's retry did not save it).
+    let first = oom.failures.iter().position(|f| {
+        f.device >= 0 && f.is_retry_of.is_none() && !f.retry.is_some_and(|r| r.succeeded)
+    });
+    let recovered = oom
+        .failures
+        .iter()
+        .filter(|f| f.retry.is_some_and(|r| r.succeeded))
+        .count() as u64;
+    let failure = first.map(|index| {
+        let f = &oom.failures[index];
+        let frames = stacks.frames(processes, f.process, f.stack);
+        let view = FailureView {
+            failure: f,
+            frames: frames.clone(),
+            largest_frames: f
+                .largest_live
+                .iter()
+                .map(|live| stacks.frames(processes, live.process, live.stack))
+                .collect(),
+            live_groups: f.live_by_id.as_ref().map_or_else(Vec::new, |totals| {
+                by_stack_totals(totals, &mut stacks, processes)
+            }),
+        };
+        let device = device_verdicts.iter().find(|d| d.device == f.device);
+        let used = f
+            .mem_info
+            .map(|(free, total)| total.saturating_sub(free))
+            .or_else(|| device.and_then(|d| d.peak_used))
+            .unwrap_or(f.tracked_bytes);
+        FailureVerdict {
+            user_frame: user_frame(&frames, fakes_lib),
+            python_frame: python_frame(&frames),
+            needed: used + f.request,
+            view,
+        }
+    });
+
+    // What the job needs on a card: the most any device used (plus the failed request),
+    // less this card's context, plus the other card's context.
+    let needed = match &failure {
+        Some(failure) => failure.needed,
+        None => device_verdicts
+            .iter()
+            .map(|d| d.peak_used.unwrap_or(d.peak_recorded))
+            .max()
+            .unwrap_or(0),
+    };
+    let beyond_context = needed.saturating_sub(gpu.context_bytes);
+    let smallest = gpus::presets()
+        .into_iter()
+        .find(|card| card.memory > beyond_context + card.context_bytes);
+
+    let whatif = match (&failure, &replay) {
+        (Some(failure), Some(_)) => {
+            let device = failure.view.failure.device;
+            let pattern = device_verdicts
+                .iter()
+                .find(|d| d.device == device)
+                .map(|d| d.pattern);
+            match pattern {
+                Some(p)
+                    if !p.is_segments() && p != crate::analysis::allocator::Pattern::Unknown =>
+                {
+                    let context = device_verdicts
+                        .iter()
+                        .find(|d| d.device == device)
+                        .and_then(|d| d.untracked)
+                        .unwrap_or(gpu.context_bytes);
+                    best_whatif(logs, device, gpu.memory.saturating_sub(context))?
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+
+    let mut warnings = replay.as_ref().map_or_else(Vec::new, |r| r.warnings());
+    warnings.extend(stacks.warnings());
+    let report = DryrunReport {
+        gpu,
+        count,
+        command,
+        status,
+        logs,
+        processes,
+        devices: device_verdicts,
+        failure,
+        recovered,
+        needed,
+        smallest,
+        whatif,
+    };
+    for warning in &warnings {
+        eprintln!("vramshim: warning: {warning}");
+    }
+    let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let written = if json {
+        let mut value = render::json(&report);
+        if let serde_json::Value::Object(map) = &mut value {
+            map.insert("warnings".to_string(), warnings.into());
+        }
+        serde_json::to_writer_pretty(&mut out, &value)
+            .map_err(io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        render::text(&mut out, &report)
+    }
+    .and_then(|()| out.flush());
+    finish_stdout(written).map(|_| ())
+}
+
+/// Replays the failing device's allocations through the caching-allocator model under the
+/// default settings on `capacity` bytes; the best row, ranked as `vramshim whatif` ranks.
+fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Row>, Failure> {
+    let mut configs = Vec::with_capacity(DEFAULT_CONFIGS.len());
+    for text in DEFAULT_CONFIGS {
+        configs.push(Config::parse(text).map_err(Failure::input)?);
+    }
+    let labels: Vec<String> = configs.iter().map(Config::to_conf_string).collect();
+    let mut sims = WhatIf::new(Some(device), configs, Some(capacity)).map_err(Failure::input)?;
+    replay::run(logs, &mut [&mut sims], Stop::End)?;
+    sims.finish().map_err(Failure::input)?;
+    if sims.requests.allocs == 0 {
+        return Ok(None);
+    }
+    let mut rows: Vec<(usize, Row)> = sims
+        .simulators
+        .iter()
+        .zip(DEFAULT_CONFIGS.iter().zip(labels))
+        .enumerate()
+        .map(|(index, (sim, (label, conf)))| {
+            (
+                index,
+                Row {
+                    label: label.to_string(),
+                    conf,
+                    stats: sim.stats(),
+                },
+            )
+        })
+        .collect();
+    rows.sort_by_key(|(index, row)| rank_key(*index, row));
+    Ok(rows.into_iter().next().map(|(_, row)| row))
+}
+
+/// Libraries that are not the user's code: NVIDIA's, PyTorch's, the recorder's, the C
+/// library's and the Python interpreter's (whose frames stand for Python code).
+const LIBRARY_PREFIXES: [&str; 12] = [
+    "libcud",
+    "libcublas",
+    "libnccl",
+    "libnvidia",
+    "libtorch",
+    "libc10",
+    "libvramshim",
+    "libc.so",
+    "libffi",
+    "libpython",
+    "_ctypes",
+    "python",
+];
+
+/// The innermost native frame with a source line in the user's code.
+fn user_frame(frames: &[SymFrame], fakes_lib: &Path) -> Option<SymFrame> {
+    frames
+        .iter()
+        .find(|frame| {
+            let module = Path::new(&frame.module);
+            let base = module.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            frame.module != PYTHON_MODULE
+                && frame.file.is_some()
+                && frame.line.is_some()
+                && !module.starts_with(fakes_lib)
+                && !frame.module.contains("/lib-dynload/")
+                && !LIBRARY_PREFIXES
+                    .iter()
+                    .any(|prefix| base.starts_with(prefix))
+        })
+        .cloned()
+}
+
+/// The innermost Python frame outside installed packages (else the innermost Python frame).
+fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
+    let python = || {
+        frames
+            .iter()
+            .filter(|f| f.module == PYTHON_MODULE && f.file.is_some())
+    };
+    python()
+        .find(|f| {
+            f.file.as_deref().is_some_and(|file| {
+                !file.contains("/site-packages/")
+                    && !file.contains("/dist-packages/")
+                    && !file.starts_with('<')
+            })
+        })
+        .or_else(|| python().next())
+        .cloned()
+}

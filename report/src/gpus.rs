@@ -1,0 +1,224 @@
+//! The cards `vramshim dryrun` can simulate. Where each figure comes from: `docs/gpus.md`.
+
+/// Device memory a CUDA context takes, used for every preset: an estimate, not a
+/// per-card measurement (reports range from about 300 MB to 700+ MB; see `docs/gpus.md`).
+pub const CONTEXT_ESTIMATE: u64 = 512 << 20;
+
+/// One simulated card.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpu {
+    /// What `--gpu` takes (case, spaces, `-` and `_` do not matter).
+    pub key: &'static str,
+    /// The name the driver reports.
+    pub name: String,
+    /// `totalGlobalMem`: device memory as the driver reports it.
+    pub memory: u64,
+    /// Compute capability (major, minor).
+    pub cc: (u32, u32),
+    pub sms: u32,
+    /// Device memory the CUDA context takes on this card.
+    pub context_bytes: u64,
+    /// Where the memory figure comes from, in short.
+    pub source: &'static str,
+}
+
+const MIB: u64 = 1 << 20;
+
+struct Preset {
+    key: &'static str,
+    name: &'static str,
+    memory: u64,
+    cc: (u32, u32),
+    sms: u32,
+    source: &'static str,
+}
+
+/// Smallest memory first, so the first that fits is the smallest.
+const PRESETS: [Preset; 10] = [
+    Preset {
+        key: "t4",
+        name: "Tesla T4",
+        memory: 15_843_721_216,
+        cc: (7, 5),
+        sms: 40,
+        source: "deviceQuery, exact",
+    },
+    Preset {
+        key: "a10g",
+        name: "NVIDIA A10G",
+        memory: 23_030 * MIB,
+        cc: (8, 6),
+        sms: 80,
+        source: "PyTorch OOM message 22.49 GiB, ±5 MiB",
+    },
+    Preset {
+        key: "l4",
+        name: "NVIDIA L4",
+        memory: 23_583_784_960,
+        cc: (8, 9),
+        sms: 58,
+        source: "deviceQuery, exact",
+    },
+    Preset {
+        key: "rtx4090",
+        name: "NVIDIA GeForce RTX 4090",
+        memory: 24_217 * MIB,
+        cc: (8, 9),
+        sms: 128,
+        source: "PyTorch OOM message 23.65 GiB, ±5 MiB",
+    },
+    Preset {
+        key: "rtx3090",
+        name: "NVIDIA GeForce RTX 3090",
+        memory: 24_269 * MIB,
+        cc: (8, 6),
+        sms: 82,
+        source: "PyTorch OOM message 23.70 GiB, ±5 MiB",
+    },
+    Preset {
+        key: "a100-40gb",
+        name: "NVIDIA A100-SXM4-40GB",
+        memory: 42_298_834_944,
+        cc: (8, 0),
+        sms: 108,
+        source: "deviceQuery, exact",
+    },
+    Preset {
+        key: "a100-80gb",
+        name: "NVIDIA A100-SXM4-80GB",
+        memory: 81_039 * MIB,
+        cc: (8, 0),
+        sms: 108,
+        source: "PyTorch OOM message 79.14 GiB, ±5 MiB",
+    },
+    Preset {
+        key: "h100",
+        name: "NVIDIA H100 80GB HBM3",
+        memory: 81_559 * MIB,
+        cc: (9, 0),
+        sms: 132,
+        source: "reported total 85520809984 bytes (= nvidia-smi's 81559 MiB)",
+    },
+    Preset {
+        key: "h100-pcie",
+        name: "NVIDIA H100 PCIe",
+        memory: 81_559 * MIB,
+        cc: (9, 0),
+        sms: 114,
+        source: "taken equal to H100 SXM (no public figure found)",
+    },
+    Preset {
+        key: "h200",
+        name: "NVIDIA H200",
+        memory: 141_000_000_000,
+        cc: (9, 0),
+        sms: 132,
+        source: "product figure 141 GB (driver figure not found)",
+    },
+];
+
+impl Preset {
+    fn gpu(&self) -> Gpu {
+        Gpu {
+            key: self.key,
+            name: self.name.to_string(),
+            memory: self.memory,
+            cc: self.cc,
+            sms: self.sms,
+            context_bytes: CONTEXT_ESTIMATE,
+            source: self.source,
+        }
+    }
+}
+
+/// Other names `--gpu` takes, normalised, with the key they stand for.
+const ALIASES: [(&str, &str); 2] = [("h100sxm", "h100"), ("h100sxm5", "h100")];
+
+/// Every preset, smallest memory first.
+pub fn presets() -> Vec<Gpu> {
+    PRESETS.iter().map(Preset::gpu).collect()
+}
+
+/// A card of `memory` bytes that is otherwise an H100 (compute capability, SMs, context).
+pub fn custom(memory: u64) -> Gpu {
+    Gpu {
+        key: "custom",
+        name: format!("vramshim custom GPU ({})", crate::units::bytes(memory)),
+        memory,
+        cc: (9, 0),
+        sms: 132,
+        context_bytes: CONTEXT_ESTIMATE,
+        source: "--memory",
+    }
+}
+
+fn normalise(text: &str) -> String {
+    text.chars()
+        .filter(|c| !matches!(c, ' ' | '-' | '_'))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The preset called `text`, or a message naming the closest key and the list.
+pub fn find(text: &str) -> Result<Gpu, String> {
+    let wanted = normalise(text);
+    let wanted = wanted.strip_prefix("nvidia").unwrap_or(&wanted);
+    let wanted = wanted.strip_prefix("geforce").unwrap_or(wanted);
+    let wanted = ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == wanted)
+        .map_or(wanted, |(_, key)| key);
+    if let Some(preset) = PRESETS.iter().find(|p| normalise(p.key) == wanted) {
+        return Ok(preset.gpu());
+    }
+    let closest = PRESETS
+        .iter()
+        .min_by_key(|p| edit_distance(&normalise(p.key), wanted))
+        .map(|p| p.key)
+        .unwrap_or("h100");
+    let keys: Vec<&str> = presets().iter().map(|g| g.key).collect();
+    Err(format!(
+        "unknown GPU {text:?}: did you mean {closest}? (known: {}; or --memory SIZE for another card; `vramshim dryrun --list-gpus` shows them all)",
+        keys.join(", ")
+    ))
+}
+
+/// Levenshtein distance, for suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_forgiving_and_unknown_ones_get_a_suggestion() {
+        assert_eq!(find("H100 SXM").map(|g| g.sms), Ok(132));
+        assert_eq!(find("NVIDIA_A100-80GB").map(|g| g.memory), Ok(81_039 << 20));
+        assert_eq!(find("GeForce RTX 4090").map(|g| g.cc), Ok((8, 9)));
+        let err = find("a100-80").unwrap_err();
+        assert!(err.starts_with("unknown GPU \"a100-80\": did you mean a100-80gb?"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn presets_run_from_smallest_to_largest() {
+        let all = presets();
+        assert_eq!(all.first().map(|g| g.key), Some("t4"));
+        assert!(all.windows(2).all(|w| w[0].memory <= w[1].memory));
+    }
+}

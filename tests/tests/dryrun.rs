@@ -1,0 +1,444 @@
+//! `vramshim dryrun`: real programs run on the fake driver standing in for a simulated card
+//! (the fixture driver reads the same `VRAMSHIM_FAKEGPU_*` variables as the product fakes),
+//! under the real preload, judged by the real tool. Expected figures come from the program's
+//! arguments, the card chosen and marker lines in the sources, never from the verdict itself.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The context every preset and custom card charges (the tool's estimate).
+const CONTEXT: u64 = 512 * MIB;
+/// What the T4 preset reports as its memory (deviceQuery, see docs/gpus.md).
+const T4_MEMORY: u64 = 15_843_721_216;
+/// The A10G preset's memory: 23030 MiB.
+const A10G_MEMORY: u64 = 23_030 * MIB;
+
+/// A directory laid out like the product's `fakegpu/`: `lib/` holds the fixture driver and
+/// runtime under their SONAMEs (and nothing else of the fixture build, such as its second
+/// interposer).
+fn fakes_dir(test: &str) -> PathBuf {
+    let dir = scratch(&format!("{test}-fakegpu"));
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).expect("create fakes lib dir");
+    for name in ["libcuda.so.1", "libcudart.so.12"] {
+        std::os::unix::fs::symlink(fake_lib_dir().join(name), lib.join(name))
+            .expect("link a fake library");
+    }
+    dir
+}
+
+struct Dryrun {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    logs: PathBuf,
+}
+
+impl Dryrun {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|err| {
+            panic!(
+                "bad JSON ({err}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// `vramshim dryrun ARGS -o <scratch>/%p.vlog -- PROGRAM...` with the fakes of `fakes`.
+fn dryrun(
+    test: &str,
+    fakes: Option<&Path>,
+    args: &[&str],
+    program: &[&str],
+    env: &[(&str, &str)],
+) -> Dryrun {
+    let logs = scratch(test);
+    let mut command = Command::new(vramshim_tool());
+    command
+        .arg("dryrun")
+        .args(args)
+        .arg("-o")
+        .arg(logs.join("%p.vlog"))
+        .arg("--")
+        .args(program)
+        .env_remove("VRAMSHIM_FAKEGPU_DIR")
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+    if let Some(fakes) = fakes {
+        command.env("VRAMSHIM_FAKEGPU_DIR", fakes);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run vramshim dryrun");
+    Dryrun {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        logs,
+    }
+}
+
+fn train(args: &[&str]) -> Vec<String> {
+    let mut all = vec![program("dryrun_train").display().to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    all
+}
+
+fn refs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+fn u(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("not an unsigned integer: {value}"))
+}
+
+fn only_log(run: &Dryrun) -> PathBuf {
+    let logs: Vec<PathBuf> = std::fs::read_dir(&run.logs)
+        .expect("log dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}\n{}", run.stderr);
+    logs[0].clone()
+}
+
+#[test]
+fn a_job_that_fits_gets_exact_peaks_per_device() {
+    let fakes = fakes_dir("fits");
+    // 256 MiB of weights on each of 2 devices; 3 steps of 128 MiB + 1 MiB on device 0.
+    let command = train(&["256", "128", "3", "2"]);
+    let run = dryrun(
+        "fits",
+        Some(&fakes),
+        &["--memory", "1GiB", "--gpus", "2", "--json"],
+        &refs(&command),
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // --json: the program's own output went to stderr.
+    assert!(run.stderr.contains("done steps=3"), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["fits"], true);
+    assert_eq!(u(&v["count"]), 2);
+    assert_eq!(u(&v["gpu"]["memory"]), GIB);
+    assert_eq!(u(&v["gpu"]["context_bytes"]), CONTEXT);
+    assert_eq!(v["exit"]["code"], 0);
+    assert_eq!(v["exit"]["signal"], Value::Null);
+    assert_eq!(v["failure"], Value::Null);
+    let devices = arr(&v["devices"]);
+    assert_eq!(devices.len(), 2);
+    let peaks = [256 * MIB + 128 * MIB + MIB, 256 * MIB];
+    for (device, peak) in devices.iter().zip(peaks) {
+        assert_eq!(u(&device["peak_recorded"]), peak, "{device}");
+        assert_eq!(u(&device["untracked"]), CONTEXT, "{device}");
+        assert_eq!(u(&device["peak_used"]), peak + CONTEXT, "{device}");
+        assert_eq!(u(&device["capacity"]), GIB, "{device}");
+        assert_eq!(u(&device["headroom"]), GIB - peak - CONTEXT, "{device}");
+        assert_eq!(u(&device["failures"]), 0, "{device}");
+    }
+    // Needs 897 MiB: the smallest preset is the T4.
+    assert_eq!(u(&v["needed"]), peaks[0] + CONTEXT);
+    assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
+    assert_eq!(u(&v["smallest_fitting_gpu"]["memory"]), T4_MEMORY);
+    let log = only_log(&run);
+    assert_eq!(
+        arr(&v["logs"]),
+        &vec![Value::from(log.display().to_string())]
+    );
+    assert_eq!(
+        v["report_command"],
+        format!("vramshim report {}", log.display())
+    );
+    assert!(
+        v["limits"]
+            .as_str()
+            .is_some_and(|l| l.contains("autotuning sees fake timings"))
+    );
+    // The recorded log is an ordinary one: the driver was told the card.
+    let dump = dump(&log);
+    let samples: Vec<&Value> = dump.iter().filter(|r| r["type"] == "mem_info").collect();
+    assert!(!samples.is_empty());
+    assert!(samples.iter().all(|s| u(&s["total"]) == GIB), "{samples:?}");
+}
+
+#[test]
+fn a_job_that_does_not_fit_names_its_line_and_the_card_that_would_fit() {
+    let fakes = fakes_dir("oom");
+    // 14 GiB of weights on both devices of two T4s, then 1 GiB of activations: 14 GiB +
+    // 512 MiB context + 1 GiB > 14.76 GiB.
+    let command = train(&["14336", "1024", "2", "2"]);
+    let run = dryrun(
+        "oom",
+        Some(&fakes),
+        &["--gpu", "T4", "--gpus", "2", "--json"],
+        &refs(&command),
+        &[],
+    );
+    assert_eq!(
+        run.code,
+        Some(3),
+        "the program's exit status: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(&format!("oom step=0 size={}", GIB)),
+        "{}",
+        run.stderr
+    );
+    let v = run.json();
+    assert_eq!(v["fits"], false);
+    assert_eq!(v["gpu"]["key"], "t4");
+    assert_eq!(v["gpu"]["name"], "Tesla T4");
+    assert_eq!(v["exit"]["code"], 3);
+    let devices = arr(&v["devices"]);
+    assert_eq!(u(&devices[0]["peak_recorded"]), 14 * GIB);
+    assert_eq!(u(&devices[0]["peak_used"]), 14 * GIB + CONTEXT);
+    assert_eq!(u(&devices[0]["failures"]), 1);
+    assert_eq!(u(&devices[1]["peak_recorded"]), 14 * GIB);
+    assert_eq!(u(&devices[1]["failures"]), 0);
+    let failure = &v["failure"];
+    assert_eq!(failure["api"], "cudaMalloc");
+    assert_eq!(u(&failure["device"]), 0);
+    assert_eq!(u(&failure["request"]), GIB);
+    assert_eq!(u(&failure["used"]), 14 * GIB + CONTEXT);
+    assert_eq!(u(&failure["free"]), T4_MEMORY - 14 * GIB - CONTEXT);
+    assert_eq!(u(&failure["tracked_bytes"]), 14 * GIB);
+    assert_eq!(failure["verdict"], "exceeded_free_memory");
+    assert_eq!(failure["retry"], Value::Null);
+    assert_eq!(failure["python_frame"], Value::Null);
+    let source = source("dryrun_train");
+    let frame = &failure["user_frame"];
+    assert_eq!(frame["function"], "alloc_activations");
+    assert!(
+        frame["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("dryrun_train.c")),
+        "{frame}"
+    );
+    assert_eq!(
+        u(&frame["line"]),
+        marker_line(&source, "ALLOC: activations")
+    );
+    // What was live: the weights, from their line.
+    let live = arr(&failure["live_by_stack"]);
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(u(&live[0]["bytes"]), 14 * GIB);
+    let top = &arr(&live[0]["frames"])[0];
+    assert_eq!(u(&top["line"]), marker_line(&source, "ALLOC: weights"));
+    // Needs 14 GiB + context + 1 GiB: more than a T4 or... the A10G is the smallest that fits.
+    assert_eq!(u(&v["needed"]), 15 * GIB + CONTEXT);
+    assert_eq!(v["smallest_fitting_gpu"]["key"], "a10g");
+    assert_eq!(u(&v["smallest_fitting_gpu"]["memory"]), A10G_MEMORY);
+    // Segment-sized buffers look like the caching allocator: no whatif, but the way to get it.
+    assert_eq!(v["whatif"], Value::Null);
+    assert!(
+        v["whatif_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("backend:cudaMallocAsync"))
+    );
+
+    // The text verdict says the same.
+    let run = dryrun(
+        "oom-text",
+        Some(&fakes),
+        &["--gpu", "t4", "--gpus", "2"],
+        &refs(&command),
+        &[],
+    );
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let line = marker_line(&source, "ALLOC: activations");
+    for expected in [
+        "verdict: DOES NOT FIT".to_string(),
+        "first failed allocation: cudaMalloc of 1.00 GiB on device 0".to_string(),
+        format!("  at: alloc_activations (dryrun_train.c:{line})"),
+        "the smallest card that fits is a10g (NVIDIA A10G, 22.49 GiB)".to_string(),
+        "full report: vramshim report ".to_string(),
+    ] {
+        assert!(
+            run.stdout.contains(&expected),
+            "{expected:?} missing:\n{}",
+            run.stdout
+        );
+    }
+}
+
+#[test]
+fn a_per_tensor_log_gets_the_best_allocator_setting() {
+    let fakes = fakes_dir("whatif");
+    let command = train(&["256", "600", "1", "1"]);
+    let run = dryrun(
+        "whatif",
+        Some(&fakes),
+        &["--memory", "1GiB", "--json"],
+        &refs(&command),
+        &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+    );
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["devices"][0]["allocator"], "per_buffer");
+    assert_eq!(u(&v["failure"]["request"]), 600 * MIB);
+    // One allocation (the weights) before the failure; every setting rounds 256 MiB to itself.
+    let whatif = &v["whatif"];
+    assert_eq!(u(&whatif["requests"]), 1, "{whatif}");
+    assert_eq!(
+        u(&whatif["peak_reserved_before_failure"]),
+        256 * MIB,
+        "{whatif}"
+    );
+    assert_eq!(whatif["conf"], "", "ties rank the defaults first: {whatif}");
+    assert_eq!(v["whatif_note"], Value::Null);
+}
+
+#[test]
+fn a_python_program_gets_its_failing_line() {
+    let fakes = fakes_dir("python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/dryrun_oom.py");
+    let python = machine_python();
+    let run = dryrun(
+        "python",
+        Some(&fakes),
+        &["--memory", "1GiB", "--json"],
+        &[&python.display().to_string(), &script.display().to_string()],
+        &[],
+    );
+    assert_eq!(run.code, Some(4), "{}", run.stderr);
+    let v = run.json();
+    let frame = &v["failure"]["python_frame"];
+    assert_eq!(frame["function"], "step", "{frame}");
+    assert!(
+        frame["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("dryrun_oom.py")),
+        "{frame}"
+    );
+    let text = std::fs::read_to_string(&script).expect("read script");
+    let line = text
+        .lines()
+        .position(|l| l.ends_with("# fail: step"))
+        .expect("marker") as u64
+        + 1;
+    assert_eq!(u(&frame["line"]), line);
+    assert_eq!(u(&v["failure"]["request"]), GIB);
+    assert_eq!(u(&v["failure"]["used"]), 256 * MIB + CONTEXT);
+    assert_eq!(u(&v["exit"]["code"]), 4);
+}
+
+#[test]
+fn bad_arguments_and_missing_fakes_are_clear_errors() {
+    let fakes = fakes_dir("args");
+    let command = train(&["1", "1", "1", "1"]);
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--gpu", "a100-80"],
+            "unknown GPU \"a100-80\": did you mean a100-80gb?",
+        ),
+        (
+            &["--gpu", "h100", "--memory", "1GiB"],
+            "cannot be used with",
+        ),
+        (&["--memory", "12XB"], "not a size: \"12XB\""),
+        (&["--memory", "0"], "--memory 0: a card needs some memory"),
+        (&["--gpus", "0"], "not a device count: \"0\" (1 to 64)"),
+    ];
+    for (args, message) in cases {
+        let run = dryrun("args", Some(&fakes), args, &refs(&command), &[]);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(message),
+            "{args:?}: {message:?} not in {}",
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+    }
+    // No fakes at VRAMSHIM_FAKEGPU_DIR nor beside the executable: both places are named.
+    let missing = scratch("no-fakes").join("nowhere");
+    let run = dryrun("no-fakes", Some(&missing), &[], &refs(&command), &[]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    let beside = vramshim_tool()
+        .parent()
+        .expect("dir")
+        .join("fakegpu")
+        .join("lib");
+    for expected in [
+        format!("VRAMSHIM_FAKEGPU_DIR={} has no lib/", missing.display()),
+        format!("{} does not exist", beside.display()),
+    ] {
+        assert!(
+            run.stderr.contains(&expected),
+            "{expected:?} not in {}",
+            run.stderr
+        );
+    }
+    let run = dryrun("no-fakes", None, &[], &refs(&command), &[]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("VRAMSHIM_FAKEGPU_DIR is not set"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn the_preset_table_is_listed() {
+    let (code, stdout, stderr) = vramshim(&["dryrun", "--list-gpus"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for (key, memory) in [
+        ("t4", T4_MEMORY),
+        ("a10g", A10G_MEMORY),
+        ("l4", 23_583_784_960),
+        ("rtx4090", 24_217 * MIB),
+        ("rtx3090", 24_269 * MIB),
+        ("a100-40gb", 42_298_834_944),
+        ("a100-80gb", 81_039 * MIB),
+        ("h100", 85_520_809_984),
+        ("h100-pcie", 85_520_809_984),
+        ("h200", 141_000_000_000),
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("{key} missing:\n{stdout}"));
+        assert!(row.contains(&format!(" {memory} ")), "{key}: {row}");
+    }
+}
+
+#[test]
+fn a_program_killed_by_a_signal_gets_its_verdict_and_the_same_death() {
+    use std::os::unix::process::ExitStatusExt;
+    let fakes = fakes_dir("signal");
+    let logs = scratch("signal");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "2GiB", "--json", "-o"])
+        .arg(logs.join("%p.vlog"))
+        .arg("--")
+        .arg(program("abort"))
+        .env("VRAMSHIM_FAKEGPU_DIR", &fakes)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run vramshim dryrun");
+    assert_eq!(output.status.signal(), Some(libc_sigabrt()), "{output:?}");
+    let v: Value = serde_json::from_slice(&output.stdout).expect("verdict printed before dying");
+    assert_eq!(v["exit"]["code"], Value::Null);
+    assert_eq!(u(&v["exit"]["signal"]), libc_sigabrt() as u64);
+    assert_eq!(v["fits"], true);
+    // Five 1 MiB allocations through the driver, and the context its primary context took.
+    assert_eq!(u(&v["devices"][0]["peak_recorded"]), 5 * MIB);
+    assert_eq!(u(&v["devices"][0]["peak_used"]), 5 * MIB + CONTEXT);
+}
+
+/// SIGABRT on Linux.
+fn libc_sigabrt() -> i32 {
+    6
+}
