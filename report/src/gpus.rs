@@ -33,7 +33,7 @@ struct Preset {
     source: &'static str,
 }
 
-/// Smallest memory first, so the first that fits is the smallest.
+/// The table, in `--list-gpus` order after sorting by memory (see [`presets`]).
 const PRESETS: [Preset; 10] = [
     Preset {
         key: "t4",
@@ -134,9 +134,12 @@ impl Preset {
 /// Other names `--gpu` takes, normalised, with the key they stand for.
 const ALIASES: [(&str, &str); 2] = [("h100sxm", "h100"), ("h100sxm5", "h100")];
 
-/// Every preset, smallest memory first.
+/// Every preset, smallest memory first (ties in table order), so the first that fits is
+/// the smallest.
 pub fn presets() -> Vec<Gpu> {
-    PRESETS.iter().map(Preset::gpu).collect()
+    let mut all: Vec<Gpu> = PRESETS.iter().map(Preset::gpu).collect();
+    all.sort_by_key(|gpu| gpu.memory);
+    all
 }
 
 /// A card of `memory` bytes that is otherwise an H100 (compute capability, SMs, context).

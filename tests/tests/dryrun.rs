@@ -19,6 +19,8 @@ const CONTEXT: u64 = 512 * MIB;
 const T4_MEMORY: u64 = 15_843_721_216;
 /// The A10G preset's memory: 23030 MiB.
 const A10G_MEMORY: u64 = 23_030 * MIB;
+/// The L4 preset's memory (deviceQuery), the smallest above the T4's.
+const L4_MEMORY: u64 = 23_583_784_960;
 
 /// A directory laid out like the product's `fakegpu/`: `lib/` holds the fixture driver and
 /// runtime under their SONAMEs (and nothing else of the fixture build, such as its second
@@ -237,10 +239,10 @@ fn a_job_that_does_not_fit_names_its_line_and_the_card_that_would_fit() {
     assert_eq!(u(&live[0]["bytes"]), 14 * GIB);
     let top = &arr(&live[0]["frames"])[0];
     assert_eq!(u(&top["line"]), marker_line(&source, "ALLOC: weights"));
-    // Needs 14 GiB + context + 1 GiB: more than a T4 or... the A10G is the smallest that fits.
+    // Needs 14 GiB + context + 1 GiB: more than a T4; the next card up, the L4, fits.
     assert_eq!(u(&v["needed"]), 15 * GIB + CONTEXT);
-    assert_eq!(v["smallest_fitting_gpu"]["key"], "a10g");
-    assert_eq!(u(&v["smallest_fitting_gpu"]["memory"]), A10G_MEMORY);
+    assert_eq!(v["smallest_fitting_gpu"]["key"], "l4");
+    assert_eq!(u(&v["smallest_fitting_gpu"]["memory"]), L4_MEMORY);
     // Segment-sized buffers look like the caching allocator: no whatif, but the way to get it.
     assert_eq!(v["whatif"], Value::Null);
     assert!(
@@ -263,7 +265,7 @@ fn a_job_that_does_not_fit_names_its_line_and_the_card_that_would_fit() {
         "verdict: DOES NOT FIT".to_string(),
         "first failed allocation: cudaMalloc of 1.00 GiB on device 0".to_string(),
         format!("  at: alloc_activations (dryrun_train.c:{line})"),
-        "the smallest card that fits is a10g (NVIDIA A10G, 22.49 GiB)".to_string(),
+        "the smallest card that fits is l4 (NVIDIA L4, 21.96 GiB)".to_string(),
         "full report: vramshim report ".to_string(),
     ] {
         assert!(
@@ -397,7 +399,7 @@ fn the_preset_table_is_listed() {
     for (key, memory) in [
         ("t4", T4_MEMORY),
         ("a10g", A10G_MEMORY),
-        ("l4", 23_583_784_960),
+        ("l4", L4_MEMORY),
         ("rtx4090", 24_217 * MIB),
         ("rtx3090", 24_269 * MIB),
         ("a100-40gb", 42_298_834_944),
@@ -412,6 +414,17 @@ fn the_preset_table_is_listed() {
             .unwrap_or_else(|| panic!("{key} missing:\n{stdout}"));
         assert!(row.contains(&format!(" {memory} ")), "{key}: {row}");
     }
+    // Smallest first: the order in which the smallest card that fits is chosen.
+    let memories: Vec<u64> = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.parse::<u64>().ok().filter(|n| *n > GIB))
+        })
+        .collect();
+    assert_eq!(memories.len(), 10, "{stdout}");
+    assert!(memories.windows(2).all(|w| w[0] <= w[1]), "{memories:?}");
 }
 
 #[test]
