@@ -455,3 +455,54 @@ fn a_program_killed_by_a_signal_gets_its_verdict_and_the_same_death() {
 fn libc_sigabrt() -> i32 {
     6
 }
+
+#[test]
+fn pytorchs_retry_is_recognised_whether_it_saves_the_job_or_not() {
+    let fakes = fakes_dir("retry");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/dryrun_retry.py");
+    let python = machine_python().display().to_string();
+    let script = script.display().to_string();
+    let args = ["--memory", "1GiB", "--json"];
+
+    // Two cached blocks released: the repeated request fits, so the job fits.
+    let run = dryrun(
+        "retry-ok",
+        Some(&fakes),
+        &args,
+        &[&python, &script, "ok"],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("retry succeeded"), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["failure"], Value::Null);
+    assert_eq!(u(&v["recovered_failures"]), 1);
+    assert_eq!(u(&v["devices"][0]["failures"]), 1);
+    // Peak: 2 x 100 MiB still cached + 300 MiB (more than the 4 x 100 MiB before).
+    assert_eq!(u(&v["devices"][0]["peak_recorded"]), 500 * MIB);
+    assert_eq!(u(&v["devices"][0]["peak_used"]), 500 * MIB + CONTEXT);
+
+    // One released: the retry fails as well, and the verdict says so.
+    let run = dryrun(
+        "retry-fail",
+        Some(&fakes),
+        &args,
+        &[&python, &script, "fail"],
+        &[],
+    );
+    assert_eq!(run.code, Some(5), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["fits"], false);
+    assert_eq!(u(&v["recovered_failures"]), 0);
+    let failure = &v["failure"];
+    assert_eq!(u(&failure["request"]), 300 * MIB);
+    assert_eq!(u(&failure["used"]), 400 * MIB + CONTEXT);
+    assert_eq!(u(&failure["retry"]["released_bytes"]), 100 * MIB);
+    assert_eq!(u(&failure["retry"]["released_count"]), 1);
+    assert_eq!(failure["retry"]["succeeded"], false);
+    assert_eq!(u(&v["devices"][0]["failures"]), 2);
+    // Needed: 400 MiB + context + 300 MiB, over 1 GiB; the T4 fits.
+    assert_eq!(u(&v["needed"]), 700 * MIB + CONTEXT);
+    assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
+}
