@@ -64,7 +64,8 @@ fn parse_gpus(text: &str) -> Result<u32, String> {
     }
 }
 
-/// Where the fake libraries are: `VRAMSHIM_FAKEGPU_DIR`, else `fakegpu` beside this executable.
+/// Where the fake libraries are: `VRAMSHIM_FAKEGPU_DIR` when set (a wrong one is an error,
+/// not a fallback), else `fakegpu` beside this executable.
 fn find_fakes() -> Result<PathBuf, Failure> {
     let from_env = std::env::var_os("VRAMSHIM_FAKEGPU_DIR")
         .filter(|v| !v.is_empty())
@@ -72,22 +73,22 @@ fn find_fakes() -> Result<PathBuf, Failure> {
     let beside = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("fakegpu")));
-    let candidates = [from_env.clone(), beside.clone()];
-    if let Some(dir) = candidates
-        .iter()
-        .flatten()
-        .find(|dir| dir.join("lib").is_dir())
-    {
+    let chosen = from_env.as_ref().or(beside.as_ref());
+    if let Some(dir) = chosen.filter(|dir| dir.join("lib").is_dir()) {
         return Ok(dir.canonicalize().unwrap_or_else(|_| dir.clone()));
     }
     let env_text = match &from_env {
         Some(dir) => format!("VRAMSHIM_FAKEGPU_DIR={} has no lib/", dir.display()),
         None => "VRAMSHIM_FAKEGPU_DIR is not set".to_string(),
     };
-    let beside_text = beside.map_or_else(
-        || "the directory of the vramshim executable is unknown".to_string(),
-        |dir| format!("{} does not exist", dir.join("lib").display()),
-    );
+    let beside_text = match &beside {
+        Some(dir) if from_env.is_some() && dir.join("lib").is_dir() => format!(
+            "{} exists but is not used while VRAMSHIM_FAKEGPU_DIR is set",
+            dir.join("lib").display()
+        ),
+        Some(dir) => format!("{} does not exist", dir.join("lib").display()),
+        None => "the directory of the vramshim executable is unknown".to_string(),
+    };
     Err(Failure::input(format!(
         "the fake NVIDIA libraries were not found: {env_text}, and {beside_text} (build them, or point VRAMSHIM_FAKEGPU_DIR at the directory holding lib/)"
     )))
