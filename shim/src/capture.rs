@@ -552,15 +552,30 @@ fn sample_mem_info(ring: &Ring, device: i32, now: u64) {
     {
         return;
     }
-    if let Some((free, total)) = mem_get_info() {
-        let slot = Slot {
-            t_ns: now,
-            device,
-            aux: [free, total],
-            tag: SLOT_MEM_INFO,
-            ..Slot::default()
-        };
-        push(ring, &slot, lifecycle::config().on_full);
+    let Some((free, total)) = mem_get_info() else {
+        return;
+    };
+    let slot = Slot {
+        t_ns: now,
+        device,
+        aux: [free, total],
+        tag: SLOT_MEM_INFO,
+        ..Slot::default()
+    };
+    match lifecycle::config().on_full {
+        OnFull::Wait => push(ring, &slot, OnFull::Wait),
+        // A sample is no event: the `dropped` count must not include it. Skip it and let the
+        // device's next event try again, so a device's first sample is not lost for a second.
+        OnFull::Drop => {
+            if !ring.push(&slot) {
+                let _ = last.compare_exchange(
+                    now.max(1),
+                    previous,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
     }
 }
 

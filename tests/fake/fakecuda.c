@@ -19,6 +19,11 @@
  *                       a fragmented device or an allocator limit would; unset
  *                       or 0: off.  Also with FAKECUDA_MEM=unlimited.  An
  *                       invalid value makes cuInit return CUDA_ERROR_INVALID_VALUE.
+ *   FAKECUDA_STALL_SIZE bytes (same syntax): a cuMemAlloc_v2 of exactly this many
+ *                       bytes waits inside the driver until the program calls
+ *                       fakecuda_stall_release() (fakecuda_stall_wait() returns
+ *                       once a thread waits there), so a test can hold a thread
+ *                       inside a hooked call for as long as it needs.
  *
  * The library never prints.
  */
@@ -67,6 +72,7 @@ static struct {
     bool unlimited;
     unsigned long long capacity;
     unsigned long long fail_size; /* FAKECUDA_FAIL_SIZE; 0 = off */
+    unsigned long long stall_size; /* FAKECUDA_STALL_SIZE; 0 = off */
 } g_cfg __attribute__((aligned(CACHELINE)));
 
 static atomic_int g_initialized __attribute__((aligned(CACHELINE)));
@@ -505,6 +511,11 @@ static void init_once(void)
     }
     const char *fail = getenv("FAKECUDA_FAIL_SIZE");
     if (fail && *fail && !parse_size(fail, &g_cfg.fail_size)) {
+        g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
+        return;
+    }
+    const char *stall = getenv("FAKECUDA_STALL_SIZE");
+    if (stall && *stall && !parse_size(stall, &g_cfg.stall_size)) {
         g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
         return;
     }
@@ -948,12 +959,49 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
 /* Device memory                                                              */
 /* ------------------------------------------------------------------------- */
 
+/* FAKECUDA_STALL_SIZE: a thread held inside the driver until the program releases it. */
+static pthread_mutex_t g_stall_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stall_cond = PTHREAD_COND_INITIALIZER;
+static int g_stalled;      /* threads waiting in stall() */
+static int g_stall_opened; /* fakecuda_stall_release() was called */
+
+static void stall(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    g_stalled++;
+    pthread_cond_broadcast(&g_stall_cond);
+    while (!g_stall_opened)
+        pthread_cond_wait(&g_stall_cond, &g_stall_lock);
+    g_stalled--;
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
+/* Test control: returns once a thread waits inside a stalled cuMemAlloc_v2. */
+EXPORT void fakecuda_stall_wait(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    while (g_stalled == 0 && !g_stall_opened)
+        pthread_cond_wait(&g_stall_cond, &g_stall_lock);
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
+/* Test control: lets every stalled (and later) cuMemAlloc_v2 of the stall size go on. */
+EXPORT void fakecuda_stall_release(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    g_stall_opened = 1;
+    pthread_cond_broadcast(&g_stall_cond);
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     struct CUctx_st *c;
     CUresult r = need_ctx(&c);
     if (r)
         return r;
+    if (g_cfg.stall_size && bytesize == g_cfg.stall_size)
+        stall();
     return dev_alloc(c->dev, bytesize, dptr);
 }
 

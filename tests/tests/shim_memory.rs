@@ -1,0 +1,76 @@
+//! The recorder's own costs and counts under the real preload: exact event and drop counts
+//! with a full buffer, host memory of many short-lived threads, and the limits on the
+//! numeric settings.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// The value of `key=` on the program's line starting with `prefix`.
+fn printed(stdout: &str, prefix: &str, key: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in:\n{stdout}"));
+    let field = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(field.as_str()))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+fn of_type<'a>(dump: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    dump.iter().filter(|r| r["type"] == kind).collect()
+}
+
+fn assert_ok(run: &Run, what: &str) {
+    assert!(
+        run.output.status.success(),
+        "{what} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        run.output.status,
+        run.stdout(),
+        run.stderr()
+    );
+}
+
+/// A 64-event buffer held full (another thread sits inside a hooked call, so nothing newer
+/// can be written): every call is either recorded or counted as dropped, exactly once, and
+/// device memory samples that find the buffer full are neither.
+#[test]
+fn dropped_counts_events_only() {
+    const PAIRS: u64 = 5000;
+    const STALL: &str = "777216";
+    let run = run_under_shim(
+        "dropcount",
+        "dropcount",
+        &[&PAIRS.to_string(), STALL],
+        &[
+            ("FAKECUDA_STALL_SIZE", STALL),
+            ("VRAMSHIM_ON_FULL", "drop"),
+            ("VRAMSHIM_BUFFER_EVENTS", "64"),
+            ("VRAMSHIM_STACK", "none"),
+        ],
+    );
+    assert_ok(&run, "dropcount");
+    assert_eq!(run.stderr(), "");
+    let calls = printed(&run.stdout(), "total ", "calls");
+    assert_eq!(calls, 4 * PAIRS + 2);
+    let dump = dump(&run.log());
+    let recorded = of_type(&dump, "event").len() as u64;
+    let dropped: u64 = of_type(&dump, "dropped")
+        .iter()
+        .map(|r| u64_of(r, "count"))
+        .sum();
+    // The main thread's 64 slots: device 0's first sample and its first 63 events; the
+    // helper's allocation and free go to its own buffer.
+    assert_eq!(recorded, 63 + 2, "events recorded");
+    assert_eq!(dropped, calls - recorded, "dropped");
+    let samples: Vec<i64> = of_type(&dump, "mem_info")
+        .iter()
+        .map(|r| i64_of(r, "device"))
+        .collect();
+    // Device 1's first sample found the main thread's buffer full; the helper's next event
+    // on device 1 takes it.
+    assert_eq!(samples, vec![0, 1], "device memory samples");
+}
