@@ -84,7 +84,10 @@ pub fn count_dropped() {
 /// Creates the calling thread's ring and names the thread in the log as `name`.
 pub fn register_thread(name: String) -> *const Ring {
     let tid = lifecycle::gettid();
-    let ring = Arc::new(Ring::new(tid, lifecycle::config().buffer_events));
+    let Some(ring) = Ring::new(tid, lifecycle::config().buffer_events) else {
+        return std::ptr::null();
+    };
+    let ring = Arc::new(ring);
     name_thread(tid, name);
     RINGS.lock().push(ring.clone());
     let pointer = capture::into_thread_pointer(ring);

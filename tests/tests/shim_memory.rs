@@ -74,3 +74,65 @@ fn dropped_counts_events_only() {
     // on device 1 takes it.
     assert_eq!(samples, vec![0, 1], "device memory samples");
 }
+
+/// VmHWM at the program's `mem at=end` line, in bytes.
+fn end_hwm(stdout: &str) -> u64 {
+    printed(stdout, "mem at=end", "hwm") * 1024
+}
+
+/// Runs `thread_churn THREADS ALIVE` with and without the recorder; checks that every call
+/// of every thread is in the log and returns the peak host memory (VmHWM) the recorder
+/// added, in bytes.
+fn churn_cost(threads: u64, alive: u64) -> u64 {
+    let args = [threads.to_string(), alive.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let plain = run_plain("thread_churn", &args, &[]);
+    assert!(plain.status.success(), "plain thread_churn failed");
+    let plain_stdout = String::from_utf8_lossy(&plain.stdout).into_owned();
+    let run = run_under_shim("churn", "thread_churn", &args, &[]);
+    assert_ok(&run, "thread_churn");
+    assert_eq!(run.stderr(), "");
+    let calls = printed(&run.stdout(), "total ", "calls");
+    assert_eq!(calls, 2 * threads + 2);
+    let dump = dump(&run.log());
+    let events = events(&dump);
+    assert_eq!(
+        events.len() as u64,
+        calls,
+        "every call of every thread is recorded"
+    );
+    assert_eq!(
+        select(&events, "alloc", "cuMemAlloc_v2").len() as u64,
+        threads + 1
+    );
+    assert_eq!(
+        select(&events, "free", "cuMemFree_v2").len() as u64,
+        threads + 1
+    );
+    assert_eq!(
+        of_type(&dump, "thread").len() as u64,
+        threads + 1,
+        "one name per thread"
+    );
+    end_hwm(&run.stdout()).saturating_sub(end_hwm(&plain_stdout))
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Exited threads give their buffers back: 10,000 threads one after another cost what one
+/// thread costs, not what 10,000 do.
+#[test]
+fn short_lived_threads_one_at_a_time_give_their_memory_back() {
+    let added = churn_cost(10_000, 1);
+    eprintln!("10,000 threads, one at a time: the recorder added {added} bytes of peak RSS");
+    assert!(added < 16 * MIB, "added {} MiB", added / MIB);
+}
+
+/// A thread's buffer costs the pages it uses, not its capacity: 100 threads alive at once
+/// that make two calls each cost a few pages each, not 100 full buffers.
+#[test]
+fn short_lived_threads_many_at_once_cost_only_what_they_use() {
+    let added = churn_cost(10_000, 100);
+    eprintln!("10,000 threads, 100 at a time: the recorder added {added} bytes of peak RSS");
+    assert!(added < 32 * MIB, "added {} MiB", added / MIB);
+}
