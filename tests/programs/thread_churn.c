@@ -1,10 +1,10 @@
 /*
- * thread_churn: many short-lived threads, each making one cuMemAlloc_v2 and one
- * cuMemFree_v2 on device 0 and exiting, ALIVE of them at once (each batch waits at
- * a barrier before any of its threads exits), for the host memory the recorder
- * keeps per thread.
+ * thread_churn: many short-lived threads, each making PAIRS (default 1)
+ * cuMemAlloc_v2/cuMemFree_v2 pairs of 4096 bytes on device 0 and exiting, ALIVE of
+ * them at once (each batch waits at a barrier before any of its threads exits), for
+ * the host memory the recorder keeps per thread.
  *
- * Usage: thread_churn THREADS ALIVE
+ * Usage: thread_churn THREADS ALIVE [PAIRS]
  * Prints, from /proc/self/status (kB), after the main thread's own pair (the
  * recorder is started) and after every thread was joined:
  *   mem at=start hwm=<VmHWM> rss=<VmRSS>
@@ -18,6 +18,7 @@
 
 static pthread_barrier_t g_barrier;
 static CUcontext g_ctx;
+static long g_pairs = 1;
 
 static long status_kb(const char *key)
 {
@@ -54,7 +55,7 @@ static void *worker(void *arg)
 {
     int *rc = arg;
     *rc = cuCtxSetCurrent(g_ctx);
-    if (*rc == CUDA_SUCCESS)
+    for (long i = 0; i < g_pairs && *rc == CUDA_SUCCESS; i++)
         *rc = one_pair();
     pthread_barrier_wait(&g_barrier);
     return NULL;
@@ -63,12 +64,14 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
     g_prog = "thread_churn";
-    if (argc != 3)
-        die("usage: thread_churn THREADS ALIVE");
+    if (argc != 3 && argc != 4)
+        die("usage: thread_churn THREADS ALIVE [PAIRS]");
     long threads = atol(argv[1]);
     int alive = atoi(argv[2]);
-    if (threads < 1 || alive < 1 || threads % alive != 0)
-        die("THREADS must be a positive multiple of ALIVE");
+    if (argc == 4)
+        g_pairs = atol(argv[3]);
+    if (threads < 1 || alive < 1 || threads % alive != 0 || g_pairs < 1)
+        die("THREADS must be a positive multiple of ALIVE, PAIRS positive");
     EXPECT_RC(cuInit(0), CUDA_SUCCESS, "cuInit");
     EXPECT_RC(cuDevicePrimaryCtxRetain(&g_ctx, 0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
     EXPECT_RC(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS, "cuCtxSetCurrent");
@@ -87,7 +90,7 @@ int main(int argc, char **argv)
         for (int t = 0; t < alive; t++) {
             pthread_join(th[t], NULL);
             EXPECT_RC(rcs[t], CUDA_SUCCESS, "worker");
-            calls += 2;
+            calls += 2 * g_pairs;
         }
     }
     print_mem("end");

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::ffi::OsStr;
+
 use common::*;
 use serde_json::Value;
 
@@ -135,4 +137,47 @@ fn short_lived_threads_many_at_once_cost_only_what_they_use() {
     let added = churn_cost(10_000, 100);
     eprintln!("10,000 threads, 100 at a time: the recorder added {added} bytes of peak RSS");
     assert!(added < 32 * MIB, "added {} MiB", added / MIB);
+}
+
+/// `VRAMSHIM_BUFFER_EVENTS` far above its maximum gets the maximum (65,536 events, 5 MiB a
+/// thread) and one warning line: four busy threads cost four capped buffers, not four
+/// buffers of 16 million events (1.25 GiB each).
+#[test]
+fn an_oversized_buffer_is_capped_with_one_warning() {
+    const PAIRS: u64 = 200_000;
+    let args = ["4", "4", &PAIRS.to_string()].map(str::to_owned);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [("VRAMSHIM_STACK", "none")];
+    let plain = run_plain("thread_churn", &args, &env);
+    assert!(plain.status.success(), "plain thread_churn failed");
+    let run = run_under_shim(
+        "buffer-cap",
+        "thread_churn",
+        &args,
+        &[env[0], ("VRAMSHIM_BUFFER_EVENTS", "16777216")],
+    );
+    assert_ok(&run, "thread_churn");
+    assert_eq!(
+        run.stderr(),
+        "vramshim: VRAMSHIM_BUFFER_EVENTS=\"16777216\" is above the maximum 65536; using 65536\n"
+    );
+    let calls = printed(&run.stdout(), "total ", "calls");
+    assert_eq!(calls, 4 * 2 * PAIRS + 2);
+    // Counted by `vramshim report` (a per-event JSON dump of 1.6 million events is slow).
+    let report = json_of(&[
+        OsStr::new("report"),
+        OsStr::new("--json"),
+        run.log().as_os_str(),
+    ]);
+    let driver = arr(&report["families"])
+        .iter()
+        .find(|family| family["family"] == "driver")
+        .expect("driver family");
+    assert_eq!(u64_of(driver, "allocs") + u64_of(driver, "frees"), calls);
+    let added =
+        end_hwm(&run.stdout()).saturating_sub(end_hwm(&String::from_utf8_lossy(&plain.stdout)));
+    eprintln!("4 threads, buffer capped: the recorder added {added} bytes of peak RSS");
+    // Four full buffers (21 MiB) and the writer's batch of what it drains at once (at most
+    // as much again, twice while it grows), with a margin.
+    assert!(added < 96 * MIB, "added {} MiB", added / MIB);
 }
