@@ -5,6 +5,7 @@
 mod common;
 
 use std::ffi::OsStr;
+use std::process::{Command, Stdio};
 
 use common::*;
 use serde_json::Value;
@@ -180,4 +181,111 @@ fn an_oversized_buffer_is_capped_with_one_warning() {
     // Four full buffers (21 MiB) and the writer's batch of what it drains at once (at most
     // as much again, twice while it grows), with a margin.
     assert!(added < 96 * MIB, "added {} MiB", added / MIB);
+}
+
+/// Runs `command` to its end; returns its stdout and its peak RSS in bytes (the kernel's
+/// `ru_maxrss` of this child alone, so what runs at exit counts too).
+fn run_with_peak(command: &mut Command) -> (String, u64) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start program");
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    // The programs print a few lines: they fit the pipes, so reading after the exit is safe.
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout)
+        .expect("read stdout");
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status:#x}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_eq!(stderr, "");
+    (stdout, usage.ru_maxrss as u64 * 1024)
+}
+
+/// Flight-recorder mode with the default window (a million events) filled: its memory is
+/// what the window keeps (64 bytes a record), and the dump at exit does not copy it.
+#[test]
+fn ring_mode_memory_is_sized_by_what_it_keeps() {
+    const PAIRS: u64 = 600_000;
+    const WINDOW: u64 = 1_000_000;
+    let args = ["1", "1", &PAIRS.to_string()].map(str::to_owned);
+    let mut plain = Command::new(program("thread_churn"));
+    plain.args(&args).env("LD_LIBRARY_PATH", fake_lib_dir());
+    let (_, plain_peak) = run_with_peak(&mut plain);
+    let dir = scratch("ring-memory");
+    let mut shim = shim_command(&program("thread_churn"), &dir);
+    shim.args(&args)
+        .env("VRAMSHIM_MODE", "ring")
+        .env("VRAMSHIM_STACK", "none");
+    let (stdout, peak) = run_with_peak(&mut shim);
+    assert_eq!(printed(&stdout, "total ", "calls"), 2 * PAIRS + 2);
+    let added = peak.saturating_sub(plain_peak);
+    eprintln!("ring mode, window of {WINDOW} filled: the recorder added {added} bytes of peak RSS");
+    // The dump holds exactly the window (events and the device memory samples that fell
+    // inside it) after the live set from before it.
+    let log = std::fs::read_dir(&dir)
+        .expect("scratch dir")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.extension() == Some(OsStr::new("vlog")))
+        .expect("a log");
+    let begin = first_dump_begin(&log);
+    assert_eq!(u64_of(&begin, "window_count"), WINDOW);
+    let report = json_of(&[OsStr::new("report"), OsStr::new("--json"), log.as_os_str()]);
+    let driver = arr(&report["families"])
+        .iter()
+        .find(|family| family["family"] == "driver")
+        .expect("driver family");
+    let samples: u64 = arr(&report["devices"])
+        .iter()
+        .map(|device| u64_of(&device["memory_samples"], "count"))
+        .sum();
+    let (allocs, frees) = (u64_of(driver, "allocs"), u64_of(driver, "frees"));
+    assert_eq!(allocs, frees, "everything is freed by the end");
+    assert_eq!(
+        allocs + frees + samples,
+        u64_of(&begin, "live_count") + WINDOW
+    );
+    // A million records at 64 bytes (61 MiB), the thread's buffer, the log's chunk buffers.
+    assert!(added < 96 * MIB, "added {} MiB", added / MIB);
+}
+
+/// The first `dump_begin` record of `log`, read from the start of `vramshim dump --json`
+/// (the whole dump of a million events would take long to print and parse).
+fn first_dump_begin(log: &std::path::Path) -> Value {
+    use std::io::BufRead;
+    let mut dump = Command::new(vramshim_tool())
+        .args([OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run vramshim dump");
+    let lines = std::io::BufReader::new(dump.stdout.take().expect("stdout")).lines();
+    let mut found = None;
+    for line in lines {
+        let record: Value = serde_json::from_str(&line.expect("read dump")).expect("JSON");
+        if record["type"] == "dump_begin" {
+            found = Some(record);
+            break;
+        }
+    }
+    let _ = dump.kill();
+    let _ = dump.wait();
+    found.expect("a dump_begin record")
 }
