@@ -289,3 +289,43 @@ fn first_dump_begin(log: &std::path::Path) -> Value {
     let _ = dump.wait();
     found.expect("a dump_begin record")
 }
+
+/// Numbers outside their documented range (0, and one too large for any integer) get the
+/// nearest end of it with one warning line each, and recording goes on with those values.
+#[test]
+fn numeric_settings_outside_their_range_get_its_nearest_end() {
+    let run = run_under_shim(
+        "ranges",
+        "direct",
+        &[],
+        &[
+            ("VRAMSHIM_MODE", "ring"),
+            ("VRAMSHIM_MAX_FRAMES", "0"),
+            ("VRAMSHIM_FLUSH_MS", "0"),
+            ("VRAMSHIM_RING_EVENTS", "99999999999999999999999"),
+        ],
+    );
+    assert_ok(&run, "direct");
+    assert_eq!(
+        run.stderr(),
+        "vramshim: VRAMSHIM_MAX_FRAMES=\"0\" is below the minimum 1; using 1\n\
+         vramshim: VRAMSHIM_FLUSH_MS=\"0\" is below the minimum 1; using 1\n\
+         vramshim: VRAMSHIM_RING_EVENTS=\"99999999999999999999999\" is above the maximum \
+         16777216; using 16777216\n"
+    );
+    let dump = dump(&run.log());
+    // The window holds the whole run: the 19 recorded calls of `direct` (as in stream
+    // mode, see lifecycle.rs) and both devices' first samples.
+    let begins = of_type(&dump, "dump_begin");
+    assert_eq!(begins.len(), 1);
+    assert_eq!(u64_of(begins[0], "events_discarded"), 0);
+    assert_eq!(u64_of(begins[0], "window_count"), 19 + 2);
+    assert_eq!(events(&dump).len(), 19);
+    assert_eq!(of_type(&dump, "mem_info").len(), 2);
+    // One frame a stack: the program's function that made the call.
+    let stacks = of_type(&dump, "stack");
+    assert!(!stacks.is_empty());
+    for stack in stacks {
+        assert_eq!(arr(&stack["frames"]).len(), 1, "{stack}");
+    }
+}
