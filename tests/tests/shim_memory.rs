@@ -185,6 +185,8 @@ fn an_oversized_buffer_is_capped_with_one_warning() {
 
 /// Runs `command` to its end; returns its stdout and its peak RSS in bytes (the kernel's
 /// `ru_maxrss` of this child alone, so what runs at exit counts too).
+// The child is reaped by `wait4`, which `Child::wait` cannot replace (it gives no usage).
+#[allow(clippy::zombie_processes)]
 fn run_with_peak(command: &mut Command) -> (String, u64) {
     let mut child = command
         .stdout(Stdio::piped())
