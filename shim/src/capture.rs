@@ -114,8 +114,50 @@ pub struct Ring {
     wake_sent: AtomicBool,
     head: Padded<AtomicUsize>,
     tail: Padded<AtomicUsize>,
-    slots: Box<[UnsafeCell<Slot>]>,
+    slots: SlotMemory,
     mask: usize,
+}
+
+/// A ring's slots, in anonymous memory mapped for this ring alone. Pages are touched only as
+/// the thread records (a thread that makes two calls costs one page, not the whole ring), and
+/// unmapping gives all of it back when the ring is freed: from the heap, the rings of exited
+/// threads would stay in glibc's per-thread arenas.
+struct SlotMemory {
+    base: *mut UnsafeCell<Slot>,
+    len: usize,
+}
+
+impl SlotMemory {
+    /// `len` zeroed slots (all-zero bytes are a valid `Slot`); `None` if mapping fails.
+    fn map(len: usize) -> Option<SlotMemory> {
+        let bytes = len.checked_mul(std::mem::size_of::<Slot>())?;
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        (base != libc::MAP_FAILED).then(|| SlotMemory {
+            base: base.cast(),
+            len,
+        })
+    }
+
+    #[inline]
+    fn slot(&self, index: usize) -> &UnsafeCell<Slot> {
+        debug_assert!(index < self.len);
+        unsafe { &*self.base.add(index) }
+    }
+}
+
+impl Drop for SlotMemory {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.base.cast(), self.len * std::mem::size_of::<Slot>()) };
+    }
 }
 
 // Slots are written by the owning thread only before publishing `tail`, and read by the
@@ -124,20 +166,20 @@ unsafe impl Sync for Ring {}
 unsafe impl Send for Ring {}
 
 impl Ring {
-    pub fn new(tid: u32, capacity: usize) -> Ring {
-        let capacity = capacity.next_power_of_two();
-        Ring {
+    /// A ring of `capacity` slots (rounded up to a power of two); `None` if there is no
+    /// memory for it.
+    pub fn new(tid: u32, capacity: usize) -> Option<Ring> {
+        let capacity = capacity.max(1).next_power_of_two();
+        Some(Ring {
             tid,
             in_progress: AtomicU64::new(IDLE),
             orphaned: AtomicBool::new(false),
             wake_sent: AtomicBool::new(false),
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
-            slots: (0..capacity)
-                .map(|_| UnsafeCell::new(Slot::default()))
-                .collect(),
+            slots: SlotMemory::map(capacity)?,
             mask: capacity - 1,
-        }
+        })
     }
 
     /// Appends `slot`; false if the ring is full. Wakes the writer once the ring is half
@@ -149,7 +191,7 @@ impl Ring {
         if used > self.mask {
             return false;
         }
-        unsafe { *self.slots[tail & self.mask].get() = *slot };
+        unsafe { *self.slots.slot(tail & self.mask).get() = *slot };
         self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         if used >= self.mask / 2
             && !self.wake_sent.load(Ordering::Relaxed)
@@ -165,7 +207,7 @@ impl Ring {
         let tail = self.tail.0.load(Ordering::Acquire);
         let mut head = self.head.0.load(Ordering::Relaxed);
         while head != tail {
-            let slot = unsafe { *self.slots[head & self.mask].get() };
+            let slot = unsafe { *self.slots.slot(head & self.mask).get() };
             if slot.t_ns >= watermark {
                 break;
             }
@@ -552,15 +594,30 @@ fn sample_mem_info(ring: &Ring, device: i32, now: u64) {
     {
         return;
     }
-    if let Some((free, total)) = mem_get_info() {
-        let slot = Slot {
-            t_ns: now,
-            device,
-            aux: [free, total],
-            tag: SLOT_MEM_INFO,
-            ..Slot::default()
-        };
-        push(ring, &slot, lifecycle::config().on_full);
+    let Some((free, total)) = mem_get_info() else {
+        return;
+    };
+    let slot = Slot {
+        t_ns: now,
+        device,
+        aux: [free, total],
+        tag: SLOT_MEM_INFO,
+        ..Slot::default()
+    };
+    match lifecycle::config().on_full {
+        OnFull::Wait => push(ring, &slot, OnFull::Wait),
+        // A sample is no event: the `dropped` count must not include it. Skip it and let the
+        // device's next event try again, so a device's first sample is not lost for a second.
+        OnFull::Drop => {
+            if !ring.push(&slot) {
+                let _ = last.compare_exchange(
+                    now.max(1),
+                    previous,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
     }
 }
 

@@ -92,28 +92,10 @@ impl Config {
                 )),
             }
         }
-        config.max_frames = number(
-            "VRAMSHIM_MAX_FRAMES",
-            1,
-            256,
-            config.max_frames,
-            &mut warnings,
-        );
-        let buffer = number(
-            "VRAMSHIM_BUFFER_EVENTS",
-            64,
-            1 << 24,
-            config.buffer_events,
-            &mut warnings,
-        );
-        config.buffer_events = buffer.next_power_of_two();
-        config.flush_ms = number(
-            "VRAMSHIM_FLUSH_MS",
-            1,
-            60_000,
-            config.flush_ms as usize,
-            &mut warnings,
-        ) as u64;
+        config.max_frames = number(MAX_FRAMES, config.max_frames, &mut warnings);
+        config.buffer_events =
+            number(BUFFER_EVENTS, config.buffer_events, &mut warnings).next_power_of_two();
+        config.flush_ms = number(FLUSH_MS, config.flush_ms as usize, &mut warnings) as u64;
         if let Some(value) = env_str("VRAMSHIM_ON_FULL", &mut warnings) {
             match value.as_str() {
                 "wait" => config.on_full = OnFull::Wait,
@@ -128,13 +110,7 @@ impl Config {
                 _ => warnings.push(invalid("VRAMSHIM_MODE", &value, "stream, ring", "stream")),
             }
         }
-        config.ring_events = number(
-            "VRAMSHIM_RING_EVENTS",
-            16,
-            1 << 30,
-            config.ring_events,
-            &mut warnings,
-        );
+        config.ring_events = number(RING_EVENTS, config.ring_events, &mut warnings);
         if let Some(value) = env_str("VRAMSHIM_DEBUG", &mut warnings) {
             match value.as_str() {
                 "1" | "true" | "yes" => config.debug = true,
@@ -168,17 +144,117 @@ fn invalid(name: &str, value: &str, allowed: &str, default: &str) -> String {
     format!("{name}={value:?} is not one of {allowed}; using {default}")
 }
 
-fn number(name: &str, min: usize, max: usize, default: usize, warnings: &mut Vec<String>) -> usize {
-    let Some(value) = env_str(name, warnings) else {
+/// A numeric setting and the values it may take.
+struct Range {
+    name: &'static str,
+    min: usize,
+    max: usize,
+}
+
+/// Deepest native stack kept (the capture buffer's size).
+const MAX_FRAMES: Range = Range {
+    name: "VRAMSHIM_MAX_FRAMES",
+    min: 1,
+    max: 256,
+};
+/// Per-thread buffer: 80 bytes an event, so at most 5 MiB a thread. The writer drains a
+/// buffer once it is half full, so a larger one only costs memory.
+const BUFFER_EVENTS: Range = Range {
+    name: "VRAMSHIM_BUFFER_EVENTS",
+    min: 64,
+    max: 1 << 16,
+};
+/// At most a minute between drains (a SIGKILL loses at most that much).
+const FLUSH_MS: Range = Range {
+    name: "VRAMSHIM_FLUSH_MS",
+    min: 1,
+    max: 60_000,
+};
+/// Flight-recorder window: 64 bytes an event, so at most 1 GiB.
+const RING_EVENTS: Range = Range {
+    name: "VRAMSHIM_RING_EVENTS",
+    min: 16,
+    max: 1 << 24,
+};
+
+/// Reads a whole number in `range`. Text that is no number gets the default; a number
+/// outside the range (too large for any integer included) gets the nearest end of it.
+/// Either way with one warning.
+fn number(range: Range, default: usize, warnings: &mut Vec<String>) -> usize {
+    match env_str(range.name, warnings) {
+        Some(value) => in_range(&range, &value, default, warnings),
+        None => default,
+    }
+}
+
+/// [`number`] for the text `value`.
+fn in_range(range: &Range, value: &str, default: usize, warnings: &mut Vec<String>) -> usize {
+    let &Range { name, min, max } = range;
+    let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+    if !digits {
+        warnings.push(format!(
+            "{name}={value:?} is not a whole number from {min} to {max}; using {default}"
+        ));
         return default;
-    };
-    match value.parse::<usize>() {
-        Ok(n) if (min..=max).contains(&n) => n,
-        _ => {
-            warnings.push(format!(
-                "{name}={value:?} is not a whole number from {min} to {max}; using {default}"
-            ));
-            default
+    }
+    // All digits: a parse error can only mean it overflows, which is above the maximum.
+    let n = value.parse::<usize>().unwrap_or(usize::MAX);
+    if n < min {
+        warnings.push(format!(
+            "{name}={value:?} is below the minimum {min}; using {min}"
+        ));
+        min
+    } else if n > max {
+        warnings.push(format!(
+            "{name}={value:?} is above the maximum {max}; using {max}"
+        ));
+        max
+    } else {
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(range: &Range, value: &str) -> (usize, Vec<String>) {
+        let mut warnings = Vec::new();
+        let n = in_range(range, value, 8192, &mut warnings);
+        (n, warnings)
+    }
+
+    #[test]
+    fn numbers_outside_the_range_get_its_nearest_end_with_one_warning() {
+        assert_eq!(read(&BUFFER_EVENTS, "4096"), (4096, vec![]));
+        assert_eq!(read(&BUFFER_EVENTS, "65536"), (65536, vec![]));
+        assert_eq!(
+            read(&BUFFER_EVENTS, "16777216"),
+            (
+                65536,
+                vec![
+                    "VRAMSHIM_BUFFER_EVENTS=\"16777216\" is above the maximum 65536; using 65536"
+                        .to_owned()
+                ]
+            )
+        );
+        let (n, warnings) = read(&RING_EVENTS, "99999999999999999999999999");
+        assert_eq!((n, warnings.len()), (1 << 24, 1));
+        let (n, warnings) = read(&FLUSH_MS, "0");
+        assert_eq!((n, warnings.len()), (1, 1));
+        assert!(warnings[0].contains("below the minimum 1"), "{warnings:?}");
+        let (n, warnings) = read(&MAX_FRAMES, "0");
+        assert_eq!((n, warnings.len()), (1, 1));
+        let (n, warnings) = read(&MAX_FRAMES, "257");
+        assert_eq!((n, warnings.len()), (256, 1));
+    }
+
+    #[test]
+    fn text_that_is_no_number_gets_the_default_with_one_warning() {
+        for value in ["", "abc", "-5", "1e6", "0x100", "12 34"] {
+            let (n, warnings) = read(&BUFFER_EVENTS, value);
+            assert_eq!((n, warnings.len()), (8192, 1), "{value:?}");
+            assert!(warnings[0].contains("not a whole number from 64 to 65536"));
         }
     }
 }

@@ -6,12 +6,112 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use vramshim_format::{DumpBegin, Event, EventKind, Record};
+use vramshim_format::{DumpBegin, Event, EventKind, MemInfo, Record};
+
+/// One record of the window, in a fixed 64 bytes (a `Record` takes 96 and the window holds a
+/// million by default): an event, or a device memory sample (`kind` = [`KEPT_MEM_INFO`],
+/// `addr` = free, `size` = total). A failed allocation's device memory is kept aside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Kept {
+    t_ns: u64,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    handle: u64,
+    thread: u32,
+    device: i32,
+    result: u32,
+    stack: u32,
+    api: u16,
+    kind: u8,
+    /// The event's `mem_info` is the next one in [`Window::failure_info`].
+    has_mem_info: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Kept>() == 64);
+
+/// `Kept::kind` of a device memory sample (event kinds are their codes).
+const KEPT_MEM_INFO: u8 = u8::MAX;
+
+impl Kept {
+    fn from_record(record: &Record) -> Option<(Kept, Option<(u64, u64)>)> {
+        Some(match record {
+            Record::Event(event) => (
+                Kept {
+                    t_ns: event.t_ns,
+                    addr: event.addr,
+                    size: event.size,
+                    stream: event.stream,
+                    handle: event.handle,
+                    thread: event.thread,
+                    device: event.device,
+                    result: event.result,
+                    stack: event.stack,
+                    api: event.api,
+                    kind: event.kind as u8,
+                    has_mem_info: event.mem_info.is_some(),
+                },
+                event.mem_info,
+            ),
+            Record::MemInfo(sample) => (
+                Kept {
+                    t_ns: sample.t_ns,
+                    addr: sample.free,
+                    size: sample.total,
+                    stream: 0,
+                    handle: 0,
+                    thread: 0,
+                    device: sample.device,
+                    result: 0,
+                    stack: 0,
+                    api: 0,
+                    kind: KEPT_MEM_INFO,
+                    has_mem_info: false,
+                },
+                None,
+            ),
+            _ => return None,
+        })
+    }
+
+    /// The event this record holds (`None` for a device memory sample).
+    fn event(&self, mem_info: Option<(u64, u64)>) -> Option<Event> {
+        let kind = EventKind::from_code(self.kind)?;
+        Some(Event {
+            kind,
+            api: self.api,
+            t_ns: self.t_ns,
+            thread: self.thread,
+            device: self.device,
+            stream: self.stream,
+            addr: self.addr,
+            size: self.size,
+            handle: self.handle,
+            result: self.result,
+            stack: self.stack,
+            mem_info,
+        })
+    }
+
+    fn record(&self, mem_info: Option<(u64, u64)>) -> Record {
+        match self.event(mem_info) {
+            Some(event) => Record::Event(event),
+            None => Record::MemInfo(MemInfo {
+                t_ns: self.t_ns,
+                device: self.device,
+                free: self.addr,
+                total: self.size,
+            }),
+        }
+    }
+}
 
 /// The last events and the live set before them.
 pub struct Window {
     capacity: usize,
-    recent: VecDeque<Record>,
+    recent: VecDeque<Kept>,
+    /// Device (free, total) of each failed allocation in `recent` that carries it, in order.
+    failure_info: VecDeque<(u64, u64)>,
     /// Objects live before the first record of `recent`, by (kind class, address or handle).
     live_before: HashMap<(u8, u64), Event>,
     discarded: u64,
@@ -21,37 +121,62 @@ impl Window {
     pub fn new(capacity: usize) -> Window {
         Window {
             capacity,
-            recent: VecDeque::with_capacity(capacity.min(1 << 20)),
+            // Grows as the window fills (a short run keeps little).
+            recent: VecDeque::with_capacity(capacity.min(1 << 16)),
+            failure_info: VecDeque::new(),
             live_before: HashMap::new(),
             discarded: 0,
         }
     }
 
-    pub fn push(&mut self, record: Record) {
-        self.recent.push_back(record);
+    /// Keeps an event or a device memory sample (other records are not part of the window).
+    pub fn push(&mut self, record: &Record) {
+        let Some((kept, mem_info)) = Kept::from_record(record) else {
+            return;
+        };
+        self.recent.push_back(kept);
+        if let Some(mem_info) = mem_info {
+            self.failure_info.push_back(mem_info);
+        }
         while self.recent.len() > self.capacity {
-            if let Some(Record::Event(event)) = self.recent.pop_front() {
-                apply(&mut self.live_before, &event);
+            if let Some(oldest) = self.recent.pop_front() {
+                let mem_info = if oldest.has_mem_info {
+                    self.failure_info.pop_front()
+                } else {
+                    None
+                };
+                if let Some(event) = oldest.event(mem_info) {
+                    apply(&mut self.live_before, &event);
+                }
             }
             self.discarded += 1;
         }
     }
 
-    /// The dump: a `DumpBegin`, the live set before the window (oldest first), the window.
-    pub fn dump(&self, reason: &str, t_ns: u64) -> Vec<Record> {
-        let mut live: Vec<Event> = self.live_before.values().copied().collect();
+    /// The dump, record by record to `emit`: a `DumpBegin`, the live set before the window
+    /// (oldest first), the window.
+    pub fn dump(&self, reason: &str, t_ns: u64, mut emit: impl FnMut(&Record)) {
+        let mut live: Vec<&Event> = self.live_before.values().collect();
         live.sort_by_key(|event| (event.t_ns, event.addr, event.handle));
-        let mut records = Vec::with_capacity(1 + live.len() + self.recent.len());
-        records.push(Record::DumpBegin(DumpBegin {
+        emit(&Record::DumpBegin(DumpBegin {
             t_ns,
             reason: reason.to_owned(),
             events_discarded: self.discarded,
             live_count: live.len() as u64,
             window_count: self.recent.len() as u64,
         }));
-        records.extend(live.into_iter().map(Record::Event));
-        records.extend(self.recent.iter().cloned());
-        records
+        for event in live {
+            emit(&Record::Event(*event));
+        }
+        let mut failure_info = self.failure_info.iter();
+        for kept in &self.recent {
+            let mem_info = if kept.has_mem_info {
+                failure_info.next().copied()
+            } else {
+                None
+            };
+            emit(&kept.record(mem_info));
+        }
     }
 }
 
@@ -123,16 +248,22 @@ mod tests {
         })
     }
 
+    fn dumped(window: &Window) -> Vec<Record> {
+        let mut records = Vec::new();
+        window.dump("test", 7, |record| records.push(record.clone()));
+        records
+    }
+
     #[test]
     fn dump_replays_to_the_current_live_set() {
         let mut window = Window::new(3);
-        window.push(event(EventKind::Alloc, 0x1000, 1)); // live, falls out
-        window.push(event(EventKind::Alloc, 0x2000, 2)); // freed inside the window
-        window.push(event(EventKind::Alloc, 0x3000, 3)); // falls out, freed later
-        window.push(event(EventKind::Free, 0x2000, 4));
-        window.push(event(EventKind::Free, 0x3000, 5));
-        window.push(event(EventKind::Alloc, 0x4000, 6));
-        let records = window.dump("test", 7);
+        window.push(&event(EventKind::Alloc, 0x1000, 1)); // live, falls out
+        window.push(&event(EventKind::Alloc, 0x2000, 2)); // freed inside the window
+        window.push(&event(EventKind::Alloc, 0x3000, 3)); // falls out, freed later
+        window.push(&event(EventKind::Free, 0x2000, 4));
+        window.push(&event(EventKind::Free, 0x3000, 5));
+        window.push(&event(EventKind::Alloc, 0x4000, 6));
+        let records = dumped(&window);
         let Record::DumpBegin(begin) = &records[0] else {
             panic!("no DumpBegin")
         };
@@ -150,5 +281,54 @@ mod tests {
         let mut addrs: Vec<u64> = live.keys().map(|(_, key)| *key).collect();
         addrs.sort();
         assert_eq!(addrs, vec![0x1000, 0x4000]);
+    }
+
+    /// Every field of every record comes back as it went in, samples and a failed
+    /// allocation's device memory included, also once records fell out of the window.
+    #[test]
+    fn the_window_gives_back_exactly_what_it_kept() {
+        let full = |t_ns: u64, kind: EventKind, mem_info: Option<(u64, u64)>| {
+            Record::Event(Event {
+                kind,
+                api: 7,
+                t_ns,
+                thread: 4242,
+                device: 1,
+                stream: 0xabc,
+                addr: 0x7000_0000_0000 + t_ns * 0x1000,
+                size: 1 << 33,
+                handle: 0x99,
+                result: if mem_info.is_some() { 2 } else { 0 },
+                stack: 17,
+                mem_info,
+            })
+        };
+        let sample = |t_ns: u64| {
+            Record::MemInfo(MemInfo {
+                t_ns,
+                device: -1,
+                free: u64::MAX - t_ns,
+                total: u64::MAX,
+            })
+        };
+        let pushed = vec![
+            full(1, EventKind::AllocFailed, Some((10, 20))), // falls out
+            sample(2),
+            full(3, EventKind::AllocFailed, Some((30, 40))),
+            full(4, EventKind::Trim, None),
+            sample(5),
+            full(6, EventKind::AllocFailed, Some((60, 80))),
+            full(7, EventKind::Create, None),
+        ];
+        let mut window = Window::new(6);
+        for record in &pushed {
+            window.push(record);
+        }
+        let records = dumped(&window);
+        let Record::DumpBegin(begin) = &records[0] else {
+            panic!("no DumpBegin")
+        };
+        assert_eq!((begin.events_discarded, begin.live_count), (1, 0));
+        assert_eq!(records[1..], pushed[1..]);
     }
 }

@@ -84,7 +84,10 @@ pub fn count_dropped() {
 /// Creates the calling thread's ring and names the thread in the log as `name`.
 pub fn register_thread(name: String) -> *const Ring {
     let tid = lifecycle::gettid();
-    let ring = Arc::new(Ring::new(tid, lifecycle::config().buffer_events));
+    let Some(ring) = Ring::new(tid, lifecycle::config().buffer_events) else {
+        return std::ptr::null();
+    };
+    let ring = Arc::new(ring);
     name_thread(tid, name);
     RINGS.lock().push(ring.clone());
     let pointer = capture::into_thread_pointer(ring);
@@ -256,7 +259,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
     for (tid, slot) in &batch {
         let record = slot_record(*tid, slot, output.start_mono_ns);
         if let Some(window) = output.window.as_mut() {
-            window.push(record);
+            window.push(&record);
         } else {
             push_record(output, &record);
         }
@@ -269,11 +272,10 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
     };
     if let Some(reason) = dump_reason.filter(|_| output.window.is_some()) {
         let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
-        if let Some(window) = output.window.as_mut() {
-            let records = window.dump(reason, t_ns);
-            for record in &records {
-                push_record(output, record);
-            }
+        // Encoded record by record: a copy of the whole window would double its memory.
+        if let Some(window) = output.window.take() {
+            window.dump(reason, t_ns, |record| push_record(output, record));
+            output.window = Some(window);
         }
     }
     finish_chunk(output);

@@ -29,6 +29,11 @@
  *   VRAMSHIM_FAKEGPU_NAME  the name cuDeviceGetName reports.
  *                       An invalid count or size makes cuInit return
  *                       CUDA_ERROR_INVALID_VALUE.
+ *   FAKECUDA_STALL_SIZE bytes (same syntax): a cuMemAlloc_v2 of exactly this many
+ *                       bytes waits inside the driver until the program calls
+ *                       fakecuda_stall_release() (fakecuda_stall_wait() returns
+ *                       once a thread waits there), so a test can hold a thread
+ *                       inside a hooked call for as long as it needs.
  *
  * The library never prints.
  */
@@ -81,6 +86,7 @@ static struct {
     int devices;                     /* VRAMSHIM_FAKEGPU_COUNT */
     unsigned long long context_bytes; /* VRAMSHIM_FAKEGPU_CONTEXT_BYTES */
     const char *name;                /* VRAMSHIM_FAKEGPU_NAME; NULL = "Fake CUDA Device N" */
+    unsigned long long stall_size; /* FAKECUDA_STALL_SIZE; 0 = off */
 } g_cfg __attribute__((aligned(CACHELINE)));
 
 static atomic_int g_initialized __attribute__((aligned(CACHELINE)));
@@ -547,6 +553,11 @@ static void init_once(void)
     }
     const char *name = getenv("VRAMSHIM_FAKEGPU_NAME");
     g_cfg.name = name && *name ? name : NULL;
+    const char *stall = getenv("FAKECUDA_STALL_SIZE");
+    if (stall && *stall && !parse_size(stall, &g_cfg.stall_size)) {
+        g_cfg.init_result = CUDA_ERROR_INVALID_VALUE;
+        return;
+    }
     for (int d = 0; d < NDEV; d++) {
         for (int s = 0; s < NSHARDS; s++)
             shard_setup(&g_shards[d][s], d, DEV_BASE + d * DEV_SPAN + s * SHARD_SPAN, SHARD_SPAN);
@@ -1002,12 +1013,49 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
 /* Device memory                                                              */
 /* ------------------------------------------------------------------------- */
 
+/* FAKECUDA_STALL_SIZE: a thread held inside the driver until the program releases it. */
+static pthread_mutex_t g_stall_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stall_cond = PTHREAD_COND_INITIALIZER;
+static int g_stalled;      /* threads waiting in stall() */
+static int g_stall_opened; /* fakecuda_stall_release() was called */
+
+static void stall(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    g_stalled++;
+    pthread_cond_broadcast(&g_stall_cond);
+    while (!g_stall_opened)
+        pthread_cond_wait(&g_stall_cond, &g_stall_lock);
+    g_stalled--;
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
+/* Test control: returns once a thread waits inside a stalled cuMemAlloc_v2. */
+EXPORT void fakecuda_stall_wait(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    while (g_stalled == 0 && !g_stall_opened)
+        pthread_cond_wait(&g_stall_cond, &g_stall_lock);
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
+/* Test control: lets every stalled (and later) cuMemAlloc_v2 of the stall size go on. */
+EXPORT void fakecuda_stall_release(void)
+{
+    pthread_mutex_lock(&g_stall_lock);
+    g_stall_opened = 1;
+    pthread_cond_broadcast(&g_stall_cond);
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     struct CUctx_st *c;
     CUresult r = need_ctx(&c);
     if (r)
         return r;
+    if (g_cfg.stall_size && bytesize == g_cfg.stall_size)
+        stall();
     return dev_alloc(c->dev, bytesize, dptr);
 }
 
