@@ -109,32 +109,47 @@ pub fn install(output: Output) {
     *OUTPUT.lock() = Some(output);
 }
 
-/// Opens `path` for a new log: created with mode 0600, never through a symlink, truncated.
+/// Why [`open_log`] made no log.
+pub enum OpenError {
+    /// Something (a file, a link, a FIFO, ...) is already at the path.
+    Exists,
+    /// Anything else, said in words.
+    Failed(String),
+}
+
+/// Creates `path` as a new log: atomically, never through a symlink, never opening what is
+/// already there (`O_EXCL`: an existing FIFO or device is not opened, so nothing blocks),
+/// mode 0600.
 pub fn open_log(
     path: &OsString,
     header: &[u8],
     start_mono_ns: u64,
     ring_events: Option<usize>,
-) -> Result<Output, String> {
-    let cpath = CString::new(path.as_bytes()).map_err(|_| "path contains a NUL byte".to_owned())?;
+) -> Result<Output, OpenError> {
+    let cpath = CString::new(path.as_bytes())
+        .map_err(|_| OpenError::Failed("the path contains a NUL byte".to_owned()))?;
     let fd = unsafe {
         libc::open(
             cpath.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             0o600 as libc::c_uint,
         )
     };
     if fd < 0 {
         let err = std::io::Error::last_os_error();
-        return Err(if err.raw_os_error() == Some(libc::ELOOP) {
-            "it is a symbolic link (refused for safety)".to_owned()
+        return Err(if err.raw_os_error() == Some(libc::EEXIST) {
+            OpenError::Exists
         } else {
-            err.to_string()
+            OpenError::Failed(err.to_string())
         });
     }
     if let Err(err) = write_all(fd, header) {
-        unsafe { libc::close(fd) };
-        return Err(err.to_string());
+        // The file is ours and holds nothing readable: take it away again.
+        unsafe {
+            libc::close(fd);
+            libc::unlink(cpath.as_ptr());
+        }
+        return Err(OpenError::Failed(err.to_string()));
     }
     Ok(Output {
         fd,
@@ -146,6 +161,31 @@ pub fn open_log(
         write_failed: false,
         window: ring_events.map(Window::new),
     })
+}
+
+/// What the thing at `path` is, in words, when it is not a regular file (`lstat`: a symlink
+/// is not followed); `None` for a regular file or nothing.
+pub fn special_file_kind(path: &OsString) -> Option<&'static str> {
+    let cpath = CString::new(path.as_bytes()).ok()?;
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(cpath.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    kind_of(stat.st_mode)
+}
+
+/// `None` for a regular file, else what it is.
+fn kind_of(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFLNK => Some("a symbolic link"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFCHR => Some("a character device"),
+        libc::S_IFBLK => Some("a block device"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFDIR => Some("a directory"),
+        _ => Some("not a regular file"),
+    }
 }
 
 fn write_all(fd: c_int, mut bytes: &[u8]) -> std::io::Result<()> {

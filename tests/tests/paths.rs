@@ -1,0 +1,322 @@
+//! Where the log goes, under the real preload: what is already at the output path (a FIFO, a
+//! device, a symlink, someone else's file), and processes started together on one fixed path.
+//! Every run is killed after a generous timeout, so a hang fails the test instead of hanging
+//! the suite.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Far more than any of these runs needs on a loaded 2-core machine.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a finished process left: status, stdout, stderr.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` (stdout and stderr piped); kills it and fails the test after `TIMEOUT`.
+fn finish(mut child: Child, what: &str) -> Finished {
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} hung: killed after {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        status,
+        stdout: out_reader.join().expect("stdout reader"),
+        stderr: err_reader.join().expect("stderr reader"),
+    }
+}
+
+/// Starts `command` with piped output and no stdin.
+fn start(command: &mut Command) -> Child {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start program")
+}
+
+/// Runs test program `name` under the shim with `VRAMSHIM_OUTPUT=output` and `env`.
+fn run_with_output(name: &str, output: &OsStr, env: &[(&str, &str)]) -> Finished {
+    let unused = scratch("unused-log-dir");
+    let mut command = shim_command(&program(name), &unused);
+    command.env("VRAMSHIM_OUTPUT", output);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let finished = finish(start(&mut command), name);
+    assert_eq!(files_in(&unused), Vec::<String>::new());
+    finished
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|entry| {
+            entry
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// `oom`'s stdout without the shim (the fake's addresses are deterministic).
+fn plain_oom_stdout() -> String {
+    let plain = run_plain("oom", &[], &[("FAKECUDA_MEM", "1G")]);
+    assert!(plain.status.success());
+    String::from_utf8_lossy(&plain.stdout).into_owned()
+}
+
+/// The events of a log as (event, api, addr, size, result), after checking that the tool
+/// reads it without a warning (no torn or damaged chunk).
+fn event_shapes(log: &Path) -> Vec<(String, String, u64, u64, u64)> {
+    let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
+    assert!(output.status.success(), "dump {} failed", log.display());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "",
+        "{} is not clean",
+        log.display()
+    );
+    let records: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+    events(&records)
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or_default().to_owned(),
+                e["api"].as_str().unwrap_or_default().to_owned(),
+                u64_of(e, "addr"),
+                u64_of(e, "size"),
+                u64_of(e, "result"),
+            )
+        })
+        .collect()
+}
+
+/// What the program printed it did, in the shape of [`event_shapes`].
+fn printed_shapes(stdout: &str) -> Vec<(String, String, u64, u64, u64)> {
+    program_ops(stdout)
+        .iter()
+        .filter(|op| op.op == "alloc" || op.op == "free")
+        .map(|op| {
+            let failed = op.num("rc") != 0;
+            (
+                if failed && op.op == "alloc" {
+                    "alloc_failed".to_owned()
+                } else {
+                    op.op.clone()
+                },
+                op.api.clone(),
+                op.num("addr"),
+                if op.op == "free" { 0 } else { op.num("size") },
+                op.num("rc"),
+            )
+        })
+        .collect()
+}
+
+fn header_pid(log: &Path) -> u64 {
+    u64_of(&dump(log)[0], "pid")
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("run mkfifo");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// Anything but a new regular file is refused at once: one line, no log, the program's output
+/// and exit status as without the shim.
+#[test]
+fn a_fifo_a_device_or_a_symlink_at_the_output_path_is_refused_without_blocking() {
+    let dir = scratch("paths-special");
+    let fifo = dir.join("fifo.vlog");
+    mkfifo(&fifo);
+    let fifo_link = dir.join("fifo-link.vlog");
+    std::os::unix::fs::symlink(&fifo, &fifo_link).expect("symlink");
+    let elsewhere = scratch("paths-elsewhere");
+    let dir_link = dir.join("dir-link");
+    std::os::unix::fs::symlink(&elsewhere, &dir_link).expect("symlink");
+    let plain = plain_oom_stdout();
+    for (output, what) in [
+        (fifo.clone(), "a FIFO"),
+        (fifo_link.clone(), "a symbolic link"),
+        (PathBuf::from("/dev/null"), "a character device"),
+        (dir_link.clone(), "a symbolic link"),
+    ] {
+        let run = run_with_output("oom", output.as_os_str(), &[("FAKECUDA_MEM", "1G")]);
+        assert!(
+            run.status.success(),
+            "{output:?}: {:?} {}",
+            run.status,
+            run.stderr
+        );
+        assert_eq!(run.stdout, plain, "{output:?}");
+        assert_eq!(
+            run.stderr,
+            format!(
+                "vramshim: cannot create log {}: it is {what} (only a new regular file is \
+                 written); the program runs unrecorded\n",
+                output.display()
+            )
+        );
+    }
+    assert!(is_fifo(&fifo));
+    assert_eq!(
+        files_in(&dir),
+        vec!["dir-link", "fifo-link.vlog", "fifo.vlog"]
+    );
+    assert_eq!(files_in(&elsewhere), Vec::<String>::new());
+}
+
+/// A file someone else made keeps its content and mode; the log is a new private file beside
+/// it, and one line says where.
+#[test]
+fn an_existing_file_is_never_written_and_the_log_goes_beside_it() {
+    let dir = scratch("paths-existing");
+    let taken = dir.join("out.vlog");
+    std::fs::write(&taken, "not yours\n").expect("write");
+    std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let run = run_with_output("oom", taken.as_os_str(), &[("FAKECUDA_MEM", "1G")]);
+    assert!(run.status.success(), "{:?} {}", run.status, run.stderr);
+    assert_eq!(run.stdout, plain_oom_stdout());
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "not yours\n");
+    let mode = std::fs::metadata(&taken).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666);
+
+    let names = files_in(&dir);
+    assert_eq!(names.len(), 2, "{names:?}");
+    let log = dir.join(names.iter().find(|n| *n != "out.vlog").unwrap());
+    let pid = header_pid(&log);
+    assert_eq!(log, dir.join(format!("out.{pid}.vlog")));
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o600, "mode {mode:o}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "vramshim: {} already exists; logging to {}\n",
+            taken.display(),
+            log.display()
+        )
+    );
+    assert_eq!(event_shapes(&log), printed_shapes(&run.stdout));
+    assert_eq!(event_shapes(&log).len(), 3);
+}
+
+/// 24 processes started at once with one fixed `VRAMSHIM_OUTPUT`: 24 complete logs, each with
+/// exactly its own process's events, and every name but the first said on stderr.
+#[test]
+fn processes_started_together_on_one_path_each_keep_a_complete_log() {
+    const PROCESSES: usize = 24;
+    let dir = scratch("paths-together");
+    let fixed = dir.join("fixed.vlog");
+    let unused = scratch("paths-together-unused");
+    let children: Vec<Child> = (0..PROCESSES)
+        .map(|_| {
+            let mut command = shim_command(&program("oom"), &unused);
+            command
+                .env("VRAMSHIM_OUTPUT", &fixed)
+                .env("FAKECUDA_MEM", "1G");
+            start(&mut command)
+        })
+        .collect();
+    let runs: Vec<(u32, Finished)> = children
+        .into_iter()
+        .map(|child| (child.id(), finish(child, "oom")))
+        .collect();
+
+    let names = files_in(&dir);
+    let mut logs_by_pid: HashMap<u64, PathBuf> = HashMap::new();
+    for name in &names {
+        let log = dir.join(name);
+        assert!(
+            logs_by_pid.insert(header_pid(&log), log.clone()).is_none(),
+            "two logs of one process"
+        );
+    }
+    assert_eq!(
+        names.len(),
+        PROCESSES,
+        "logs written: {names:?}\nstderr: {:?}",
+        runs.iter().map(|(_, r)| &r.stderr).collect::<Vec<_>>()
+    );
+    let mut said = BTreeSet::new();
+    let mut unannounced = 0;
+    for (pid, run) in &runs {
+        assert!(
+            run.status.success(),
+            "pid {pid}: {:?} {}",
+            run.status,
+            run.stderr
+        );
+        let log = logs_by_pid
+            .get(&u64::from(*pid))
+            .unwrap_or_else(|| panic!("no log of pid {pid} in {names:?}"));
+        assert_eq!(event_shapes(log), printed_shapes(&run.stdout), "pid {pid}");
+        assert_eq!(event_shapes(log).len(), 3, "pid {pid}");
+        if *log == fixed {
+            assert_eq!(run.stderr, "");
+            unannounced += 1;
+        } else {
+            assert_eq!(*log, dir.join(format!("fixed.{pid}.vlog")));
+            assert_eq!(
+                run.stderr,
+                format!(
+                    "vramshim: {} already exists; logging to {}\n",
+                    fixed.display(),
+                    log.display()
+                )
+            );
+            said.insert(log.clone());
+        }
+    }
+    assert_eq!(unannounced, 1);
+    assert_eq!(said.len(), PROCESSES - 1);
+}
