@@ -34,6 +34,8 @@ pub struct Output {
     fd: c_int,
     pub path: OsString,
     start_mono_ns: u64,
+    /// Bytes in the file so far (kept under the file-size limit).
+    written: u64,
     out: Vec<u8>,
     chunk: ChunkBuilder,
     batch: Vec<(u32, Slot)>,
@@ -143,18 +145,19 @@ pub fn open_log(
             OpenError::Failed(err.to_string())
         });
     }
-    if let Err(err) = write_all(fd, header) {
+    if let Err(why) = write_within_limit(fd, 0, header) {
         // The file is ours and holds nothing readable: take it away again.
         unsafe {
             libc::close(fd);
             libc::unlink(cpath.as_ptr());
         }
-        return Err(OpenError::Failed(err.to_string()));
+        return Err(OpenError::Failed(why));
     }
     Ok(Output {
         fd,
         path: path.clone(),
         start_mono_ns,
+        written: header.len() as u64,
         out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
         chunk: ChunkBuilder::new(),
         batch: Vec::with_capacity(16 << 10),
@@ -186,6 +189,38 @@ fn kind_of(mode: libc::mode_t) -> Option<&'static str> {
         libc::S_IFDIR => Some("a directory"),
         _ => Some("not a regular file"),
     }
+}
+
+/// `RLIMIT_FSIZE` in bytes, or `None` when unlimited (or unreadable).
+fn file_size_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(limit.rlim_cur)
+}
+
+/// Writes all of `bytes` at offset `size` of `fd`, or nothing when that would pass the
+/// file-size limit: a write past it raises SIGXFSZ, which kills the program. EFBIG (the
+/// limit lowered meanwhile with SIGXFSZ ignored, or the file system's own maximum) says the
+/// same.
+fn write_within_limit(fd: c_int, size: u64, bytes: &[u8]) -> Result<(), String> {
+    let limit_reached =
+        |limit: u64| format!("the file size limit (ulimit -f) of {limit} bytes is reached");
+    if let Some(limit) = file_size_limit()
+        && size.saturating_add(bytes.len() as u64) > limit
+    {
+        return Err(limit_reached(limit));
+    }
+    write_all(fd, bytes).map_err(|err| match (err.raw_os_error(), file_size_limit()) {
+        (Some(libc::EFBIG), Some(limit)) => limit_reached(limit),
+        _ => err.to_string(),
+    })
 }
 
 fn write_all(fd: c_int, mut bytes: &[u8]) -> std::io::Result<()> {
@@ -357,14 +392,20 @@ fn finish_chunk(output: &mut Output) {
     if output.out.is_empty() {
         return;
     }
-    if !output.write_failed
-        && let Err(err) = write_all(output.fd, &output.out)
-    {
-        output.write_failed = true;
-        crate::warn(&format!(
-            "cannot write to {}: {err}; recording stops here (what was written stays readable)",
-            output.path.to_string_lossy()
-        ));
+    // `out` holds whole chunks: written entirely or not at all, so the log stays readable up
+    // to the last chunk written.
+    if !output.write_failed {
+        match write_within_limit(output.fd, output.written, &output.out) {
+            Ok(()) => output.written += output.out.len() as u64,
+            Err(why) => {
+                output.write_failed = true;
+                crate::warn(&format!(
+                    "cannot write to {}: {why}; recording stops here (what was written stays \
+                     readable)",
+                    output.path.to_string_lossy()
+                ));
+            }
+        }
     }
     output.out.clear();
 }

@@ -1,5 +1,6 @@
 //! Where the log goes, under the real preload: what is already at the output path (a FIFO, a
-//! device, a symlink, someone else's file), and processes started together on one fixed path.
+//! device, a symlink, someone else's file), processes started together on one fixed path, and
+//! a file-size limit (`ulimit -f`).
 //! Every run is killed after a generous timeout, so a hang fails the test instead of hanging
 //! the suite.
 
@@ -9,6 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -319,4 +321,139 @@ fn processes_started_together_on_one_path_each_keep_a_complete_log() {
     }
     assert_eq!(unannounced, 1);
     assert_eq!(said.len(), PROCESSES - 1);
+}
+
+/// Runs `bench 1 PAIRS 1` under the shim with the file-size limit at `limit` bytes.
+fn bench_under_fsize_limit(dir: &Path, limit: u64, pairs: u32, env: &[(&str, &str)]) -> Finished {
+    let mut command = shim_command(&program("bench"), dir);
+    command
+        .args(["1", &pairs.to_string(), "1"])
+        .env("VRAMSHIM_OUTPUT", dir.join("bench.vlog"))
+        .env("FAKECUDA_MEM", "unlimited");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    finish_under_fsize_limit(command, limit)
+}
+
+/// Runs `command` with the file-size limit (soft and hard) at `limit` bytes and without stacks.
+fn finish_under_fsize_limit(mut command: Command, limit: u64) -> Finished {
+    command.env("VRAMSHIM_STACK", "none");
+    unsafe {
+        command.pre_exec(move || {
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    finish(start(&mut command), "program under a file-size limit")
+}
+
+/// `ulimit -f`: the log stops at the last whole chunk that fits, with one warning; the program
+/// is not killed by SIGXFSZ and ends as it would. Checked with the writer thread writing, and
+/// with the program's own thread writing (a full buffer, then exit).
+#[test]
+fn a_file_size_limit_stops_recording_but_never_the_program() {
+    const LIMIT: u64 = 1 << 20;
+    const PAIRS: u32 = 200_000;
+    for (case, env) in [
+        ("writer thread", &[][..]),
+        (
+            "program thread",
+            &[
+                ("VRAMSHIM_FLUSH_MS", "60000"),
+                ("VRAMSHIM_BUFFER_EVENTS", "1024"),
+            ][..],
+        ),
+    ] {
+        let dir = scratch("paths-fsize");
+        let run = bench_under_fsize_limit(&dir, LIMIT, PAIRS, env);
+        assert_eq!(run.status.signal(), None, "{case}: {:?}", run.status);
+        assert_eq!(run.status.code(), Some(0), "{case}: {}", run.stderr);
+        assert!(
+            run.stdout
+                .starts_with("threads=1 pairs=200000 depth=1 ns_per_pair="),
+            "{case}: {}",
+            run.stdout
+        );
+        let log = dir.join("bench.vlog");
+        assert_eq!(
+            run.stderr,
+            format!(
+                "vramshim: cannot write to {}: the file size limit (ulimit -f) of {LIMIT} bytes \
+                 is reached; recording stops here (what was written stays readable)\n",
+                log.display()
+            ),
+            "{case}"
+        );
+        let size = std::fs::metadata(&log).unwrap().len();
+        assert!(size <= LIMIT, "{case}: {size}");
+        // Whole chunks only, and a prefix of what the program did: alloc/free pairs of 4 KiB.
+        let shapes = event_shapes(&log);
+        assert!(shapes.len() > 100, "{case}: only {} events", shapes.len());
+        assert!(shapes.len() < 2 * PAIRS as usize, "{case}");
+        for (i, (event, api, _, size, result)) in shapes.iter().enumerate() {
+            let expected = if i % 2 == 0 {
+                ("alloc", "cuMemAlloc_v2", 4096)
+            } else {
+                ("free", "cuMemFree_v2", 0)
+            };
+            assert_eq!(
+                (event.as_str(), api.as_str(), *size, *result),
+                (expected.0, expected.1, expected.2, 0),
+                "{case}: event {i}"
+            );
+        }
+        assert_eq!(files_in(&dir), vec!["bench.vlog"], "{case}");
+    }
+}
+
+/// The limit reached by the program's own thread: `oom`'s failed allocation writes at once
+/// (the writer thread, with a long interval and a nearly empty buffer, never wakes), and the
+/// limit leaves room for the header only. Before the fix SIGXFSZ killed `oom` there.
+#[test]
+fn a_file_size_limit_reached_at_a_failed_allocation_leaves_the_program_alone() {
+    let slow_writer = [("FAKECUDA_MEM", "1G"), ("VRAMSHIM_FLUSH_MS", "60000")];
+    let free = scratch("paths-fsize-free");
+    let mut command = shim_command(&program("oom"), &free);
+    command.envs(slow_writer);
+    let unlimited = finish_under_fsize_limit(command, libc::RLIM_INFINITY);
+    assert!(unlimited.status.success(), "{}", unlimited.stderr);
+    let full = std::fs::read(dir_log(&free)).expect("read log");
+    // Header: 8 magic bytes, version, body length, checksum (u32 each), then the body.
+    let header_len = 20 + u64::from(u32::from_le_bytes(full[12..16].try_into().unwrap()));
+    assert!(header_len + 10 < full.len() as u64);
+
+    let dir = scratch("paths-fsize-oom");
+    let mut command = shim_command(&program("oom"), &dir);
+    command.envs(slow_writer);
+    let run = finish_under_fsize_limit(command, header_len + 10);
+    assert_eq!(run.status.signal(), None, "{:?}", run.status);
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, plain_oom_stdout());
+    let log = dir_log(&dir);
+    assert_eq!(
+        run.stderr,
+        format!(
+            "vramshim: cannot write to {}: the file size limit (ulimit -f) of {} bytes is \
+             reached; recording stops here (what was written stays readable)\n",
+            log.display(),
+            header_len + 10
+        )
+    );
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), header_len);
+    assert_eq!(event_shapes(&log), Vec::new());
+    assert_eq!(log, dir.join(format!("{}.vlog", header_pid(&log))));
+}
+
+/// The one log in `dir`.
+fn dir_log(dir: &Path) -> PathBuf {
+    let names = files_in(dir);
+    assert_eq!(names.len(), 1, "{names:?}");
+    dir.join(&names[0])
 }
