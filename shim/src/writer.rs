@@ -464,24 +464,66 @@ pub fn reset_after_fork() {
     DROPPED.store(0, Ordering::Relaxed);
 }
 
-/// Appends the log's path to `vramshim run`'s manifest.
+/// Appends the log's path to `vramshim run`'s manifest; one warning line when it cannot.
 pub fn append_manifest(manifest: &OsString, log: &OsString) {
-    let Ok(cpath) = CString::new(manifest.as_bytes()) else {
-        return;
-    };
+    let mut line = log.clone().into_vec();
+    line.push(b'\n');
+    if let Err(why) = append_to_manifest(manifest, &line) {
+        crate::warn(&format!(
+            "log {} not added to the manifest {}: {why}",
+            log.to_string_lossy(),
+            manifest.to_string_lossy()
+        ));
+    }
+}
+
+/// The manifest may sit in a directory someone else controls: only an existing regular file
+/// of ours with no other name is written (never created, never through a symlink), and a
+/// FIFO or device is never even opened.
+fn append_to_manifest(manifest: &OsString, line: &[u8]) -> Result<(), String> {
+    let cpath =
+        CString::new(manifest.as_bytes()).map_err(|_| "the path contains a NUL byte".to_owned())?;
+    let mut seen: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(cpath.as_ptr(), &mut seen) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    if let Some(kind) = kind_of(seen.st_mode) {
+        return Err(format!("it is {kind}"));
+    }
     let fd = unsafe {
         libc::open(
             cpath.as_ptr(),
-            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
+            libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
-        return;
+        let err = std::io::Error::last_os_error();
+        return Err(if err.raw_os_error() == Some(libc::ELOOP) {
+            "it is a symbolic link".to_owned()
+        } else {
+            err.to_string()
+        });
     }
-    let mut line = log.clone().into_vec();
-    line.push(b'\n');
-    // One write with O_APPEND: lines of concurrent processes do not interleave.
-    let _ = write_all(fd, &line);
+    let result = (|| {
+        let mut opened: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut opened) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        if (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err("it was replaced while being opened".to_owned());
+        }
+        if let Some(kind) = kind_of(opened.st_mode) {
+            return Err(format!("it is {kind}"));
+        }
+        if opened.st_uid != unsafe { libc::geteuid() } {
+            return Err("it belongs to another user".to_owned());
+        }
+        if opened.st_nlink != 1 {
+            return Err("it has other names (hard links)".to_owned());
+        }
+        // One write with O_APPEND: lines of concurrent processes do not interleave.
+        write_within_limit(fd, opened.st_size as u64, line)
+    })();
     unsafe { libc::close(fd) };
+    result
 }

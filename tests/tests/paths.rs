@@ -1,6 +1,7 @@
-//! Where the log goes, under the real preload: what is already at the output path (a FIFO, a
-//! device, a symlink, someone else's file), processes started together on one fixed path, and
-//! a file-size limit (`ulimit -f`).
+//! Where the log and `vramshim run`'s manifest go, under the real preload: what is already at
+//! the output path (a FIFO, a device, a symlink, someone else's file), processes started
+//! together on one fixed path, a file-size limit (`ulimit -f`), and planted files around the
+//! manifest.
 //! Every run is killed after a generous timeout, so a hang fails the test instead of hanging
 //! the suite.
 
@@ -8,7 +9,7 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -456,4 +457,168 @@ fn dir_log(dir: &Path) -> PathBuf {
     let names = files_in(dir);
     assert_eq!(names.len(), 1, "{names:?}");
     dir.join(&names[0])
+}
+
+/// `vramshim ARGS` as the tests of `run` use it, with `TMPDIR` pointing at `tmp`; stdin is
+/// piped so the caller can hold the program back.
+fn vramshim_run(args: &[&OsStr], tmp: &Path, cwd: &Path, env: &[(&str, &OsStr)]) -> Child {
+    let mut command = Command::new(vramshim_tool());
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("TMPDIR", tmp)
+        .env("FAKECUDA_MEM", "1G")
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .env_remove("VRAMSHIM_MANIFEST");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vramshim")
+}
+
+/// The size as `vramshim run` prints it.
+fn human(n: u64) -> String {
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+fn wrote_line(log: &Path) -> String {
+    let size = std::fs::metadata(log).expect("log").len();
+    format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+}
+
+/// The manifest's old name was predictable (`$TMPDIR/vramshim-run-<pid>.manifest`): another
+/// user could plant a symlink there (root then appends to any file, and `run` prints it) or a
+/// FIFO (the program hangs). Planted while the program waits, neither changes anything now.
+#[test]
+fn run_ignores_a_symlink_or_fifo_planted_at_the_old_manifest_name() {
+    for plant in ["symlink", "fifo"] {
+        let tmp = scratch("paths-manifest-tmp");
+        let dir = scratch("paths-manifest-logs");
+        let victim = dir.join("victim.txt");
+        std::fs::write(&victim, "/etc/shadow\n").expect("write victim");
+        let script = format!("read go; exec {}", program("oom").display());
+        let output = dir.join("%p.vlog");
+        let mut child = vramshim_run(
+            &[
+                OsStr::new("run"),
+                OsStr::new("-o"),
+                output.as_os_str(),
+                OsStr::new("--"),
+                OsStr::new("sh"),
+                OsStr::new("-c"),
+                OsStr::new(&script),
+            ],
+            &tmp,
+            &dir,
+            &[],
+        );
+        let old_name = tmp.join(format!("vramshim-run-{}.manifest", child.id()));
+        // `run` removed any stale manifest before it started the program: plant after that.
+        std::thread::sleep(Duration::from_millis(500));
+        match plant {
+            "symlink" => std::os::unix::fs::symlink(&victim, &old_name).expect("plant symlink"),
+            _ => mkfifo(&old_name),
+        }
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"go\n")
+            .expect("release the program");
+        let run = finish(child, "vramshim run");
+        assert!(
+            run.status.success(),
+            "{plant}: {:?} {}",
+            run.status,
+            run.stderr
+        );
+        assert_eq!(run.stdout, plain_oom_stdout(), "{plant}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "/etc/shadow\n");
+        let logs: Vec<String> = files_in(&dir)
+            .into_iter()
+            .filter(|n| n.ends_with(".vlog"))
+            .collect();
+        assert_eq!(logs.len(), 1, "{plant}: {logs:?}");
+        let log = dir.join(&logs[0]);
+        assert_eq!(run.stderr, wrote_line(&log), "{plant}");
+        assert_eq!(event_shapes(&log), printed_shapes(&run.stdout), "{plant}");
+        // Only the planted file is left in TMPDIR: the private directory was removed.
+        let planted = old_name.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(files_in(&tmp), vec![planted], "{plant}");
+    }
+}
+
+/// `VRAMSHIM_MANIFEST` in a directory someone else controls: a symlink, a FIFO, a hard link
+/// to another file or a missing file is never written, never blocks, and costs one line.
+#[test]
+fn the_shim_appends_only_to_a_private_regular_manifest() {
+    let dir = scratch("paths-manifest-shim");
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "keep\n").expect("write victim");
+    let symlink = dir.join("symlink.manifest");
+    std::os::unix::fs::symlink(&victim, &symlink).expect("symlink");
+    let fifo = dir.join("fifo.manifest");
+    mkfifo(&fifo);
+    let hardlink = dir.join("hardlink.manifest");
+    std::fs::hard_link(&victim, &hardlink).expect("hard link");
+    let missing = dir.join("missing.manifest");
+    let plain = plain_oom_stdout();
+    for (manifest, why) in [
+        (&symlink, "it is a symbolic link"),
+        (&fifo, "it is a FIFO"),
+        (&hardlink, "it has other names (hard links)"),
+        (&missing, "No such file or directory (os error 2)"),
+    ] {
+        let logs = scratch("paths-manifest-shim-logs");
+        let mut command = shim_command(&program("oom"), &logs);
+        command
+            .env("VRAMSHIM_MANIFEST", manifest)
+            .env("FAKECUDA_MEM", "1G");
+        let run = finish(start(&mut command), "oom");
+        assert!(
+            run.status.success(),
+            "{manifest:?}: {:?} {}",
+            run.status,
+            run.stderr
+        );
+        assert_eq!(run.stdout, plain);
+        let names = files_in(&logs);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(
+            run.stderr,
+            format!(
+                "vramshim: log {} not added to the manifest {}: {why}\n",
+                logs.join(&names[0]).display(),
+                manifest.display()
+            )
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
+    assert!(is_fifo(&fifo));
+    assert_eq!(
+        files_in(&dir),
+        vec![
+            "fifo.manifest",
+            "hardlink.manifest",
+            "symlink.manifest",
+            "victim.txt"
+        ]
+    );
 }

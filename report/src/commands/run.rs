@@ -2,7 +2,9 @@
 //! preloaded, passes on its exit status (and the signal that killed it), then names the logs.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -36,9 +38,7 @@ extern "C" fn forward(signal: libc::c_int) {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let library = find_library()?;
-    let manifest =
-        std::env::temp_dir().join(format!("vramshim-run-{}.manifest", std::process::id()));
-    let _ = std::fs::remove_file(&manifest);
+    let mut manifest = Manifest::create()?;
 
     let mut preload = OsString::from(&library);
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -53,7 +53,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     command
         .args(rest)
         .env("LD_PRELOAD", preload)
-        .env("VRAMSHIM_MANIFEST", &manifest);
+        .env("VRAMSHIM_MANIFEST", &manifest.path);
     if let Some(output) = &args.output {
         command.env("VRAMSHIM_OUTPUT", output);
     }
@@ -79,8 +79,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         message: format!("waiting for the program failed: {err}"),
         code: 1,
     })?;
-    report_logs(&manifest);
-    let _ = std::fs::remove_file(&manifest);
+    report_logs(&manifest.read());
+    drop(manifest);
     if let Some(signal) = status.signal() {
         // Die the same way, so the caller sees the same status.
         unsafe {
@@ -121,8 +121,63 @@ fn find_library() -> Result<PathBuf, Failure> {
     )))
 }
 
-fn report_logs(manifest: &Path) {
-    let listed = std::fs::read(manifest).unwrap_or_default();
+/// The file each recorded process appends its log's path to, in a private directory (mode
+/// 0700, random name): nobody else can plant or read anything there. Removed when dropped.
+struct Manifest {
+    dir: PathBuf,
+    path: PathBuf,
+    /// Kept open: read back through this handle, whatever happens to the name meanwhile.
+    file: std::fs::File,
+}
+
+impl Manifest {
+    fn create() -> Result<Manifest, Failure> {
+        let template = std::env::temp_dir().join("vramshim-run.XXXXXX");
+        let mut template = template.into_os_string().into_vec();
+        template.push(0);
+        // mkdtemp: created atomically with a fresh random name and mode 0700.
+        let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(Failure::input(format!(
+                "cannot create a private directory in {}: {}",
+                std::env::temp_dir().display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        template.pop();
+        let dir = PathBuf::from(OsString::from_vec(template));
+        let path = dir.join("manifest");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|err| {
+                let _ = std::fs::remove_dir(&dir);
+                Failure::input(format!("cannot create {}: {err}", path.display()))
+            })?;
+        Ok(Manifest { dir, path, file })
+    }
+
+    /// What the processes appended.
+    fn read(&mut self) -> Vec<u8> {
+        let mut listed = Vec::new();
+        let _ = self.file.seek(SeekFrom::Start(0));
+        let _ = self.file.read_to_end(&mut listed);
+        listed
+    }
+}
+
+impl Drop for Manifest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn report_logs(listed: &[u8]) {
     let logs: Vec<&[u8]> = listed
         .split(|&b| b == b'\n')
         .filter(|line| !line.is_empty())
