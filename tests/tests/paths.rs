@@ -1,7 +1,7 @@
 //! Where the log and `vramshim run`'s manifest go, under the real preload: what is already at
-//! the output path (a FIFO, a device, a symlink, someone else's file), processes started
-//! together on one fixed path, a file-size limit (`ulimit -f`), and planted files around the
-//! manifest.
+//! the output path (a FIFO, a device, a symlink, someone else's file, a stale log), processes
+//! started together on one fixed path, a file-size limit (`ulimit -f`), and planted files
+//! around the manifest.
 //! Every run is killed after a generous timeout, so a hang fails the test instead of hanging
 //! the suite.
 
@@ -620,5 +620,56 @@ fn the_shim_appends_only_to_a_private_regular_manifest() {
             "symlink.manifest",
             "victim.txt"
         ]
+    );
+}
+
+/// `vramshim run -o PATH` twice: the second run replaces the first run's log (a vramshim log
+/// of the same user whose writer has exited). A file that is not such a log is kept, and the
+/// log goes beside it.
+#[test]
+fn run_replaces_its_own_stale_log_but_nothing_else() {
+    let tmp = scratch("paths-rerun-tmp");
+    let dir = scratch("paths-rerun");
+    let fixed = dir.join("fixed.vlog");
+    let oom = program("oom");
+    let args = [
+        OsStr::new("run"),
+        OsStr::new("-o"),
+        fixed.as_os_str(),
+        OsStr::new("--"),
+        oom.as_os_str(),
+    ];
+    let mut pids = Vec::new();
+    for round in 0..2 {
+        let run = finish(vramshim_run(&args, &tmp, &dir, &[]), "vramshim run");
+        assert!(run.status.success(), "round {round}: {}", run.stderr);
+        assert_eq!(files_in(&dir), vec!["fixed.vlog"], "round {round}");
+        assert_eq!(run.stderr, wrote_line(&fixed), "round {round}");
+        assert_eq!(event_shapes(&fixed), printed_shapes(&run.stdout));
+        pids.push(header_pid(&fixed));
+    }
+    assert_ne!(pids[0], pids[1], "the second run's log replaced the first");
+
+    std::fs::write(&fixed, "notes\n").expect("write");
+    let run = finish(vramshim_run(&args, &tmp, &dir, &[]), "vramshim run");
+    assert!(run.status.success(), "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(&fixed).unwrap(), "notes\n");
+    let names = files_in(&dir);
+    assert_eq!(names.len(), 2, "{names:?}");
+    let log = dir.join(names.iter().find(|n| *n != "fixed.vlog").unwrap());
+    assert_eq!(log, dir.join(format!("fixed.{}.vlog", header_pid(&log))));
+    assert_eq!(
+        run.stderr,
+        format!(
+            "vramshim: {} already exists; logging to {}\n{}",
+            fixed.display(),
+            log.display(),
+            wrote_line(&log)
+        )
+    );
+    assert_eq!(
+        files_in(&tmp),
+        Vec::<String>::new(),
+        "private directory left behind"
     );
 }

@@ -4,7 +4,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -39,6 +39,9 @@ extern "C" fn forward(signal: libc::c_int) {
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let library = find_library()?;
     let mut manifest = Manifest::create()?;
+    if let Some(output) = &args.output {
+        remove_stale_log(output);
+    }
 
     let mut preload = OsString::from(&library);
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -174,6 +177,48 @@ impl Drop for Manifest {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `-o PATH` names a fixed file that an earlier run of the same command wrote: remove it, so
+/// that running again overwrites as users expect (the recorder itself never writes into an
+/// existing file). Only a regular vramshim log of this user whose writer has exited goes;
+/// anything else stays, and the recorder writes beside it.
+fn remove_stale_log(output: &OsStr) {
+    let bytes = output.as_bytes();
+    if bytes.windows(2).any(|w| w == b"%p") || bytes.ends_with(b"/") {
+        return;
+    }
+    let path = Path::new(output);
+    let Ok(seen) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !seen.file_type().is_file() || seen.uid() != unsafe { libc::getuid() } {
+        return;
+    }
+    // O_NONBLOCK: should a FIFO replace the file meanwhile, opening it does not wait.
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return;
+    };
+    let same = file
+        .metadata()
+        .is_ok_and(|now| now.is_file() && now.dev() == seen.dev() && now.ino() == seen.ino());
+    if !same {
+        return;
+    }
+    let Ok(reader) = vramshim_format::LogReader::new(file) else {
+        return;
+    };
+    let writer = reader.header().pid as libc::pid_t;
+    let writer_running = writer > 0
+        && (unsafe { libc::kill(writer, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+    if !writer_running {
+        let _ = std::fs::remove_file(path);
     }
 }
 
