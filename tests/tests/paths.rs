@@ -356,8 +356,10 @@ fn finish_under_fsize_limit(mut command: Command, limit: u64) -> Finished {
 }
 
 /// `ulimit -f`: the log stops at the last whole chunk that fits, with one warning; the program
-/// is not killed by SIGXFSZ and ends as it would. Checked with the writer thread writing, and
-/// with the program's own thread writing (a full buffer, then exit).
+/// is not killed by SIGXFSZ and ends as it would. Checked with the writer thread's periodic
+/// drain, and with a small buffer and a long interval, where chunks are written when a buffer
+/// fills (by the program's thread or the writer woken early). The failed-allocation test below
+/// pins the write to the program's own thread.
 #[test]
 fn a_file_size_limit_stops_recording_but_never_the_program() {
     const LIMIT: u64 = 1 << 20;
