@@ -77,7 +77,7 @@ fn start() -> bool {
     let config = config();
     PROCESS_SETUP.call_once(process_setup);
     let pid = std::process::id();
-    let path = free_log_path(log_path(config, pid), pid);
+    let (wanted, named_by_pid) = log_path(config, pid);
     let start_mono_ns = capture::now_ns();
     let header = Header {
         version: FORMAT_VERSION,
@@ -105,16 +105,21 @@ fn start() -> bool {
         recorder: env!("CARGO_PKG_VERSION").to_owned(),
     };
     let ring_events = (config.mode == Mode::Ring).then_some(config.ring_events);
-    let output = match writer::open_log(&path, &header.encode(), start_mono_ns, ring_events) {
+    let output = match create_log(
+        &wanted,
+        named_by_pid,
+        pid,
+        &header.encode(),
+        start_mono_ns,
+        ring_events,
+    ) {
         Ok(output) => output,
         Err(why) => {
-            crate::warn(&format!(
-                "cannot create log {}: {why}; the program runs unrecorded",
-                path.to_string_lossy()
-            ));
+            crate::warn(&why);
             return false;
         }
     };
+    let path = output.path.clone();
     writer::install(output);
     let parent = FORKED_FROM.swap(0, Ordering::AcqRel);
     if parent != 0 {
@@ -155,18 +160,21 @@ fn writer_loop(interval: Duration) {
 }
 
 /// `VRAMSHIM_OUTPUT` with `%p` replaced by the pid, or `vramshim-<program>.<pid>.vlog`; a
-/// directory (existing, or ending in `/`) gets the default name inside it.
-fn log_path(config: &Config, pid: u32) -> OsString {
+/// directory (existing and not a symlink, or ending in `/`) gets the default name inside it.
+/// The flag says whether the name already holds the pid.
+fn log_path(config: &Config, pid: u32) -> (OsString, bool) {
     let default_name = format!("vramshim-{}.{pid}.vlog", program_name());
     let Some(template) = &config.output else {
-        return OsString::from(default_name);
+        return (OsString::from(default_name), true);
     };
     let mut bytes = Vec::new();
+    let mut named_by_pid = false;
     let raw = template.as_bytes();
     let mut i = 0;
     while i < raw.len() {
         if raw[i] == b'%' && raw.get(i + 1) == Some(&b'p') {
             bytes.extend_from_slice(pid.to_string().as_bytes());
+            named_by_pid = true;
             i += 2;
         } else {
             bytes.push(raw[i]);
@@ -174,58 +182,95 @@ fn log_path(config: &Config, pid: u32) -> OsString {
         }
     }
     let path = OsString::from_vec(bytes);
-    if path.as_bytes().ends_with(b"/") || std::path::Path::new(&path).is_dir() {
+    // `symlink_metadata`: a symlink planted at the path must not send the log elsewhere.
+    let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_dir());
+    if path.as_bytes().ends_with(b"/") || is_dir {
         let mut joined = std::path::PathBuf::from(path);
         joined.push(default_name);
-        return joined.into_os_string();
+        return (joined.into_os_string(), true);
     }
-    path
+    (path, named_by_pid)
 }
 
-/// A path that does not destroy another recording. With a fixed `VRAMSHIM_OUTPUT` (no `%p`)
-/// a fork child, an exec'd child or a second program would truncate a log that its writer is
-/// still writing. So: the log of a running process is never overwritten. After `exec` (same
-/// pid) the new image writes `<path>.2`, `<path>.3`, ...; for another live process it writes
-/// `<stem>.<pid>.<ext>`. A log whose writer is gone (an earlier run) is overwritten as usual.
-fn free_log_path(path: OsString, pid: u32) -> OsString {
-    let writer_of = |candidate: &OsString| {
-        std::fs::File::open(candidate)
-            .ok()
-            .and_then(|file| vramshim_format::LogReader::new(file).ok())
-            .map(|reader| reader.header().pid)
-    };
-    let running = |other: u32| {
-        other != 0
-            && (unsafe { libc::kill(other as libc::pid_t, 0) } == 0
-                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
-    };
-    match writer_of(&path) {
-        Some(owner) if owner == pid => {
-            for n in 2..1000 {
-                let mut candidate = path.clone();
-                candidate.push(format!(".{n}"));
-                if writer_of(&candidate) != Some(pid) {
-                    return candidate;
-                }
-            }
-            path
+/// Creates the log at `wanted`, or beside it when a regular file is already there: another
+/// process's log (a fork or exec'd child, a process started at the same time, an earlier run)
+/// or someone else's file. Nothing that exists is ever opened or overwritten, and each name is
+/// taken atomically (`O_EXCL`), so processes racing for one path each get their own file. The
+/// name beside it is `<stem>.<pid>.<ext>` (then `.2`, `.3`, ... after that), or `<path>.2`,
+/// `.3`, ... when the name already holds the pid (an exec'd image of the same process).
+/// Anything but a regular file at `wanted` (a symlink, a FIFO, a device) is refused. The error
+/// is the whole warning line.
+fn create_log(
+    wanted: &OsString,
+    named_by_pid: bool,
+    pid: u32,
+    header: &[u8],
+    start_mono_ns: u64,
+    ring_events: Option<usize>,
+) -> Result<writer::Output, String> {
+    let unrecorded = "the program runs unrecorded";
+    match writer::open_log(wanted, header, start_mono_ns, ring_events) {
+        Ok(output) => return Ok(output),
+        Err(writer::OpenError::Exists) => {}
+        Err(writer::OpenError::Failed(why)) => {
+            return Err(format!(
+                "cannot create log {}: {why}; {unrecorded}",
+                wanted.to_string_lossy()
+            ));
         }
-        Some(owner) if running(owner) => {
-            let as_path = std::path::Path::new(&path);
-            let stem = as_path
-                .file_stem()
-                .map(|s| s.to_os_string())
-                .unwrap_or_default();
-            let mut name = stem;
-            name.push(format!(".{pid}"));
-            if let Some(ext) = as_path.extension() {
-                name.push(".");
-                name.push(ext);
-            }
-            as_path.with_file_name(name).into_os_string()
-        }
-        _ => path,
     }
+    if let Some(kind) = writer::special_file_kind(wanted) {
+        return Err(format!(
+            "cannot create log {}: it is {kind} (only a new regular file is written); {unrecorded}",
+            wanted.to_string_lossy()
+        ));
+    }
+    let first = if named_by_pid {
+        wanted.clone()
+    } else {
+        let as_path = std::path::Path::new(wanted);
+        let mut name = as_path
+            .file_stem()
+            .map(|s| s.to_os_string())
+            .unwrap_or_default();
+        name.push(format!(".{pid}"));
+        if let Some(ext) = as_path.extension() {
+            name.push(".");
+            name.push(ext);
+        }
+        as_path.with_file_name(name).into_os_string()
+    };
+    const MAX_TRIES: u32 = 1000;
+    // `first` itself is `wanted` when the name already holds the pid: start at `.2` then.
+    let start = if named_by_pid { 2 } else { 1 };
+    for n in start..=MAX_TRIES {
+        let mut candidate = first.clone();
+        if n > 1 {
+            candidate.push(format!(".{n}"));
+        }
+        match writer::open_log(&candidate, header, start_mono_ns, ring_events) {
+            Ok(output) => {
+                crate::warn(&format!(
+                    "{} already exists; logging to {}",
+                    wanted.to_string_lossy(),
+                    candidate.to_string_lossy()
+                ));
+                return Ok(output);
+            }
+            Err(writer::OpenError::Exists) => {}
+            Err(writer::OpenError::Failed(why)) => {
+                return Err(format!(
+                    "cannot create log {} ({} already exists): {why}; {unrecorded}",
+                    candidate.to_string_lossy(),
+                    wanted.to_string_lossy()
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "cannot create log {}: it and every name beside it up to .{MAX_TRIES} already exist; {unrecorded}",
+        wanted.to_string_lossy()
+    ))
 }
 
 /// The program's name for the default log name: the script for `python x.py`, the module for

@@ -34,6 +34,8 @@ pub struct Output {
     fd: c_int,
     pub path: OsString,
     start_mono_ns: u64,
+    /// Bytes in the file so far (kept under the file-size limit).
+    written: u64,
     out: Vec<u8>,
     chunk: ChunkBuilder,
     batch: Vec<(u32, Slot)>,
@@ -112,42 +114,115 @@ pub fn install(output: Output) {
     *OUTPUT.lock() = Some(output);
 }
 
-/// Opens `path` for a new log: created with mode 0600, never through a symlink, truncated.
+/// Why [`open_log`] made no log.
+pub enum OpenError {
+    /// Something (a file, a link, a FIFO, ...) is already at the path.
+    Exists,
+    /// Anything else, said in words.
+    Failed(String),
+}
+
+/// Creates `path` as a new log: atomically, never through a symlink, never opening what is
+/// already there (`O_EXCL`: an existing FIFO or device is not opened, so nothing blocks),
+/// mode 0600.
 pub fn open_log(
     path: &OsString,
     header: &[u8],
     start_mono_ns: u64,
     ring_events: Option<usize>,
-) -> Result<Output, String> {
-    let cpath = CString::new(path.as_bytes()).map_err(|_| "path contains a NUL byte".to_owned())?;
+) -> Result<Output, OpenError> {
+    let cpath = CString::new(path.as_bytes())
+        .map_err(|_| OpenError::Failed("the path contains a NUL byte".to_owned()))?;
     let fd = unsafe {
         libc::open(
             cpath.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             0o600 as libc::c_uint,
         )
     };
     if fd < 0 {
         let err = std::io::Error::last_os_error();
-        return Err(if err.raw_os_error() == Some(libc::ELOOP) {
-            "it is a symbolic link (refused for safety)".to_owned()
+        return Err(if err.raw_os_error() == Some(libc::EEXIST) {
+            OpenError::Exists
         } else {
-            err.to_string()
+            OpenError::Failed(err.to_string())
         });
     }
-    if let Err(err) = write_all(fd, header) {
-        unsafe { libc::close(fd) };
-        return Err(err.to_string());
+    if let Err(why) = write_within_limit(fd, 0, header) {
+        // The file is ours and holds nothing readable: take it away again.
+        unsafe {
+            libc::close(fd);
+            libc::unlink(cpath.as_ptr());
+        }
+        return Err(OpenError::Failed(why));
     }
     Ok(Output {
         fd,
         path: path.clone(),
         start_mono_ns,
+        written: header.len() as u64,
         out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
         chunk: ChunkBuilder::new(),
         batch: Vec::with_capacity(16 << 10),
         write_failed: false,
         window: ring_events.map(Window::new),
+    })
+}
+
+/// What the thing at `path` is, in words, when it is not a regular file (`lstat`: a symlink
+/// is not followed); `None` for a regular file or nothing.
+pub fn special_file_kind(path: &OsString) -> Option<&'static str> {
+    let cpath = CString::new(path.as_bytes()).ok()?;
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(cpath.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    kind_of(stat.st_mode)
+}
+
+/// `None` for a regular file, else what it is.
+fn kind_of(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFLNK => Some("a symbolic link"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFCHR => Some("a character device"),
+        libc::S_IFBLK => Some("a block device"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFDIR => Some("a directory"),
+        _ => Some("not a regular file"),
+    }
+}
+
+/// `RLIMIT_FSIZE` in bytes, or `None` when unlimited (or unreadable).
+fn file_size_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(limit.rlim_cur)
+}
+
+/// Writes all of `bytes` at offset `size` of `fd`, or nothing when that would pass the
+/// file-size limit: a write past it raises SIGXFSZ, which kills the program. EFBIG (the
+/// limit lowered meanwhile with SIGXFSZ ignored, or the file system's own maximum) says the
+/// same.
+fn write_within_limit(fd: c_int, size: u64, bytes: &[u8]) -> Result<(), String> {
+    let limit_reached =
+        |limit: u64| format!("the file size limit (ulimit -f) of {limit} bytes is reached");
+    if let Some(limit) = file_size_limit()
+        && size.saturating_add(bytes.len() as u64) > limit
+    {
+        return Err(limit_reached(limit));
+    }
+    write_all(fd, bytes).map_err(|err| match (err.raw_os_error(), file_size_limit()) {
+        (Some(libc::EFBIG), Some(limit)) => limit_reached(limit),
+        _ => err.to_string(),
     })
 }
 
@@ -319,14 +394,20 @@ fn finish_chunk(output: &mut Output) {
     if output.out.is_empty() {
         return;
     }
-    if !output.write_failed
-        && let Err(err) = write_all(output.fd, &output.out)
-    {
-        output.write_failed = true;
-        crate::warn(&format!(
-            "cannot write to {}: {err}; recording stops here (what was written stays readable)",
-            output.path.to_string_lossy()
-        ));
+    // `out` holds whole chunks: written entirely or not at all, so the log stays readable up
+    // to the last chunk written.
+    if !output.write_failed {
+        match write_within_limit(output.fd, output.written, &output.out) {
+            Ok(()) => output.written += output.out.len() as u64,
+            Err(why) => {
+                output.write_failed = true;
+                crate::warn(&format!(
+                    "cannot write to {}: {why}; recording stops here (what was written stays \
+                     readable)",
+                    output.path.to_string_lossy()
+                ));
+            }
+        }
     }
     output.out.clear();
 }
@@ -385,24 +466,66 @@ pub fn reset_after_fork() {
     DROPPED.store(0, Ordering::Relaxed);
 }
 
-/// Appends the log's path to `vramshim run`'s manifest.
+/// Appends the log's path to `vramshim run`'s manifest; one warning line when it cannot.
 pub fn append_manifest(manifest: &OsString, log: &OsString) {
-    let Ok(cpath) = CString::new(manifest.as_bytes()) else {
-        return;
-    };
+    let mut line = log.clone().into_vec();
+    line.push(b'\n');
+    if let Err(why) = append_to_manifest(manifest, &line) {
+        crate::warn(&format!(
+            "log {} not added to the manifest {}: {why}",
+            log.to_string_lossy(),
+            manifest.to_string_lossy()
+        ));
+    }
+}
+
+/// The manifest may sit in a directory someone else controls: only an existing regular file
+/// of ours with no other name is written (never created, never through a symlink), and a
+/// FIFO or device is never even opened.
+fn append_to_manifest(manifest: &OsString, line: &[u8]) -> Result<(), String> {
+    let cpath =
+        CString::new(manifest.as_bytes()).map_err(|_| "the path contains a NUL byte".to_owned())?;
+    let mut seen: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(cpath.as_ptr(), &mut seen) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    if let Some(kind) = kind_of(seen.st_mode) {
+        return Err(format!("it is {kind}"));
+    }
     let fd = unsafe {
         libc::open(
             cpath.as_ptr(),
-            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
+            libc::O_WRONLY | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
-        return;
+        let err = std::io::Error::last_os_error();
+        return Err(if err.raw_os_error() == Some(libc::ELOOP) {
+            "it is a symbolic link".to_owned()
+        } else {
+            err.to_string()
+        });
     }
-    let mut line = log.clone().into_vec();
-    line.push(b'\n');
-    // One write with O_APPEND: lines of concurrent processes do not interleave.
-    let _ = write_all(fd, &line);
+    let result = (|| {
+        let mut opened: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut opened) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        if (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err("it was replaced while being opened".to_owned());
+        }
+        if let Some(kind) = kind_of(opened.st_mode) {
+            return Err(format!("it is {kind}"));
+        }
+        if opened.st_uid != unsafe { libc::geteuid() } {
+            return Err("it belongs to another user".to_owned());
+        }
+        if opened.st_nlink != 1 {
+            return Err("it has other names (hard links)".to_owned());
+        }
+        // One write with O_APPEND: lines of concurrent processes do not interleave.
+        write_within_limit(fd, opened.st_size as u64, line)
+    })();
     unsafe { libc::close(fd) };
+    result
 }

@@ -423,13 +423,21 @@ fn exec_after_recording_keeps_the_log_of_the_image_before_it() {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stdout}{stderr}");
-    assert_eq!(stderr, "");
     let ops = program_ops(&stdout);
     assert_eq!(ops.len(), 2, "{stdout}");
     let pid = ops[0].num("pid") as u32;
     assert_eq!(ops[1].num("pid") as u32, pid, "exec keeps the pid");
 
-    // The image before exec keeps its log; the one after writes beside it.
+    // The image before exec keeps its log; the one after writes beside it, and says so.
+    let first = dir.join(format!("{pid}.vlog"));
+    assert_eq!(
+        stderr,
+        format!(
+            "vramshim: {} already exists; logging to {}.2\n",
+            first.display(),
+            first.display()
+        )
+    );
     assert_eq!(
         all_files(&dir),
         vec![format!("{pid}.vlog"), format!("{pid}.vlog.2")]

@@ -15,12 +15,15 @@ use serde_json::Value;
 use vramshim_format::{Item, LogReader};
 
 /// `vramshim ARGS` with the fake driver on the library path and no vramshim settings from the
-/// test's own environment; `env` is applied last.
+/// test's own environment; `env` is applied last. `TMPDIR` is a fresh directory, which must be
+/// empty again when `vramshim` has ended (`run`'s private manifest directory is removed).
 fn vramshim(args: &[&OsStr], env: &[(&str, &OsStr)], cwd: &Path) -> (Output, u32) {
+    let tmp = scratch("tool-tmpdir");
     let mut command = Command::new(vramshim_tool());
     command
         .args(args)
         .current_dir(cwd)
+        .env("TMPDIR", &tmp)
         .env("LD_LIBRARY_PATH", fake_lib_dir())
         .env_remove("LD_PRELOAD")
         .env_remove("VRAMSHIM_LIB")
@@ -37,7 +40,9 @@ fn vramshim(args: &[&OsStr], env: &[(&str, &OsStr)], cwd: &Path) -> (Output, u32
         .spawn()
         .expect("run vramshim");
     let pid = child.id();
-    (child.wait_with_output().expect("wait for vramshim"), pid)
+    let output = child.wait_with_output().expect("wait for vramshim");
+    assert_eq!(files_in(&tmp), Vec::<String>::new(), "left in TMPDIR");
+    (output, pid)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -68,15 +73,11 @@ fn human(n: u64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
-fn manifest_of(vramshim_pid: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("vramshim-run-{vramshim_pid}.manifest"))
-}
-
 #[test]
 fn run_passes_the_exit_code_of_a_program_without_cuda() {
     let dir = scratch("run-exit7");
     let output_path = dir.join("%p.vlog");
-    let (output, pid) = vramshim(
+    let (output, _) = vramshim(
         &[
             OsStr::new("run"),
             OsStr::new("-o"),
@@ -96,7 +97,6 @@ fn run_passes_the_exit_code_of_a_program_without_cuda() {
         "vramshim: no log written (the program made no CUDA memory call)\n"
     );
     assert_eq!(files_in(&dir), Vec::<String>::new());
-    assert!(!manifest_of(pid).exists(), "manifest left behind");
 }
 
 #[test]
@@ -152,7 +152,6 @@ fn run_names_the_log_of_a_cuda_program() {
             ("free", 0)
         ]
     );
-    assert!(!manifest_of(vramshim_pid).exists(), "manifest left behind");
 }
 
 #[test]
@@ -200,7 +199,6 @@ fn run_names_every_log_of_a_process_tree() {
         u64_of(&dump(&dir.join(format!("{parent}.vlog")))[0], "ppid"),
         u64::from(vramshim_pid)
     );
-    assert!(!manifest_of(vramshim_pid).exists(), "manifest left behind");
 }
 
 #[test]

@@ -144,9 +144,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     first.extend(fake_libraries(&lib)?);
     let (program, rest) = launch::split_command(&args.command)?;
 
-    let manifest =
-        std::env::temp_dir().join(format!("vramshim-dryrun-{}.manifest", std::process::id()));
-    let _ = std::fs::remove_file(&manifest);
+    let manifest = launch::Manifest::create()?;
+    if let Some(output) = &args.output {
+        launch::remove_stale_log(output);
+    }
     let mut library_path = OsString::from(&lib);
     if let Some(existing) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
         library_path.push(":");
@@ -157,7 +158,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .args(rest)
         .env("LD_PRELOAD", launch::preload(&first))
         .env("LD_LIBRARY_PATH", library_path)
-        .env("VRAMSHIM_MANIFEST", &manifest)
+        .env("VRAMSHIM_MANIFEST", manifest.path())
         .env("VRAMSHIM_FAKEGPU_COUNT", args.gpus.to_string())
         .env("VRAMSHIM_FAKEGPU_MEMORY", gpu.memory.to_string())
         .env("VRAMSHIM_FAKEGPU_NAME", &gpu.name)
@@ -179,11 +180,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         command.stdout(Stdio::from(stderr));
     }
     let status = launch::spawn_and_wait(&mut command, program)?;
-    let logs: Vec<PathBuf> = launch::manifest_logs(&manifest)
+    let logs: Vec<PathBuf> = manifest
+        .logs()
         .into_iter()
         .filter(|log| log.is_file())
         .collect();
-    let _ = std::fs::remove_file(&manifest);
 
     let command_line: Vec<String> = args
         .command

@@ -2,7 +2,9 @@
 //! program with signals forwarded to it, and ending with its exit status.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
@@ -107,12 +109,109 @@ pub fn exit_like(status: ExitStatus) -> ExitCode {
     ExitCode::from(status.code().unwrap_or(1) as u8)
 }
 
-/// The log paths the recorder appended to `manifest`, one per line, in order.
-pub fn manifest_logs(manifest: &Path) -> Vec<PathBuf> {
-    let listed = std::fs::read(manifest).unwrap_or_default();
-    listed
-        .split(|&b| b == b'\n')
-        .filter(|line| !line.is_empty())
-        .map(|line| PathBuf::from(OsStr::from_bytes(line)))
-        .collect()
+/// The file each recorded process appends its log's path to, in a private directory (mode
+/// 0700, random name): nobody else can plant or read anything there. Removed when dropped.
+pub struct Manifest {
+    dir: PathBuf,
+    path: PathBuf,
+    /// Kept open: read back through this handle, whatever happens to the name meanwhile.
+    file: std::fs::File,
+}
+
+impl Manifest {
+    pub fn create() -> Result<Manifest, Failure> {
+        let template = std::env::temp_dir().join("vramshim-run.XXXXXX");
+        let mut template = template.into_os_string().into_vec();
+        template.push(0);
+        // mkdtemp: created atomically with a fresh random name and mode 0700.
+        let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(Failure::input(format!(
+                "cannot create a private directory in {}: {}",
+                std::env::temp_dir().display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        template.pop();
+        let dir = PathBuf::from(OsString::from_vec(template));
+        let path = dir.join("manifest");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|err| {
+                let _ = std::fs::remove_dir(&dir);
+                Failure::input(format!("cannot create {}: {err}", path.display()))
+            })?;
+        Ok(Manifest { dir, path, file })
+    }
+
+    /// Where the recorder appends (`VRAMSHIM_MANIFEST`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The log paths the recorded processes appended, one per line, in order.
+    pub fn logs(mut self) -> Vec<PathBuf> {
+        let mut listed = Vec::new();
+        let _ = self.file.seek(SeekFrom::Start(0));
+        let _ = self.file.read_to_end(&mut listed);
+        listed
+            .split(|&b| b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(|line| PathBuf::from(OsStr::from_bytes(line)))
+            .collect()
+    }
+}
+
+impl Drop for Manifest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `-o PATH` names a fixed file that an earlier run of the same command wrote: remove it, so
+/// that running again overwrites as users expect (the recorder itself never writes into an
+/// existing file). Only a regular vramshim log of this user whose writer has exited goes;
+/// anything else stays, and the recorder writes beside it.
+pub fn remove_stale_log(output: &OsStr) {
+    let bytes = output.as_bytes();
+    if bytes.windows(2).any(|w| w == b"%p") || bytes.ends_with(b"/") {
+        return;
+    }
+    let path = Path::new(output);
+    let Ok(seen) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !seen.file_type().is_file() || seen.uid() != unsafe { libc::getuid() } {
+        return;
+    }
+    // O_NONBLOCK: should a FIFO replace the file meanwhile, opening it does not wait.
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return;
+    };
+    let same = file
+        .metadata()
+        .is_ok_and(|now| now.is_file() && now.dev() == seen.dev() && now.ino() == seen.ino());
+    if !same {
+        return;
+    }
+    let Ok(reader) = vramshim_format::LogReader::new(file) else {
+        return;
+    };
+    let writer = reader.header().pid as libc::pid_t;
+    let writer_running = writer > 0
+        && (unsafe { libc::kill(writer, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
+    if !writer_running {
+        let _ = std::fs::remove_file(path);
+    }
 }

@@ -1,9 +1,8 @@
 //! `vramshim run [-o PATH] [--stack MODE] -- CMD ARGS...`: runs a program with the recorder
 //! preloaded, passes on its exit status (and the signal that killed it), then names the logs.
 
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use crate::Failure;
@@ -26,9 +25,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let library = launch::find_library()?;
-    let manifest =
-        std::env::temp_dir().join(format!("vramshim-run-{}.manifest", std::process::id()));
-    let _ = std::fs::remove_file(&manifest);
+    let manifest = launch::Manifest::create()?;
+    if let Some(output) = &args.output {
+        launch::remove_stale_log(output);
+    }
 
     let preload = launch::preload(&[library]);
     let (program, rest) = launch::split_command(&args.command)?;
@@ -36,7 +36,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     command
         .args(rest)
         .env("LD_PRELOAD", preload)
-        .env("VRAMSHIM_MANIFEST", &manifest);
+        .env("VRAMSHIM_MANIFEST", manifest.path());
     if let Some(output) = &args.output {
         command.env("VRAMSHIM_OUTPUT", output);
     }
@@ -44,23 +44,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         command.env("VRAMSHIM_STACK", stack);
     }
     let status = launch::spawn_and_wait(&mut command, program)?;
-    report_logs(&manifest);
-    let _ = std::fs::remove_file(&manifest);
+    report_logs(&manifest.logs());
     Ok(launch::exit_like(status))
 }
 
-fn report_logs(manifest: &Path) {
-    let listed = std::fs::read(manifest).unwrap_or_default();
-    let logs: Vec<&[u8]> = listed
-        .split(|&b| b == b'\n')
-        .filter(|line| !line.is_empty())
-        .collect();
+fn report_logs(logs: &[PathBuf]) {
     if logs.is_empty() {
         eprintln!("vramshim: no log written (the program made no CUDA memory call)");
         return;
     }
-    for log in logs {
-        let path = Path::new(OsStr::from_bytes(log));
+    for path in logs {
         let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         eprintln!("vramshim: wrote {} ({})", path.display(), bytes(size));
     }
