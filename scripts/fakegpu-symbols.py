@@ -50,6 +50,7 @@ def exports(path):
             continue
         if "@@" in name:
             base, node = name.split("@@", 1)
+            version_nodes.add(node)
             version = "@@" + node
         elif "@" in name:
             base, node = name.split("@", 1)
@@ -58,11 +59,11 @@ def exports(path):
             base, node, version = name, None, "-"
         # The symbol that names a version node itself (ABS, size 0) is not an export.
         if ndx == "ABS" and node is not None and base == node:
-            version_nodes.add(node)
             continue
-        size = int(size, 0) if not size.startswith("0x") else int(size, 16)
+        size = int(size, 16) if size.startswith("0x") else int(size)
         rows.add((base, version, KINDS.get(typ, "other"), size))
-    return sorted(rows)
+    # readelf may print a version node's own symbol without its @@ suffix.
+    return sorted(row for row in rows if not (row[0] in version_nodes and row[3] == 0))
 
 
 def is_elf_shared(path):
