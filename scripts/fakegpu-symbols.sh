@@ -3,7 +3,9 @@
 # every NVIDIA library the fake GPU imitates, from NVIDIA's published packages.
 #   cu13/, cu12/  the PyPI wheels pinned below (CUDA 13 line and CUDA 12 line);
 #   driver/       libcuda.so.1 and libnvidia-ml.so.1 from Debian's non-free libcuda1 and
-#                 libnvidia-ml1 (not published as wheels).
+#                 libnvidia-ml1 (not published as wheels);
+#   cuda-h/       libcuda.so.1: every function CUDA 13's cuda.h declares (Debian's driver is
+#                 older than CUDA 13).
 # Run by hand when a new CUDA release comes out; the downloads (several GB) go to a scratch
 # directory (FAKEGPU_SYMBOLS_WORK, default a temporary one) and only text is written to the
 # repository. Never run in CI.
@@ -90,7 +92,35 @@ debs() {
     python3 scripts/fakegpu-symbols.py "$OUT/driver" "${archives[@]}"
 }
 
+# The driver functions CUDA 13's cuda.h declares (under the names its #defines map them to):
+# Debian's newest libcuda1 is older than CUDA 13, and a CUDA 13 library may ask the resolver
+# for any of them.
+header_driver() {
+    local wheel
+    wheel=$(ls "$WORK/cu13/nvidia_cuda_runtime-"*.whl | head -n1)
+    mkdir -p "$OUT/cuda-h"
+    python3 - "$wheel" "$OUT/cuda-h/libcuda.so.1.syms" "${CU13[0]}" <<'PY'
+import hashlib, re, sys, zipfile
+wheel, out, spec = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    member = next(n for n in z.namelist() if n.endswith("/include/cuda.h"))
+    text = z.read(member).decode()
+mapped = dict(re.findall(r"#define\s+(cu\w+)\s+(cu\w+_v\d+)\b", text))
+names = sorted({mapped.get(n, n) for n in re.findall(r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(", text)})
+digest = hashlib.sha256(open(wheel, "rb").read()).hexdigest()
+version = re.search(r"#define CUDA_VERSION (\d+)", text).group(1)
+with open(out, "w") as f:
+    f.write(f"# libcuda.so.1: the driver functions declared by {member} (CUDA_VERSION "
+            f"{version})\n")
+    f.write(f"# from {spec} ({wheel.rsplit('/', 1)[-1]})\n# archive sha256 {digest}\n")
+    f.write("# columns: name version(@@default, @old, - none) kind size\n")
+    f.writelines(f"{n} - func 0\n" for n in names)
+print(f"{out}: {len(names)} symbols", file=sys.stderr)
+PY
+}
+
 wheels cu13 "${CU13[@]}"
 wheels cu12 "${CU12[@]}"
+header_driver
 debs
 say "done: $(ls "$OUT"/*/*.syms | wc -l) libraries under $OUT (downloads kept in $WORK)"

@@ -13,6 +13,11 @@
         return (long)(status);                                                            \
     }
 
+/* A function that is implemented by doing nothing (a kernel launch on the fake): success. */
+#define FG_NOOP(index, name)                                                              \
+    __attribute__((visibility("default"))) long fg_stub_##index(void) __asm__(name);      \
+    long fg_stub_##index(void) { return 0; }
+
 #define FG_MESSAGE_STUB(index, name)                                                      \
     __attribute__((visibility("default"))) const char *fg_stub_##index(void) __asm__(name); \
     const char *fg_stub_##index(void)                                                     \
