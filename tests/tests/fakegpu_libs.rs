@@ -101,3 +101,111 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
         vec![4096]
     );
 }
+
+/// The C++ runtime some NVIDIA libraries re-export, which the fakes leave to libstdc++ (the
+/// same prefixes as `CXX_RUNTIME_RE` in `fakegpu/build.py`).
+fn is_cxx_runtime(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_ZNSt",
+        "_ZNKSt",
+        "_ZSt",
+        "_ZTISt",
+        "_ZTSSt",
+        "_ZTVSt",
+        "_ZTHSt",
+        "_ZTHNSt",
+        "_ZNSs",
+        "_ZNKSs",
+        "_ZNSi",
+        "_ZNKSi",
+        "_ZNSo",
+        "_ZNKSo",
+        "_ZNSd",
+        "_Zdl",
+        "_Znw",
+        "_Zna",
+        "_Zda",
+        "_ZN9__gnu_cxx",
+        "_ZNK9__gnu_cxx",
+        "_ZTIN9__gnu_cxx",
+        "_ZTSN9__gnu_cxx",
+        "_ZTVN9__gnu_cxx",
+        "_ZN10__cxxabiv1",
+        "_ZTIN10__cxxabiv1",
+        "_ZTSN10__cxxabiv1",
+        "_ZTVN10__cxxabiv1",
+        "__cxa_",
+        "__gxx_",
+        "_Unwind_",
+        "__gcclibcxx",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// `readelf --dyn-syms` of a built fake: its defined symbols as `name@@node` (or `name`).
+fn exported(library: &Path) -> std::collections::HashSet<String> {
+    let output = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(library)
+        .output()
+        .expect("run readelf");
+    assert!(output.status.success(), "readelf {}", library.display());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.len() >= 8 && cols[6] != "UND" && cols[0].ends_with(':'))
+                .then(|| cols[7].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_listed_symbol_is_exported_under_its_real_soname_and_version() {
+    let symbols = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fakegpu/symbols");
+    let mut checked = 0;
+    for line in ["cu13", "cu12", "driver", "cuda-h"] {
+        for entry in std::fs::read_dir(symbols.join(line)).expect("symbol lists") {
+            let list = entry.expect("entry").path();
+            let soname = list
+                .file_stem()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            let library = Path::new(vramshim_fakegpu::LIB_DIR).join(&soname);
+            let readelf = Command::new("readelf")
+                .arg("-d")
+                .arg(&library)
+                .output()
+                .expect("readelf");
+            assert!(
+                String::from_utf8_lossy(&readelf.stdout)
+                    .contains(&format!("Library soname: [{soname}]")),
+                "{} lacks its SONAME",
+                library.display()
+            );
+            let exports = exported(&library);
+            for row in std::fs::read_to_string(&list).expect("list").lines() {
+                let cols: Vec<&str> = row.split_whitespace().collect();
+                if row.starts_with('#') || cols.len() != 4 || is_cxx_runtime(cols[0])
+                    // Made by the linker, not the library's own.
+                    || ["_edata", "_end", "__bss_start", "_init", "_fini"].contains(&cols[0])
+                {
+                    continue;
+                }
+                // ld cannot name a version node with a '-' (libnvrtc-builtins): unversioned.
+                let wanted = match cols[1] {
+                    "-" => cols[0].to_owned(),
+                    node if node.contains('-') => cols[0].to_owned(),
+                    node => format!("{}{node}", cols[0]),
+                };
+                assert!(
+                    exports.contains(&wanted),
+                    "{soname}: {wanted} is not exported"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 19000, "only {checked} symbols checked");
+}

@@ -111,16 +111,57 @@ static uint64_t page_round(uint64_t n)
     return (n + page - 1) / page * page;
 }
 
+/* Freed mappings are kept for reuse by a request of the same page-rounded size (two system
+ * calls saved per allocation/free pair): at most MAP_CACHE_ENTRIES of them, and none larger
+ * than MAP_CACHE_LARGEST, so the host memory they may hold stays bounded. Like a GPU's, reused
+ * memory is not cleared. */
+#define MAP_CACHE_ENTRIES 64
+#define MAP_CACHE_LARGEST (64ull << 20)
+static pthread_mutex_t map_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    void *p;
+    uint64_t size;
+} map_cache[MAP_CACHE_ENTRIES];
+static int map_cache_count;
+
 void *fg_map(uint64_t size)
 {
-    void *p = mmap(NULL, page_round(size ? size : 1), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    uint64_t rounded = page_round(size ? size : 1);
+    void *p = NULL;
+    if (rounded <= MAP_CACHE_LARGEST) {
+        pthread_mutex_lock(&map_cache_lock);
+        for (int i = map_cache_count - 1; i >= 0; i--)
+            if (map_cache[i].size == rounded) {
+                p = map_cache[i].p;
+                map_cache[i] = map_cache[--map_cache_count];
+                break;
+            }
+        pthread_mutex_unlock(&map_cache_lock);
+        if (p)
+            return p;
+    }
+    p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
 void fg_unmap(void *p, uint64_t size)
 {
-    munmap(p, page_round(size ? size : 1));
+    uint64_t rounded = page_round(size ? size : 1);
+    if (rounded <= MAP_CACHE_LARGEST) {
+        bool kept = false;
+        pthread_mutex_lock(&map_cache_lock);
+        if (map_cache_count < MAP_CACHE_ENTRIES) {
+            map_cache[map_cache_count].p = p;
+            map_cache[map_cache_count].size = rounded;
+            map_cache_count++;
+            kept = true;
+        }
+        pthread_mutex_unlock(&map_cache_lock);
+        if (kept)
+            return;
+    }
+    munmap(p, rounded);
 }
 
 /* ---------------------------------------------------------------- device memory */
