@@ -19,6 +19,8 @@ cudaError_t cudaFreeAsync(void *p, void *stream);
 cudaError_t cudaStreamSynchronize(void *stream);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t error);
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags, int *status);
 
 int main(void)
 {
@@ -65,5 +67,18 @@ int main(void)
     void *xt = NULL;
     int first = xt_create ? xt_create(&xt) : -1, second = xt_create ? xt_create(&xt) : -1;
     printf("cublasXtCreate rc=%d rc=%d\n", first, second);
+
+    /* The driver's resolver: a known function (the CUDA 12+ variant of a base name), and one
+     * that does not exist (not found, logged once). */
+    void *fn = NULL;
+    int status = -1;
+    rc = cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, 0, &status);
+    unsigned long long through_entry = 0;
+    int alloc_rc = fn ? ((int (*)(unsigned long long *, size_t))fn)(&through_entry, 4096) : -1;
+    printf("entry cuMemAlloc rc=%d status=%d alloc rc=%d free rc=%d\n", rc, status, alloc_rc,
+           cudaFree((void *)through_entry));
+    rc = cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 13000, 0, &status);
+    rc = cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 13000, 0, &status);
+    printf("entry cuNoSuchFunction rc=%d status=%d\n", rc, status);
     return 0;
 }

@@ -67,7 +67,9 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
              freeasync rc=0 cached={} sync rc=0 after={}\n\
              free rc=0 rc=0 rc=0\n\
              info used={context}\n\
-             cublasXtCreate rc=15 rc=15\n",
+             cublasXtCreate rc=15 rc=15\n\
+             entry cuMemAlloc rc=0 status=0 alloc rc=0 free rc=0\n\
+             entry cuNoSuchFunction rc=500 status=1\n",
             context + 8 * MIB,
             context + 9 * MIB,
             context + 8 * MIB
@@ -75,7 +77,7 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
     );
     assert_eq!(
         std::fs::read_to_string(&unimplemented).expect("log of unimplemented"),
-        "cublasXtCreate\n"
+        "cublasXtCreate\ncuNoSuchFunction\n"
     );
 
     let run = Run { output, dir };
@@ -87,7 +89,9 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
         sizes(select(&events, "alloc", "cudaMalloc")),
         vec![3 * MIB, 5 * MIB]
     );
-    assert_eq!(select(&events, "free", "cudaFree").len(), 2);
+    assert_eq!(select(&events, "free", "cudaFree").len(), 3);
+    // The driver function cudart's resolver handed out is recorded as the exact variant.
+    assert_eq!(sizes(select(&events, "alloc", "cuMemAlloc_v2")), vec![4096]);
     let failed = select(&events, "alloc_failed", "cudaMalloc");
     assert_eq!(sizes(failed.clone()), vec![1 << 40]);
     assert_eq!(u64_of(failed[0], "mem_free"), (1 << 30) - context - 8 * MIB);

@@ -63,6 +63,27 @@ static int since(const char *variant)
     return strstr(variant, "_v2") ? 3020 : 1 << 30;
 }
 
+/* A name the resolver does not know is a function the fake does not implement: it goes to the
+ * log of unimplemented functions once (up to 256 distinct names; later ones are not logged). */
+static void log_unknown(const char *name)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static char seen[256][96];
+    static int seen_count;
+    int logged = 1;
+    pthread_mutex_lock(&lock);
+    int known = 0;
+    for (int i = 0; i < seen_count && !known; i++)
+        known = !strncmp(seen[i], name, sizeof seen[i] - 1);
+    if (!known && seen_count < 256) {
+        snprintf(seen[seen_count++], sizeof seen[0], "%s", name);
+        logged = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!known)
+        fg_log_unimplemented(&logged, name);
+}
+
 static CUresult get_proc(const char *symbol, void **pfn, int version, int *status)
 {
     int ignored;
@@ -88,6 +109,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, int *statu
         symbol = "cuGraphInstantiateWithFlags";
     *pfn = find(symbol);
     if (!*pfn) {
+        log_unknown(symbol);
         *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_NOT_FOUND;
     }
