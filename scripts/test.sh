@@ -17,10 +17,29 @@ if rustup component list --installed 2>/dev/null | grep -q clippy || cargo clipp
 fi
 step "cargo build"
 cargo build --workspace --quiet
+# Real PyTorch for the fake-GPU tests (tests/tests/fakegpu_torch.rs), installed once into
+# ~/.cache/vramshim. Without it those tests are skipped, and the summary says so; with
+# VRAMSHIM_REQUIRE_TORCH=1 (CI) that is a failure.
+step "real PyTorch for the fake-GPU tests (scripts/fetch-torch.sh)"
+skipped=()
+if ! bash scripts/fetch-torch.sh >/dev/null; then
+  if [ "${VRAMSHIM_REQUIRE_TORCH:-0}" = 1 ]; then
+    echo "torch could not be installed and VRAMSHIM_REQUIRE_TORCH=1" >&2
+    exit 1
+  fi
+  skipped+=("SKIPPED: real PyTorch on the fake GPU (fakegpu_torch): torch could not be installed")
+fi
 step "cargo test"
 cargo test --workspace --quiet 2>&1
 # The decoder under libFuzzer (installs cargo-fuzz on first use); VRAMSHIM_FUZZ_SECONDS=0 skips.
 if [ "${VRAMSHIM_FUZZ_SECONDS:-60}" != 0 ]; then
   step "fuzz the log decoder (scripts/fuzz.sh)"
   bash scripts/fuzz.sh
+fi
+
+step "summary"
+if [ ${#skipped[@]} -eq 0 ]; then
+  echo "all tests ran"
+else
+  printf '%s\n' "${skipped[@]}"
 fi

@@ -1,0 +1,92 @@
+/* The fake driver's internal interface (libcuda.so.1). Device memory is exact bookkeeping of
+ * a card of the configured size; the bytes themselves live in lazily backed host mappings
+ * (MAP_NORESERVE), so data copied in reads back and untouched memory costs no host RAM. */
+#pragma once
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fakegpu_cuda.h"
+#include "fakegpu_log.h"
+
+#define FG_EXPORT __attribute__((visibility("default")))
+#define FG_MAX_DEVICES 64
+/* What cuDriverGetVersion reports: a CUDA 13.2 driver. */
+#define FG_DRIVER_VERSION 13020
+/* VMM granularity, also the rounding of default-pool reservations. */
+#define FG_GRANULARITY (2ull << 20)
+
+/* The simulated machine, read once from VRAMSHIM_FAKEGPU_* (config.c). */
+struct fg_config {
+    int count;
+    unsigned long long memory;
+    char name[256];
+    int cc_major, cc_minor;
+    int sms;
+    unsigned long long context_bytes;
+    bool valid; /* false: a variable was invalid (already said on stderr); cuInit fails */
+};
+const struct fg_config *fg_config(void);
+
+struct CUctx_st {
+    int device;
+    unsigned flags;
+    bool primary;
+    bool destroyed;
+};
+
+/* Per-device state. */
+struct fg_device {
+    pthread_mutex_t lock;
+    unsigned long long used; /* bytes charged (allocations, pools' reservations, context) */
+    struct CUctx_st primary;
+    int primary_refs;
+    bool primary_charged;
+    CUmemoryPool default_pool, current_pool;
+};
+extern struct fg_device fg_devices[FG_MAX_DEVICES];
+
+bool fg_initialized(void);
+/* The calling thread's current context, or NULL. */
+CUcontext fg_current(void);
+/* CUDA_SUCCESS and *dev = the current context's device, or the error to return. */
+CUresult fg_current_device(int *dev);
+bool fg_valid_device(int dev);
+
+/* Charges / uncharges N bytes of device DEV; false when the device would be over capacity. */
+bool fg_charge(int dev, unsigned long long n);
+void fg_uncharge(int dev, unsigned long long n);
+
+/* The registry of everything with an address: device, pool, managed and VMM-mapped memory,
+ * pinned and registered host memory (memory.c). */
+enum fg_kind { FG_DEVICE, FG_MANAGED, FG_POOL, FG_MAPPED, FG_HOST, FG_REGISTERED };
+struct fg_alloc {
+    uint64_t base, size;
+    enum fg_kind kind;
+    int device;
+    CUmemoryPool pool;      /* FG_POOL */
+    uint64_t charged;       /* bytes charged to the device for this entry */
+    uint64_t id;
+};
+bool fg_register(const struct fg_alloc *a);
+/* Copies out the entry containing ADDR; false when none does. */
+bool fg_lookup(uint64_t addr, struct fg_alloc *out);
+/* Removes the entry starting exactly at BASE (of KIND when kind >= 0), copying it out. */
+bool fg_unregister(uint64_t base, int kind, struct fg_alloc *out);
+
+/* Host backing for device memory: zero-filled, lazily backed, page aligned. */
+void *fg_map(uint64_t size);
+void fg_unmap(void *p, uint64_t size);
+
+/* Stream-ordered pools (pool.c). */
+void fg_pools_init_device(int dev);
+/* Releases cached pool memory above each pool's release threshold (a synchronisation). */
+void fg_pools_sync(void);
+/* Releases every cached byte of every pool on DEV (before an allocation fails). */
+bool fg_pools_trim_device(int dev);
+
+/* Exported functions other files call. */
+CUresult cuCtxGetCurrent(CUcontext *ctx);
+CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuMemFree_v2(CUdeviceptr dptr);

@@ -1,0 +1,201 @@
+/* The driver's resolver (cuGetProcAddress) and error strings. The table of every exported
+ * function, hand-written or stub, is generated at build time (procs.c, from the export list:
+ * see build.py); the library is linked -Bsymbolic, so like the real driver the resolver hands
+ * out its own functions, never an interposer's. */
+#include "driver.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fg_proc {
+    const char *name;
+    void *address;
+};
+extern const struct fg_proc fg_procs[];
+extern const size_t fg_proc_count;
+
+static int compare_proc(const void *key, const void *entry)
+{
+    return strcmp(key, ((const struct fg_proc *)entry)->name);
+}
+
+static void *find(const char *name)
+{
+    const struct fg_proc *p =
+        bsearch(name, fg_procs, fg_proc_count, sizeof *fg_procs, compare_proc);
+    return p ? p->address : NULL;
+}
+
+/* The CUDA version from which cuda.h maps a base name to each suffixed variant. A base name
+ * with a `_v2` variant not listed here maps to it from 3020 (CUDA 3.2's 64-bit API). */
+static const struct {
+    const char *variant;
+    int since;
+} variant_versions[] = {
+    {"cuCtxCreate_v3", 11040},          {"cuCtxCreate_v4", 12050},
+    {"cuCtxDestroy_v2", 4000},          {"cuCtxPopCurrent_v2", 4000},
+    {"cuCtxPushCurrent_v2", 4000},      {"cuDevicePrimaryCtxRelease_v2", 11000},
+    {"cuDevicePrimaryCtxReset_v2", 11000}, {"cuDevicePrimaryCtxSetFlags_v2", 11000},
+    {"cuDeviceGetUuid_v2", 11040},      {"cuEventDestroy_v2", 4000},
+    {"cuEventElapsedTime_v2", 12080},   {"cuGetProcAddress_v2", 12000},
+    {"cuGraphAddKernelNode_v2", 12000}, {"cuGraphExecUpdate_v2", 12000},
+    {"cuGraphKernelNodeGetParams_v2", 12000}, {"cuGraphKernelNodeSetParams_v2", 12000},
+    {"cuGraphExecKernelNodeSetParams_v2", 12000}, {"cuIpcOpenMemHandle_v2", 11000},
+    {"cuLinkAddData_v2", 6050},         {"cuLinkAddFile_v2", 6050},
+    {"cuLinkCreate_v2", 6050},          {"cuMemAdvise_v2", 12020},
+    {"cuMemHostRegister_v2", 6050},     {"cuMemPrefetchAsync_v2", 12020},
+    {"cuStreamBeginCapture_v2", 10010}, {"cuStreamDestroy_v2", 4000},
+    {"cuStreamGetCaptureInfo_v2", 11030}, {"cuStreamGetCaptureInfo_v3", 12030},
+    {"cuStreamUpdateCaptureDependencies_v2", 12030}, {"cuStreamWaitValue32_v2", 11070},
+    {"cuStreamWaitValue64_v2", 11070},  {"cuStreamWriteValue32_v2", 11070},
+    {"cuStreamWriteValue64_v2", 11070}, {"cuStreamBatchMemOp_v2", 11070},
+    {"cuGraphGetEdges_v2", 12030},      {"cuGraphAddDependencies_v2", 12030},
+    {"cuGraphRemoveDependencies_v2", 12030}, {"cuGraphNodeGetDependencies_v2", 12030},
+    {"cuGraphNodeGetDependentNodes_v2", 12030}, {"cuGraphAddNode_v2", 12030},
+};
+
+static int since(const char *variant)
+{
+    for (size_t i = 0; i < sizeof variant_versions / sizeof *variant_versions; i++)
+        if (!strcmp(variant_versions[i].variant, variant))
+            return variant_versions[i].since;
+    return strstr(variant, "_v2") ? 3020 : 1 << 30;
+}
+
+/* A name the resolver does not know is a function the fake does not implement: it goes to the
+ * log of unimplemented functions once (up to 256 distinct names; later ones are not logged). */
+static void log_unknown(const char *name)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static char seen[256][96];
+    static int seen_count;
+    int logged = 1;
+    pthread_mutex_lock(&lock);
+    int known = 0;
+    for (int i = 0; i < seen_count && !known; i++)
+        known = !strncmp(seen[i], name, sizeof seen[i] - 1);
+    if (!known && seen_count < 256) {
+        snprintf(seen[seen_count++], sizeof seen[0], "%s", name);
+        logged = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!known)
+        fg_log_unimplemented(&logged, name);
+}
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, int *status)
+{
+    int ignored;
+    if (!status)
+        status = &ignored;
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    char name[256];
+    /* The newest variant the requested version knows, else the base name. */
+    for (int v = 4; v >= 2; v--) {
+        if ((size_t)snprintf(name, sizeof name, "%s_v%d", symbol, v) >= sizeof name)
+            return CUDA_ERROR_INVALID_VALUE;
+        void *address = find(name);
+        if (address && version >= since(name)) {
+            *pfn = address;
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            return CUDA_SUCCESS;
+        }
+    }
+    /* cuda.h maps cuGraphInstantiate to cuGraphInstantiateWithFlags from CUDA 12. */
+    if (!strcmp(symbol, "cuGraphInstantiate") && version >= 12000)
+        symbol = "cuGraphInstantiateWithFlags";
+    *pfn = find(symbol);
+    if (!*pfn) {
+        log_unknown(symbol);
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                       unsigned long long flags, int *status)
+{
+    return get_proc(symbol, pfn, version, status);
+}
+
+FG_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                    unsigned long long flags)
+{
+    return get_proc(symbol, pfn, version, NULL);
+}
+
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} errors[] = {
+    {0, "CUDA_SUCCESS", "no error"},
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {4, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {208, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {211, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
+    {708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
+    {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult error_text(CUresult code, const char **out, bool name)
+{
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errors / sizeof *errors; i++)
+        if (errors[i].code == code) {
+            *out = name ? errors[i].name : errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *out = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+FG_EXPORT CUresult cuGetErrorString(CUresult code, const char **text)
+{
+    return error_text(code, text, false);
+}
+
+FG_EXPORT CUresult cuGetErrorName(CUresult code, const char **name)
+{
+    return error_text(code, name, true);
+}
+
+/* For the fake NVML (libnvidia-ml.so.1), which reports the driver's bookkeeping: the bytes in
+ * use on DEVICE and its capacity. Not an NVIDIA symbol. */
+FG_EXPORT int vramshim_fakegpu_device_memory(int device, unsigned long long *used,
+                                             unsigned long long *total)
+{
+    if (!fg_valid_device(device) || !used || !total)
+        return -1;
+    *total = fg_config()->memory;
+    if (!fg_initialized()) {
+        *used = 0;
+        return 0;
+    }
+    pthread_mutex_lock(&fg_devices[device].lock);
+    *used = fg_devices[device].used;
+    pthread_mutex_unlock(&fg_devices[device].lock);
+    return 0;
+}

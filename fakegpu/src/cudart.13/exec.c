@@ -1,0 +1,489 @@
+/* The runtime's streams, events, kernel registration and launches, graphs, libraries and
+ * user objects. Kernels do nothing; everything completes at once. */
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define READY()                                                                           \
+    do {                                                                                  \
+        cudaError_t ready_ = fg_rt_ready();                                               \
+        if (ready_)                                                                       \
+            return ready_;                                                                \
+    } while (0)
+
+/* ---------------------------------------------------------------- streams */
+FG_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags,
+                                                   int priority)
+{
+    READY();
+    return fg_rt_status(cuStreamCreateWithPriority(s, flags, priority));
+}
+
+FG_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    return cudaStreamCreateWithPriority(s, flags, 0);
+}
+
+FG_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+
+FG_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuStreamDestroy_v2(s));
+}
+
+FG_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuStreamSynchronize(s));
+}
+
+FG_EXPORT cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuStreamQuery(s));
+}
+
+FG_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(cuStreamWaitEvent(s, e, flags));
+}
+
+FG_EXPORT cudaError_t cudaStreamGetPriority(cudaStream_t s, int *priority)
+{
+    READY();
+    return fg_rt_status(cuStreamGetPriority(s, priority));
+}
+
+FG_EXPORT cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long *id)
+{
+    READY();
+    return fg_rt_status(cuStreamGetId(s, id));
+}
+
+FG_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t s,
+                                            void (*callback)(cudaStream_t, cudaError_t, void *),
+                                            void *data, unsigned int flags)
+{
+    READY();
+    if (!callback)
+        return fg_rt_status(cudaErrorInvalidValue);
+    callback(s, cudaSuccess, data);
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, void (*fn)(void *), void *data)
+{
+    READY();
+    if (!fn)
+        return fg_rt_status(cudaErrorInvalidValue);
+    fn(data);
+    return cudaSuccess;
+}
+
+/* Stream capture: a capture makes an empty graph; streams never report themselves capturing. */
+FG_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, int *status)
+{
+    READY();
+    if (!status)
+        return fg_rt_status(cudaErrorInvalidValue);
+    *status = 0;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
+                                               unsigned long long *id, cudaGraph_t *graph,
+                                               const void **deps, const void **edges,
+                                               size_t *count)
+{
+    READY();
+    if (!status)
+        return fg_rt_status(cudaErrorInvalidValue);
+    *status = 0;
+    if (id)
+        *id = 0;
+    if (graph)
+        *graph = NULL;
+    if (deps)
+        *deps = NULL;
+    if (edges)
+        *edges = NULL;
+    if (count)
+        *count = 0;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode)
+{
+    READY();
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t graph,
+                                                    const void *deps, const void *edges,
+                                                    size_t count, int mode)
+{
+    READY();
+    return graph ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+}
+
+FG_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    READY();
+    if (!graph)
+        return fg_rt_status(cudaErrorInvalidValue);
+    return fg_rt_status(cuGraphCreate(graph, 0));
+}
+
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
+                                                          const void *edges, size_t count,
+                                                          unsigned int flags)
+{
+    READY();
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+    return fg_rt_status(cuThreadExchangeStreamCaptureMode(mode));
+}
+
+/* ---------------------------------------------------------------- events */
+FG_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(cuEventCreate(e, flags));
+}
+
+FG_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+FG_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    READY();
+    return fg_rt_status(cuEventDestroy_v2(e));
+}
+
+FG_EXPORT cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuEventRecord(e, s));
+}
+
+FG_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags)
+{
+    return cudaEventRecord(e, s);
+}
+
+FG_EXPORT cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    READY();
+    return fg_rt_status(cuEventQuery(e));
+}
+
+FG_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    READY();
+    return fg_rt_status(cuEventSynchronize(e));
+}
+
+FG_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    READY();
+    return fg_rt_status(cuEventElapsedTime_v2(ms, start, end));
+}
+
+FG_EXPORT cudaError_t cudaIpcGetEventHandle(CUipcEventHandle *handle, cudaEvent_t e)
+{
+    READY();
+    return fg_rt_status(cuIpcGetEventHandle(handle, e));
+}
+
+/* The handle carries the event's address: it opens in the process that made it only. */
+FG_EXPORT cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, CUipcEventHandle handle)
+{
+    READY();
+    if (!e)
+        return fg_rt_status(cudaErrorInvalidValue);
+    memcpy(e, &handle, sizeof *e);
+    return *e ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+}
+
+/* ---------------------------------------------------------------- kernels */
+/* What nvcc-generated code registers: kept only as handles. */
+FG_EXPORT void **__cudaRegisterFatBinary(void *fatbin)
+{
+    void **handle = calloc(1, sizeof *handle);
+    if (handle)
+        *handle = fatbin;
+    return handle;
+}
+
+FG_EXPORT void __cudaRegisterFatBinaryEnd(void **handle) {}
+
+FG_EXPORT void __cudaUnregisterFatBinary(void **handle) { free(handle); }
+
+FG_EXPORT void __cudaRegisterFunction(void **handle, const char *host_function, char *device_function,
+                                      const char *device_name, int thread_limit, void *tid,
+                                      void *bid, dim3 *block, dim3 *grid, int *warp_size)
+{
+}
+
+FG_EXPORT void __cudaRegisterVar(void **handle, char *host_var, char *device_address,
+                                 const char *device_name, int ext, size_t size, int constant,
+                                 int global)
+{
+}
+
+FG_EXPORT void __cudaRegisterManagedVar(void **handle, void **host_var_ptr, char *device_address,
+                                        const char *device_name, int ext, size_t size,
+                                        int constant, int global)
+{
+}
+
+FG_EXPORT char __cudaInitModule(void **handle) { return 1; }
+
+static __thread struct {
+    dim3 grid, block;
+    size_t shared;
+    void *stream;
+} call_configuration;
+
+FG_EXPORT unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, void *stream)
+{
+    call_configuration.grid = grid;
+    call_configuration.block = block;
+    call_configuration.shared = shared;
+    call_configuration.stream = stream;
+    return 0;
+}
+
+FG_EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared,
+                                                 void *stream)
+{
+    if (grid)
+        *grid = call_configuration.grid;
+    if (block)
+        *block = call_configuration.block;
+    if (shared)
+        *shared = call_configuration.shared;
+    if (stream)
+        *(void **)stream = call_configuration.stream;
+    return cudaSuccess;
+}
+
+static cudaError_t launch(const void *function, dim3 grid, dim3 block)
+{
+    READY();
+    if (!function)
+        return fg_rt_status(cudaErrorInvalidValue);
+    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
+        (unsigned long long)block.x * block.y * block.z > 1024)
+        return fg_rt_status(9); /* cudaErrorInvalidConfiguration */
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaLaunchKernel(const void *function, dim3 grid, dim3 block, void **args,
+                                       size_t shared, cudaStream_t s)
+{
+    return launch(function, grid, block);
+}
+
+FG_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *function, dim3 grid, dim3 block,
+                                                  void **args, size_t shared, cudaStream_t s)
+{
+    return launch(function, grid, block);
+}
+
+FG_EXPORT cudaError_t __cudaGetKernel(void **kernel, const void *function)
+{
+    if (!kernel || !function)
+        return fg_rt_status(cudaErrorInvalidValue);
+    *kernel = (void *)function;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t __cudaLaunchKernel(void *kernel, dim3 grid, dim3 block, void **args,
+                                         size_t shared, cudaStream_t s)
+{
+    return launch(kernel, grid, block);
+}
+
+struct launch_config {
+    dim3 grid, block;
+    size_t shared;
+    cudaStream_t stream;
+    void *attrs;
+    unsigned int count;
+};
+
+FG_EXPORT cudaError_t cudaLaunchKernelExC(const struct launch_config *config, const void *function,
+                                          void **args)
+{
+    if (!config)
+        return fg_rt_status(cudaErrorInvalidValue);
+    return launch(function, config->grid, config->block);
+}
+
+FG_EXPORT cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, const void *function)
+{
+    READY();
+    if (!a || !function)
+        return fg_rt_status(cudaErrorInvalidValue);
+    int major = 0, minor = 0, device = fg_rt_device();
+    cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+    cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+    memset(a, 0, sizeof *a);
+    a->maxThreadsPerBlock = 1024;
+    a->numRegs = 32;
+    a->ptxVersion = a->binaryVersion = major * 10 + minor;
+    a->maxDynamicSharedSizeBytes = 48 * 1024;
+    a->preferredShmemCarveout = -1;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaFuncSetAttribute(const void *function, int attribute, int value)
+{
+    READY();
+    return function ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+}
+
+FG_EXPORT cudaError_t cudaKernelSetAttributeForDevice(void *kernel, int attribute, int value,
+                                                      int device)
+{
+    READY();
+    return kernel ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+}
+
+FG_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int *blocks, const void *function, int block_size, size_t shared, unsigned int flags)
+{
+    READY();
+    if (!blocks || !function || block_size <= 0)
+        return fg_rt_status(cudaErrorInvalidValue);
+    int by_threads = 2048 / block_size;
+    *blocks = by_threads > 32 ? 32 : by_threads;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks,
+                                                                   const void *function,
+                                                                   int block_size, size_t shared)
+{
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, function, block_size,
+                                                                 shared, 0);
+}
+
+/* ---------------------------------------------------------------- libraries */
+FG_EXPORT cudaError_t cudaLibraryLoadData(CUlibrary *library, const void *code, void *jit_options,
+                                          void **jit_values, unsigned int jit_count,
+                                          void *library_options, void **library_values,
+                                          unsigned int library_count)
+{
+    READY();
+    return fg_rt_status(cuLibraryLoadData(library, code, jit_options, jit_values, jit_count,
+                                          library_options, library_values, library_count));
+}
+
+FG_EXPORT cudaError_t cudaLibraryUnload(CUlibrary library)
+{
+    READY();
+    return fg_rt_status(cuLibraryUnload(library));
+}
+
+FG_EXPORT cudaError_t cudaLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name)
+{
+    READY();
+    return fg_rt_status(cuLibraryGetKernel(kernel, library, name));
+}
+
+/* ---------------------------------------------------------------- graphs */
+FG_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(cuGraphCreate(graph, flags));
+}
+
+FG_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    READY();
+    return fg_rt_status(cuGraphDestroy(graph));
+}
+
+FG_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                                    unsigned long long flags)
+{
+    READY();
+    return fg_rt_status(cuGraphInstantiateWithFlags(exec, graph, flags));
+}
+
+FG_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                           unsigned long long flags)
+{
+    return cudaGraphInstantiateWithFlags(exec, graph, flags);
+}
+
+FG_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuGraphLaunch(exec, s));
+}
+
+FG_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    READY();
+    return fg_rt_status(cuGraphExecDestroy(exec));
+}
+
+FG_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, CUgraphNode *nodes, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphGetNodes(graph, nodes, count));
+}
+
+/* User objects: a reference count and a destructor, run when the count reaches zero. */
+struct user_object {
+    void *data;
+    void (*destroy)(void *);
+    int refs;
+};
+
+FG_EXPORT cudaError_t cudaUserObjectCreate(struct user_object **object, void *data,
+                                           void (*destroy)(void *), unsigned int refs,
+                                           unsigned int flags)
+{
+    if (!object || !destroy || refs == 0)
+        return fg_rt_status(cudaErrorInvalidValue);
+    struct user_object *o = malloc(sizeof *o);
+    if (!o)
+        return fg_rt_status(cudaErrorMemoryAllocation);
+    o->data = data;
+    o->destroy = destroy;
+    o->refs = (int)refs;
+    *object = o;
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaUserObjectRelease(struct user_object *object, unsigned int count)
+{
+    if (!object || count == 0)
+        return fg_rt_status(cudaErrorInvalidValue);
+    if (__atomic_sub_fetch(&object->refs, (int)count, __ATOMIC_ACQ_REL) <= 0) {
+        object->destroy(object->data);
+        free(object);
+    }
+    return cudaSuccess;
+}
+
+/* A graph that only completes keeps nothing alive: the references it would take are
+ * released at once. */
+FG_EXPORT cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, struct user_object *object,
+                                                unsigned int count, unsigned int flags)
+{
+    if (!graph || !object)
+        return fg_rt_status(cudaErrorInvalidValue);
+    if (flags & 1) /* cudaGraphUserObjectMove: the caller's references pass to the graph */
+        return cudaUserObjectRelease(object, count);
+    return cudaSuccess;
+}

@@ -1,0 +1,233 @@
+/* The CUDA 13 runtime ABI the fake libcudart.so.13 implements (from NVIDIA's public
+ * documentation of cuda_runtime_api.h / driver_types.h), and its internal helpers. */
+#pragma once
+#define _GNU_SOURCE
+#include <stddef.h>
+
+#include "fakegpu_cuda.h"
+
+#define FG_EXPORT __attribute__((visibility("default")))
+/* What cudaRuntimeGetVersion reports: CUDA 13.2, the line PyTorch 2.15 is built with. */
+#define FG_RUNTIME_VERSION 13020
+
+typedef int cudaError_t;
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotSupported = 801,
+};
+typedef CUstream cudaStream_t;
+typedef CUevent cudaEvent_t;
+typedef CUgraph cudaGraph_t;
+typedef CUgraphExec cudaGraphExec_t;
+typedef CUmemoryPool cudaMemPool_t;
+typedef struct { unsigned x, y, z; } dim3;
+
+/* Checks the runtime's state: initialises the driver and makes the calling thread's device's
+ * primary context current (as the runtime does at its first call that needs a device). */
+cudaError_t fg_rt_ready(void);
+/* Records a failure as the thread's last error, and returns it. */
+cudaError_t fg_rt_status(CUresult rc);
+/* The device the calling thread uses. */
+int fg_rt_device(void);
+
+/* struct cudaDeviceProp of CUDA 13 (1008 bytes). */
+struct cudaDeviceProp {
+    char name[256];
+    CUuuid uuid;
+    char luid[8];
+    unsigned int luidDeviceNodeMask;
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    int regsPerBlock;
+    int warpSize;
+    size_t memPitch;
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    size_t totalConstMem;
+    int major;
+    int minor;
+    size_t textureAlignment;
+    size_t texturePitchAlignment;
+    int multiProcessorCount;
+    int integrated;
+    int canMapHostMemory;
+    int maxTexture1D;
+    int maxTexture1DMipmap;
+    int maxTexture2D[2];
+    int maxTexture2DMipmap[2];
+    int maxTexture2DLinear[3];
+    int maxTexture2DGather[2];
+    int maxTexture3D[3];
+    int maxTexture3DAlt[3];
+    int maxTextureCubemap;
+    int maxTexture1DLayered[2];
+    int maxTexture2DLayered[3];
+    int maxTextureCubemapLayered[2];
+    int maxSurface1D;
+    int maxSurface2D[2];
+    int maxSurface3D[3];
+    int maxSurface1DLayered[2];
+    int maxSurface2DLayered[3];
+    int maxSurfaceCubemap;
+    int maxSurfaceCubemapLayered[2];
+    size_t surfaceAlignment;
+    int concurrentKernels;
+    int ECCEnabled;
+    int pciBusID;
+    int pciDeviceID;
+    int pciDomainID;
+    int tccDriver;
+    int asyncEngineCount;
+    int unifiedAddressing;
+    int memoryBusWidth;
+    int l2CacheSize;
+    int persistingL2CacheMaxSize;
+    int maxThreadsPerMultiProcessor;
+    int streamPrioritiesSupported;
+    int globalL1CacheSupported;
+    int localL1CacheSupported;
+    size_t sharedMemPerMultiprocessor;
+    int regsPerMultiprocessor;
+    int managedMemory;
+    int isMultiGpuBoard;
+    int multiGpuBoardGroupID;
+    int hostNativeAtomicSupported;
+    int pageableMemoryAccess;
+    int concurrentManagedAccess;
+    int computePreemptionSupported;
+    int canUseHostPointerForRegisteredMem;
+    int cooperativeLaunch;
+    size_t sharedMemPerBlockOptin;
+    int pageableMemoryAccessUsesHostPageTables;
+    int directManagedMemAccessFromHost;
+    int maxBlocksPerMultiProcessor;
+    int accessPolicyMaxWindowSize;
+    size_t reservedSharedMemPerBlock;
+    int hostRegisterSupported;
+    int sparseCudaArraySupported;
+    int hostRegisterReadOnlySupported;
+    int timelineSemaphoreInteropSupported;
+    int memoryPoolsSupported;
+    int gpuDirectRDMASupported;
+    unsigned int gpuDirectRDMAFlushWritesOptions;
+    int gpuDirectRDMAWritesOrdering;
+    unsigned int memoryPoolSupportedHandleTypes;
+    int deferredMappingCudaArraySupported;
+    int ipcEventSupported;
+    int clusterLaunch;
+    int unifiedFunctionPointers;
+    int deviceNumaConfig;
+    int deviceNumaId;
+    int mpsEnabled;
+    int hostNumaId;
+    unsigned int gpuPciDeviceID;
+    unsigned int gpuPciSubsystemID;
+    int hostNumaMultinodeIpcSupported;
+    int reserved[56];
+};
+_Static_assert(sizeof(struct cudaDeviceProp) == 1008, "CUDA 13 cudaDeviceProp is 1008 bytes");
+_Static_assert(offsetof(struct cudaDeviceProp, totalGlobalMem) == 288, "totalGlobalMem at 288");
+
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
+    int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion, cacheModeCA;
+    int maxDynamicSharedSizeBytes, preferredShmemCarveout, clusterDimMustBeSet;
+    int requiredClusterWidth, requiredClusterHeight, requiredClusterDepth;
+    int clusterSchedulingPolicyPreference, nonPortableClusterSizeAllowed, deviceNodeUpdateStatus;
+    int reserved[14];
+};
+
+struct cudaPointerAttributes {
+    int type; /* 0 unregistered, 1 host, 2 device, 3 managed */
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+    long localityDomainOrdinal;
+    long reserved[7];
+};
+
+/* The driver functions the runtime calls (libcuda.so.1). */
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev);
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuCtxGetCurrent(CUcontext *ctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuCtxSynchronize(void);
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest);
+CUresult cuCtxGetLimit(size_t *value, int limit);
+CUresult cuCtxSetLimit(int limit, size_t value);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned int element_size);
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
+CUresult cuMemFreeHost(void *p);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags);
+CUresult cuMemHostUnregister(void *p);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n);
+CUresult cuPointerGetAttributes(unsigned int n, int *attributes, void **data, CUdeviceptr p);
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                 CUstream stream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attribute, void *value);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attribute, void *value);
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event);
+CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority);
+CUresult cuStreamDestroy_v2(CUstream stream);
+CUresult cuStreamSynchronize(CUstream stream);
+CUresult cuStreamQuery(CUstream stream);
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
+CUresult cuStreamGetPriority(CUstream stream, int *priority);
+CUresult cuStreamGetId(CUstream stream, unsigned long long *id);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuEventCreate(CUevent *event, unsigned int flags);
+CUresult cuEventDestroy_v2(CUevent event);
+CUresult cuEventRecord(CUevent event, CUstream stream);
+CUresult cuEventQuery(CUevent event);
+CUresult cuEventSynchronize(CUevent event);
+CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph graph);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options,
+                           void **jit_values, unsigned int jit_count, void *library_options,
+                           void **library_values, unsigned int library_count);
+CUresult cuLibraryUnload(CUlibrary library);
+CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                             int *status);

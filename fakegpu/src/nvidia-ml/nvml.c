@@ -1,0 +1,310 @@
+/* The fake NVML (libnvidia-ml.so.1): the devices of the fake driver, with memory figures from
+ * its bookkeeping. This process is the only one on each device and holds everything in use
+ * (PyTorch's out-of-memory message reads "this process has ... in use" from here). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FG_EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+/* From the fake driver (libcuda.so.1). */
+int cuInit(unsigned int flags);
+int cuDeviceGetCount(int *count);
+int cuDeviceGetName(char *name, int len, int dev);
+int cuDeviceGetAttribute(int *value, int attribute, int dev);
+int vramshim_fakegpu_device_memory(int device, unsigned long long *used,
+                                   unsigned long long *total);
+
+struct nvml_device {
+    int index;
+};
+typedef struct nvml_device *nvmlDevice_t;
+static struct nvml_device devices[64];
+static int initialized;
+
+static int device_count(void)
+{
+    int count = 0;
+    return cuDeviceGetCount(&count) == 0 ? count : 0;
+}
+
+static nvmlReturn_t check(nvmlDevice_t device)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || device < devices || device >= devices + device_count())
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    if (cuInit(0) != 0)
+        return NVML_ERROR_DRIVER_NOT_LOADED; /* an invalid VRAMSHIM_FAKEGPU_* (already said) */
+    for (int i = 0; i < 64; i++)
+        devices[i].index = i;
+    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+FG_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { return nvmlInit_v2(); }
+FG_EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+
+FG_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t text(char *out, unsigned int length, const char *value)
+{
+    if (!out || length == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) >= length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, value);
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    return text(version, length, "580.95.05");
+}
+
+FG_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    return text(version, length, "13.580.95.05");
+}
+
+FG_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version)
+{
+    if (!version)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *version = 13020;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version)
+{
+    return nvmlSystemGetCudaDriverVersion_v2(version);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = (unsigned)device_count();
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= (unsigned)device_count())
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+/* The fake driver's bus ids are 00000000:<0x10 + ordinal>:00.0. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device)
+{
+    unsigned domain, bus, slot, function;
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    if (!bus_id || !device || sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &slot, &function) != 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int index = (int)bus - 0x10;
+    if (domain != 0 || slot != 0 || function != 0 || index < 0 || index >= device_count())
+        return NVML_ERROR_NOT_FOUND;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !index)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)device->index;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    nvmlReturn_t rc = check(device);
+    char value[256];
+    if (rc)
+        return rc;
+    cuDeviceGetName(value, sizeof value, device->index);
+    return text(name, length, value);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    nvmlReturn_t rc = check(device);
+    char value[64];
+    if (rc)
+        return rc;
+    snprintf(value, sizeof value, "GPU-46414b45-4750-5500-0000-0000000000%02x", device->index);
+    return text(uuid, length, value);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                           int *minor)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !major || !minor)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    cuDeviceGetAttribute(major, 75, device->index);
+    cuDeviceGetAttribute(minor, 76, device->index);
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    unsigned long long used, total;
+    nvmlReturn_t rc = check(device);
+    if (rc || !memory)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    vramshim_fakegpu_device_memory(device->index, &used, &total);
+    memory->total = total;
+    memory->used = used;
+    memory->free = total - used;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    unsigned long long used, total;
+    nvmlReturn_t rc = check(device);
+    if (rc || !memory)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    vramshim_fakegpu_device_memory(device->index, &used, &total);
+    memory->total = total;
+    memory->reserved = 0;
+    memory->used = used;
+    memory->free = total - used;
+    return NVML_SUCCESS;
+}
+
+/* One process: this one, holding every byte in use on the device. ENTRY_SIZE is the size of
+ * the caller's nvmlProcessInfo structure (16 bytes for v1, 24 for v2 and v3); pid and
+ * usedGpuMemory are at offsets 0 and 8 in each. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *infos,
+                              size_t entry_size)
+{
+    unsigned long long used, total;
+    nvmlReturn_t rc = check(device);
+    if (rc || !count)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    vramshim_fakegpu_device_memory(device->index, &used, &total);
+    unsigned wanted = used > 0 ? 1 : 0;
+    if (*count < wanted || (wanted && !infos)) {
+        *count = wanted;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = wanted;
+    if (wanted) {
+        unsigned char *entry = infos;
+        memset(entry, 0, entry_size);
+        *(unsigned *)entry = (unsigned)getpid();
+        *(unsigned long long *)(entry + 8) = used;
+        if (entry_size >= 24) {
+            ((unsigned *)(entry + 16))[0] = 0xFFFFFFFFu; /* no MIG instances */
+            ((unsigned *)(entry + 16))[1] = 0xFFFFFFFFu;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                            unsigned int *count, void *infos)
+{
+    return processes(device, count, infos, 16);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                               unsigned int *count, void *infos)
+{
+    return processes(device, count, infos, 24);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                               unsigned int *count, void *infos)
+{
+    return processes(device, count, infos, 24);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                           int *type)
+{
+    nvmlReturn_t rc = check(device);
+    return rc ? rc : NVML_ERROR_NOT_SUPPORTED; /* no NVLink */
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                           void *pci)
+{
+    nvmlReturn_t rc = check(device);
+    return rc ? rc : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* No fabric (NVLink switch) memory: the call succeeds and says the state is "not supported",
+ * which is what a card outside an NVLink domain reports. nvmlGpuFabricInfoV_t: version,
+ * clusterUuid[16], status (at 20), cliqueId (24), state (28), healthMask (32). */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *info)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !info)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    unsigned char *p = info;
+    memset(p + 4, 0, 32);
+    *(int *)(p + 20) = NVML_ERROR_NOT_SUPPORTED;
+    p[28] = 0; /* NVML_GPU_FABRIC_STATE_NOT_SUPPORTED */
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, unsigned int *rates)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !rates)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    rates[0] = rates[1] = 0;
+    return NVML_SUCCESS;
+}

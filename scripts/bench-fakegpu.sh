@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Prints the cost of CUDA calls through the fake GPU libraries (budget: at most 1 us per call)
+# and, when scripts/fetch-torch.sh can provide PyTorch, the time per training step of a small
+# MLP with Adam on the fakes. BENCH_ITERATIONS sets the loop length (default 200000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p vramshim-fakegpu --quiet
+LIB=$PWD/target/release/fakegpu/lib
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+gcc -O2 -o "$WORK/calls" fakegpu/bench/calls.c -L"$LIB" -Wl,-rpath-link,"$LIB" -l:libcudart.so.13
+echo "== CUDA calls through the fakes (one thread)"
+LD_LIBRARY_PATH=$LIB "$WORK/calls" "${BENCH_ITERATIONS:-200000}"
+
+echo "== PyTorch training step on the fakes"
+if ! python=$(bash scripts/fetch-torch.sh 2>/dev/null); then
+    echo "SKIPPED: PyTorch could not be installed (scripts/fetch-torch.sh)"
+    exit 0
+fi
+preload=""
+for soname in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 \
+    libnccl.so.2 libnvidia-ml.so.1 libcusparse.so.12 libcusolver.so.12 libcufft.so.12 \
+    libcurand.so.10 libnvrtc.so.13 libnvJitLink.so.13 libcupti.so.13 libcufile.so.0 \
+    libnvshmem_host.so.3 libcusparseLt.so.0; do
+    preload+="$LIB/$soname:"
+done
+LD_PRELOAD=$preload LD_LIBRARY_PATH=$LIB "$python" -W ignore - <<'PY'
+import time
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                            torch.nn.Linear(4096, 1024)).cuda()
+optimizer = torch.optim.Adam(model.parameters())
+data = torch.randn(512, 1024, device="cuda")
+def step():
+    optimizer.zero_grad()
+    model(data).square().mean().backward()
+    optimizer.step()
+for _ in range(3):
+    step()
+torch.cuda.synchronize()
+steps = 50
+start = time.perf_counter()
+for _ in range(steps):
+    step()
+torch.cuda.synchronize()
+print(f"MLP 1024-4096-1024, batch 512, Adam: {(time.perf_counter() - start) / steps * 1e3:.2f} ms/step")
+PY

@@ -1,0 +1,84 @@
+/* A plain CUDA C program on the fake runtime (libcudart.so.13), linked like an nvcc-built one
+ * against the runtime: device query, allocations of each kind, a copy round trip, an OOM,
+ * and a library function that is not implemented. One line per step: "<step> <values>". */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef int cudaError_t;
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDeviceProperties(void *prop, int device);
+cudaError_t cudaMalloc(void **p, size_t size);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t size);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaMallocAsync(void **p, size_t size, void *stream);
+cudaError_t cudaFreeAsync(void *p, void *stream);
+cudaError_t cudaStreamSynchronize(void *stream);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t error);
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags, int *status);
+
+int main(void)
+{
+    int count = -1;
+    unsigned char prop[1008];
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    printf("count rc=%d count=%d\n", rc, count);
+    rc = cudaGetDeviceProperties(prop, 0);
+    size_t total_global;
+    memcpy(&total_global, prop + 288, sizeof total_global);
+    printf("props rc=%d name=%s total=%zu\n", rc, (char *)prop, total_global);
+
+    void *a = NULL, *b = NULL, *host = NULL, *pooled = NULL;
+    size_t free_bytes, total;
+    printf("malloc rc=%d\n", cudaMalloc(&a, 3 << 20));
+    printf("malloc rc=%d\n", cudaMalloc(&b, 5 << 20));
+    cudaMemGetInfo(&free_bytes, &total);
+    printf("info used=%zu total=%zu\n", total - free_bytes, total);
+    rc = cudaMalloc(&host, (size_t)1 << 40);
+    printf("oom rc=%d last=%d text=%s\n", rc, cudaGetLastError(), cudaGetErrorString(rc));
+
+    char message[] = "round trip", back[sizeof message] = {0};
+    cudaMallocHost(&host, 4096);
+    memcpy(host, message, sizeof message);
+    cudaError_t to_device = cudaMemcpy(a, host, sizeof message, 1);
+    cudaError_t to_host = cudaMemcpy(back, a, sizeof message, 2);
+    printf("copy rc=%d rc=%d back=%s\n", to_device, to_host, back);
+    printf("async rc=%d\n", cudaMallocAsync(&pooled, 1 << 20, NULL));
+    cudaError_t freed = cudaFreeAsync(pooled, NULL);
+    cudaMemGetInfo(&free_bytes, &total);
+    size_t cached = total - free_bytes; /* the pool keeps the freed block until a sync */
+    cudaError_t synced = cudaStreamSynchronize(NULL);
+    cudaMemGetInfo(&free_bytes, &total);
+    printf("freeasync rc=%d cached=%zu sync rc=%d after=%zu\n", freed, cached, synced,
+           total - free_bytes);
+    cudaError_t free_a = cudaFree(a), free_b = cudaFree(b), free_host = cudaFreeHost(host);
+    printf("free rc=%d rc=%d rc=%d\n", free_a, free_b, free_host);
+    cudaMemGetInfo(&free_bytes, &total);
+    printf("info used=%zu\n", total - free_bytes);
+
+    /* Not implemented by the fakes: NOT_SUPPORTED (15) every time, logged once. */
+    void *cublas = dlopen("libcublas.so.13", RTLD_NOW);
+    int (*xt_create)(void **) = cublas ? (int (*)(void **))dlsym(cublas, "cublasXtCreate") : NULL;
+    void *xt = NULL;
+    int first = xt_create ? xt_create(&xt) : -1, second = xt_create ? xt_create(&xt) : -1;
+    printf("cublasXtCreate rc=%d rc=%d\n", first, second);
+
+    /* The driver's resolver: a known function (the CUDA 12+ variant of a base name), and one
+     * that does not exist (not found, logged once). */
+    void *fn = NULL;
+    int status = -1;
+    rc = cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, 0, &status);
+    unsigned long long through_entry = 0;
+    int alloc_rc = fn ? ((int (*)(unsigned long long *, size_t))fn)(&through_entry, 4096) : -1;
+    printf("entry cuMemAlloc rc=%d status=%d alloc rc=%d free rc=%d\n", rc, status, alloc_rc,
+           cudaFree((void *)through_entry));
+    rc = cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 13000, 0, &status);
+    rc = cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 13000, 0, &status);
+    printf("entry cuNoSuchFunction rc=%d status=%d\n", rc, status);
+    return 0;
+}

@@ -1,0 +1,112 @@
+"""Real PyTorch on the fake GPU (tests/tests/fakegpu_torch.rs). One mode per run (argv[1]);
+prints one JSON object per line: what torch says, and what the fake driver says (free/total
+from cudaMemGetInfo through torch.cuda.mem_get_info)."""
+import json
+import sys
+
+import torch
+
+MiB = 1 << 20
+
+
+def used():
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def say(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def stats():
+    s = torch.cuda.memory_stats()
+    return {
+        "reserved_peak": s.get("reserved_bytes.all.peak", 0),
+        "reserved": s.get("reserved_bytes.all.current", 0),
+        "num_device_alloc": s.get("num_device_alloc", 0),
+        "num_device_free": s.get("num_device_free", 0),
+    }
+
+
+def caching():
+    """The native caching allocator: small (2 MiB), large (20 MiB) and oversize segments,
+    then empty_cache; at each step torch's reserved bytes against the driver's used bytes."""
+    steps = []
+    a = torch.empty(1000, dtype=torch.uint8, device="cuda")  # small pool: one 2 MiB segment
+    steps.append(("small", torch.cuda.memory_reserved(), used()))
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")  # large pool: 20 MiB segment
+    steps.append(("large", torch.cuda.memory_reserved(), used()))
+    c = torch.empty(50 * MiB, dtype=torch.uint8, device="cuda")  # its own 50 MiB segment
+    steps.append(("huge", torch.cuda.memory_reserved(), used()))
+    del a, b, c
+    steps.append(("freed", torch.cuda.memory_reserved(), used()))
+    torch.cuda.empty_cache()
+    steps.append(("emptied", torch.cuda.memory_reserved(), used()))
+    say(mode="caching", steps=steps, **stats())
+
+
+def oom():
+    keep = torch.empty(600 * MiB, dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(600 * MiB, dtype=torch.uint8, device="cuda")
+        say(mode="oom", message=None)
+    except torch.OutOfMemoryError as error:
+        say(mode="oom", message=str(error), used=used(), **stats())
+    del keep
+
+
+def expandable():
+    x = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+    y = torch.empty(70 * MiB, dtype=torch.uint8, device="cuda")
+    grown = (torch.cuda.memory_reserved(), used())
+    del x, y
+    torch.cuda.empty_cache()
+    say(mode="expandable", grown=grown, emptied=(torch.cuda.memory_reserved(), used()),
+        **stats())
+
+
+def malloc_async():
+    x = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+    y = torch.empty(10 * MiB, dtype=torch.uint8, device="cuda")
+    live = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), used())
+    del x
+    freed = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), used())
+    torch.cuda.synchronize()
+    synced = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), used())
+    del y
+    torch.cuda.empty_cache()
+    say(mode="async", live=live, freed=freed, synced=synced,
+        emptied=(torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), used()))
+
+
+def train():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 10)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(256, 512, device="cuda")
+    target = torch.randint(0, 10, (256,), device="cuda")
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    say(mode="train", steps=len(losses), reserved_now=torch.cuda.memory_reserved(), used=used(),
+        **stats())
+
+
+def roundtrip():
+    """Host data copied to the device and back comes back unchanged."""
+    x = torch.arange(1000, dtype=torch.float32)
+    y = x.cuda().cpu()
+    pinned = torch.empty(1000).pin_memory()
+    say(mode="roundtrip", equal=bool(torch.equal(x, y)), pinned=pinned.is_pinned(),
+        device=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
+        count=torch.cuda.device_count(), total=torch.cuda.mem_get_info()[1])
+
+
+{"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
+ "train": train, "roundtrip": roundtrip}[sys.argv[1]]()

@@ -1,0 +1,215 @@
+//! The fake GPU libraries (`fakegpu/`) without PyTorch: a plain CUDA C program built against
+//! the fake runtime runs under the real recorder; the log, the program's own view and the
+//! fake driver's bookkeeping agree; a function that is not implemented returns its library's
+//! "not supported" status and is logged once.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+fn build_app(dir: &Path) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cuda_app.c");
+    let exe = dir.join("cuda_app");
+    let status = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .arg(format!("-L{}", vramshim_fakegpu::LIB_DIR))
+        .arg(format!("-Wl,-rpath-link,{}", vramshim_fakegpu::LIB_DIR))
+        .args(["-l:libcudart.so.13", "-ldl"])
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed for {}", source.display());
+    exe
+}
+
+#[test]
+fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
+    let dir = scratch("fakegpu-app");
+    let exe = build_app(&dir);
+    let unimplemented = dir.join("unimplemented.txt");
+    let output = Command::new(&exe)
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (300 * MIB).to_string())
+        .env("VRAMSHIM_FAKEGPU_NAME", "Test Card")
+        .env("VRAMSHIM_FAKEGPU_LOG", &unimplemented)
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run cuda_app");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The context takes its 300 MiB when the runtime first needs it, and keeps them.
+    let context = 300 * MIB;
+    assert_eq!(
+        stdout,
+        format!(
+            "count rc=0 count=1\n\
+             props rc=0 name=Test Card total=1073741824\n\
+             malloc rc=0\n\
+             malloc rc=0\n\
+             info used={} total=1073741824\n\
+             oom rc=2 last=2 text=out of memory\n\
+             copy rc=0 rc=0 back=round trip\n\
+             async rc=0\n\
+             freeasync rc=0 cached={} sync rc=0 after={}\n\
+             free rc=0 rc=0 rc=0\n\
+             info used={context}\n\
+             cublasXtCreate rc=15 rc=15\n\
+             entry cuMemAlloc rc=0 status=0 alloc rc=0 free rc=0\n\
+             entry cuNoSuchFunction rc=500 status=1\n",
+            context + 8 * MIB,
+            context + 9 * MIB,
+            context + 8 * MIB
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(&unimplemented).expect("log of unimplemented"),
+        "cublasXtCreate\ncuNoSuchFunction\n"
+    );
+
+    let run = Run { output, dir };
+    let dump = dump(&run.log());
+    let events = events(&dump);
+    let sizes =
+        |list: Vec<&serde_json::Value>| list.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>();
+    assert_eq!(
+        sizes(select(&events, "alloc", "cudaMalloc")),
+        vec![3 * MIB, 5 * MIB]
+    );
+    assert_eq!(select(&events, "free", "cudaFree").len(), 3);
+    // The driver function cudart's resolver handed out is recorded as the exact variant.
+    assert_eq!(sizes(select(&events, "alloc", "cuMemAlloc_v2")), vec![4096]);
+    let failed = select(&events, "alloc_failed", "cudaMalloc");
+    assert_eq!(sizes(failed.clone()), vec![1 << 40]);
+    assert_eq!(u64_of(failed[0], "mem_free"), (1 << 30) - context - 8 * MIB);
+    assert_eq!(
+        sizes(select(&events, "alloc", "cudaMallocAsync")),
+        vec![MIB]
+    );
+    assert_eq!(select(&events, "free", "cudaFreeAsync").len(), 1);
+    assert_eq!(
+        sizes(select(&events, "alloc", "cudaMallocHost")),
+        vec![4096]
+    );
+}
+
+/// The C++ runtime some NVIDIA libraries re-export, which the fakes leave to libstdc++ (the
+/// same prefixes as `CXX_RUNTIME_RE` in `fakegpu/build.py`).
+fn is_cxx_runtime(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_ZNSt",
+        "_ZNKSt",
+        "_ZSt",
+        "_ZTISt",
+        "_ZTSSt",
+        "_ZTVSt",
+        "_ZTHSt",
+        "_ZTHNSt",
+        "_ZNSs",
+        "_ZNKSs",
+        "_ZNSi",
+        "_ZNKSi",
+        "_ZNSo",
+        "_ZNKSo",
+        "_ZNSd",
+        "_Zdl",
+        "_Znw",
+        "_Zna",
+        "_Zda",
+        "_ZN9__gnu_cxx",
+        "_ZNK9__gnu_cxx",
+        "_ZTIN9__gnu_cxx",
+        "_ZTSN9__gnu_cxx",
+        "_ZTVN9__gnu_cxx",
+        "_ZN10__cxxabiv1",
+        "_ZTIN10__cxxabiv1",
+        "_ZTSN10__cxxabiv1",
+        "_ZTVN10__cxxabiv1",
+        "__cxa_",
+        "__gxx_",
+        "_Unwind_",
+        "__gcclibcxx",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// `readelf --dyn-syms` of a built fake: its defined symbols as `name@@node` (or `name`).
+fn exported(library: &Path) -> std::collections::HashSet<String> {
+    let output = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(library)
+        .output()
+        .expect("run readelf");
+    assert!(output.status.success(), "readelf {}", library.display());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.len() >= 8 && cols[6] != "UND" && cols[0].ends_with(':'))
+                .then(|| cols[7].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_listed_symbol_is_exported_under_its_real_soname_and_version() {
+    let symbols = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fakegpu/symbols");
+    let mut checked = 0;
+    for line in ["cu13", "cu12", "driver", "cuda-h"] {
+        for entry in std::fs::read_dir(symbols.join(line)).expect("symbol lists") {
+            let list = entry.expect("entry").path();
+            let soname = list
+                .file_stem()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            let library = Path::new(vramshim_fakegpu::LIB_DIR).join(&soname);
+            let readelf = Command::new("readelf")
+                .arg("-d")
+                .arg(&library)
+                .output()
+                .expect("readelf");
+            assert!(
+                String::from_utf8_lossy(&readelf.stdout)
+                    .contains(&format!("Library soname: [{soname}]")),
+                "{} lacks its SONAME",
+                library.display()
+            );
+            let exports = exported(&library);
+            for row in std::fs::read_to_string(&list).expect("list").lines() {
+                let cols: Vec<&str> = row.split_whitespace().collect();
+                if row.starts_with('#') || cols.len() != 4 || is_cxx_runtime(cols[0])
+                    // Made by the linker, not the library's own.
+                    || ["_edata", "_end", "__bss_start", "_init", "_fini"].contains(&cols[0])
+                {
+                    continue;
+                }
+                // ld cannot name a version node with a '-' (libnvrtc-builtins): unversioned.
+                let wanted = match cols[1] {
+                    "-" => cols[0].to_owned(),
+                    node if node.contains('-') => cols[0].to_owned(),
+                    node => format!("{}{node}", cols[0]),
+                };
+                assert!(
+                    exports.contains(&wanted),
+                    "{soname}: {wanted} is not exported"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 19000, "only {checked} symbols checked");
+}

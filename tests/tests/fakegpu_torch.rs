@@ -1,0 +1,387 @@
+//! Real PyTorch (the CUDA 13 wheel from PyPI, installed by `scripts/fetch-torch.sh` into a cached
+//! venv, never committed) on the fake GPU libraries (`fakegpu/`), with and without the real
+//! recorder: torch's own figures must equal the fake driver's bookkeeping and the recorded log.
+//! Without network the tests say SKIPPED, or fail under `VRAMSHIM_REQUIRE_TORCH=1`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+/// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
+/// torch's RPATH to NVIDIA's wheels wherever those are installed.
+const TORCH_FAKES: &[&str] = &[
+    "libcuda.so.1",
+    "libcudart.so.13",
+    "libcublas.so.13",
+    "libcublasLt.so.13",
+    "libcudnn.so.9",
+    "libnccl.so.2",
+    "libnvidia-ml.so.1",
+    "libcusparse.so.12",
+    "libcusolver.so.12",
+    "libcufft.so.12",
+    "libcurand.so.10",
+    "libnvrtc.so.13",
+    "libnvJitLink.so.13",
+    "libcupti.so.13",
+    "libcufile.so.0",
+    "libnvshmem_host.so.3",
+    "libcusparseLt.so.0",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The venv's python with torch, or `None` (with a loud note) when it cannot be installed.
+fn torch_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let output = Command::new("bash")
+                .arg(repo().join("scripts/fetch-torch.sh"))
+                .output()
+                .expect("run fetch-torch.sh");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
+            {
+                eprintln!(
+                    "SKIPPED fakegpu_torch: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+                    stderr.trim()
+                );
+                return None;
+            }
+            assert!(output.status.success(), "fetch-torch.sh failed: {stderr}");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            Some(PathBuf::from(stdout.lines().last().expect("python path").trim()))
+        })
+        .clone()
+}
+
+fn fake_preload() -> String {
+    TORCH_FAKES
+        .iter()
+        .map(|soname| {
+            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
+            assert!(path.is_file(), "{} was not built", path.display());
+            path.display().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// What one run printed (its last JSON line) and, when recorded, its log.
+struct TorchRun {
+    output: Output,
+    result: Value,
+    log: Option<PathBuf>,
+}
+
+/// Runs `tests/python/torch_fakegpu.py MODE` on a fake card of `memory` bytes; `recorded`
+/// preloads the real recorder ahead of the fakes.
+fn run_torch(
+    python: &Path,
+    mode: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+    recorded: bool,
+) -> TorchRun {
+    let dir = scratch(&format!("torch-{mode}"));
+    let preload = if recorded {
+        format!("{}:{}", shim().display(), fake_preload())
+    } else {
+        fake_preload()
+    };
+    let mut command = Command::new(python);
+    command
+        .arg("-W")
+        .arg("ignore")
+        .arg(repo().join("tests/python/torch_fakegpu.py"))
+        .arg(mode)
+        .env("LD_PRELOAD", preload)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "torch {mode} failed:\n{stdout}\n{stderr}"
+    );
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no output:\n{stderr}"));
+    let result: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    let log = recorded.then(|| {
+        let run = Run {
+            output: output.clone(),
+            dir: dir.clone(),
+        };
+        run.log()
+    });
+    TorchRun {
+        output,
+        result,
+        log,
+    }
+}
+
+/// Device 0's allocations in the log, replayed: (allocations, frees, peak live bytes).
+fn replay(log: &Path, alloc_api: &str, free_api: &str) -> (usize, usize, u64) {
+    let dump = dump(log);
+    let events = events(&dump);
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut allocs, mut frees, mut current, mut peak) = (0, 0, 0u64, 0u64);
+    for event in events.iter().filter(|e| e["device"] == 0) {
+        let api = event["api"].as_str().unwrap_or_default();
+        if event["event"] == "alloc" && api == alloc_api {
+            allocs += 1;
+            let size = u64_of(event, "size");
+            live.insert(u64_of(event, "addr"), size);
+            current += size;
+            peak = peak.max(current);
+        } else if event["event"] == "free" && api == free_api {
+            frees += 1;
+            let size = live
+                .remove(&u64_of(event, "addr"))
+                .expect("free of a recorded address");
+            current -= size;
+        }
+    }
+    (allocs, frees, peak)
+}
+
+fn pairs(value: &Value) -> Vec<Vec<u64>> {
+    arr(value)
+        .iter()
+        .map(|step| arr(step).iter().filter_map(Value::as_u64).collect())
+        .collect()
+}
+
+#[test]
+fn caching_allocator_segments_equal_the_driver_and_the_log() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(&python, "caching", 80 << 30, &[], true);
+    let r = &run.result;
+    // Reserved bytes equal the driver's used bytes at every step: 2 MiB small segment, a
+    // 20 MiB large one, a 50 MiB oversize one, then all of it back after empty_cache.
+    assert_eq!(
+        pairs(&r["steps"]),
+        vec![
+            vec![2 * MIB, 2 * MIB],
+            vec![22 * MIB, 22 * MIB],
+            vec![72 * MIB, 72 * MIB],
+            vec![72 * MIB, 72 * MIB],
+            vec![0, 0]
+        ],
+        "{r}"
+    );
+    assert_eq!(r["reserved_peak"], 72 * MIB);
+    assert_eq!(r["num_device_alloc"], 3);
+    assert_eq!(r["num_device_free"], 3);
+    let (allocs, frees, peak) = replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
+    assert_eq!(
+        (allocs, frees, peak),
+        (3, 3, 72 * MIB),
+        "{}",
+        String::from_utf8_lossy(&run.output.stderr)
+    );
+}
+
+#[test]
+fn out_of_memory_message_is_torchs_own_with_nvml_figures() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(&python, "oom", 1 << 30, &[], true);
+    let r = &run.result;
+    assert_eq!(
+        r["message"].as_str().expect("an OutOfMemoryError"),
+        "CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of \
+         1024.00 MiB of which 424.00 MiB is free. Including non-PyTorch memory, this process \
+         has 600.00 MiB memory in use. Of the allocated memory 600.00 MiB is allocated by \
+         PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If reserved but \
+         unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+         to avoid fragmentation.  See documentation for Memory Management  \
+         (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+    );
+    assert_eq!(r["used"], 600 * MIB);
+    // The log has the failed request twice (torch retries once after releasing its cache,
+    // which is empty here), each with the free memory the driver reported after it.
+    let dump = dump(run.log.as_ref().expect("log"));
+    let events = events(&dump);
+    let failed = select(&events, "alloc_failed", "cudaMalloc");
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    for failure in failed {
+        assert_eq!(u64_of(failure, "size"), 600 * MIB);
+        assert_eq!(u64_of(failure, "mem_free"), 424 * MIB);
+        assert_eq!(u64_of(failure, "mem_total"), 1024 * MIB);
+        assert_eq!(u64_of(failure, "result"), 2);
+    }
+}
+
+#[test]
+fn expandable_segments_map_through_the_drivers_vmm() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "expandable",
+        1 << 30,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["grown"].clone(),
+            r["emptied"].clone()
+        ])),
+        vec![vec![100 * MIB, 100 * MIB], vec![0, 0]]
+    );
+    assert_eq!(r["reserved_peak"], 100 * MIB);
+    let dump = dump(run.log.as_ref().expect("log"));
+    let events = events(&dump);
+    // Five 20 MiB physical chunks, each created, mapped, unmapped and released (the log names
+    // a release by its handle).
+    let created = select(&events, "create", "cuMemCreate");
+    assert_eq!(
+        created
+            .iter()
+            .map(|e| u64_of(e, "size"))
+            .collect::<Vec<_>>(),
+        vec![20 * MIB; 5]
+    );
+    let handles = |list: Vec<&Value>| {
+        let mut handles: Vec<u64> = list.iter().map(|e| u64_of(e, "handle")).collect();
+        handles.sort_unstable();
+        handles
+    };
+    assert_eq!(
+        handles(select(&events, "release", "cuMemRelease")),
+        handles(created)
+    );
+    let mapped: u64 = select(&events, "map", "cuMemMap")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .sum();
+    let unmapped: u64 = select(&events, "unmap", "cuMemUnmap")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .sum();
+    assert_eq!((mapped, unmapped), (100 * MIB, 100 * MIB));
+    assert!(select(&events, "alloc", "cudaMalloc").is_empty());
+}
+
+#[test]
+fn malloc_async_backend_uses_the_pools_caching() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "async",
+        1 << 30,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+        true,
+    );
+    let r = &run.result;
+    // (reserved, allocated, driver used): torch sets the pool's release threshold to the
+    // maximum, so a freed block stays reserved (cached) through a synchronize until empty_cache.
+    let live = vec![40 * MIB, 40 * MIB, 40 * MIB];
+    let cached = vec![40 * MIB, 10 * MIB, 40 * MIB];
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["live"].clone(),
+            r["freed"].clone(),
+            r["synced"].clone(),
+            r["emptied"].clone()
+        ])),
+        vec![live, cached.clone(), cached, vec![0, 0, 0]],
+        "{r}"
+    );
+    let dump = dump(run.log.as_ref().expect("log"));
+    let events = events(&dump);
+    assert_eq!(select(&events, "alloc", "cudaMallocAsync").len(), 2);
+    assert_eq!(select(&events, "free", "cudaFreeAsync").len(), 2);
+}
+
+#[test]
+fn mlp_training_with_adam_and_device_queries() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(&python, "train", 80 << 30, &[], true);
+    let r = &run.result;
+    assert_eq!(r["steps"], 3);
+    assert_eq!(r["reserved_now"], r["used"], "{r}");
+    let (allocs, frees, peak) = replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
+    assert_eq!(
+        allocs as u64,
+        r["num_device_alloc"].as_u64().expect("count")
+    );
+    assert_eq!(frees as u64, r["num_device_free"].as_u64().expect("count"));
+    assert_eq!(peak, r["reserved_peak"].as_u64().expect("peak"), "{r}");
+
+    // Host data round-trips through device memory; pinned memory is known; the machine is
+    // the one the variables describe.
+    let run = run_torch(
+        &python,
+        "roundtrip",
+        24 << 30,
+        &[
+            ("VRAMSHIM_FAKEGPU_COUNT", "2"),
+            ("VRAMSHIM_FAKEGPU_NAME", "NVIDIA A100-SXM4-40GB"),
+            ("VRAMSHIM_FAKEGPU_CC", "8.0"),
+        ],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(r["equal"], true);
+    assert_eq!(r["pinned"], true);
+    assert_eq!(r["device"], "NVIDIA A100-SXM4-40GB");
+    assert_eq!(r["capability"], serde_json::json!([8, 0]));
+    assert_eq!(r["count"], 2);
+    assert_eq!(r["total"], 24u64 << 30);
+}
+
+#[test]
+fn an_invalid_machine_makes_cuda_unavailable_with_one_line() {
+    let Some(python) = torch_python() else { return };
+    let output = Command::new(&python)
+        .args([
+            "-W",
+            "ignore",
+            "-c",
+            "import torch; print(torch.cuda.is_available())",
+        ])
+        .env("LD_PRELOAD", fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", "80GiB")
+        .output()
+        .expect("run python");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "False");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vramshim fakegpu:"))
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            "vramshim fakegpu: VRAMSHIM_FAKEGPU_MEMORY=\"80GiB\" is invalid: expected a whole \
+             number from 1 to 1125899906842624; CUDA initialisation fails"
+        ],
+        "{stderr}"
+    );
+}
