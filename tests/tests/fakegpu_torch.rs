@@ -385,3 +385,76 @@ fn an_invalid_machine_makes_cuda_unavailable_with_one_line() {
         "{stderr}"
     );
 }
+
+/// `vramshim dryrun` of a real torch job that does not fit a 1 GiB card, on the product fakes:
+/// the verdict's peak equals torch's own `max_memory_reserved()`, and the failure names the
+/// script's line, torch's release-and-retry, and the smallest card that fits.
+#[test]
+fn dryrun_of_a_torch_job_names_its_failing_line() {
+    let Some(python) = torch_python() else { return };
+    let script = repo().join("tests/python/torch_dryrun.py");
+    let logs = scratch("torch-dryrun");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
+        .arg(logs.join("%p.vlog"))
+        .arg("--")
+        .arg(&python)
+        .args(["-W", "ignore"])
+        .arg(&script)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // An uncaught OutOfMemoryError: Python exits 1, and so does dryrun.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    // The program's stdout went to stderr: torch's figures, printed before the failure.
+    let torch: Value = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
+
+    assert_eq!(v["fits"], false, "{v}");
+    assert_eq!(v["exit"]["code"], 1);
+    let device = &arr(&v["devices"])[0];
+    // Weights (64 MiB in a 20 MiB-rounded segment: 64 MiB), bias (2 MiB small segment),
+    // activations (256 MiB): torch's peak reserved, exactly what the recorder saw.
+    assert_eq!(device["peak_recorded"], torch["reserved_peak"], "{device}");
+    assert_eq!(u64_of(device, "peak_recorded"), (64 + 2 + 256) * MIB);
+    let failure = &v["failure"];
+    assert_eq!(failure["api"], "cudaMalloc", "{failure}");
+    assert_eq!(u64_of(failure, "request"), 2048 * MIB);
+    assert_eq!(failure["verdict"], "exceeded_free_memory");
+    // torch frees its cached segments (none are free here) and asks once more.
+    assert_eq!(failure["retry"]["succeeded"], false, "{failure}");
+    let frame = &failure["python_frame"];
+    assert!(
+        frame["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("torch_dryrun.py")),
+        "{frame}"
+    );
+    let text = std::fs::read_to_string(&script).expect("read script");
+    let marked = text
+        .lines()
+        .position(|line| line.contains("# DRYRUN: too big"))
+        .expect("marker line") as u64
+        + 1;
+    assert_eq!(u64_of(frame, "line"), marked);
+    // Needed: what was used at the failure (context included) plus the request.
+    assert_eq!(
+        u64_of(&v, "needed"),
+        u64_of(failure, "used") + 2048 * MIB,
+        "{v}"
+    );
+    assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
+    assert_eq!(torch["num_device_alloc"], 3);
+}

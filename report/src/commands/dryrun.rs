@@ -94,36 +94,51 @@ fn find_fakes() -> Result<PathBuf, Failure> {
     )))
 }
 
-/// Every `*.so*` file of `lib`, each file once (links to one file count once), by name.
+/// Drop-in replacements for other libraries' APIs (BLAS, FFTW): preloaded, their stubs would
+/// capture the calls a program makes to its own CPU BLAS or FFTW.
+const NOT_PRELOADED: &[&str] = &["libnvblas", "libcufftw"];
+
+/// The fake libraries to preload from `lib`: each `lib<name>.so.<major>` once, at its newest
+/// major where both CUDA lines are built (`libcudart.so.12` and `.13`). Preloading both would
+/// hand an unversioned look-up (the recorder's `dlsym(RTLD_NEXT, "cudaMalloc")`) the older
+/// line's stubs; a program built for the older line still finds it through `LD_LIBRARY_PATH`.
+/// Plugins loaded by path (`nvshmem_*`, `*-builtins`, `.alt` variants) and drop-ins are left
+/// to be found when asked for.
 fn fake_libraries(lib: &Path) -> Result<Vec<PathBuf>, Failure> {
     let entries = std::fs::read_dir(lib)
         .map_err(|err| Failure::input(format!("cannot read {}: {err}", lib.display())))?;
-    let mut names: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(".so") || n.contains(".so."))
-                && path.is_file()
-        })
-        .collect();
-    names.sort();
-    let mut seen = Vec::new();
-    let mut libraries = Vec::new();
-    for path in names {
-        let target = path.canonicalize().unwrap_or_else(|_| path.clone());
-        if !seen.contains(&target) {
-            seen.push(target);
-            libraries.push(path);
+    // Newest major per library base name, e.g. "libcudart" -> (13, path).
+    let mut newest: std::collections::BTreeMap<String, (u32, PathBuf)> = Default::default();
+    for path in entries.filter_map(|entry| entry.ok().map(|e| e.path())) {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some((base, major)) = name.split_once(".so.") else {
+            continue;
+        };
+        let Ok(major) = major.parse::<u32>() else {
+            continue;
+        };
+        if !base.starts_with("lib")
+            || base.contains(".alt")
+            || base.ends_with("-builtins")
+            || NOT_PRELOADED.contains(&base)
+            || !path.is_file()
+        {
+            continue;
+        }
+        let keep = newest.get(base).is_none_or(|(seen, _)| major > *seen);
+        if keep {
+            newest.insert(base.to_owned(), (major, path));
         }
     }
-    if libraries.is_empty() {
+    if newest.is_empty() {
         return Err(Failure::input(format!(
-            "{} holds no fake library (*.so*)",
+            "{} holds no fake library (lib*.so.N)",
             lib.display()
         )));
     }
-    Ok(libraries)
+    Ok(newest.into_values().map(|(_, path)| path).collect())
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
