@@ -247,6 +247,15 @@ impl Plan {
     }
 }
 
+/// The wall-clock time (Unix ns) of replay time 0: the start of the earliest process.
+pub fn replay_start_unix_ns(processes: &[Process]) -> u64 {
+    processes
+        .iter()
+        .find(|p| p.start_offset_ns == 0)
+        .or(processes.first())
+        .map_or(0, |p| p.header.start_unix_ns)
+}
+
 /// Why writing the snapshot stopped.
 enum Written {
     Io(io::Error),
@@ -277,6 +286,7 @@ fn write_snapshot(
             let sink = Writer {
                 out: &mut *out,
                 stacks: &mut *stacks,
+                start_unix_ns: replay_start_unix_ns(processes),
                 skip: count.saturating_sub(plan.limit),
                 written: 0,
                 error: None,
@@ -334,6 +344,8 @@ fn write_snapshot(
 struct Writer<'a> {
     out: &'a mut dyn SnapshotWriter,
     stacks: &'a mut Stacks,
+    /// Wall-clock time of replay time 0: entry times are epoch microseconds.
+    start_unix_ns: u64,
     skip: u64,
     written: u64,
     /// The first write error; nothing more is written after it.
@@ -346,7 +358,7 @@ impl Sink for Writer<'_> {
             return;
         }
         let stacks = &mut *self.stacks;
-        let result = write_entry(self.out, entry, &mut || {
+        let result = write_entry(self.out, entry, self.start_unix_ns, &mut || {
             stacks.frames(processes, entry.process, entry.stack)
         });
         match result {
