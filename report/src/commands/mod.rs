@@ -5,6 +5,7 @@ pub mod common;
 pub mod diff;
 pub mod dump;
 pub mod export;
+pub mod export_formats;
 pub mod flamegraph;
 pub mod oom;
 pub mod peak;

@@ -620,7 +620,9 @@ mod tests {
                 stack: (index % 3) as u32,
                 device_free: 1 << 40,
             };
-            write_entry(out, &entry, 1_700_000_000_000_000_000, &mut || frames.clone())?;
+            write_entry(out, &entry, 1_700_000_000_000_000_000, &mut || {
+                frames.clone()
+            })?;
         }
         out.end_list()?;
         out.begin_list()?;
