@@ -470,6 +470,127 @@ fn trace_event_format(document: &Value) -> &Vec<Value> {
     events
 }
 
+/// Live bytes on device 0 after each successful allocation and free of `ops`, in order.
+fn live_series(ops: &[ProgramOp]) -> Vec<u64> {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut total = 0u64;
+    let mut series = Vec::new();
+    for op in ops
+        .iter()
+        .filter(|op| op.fields.get("dev").is_some_and(|d| d == "0") && op.int("rc") == 0)
+    {
+        let key = op
+            .fields
+            .get("handle")
+            .map_or_else(|| op.num("addr"), |_| op.num("handle"));
+        if op.op == "alloc" {
+            live.insert(key, op.num("size"));
+            total += op.num("size");
+        } else {
+            total -= live.remove(&key).expect("freed what it allocated");
+        }
+        series.push(total);
+    }
+    series
+}
+
+/// The `C` events named `name` of process `pid`: (ts, bytes).
+fn counter(events: &[Value], pid: u64, name: &str) -> Vec<(f64, u64)> {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == name && e["pid"] == pid)
+        .map(|e| (e["ts"].as_f64().expect("ts"), u64_of(&e["args"], "bytes")))
+        .collect()
+}
+
+#[test]
+fn chrome_trace_of_two_processes_has_each_ones_counters_on_one_clock() {
+    let run = run_under_shim("exports-fork", "report_fork", &[], &[]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let stdout = run.stdout();
+    let pid_after = |prefix: &str| -> u64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in {stdout}"))
+    };
+    let pids = [pid_after("parent pid="), pid_after("child pid=")];
+    let logs: Vec<PathBuf> = pids.iter().map(|&pid| run.log_of(pid as u32)).collect();
+    let path = run.dir.join("trace.json");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("export")];
+    args.extend(logs.iter().map(|l| l.as_os_str()));
+    args.extend([OsStr::new("--chrome-trace"), path.as_os_str()]);
+    let (code, _, stderr) = vramshim(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let document: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("written")).expect("JSON");
+    let events = trace_event_format(&document);
+
+    // One clock: the processes' counters interleave in time order.
+    let times: Vec<f64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C")
+        .map(|e| e["ts"].as_f64().expect("ts"))
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let dumps: Vec<Vec<Value>> = logs.iter().map(|log| dump(log)).collect();
+    let start = |dump: &[Value]| u64_of(&dump[0], "start_mono_ns");
+    let origin = dumps.iter().map(|d| start(d)).min().expect("two logs");
+    let ops = program_ops(&stdout);
+    for (pid, dump) in pids.iter().zip(&dumps) {
+        // Per process, its own live bytes: parent X, W, Z; child Y1 and Y2.
+        let own: Vec<ProgramOp> = ops
+            .iter()
+            .filter(|op| op.num("pid") == *pid)
+            .cloned()
+            .collect();
+        let points = counter(events, *pid, "device 0 live");
+        let bytes: Vec<u64> = points.iter().map(|p| p.1).collect();
+        assert_eq!(bytes, live_series(&own), "pid {pid}");
+        // At the times the log recorded, on the earliest process's clock.
+        let offset = start(dump) - origin;
+        let recorded: Vec<f64> = dump
+            .iter()
+            .filter(|r| r["type"] == "event" && (r["event"] == "alloc" || r["event"] == "free"))
+            .map(|r| (offset + u64_of(r, "t_ns")) as f64 / 1000.0)
+            .collect();
+        assert_eq!(points.len(), recorded.len(), "pid {pid}");
+        for (point, want) in points.iter().zip(&recorded) {
+            assert!(
+                (point.0 - want).abs() < 0.001,
+                "pid {pid}: {} vs {want}",
+                point.0
+            );
+        }
+        // Notes of the process (fork), as instant events of its pid.
+        let notes: Vec<&str> = dump
+            .iter()
+            .filter(|r| r["type"] == "note")
+            .map(|r| r["text"].as_str().expect("text"))
+            .collect();
+        let shown: Vec<&str> = events
+            .iter()
+            .filter(|e| e["ph"] == "i" && e["pid"] == *pid)
+            .map(|e| e["args"]["text"].as_str().expect("text"))
+            .collect();
+        assert_eq!(shown, notes, "pid {pid}");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["name"] == "process_name" && e["pid"] == *pid)
+        );
+    }
+    let peak = |pid: u64| {
+        counter(events, pid, "device 0 live")
+            .iter()
+            .map(|p| p.1)
+            .max()
+    };
+    assert_eq!(peak(pids[0]), Some(80 * MIB), "the parent alone: Z");
+    assert_eq!(peak(pids[1]), Some(64 * MIB), "the child: Y1 + Y2");
+}
+
 #[test]
 fn chrome_trace_follows_the_trace_event_format_with_exact_counters() {
     let run = run_program("exports-chrome");
@@ -499,26 +620,7 @@ fn chrome_trace_follows_the_trace_event_format_with_exact_counters() {
         points.iter().map(|e| u64_of(&e["args"], "bytes")).collect()
     };
     // Live bytes on device 0 after each allocation and free, from the program's own output.
-    let ops = program_ops(&run.stdout());
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    let mut total = 0u64;
-    let mut want = Vec::new();
-    for op in ops
-        .iter()
-        .filter(|op| op.fields.get("dev").is_some_and(|d| d == "0") && op.int("rc") == 0)
-    {
-        let key = op
-            .fields
-            .get("handle")
-            .map_or_else(|| op.num("addr"), |_| op.num("handle"));
-        if op.op == "alloc" {
-            live.insert(key, op.num("size"));
-            total += op.num("size");
-        } else {
-            total -= live.remove(&key).expect("freed what it allocated");
-        }
-        want.push(total);
-    }
+    let want = live_series(&program_ops(&run.stdout()));
     assert_eq!(want.len() as u64, 4 + 2 * ROUNDS);
     assert_eq!(want.iter().max(), Some(&(72 * MIB)));
     assert_eq!(series("device 0 live"), want);

@@ -19,8 +19,9 @@ use crate::commands::common;
 use crate::commands::export::{Args, replay_start_unix_ns};
 use crate::render::chrome_trace::ChromeTraceWriter;
 use crate::render::parquet::ParquetWriter;
+use crate::render::timeline::subject;
 use crate::render::{pprof, speedscope};
-use crate::replay::{self, Replay, Stop};
+use crate::replay::{self, Stop};
 use crate::units::bytes;
 
 /// Which in-use bytes the profiles hold.
@@ -101,7 +102,7 @@ fn profiles(args: &Args) -> Result<(), Failure> {
         summary(path, &samples, what);
     }
     if let Some(path) = &args.speedscope {
-        let name = format!("vramshim: {}", subject(&replay));
+        let name = format!("vramshim: {}", subject(&replay.processes));
         let document = speedscope::document(&samples, &name, what);
         let text = serde_json::to_vec(&document).map_err(|err| output_failure(path, err.into()))?;
         write_whole(path, &text)?;
@@ -120,19 +121,6 @@ fn summary(path: &Path, samples: &[ProfileSample], what: &str) {
         bytes(allocated),
         bytes(inuse)
     );
-}
-
-/// What the recording is: the processes' programs and pids.
-fn subject(replay: &Replay) -> String {
-    let names: Vec<String> = replay
-        .processes
-        .iter()
-        .map(|p| {
-            let program = p.header.argv.first().map_or("process", String::as_str);
-            format!("{program} (pid {})", p.header.pid)
-        })
-        .collect();
-    names.join(", ")
 }
 
 fn chrome_trace(args: &Args, path: &Path) -> Result<(), Failure> {
