@@ -54,8 +54,9 @@ enum Command {
     /// tensor-level recording (backend:cudaMallocAsync or PYTORCH_NO_CUDA_MEMORY_CACHING=1),
     /// ranked by peak reserved memory.
     Whatif(commands::whatif::Args),
-    /// Export the recording to another tool's format: `--pytorch-snapshot` writes a memory
-    /// snapshot for PyTorch's memory viewer (pytorch.org/memory_viz).
+    /// Export the recording to other tools' formats: `--pytorch-snapshot` (PyTorch's memory
+    /// viewer), `--pprof FILE`, `--speedscope FILE`, `--chrome-trace FILE` (Perfetto),
+    /// `--parquet FILE` (DuckDB, pandas).
     Export(commands::export::Args),
     /// Print every record of a log, as text or as JSON lines.
     Dump(commands::dump::Args),

@@ -398,6 +398,15 @@ fn unpickle(bytes: &[u8]) -> Value {
             }
             0x88 => stack.push(Item::Value(json!(true))),
             0x89 => stack.push(Item::Value(json!(false))),
+            // TUPLE2: the viewer makes a list of the top two values.
+            0x86 => {
+                let second = stack.pop();
+                let first = stack.pop();
+                let (Some(Item::Value(first)), Some(Item::Value(second))) = (first, second) else {
+                    panic!("TUPLE2 over a mark");
+                };
+                stack.push(Item::Value(json!([first, second])));
+            }
             b'N' => stack.push(Item::Value(Value::Null)),
             b'q' => {
                 let id = u32::from(take(&mut at, 1)[0]);
@@ -441,6 +450,9 @@ fn snapshot_holds_every_device_allocation_free_and_failure_exactly() {
     let ops = program_ops(&run.stdout());
     let dump = dump(&log);
     let events = events(&dump);
+    // Entry times are wall-clock microseconds: the log's start plus the event's offset.
+    let start_unix_ns = u64_of(&dump[0], "start_unix_ns");
+    assert!(start_unix_ns > 1_600_000_000 * 1_000_000_000, "{}", dump[0]);
 
     let (snap, stderr) = snapshot(&log, &run.dir, "snap.json", &[]);
     assert!(
@@ -465,7 +477,7 @@ fn snapshot_holds_every_device_allocation_free_and_failure_exactly() {
     for (op, event) in device_ops.iter().zip(&device_events) {
         assert_eq!(op.api, event["api"], "{op:?} / {event}");
         let device = op.int("dev");
-        let time_us = u64_of(event, "t_ns") / 1000;
+        let time_us = (start_unix_ns + u64_of(event, "t_ns")) / 1000;
         let function = op.fields["fn"].clone();
         let list = expected.entry(device).or_default();
         let at = lines.entry(device).or_default();
@@ -679,11 +691,14 @@ fn device_option_exports_one_device_and_pickle_holds_the_same_document() {
     let bytes = std::fs::read(&pickle).expect("pickle written");
     assert_eq!(&bytes[..2], &[0x80, 2]);
     assert_eq!(unpickle(&bytes), all);
-    // And Python's own pickle module reads it as the JSON document.
+    // And Python's own pickle module reads it as the JSON document, with each
+    // segment_pool_id a tuple, as torch writes it.
     let check = "import json, pickle, sys\n\
                  a = pickle.load(open(sys.argv[1], 'rb'))\n\
                  b = json.load(open(sys.argv[2]))\n\
-                 print('same' if a == b else 'different')";
+                 pools = [s['segment_pool_id'] for s in a['segments']]\n\
+                 assert pools and all(p == (0, 0) for p in pools), pools\n\
+                 print('same' if json.loads(json.dumps(a)) == b else 'different')";
     let output = Command::new(machine_python())
         .args(["-c", check])
         .arg(&pickle)

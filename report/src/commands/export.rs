@@ -1,5 +1,6 @@
 //! `vramshim export LOG... --pytorch-snapshot`: the recording as a memory snapshot for
-//! PyTorch's memory viewer (pytorch.org/memory_viz), streamed to a file.
+//! PyTorch's memory viewer (pytorch.org/memory_viz), streamed to a file. The other formats
+//! (`--pprof`, `--speedscope`, `--chrome-trace`, `--parquet`) are in [`export_formats`].
 //!
 //! A first replay counts the trace entries of each device (and checks that no two processes
 //! share a device ordinal); then one replay per device writes that device's entries, the last
@@ -15,6 +16,7 @@ use crate::Failure;
 use crate::analysis::groups::Stacks;
 use crate::analysis::trace::{Census, Entry, Sink, Trace, viewer_addr};
 use crate::commands::common::{self, StacksArg};
+use crate::commands::export_formats::{self, Inuse};
 use crate::render::pytorch::{
     JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
     write_settings,
@@ -44,15 +46,38 @@ pub struct Args {
     /// Log(s) to read; several logs of one job are merged in time order (each device
     /// ordinal must then belong to one process).
     #[arg(required = true, value_name = "LOG")]
-    logs: Vec<PathBuf>,
+    pub logs: Vec<PathBuf>,
     /// Write a memory snapshot for PyTorch's memory viewer (pytorch.org/memory_viz, or
     /// torch/cuda/_memory_viz.py): every device allocation the recorder saw, NCCL, cuBLAS
     /// and cudaMallocAsync memory included, is a segment holding one block; failed
-    /// allocations are `oom` entries. The only export format so far, hence required.
-    #[arg(long, required = true)]
+    /// allocations are `oom` entries. -o, --pickle and --max-events shape it.
+    #[arg(long)]
     pytorch_snapshot: bool,
-    /// Output file (default: `vramshim-snapshot.json` here, `vramshim-snapshot.pickle` with
-    /// --pickle). Written under a temporary name and renamed when complete.
+    /// Write a pprof profile (gzipped profile.proto) to FILE, for `go tool pprof`: per stack
+    /// alloc_objects/alloc_space (allocated over the run) and inuse_objects/inuse_space
+    /// (see --inuse; the default sample type), each sample labelled with its device.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Write a speedscope profile (JSON) to FILE: per device, one profile of the bytes
+    /// allocated over the run and one of the bytes in use (see --inuse), by stack.
+    #[arg(long, value_name = "FILE")]
+    pub speedscope: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace (Trace Event Format JSON) to FILE: per process, a
+    /// counter per device of live bytes and of the device's used memory, an instant event
+    /// per failed allocation and per note, process and thread names.
+    #[arg(long, value_name = "FILE")]
+    pub chrome_trace: Option<PathBuf>,
+    /// Write every event as a row of a Parquet file (for DuckDB and other Parquet readers): t_ns, pid,
+    /// thread, event, api, device, addr, size, stream, handle, result, stack.
+    #[arg(long, value_name = "FILE")]
+    pub parquet: Option<PathBuf>,
+    /// What the in-use bytes of --pprof and --speedscope are: live at each device's peak, or
+    /// still live at the end of the log(s).
+    #[arg(long, value_enum, default_value_t = Inuse::Peak)]
+    pub inuse: Inuse,
+    /// The snapshot's output file (default: `vramshim-snapshot.json` here,
+    /// `vramshim-snapshot.pickle` with --pickle). Every output is written under a temporary
+    /// name and renamed when complete.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// A protocol-2 pickle, as `torch.cuda.memory._dump_snapshot()` writes, instead of JSON:
@@ -61,12 +86,12 @@ pub struct Args {
     /// `python -m torch.cuda._memory_viz`.
     #[arg(long)]
     pickle: bool,
-    /// Only this device ordinal (as the process numbered it). Pinned host memory is never
-    /// exported: the viewer shows device memory.
+    /// Only this device ordinal (as the process numbered it; -1 = pinned host memory, which
+    /// the snapshot never holds: the viewer shows device memory).
     #[arg(long, allow_hyphen_values = true)]
-    device: Option<i32>,
+    pub device: Option<i32>,
     #[command(flatten)]
-    view: StacksArg,
+    pub view: StacksArg,
     /// Trace entries kept per device: the last N (an allocation is 2 entries, its free 3, a
     /// failure 1); older ones are left out and said so. The viewer becomes unusably slow past
     /// about 600,000 entries. 0 keeps every entry.
@@ -75,6 +100,33 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let others = [
+        args.pprof.is_some(),
+        args.speedscope.is_some(),
+        args.chrome_trace.is_some(),
+        args.parquet.is_some(),
+    ];
+    if !args.pytorch_snapshot && !others.contains(&true) {
+        return Err(Failure::input(
+            "nothing to export: give --pytorch-snapshot, --pprof FILE, --speedscope FILE, \
+             --chrome-trace FILE and/or --parquet FILE",
+        ));
+    }
+    if !args.pytorch_snapshot && (args.output.is_some() || args.pickle) {
+        return Err(Failure::input(
+            "-o and --pickle apply to --pytorch-snapshot; the other formats take their file \
+             after their flag",
+        ));
+    }
+    if args.pytorch_snapshot {
+        snapshot(&args)?;
+    }
+    export_formats::run(&args)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The PyTorch snapshot.
+fn snapshot(args: &Args) -> Result<(), Failure> {
     if let Some(device) = args.device {
         if device < 0 {
             return Err(Failure::input(format!(
@@ -167,7 +219,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             .writer
             .as_deref_mut()
             .ok_or_else(|| output_failure(&path, io::Error::other("no writer")))?;
-        write_snapshot(out, &args, &plan, &mut stacks, processes).map_err(|err| match err {
+        write_snapshot(out, args, &plan, &mut stacks, processes).map_err(|err| match err {
             Written::Io(err) => output_failure(&path, err),
             Written::Replay(failure) => failure,
         })?
@@ -224,7 +276,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         plan.counts.len(),
         plan.segments.len()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// What the snapshot will hold, known after the first replay.
@@ -245,6 +297,15 @@ impl Plan {
             .copied()
             .unwrap_or(0)
     }
+}
+
+/// The wall-clock time (Unix ns) of replay time 0: the start of the earliest process.
+pub fn replay_start_unix_ns(processes: &[Process]) -> u64 {
+    processes
+        .iter()
+        .find(|p| p.start_offset_ns == 0)
+        .or(processes.first())
+        .map_or(0, |p| p.header.start_unix_ns)
 }
 
 /// Why writing the snapshot stopped.
@@ -277,6 +338,7 @@ fn write_snapshot(
             let sink = Writer {
                 out: &mut *out,
                 stacks: &mut *stacks,
+                start_unix_ns: replay_start_unix_ns(processes),
                 skip: count.saturating_sub(plan.limit),
                 written: 0,
                 error: None,
@@ -334,6 +396,8 @@ fn write_snapshot(
 struct Writer<'a> {
     out: &'a mut dyn SnapshotWriter,
     stacks: &'a mut Stacks,
+    /// Wall-clock time of replay time 0: entry times are epoch microseconds.
+    start_unix_ns: u64,
     skip: u64,
     written: u64,
     /// The first write error; nothing more is written after it.
@@ -346,7 +410,7 @@ impl Sink for Writer<'_> {
             return;
         }
         let stacks = &mut *self.stacks;
-        let result = write_entry(self.out, entry, &mut || {
+        let result = write_entry(self.out, entry, self.start_unix_ns, &mut || {
             stacks.frames(processes, entry.process, entry.stack)
         });
         match result {

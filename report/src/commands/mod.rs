@@ -6,6 +6,7 @@ pub mod diff;
 pub mod dryrun;
 pub mod dump;
 pub mod export;
+pub mod export_formats;
 pub mod flamegraph;
 pub mod launch;
 pub mod oom;

@@ -1,12 +1,16 @@
 //! Renderers: text and JSON from analysis results. Nothing here reads logs.
 
 pub mod allocator;
+pub mod chrome_trace;
 pub mod diff;
 pub mod dryrun;
 pub mod flamegraph;
 pub mod oom;
+pub mod parquet;
+pub mod pprof;
 pub mod pytorch;
 pub mod snapshot;
+pub mod speedscope;
 pub mod summary;
 pub mod svg;
 pub mod timeline;

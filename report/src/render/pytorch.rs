@@ -11,6 +11,8 @@
 //!                   "blocks": [ { "address", "size", "requested_size", "state", "frames" } ] } ],
 //!   "allocator_settings": { ... } }
 //! entry = { "action", "addr" (oom: "device_free"), "size", "stream", "time_us", "frames" }
+//!   (time_us: microseconds since the Unix epoch, as PyTorch records them)
+//! segment_pool_id = (0, 0): a tuple in the pickle, a list in JSON
 //! frame = { "filename", "line", "name" }, innermost first
 //! ```
 
@@ -40,6 +42,8 @@ pub trait SnapshotWriter {
     fn str(&mut self, value: &str) -> io::Result<()>;
     fn uint(&mut self, value: u64) -> io::Result<()>;
     fn bool(&mut self, value: bool) -> io::Result<()>;
+    /// A pair of integers: a 2-tuple in the pickle (as Python writes a tuple), a list in JSON.
+    fn pair(&mut self, first: u64, second: u64) -> io::Result<()>;
     /// The frames of a stack: resolved with `resolve` the first time a key is met, then
     /// repeated from a cache (JSON: the text; pickle: a reference to the first copy).
     fn frames(
@@ -73,10 +77,11 @@ fn viewer_frames(frames: &[SymFrame]) -> Vec<(String, u64, String)> {
         .collect()
 }
 
-/// Writes one trace entry.
+/// Writes one trace entry; `start_unix_ns` is the wall-clock time of replay time 0.
 pub fn write_entry(
     out: &mut dyn SnapshotWriter,
     entry: &Entry,
+    start_unix_ns: u64,
     resolve: &mut dyn FnMut() -> Rc<[SymFrame]>,
 ) -> io::Result<()> {
     out.begin_dict()?;
@@ -94,7 +99,7 @@ pub fn write_entry(
     out.key("stream")?;
     out.uint(entry.stream)?;
     out.key("time_us")?;
-    out.uint(entry.t_ns / 1000)?;
+    out.uint(start_unix_ns.saturating_add(entry.t_ns) / 1000)?;
     out.key("frames")?;
     out.frames((entry.process, entry.stack), resolve)?;
     out.end_dict()
@@ -143,10 +148,7 @@ pub fn write_segment(
         "small"
     })?;
     out.key("segment_pool_id")?;
-    out.begin_list()?;
-    out.uint(0)?;
-    out.uint(0)?;
-    out.end_list()?;
+    out.pair(0, 0)?;
     out.key("is_expandable")?;
     out.bool(false)?;
     out.key("frames")?;
@@ -297,6 +299,11 @@ impl<W: Write> SnapshotWriter for JsonWriter<W> {
         self.out.write_all(if value { b"true" } else { b"false" })
     }
 
+    fn pair(&mut self, first: u64, second: u64) -> io::Result<()> {
+        self.value()?;
+        write!(self.out, "[{first},{second}]")
+    }
+
     fn frames(
         &mut self,
         key: StackKey,
@@ -343,6 +350,7 @@ mod op {
     pub const BINUNICODE: u8 = b'X';
     pub const NEWTRUE: u8 = 0x88;
     pub const NEWFALSE: u8 = 0x89;
+    pub const TUPLE2: u8 = 0x86;
     pub const BINPUT: u8 = b'q';
     pub const LONG_BINPUT: u8 = b'r';
     pub const BINGET: u8 = b'h';
@@ -528,6 +536,14 @@ impl<W: Write> SnapshotWriter for PickleWriter<W> {
         self.after()
     }
 
+    fn pair(&mut self, first: u64, second: u64) -> io::Result<()> {
+        self.before()?;
+        self.raw_uint(first)?;
+        self.raw_uint(second)?;
+        self.out.write_all(&[op::TUPLE2])?;
+        self.after()
+    }
+
     fn frames(
         &mut self,
         key: StackKey,
@@ -604,7 +620,9 @@ mod tests {
                 stack: (index % 3) as u32,
                 device_free: 1 << 40,
             };
-            write_entry(out, &entry, &mut || frames.clone())?;
+            write_entry(out, &entry, 1_700_000_000_000_000_000, &mut || {
+                frames.clone()
+            })?;
         }
         out.end_list()?;
         out.begin_list()?;
@@ -633,7 +651,7 @@ mod tests {
         assert_eq!(trace[1]["device_free"], 1u64 << 40);
         assert!(trace[1].get("addr").is_none());
         assert_eq!(trace[2]["addr"], 0x7000_0000_0002u64);
-        assert_eq!(trace[2]["time_us"], 3);
+        assert_eq!(trace[2]["time_us"], 1_700_000_000_000_003u64);
         assert_eq!(trace[2]["frames"][0]["name"], "f");
         assert_eq!(value["device_traces"][1], serde_json::json!([]));
         assert_eq!(
