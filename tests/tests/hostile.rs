@@ -152,7 +152,12 @@ fn forks_from_eight_allocating_threads_never_hang_a_child() {
         &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
         5 * MINUTE,
     );
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!((run.value("forks"), run.value("hung")), (1000, 0));
     // The children never called CUDA: one log, the parent's, with every pair of every thread.
     let pairs = run.value("pairs") as usize;
@@ -171,9 +176,18 @@ fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
         .env("VRAMSHIM_BUFFER_EVENTS", "64")
         .env("VRAMSHIM_FLUSH_MS", "1");
     let run = bounded(command, &dir, 8 * MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
     assert_eq!(
-        (run.value("workers"), run.value("hung"), run.value("bad_exit")),
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        (
+            run.value("workers"),
+            run.value("hung"),
+            run.value("bad_exit")
+        ),
         (200, 0, 0)
     );
     // worker=i pid=P allocs=N, one line per worker.
@@ -193,16 +207,9 @@ fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
     for log in run.logs() {
         let dump = dump(&log);
         let pid = u64_of(&dump[0], "pid");
-        let events = events(&dump);
-        let counts = tally(&events);
-        let get = |event: &str, api: &str| {
-            counts
-                .get(&(event.to_owned(), api.to_owned()))
-                .copied()
-                .unwrap_or(0)
-        };
-        let pairs = (get("alloc", "cudaMalloc"), get("free", "cudaFree"));
-        assert_eq!(pairs.0 + pairs.1, events.len(), "{log:?}: {counts:?}");
+        // ctypes finds the fake runtime's own cudaMalloc (not the shim's export), so each
+        // call is recorded as the driver call the runtime makes.
+        let pairs = counted(&dump);
         match allocs_by_pid.get(&pid) {
             Some(&allocs) => {
                 assert!(allocs > 0, "worker {pid} made no CUDA call but has a log");
@@ -220,7 +227,11 @@ fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
     let expected = allocs_by_pid.values().filter(|&&n| n > 0).count();
     assert_eq!(seen, expected, "every worker that allocated wrote a log");
     let pairs = run.value("pairs") as usize;
-    assert_eq!(parent, Some((pairs, pairs)), "the parent's log has every pair");
+    assert_eq!(
+        parent,
+        Some((pairs, pairs)),
+        "the parent's log has every pair"
+    );
 }
 
 #[test]
@@ -234,7 +245,12 @@ fn abort_inside_malloc_dies_by_sigabrt_with_the_events_before_it() {
         MINUTE,
     );
     assert_eq!(ending(plain.status()).1, Some(SIGABRT));
-    assert_eq!(ending(run.status()), ending(plain.status()), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        ending(plain.status()),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("allocated"), 50);
     assert_eq!(counted(&dump(&run.log())), (50, 0));
 }
@@ -259,14 +275,22 @@ fn exit_from_a_signal_handler_that_interrupted_a_flush_never_deadlocks() {
         );
         // Whatever was written is a readable log of alternating allocations and frees.
         let (allocs, frees) = counted(&dump(&run.log()));
-        assert!(allocs == frees || allocs == frees + 1, "run {i}: {allocs} vs {frees}");
+        assert!(
+            allocs == frees || allocs == frees + 1,
+            "run {i}: {allocs} vs {frees}"
+        );
     }
 }
 
 #[test]
 fn a_process_directed_signal_never_reaches_the_shims_threads() {
     let run = hostile("sigwait", &["sigwait", "100"], &[], MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("got"), 15, "sigwait received SIGTERM");
     assert_eq!(counted(&dump(&run.log())), (100, 100));
 }
@@ -332,7 +356,12 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     let ring = [("VRAMSHIM_MODE", "ring"), ("VRAMSHIM_RING_EVENTS", "16")];
     // Default: SIGUSR2 (12). The program's handler runs for both signals; the shim dumps.
     let run = hostile("dump-usr2", &["dump-signal", "12", "50"], &ring, MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
     assert_eq!(reasons.last().map(String::as_str), Some("exit"));
@@ -346,7 +375,12 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     let mut env = ring.to_vec();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "SIGUSR1"));
     let run = hostile("dump-usr1", &["dump-signal", "10", "50"], &env, MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
     assert!(reasons.len() >= 2 && reasons[0] == "SIGUSR1", "{reasons:?}");
@@ -355,16 +389,29 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "36"));
     let run = hostile("dump-36", &["dump-signal", "36", "50"], &env, MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
-    assert!(reasons.len() >= 2 && reasons[0] == "signal 36", "{reasons:?}");
+    assert!(
+        reasons.len() >= 2 && reasons[0] == "signal 36",
+        "{reasons:?}"
+    );
 
     // None: SIGUSR2 is the program's alone; the only dump is at exit.
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "none"));
     let run = hostile("dump-none", &["dump-signal", "12", "50"], &env, MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("handled"), 2);
     assert_eq!(dump_reasons(&dump(&run.log())), ["exit"]);
 
@@ -372,7 +419,12 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "SIGNOPE"));
     let run = hostile("dump-bad", &["dump-signal", "12", "50"], &env, MINUTE);
-    assert_eq!(ending(run.status()), (Some(0), None, false), "{}", run.stderr);
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
     assert_eq!(run.value("handled"), 2);
     assert_eq!(
         run.stderr,

@@ -1,0 +1,177 @@
+//! The shim's one lock type: a futex mutex that knows which thread holds it.
+//!
+//! Why not `parking_lot` or `std`: both may leave a lock unusable in a fork child (parking_lot
+//! hands a contended lock to a parked thread that does not exist in the child, and its parked
+//! threads live in a global table whose own locks may be held), and neither says who holds a
+//! lock, which a signal handler needs to know so as never to wait for itself. This lock keeps
+//! all its state in one word plus the owner's thread id: a fork child can reset it with plain
+//! stores, and a flush on the thread that already holds it can step aside.
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const UNLOCKED: u32 = 0;
+const LOCKED: u32 = 1;
+/// Locked, and a thread may be waiting in `futex_wait`.
+const CONTENDED: u32 = 2;
+
+/// A mutual-exclusion lock around a `T`.
+pub struct Lock<T> {
+    state: AtomicU32,
+    /// Kernel thread id of the holder (0 = none). Only a hint for "is it me?": the holder
+    /// writes it after taking the lock and clears it before releasing.
+    owner: AtomicU32,
+    value: UnsafeCell<T>,
+}
+
+unsafe impl<T: Send> Sync for Lock<T> {}
+unsafe impl<T: Send> Send for Lock<T> {}
+
+/// Access to the locked value; releases the lock when dropped.
+pub struct LockGuard<'a, T> {
+    lock: &'a Lock<T>,
+}
+
+impl<T> Lock<T> {
+    pub const fn new(value: T) -> Lock<T> {
+        Lock {
+            state: AtomicU32::new(UNLOCKED),
+            owner: AtomicU32::new(0),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// Waits for the lock.
+    pub fn lock(&self) -> LockGuard<'_, T> {
+        if self
+            .state
+            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+        self.owned()
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        // Spin a little first; the lock is mostly held for short moments.
+        for _ in 0..40 {
+            if self.state.load(Ordering::Relaxed) == UNLOCKED
+                && self
+                    .state
+                    .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        // From here on the lock is only taken as CONTENDED: a thread that slept may have
+        // company, and its unlock must wake the next sleeper.
+        while self.state.swap(CONTENDED, Ordering::Acquire) != UNLOCKED {
+            futex_wait(&self.state, CONTENDED);
+        }
+    }
+
+    /// The lock if it is free now.
+    pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
+        self.state
+            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| self.owned())
+    }
+
+    /// The lock if it becomes free within `timeout`; `None` at once if the calling thread
+    /// holds it. Polls with `nanosleep`, so it is async-signal-safe.
+    pub fn try_lock_for(&self, timeout: Duration) -> Option<LockGuard<'_, T>> {
+        if self.held_by(crate::lifecycle::gettid()) {
+            return None;
+        }
+        let deadline = crate::capture::now_ns().saturating_add(timeout.as_nanos() as u64);
+        loop {
+            if let Some(guard) = self.try_lock() {
+                return Some(guard);
+            }
+            if crate::capture::now_ns() >= deadline {
+                return None;
+            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 200_000,
+            };
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        }
+    }
+
+    /// Whether thread `tid` holds the lock.
+    pub fn held_by(&self, tid: u32) -> bool {
+        self.state.load(Ordering::Acquire) != UNLOCKED && self.owner.load(Ordering::Acquire) == tid
+    }
+
+    /// In a fork child (one thread, nobody waiting): makes the lock free and holding `value`,
+    /// whatever state the parent's threads left it in. The old value is leaked, not dropped:
+    /// a thread that vanished with the fork may have left it half-modified. Plain stores only,
+    /// so async-signal-safe as long as making `value` allocates nothing.
+    ///
+    /// # Safety
+    /// Only in a fork child, before any other thread exists and before anyone uses the lock.
+    pub unsafe fn reset_in_fork_child(&self, value: T) {
+        unsafe { std::ptr::write(self.value.get(), value) };
+        self.owner.store(0, Ordering::Relaxed);
+        self.state.store(UNLOCKED, Ordering::Release);
+    }
+
+    fn owned(&self) -> LockGuard<'_, T> {
+        self.owner
+            .store(crate::lifecycle::gettid(), Ordering::Release);
+        LockGuard { lock: self }
+    }
+}
+
+impl<T> Drop for LockGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.owner.store(0, Ordering::Release);
+        if self.lock.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
+            futex_wake_one(&self.lock.state);
+        }
+    }
+}
+
+impl<T> Deref for LockGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for LockGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+fn futex_wake_one(word: &AtomicU32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
+}
