@@ -7,7 +7,7 @@
 //! all its state in one word plus the owner's thread id: a fork child can reset it with plain
 //! stores, and a flush on the thread that already holds it can step aside.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -16,6 +16,23 @@ const UNLOCKED: u32 = 0;
 const LOCKED: u32 = 1;
 /// Locked, and a thread may be waiting in `futex_wait`.
 const CONTENDED: u32 = 2;
+
+thread_local! {
+    /// Shim locks the thread holds or is taking. Counted before the lock's word changes and
+    /// after it changed back, so a signal handler that interrupts the thread anywhere in
+    /// between sees it (the owner field alone has gaps around the atomic operation).
+    static TAKEN_HERE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread holds (or is taking or releasing) any shim lock: a signal
+/// handler that interrupted it there must not wait for one.
+pub fn any_taken_here() -> bool {
+    TAKEN_HERE.try_with(|taken| taken.get() > 0).unwrap_or(false)
+}
+
+fn count_taken(delta: i32) {
+    let _ = TAKEN_HERE.try_with(|taken| taken.set(taken.get().wrapping_add_signed(delta)));
+}
 
 /// A mutual-exclusion lock around a `T`.
 pub struct Lock<T> {
@@ -45,6 +62,7 @@ impl<T> Lock<T> {
 
     /// Waits for the lock.
     pub fn lock(&self) -> LockGuard<'_, T> {
+        count_taken(1);
         if self
             .state
             .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
@@ -78,10 +96,17 @@ impl<T> Lock<T> {
 
     /// The lock if it is free now.
     pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
-        self.state
+        count_taken(1);
+        match self
+            .state
             .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| self.owned())
+        {
+            Ok(_) => Some(self.owned()),
+            Err(_) => {
+                count_taken(-1);
+                None
+            }
+        }
     }
 
     /// The lock if it becomes free within `timeout`; `None` at once if the calling thread
@@ -137,6 +162,7 @@ impl<T> Drop for LockGuard<'_, T> {
         if self.lock.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
             futex_wake_one(&self.lock.state);
         }
+        count_taken(-1);
     }
 }
 

@@ -201,11 +201,10 @@ fn watermark(rings: &[Arc<Ring>]) -> Option<u64> {
     Some(watermark)
 }
 
-/// Whether the calling thread holds one of the writer's locks: it was interrupted (by a
-/// signal whose handler now flushes or exits) inside the writer, and must not wait for itself.
+/// Whether the calling thread holds one of the shim's locks: it was interrupted (by a signal
+/// whose handler now flushes or exits) inside the shim, and must not wait for itself.
 pub fn busy_on_this_thread() -> bool {
-    let me = lifecycle::gettid();
-    OUTPUT.held_by(me) || RINGS.held_by(me) || DEFS.held_by(me)
+    crate::sync::any_taken_here()
 }
 
 /// Drains rings and writes what is ready. A thread that is already inside the writer (a

@@ -7,9 +7,11 @@
  *                              that only _exit(0), each waited for up to 5 s (then killed and
  *                              counted as hung; 5 hangs end the storm). Prints forks= hung=
  *                              pairs= (pairs over all threads).
- *   double-free N              N allocations, then a double free that glibc aborts on.
- *   exit-in-handler N USEC     one pair, then allocates and frees forever; SIGALRM after USEC
- *                              microseconds runs a handler that calls _exit(N).
+ *   double-free N              N allocations, then a double free that glibc aborts on with
+ *                              the heap's lock held.
+ *   exit-in-handler N USEC     one pair, then forever a pair and a failed 1 PiB allocation;
+ *                              SIGALRM after USEC microseconds runs a handler that calls
+ *                              _exit(N).
  *   sigwait N                  N pairs, then blocks SIGTERM, sends it to the process and
  *                              waits for it with sigwait. Prints got=<signal>.
  *   segv-recover N             installs a SA_SIGINFO SIGSEGV handler, then: 1 allocation, a
@@ -135,8 +137,11 @@ static int double_free(int n)
     for (int i = 0; i < n; i++)
         alloc1();
     out("allocated=%d", n);
-    /* volatile: the compiler must not see (and warn about) the second free. */
-    char *volatile block = malloc(64);
+    /* A block too large for the thread cache, next to the top of the heap: the first free
+     * merges it into the top chunk, and the second makes glibc abort ("double free or
+     * corruption (top)") with the arena's lock held. volatile: the compiler must not see
+     * (and warn about) the second free. */
+    char *volatile block = malloc(4096);
     free(block);
     free(block);
     out("still alive");
@@ -160,8 +165,13 @@ __attribute__((noreturn)) static int exit_in_handler(int code, long usec)
     signal(SIGALRM, exit_now);
     struct itimerval timer = {{0, 0}, {usec / 1000000, usec % 1000000}};
     setitimer(ITIMER_REAL, &timer, NULL);
-    for (;;)
+    for (;;) {
         free1(alloc1());
+        /* A failed allocation is flushed at once, on this thread: the handler often lands
+         * inside that flush. */
+        CUdeviceptr p = 0;
+        EXPECT_RC(cuMemAlloc_v2(&p, (size_t)1 << 50), CUDA_ERROR_OUT_OF_MEMORY, "huge alloc");
+    }
 }
 
 /* ---- sigwait ---- */
