@@ -27,7 +27,9 @@ thread_local! {
 /// Whether the calling thread holds (or is taking or releasing) any shim lock: a signal
 /// handler that interrupted it there must not wait for one.
 pub fn any_taken_here() -> bool {
-    TAKEN_HERE.try_with(|taken| taken.get() > 0).unwrap_or(false)
+    TAKEN_HERE
+        .try_with(|taken| taken.get() > 0)
+        .unwrap_or(false)
 }
 
 fn count_taken(delta: i32) {
