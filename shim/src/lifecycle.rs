@@ -322,7 +322,11 @@ pub fn gettid() -> u32 {
 
 fn process_setup() {
     unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_child));
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
         let mut key: libc::pthread_key_t = 0;
         if libc::pthread_key_create(&mut key, Some(thread_exit)) == 0 {
             THREAD_KEY.store(key, Ordering::Release);
@@ -362,11 +366,22 @@ unsafe extern "C" fn thread_exit(ring: *mut c_void) {
     });
 }
 
+/// Before `fork`: only lets the shim's own walks of the loader's list finish (see
+/// `sync::loader_walk`); takes no lock.
+extern "C" fn before_fork() {
+    crate::sync::before_fork();
+}
+
+extern "C" fn after_fork_parent() {
+    crate::sync::after_fork_parent();
+}
+
 /// In the fork child, before `fork` returns there. Only async-signal-safe work: plain
 /// stores, `close`, `getppid`. Every lock is made free again whatever the parent's threads
 /// were doing (they do not exist here), the parent's buffers are leaked rather than freed,
 /// and the child opens its own log at its next CUDA call, in an ordinary context.
 extern "C" fn after_fork_child() {
+    crate::sync::after_fork_child();
     unsafe {
         writer::reset_in_fork_child();
         stacks::reset_in_fork_child();
@@ -751,6 +766,31 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     unsafe { _exit(status) }
+}
+
+/// glibc's `dl_iterate_phdr`, gated so that no walk of the loader's list is in flight when
+/// the process forks (see `sync::loader_walk`); otherwise unchanged.
+///
+/// # Safety
+/// Same contract as glibc's `dl_iterate_phdr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dl_iterate_phdr(
+    callback: Option<
+        unsafe extern "C" fn(*mut libc::dl_phdr_info, libc::size_t, *mut c_void) -> c_int,
+    >,
+    data: *mut c_void,
+) -> c_int {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let real = real_fn(&REAL, c"dl_iterate_phdr");
+    if real.is_null() {
+        return 0;
+    }
+    type Real = unsafe extern "C" fn(
+        Option<unsafe extern "C" fn(*mut libc::dl_phdr_info, libc::size_t, *mut c_void) -> c_int>,
+        *mut c_void,
+    ) -> c_int;
+    let real: Real = unsafe { std::mem::transmute::<*mut c_void, Real>(real) };
+    crate::sync::loader_walk(|| unsafe { real(callback, data) })
 }
 
 fn unreachable_exit() -> ! {

@@ -155,6 +155,7 @@ fn capture_native(frames: &mut [u64], max_frames: usize, now_ns: u64) -> usize {
 fn capture_with_libgcc(frames: &mut [u64], in_shim: impl Fn(u64) -> bool) -> usize {
     let mut count = 0usize;
     let mut outside_shim = false;
+    // libgcc's unwinder walks the loader's list through the exported `dl_iterate_phdr`.
     unsafe {
         backtrace::trace_unsynchronized(|frame| {
             let ip = frame.ip() as u64;
@@ -358,6 +359,7 @@ pub fn modules() -> Vec<ModuleDef> {
         });
         0
     }
+    // Through the exported `dl_iterate_phdr`, so it is gated around fork.
     unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut found).cast::<c_void>()) };
     found
 }

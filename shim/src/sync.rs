@@ -203,3 +203,81 @@ fn futex_wake_one(word: &AtomicU32) {
         )
     };
 }
+
+// ---------------------------------------------------------------------------------------
+// The loader's list lock across fork.
+//
+// glibc's `dl_iterate_phdr` holds `dl_load_write_lock`, and a fork child does not get that lock
+// reset (glibc resets `dl_load_lock` only): a fork while another thread walks the list leaves
+// the child unable to walk it, and the shim walks it at the child's first CUDA call (module
+// map, unwinder). So every walk in the process is gated (the shim exports `dl_iterate_phdr`:
+// the program's, libgcc's unwinder's and its own calls all pass through it): `fork` waits,
+// at most ~2 s, for the walks in flight to end and holds new ones back until it returns.
+
+/// Threads inside `dl_iterate_phdr`.
+static LOADER_WALKS: AtomicU32 = AtomicU32::new(0);
+/// Forks in progress (prepare handler ran, parent handler not yet).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// Walks of this thread in progress (a callback may walk again).
+    static WALKING_HERE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `walk`, which calls `dl_iterate_phdr`, outside of any fork.
+pub fn loader_walk<R>(walk: impl FnOnce() -> R) -> R {
+    let mut waited = 0u32;
+    loop {
+        LOADER_WALKS.fetch_add(1, Ordering::SeqCst);
+        // Give up waiting after ~2 s: a fork that never returns must not stop recording.
+        if FORKS.load(Ordering::SeqCst) == 0 || waited > 10_000 {
+            break;
+        }
+        LOADER_WALKS.fetch_sub(1, Ordering::SeqCst);
+        waited += 1;
+        pause_200us();
+    }
+    let _ = WALKING_HERE.try_with(|here| here.set(here.get() + 1));
+    let result = walk();
+    let _ = WALKING_HERE.try_with(|here| here.set(here.get().saturating_sub(1)));
+    LOADER_WALKS.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// `fork` prepare handler: waits (at most ~2 s, and not for a walk of its own thread that a
+/// signal handler interrupted) until no shim thread is inside the loader's list.
+pub fn before_fork() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+    if WALKING_HERE
+        .try_with(|here| here.get() > 0)
+        .unwrap_or(false)
+    {
+        return;
+    }
+    for _ in 0..10_000 {
+        if LOADER_WALKS.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        pause_200us();
+    }
+}
+
+/// `fork` parent handler.
+pub fn after_fork_parent() {
+    FORKS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// `fork` child handler: the child has no walks and no fork in flight.
+pub fn after_fork_child() {
+    FORKS.store(0, Ordering::SeqCst);
+    LOADER_WALKS.store(0, Ordering::SeqCst);
+    let _ = WALKING_HERE.try_with(|here| here.set(0));
+}
+
+fn pause_200us() {
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 200_000,
+    };
+    unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+}

@@ -7,6 +7,10 @@
  *                              that only _exit(0), each waited for up to 5 s (then killed and
  *                              counted as hung; 5 hangs end the storm). Prints forks= hung=
  *                              pairs= (pairs over all threads).
+ *   fork-walk THREADS FORKS    like fork-storm, but the threads also walk the loader's list
+ *                              (dl_iterate_phdr) all the time, and each child makes one
+ *                              allocation and one free before _exit(0): its log is opened in
+ *                              the child. Prints forks= hung= pairs=.
  *   double-free N              N allocations, then a double free that glibc aborts on with
  *                              the heap's lock held.
  *   exit-in-handler N USEC     one pair, then forever a pair and a failed 1 PiB allocation;
@@ -34,6 +38,7 @@
 #include "common.h"
 #include "cuda.h"
 
+#include <link.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -73,6 +78,15 @@ static void pairs(long n)
 /* ---- fork-storm ---- */
 
 static volatile int g_stop;
+static int g_walk, g_child_allocates;
+
+static int count_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)info;
+    (void)size;
+    ++*(int *)data;
+    return 0;
+}
 
 static void *allocating_thread(void *arg)
 {
@@ -81,6 +95,10 @@ static void *allocating_thread(void *arg)
     while (!g_stop) {
         free1(alloc1());
         (*count)++;
+        if (g_walk) {
+            int objects = 0;
+            dl_iterate_phdr(count_object, &objects);
+        }
     }
     return NULL;
 }
@@ -99,8 +117,11 @@ static int fork_storm(int threads, int forks)
         pid_t child = fork();
         if (child < 0)
             die("fork");
-        if (child == 0)
+        if (child == 0) {
+            if (g_child_allocates)
+                free1(alloc1());
             _exit(0);
+        }
         int status = 0, waited = 0;
         /* Up to 5 s: a child that only calls _exit takes microseconds. */
         for (int i = 0; i < 5000 && !waited; i++) {
@@ -354,6 +375,11 @@ int main(int argc, char **argv)
     int b = argc > 3 ? atoi(argv[3]) : 0;
     if (strcmp(mode, "fork-storm") == 0) {
         setup();
+        return fork_storm(a, b);
+    }
+    if (strcmp(mode, "fork-walk") == 0) {
+        setup();
+        g_walk = g_child_allocates = 1;
         return fork_storm(a, b);
     }
     if (strcmp(mode, "double-free") == 0) {

@@ -165,6 +165,40 @@ fn forks_from_eight_allocating_threads_never_hang_a_child() {
     assert_eq!(counted(&dump(&run.log())), (pairs, pairs));
 }
 
+/// The children open their own logs, which walks the loader's list (`dl_iterate_phdr`), while
+/// the parent's threads walk it all the time: glibc does not reset that list's lock in a fork
+/// child, so the shim holds forks back until no walk is in flight.
+#[test]
+fn fork_children_that_record_while_the_parent_walks_the_loader_never_hang() {
+    let run = hostile(
+        "fork-walk",
+        &["fork-walk", "4", "300"],
+        &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
+        5 * MINUTE,
+    );
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
+    assert_eq!((run.value("forks"), run.value("hung")), (300, 0));
+    let pairs = run.value("pairs") as usize;
+    let logs = run.logs();
+    assert_eq!(logs.len(), 301, "the parent's log and one per child");
+    let mut parent = 0;
+    for log in &logs {
+        let dump = dump(log);
+        if dump[0]["ppid"] == dump[0]["pid"] || notes(&dump).is_empty() {
+            assert_eq!(counted(&dump), (pairs, pairs), "the parent's log");
+            parent += 1;
+        } else {
+            assert_eq!(counted(&dump), (1, 1), "{log:?}");
+        }
+    }
+    assert_eq!(parent, 1);
+}
+
 #[test]
 fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
     let dir = scratch("py-fork-workers");
