@@ -320,13 +320,24 @@ pub fn gettid() -> u32 {
 // ---------------------------------------------------------------------------------------
 // Process-wide set-up: fork handlers, fatal-signal handlers, thread exit.
 
-fn process_setup() {
+/// At load: the fork handlers, so that a fork while another thread is still starting the
+/// recorder (state `STARTING`) leaves a child that starts afresh, not one that waits forever.
+extern "C" fn at_load() {
     unsafe {
         libc::pthread_atfork(
             Some(before_fork),
             Some(after_fork_parent),
             Some(after_fork_child),
         );
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = at_load;
+
+fn process_setup() {
+    unsafe {
         let mut key: libc::pthread_key_t = 0;
         if libc::pthread_key_create(&mut key, Some(thread_exit)) == 0 {
             THREAD_KEY.store(key, Ordering::Release);
@@ -405,8 +416,9 @@ extern "C" fn after_fork_child() {
     capture::reset_samples();
     capture::forget_thread_ring();
     OWNER_PID.store(0, Ordering::Release);
-    let was = STATE.load(Ordering::Acquire);
-    if was == ON || was == STARTING {
+    // Every state but "off for good" starts over: a parent still starting (another thread
+    // in `start`) does not exist here to finish.
+    if STATE.load(Ordering::Acquire) != OFF {
         FORKED_FROM.store(unsafe { libc::getppid() } as u32, Ordering::Release);
         STATE.store(UNINIT, Ordering::Release);
     }
