@@ -510,3 +510,37 @@ fn vfork_and_posix_spawn_children_leave_the_parents_log_alone() {
         );
     }
 }
+
+#[test]
+fn ring_mode_writes_its_dump_at_a_crash() {
+    let run = hostile(
+        "ring-crash",
+        &["segv-dfl", "100"],
+        &[
+            ("VRAMSHIM_MODE", "ring"),
+            ("VRAMSHIM_RING_EVENTS", "16"),
+            ("VRAMSHIM_FLUSH_MS", "60000"),
+        ],
+        MINUTE,
+    );
+    assert_eq!(ending(run.status()).1, Some(11), "{}", run.stderr);
+    let dump = dump(&run.log());
+    assert_eq!(dump_reasons(&dump), ["crash"]);
+    let begin = dump
+        .iter()
+        .find(|r| r["type"] == "dump_begin")
+        .expect("dump_begin");
+    // Nothing reached the window before the crash (no flush ran): the crash dump is what was
+    // drained at the crash, the 200 events and the device's memory sample, after an empty
+    // live set; it is the last thing in the log.
+    assert_eq!(
+        (u64_of(begin, "live_count"), u64_of(begin, "window_count")),
+        (0, 201)
+    );
+    let at = dump
+        .iter()
+        .position(|r| r["type"] == "dump_begin")
+        .expect("dump_begin");
+    assert_eq!(dump.len() - at - 1, 201);
+    assert_eq!(counted(&dump), (100, 100));
+}
