@@ -114,15 +114,15 @@ impl<T> Lock<T> {
     /// The lock if it becomes free within `timeout`; `None` at once if the calling thread
     /// holds it. Polls with `nanosleep`, so it is async-signal-safe.
     pub fn try_lock_for(&self, timeout: Duration) -> Option<LockGuard<'_, T>> {
-        if self.held_by(crate::lifecycle::gettid()) {
+        if self.held_by(thread_id()) {
             return None;
         }
-        let deadline = crate::capture::now_ns().saturating_add(timeout.as_nanos() as u64);
+        let deadline = monotonic_ns().saturating_add(timeout.as_nanos() as u64);
         loop {
             if let Some(guard) = self.try_lock() {
                 return Some(guard);
             }
-            if crate::capture::now_ns() >= deadline {
+            if monotonic_ns() >= deadline {
                 return None;
             }
             let pause = libc::timespec {
@@ -152,8 +152,7 @@ impl<T> Lock<T> {
     }
 
     fn owned(&self) -> LockGuard<'_, T> {
-        self.owner
-            .store(crate::lifecycle::gettid(), Ordering::Release);
+        self.owner.store(thread_id(), Ordering::Release);
         LockGuard { lock: self }
     }
 }
@@ -179,6 +178,24 @@ impl<T> DerefMut for LockGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         unsafe { &mut *self.lock.value.get() }
     }
+}
+
+// This module sits below every other one (no `crate::` imports): the clock and the thread id
+// are read here directly.
+
+fn thread_id() -> u32 {
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32) {
