@@ -88,7 +88,7 @@ ln -sfn libcudart.so.12 "$lib/libcudart.so"
 # ---- programs ----
 link_cuda=(-L"$lib" -lcuda -pthread)
 link_cudart=(-L"$lib" -lcudart -pthread)
-for p in direct vmm async threads oom fork abort sigkill dropcount thread_churn; do
+for p in direct vmm async threads oom fork abort sigkill dropcount thread_churn hostile; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" "${link_cuda[@]}"
 done
 for p in runtime interposed demo dryrun_train; do

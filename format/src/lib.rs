@@ -188,6 +188,15 @@ impl ChunkBuilder {
         Self::default()
     }
 
+    /// A builder whose payload holds `bytes` without growing: a caller that closes chunks
+    /// below that size appends records without allocating (the recorder's crash path).
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            payload: Vec::with_capacity(bytes),
+            ..Self::default()
+        }
+    }
+
     /// Appends one record.
     pub fn push(&mut self, record: &Record) {
         self.delta.encode(record, &mut self.payload);

@@ -202,16 +202,17 @@ impl Ring {
         true
     }
 
-    /// Moves every buffered slot older than `watermark` to `out`. Consumer side only.
-    pub fn drain_before(&self, watermark: u64, out: &mut Vec<(u32, Slot)>) {
+    /// Moves every buffered slot older than `watermark` to `out` as (position in `out`,
+    /// thread, slot), while `out` has fewer than `limit` entries. Consumer side only.
+    pub fn drain_before(&self, watermark: u64, out: &mut Vec<(u32, u32, Slot)>, limit: usize) {
         let tail = self.tail.0.load(Ordering::Acquire);
         let mut head = self.head.0.load(Ordering::Relaxed);
-        while head != tail {
+        while head != tail && out.len() < limit {
             let slot = unsafe { *self.slots.slot(head & self.mask).get() };
             if slot.t_ns >= watermark {
                 break;
             }
-            out.push((self.tid, slot));
+            out.push((out.len() as u32, self.tid, slot));
             head = head.wrapping_add(1);
         }
         self.head.0.store(head, Ordering::Release);
@@ -346,6 +347,8 @@ fn register(thread: &ThreadState) -> *const Ring {
         thread.ring.set(ring);
         thread.name.set(name);
         thread.name_read_ns.set(now_ns());
+        // A crash on this thread, stack overflow included, can then still flush.
+        lifecycle::give_thread_an_alt_stack();
     }
     ring
 }

@@ -57,6 +57,8 @@ pub struct Config {
     pub on_full: OnFull,
     pub mode: Mode,
     pub ring_events: usize,
+    /// Ring mode's dump signal (`None`: no signal asks for a dump).
+    pub dump_signal: Option<DumpSignal>,
     pub debug: bool,
     /// Where `vramshim run` wants the names of written logs appended.
     pub manifest: Option<OsString>,
@@ -75,6 +77,7 @@ impl Config {
             on_full: OnFull::Wait,
             mode: Mode::Stream,
             ring_events: 1_000_000,
+            dump_signal: Some(DumpSignal::default()),
             debug: false,
             manifest: env("VRAMSHIM_MANIFEST").filter(|v| !v.is_empty()),
         };
@@ -111,6 +114,15 @@ impl Config {
             }
         }
         config.ring_events = number(RING_EVENTS, config.ring_events, &mut warnings);
+        if let Some(value) = env_str("VRAMSHIM_DUMP_SIGNAL", &mut warnings) {
+            match DumpSignal::parse(&value) {
+                Some(signal) => config.dump_signal = signal,
+                None => warnings.push(format!(
+                    "VRAMSHIM_DUMP_SIGNAL={value:?} is not a signal name or number, or none; \
+                     using SIGUSR2"
+                )),
+            }
+        }
         if let Some(value) = env_str("VRAMSHIM_DEBUG", &mut warnings) {
             match value.as_str() {
                 "1" | "true" | "yes" => config.debug = true,
@@ -119,6 +131,87 @@ impl Config {
             }
         }
         (config, warnings)
+    }
+}
+
+impl Config {
+    /// The reason a dump asked for by the dump signal records (`SIGUSR2`, `signal 40`).
+    pub fn dump_signal_name(&self) -> &str {
+        self.dump_signal
+            .as_ref()
+            .map_or("signal", |signal| signal.name.as_str())
+    }
+}
+
+/// The signal that asks ring mode for a dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpSignal {
+    pub number: i32,
+    /// `SIGUSR2`, or `signal N` for a signal without a name.
+    pub name: String,
+}
+
+impl Default for DumpSignal {
+    fn default() -> DumpSignal {
+        DumpSignal {
+            number: libc::SIGUSR2,
+            name: "SIGUSR2".to_owned(),
+        }
+    }
+}
+
+/// Signals a dump may be asked with, by name. The fatal signals the shim flushes on, the
+/// ones that cannot be caught and glibc's internal ones are not among them.
+const SIGNAL_NAMES: [(&str, i32); 21] = [
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("TRAP", libc::SIGTRAP),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("STKFLT", libc::SIGSTKFLT),
+    ("CHLD", libc::SIGCHLD),
+    ("CONT", libc::SIGCONT),
+    ("TSTP", libc::SIGTSTP),
+    ("TTIN", libc::SIGTTIN),
+    ("TTOU", libc::SIGTTOU),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+    ("VTALRM", libc::SIGVTALRM),
+    ("PROF", libc::SIGPROF),
+    ("WINCH", libc::SIGWINCH),
+    ("PWR", libc::SIGPWR),
+];
+
+impl DumpSignal {
+    /// `none`, a name with or without `SIG` (`SIGUSR1`, `usr1`), or a number. `Some(None)`
+    /// is `none`; `None` is an invalid value.
+    fn parse(value: &str) -> Option<Option<DumpSignal>> {
+        if value.eq_ignore_ascii_case("none") {
+            return Some(None);
+        }
+        let by_number = |number: i32| {
+            SIGNAL_NAMES
+                .iter()
+                .find(|(_, n)| *n == number)
+                .map(|(name, _)| format!("SIG{name}"))
+        };
+        if let Ok(number) = value.parse::<i32>() {
+            let realtime = (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&number);
+            let name =
+                by_number(number).or_else(|| realtime.then(|| format!("signal {number}")))?;
+            return Some(Some(DumpSignal { number, name }));
+        }
+        let upper = value.to_ascii_uppercase();
+        let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+        let &(name, number) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare)?;
+        Some(Some(DumpSignal {
+            number,
+            name: format!("SIG{name}"),
+        }))
     }
 }
 

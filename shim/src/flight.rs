@@ -115,6 +115,8 @@ pub struct Window {
     /// Objects live before the first record of `recent`, by (kind class, address or handle).
     live_before: HashMap<(u8, u64), Event>,
     discarded: u64,
+    /// The `DumpBegin` of a crash dump, made in advance: a crash may not allocate.
+    crash_begin: Record,
 }
 
 impl Window {
@@ -126,6 +128,13 @@ impl Window {
             failure_info: VecDeque::new(),
             live_before: HashMap::new(),
             discarded: 0,
+            crash_begin: Record::DumpBegin(DumpBegin {
+                t_ns: 0,
+                reason: "crash".to_owned(),
+                events_discarded: 0,
+                live_count: 0,
+                window_count: 0,
+            }),
         }
     }
 
@@ -180,6 +189,32 @@ impl Window {
     }
 }
 
+impl Window {
+    /// The dump at a crash, without allocating: a `DumpBegin`, the live set before the window
+    /// (in no particular order), the window, and then `newer` events the caller writes itself.
+    pub fn crash_dump(&mut self, t_ns: u64, newer: usize, mut emit: impl FnMut(&Record)) {
+        if let Record::DumpBegin(begin) = &mut self.crash_begin {
+            begin.t_ns = t_ns;
+            begin.events_discarded = self.discarded;
+            begin.live_count = self.live_before.len() as u64;
+            begin.window_count = (self.recent.len() + newer) as u64;
+        }
+        emit(&self.crash_begin);
+        for event in self.live_before.values() {
+            emit(&Record::Event(*event));
+        }
+        let mut failure_info = self.failure_info.iter();
+        for kept in &self.recent {
+            let mem_info = if kept.has_mem_info {
+                failure_info.next().copied()
+            } else {
+                None
+            };
+            emit(&kept.record(mem_info));
+        }
+    }
+}
+
 /// Which live object an event creates or ends, if any: (class, key, creates).
 fn identity(event: &Event) -> Option<(u8, u64, bool)> {
     if event.result != 0 {
@@ -215,8 +250,16 @@ fn apply(live: &mut HashMap<(u8, u64), Event>, event: &Event) {
 }
 
 const NO_REQUEST: u8 = 0;
-pub const REQUEST_SIGUSR2: u8 = 1;
+/// The dump signal (`VRAMSHIM_DUMP_SIGNAL`) arrived.
+pub const REQUEST_SIGNAL: u8 = 1;
 pub const REQUEST_ALLOC_FAILED: u8 = 2;
+
+/// Why a dump was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    Signal,
+    AllocFailed,
+}
 
 static REQUEST: AtomicU8 = AtomicU8::new(NO_REQUEST);
 
@@ -226,10 +269,10 @@ pub fn request(reason: u8) {
 }
 
 /// The pending dump request, if any.
-pub fn take_request() -> Option<&'static str> {
+pub fn take_request() -> Option<Request> {
     match REQUEST.swap(NO_REQUEST, Ordering::AcqRel) {
-        REQUEST_SIGUSR2 => Some("SIGUSR2"),
-        REQUEST_ALLOC_FAILED => Some("alloc_failed"),
+        REQUEST_SIGNAL => Some(Request::Signal),
+        REQUEST_ALLOC_FAILED => Some(Request::AllocFailed),
         _ => None,
     }
 }

@@ -162,7 +162,15 @@ pub fn adopt_libcuda(handle: *mut c_void) {
     LIBCUDA_HANDLE.store(kept as usize, Ordering::Release);
 }
 
-static ADOPTING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+static ADOPTING: crate::sync::Lock<()> = crate::sync::Lock::new(());
+
+/// In a fork child: frees the adoption lock, whoever held it in the parent.
+///
+/// # Safety
+/// Only in a fork child's after-fork handler.
+pub unsafe fn reset_in_fork_child() {
+    unsafe { ADOPTING.reset_in_fork_child(()) };
+}
 
 /// The path a handle was loaded from.
 fn link_map_name(handle: *mut c_void) -> Option<std::ffi::CString> {

@@ -22,6 +22,7 @@ mod lifecycle;
 mod python;
 mod resolver;
 mod stacks;
+mod sync;
 mod table;
 mod unwind;
 mod writer;
@@ -47,6 +48,11 @@ pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
 /// One line on stderr, prefixed `vramshim:`.
 pub(crate) fn warn(message: &str) {
     let line = format!("vramshim: {message}\n");
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+/// A fixed line on stderr, written as it is: no allocation, so fine in a signal handler.
+pub(crate) fn warn_static(line: &'static str) {
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 

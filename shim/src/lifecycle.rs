@@ -1,17 +1,19 @@
 //! Starting the recorder on the first CUDA call, and keeping the log complete across the
-//! process's life: fork, exec, exit, `_exit`, fatal signals and thread exit.
+//! process's life: fork, exec, exit, `_exit`, fatal signals and thread exit. What may run in
+//! each of these contexts is written down in `docs/shim-contexts.md`.
 
+use std::cell::Cell;
 use std::ffi::{OsString, c_char, c_int, c_void};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use vramshim_format::{FORMAT_VERSION, Header, Note, RECORDED_ENV, Record};
 
 use crate::capture::{self, Ring};
 use crate::config::{Config, Mode};
+use crate::sync::Lock;
 use crate::{flight, interpose, stacks, table, writer};
 
 const UNINIT: u8 = 0;
@@ -28,7 +30,11 @@ static PROCESS_SETUP: std::sync::Once = std::sync::Once::new();
 static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// Pid of the parent when this process is a fork child that has not started its log yet.
 static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
-static WRITER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+/// Pid of the process that opened the log (0 = none). A different pid with the state still
+/// `ON` means a vfork child (or `posix_spawn`'s clone) borrowing the parent's memory: no fork
+/// handler ran there, and the shim must not touch anything.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+static WRITER: Lock<Option<std::thread::JoinHandle<()>>> = Lock::new(None);
 
 /// The settings (read once).
 pub fn config() -> &'static Config {
@@ -77,6 +83,7 @@ fn start() -> bool {
     let config = config();
     PROCESS_SETUP.call_once(process_setup);
     let pid = std::process::id();
+    OWNER_PID.store(pid, Ordering::Release);
     let (wanted, named_by_pid) = log_path(config, pid);
     let start_mono_ns = capture::now_ns();
     let header = Header {
@@ -133,10 +140,19 @@ fn start() -> bool {
     }
     crate::debug(format_args!("recording to {}", path.to_string_lossy()));
     let interval = Duration::from_millis(config.flush_ms);
-    match std::thread::Builder::new()
+    // The writer thread blocks every signal from its first instruction (it inherits the mask
+    // of the thread that creates it): process-directed signals go to the program's threads.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+    }
+    let spawned = std::thread::Builder::new()
         .name("vramshim-writer".into())
-        .spawn(move || writer_loop(interval))
-    {
+        .spawn(move || writer_loop(interval));
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
+    match spawned {
         Ok(handle) => {
             writer::set_writer_thread(handle.thread().clone());
             *WRITER.lock() = Some(handle);
@@ -349,17 +365,33 @@ pub fn gettid() -> u32 {
 // ---------------------------------------------------------------------------------------
 // Process-wide set-up: fork handlers, fatal-signal handlers, thread exit.
 
-fn process_setup() {
+/// At load: the fork handlers, so that a fork while another thread is still starting the
+/// recorder (state `STARTING`) leaves a child that starts afresh, not one that waits forever.
+extern "C" fn at_load() {
     unsafe {
         libc::pthread_atfork(
             Some(before_fork),
             Some(after_fork_parent),
             Some(after_fork_child),
         );
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = at_load;
+
+fn process_setup() {
+    unsafe {
         let mut key: libc::pthread_key_t = 0;
         if libc::pthread_key_create(&mut key, Some(thread_exit)) == 0 {
             THREAD_KEY.store(key, Ordering::Release);
         }
+    }
+    // Found now, in an ordinary context: a vfork child must not look them up (dlsym locks and
+    // allocates).
+    for (slot, name) in REAL_EXITS.iter().zip(REAL_EXIT_NAMES) {
+        real_fn(slot, name);
     }
     install_signal_handlers();
 }
@@ -376,6 +408,7 @@ unsafe extern "C" fn thread_exit(ring: *mut c_void) {
     // Later hooks on this thread (TLS destructors) get a fresh ring.
     crate::guard((), || {
         capture::release_unwind_cache();
+        release_alt_stack();
         let current = capture::forget_thread_ring();
         if !current.is_null() && current != ring.cast_const().cast() {
             // A newer ring replaced this one; it is released by its own key value.
@@ -389,58 +422,63 @@ unsafe extern "C" fn thread_exit(ring: *mut c_void) {
     });
 }
 
+/// Before `fork`: only lets the shim's own walks of the loader's list finish (see
+/// `sync::loader_walk`); takes no lock.
 extern "C" fn before_fork() {
-    crate::guard((), || {
-        if STATE.load(Ordering::Acquire) != ON {
-            return;
-        }
-        // Get what is buffered to disk, then hold every lock so the child copies none held.
-        writer::flush(writer::FlushKind::Periodic);
-        writer::lock_all();
-        stacks::lock_all();
-        writer::lock_defs();
-        FORK_LOCKED.store(true, Ordering::Release);
-    });
+    crate::sync::before_fork();
 }
-
-static FORK_LOCKED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_parent() {
-    if FORK_LOCKED.swap(false, Ordering::AcqRel) {
-        unsafe {
-            writer::unlock_all();
-            stacks::unlock_all();
+    crate::sync::after_fork_parent();
+}
+
+/// In the fork child, before `fork` returns there. Only async-signal-safe work: plain
+/// stores, `close`, `getppid`. Every lock is made free again whatever the parent's threads
+/// were doing (they do not exist here), the parent's buffers are leaked rather than freed,
+/// and the child opens its own log at its next CUDA call, in an ordinary context.
+extern "C" fn after_fork_child() {
+    crate::sync::after_fork_child();
+    unsafe {
+        writer::reset_in_fork_child();
+        stacks::reset_in_fork_child();
+        interpose::reset_in_fork_child();
+        WRITER.reset_in_fork_child(None);
+        // A thread of the parent may have been setting these up: start them over.
+        if CONFIG.get().is_none() {
+            std::ptr::write(std::ptr::addr_of!(CONFIG).cast_mut(), OnceLock::new());
         }
+        if !PROCESS_SETUP.is_completed() {
+            std::ptr::write(
+                std::ptr::addr_of!(PROCESS_SETUP).cast_mut(),
+                std::sync::Once::new(),
+            );
+        }
+        let key = THREAD_KEY.load(Ordering::Acquire);
+        if key != u32::MAX {
+            libc::pthread_setspecific(key, std::ptr::null());
+        }
+    }
+    capture::reset_samples();
+    capture::forget_thread_ring();
+    OWNER_PID.store(0, Ordering::Release);
+    // Every state but "off for good" starts over: a parent still starting (another thread
+    // in `start`) does not exist here to finish.
+    if STATE.load(Ordering::Acquire) != OFF {
+        FORKED_FROM.store(unsafe { libc::getppid() } as u32, Ordering::Release);
+        STATE.store(UNINIT, Ordering::Release);
     }
 }
 
-extern "C" fn after_fork_child() {
-    if FORK_LOCKED.swap(false, Ordering::AcqRel) {
-        unsafe {
-            writer::unlock_all();
-            stacks::unlock_all();
-        }
-    }
-    crate::guard((), || {
-        let was = STATE.load(Ordering::Acquire);
-        if was == ON || was == STARTING {
-            // The child records into its own log, opened at its first CUDA call.
-            writer::reset_after_fork();
-            stacks::reset_after_fork();
-            capture::reset_samples();
-            capture::forget_thread_ring();
-            // The writer thread does not exist in the child.
-            std::mem::forget(WRITER.lock().take());
-            writer::clear_writer_thread();
-            FORKED_FROM.store(unsafe { libc::getppid() } as u32, Ordering::Release);
-            STATE.store(UNINIT, Ordering::Release);
-        }
-    });
+/// Whether this is a vfork child (or `posix_spawn`'s clone) running in the memory of the
+/// process that recorded: then the shim does nothing at all (one `getpid` system call).
+fn in_vfork_child() -> bool {
+    let owner = OWNER_PID.load(Ordering::Acquire);
+    owner != 0 && owner != unsafe { libc::getpid() } as u32
 }
 
 /// Writes everything out before the process image goes away (exit, `_exit`, exec).
 pub fn final_flush() {
-    if STATE.load(Ordering::Acquire) == ON {
+    if STATE.load(Ordering::Acquire) == ON && !in_vfork_child() && !writer::busy_on_this_thread() {
         crate::guard((), || {
             capture::reread_own_name();
             writer::flush(writer::FlushKind::Final)
@@ -450,6 +488,9 @@ pub fn final_flush() {
 
 /// Runs after every `atexit` handler (frameworks free CUDA memory there): the last flush.
 extern "C" fn at_fini() {
+    if in_vfork_child() {
+        return;
+    }
     final_flush();
     FINISHED.store(true, Ordering::Release);
 }
@@ -471,64 +512,303 @@ const FATAL_SIGNALS: [c_int; 5] = [
     libc::SIGILL,
 ];
 
-/// The actions that were installed before ours, restored before re-raising.
+/// The program's actions for the fatal signals, as they were when the shim installed its own
+/// (written once, before the shim's handler can run).
 static mut PREVIOUS: [libc::sigaction; 5] = unsafe { std::mem::zeroed() };
-static mut PREVIOUS_USR2: libc::sigaction = unsafe { std::mem::zeroed() };
+/// A previous handler installed with `SA_RESETHAND` has run once: it is the default now.
+static PREVIOUS_RESET: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+/// Ring mode's dump signal (0 = none) and the program's action for it.
+static DUMP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static mut DUMP_PREVIOUS: libc::sigaction = unsafe { std::mem::zeroed() };
+static DUMP_PREVIOUS_RESET: AtomicBool = AtomicBool::new(false);
+
+/// Installs `handler` for `signal` and saves the program's action in `previous`, unless the
+/// shim's handler is already there (a second set-up after fork must not save itself).
+fn install_handler(signal: c_int, handler: usize, flags: c_int, previous: *mut libc::sigaction) {
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut current);
+        if current.sa_sigaction == handler {
+            return;
+        }
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler;
+        action.sa_flags = libc::SA_SIGINFO | flags;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, previous);
+    }
+}
 
 fn install_signal_handlers() {
+    for (i, &signal) in FATAL_SIGNALS.iter().enumerate() {
+        install_handler(
+            signal,
+            on_fatal_signal as *const () as usize,
+            libc::SA_ONSTACK,
+            unsafe { &raw mut PREVIOUS[i] },
+        );
+    }
+    let config = config();
+    if config.mode == Mode::Ring
+        && let Some(dump) = &config.dump_signal
+    {
+        DUMP_SIGNAL.store(dump.number, Ordering::Release);
+        install_handler(
+            dump.number,
+            on_dump_signal as *const () as usize,
+            libc::SA_RESTART | libc::SA_ONSTACK,
+            &raw mut DUMP_PREVIOUS,
+        );
+    }
+}
+
+/// Whether the kernel raised `info` for a faulting instruction (which faults again when the
+/// handler returns), rather than someone sending the signal.
+fn is_fault(signal: c_int, info: *const libc::siginfo_t) -> bool {
+    let code = if info.is_null() {
+        0
+    } else {
+        unsafe { (*info).si_code }
+    };
+    code > 0
+        && matches!(
+            signal,
+            libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL
+        )
+}
+
+/// Calls the program's handler `previous` the way the kernel would have: with the original
+/// siginfo and context for `SA_SIGINFO`, the signal number only otherwise, and with the mask
+/// of the interrupted code plus its `sa_mask` (plus the signal itself unless `SA_NODEFER`).
+/// `SA_RESETHAND` makes it the default after this call (`reset`). If it returns, the shim's
+/// mask comes back; if it jumps out, it restores its own.
+unsafe fn call_previous(
+    previous: &libc::sigaction,
+    reset: &AtomicBool,
+    signal: c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut c_void,
+) {
+    if previous.sa_flags & libc::SA_RESETHAND != 0 {
+        reset.store(true, Ordering::Release);
+    }
     unsafe {
-        for (i, &signal) in FATAL_SIGNALS.iter().enumerate() {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_fatal_signal as *const () as usize;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, &raw mut PREVIOUS[i]);
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        if context.is_null() {
+            libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut mask);
+        } else {
+            mask = (*context.cast::<libc::ucontext_t>()).uc_sigmask;
         }
-        if config().mode == Mode::Ring {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_sigusr2 as *const () as usize;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGUSR2, &action, &raw mut PREVIOUS_USR2);
+        for other in 1..=libc::SIGRTMAX() {
+            if libc::sigismember(&previous.sa_mask, other) == 1 {
+                libc::sigaddset(&mut mask, other);
+            }
+        }
+        if previous.sa_flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut mask, signal);
+        } else {
+            libc::sigdelset(&mut mask, signal);
+        }
+        let mut ours: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut ours);
+        if previous.sa_flags & libc::SA_SIGINFO != 0 {
+            let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                std::mem::transmute(previous.sa_sigaction);
+            handler(signal, info, context);
+        } else {
+            let handler: extern "C" fn(c_int) = std::mem::transmute(previous.sa_sigaction);
+            handler(signal);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &ours, std::ptr::null_mut());
+    }
+}
+
+/// Lets `signal` take the process as it would have without the shim: the default action
+/// again, and the signal again with its original siginfo. A fault repeats by itself when the
+/// handler returns; a sent signal is queued to this thread (blocked until the handler returns).
+unsafe fn die_by_default(signal: c_int, info: *mut libc::siginfo_t) {
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, std::ptr::null_mut());
+        if !is_fault(signal, info) {
+            let sent = !info.is_null()
+                && libc::syscall(
+                    libc::SYS_rt_tgsigqueueinfo,
+                    libc::getpid(),
+                    gettid(),
+                    signal,
+                    info,
+                ) == 0;
+            if !sent {
+                libc::raise(signal);
+            }
         }
     }
 }
 
-extern "C" fn on_fatal_signal(signal: c_int, _info: *mut libc::siginfo_t, _context: *mut c_void) {
-    if STATE.load(Ordering::Acquire) == ON {
+extern "C" fn on_fatal_signal(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    let errno = unsafe { *libc::__errno_location() };
+    let Some(i) = FATAL_SIGNALS.iter().position(|&s| s == signal) else {
+        return;
+    };
+    let previous = unsafe { PREVIOUS[i] };
+    let disposition = if PREVIOUS_RESET[i].load(Ordering::Acquire) {
+        libc::SIG_DFL
+    } else {
+        previous.sa_sigaction
+    };
+    let fault = is_fault(signal, info);
+    // A sent signal the program ignores changes nothing: no flush, nothing else.
+    if disposition == libc::SIG_IGN && !fault {
+        unsafe { *libc::__errno_location() = errno };
+        return;
+    }
+    if STATE.load(Ordering::Acquire) == ON && !in_vfork_child() {
         crate::guard((), || writer::flush(writer::FlushKind::Crash));
     }
-    // Put back what was there and deliver the signal again: the program dies (or its own
-    // handler runs) exactly as it would have without the shim.
     unsafe {
-        if let Some(i) = FATAL_SIGNALS.iter().position(|&s| s == signal) {
-            libc::sigaction(signal, &raw const PREVIOUS[i], std::ptr::null_mut());
+        if disposition == libc::SIG_DFL || disposition == libc::SIG_IGN {
+            // An ignored fault kills like the default one (the kernel forces it).
+            die_by_default(signal, info);
+        } else {
+            call_previous(&previous, &PREVIOUS_RESET[i], signal, info, context);
         }
-        libc::raise(signal);
+        *libc::__errno_location() = errno;
     }
 }
 
-extern "C" fn on_sigusr2(_signal: c_int, _info: *mut libc::siginfo_t, _context: *mut c_void) {
-    flight::request(flight::REQUEST_SIGUSR2);
-    // An atomic swap and a futex wake: no lock, no allocation, so fine in a signal handler.
-    writer::wake();
+extern "C" fn on_dump_signal(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    let errno = unsafe { *libc::__errno_location() };
+    if signal == DUMP_SIGNAL.load(Ordering::Acquire) {
+        flight::request(flight::REQUEST_SIGNAL);
+        // An atomic swap and a futex wake: no lock, no allocation.
+        writer::wake();
+        let previous = unsafe { DUMP_PREVIOUS };
+        let reset = DUMP_PREVIOUS_RESET.load(Ordering::Acquire);
+        // The program's own handler runs too; its default action (often: terminate) does
+        // not, since asking for a dump is what the signal is for here.
+        if !reset
+            && previous.sa_sigaction != libc::SIG_DFL
+            && previous.sa_sigaction != libc::SIG_IGN
+        {
+            unsafe { call_previous(&previous, &DUMP_PREVIOUS_RESET, signal, info, context) };
+        }
+    }
+    unsafe { *libc::__errno_location() = errno };
+}
+
+// ---------------------------------------------------------------------------------------
+// Alternate signal stacks: a stack overflow's SIGSEGV can only be handled on one.
+
+/// Bytes of each alternate stack the shim gives a thread (plus a guard page below it). Only
+/// the pages a crash flush touches are ever backed by memory.
+const ALT_STACK_BYTES: usize = 256 << 10;
+const PAGE: usize = 4096;
+
+thread_local! {
+    /// The mapping of the alternate stack the shim gave this thread (0 = none).
+    static ALT_STACK: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Gives the calling thread an alternate signal stack if it has none (never replacing the
+/// program's own), so that the crash flush runs even when the thread's stack overflowed.
+pub fn give_thread_an_alt_stack() {
+    unsafe {
+        let mut current: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut current) != 0
+            || current.ss_flags & libc::SS_DISABLE == 0
+        {
+            return;
+        }
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            ALT_STACK_BYTES + PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if base == libc::MAP_FAILED {
+            return;
+        }
+        // The guard page turns an overflow of the alternate stack into a clean fault.
+        libc::mprotect(base, PAGE, libc::PROT_NONE);
+        let stack = libc::stack_t {
+            ss_sp: base.cast::<u8>().add(PAGE).cast(),
+            ss_flags: 0,
+            ss_size: ALT_STACK_BYTES,
+        };
+        if libc::sigaltstack(&stack, std::ptr::null_mut()) != 0 {
+            libc::munmap(base, ALT_STACK_BYTES + PAGE);
+            return;
+        }
+        let _ = ALT_STACK.try_with(|alt| alt.set(base as usize));
+    }
+}
+
+/// At thread exit: switches off the alternate stack the shim gave the thread (if it is still
+/// the thread's) and unmaps it; not while running on it.
+fn release_alt_stack() {
+    let base = ALT_STACK.try_with(|alt| alt.get()).unwrap_or(0);
+    if base == 0 {
+        return;
+    }
+    unsafe {
+        let mut current: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut current) != 0 {
+            return;
+        }
+        if current.ss_sp as usize == base + PAGE && current.ss_flags & libc::SS_DISABLE == 0 {
+            if current.ss_flags & libc::SS_ONSTACK != 0 {
+                return;
+            }
+            let off = libc::stack_t {
+                ss_sp: std::ptr::null_mut(),
+                ss_flags: libc::SS_DISABLE,
+                ss_size: 0,
+            };
+            if libc::sigaltstack(&off, std::ptr::null_mut()) != 0 {
+                return;
+            }
+        }
+        let _ = ALT_STACK.try_with(|alt| alt.set(0));
+        libc::munmap(base as *mut c_void, ALT_STACK_BYTES + PAGE);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // Exported process-ending calls: flush first, then the real function.
 
-fn next_fn(name: &std::ffi::CStr) -> *mut c_void {
-    interpose::next(name)
+/// The real `_exit` and exec functions, found at set-up (index order of [`REAL_EXIT_NAMES`]).
+static REAL_EXITS: [AtomicPtr<c_void>; 6] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 6];
+const REAL_EXIT_NAMES: [&std::ffi::CStr; 6] = [
+    c"_exit", c"execve", c"execv", c"execvp", c"execvpe", c"fexecve",
+];
+
+/// The next definition of a function, looked up once.
+fn real_fn(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
+    let mut real = slot.load(Ordering::Acquire);
+    if real.is_null() {
+        real = interpose::next(name);
+        slot.store(real, Ordering::Release);
+    }
+    real
 }
 
-/// Flushes the log, then `_exit`.
+/// Flushes the log, then `_exit`. A vfork child goes straight to the real `_exit`.
 ///
 /// # Safety
 /// Same contract as libc's `_exit`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    final_flush();
-    let real = next_fn(c"_exit");
+    let real = if in_vfork_child() {
+        REAL_EXITS[0].load(Ordering::Acquire)
+    } else {
+        final_flush();
+        real_fn(&REAL_EXITS[0], REAL_EXIT_NAMES[0])
+    };
     if !real.is_null() {
         let real: extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(real) };
         real(status);
@@ -536,7 +816,6 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
     unsafe { libc::syscall(libc::SYS_exit_group, status) };
     unreachable_exit()
 }
-
 /// Flushes the log, then `_Exit`.
 ///
 /// # Safety
@@ -546,6 +825,31 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     unsafe { _exit(status) }
 }
 
+/// glibc's `dl_iterate_phdr`, gated so that no walk of the loader's list is in flight when
+/// the process forks (see `sync::loader_walk`); otherwise unchanged.
+///
+/// # Safety
+/// Same contract as glibc's `dl_iterate_phdr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dl_iterate_phdr(
+    callback: Option<
+        unsafe extern "C" fn(*mut libc::dl_phdr_info, libc::size_t, *mut c_void) -> c_int,
+    >,
+    data: *mut c_void,
+) -> c_int {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let real = real_fn(&REAL, c"dl_iterate_phdr");
+    if real.is_null() {
+        return 0;
+    }
+    type Real = unsafe extern "C" fn(
+        Option<unsafe extern "C" fn(*mut libc::dl_phdr_info, libc::size_t, *mut c_void) -> c_int>,
+        *mut c_void,
+    ) -> c_int;
+    let real: Real = unsafe { std::mem::transmute::<*mut c_void, Real>(real) };
+    crate::sync::loader_walk(|| unsafe { real(callback, data) })
+}
+
 fn unreachable_exit() -> ! {
     loop {
         unsafe { libc::syscall(libc::SYS_exit_group, 127) };
@@ -553,16 +857,20 @@ fn unreachable_exit() -> ! {
 }
 
 macro_rules! exec_hook {
-    ($name:ident ( $($arg:ident : $ty:ty),* )) => {
+    ($index:literal, $name:ident ( $($arg:ident : $ty:ty),* )) => {
         #[doc = concat!("Flushes the log, then `", stringify!($name), "`.")]
         ///
         /// # Safety
         /// Same contract as libc's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-            before_exec();
+            let real = if in_vfork_child() {
+                REAL_EXITS[$index].load(Ordering::Acquire)
+            } else {
+                before_exec();
+                real_fn(&REAL_EXITS[$index], REAL_EXIT_NAMES[$index])
+            };
             type Real = unsafe extern "C" fn($($ty),*) -> c_int;
-            let real = next_fn(concat_cstr!($name));
             if real.is_null() {
                 unsafe { *libc::__errno_location() = libc::ENOSYS };
                 return -1;
@@ -573,23 +881,14 @@ macro_rules! exec_hook {
     };
 }
 
-macro_rules! concat_cstr {
-    ($name:ident) => {
-        match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-            Ok(name) => name,
-            Err(_) => c"",
-        }
-    };
-}
-
 fn before_exec() {
     if STATE.load(Ordering::Acquire) == ON {
         crate::guard((), || writer::final_note("exec"));
     }
 }
 
-exec_hook!(execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(execv(path: *const c_char, argv: *const *const c_char));
-exec_hook!(execvp(file: *const c_char, argv: *const *const c_char));
-exec_hook!(execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
-exec_hook!(fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(1, execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(2, execv(path: *const c_char, argv: *const *const c_char));
+exec_hook!(3, execvp(file: *const c_char, argv: *const *const c_char));
+exec_hook!(4, execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(5, fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char));

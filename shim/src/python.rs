@@ -25,7 +25,6 @@ use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use parking_lot::Mutex;
 use vramshim_format::{CodeDef, Note, Record};
 
 use crate::{interpose, writer};
@@ -378,7 +377,7 @@ static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
 /// Code objects already defined in the log: (address, identity word) → id.
-static CODES: Mutex<Option<HashMap<(u64, u64), u32>>> = Mutex::new(None);
+static CODES: crate::sync::Lock<Option<HashMap<(u64, u64), u32>>> = crate::sync::Lock::new(None);
 static NEXT_CODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 /// Turns Python capture off for good, with a note saying why.
@@ -828,19 +827,13 @@ unsafe fn read_bytes(object: u64) -> Vec<u8> {
         .to_vec()
 }
 
-/// Forgets defined code objects (fork child: its log defines them again).
-pub fn reset_after_fork() {
-    *CODES.lock() = None;
-}
-
-pub fn lock_all() {
-    std::mem::forget(CODES.lock());
-}
-
+/// Forgets defined code objects (fork child: its log defines them again); the parent's
+/// table is leaked.
+///
 /// # Safety
-/// Only after [`lock_all`], on the thread that called it (or its fork child).
-pub unsafe fn unlock_all() {
-    unsafe { CODES.force_unlock() };
+/// Only in a fork child's after-fork handler.
+pub unsafe fn reset_in_fork_child() {
+    unsafe { CODES.reset_in_fork_child(None) };
 }
 
 #[cfg(test)]

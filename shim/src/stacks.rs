@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
 use vramshim_format::{Frame, ModuleDef, Record, StackDef};
 
 use crate::capture::THREAD;
 use crate::config::StackMode;
+use crate::sync::Lock;
 use crate::{python, writer};
 
 const MAX_FRAMES: usize = 256;
@@ -67,10 +67,10 @@ impl std::hash::Hasher for IdentityHasher {
 }
 
 type Shard =
-    Mutex<HashMap<u64, Vec<(Box<[u64]>, u32)>, std::hash::BuildHasherDefault<IdentityHasher>>>;
+    Lock<HashMap<u64, Vec<(Box<[u64]>, u32)>, std::hash::BuildHasherDefault<IdentityHasher>>>;
 
 static SHARDS_TABLE: [Shard; SHARDS] =
-    [const { Mutex::new(HashMap::with_hasher(std::hash::BuildHasherDefault::new())) }; SHARDS];
+    [const { Lock::new(HashMap::with_hasher(std::hash::BuildHasherDefault::new())) }; SHARDS];
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 /// Bumped after fork: the child's log must define its stacks again.
 static GENERATION: AtomicU32 = AtomicU32::new(1);
@@ -80,7 +80,7 @@ static SHIM_START: AtomicUsize = AtomicUsize::new(0);
 static SHIM_END: AtomicUsize = AtomicUsize::new(0);
 
 /// Modules already written to the log, as sorted (start, end) ranges.
-static MODULES: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+static MODULES: Lock<Vec<(u64, u64)>> = Lock::new(Vec::new());
 
 /// Key words a stack may take: native frames, then Python frames and their tag word.
 const KEY_WORDS: usize = MAX_FRAMES + python::MAX_PY_FRAMES * python::WORDS_PER_FRAME + 1;
@@ -155,6 +155,7 @@ fn capture_native(frames: &mut [u64], max_frames: usize, now_ns: u64) -> usize {
 fn capture_with_libgcc(frames: &mut [u64], in_shim: impl Fn(u64) -> bool) -> usize {
     let mut count = 0usize;
     let mut outside_shim = false;
+    // libgcc's unwinder walks the loader's list through the exported `dl_iterate_phdr`.
     unsafe {
         backtrace::trace_unsynchronized(|frame| {
             let ip = frame.ip() as u64;
@@ -284,35 +285,24 @@ fn define_modules(frames: &[u64]) {
     }
 }
 
-/// Forgets every stack and module: the next log (a fork child's) defines them again.
-pub fn reset_after_fork() {
-    for shard in &SHARDS_TABLE {
-        shard.lock().clear();
-    }
-    MODULES.lock().clear();
-    python::reset_after_fork();
-    GENERATION.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Locks every stack table (fork preparation: the child must not inherit a held lock).
-pub fn lock_all() {
-    for shard in &SHARDS_TABLE {
-        std::mem::forget(shard.lock());
-    }
-    std::mem::forget(MODULES.lock());
-    python::lock_all();
-}
-
-/// Releases what [`lock_all`] took.
+/// In a fork child: forgets every stack and module, so the child's log defines them again.
+/// The parent's tables are leaked, not freed (a vanished thread may have been changing them);
+/// plain stores only, so async-signal-safe.
 ///
 /// # Safety
-/// Only after [`lock_all`], on the thread that called it (or its fork child).
-pub unsafe fn unlock_all() {
-    unsafe { python::unlock_all() };
-    unsafe { MODULES.force_unlock() };
+/// Only in a fork child's after-fork handler.
+pub unsafe fn reset_in_fork_child() {
     for shard in &SHARDS_TABLE {
-        unsafe { shard.force_unlock() };
+        unsafe {
+            shard.reset_in_fork_child(HashMap::with_hasher(std::hash::BuildHasherDefault::new()))
+        };
     }
+    unsafe {
+        MODULES.reset_in_fork_child(Vec::new());
+        python::reset_in_fork_child();
+        crate::unwind::reset_in_fork_child();
+    }
+    GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Every loaded object with its loadable range and build id.
@@ -369,6 +359,7 @@ pub fn modules() -> Vec<ModuleDef> {
         });
         0
     }
+    // Through the exported `dl_iterate_phdr`, so it is gated around fork.
     unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut found).cast::<c_void>()) };
     found
 }

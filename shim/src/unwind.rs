@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
-use parking_lot::Mutex;
 
 /// Bytes of a loaded object, valid while the object stays loaded.
 #[derive(Clone, Copy, Default)]
@@ -36,7 +35,15 @@ static CURRENT: AtomicPtr<ProcessUnwinder> = AtomicPtr::new(std::ptr::null_mut()
 static BUILT_FOR: AtomicU64 = AtomicU64::new(u64::MAX);
 /// When the loader counters were last looked at (ns), to check at most every 10 ms.
 static LAST_CHECK: AtomicU64 = AtomicU64::new(0);
-static REBUILD: Mutex<()> = Mutex::new(());
+static REBUILD: crate::sync::Lock<()> = crate::sync::Lock::new(());
+
+/// In a fork child: frees the rebuild lock, whoever held it in the parent.
+///
+/// # Safety
+/// Only in a fork child's after-fork handler.
+pub unsafe fn reset_in_fork_child() {
+    unsafe { REBUILD.reset_in_fork_child(()) };
+}
 const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with

@@ -4,15 +4,15 @@
 use std::ffi::{CString, OsString, c_int};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, MemInfo, Record, ThreadName};
 
 use crate::capture::{self, ENTERING, IDLE, Ring, SLOT_MEM_INFO, Slot};
 use crate::flight::Window;
 use crate::lifecycle;
+use crate::sync::Lock;
 
 /// Why a flush runs; decides the watermark and whether to wait for the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,9 @@ pub enum FlushKind {
     MakeRoom,
     /// Exit, exec: write everything, whatever other threads are doing.
     Final,
-    /// A fatal signal: like `Final`, but never wait long for the lock.
+    /// A fatal signal: like `Final`, but never wait long for a lock, and never allocate or
+    /// free (the crashed thread may hold the heap's locks): only what fits in the buffers
+    /// allocated when the log was opened is written.
     Crash,
 }
 
@@ -38,20 +40,28 @@ pub struct Output {
     written: u64,
     out: Vec<u8>,
     chunk: ChunkBuilder,
-    batch: Vec<(u32, Slot)>,
+    /// Drained slots: (order drained, thread, slot). Its capacity bounds a crash flush.
+    batch: Vec<(u32, u32, Slot)>,
     write_failed: bool,
+    /// A crash flush is running: no formatted (allocating) warning.
+    crashing: bool,
     /// Flight-recorder mode: events go to this window, not to the file.
     pub window: Option<Window>,
 }
 
-static OUTPUT: Mutex<Option<Output>> = Mutex::new(None);
-/// Thread id holding `OUTPUT` (0 = none): a crash inside the writer must not wait for itself.
-static OUTPUT_OWNER: AtomicU32 = AtomicU32::new(0);
-static RINGS: Mutex<Vec<Arc<Ring>>> = Mutex::new(Vec::new());
-static DEFS: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+static OUTPUT: Lock<Option<Output>> = Lock::new(None);
+static RINGS: Lock<Vec<Arc<Ring>>> = Lock::new(Vec::new());
+static DEFS: Lock<Vec<Record>> = Lock::new(Vec::new());
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// The open log's descriptor (-1 = none), for a fork child to close without a lock.
+static LOG_FD: AtomicI32 = AtomicI32::new(-1);
 /// Chunks are closed at this payload size.
 const CHUNK_BYTES: usize = 256 << 10;
+/// More than any one record encodes to (a stack of 256 native and 64 Python frames, a
+/// module with a `PATH_MAX` path): a chunk payload never outgrows `CHUNK_BYTES` plus this.
+const RECORD_HEADROOM: usize = 64 << 10;
+/// Drained slots a crash flush can hold (beyond them it gives up: the rest stays unwritten).
+const BATCH_SLOTS: usize = 16 << 10;
 
 /// The writer thread, for early wake-ups (leaked: replaced only when a fork child starts one).
 static WRITER_THREAD: std::sync::atomic::AtomicPtr<std::thread::Thread> =
@@ -111,6 +121,7 @@ pub fn release_thread_ring(ring: *const Ring) {
 
 /// Installs the opened log.
 pub fn install(output: Output) {
+    LOG_FD.store(output.fd, Ordering::Release);
     *OUTPUT.lock() = Some(output);
 }
 
@@ -154,17 +165,18 @@ pub fn open_log(
             libc::close(fd);
             libc::unlink(cpath.as_ptr());
         }
-        return Err(OpenError::Failed(why));
+        return Err(OpenError::Failed(why.to_string()));
     }
     Ok(Output {
         fd,
         path: path.clone(),
         start_mono_ns,
         written: header.len() as u64,
-        out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
-        chunk: ChunkBuilder::new(),
-        batch: Vec::with_capacity(16 << 10),
+        out: Vec::with_capacity(CHUNK_BYTES + 2 * RECORD_HEADROOM),
+        chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM),
+        batch: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
+        crashing: false,
         window: ring_events.map(Window::new),
     })
 }
@@ -212,18 +224,34 @@ fn file_size_limit() -> Option<u64> {
 /// file-size limit: a write past it raises SIGXFSZ, which kills the program. EFBIG (the
 /// limit lowered meanwhile with SIGXFSZ ignored, or the file system's own maximum) says the
 /// same.
-fn write_within_limit(fd: c_int, size: u64, bytes: &[u8]) -> Result<(), String> {
-    let limit_reached =
-        |limit: u64| format!("the file size limit (ulimit -f) of {limit} bytes is reached");
+fn write_within_limit(fd: c_int, size: u64, bytes: &[u8]) -> Result<(), WriteError> {
     if let Some(limit) = file_size_limit()
         && size.saturating_add(bytes.len() as u64) > limit
     {
-        return Err(limit_reached(limit));
+        return Err(WriteError::SizeLimit(limit));
     }
     write_all(fd, bytes).map_err(|err| match (err.raw_os_error(), file_size_limit()) {
-        (Some(libc::EFBIG), Some(limit)) => limit_reached(limit),
-        _ => err.to_string(),
+        (Some(libc::EFBIG), Some(limit)) => WriteError::SizeLimit(limit),
+        _ => WriteError::Io(err),
     })
+}
+
+/// Why a chunk was not written. Built without allocating (the crash path writes too).
+enum WriteError {
+    SizeLimit(u64),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::SizeLimit(limit) => write!(
+                f,
+                "the file size limit (ulimit -f) of {limit} bytes is reached"
+            ),
+            WriteError::Io(err) => err.fmt(f),
+        }
+    }
 }
 
 fn write_all(fd: c_int, mut bytes: &[u8]) -> std::io::Result<()> {
@@ -267,29 +295,34 @@ fn watermark(rings: &[Arc<Ring>]) -> Option<u64> {
     Some(watermark)
 }
 
-/// Drains rings and writes what is ready.
+/// Whether the calling thread holds one of the shim's locks: it was interrupted (by a signal
+/// whose handler now flushes or exits) inside the shim, and must not wait for itself.
+pub fn busy_on_this_thread() -> bool {
+    crate::sync::any_taken_here()
+}
+
+/// Drains rings and writes what is ready. A thread that is already inside the writer (a
+/// signal handler interrupted its flush) does nothing: what it was writing stays unwritten.
 pub fn flush(kind: FlushKind) {
-    let me = lifecycle::gettid();
+    if busy_on_this_thread() {
+        return;
+    }
     let mut guard = match kind {
-        FlushKind::Crash => {
-            if OUTPUT_OWNER.load(Ordering::Acquire) == me {
-                return;
-            }
-            match OUTPUT.try_lock_for(Duration::from_millis(500)) {
-                Some(guard) => guard,
-                None => return,
-            }
-        }
+        FlushKind::Crash => match OUTPUT.try_lock_for(Duration::from_millis(500)) {
+            Some(guard) => guard,
+            None => return,
+        },
         _ => OUTPUT.lock(),
     };
-    OUTPUT_OWNER.store(me, Ordering::Release);
     if let Some(output) = guard.as_mut() {
+        output.crashing = kind == FlushKind::Crash;
         flush_locked(output, kind);
+        output.crashing = false;
     }
-    OUTPUT_OWNER.store(0, Ordering::Release);
 }
 
 fn flush_locked(output: &mut Output, kind: FlushKind) {
+    let crash = kind == FlushKind::Crash;
     {
         let mut rings = match kind {
             FlushKind::Crash => match RINGS.try_lock_for(Duration::from_millis(200)) {
@@ -304,21 +337,45 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         };
         let Some(watermark) = watermark else { return };
         output.batch.clear();
+        // A crash flush takes only what the batch holds without growing.
+        let limit = if crash {
+            output.batch.capacity()
+        } else {
+            usize::MAX
+        };
         for ring in rings.iter() {
-            ring.drain_before(watermark, &mut output.batch);
+            ring.drain_before(watermark, &mut output.batch, limit);
         }
-        // Threads that exited and whose events are all out: forget their rings.
-        rings.retain(|ring| !(ring.orphaned.load(Ordering::Acquire) && ring.is_empty()));
+        // Threads that exited and whose events are all out: forget their rings (not in a
+        // crash: that frees memory).
+        if !crash {
+            rings.retain(|ring| !(ring.orphaned.load(Ordering::Acquire) && ring.is_empty()));
+        }
     }
     // Definitions are queued before the events that use them, so taking them after the drain
-    // covers every drained event.
-    let defs = std::mem::take(&mut *DEFS.lock());
-    // Each ring is in time order; merge them (stable: same-time events keep thread order).
-    output.batch.sort_by_key(|(_, slot)| slot.t_ns);
+    // covers every drained event. A crash writes them and leaks them (freeing is not safe
+    // there), and goes on without them when another thread holds the queue.
+    let defs = if crash {
+        DEFS.try_lock_for(Duration::from_millis(100))
+            .map(|mut defs| std::mem::take(&mut *defs))
+            .unwrap_or_default()
+    } else {
+        std::mem::take(&mut *DEFS.lock())
+    };
+    // Each ring is in time order; merge them. Same-time slots keep the order drained (a
+    // thread's own order), as a stable sort would, without the memory a stable sort takes.
+    output
+        .batch
+        .sort_unstable_by_key(|(order, _, slot)| (slot.t_ns, *order));
     let dropped = DROPPED.swap(0, Ordering::Relaxed);
 
     for record in &defs {
         push_record(output, record);
+    }
+    if crash {
+        std::mem::forget(defs);
+    } else {
+        drop(defs);
     }
     if dropped > 0 {
         let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
@@ -331,7 +388,21 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         );
     }
     let batch = std::mem::take(&mut output.batch);
-    for (tid, slot) in &batch {
+    if crash && let Some(mut window) = output.window.take() {
+        // The flight recorder's dump without allocating: the window as it is, then the
+        // events drained now.
+        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        let start = output.start_mono_ns;
+        window.crash_dump(t_ns, batch.len(), |record| push_record(output, record));
+        for (_, tid, slot) in &batch {
+            push_record(output, &slot_record(*tid, slot, start));
+        }
+        output.window = Some(window);
+        output.batch = batch;
+        finish_chunk(output);
+        return;
+    }
+    for (_, tid, slot) in &batch {
         let record = slot_record(*tid, slot, output.start_mono_ns);
         if let Some(window) = output.window.as_mut() {
             window.push(&record);
@@ -340,12 +411,14 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         }
     }
     output.batch = batch;
-    let dump_reason = match kind {
-        FlushKind::Final => Some("exit"),
-        FlushKind::Crash => Some("crash"),
-        _ => crate::flight::take_request(),
-    };
-    if let Some(reason) = dump_reason.filter(|_| output.window.is_some()) {
+    // A dump asked for (dump signal, failed allocation) is written even when the process
+    // ends before the writer thread's next turn, and before the dump at exit.
+    let requested = crate::flight::take_request().map(|request| match request {
+        crate::flight::Request::Signal => lifecycle::config().dump_signal_name(),
+        crate::flight::Request::AllocFailed => "alloc_failed",
+    });
+    let at_end = (kind == FlushKind::Final).then_some("exit");
+    for reason in [requested, at_end].into_iter().flatten() {
         let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
         // Encoded record by record: a copy of the whole window would double its memory.
         if let Some(window) = output.window.take() {
@@ -401,11 +474,16 @@ fn finish_chunk(output: &mut Output) {
             Ok(()) => output.written += output.out.len() as u64,
             Err(why) => {
                 output.write_failed = true;
-                crate::warn(&format!(
-                    "cannot write to {}: {why}; recording stops here (what was written stays \
-                     readable)",
-                    output.path.to_string_lossy()
-                ));
+                if output.crashing {
+                    // No formatting (it allocates) on the crash path.
+                    crate::warn_static("vramshim: cannot write the log at the crash\n");
+                } else {
+                    crate::warn(&format!(
+                        "cannot write to {}: {why}; recording stops here (what was written \
+                         stays readable)",
+                        output.path.to_string_lossy()
+                    ));
+                }
             }
         }
     }
@@ -415,6 +493,9 @@ fn finish_chunk(output: &mut Output) {
 /// Writes everything buffered, then `text` as a note stamped now (so it follows every event
 /// that happened before it, as the exec note must).
 pub fn final_note(text: &str) {
+    if busy_on_this_thread() {
+        return;
+    }
     flush(FlushKind::Final);
     let mut guard = OUTPUT.lock();
     if let Some(output) = guard.as_mut() {
@@ -430,40 +511,24 @@ pub fn final_note(text: &str) {
     }
 }
 
-/// Takes every lock the writer uses (fork preparation), in the order the writer takes them.
-pub fn lock_all() {
-    std::mem::forget(OUTPUT.lock());
-    std::mem::forget(RINGS.lock());
-}
-
-/// Takes the definitions lock last (it nests inside the stack tables' locks).
-pub fn lock_defs() {
-    std::mem::forget(DEFS.lock());
-}
-
-/// Releases what [`lock_all`] and [`lock_defs`] took.
+/// In a fork child: forgets the parent's log, rings and queued definitions (the parent
+/// writes those). The parent's buffers are leaked, not freed: a thread that vanished with the
+/// fork may have been changing them. Plain stores and `close`: async-signal-safe.
 ///
 /// # Safety
-/// Only after both, on the thread that called them (or in its fork child).
-pub unsafe fn unlock_all() {
+/// Only in a fork child's after-fork handler.
+pub unsafe fn reset_in_fork_child() {
+    let fd = LOG_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        unsafe { libc::close(fd) };
+    }
     unsafe {
-        DEFS.force_unlock();
-        RINGS.force_unlock();
-        OUTPUT.force_unlock();
+        OUTPUT.reset_in_fork_child(None);
+        RINGS.reset_in_fork_child(Vec::new());
+        DEFS.reset_in_fork_child(Vec::new());
     }
-}
-
-/// In a fork child: drop the parent's log and rings (the parent writes those).
-pub fn reset_after_fork() {
-    if let Some(output) = OUTPUT.lock().take() {
-        unsafe { libc::close(output.fd) };
-        // The buffers belong to the parent's log; dropping them is fine in the child.
-        drop(output);
-    }
-    OUTPUT_OWNER.store(0, Ordering::Relaxed);
-    RINGS.lock().clear();
-    DEFS.lock().clear();
     DROPPED.store(0, Ordering::Relaxed);
+    clear_writer_thread();
 }
 
 /// Appends the log's path to `vramshim run`'s manifest; one warning line when it cannot.
@@ -524,7 +589,7 @@ fn append_to_manifest(manifest: &OsString, line: &[u8]) -> Result<(), String> {
             return Err("it has other names (hard links)".to_owned());
         }
         // One write with O_APPEND: lines of concurrent processes do not interleave.
-        write_within_limit(fd, opened.st_size as u64, line)
+        write_within_limit(fd, opened.st_size as u64, line).map_err(|why| why.to_string())
     })();
     unsafe { libc::close(fd) };
     result

@@ -1,0 +1,415 @@
+/*
+ * hostile: what a program may do that a preloaded recorder must survive (linked -lcuda).
+ * argv[1] picks the scenario; each prints "<key>=<value>" lines the tests compare with the log.
+ * Every allocation is 1 MiB on device 0; "pairs" count cuMemAlloc_v2 + cuMemFree_v2 pairs.
+ *
+ *   fork-storm THREADS FORKS   THREADS threads allocate until the end; main forks FORKS children
+ *                              that only _exit(0), each waited for up to 5 s (then killed and
+ *                              counted as hung; 5 hangs end the storm). Prints forks= hung=
+ *                              pairs= (pairs over all threads).
+ *   fork-walk THREADS FORKS    like fork-storm, but the threads also walk the loader's list
+ *                              (dl_iterate_phdr) all the time, and each child makes one
+ *                              allocation and one free before _exit(0): its log is opened in
+ *                              the child. Prints forks= hung= pairs=.
+ *   double-free N              N allocations, then a double free that glibc aborts on with
+ *                              the heap's lock held.
+ *   exit-in-handler N USEC     one pair, then forever a pair and a failed 1 PiB allocation;
+ *                              SIGALRM after USEC microseconds runs a handler that calls
+ *                              _exit(N).
+ *   sigwait N                  N pairs, then blocks SIGTERM, sends it to the process and
+ *                              waits for it with sigwait. Prints got=<signal>.
+ *   segv-recover N             installs a SA_SIGINFO SIGSEGV handler, then: 1 allocation, a
+ *                              fault at 0x1234 recovered with siglongjmp (the handler checks
+ *                              si_addr, si_code and the signal number), N pairs, a second
+ *                              fault, after which the handler puts SIG_DFL back and returns:
+ *                              dies by SIGSEGV. Prints recovered=1 before the second fault.
+ *   segv-plain N               a plain (sa_handler) SIGSEGV handler with SA_RESETHAND: N pairs,
+ *                              then a fault; the handler counts and returns, the fault repeats
+ *                              with SIG_DFL: dies by SIGSEGV.
+ *   segv-dfl N                 N pairs, then a fault with no handler: dies by SIGSEGV.
+ *   kill-self SIG N            N pairs, then kill(getpid(), SIG) with no handler: dies by SIG.
+ *   overflow N                 N pairs, then unbounded recursion: dies by SIGSEGV.
+ *   dump-signal SIG N          installs a handler for SIG that counts, N pairs, sends SIG to
+ *                              itself twice, prints handled=<count>, N more pairs, exits 0.
+ *   vfork-exit N / vfork-exec N / spawn N
+ *                              N allocations, a child by vfork()+_exit(3), vfork()+execve
+ *                              ("/bin/true"), or posix_spawn("/bin/true"), then N frees.
+ */
+#include "common.h"
+#include "cuda.h"
+
+#include <link.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+
+extern char **environ;
+
+static void setup(void)
+{
+    EXPECT_RC(cuInit(0), CUDA_SUCCESS, "cuInit");
+    CUcontext ctx;
+    EXPECT_RC(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
+    EXPECT_RC(cuCtxSetCurrent(ctx), CUDA_SUCCESS, "cuCtxSetCurrent");
+}
+
+static CUdeviceptr alloc1(void)
+{
+    CUdeviceptr p = 0;
+    EXPECT_RC(cuMemAlloc_v2(&p, MiB), CUDA_SUCCESS, "cuMemAlloc_v2");
+    return p;
+}
+
+static void free1(CUdeviceptr p)
+{
+    EXPECT_RC(cuMemFree_v2(p), CUDA_SUCCESS, "cuMemFree_v2");
+}
+
+static void pairs(long n)
+{
+    for (long i = 0; i < n; i++)
+        free1(alloc1());
+}
+
+/* ---- fork-storm ---- */
+
+static volatile int g_stop;
+static int g_walk, g_child_allocates;
+
+static int count_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)info;
+    (void)size;
+    ++*(int *)data;
+    return 0;
+}
+
+static void *allocating_thread(void *arg)
+{
+    long *count = arg;
+    setup();
+    while (!g_stop) {
+        free1(alloc1());
+        (*count)++;
+        if (g_walk) {
+            int objects = 0;
+            dl_iterate_phdr(count_object, &objects);
+        }
+    }
+    return NULL;
+}
+
+static int fork_storm(int threads, int forks)
+{
+    pthread_t tids[64];
+    long counts[64] = {0};
+    if (threads > 64)
+        die("at most 64 threads");
+    for (int t = 0; t < threads; t++)
+        if (pthread_create(&tids[t], NULL, allocating_thread, &counts[t]) != 0)
+            die("pthread_create");
+    int hung = 0, done = 0;
+    for (; done < forks && hung < 5; done++) {
+        pid_t child = fork();
+        if (child < 0)
+            die("fork");
+        if (child == 0) {
+            if (g_child_allocates)
+                free1(alloc1());
+            _exit(0);
+        }
+        int status = 0, waited = 0;
+        /* Up to 5 s: a child that only calls _exit takes microseconds. */
+        for (int i = 0; i < 5000 && !waited; i++) {
+            pid_t r = waitpid(child, &status, WNOHANG);
+            if (r == child)
+                waited = 1;
+            else if (r < 0)
+                die("waitpid");
+            else
+                usleep(1000);
+        }
+        if (!waited) {
+            hung++;
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            die("fork child status 0x%x", status);
+        }
+    }
+    g_stop = 1;
+    long total = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tids[t], NULL);
+        total += counts[t];
+    }
+    out("forks=%d hung=%d pairs=%ld", done, hung, total);
+    return 0;
+}
+
+/* ---- double-free ---- */
+
+static int double_free(int n)
+{
+    for (int i = 0; i < n; i++)
+        alloc1();
+    out("allocated=%d", n);
+    /* A block too large for the thread cache, next to the top of the heap: the first free
+     * merges it into the top chunk, and the second makes glibc abort ("double free or
+     * corruption (top)") with the arena's lock held. volatile: the compiler must not see
+     * (and warn about) the second free. */
+    char *volatile block = malloc(4096);
+    free(block);
+    free(block);
+    out("still alive");
+    return 0;
+}
+
+/* ---- exit-in-handler ---- */
+
+static int g_exit_code;
+
+static void exit_now(int sig)
+{
+    (void)sig;
+    _exit(g_exit_code);
+}
+
+__attribute__((noreturn)) static int exit_in_handler(int code, long usec)
+{
+    g_exit_code = code;
+    pairs(1); /* the log exists before the timer can fire */
+    signal(SIGALRM, exit_now);
+    struct itimerval timer = {{0, 0}, {usec / 1000000, usec % 1000000}};
+    setitimer(ITIMER_REAL, &timer, NULL);
+    for (;;) {
+        free1(alloc1());
+        /* A failed allocation is flushed at once, on this thread: the handler often lands
+         * inside that flush. */
+        CUdeviceptr p = 0;
+        EXPECT_RC(cuMemAlloc_v2(&p, (size_t)1 << 50), CUDA_ERROR_OUT_OF_MEMORY, "huge alloc");
+    }
+}
+
+/* ---- sigwait ---- */
+
+static int sigwait_term(int n)
+{
+    pairs(n);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    kill(getpid(), SIGTERM);
+    int got = 0;
+    if (sigwait(&set, &got) != 0)
+        die("sigwait");
+    out("got=%d", got);
+    return 0;
+}
+
+/* ---- segv-recover / segv-plain / segv-dfl / kill-self / overflow ---- */
+
+#define FAULT_ADDR ((volatile int *)0x1234)
+static sigjmp_buf g_recover;
+static volatile int g_phase, g_handled;
+
+static void on_segv_info(int sig, siginfo_t *info, void *context)
+{
+    (void)context;
+    if (sig != SIGSEGV || info->si_signo != SIGSEGV || info->si_code != SEGV_MAPERR ||
+        info->si_addr != (void *)FAULT_ADDR) {
+        static const char bad[] = "hostile: wrong siginfo in the program's handler\n";
+        write(2, bad, sizeof bad - 1);
+        abort();
+    }
+    if (g_phase == 0)
+        siglongjmp(g_recover, 1);
+    /* The program's crash handler: put the default back; the fault repeats and kills. */
+    signal(SIGSEGV, SIG_DFL);
+}
+
+static int segv_recover(int n)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_segv_info;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, NULL);
+    setup();
+    alloc1();
+    if (sigsetjmp(g_recover, 1) == 0)
+        (void)*FAULT_ADDR;
+    out("recovered=1");
+    g_phase = 1;
+    pairs(n);
+    (void)*FAULT_ADDR;
+    out("survived the second fault");
+    return 1;
+}
+
+static void on_segv_plain(int sig)
+{
+    (void)sig;
+    g_handled++;
+}
+
+static int segv_plain(int n)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_segv_plain;
+    action.sa_flags = SA_RESETHAND;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, NULL);
+    setup();
+    pairs(n);
+    (void)*FAULT_ADDR;
+    out("survived the fault");
+    return 1;
+}
+
+static int segv_dfl(int n)
+{
+    setup();
+    pairs(n);
+    (void)*FAULT_ADDR;
+    out("survived the fault");
+    return 1;
+}
+
+static int kill_self(int sig, int n)
+{
+    setup();
+    pairs(n);
+    kill(getpid(), sig);
+    /* The signal is delivered before kill returns when no thread blocks it; allow a moment. */
+    sleep(5);
+    out("survived signal %d", sig);
+    return 1;
+}
+
+/* Deep enough to overflow any stack; the bound only keeps the compiler from calling it
+ * infinite. */
+static int recurse(long depth)
+{
+    volatile char pad[256];
+    pad[0] = (char)depth;
+    if (depth > (1L << 40))
+        return pad[0];
+    return recurse(depth + 1) + pad[0];
+}
+
+static int overflow(int n)
+{
+    setup();
+    pairs(n);
+    return recurse(0);
+}
+
+/* ---- dump-signal ---- */
+
+static void on_dump_signal(int sig)
+{
+    (void)sig;
+    g_handled++;
+}
+
+static int dump_signal(int sig, int n)
+{
+    signal(sig, on_dump_signal);
+    setup();
+    pairs(n);
+    kill(getpid(), sig);
+    kill(getpid(), sig);
+    out("handled=%d", g_handled);
+    pairs(n);
+    return 0;
+}
+
+/* ---- vfork / posix_spawn ---- */
+
+static int child_then_free(const char *how, int n)
+{
+    CUdeviceptr ptrs[64];
+    if (n > 64)
+        die("at most 64");
+    for (int i = 0; i < n; i++)
+        ptrs[i] = alloc1();
+    char *args[] = {"/bin/true", NULL};
+    pid_t child;
+    if (strcmp(how, "spawn") == 0) {
+        if (posix_spawn(&child, "/bin/true", NULL, NULL, args, environ) != 0)
+            die("posix_spawn");
+    } else {
+        child = vfork();
+        if (child < 0)
+            die("vfork");
+        if (child == 0) {
+            if (strcmp(how, "vfork-exec") == 0)
+                execve("/bin/true", args, environ);
+            _exit(3);
+        }
+    }
+    int status;
+    if (waitpid(child, &status, 0) != child)
+        die("waitpid");
+    for (int i = 0; i < n; i++)
+        free1(ptrs[i]);
+    out("child_status=%d", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    g_prog = "hostile";
+    if (argc < 3)
+        die("usage: hostile SCENARIO ARGS...");
+    const char *mode = argv[1];
+    int a = atoi(argv[2]);
+    int b = argc > 3 ? atoi(argv[3]) : 0;
+    if (strcmp(mode, "fork-storm") == 0) {
+        setup();
+        return fork_storm(a, b);
+    }
+    if (strcmp(mode, "fork-walk") == 0) {
+        setup();
+        g_walk = g_child_allocates = 1;
+        return fork_storm(a, b);
+    }
+    if (strcmp(mode, "double-free") == 0) {
+        setup();
+        return double_free(a);
+    }
+    if (strcmp(mode, "exit-in-handler") == 0) {
+        setup();
+        return exit_in_handler(a, b);
+    }
+    if (strcmp(mode, "sigwait") == 0) {
+        setup();
+        return sigwait_term(a);
+    }
+    if (strcmp(mode, "segv-recover") == 0)
+        return segv_recover(a);
+    if (strcmp(mode, "segv-plain") == 0)
+        return segv_plain(a);
+    if (strcmp(mode, "segv-dfl") == 0)
+        return segv_dfl(a);
+    if (strcmp(mode, "kill-self") == 0)
+        return kill_self(a, b);
+    if (strcmp(mode, "overflow") == 0)
+        return overflow(a);
+    if (strcmp(mode, "dump-signal") == 0)
+        return dump_signal(a, b);
+    if (strcmp(mode, "vfork-exit") == 0 || strcmp(mode, "vfork-exec") == 0 ||
+        strcmp(mode, "spawn") == 0) {
+        setup();
+        return child_then_free(mode, a);
+    }
+    die("unknown scenario %s", mode);
+}
