@@ -6,16 +6,18 @@
 //! writer only writes events older than every thread's t0 (the watermark). So the log is in
 //! time order and a free always precedes the allocation that reuses its address.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vramshim_format::{EventKind, HOST_DEVICE, UNKNOWN_DEVICE};
 
 use crate::config::{OnFull, StackMode};
-use crate::table::{DRIVER, Layer};
-use crate::{interpose, lifecycle, stacks, writer};
+use crate::process::{self, now_ns};
+use crate::real::{self, DRIVER, Layer};
+use crate::ring::{ENTERING, IDLE, Ring, SLOT_EVENT, SLOT_MEM_INFO, Slot};
+use crate::{altstack, stacks, writer};
 
 /// What a hooked call did, as the table's spec expressions describe it.
 #[derive(Clone, Copy, Debug)]
@@ -70,160 +72,6 @@ impl Spec {
     }
 }
 
-/// What a ring slot holds.
-pub const SLOT_EVENT: u8 = 0;
-pub const SLOT_MEM_INFO: u8 = 1;
-
-/// One buffered record: an event, or a device memory sample (`aux` = free, total).
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-pub struct Slot {
-    pub t_ns: u64,
-    pub addr: u64,
-    pub size: u64,
-    pub stream: u64,
-    pub handle: u64,
-    pub aux: [u64; 2],
-    pub stack: u32,
-    pub result: u32,
-    pub device: i32,
-    pub api: u16,
-    pub kind: u8,
-    pub tag: u8,
-    /// Whether `aux` holds device free/total read at a failed allocation.
-    pub has_mem_info: bool,
-}
-
-/// `in_progress` value of a thread outside any hook.
-pub const IDLE: u64 = u64::MAX;
-/// `in_progress` value while a thread is reading the clock on entry.
-pub const ENTERING: u64 = 0;
-
-#[repr(align(64))]
-struct Padded<T>(T);
-
-/// A thread's event buffer: single producer (the thread), single consumer (whoever holds the
-/// writer lock).
-pub struct Ring {
-    pub tid: u32,
-    /// Monotonic time the thread entered the hook it is in, or [`IDLE`] / [`ENTERING`].
-    pub in_progress: AtomicU64,
-    /// Set when the thread has exited; the writer frees the ring once it is empty.
-    pub orphaned: AtomicBool,
-    /// The producer asked the writer to drain early (ring half full); cleared by a drain.
-    wake_sent: AtomicBool,
-    head: Padded<AtomicUsize>,
-    tail: Padded<AtomicUsize>,
-    slots: SlotMemory,
-    mask: usize,
-}
-
-/// A ring's slots, in anonymous memory mapped for this ring alone. Pages are touched only as
-/// the thread records (a thread that makes two calls costs one page, not the whole ring), and
-/// unmapping gives all of it back when the ring is freed: from the heap, the rings of exited
-/// threads would stay in glibc's per-thread arenas.
-struct SlotMemory {
-    base: *mut UnsafeCell<Slot>,
-    len: usize,
-}
-
-impl SlotMemory {
-    /// `len` zeroed slots (all-zero bytes are a valid `Slot`); `None` if mapping fails.
-    fn map(len: usize) -> Option<SlotMemory> {
-        let bytes = len.checked_mul(std::mem::size_of::<Slot>())?;
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        (base != libc::MAP_FAILED).then(|| SlotMemory {
-            base: base.cast(),
-            len,
-        })
-    }
-
-    #[inline]
-    fn slot(&self, index: usize) -> &UnsafeCell<Slot> {
-        debug_assert!(index < self.len);
-        unsafe { &*self.base.add(index) }
-    }
-}
-
-impl Drop for SlotMemory {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.base.cast(), self.len * std::mem::size_of::<Slot>()) };
-    }
-}
-
-// Slots are written by the owning thread only before publishing `tail`, and read by the
-// consumer only below `tail` and above `head`.
-unsafe impl Sync for Ring {}
-unsafe impl Send for Ring {}
-
-impl Ring {
-    /// A ring of `capacity` slots (rounded up to a power of two); `None` if there is no
-    /// memory for it.
-    pub fn new(tid: u32, capacity: usize) -> Option<Ring> {
-        let capacity = capacity.max(1).next_power_of_two();
-        Some(Ring {
-            tid,
-            in_progress: AtomicU64::new(IDLE),
-            orphaned: AtomicBool::new(false),
-            wake_sent: AtomicBool::new(false),
-            head: Padded(AtomicUsize::new(0)),
-            tail: Padded(AtomicUsize::new(0)),
-            slots: SlotMemory::map(capacity)?,
-            mask: capacity - 1,
-        })
-    }
-
-    /// Appends `slot`; false if the ring is full. Wakes the writer once the ring is half
-    /// full, so a busy thread rarely has to drain its ring itself.
-    fn push(&self, slot: &Slot) -> bool {
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        let head = self.head.0.load(Ordering::Acquire);
-        let used = tail.wrapping_sub(head);
-        if used > self.mask {
-            return false;
-        }
-        unsafe { *self.slots.slot(tail & self.mask).get() = *slot };
-        self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
-        if used >= self.mask / 2
-            && !self.wake_sent.load(Ordering::Relaxed)
-            && !self.wake_sent.swap(true, Ordering::AcqRel)
-        {
-            writer::wake();
-        }
-        true
-    }
-
-    /// Moves every buffered slot older than `watermark` to `out` as (position in `out`,
-    /// thread, slot), while `out` has fewer than `limit` entries. Consumer side only.
-    pub fn drain_before(&self, watermark: u64, out: &mut Vec<(u32, u32, Slot)>, limit: usize) {
-        let tail = self.tail.0.load(Ordering::Acquire);
-        let mut head = self.head.0.load(Ordering::Relaxed);
-        while head != tail && out.len() < limit {
-            let slot = unsafe { *self.slots.slot(head & self.mask).get() };
-            if slot.t_ns >= watermark {
-                break;
-            }
-            out.push((out.len() as u32, self.tid, slot));
-            head = head.wrapping_add(1);
-        }
-        self.head.0.store(head, Ordering::Release);
-        self.wake_sent.store(false, Ordering::Release);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.head.0.load(Ordering::Acquire) == self.tail.0.load(Ordering::Acquire)
-    }
-}
-
 /// Per-thread state. `const`-initialised and free of `Drop`, so it stays usable while the
 /// thread runs its TLS destructors and `atexit` handlers (frameworks free CUDA memory there).
 pub struct ThreadState {
@@ -231,11 +79,6 @@ pub struct ThreadState {
     /// recorded again, and the shim's own CUDA calls are never recorded.
     depth: Cell<u32>,
     ring: Cell<*const Ring>,
-    pub stack_cache: UnsafeCell<stacks::ThreadCache>,
-    /// This thread's cache of unwind rules (allocated on first use, freed at thread exit).
-    pub unwind_cache: Cell<*mut crate::unwind::ThreadCache>,
-    /// This thread's stack range (0, 0 = not known yet).
-    pub stack_bounds: Cell<(u64, u64)>,
     /// The OS name last written to the log for this thread (`comm`, NUL-padded).
     name: Cell<[u8; 16]>,
     /// When that name was last read (monotonic ns).
@@ -247,26 +90,10 @@ thread_local! {
         ThreadState {
             depth: Cell::new(0),
             ring: Cell::new(std::ptr::null()),
-            stack_cache: UnsafeCell::new(stacks::ThreadCache::new()),
-            unwind_cache: Cell::new(std::ptr::null_mut()),
-            stack_bounds: Cell::new((0, 0)),
             name: Cell::new([0; 16]),
             name_read_ns: Cell::new(0),
         }
     };
-}
-
-/// Monotonic clock in nanoseconds.
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// Runs one hooked call: the real call always, the recording around it when recording is on.
@@ -297,7 +124,7 @@ struct Entry {
 /// or nested inside another hook on this thread).
 #[inline]
 fn enter() -> Option<Entry> {
-    if !lifecycle::ensure_started() {
+    if !process::ensure_started() {
         return None;
     }
     THREAD
@@ -339,18 +166,32 @@ const NAME_CHECK_NS: u64 = 1_000_000_000;
 fn register(thread: &ThreadState) -> *const Ring {
     thread.depth.set(1);
     let name = current_thread_name().unwrap_or_default();
-    let ring = crate::guard(std::ptr::null(), || {
-        writer::register_thread(name_text(&name))
-    });
+    let ring = crate::guard(std::ptr::null(), || new_ring(name_text(&name)));
     thread.depth.set(0);
     if !ring.is_null() {
         thread.ring.set(ring);
         thread.name.set(name);
         thread.name_read_ns.set(now_ns());
         // A crash on this thread, stack overflow included, can then still flush.
-        lifecycle::give_thread_an_alt_stack();
+        altstack::give_thread_an_alt_stack();
     }
     ring
+}
+
+/// Creates the calling thread's ring, hands it to the writer, names the thread in the log as
+/// `name`, and arranges for the ring's release at thread exit. Null if no memory.
+fn new_ring(name: String) -> *const Ring {
+    let tid = process::gettid();
+    let Some(ring) = Ring::new(tid, process::config().buffer_events) else {
+        return std::ptr::null();
+    };
+    let ring = Arc::new(ring);
+    writer::name_thread(tid, name);
+    writer::add_ring(ring.clone());
+    // The thread's own reference, released by the thread-exit key's destructor.
+    let pointer = Arc::into_raw(ring);
+    process::set_thread_exit_hook(pointer.cast());
+    pointer
 }
 
 /// Reads the thread's OS name again and writes a new `thread` record if it changed.
@@ -415,16 +256,6 @@ fn leave(ring: *const Ring) {
     let _ = THREAD.try_with(|thread| thread.depth.set(0));
 }
 
-/// Frees this thread's unwind cache (at thread exit).
-pub fn release_unwind_cache() {
-    let _ = THREAD.try_with(|thread| {
-        let cache = thread.unwind_cache.replace(std::ptr::null_mut());
-        if !cache.is_null() {
-            drop(unsafe { Box::from_raw(cache) });
-        }
-    });
-}
-
 /// Forgets this thread's ring (after fork, in the child, or when the thread exits).
 pub fn forget_thread_ring() -> *const Ring {
     THREAD
@@ -456,7 +287,7 @@ fn record(
         DeviceSource::Host => HOST_DEVICE,
         DeviceSource::Known(device) => device,
     };
-    let config = lifecycle::config();
+    let config = process::config();
     let stack = match config.stack {
         StackMode::None => 0,
         mode => stacks::capture(mode, config.max_frames, now),
@@ -487,7 +318,7 @@ fn record(
     if let Some(device) = current.filter(|&d| d >= 0) {
         sample_mem_info(ring, device, slot.t_ns);
     }
-    if kind == EventKind::AllocFailed || lifecycle::finished() {
+    if kind == EventKind::AllocFailed || process::finished() {
         // Nothing more is pushed in this call, so the watermark may pass this event; then
         // flush: the process may die of this failure and the evidence must be on disk (and
         // after the final flush nobody else will write it).
@@ -538,7 +369,7 @@ fn current_device(layer: Layer) -> i32 {
                 std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
             let mut real = CUDA_GET_DEVICE.load(Ordering::Acquire);
             if real.is_null() {
-                real = interpose::next(c"cudaGetDevice");
+                real = real::next(c"cudaGetDevice");
                 CUDA_GET_DEVICE.store(real, Ordering::Release);
             }
             if real.is_null() {
@@ -563,7 +394,7 @@ fn current_device(layer: Layer) -> i32 {
 
 /// Device (free, total) bytes of the current context, from the driver.
 fn mem_get_info() -> Option<(u64, u64)> {
-    let _ = interpose::libcuda();
+    let _ = real::libcuda();
     let real = DRIVER.mem_get_info.load(Ordering::Acquire);
     if real.is_null() {
         return None;
@@ -607,7 +438,7 @@ fn sample_mem_info(ring: &Ring, device: i32, now: u64) {
         tag: SLOT_MEM_INFO,
         ..Slot::default()
     };
-    match lifecycle::config().on_full {
+    match process::config().on_full {
         OnFull::Wait => push(ring, &slot, OnFull::Wait),
         // A sample is no event: the `dropped` count must not include it. Skip it and let the
         // device's next event try again, so a device's first sample is not lost for a second.
@@ -629,9 +460,4 @@ pub fn reset_samples() {
     for last in &LAST_SAMPLE {
         last.store(0, Ordering::Relaxed);
     }
-}
-
-/// Keeps `Arc<Ring>` alive for the thread that owns it (released when the thread exits).
-pub fn into_thread_pointer(ring: Arc<Ring>) -> *const Ring {
-    Arc::into_raw(ring)
 }

@@ -8,57 +8,43 @@
 //! drains them into the log (`writer`); `lifecycle` keeps the log complete across fork, exec,
 //! exit and crashes.
 //!
+//! Layers (a module imports only modules below it; no circle):
+//!
+//! | layer | modules | |
+//! |---|---|---|
+//! | lifecycle | `lifecycle` | start, fork, signals, `_exit`/exec, thread exit; registers the starter and the libcuda resolver below at load |
+//! | entry points | `interpose` → `resolver` → `table` | exported `dlsym`, the driver's resolver, the hook table |
+//! | capture | `capture` → `stacks` → `python`, `unwind` | the hot path: what a hooked call records, call stacks |
+//! | writer | `writer` → `flight` | drains the rings, owns the log; ring mode's window |
+//! | base | `ring`, `real`, `altstack`, `process`, `config`, `sync` | rings, real functions, alternate stacks, settings and state, fork-safe locks |
+//!
+//! The hot path never calls up into the lifecycle: the first hooked call starts recording
+//! through the function `lifecycle` registered with `process::set_starter`, and adopting a
+//! libcuda handle resolves the hook table through `real::set_on_adopt`. What may run in each
+//! context (hot path, signal handler, fork child, vfork child, exit, exec, thread exit) is in
+//! `docs/shim-contexts.md`.
+//!
 //! The shim never changes what the program sees: return values and out-parameters pass
 //! through untouched, every panic is caught, and any internal failure turns recording off with
 //! one warning line.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
+mod altstack;
 mod capture;
 mod config;
 mod flight;
 mod interpose;
 mod lifecycle;
+mod process;
 mod python;
+mod real;
 mod resolver;
+mod ring;
 mod stacks;
 mod sync;
 mod table;
 mod unwind;
 mod writer;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Runs `f`; if it panics, recording stops for good (one warning) and `fallback` is returned.
-pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(value) => value,
-        Err(_) => {
-            static WARNED: AtomicBool = AtomicBool::new(false);
-            lifecycle::disable();
-            if !WARNED.swap(true, Ordering::AcqRel) {
-                warn("internal error; recording stopped, the program continues unrecorded");
-            }
-            fallback
-        }
-    }
-}
-
-/// One line on stderr, prefixed `vramshim:`.
-pub(crate) fn warn(message: &str) {
-    let line = format!("vramshim: {message}\n");
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
-}
-
-/// A fixed line on stderr, written as it is: no allocation, so fine in a signal handler.
-pub(crate) fn warn_static(line: &'static str) {
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
-}
-
-/// A line on stderr when `VRAMSHIM_DEBUG=1`.
-pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
-    if lifecycle::config().debug {
-        warn(&format!("debug: {args}"));
-    }
-}
+pub(crate) use process::{debug, guard, warn, warn_static};

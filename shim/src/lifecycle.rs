@@ -2,32 +2,22 @@
 //! process's life: fork, exec, exit, `_exit`, fatal signals and thread exit. What may run in
 //! each of these contexts is written down in `docs/shim-contexts.md`.
 
-use std::cell::Cell;
 use std::ffi::{OsString, c_char, c_int, c_void};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 use std::time::Duration;
 
 use vramshim_format::{FORMAT_VERSION, Header, Note, RECORDED_ENV, Record};
 
-use crate::capture::{self, Ring};
+use crate::capture;
 use crate::config::{Config, Mode};
+use crate::process::{self, CONFIG, FINISHED, OFF, STATE, THREAD_KEY, UNINIT, config};
 use crate::sync::Lock;
-use crate::{flight, interpose, stacks, table, writer};
+use crate::{altstack, flight, real, ring, stacks, table, writer};
 
-const UNINIT: u8 = 0;
-const STARTING: u8 = 1;
-const ON: u8 = 2;
-const OFF: u8 = 3;
-
-static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-static CONFIG: OnceLock<Config> = OnceLock::new();
-/// Set by the final flush: later events (other libraries' destructors) are written at once.
-static FINISHED: AtomicBool = AtomicBool::new(false);
 /// Process-wide set-up done once (fork handlers, signal handlers, thread-exit key).
 static PROCESS_SETUP: std::sync::Once = std::sync::Once::new();
-static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// Pid of the parent when this process is a fork child that has not started its log yet.
 static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
 /// Pid of the process that opened the log (0 = none). A different pid with the state still
@@ -36,56 +26,13 @@ static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static WRITER: Lock<Option<std::thread::JoinHandle<()>>> = Lock::new(None);
 
-/// The settings (read once).
-pub fn config() -> &'static Config {
-    CONFIG.get_or_init(|| {
-        let (config, warnings) = Config::from_env();
-        for warning in warnings {
-            crate::warn(&warning);
-        }
-        config
-    })
-}
-
-/// Whether recording is on; starts it on the first call.
-#[inline]
-pub fn ensure_started() -> bool {
-    match STATE.load(Ordering::Acquire) {
-        ON => true,
-        OFF => false,
-        _ => start_slow(),
-    }
-}
-
-/// Stops recording for good (after an internal error).
-pub fn disable() {
-    STATE.store(OFF, Ordering::Release);
-}
-
-#[cold]
-fn start_slow() -> bool {
-    loop {
-        match STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                let started = crate::guard(false, start);
-                STATE.store(if started { ON } else { OFF }, Ordering::Release);
-                return started;
-            }
-            Err(ON) => return true,
-            Err(OFF) => return false,
-            // Another thread is opening the log.
-            Err(_) => std::thread::sleep(Duration::from_micros(50)),
-        }
-    }
-}
-
-fn start() -> bool {
+pub fn start() -> bool {
     let config = config();
     PROCESS_SETUP.call_once(process_setup);
     let pid = std::process::id();
     OWNER_PID.store(pid, Ordering::Release);
     let (wanted, named_by_pid) = log_path(config, pid);
-    let start_mono_ns = capture::now_ns();
+    let start_mono_ns = process::now_ns();
     let header = Header {
         version: FORMAT_VERSION,
         pid,
@@ -154,7 +101,7 @@ fn start() -> bool {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
     match spawned {
         Ok(handle) => {
-            writer::set_writer_thread(handle.thread().clone());
+            ring::set_writer_thread(handle.thread().clone());
             *WRITER.lock() = Some(handle);
         }
         Err(err) => crate::warn(&format!(
@@ -357,17 +304,14 @@ fn absolute(path: &OsString) -> OsString {
     std::path::absolute(path).map_or_else(|_| path.clone(), |p| p.into_os_string())
 }
 
-/// Kernel thread id of the caller.
-pub fn gettid() -> u32 {
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
-}
-
 // ---------------------------------------------------------------------------------------
 // Process-wide set-up: fork handlers, fatal-signal handlers, thread exit.
 
 /// At load: the fork handlers, so that a fork while another thread is still starting the
 /// recorder (state `STARTING`) leaves a child that starts afresh, not one that waits forever.
 extern "C" fn at_load() {
+    process::set_starter(start);
+    real::set_on_adopt(table::resolve_driver);
     unsafe {
         libc::pthread_atfork(
             Some(before_fork),
@@ -396,19 +340,11 @@ fn process_setup() {
     install_signal_handlers();
 }
 
-/// Arranges for the ring to be released when the calling thread exits.
-pub fn set_thread_exit_hook(ring: *const Ring) {
-    let key = THREAD_KEY.load(Ordering::Acquire);
-    if key != u32::MAX {
-        unsafe { libc::pthread_setspecific(key, ring.cast::<c_void>()) };
-    }
-}
-
 unsafe extern "C" fn thread_exit(ring: *mut c_void) {
     // Later hooks on this thread (TLS destructors) get a fresh ring.
     crate::guard((), || {
-        capture::release_unwind_cache();
-        release_alt_stack();
+        stacks::release_thread_caches();
+        altstack::release_alt_stack();
         let current = capture::forget_thread_ring();
         if !current.is_null() && current != ring.cast_const().cast() {
             // A newer ring replaced this one; it is released by its own key value.
@@ -441,7 +377,7 @@ extern "C" fn after_fork_child() {
     unsafe {
         writer::reset_in_fork_child();
         stacks::reset_in_fork_child();
-        interpose::reset_in_fork_child();
+        real::reset_in_fork_child();
         WRITER.reset_in_fork_child(None);
         // A thread of the parent may have been setting these up: start them over.
         if CONFIG.get().is_none() {
@@ -478,7 +414,7 @@ fn in_vfork_child() -> bool {
 
 /// Writes everything out before the process image goes away (exit, `_exit`, exec).
 pub fn final_flush() {
-    if STATE.load(Ordering::Acquire) == ON && !in_vfork_child() && !writer::busy_on_this_thread() {
+    if process::is_on() && !in_vfork_child() && !writer::busy_on_this_thread() {
         crate::guard((), || {
             capture::reread_own_name();
             writer::flush(writer::FlushKind::Final)
@@ -498,11 +434,6 @@ extern "C" fn at_fini() {
 #[used]
 #[unsafe(link_section = ".fini_array")]
 static FINI: extern "C" fn() = at_fini;
-
-/// Whether the final flush already ran (then each later event is flushed at once).
-pub fn finished() -> bool {
-    FINISHED.load(Ordering::Acquire)
-}
 
 const FATAL_SIGNALS: [c_int; 5] = [
     libc::SIGSEGV,
@@ -637,7 +568,7 @@ unsafe fn die_by_default(signal: c_int, info: *mut libc::siginfo_t) {
                 && libc::syscall(
                     libc::SYS_rt_tgsigqueueinfo,
                     libc::getpid(),
-                    gettid(),
+                    process::gettid(),
                     signal,
                     info,
                 ) == 0;
@@ -665,7 +596,7 @@ extern "C" fn on_fatal_signal(signal: c_int, info: *mut libc::siginfo_t, context
         unsafe { *libc::__errno_location() = errno };
         return;
     }
-    if STATE.load(Ordering::Acquire) == ON && !in_vfork_child() {
+    if process::is_on() && !in_vfork_child() {
         crate::guard((), || writer::flush(writer::FlushKind::Crash));
     }
     unsafe {
@@ -684,7 +615,7 @@ extern "C" fn on_dump_signal(signal: c_int, info: *mut libc::siginfo_t, context:
     if signal == DUMP_SIGNAL.load(Ordering::Acquire) {
         flight::request(flight::REQUEST_SIGNAL);
         // An atomic swap and a futex wake: no lock, no allocation.
-        writer::wake();
+        ring::wake();
         let previous = unsafe { DUMP_PREVIOUS };
         let reset = DUMP_PREVIOUS_RESET.load(Ordering::Acquire);
         // The program's own handler runs too; its default action (often: terminate) does
@@ -700,85 +631,6 @@ extern "C" fn on_dump_signal(signal: c_int, info: *mut libc::siginfo_t, context:
 }
 
 // ---------------------------------------------------------------------------------------
-// Alternate signal stacks: a stack overflow's SIGSEGV can only be handled on one.
-
-/// Bytes of each alternate stack the shim gives a thread (plus a guard page below it). Only
-/// the pages a crash flush touches are ever backed by memory.
-const ALT_STACK_BYTES: usize = 256 << 10;
-const PAGE: usize = 4096;
-
-thread_local! {
-    /// The mapping of the alternate stack the shim gave this thread (0 = none).
-    static ALT_STACK: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Gives the calling thread an alternate signal stack if it has none (never replacing the
-/// program's own), so that the crash flush runs even when the thread's stack overflowed.
-pub fn give_thread_an_alt_stack() {
-    unsafe {
-        let mut current: libc::stack_t = std::mem::zeroed();
-        if libc::sigaltstack(std::ptr::null(), &mut current) != 0
-            || current.ss_flags & libc::SS_DISABLE == 0
-        {
-            return;
-        }
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            ALT_STACK_BYTES + PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        );
-        if base == libc::MAP_FAILED {
-            return;
-        }
-        // The guard page turns an overflow of the alternate stack into a clean fault.
-        libc::mprotect(base, PAGE, libc::PROT_NONE);
-        let stack = libc::stack_t {
-            ss_sp: base.cast::<u8>().add(PAGE).cast(),
-            ss_flags: 0,
-            ss_size: ALT_STACK_BYTES,
-        };
-        if libc::sigaltstack(&stack, std::ptr::null_mut()) != 0 {
-            libc::munmap(base, ALT_STACK_BYTES + PAGE);
-            return;
-        }
-        let _ = ALT_STACK.try_with(|alt| alt.set(base as usize));
-    }
-}
-
-/// At thread exit: switches off the alternate stack the shim gave the thread (if it is still
-/// the thread's) and unmaps it; not while running on it.
-fn release_alt_stack() {
-    let base = ALT_STACK.try_with(|alt| alt.get()).unwrap_or(0);
-    if base == 0 {
-        return;
-    }
-    unsafe {
-        let mut current: libc::stack_t = std::mem::zeroed();
-        if libc::sigaltstack(std::ptr::null(), &mut current) != 0 {
-            return;
-        }
-        if current.ss_sp as usize == base + PAGE && current.ss_flags & libc::SS_DISABLE == 0 {
-            if current.ss_flags & libc::SS_ONSTACK != 0 {
-                return;
-            }
-            let off = libc::stack_t {
-                ss_sp: std::ptr::null_mut(),
-                ss_flags: libc::SS_DISABLE,
-                ss_size: 0,
-            };
-            if libc::sigaltstack(&off, std::ptr::null_mut()) != 0 {
-                return;
-            }
-        }
-        let _ = ALT_STACK.try_with(|alt| alt.set(0));
-        libc::munmap(base as *mut c_void, ALT_STACK_BYTES + PAGE);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Exported process-ending calls: flush first, then the real function.
 
 /// The real `_exit` and exec functions, found at set-up (index order of [`REAL_EXIT_NAMES`]).
@@ -791,7 +643,7 @@ const REAL_EXIT_NAMES: [&std::ffi::CStr; 6] = [
 fn real_fn(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
     let mut real = slot.load(Ordering::Acquire);
     if real.is_null() {
-        real = interpose::next(name);
+        real = real::next(name);
         slot.store(real, Ordering::Release);
     }
     real
@@ -882,7 +734,7 @@ macro_rules! exec_hook {
 }
 
 fn before_exec() {
-    if STATE.load(Ordering::Acquire) == ON {
+    if process::is_on() {
         crate::guard((), || writer::final_note("exec"));
     }
 }

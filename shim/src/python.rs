@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use vramshim_format::{CodeDef, Note, Record};
 
-use crate::{interpose, writer};
+use crate::{real, writer};
 
 /// Most Python frames kept per stack.
 pub const MAX_PY_FRAMES: usize = 256;
@@ -392,7 +392,7 @@ fn give_up(why: &str) {
 }
 
 fn symbol(name: &CStr) -> *mut c_void {
-    interpose::real_dlsym(libc::RTLD_DEFAULT, name)
+    real::real_dlsym(libc::RTLD_DEFAULT, name)
 }
 
 /// `(major, minor)` from a version string such as `3.10.13 (main, ...)`.

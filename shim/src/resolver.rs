@@ -7,8 +7,8 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::interpose;
-use crate::table::{self, DRIVER};
+use crate::real::{self, DRIVER};
+use crate::table;
 
 type GetProcV1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int;
 type GetProcV2 =
@@ -71,7 +71,7 @@ fn real_of(slot: &AtomicPtr<c_void>) -> *mut c_void {
         return real;
     }
     // Reached through an export (program linked with -lcuda): find the loaded driver.
-    if interpose::libcuda().is_none() {
+    if real::libcuda().is_none() {
         return std::ptr::null_mut();
     }
     slot.load(Ordering::Acquire)
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn cudaGetDriverEntryPoint(
         // The runtime may have looked the symbol up without our resolver (static cudart
         // built before the shim saw libcuda): make sure the driver functions are known.
         crate::guard((), || {
-            let _ = interpose::libcuda();
+            let _ = real::libcuda();
             substitute(symbol, func, 0, flags, "cudaGetDriverEntryPoint")
         });
     }
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
     let rc = unsafe { real(symbol, func, version, flags, status) };
     if rc == 0 {
         crate::guard((), || {
-            let _ = interpose::libcuda();
+            let _ = real::libcuda();
             substitute(
                 symbol,
                 func,
@@ -202,7 +202,7 @@ fn runtime_real(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     if !real.is_null() {
         return real;
     }
-    let found = interpose::next(name);
+    let found = real::next(name);
     slot.store(found, Ordering::Release);
     found
 }

@@ -2,13 +2,13 @@
 //! `StackDef`, and events carry its id. A per-thread cache answers repeated stacks without
 //! taking any lock; the shared table is sharded.
 
+use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use vramshim_format::{Frame, ModuleDef, Record, StackDef};
 
-use crate::capture::THREAD;
 use crate::config::StackMode;
 use crate::sync::Lock;
 use crate::{python, writer};
@@ -197,6 +197,37 @@ fn hash_frames(frames: &[u64]) -> u64 {
         hash = (hash.rotate_left(5) ^ ip).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
     hash | 1
+}
+
+/// What a thread keeps for stack capture. `const`-initialised and free of `Drop`, so it stays
+/// usable while the thread runs its TLS destructors (frameworks free CUDA memory there).
+struct ThreadStacks {
+    /// Recently interned stacks of this thread.
+    stack_cache: UnsafeCell<ThreadCache>,
+    /// This thread's cache of unwind rules (allocated on first use, freed at thread exit).
+    unwind_cache: Cell<*mut crate::unwind::ThreadCache>,
+    /// This thread's stack range (0, 0 = not known yet).
+    stack_bounds: Cell<(u64, u64)>,
+}
+
+thread_local! {
+    static THREAD: ThreadStacks = const {
+        ThreadStacks {
+            stack_cache: UnsafeCell::new(ThreadCache::new()),
+            unwind_cache: Cell::new(std::ptr::null_mut()),
+            stack_bounds: Cell::new((0, 0)),
+        }
+    };
+}
+
+/// Frees this thread's unwind cache (at thread exit).
+pub fn release_thread_caches() {
+    let _ = THREAD.try_with(|thread| {
+        let cache = thread.unwind_cache.replace(std::ptr::null_mut());
+        if !cache.is_null() {
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    });
 }
 
 /// The id of `frames`, defining it in the log the first time it is seen.

@@ -11,16 +11,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use vramshim_format::EventKind;
 
 use crate::capture::{self, Spec};
-use crate::interpose;
-
-/// Which library an entry point belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layer {
-    /// libcuda: found through `dlsym` on the libcuda handle and the resolver.
-    Driver,
-    /// libcudart: found with `RTLD_NEXT`.
-    Runtime,
-}
+use crate::real::{self, Layer};
 
 /// One row of the table.
 pub struct HookDef {
@@ -187,36 +178,13 @@ hooks! {
 static REAL: [AtomicPtr<c_void>; HOOK_COUNT] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
 
-/// Driver functions the shim itself calls (never hooked, resolved from the same handle).
-pub struct DriverHelpers {
-    pub ctx_get_device: AtomicPtr<c_void>,
-    pub mem_get_info: AtomicPtr<c_void>,
-    pub get_proc_address: AtomicPtr<c_void>,
-    pub get_proc_address_v2: AtomicPtr<c_void>,
-}
-
-pub static DRIVER: DriverHelpers = DriverHelpers {
-    ctx_get_device: AtomicPtr::new(std::ptr::null_mut()),
-    mem_get_info: AtomicPtr::new(std::ptr::null_mut()),
-    get_proc_address: AtomicPtr::new(std::ptr::null_mut()),
-    get_proc_address_v2: AtomicPtr::new(std::ptr::null_mut()),
-};
-
-/// Resolves every driver entry point from the application's libcuda handle.
+/// Resolves every hooked driver entry point from the application's libcuda handle (run by
+/// `real::adopt_libcuda`, which registers it at load).
 pub fn resolve_driver(handle: *mut c_void) {
     for (def, real) in HOOKS.iter().zip(REAL.iter()) {
         if def.layer == Layer::Driver {
-            real.store(interpose::real_dlsym(handle, def.cname), Ordering::Release);
+            real.store(real::real_dlsym(handle, def.cname), Ordering::Release);
         }
-    }
-    let helpers = [
-        (&DRIVER.ctx_get_device, c"cuCtxGetDevice"),
-        (&DRIVER.mem_get_info, c"cuMemGetInfo_v2"),
-        (&DRIVER.get_proc_address, c"cuGetProcAddress"),
-        (&DRIVER.get_proc_address_v2, c"cuGetProcAddress_v2"),
-    ];
-    for (slot, name) in helpers {
-        slot.store(interpose::real_dlsym(handle, name), Ordering::Release);
     }
 }
 
@@ -231,13 +199,13 @@ fn real_function(hook: Hook) -> *mut c_void {
     match def.layer {
         Layer::Driver => {
             // A program linked with -lcuda calls our export before any dlsym: find its libcuda.
-            if interpose::libcuda().is_none() {
+            if real::libcuda().is_none() {
                 return std::ptr::null_mut();
             }
             slot.load(Ordering::Acquire)
         }
         Layer::Runtime => {
-            let found = interpose::next(def.cname);
+            let found = real::next(def.cname);
             slot.store(found, Ordering::Release);
             found
         }
@@ -255,11 +223,6 @@ fn missing_real(layer: Layer) -> c_int {
 
 /// The wrapper for a driver function asked for by its exported name.
 pub fn driver_wrapper_by_name(name: &[u8]) -> Option<*mut c_void> {
-    match name {
-        b"cuGetProcAddress" => return Some(crate::resolver::cuGetProcAddress as *mut c_void),
-        b"cuGetProcAddress_v2" => return Some(crate::resolver::cuGetProcAddress_v2 as *mut c_void),
-        _ => {}
-    }
     HOOKS
         .iter()
         .find(|def| def.layer == Layer::Driver && def.name.as_bytes() == name)

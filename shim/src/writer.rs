@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, MemInfo, Record, ThreadName};
 
-use crate::capture::{self, ENTERING, IDLE, Ring, SLOT_MEM_INFO, Slot};
 use crate::flight::Window;
-use crate::lifecycle;
+use crate::process;
+use crate::ring::{ENTERING, IDLE, Ring, SLOT_MEM_INFO, Slot};
 use crate::sync::Lock;
 
 /// Why a flush runs; decides the watermark and whether to wait for the lock.
@@ -63,27 +63,6 @@ const RECORD_HEADROOM: usize = 64 << 10;
 /// Drained slots a crash flush can hold (beyond them it gives up: the rest stays unwritten).
 const BATCH_SLOTS: usize = 16 << 10;
 
-/// The writer thread, for early wake-ups (leaked: replaced only when a fork child starts one).
-static WRITER_THREAD: std::sync::atomic::AtomicPtr<std::thread::Thread> =
-    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-
-/// Registers the thread that drains periodically.
-pub fn set_writer_thread(thread: std::thread::Thread) {
-    WRITER_THREAD.store(Box::into_raw(Box::new(thread)), Ordering::Release);
-}
-
-/// Forgets the writer thread (in a fork child, where it does not exist).
-pub fn clear_writer_thread() {
-    WRITER_THREAD.store(std::ptr::null_mut(), Ordering::Release);
-}
-
-/// Asks the writer thread to drain now.
-pub fn wake() {
-    if let Some(thread) = unsafe { WRITER_THREAD.load(Ordering::Acquire).as_ref() } {
-        thread.unpark();
-    }
-}
-
 /// Queues a definition (stack, module, thread name, note): written before the next events.
 pub fn define(record: Record) {
     DEFS.lock().push(record);
@@ -93,18 +72,9 @@ pub fn count_dropped() {
     DROPPED.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Creates the calling thread's ring and names the thread in the log as `name`.
-pub fn register_thread(name: String) -> *const Ring {
-    let tid = lifecycle::gettid();
-    let Some(ring) = Ring::new(tid, lifecycle::config().buffer_events) else {
-        return std::ptr::null();
-    };
-    let ring = Arc::new(ring);
-    name_thread(tid, name);
-    RINGS.lock().push(ring.clone());
-    let pointer = capture::into_thread_pointer(ring);
-    lifecycle::set_thread_exit_hook(pointer);
-    pointer
+/// Adds a thread's new ring to those the writer drains.
+pub fn add_ring(ring: Arc<Ring>) {
+    RINGS.lock().push(ring);
 }
 
 /// Names thread `tid` in the log (again, when it renamed itself: the report keeps the last).
@@ -272,7 +242,7 @@ fn write_all(fd: c_int, mut bytes: &[u8]) -> std::io::Result<()> {
 /// The time below which no thread can still produce an event, or `None` if a thread is
 /// between announcing its entry and reading the clock for too long (try again later).
 fn watermark(rings: &[Arc<Ring>]) -> Option<u64> {
-    let mut watermark = capture::now_ns();
+    let mut watermark = process::now_ns();
     for ring in rings {
         let mut spins = 0u32;
         loop {
@@ -378,7 +348,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         drop(defs);
     }
     if dropped > 0 {
-        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         push_record(
             output,
             &Record::Dropped(Dropped {
@@ -391,7 +361,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
     if crash && let Some(mut window) = output.window.take() {
         // The flight recorder's dump without allocating: the window as it is, then the
         // events drained now.
-        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         let start = output.start_mono_ns;
         window.crash_dump(t_ns, batch.len(), |record| push_record(output, record));
         for (_, tid, slot) in &batch {
@@ -414,12 +384,12 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
     // A dump asked for (dump signal, failed allocation) is written even when the process
     // ends before the writer thread's next turn, and before the dump at exit.
     let requested = crate::flight::take_request().map(|request| match request {
-        crate::flight::Request::Signal => lifecycle::config().dump_signal_name(),
+        crate::flight::Request::Signal => process::config().dump_signal_name(),
         crate::flight::Request::AllocFailed => "alloc_failed",
     });
     let at_end = (kind == FlushKind::Final).then_some("exit");
     for reason in [requested, at_end].into_iter().flatten() {
-        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         // Encoded record by record: a copy of the whole window would double its memory.
         if let Some(window) = output.window.take() {
             window.dump(reason, t_ns, |record| push_record(output, record));
@@ -499,7 +469,7 @@ pub fn final_note(text: &str) {
     flush(FlushKind::Final);
     let mut guard = OUTPUT.lock();
     if let Some(output) = guard.as_mut() {
-        let t_ns = capture::now_ns().saturating_sub(output.start_mono_ns);
+        let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         push_record(
             output,
             &Record::Note(vramshim_format::Note {
@@ -528,7 +498,7 @@ pub unsafe fn reset_in_fork_child() {
         DEFS.reset_in_fork_child(Vec::new());
     }
     DROPPED.store(0, Ordering::Relaxed);
-    clear_writer_thread();
+    crate::ring::clear_writer_thread();
 }
 
 /// Appends the log's path to `vramshim run`'s manifest; one warning line when it cannot.
