@@ -177,7 +177,7 @@ impl State {
     fn account(&mut self, live: &Live, add: bool) {
         fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
             if add {
-                entry.live_bytes += size;
+                entry.live_bytes = entry.live_bytes.saturating_add(size);
                 entry.live_count += 1;
             } else {
                 entry.live_bytes = entry.live_bytes.saturating_sub(size);
