@@ -48,7 +48,14 @@ impl Bytes<'_> {
 
 const TIMES: [u64; 6] = [0, 1, 1_000, 1_000_000_000, u64::MAX / 2, u64::MAX];
 const DEVICES: [i32; 7] = [0, 1, -1, -2, 3, i32::MIN, i32::MAX];
-const ADDRESSES: [u64; 6] = [0, 0x1000, 0x2000, 0x7f00_0000_0000, u64::MAX - 0xfff, u64::MAX];
+const ADDRESSES: [u64; 6] = [
+    0,
+    0x1000,
+    0x2000,
+    0x7f00_0000_0000,
+    u64::MAX - 0xfff,
+    u64::MAX,
+];
 const SIZES: [u64; 6] = [0, 1, 512, 2 << 20, u64::MAX / 2, u64::MAX];
 const STACK_IDS: [u32; 6] = [0, 1, 2, 3, 999, u32::MAX];
 const CODE_IDS: [u32; 4] = [1, 2, 77, u32::MAX];
@@ -120,7 +127,9 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
         }),
         3 => Record::ThreadName(ThreadName {
             thread: u32::from(bytes.u8() % 4),
-            name: bytes.pick(&["", "python3", "pt_autograd_0", "\u{1F525}\n\"<&>"]).to_owned(),
+            name: bytes
+                .pick(&["", "python3", "pt_autograd_0", "\u{1F525}\n\"<&>"])
+                .to_owned(),
         }),
         4 => Record::MemInfo(MemInfo {
             t_ns,
@@ -130,7 +139,9 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
         }),
         5 => Record::Note(Note {
             t_ns,
-            text: bytes.pick(&["fork", "exec", "python stacks unavailable: x"]).to_owned(),
+            text: bytes
+                .pick(&["fork", "exec", "python stacks unavailable: x"])
+                .to_owned(),
         }),
         6 => Record::Dropped(Dropped {
             t_ns,
@@ -160,7 +171,11 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
                     bytes.pick(&SIZES)
                 },
                 handle: bytes.pick(&ADDRESSES),
-                result: if failed { 2 } else { bytes.pick(&[0, 0, 0, 2, 700]) },
+                result: if failed {
+                    2
+                } else {
+                    bytes.pick(&[0, 0, 0, 2, 700])
+                },
                 stack: bytes.pick(&STACK_IDS),
                 mem_info: failed.then(|| (bytes.pick(&SIZES), bytes.pick(&SIZES))),
             })

@@ -386,7 +386,9 @@ pub fn run(
         let mut best: Option<(usize, u64)> = None;
         for (index, input) in inputs.iter().enumerate() {
             if let Some(record) = &input.pending {
-                let t = processes[index].start_offset_ns + record_time(record);
+                let t = processes[index]
+                    .start_offset_ns
+                    .saturating_add(record_time(record));
                 if best.is_none_or(|(_, best_t)| t < best_t) {
                     best = Some((index, t));
                 }
@@ -420,7 +422,7 @@ pub fn run(
             end_ns = end_ns.max(t_ns);
             processes[index].end_ns = processes[index]
                 .end_ns
-                .max(t_ns - processes[index].start_offset_ns);
+                .max(t_ns.saturating_sub(processes[index].start_offset_ns));
             if stop == Stop::AfterSeq(seq) {
                 break;
             }
@@ -449,7 +451,10 @@ pub fn run(
                     }
                 }
                 Record::Note(note) => processes[index].notes.push(note.clone()),
-                Record::Dropped(dropped) => processes[index].dropped += dropped.count,
+                Record::Dropped(dropped) => {
+                    processes[index].dropped =
+                        processes[index].dropped.saturating_add(dropped.count);
+                }
                 _ => {}
             }
             end_ns = end_ns.max(t_ns);
@@ -538,7 +543,9 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                 Record::ThreadName(thread) => {
                     process.thread_names.insert(thread.thread, thread.name);
                 }
-                Record::Dropped(dropped) => process.dropped += dropped.count,
+                Record::Dropped(dropped) => {
+                    process.dropped = process.dropped.saturating_add(dropped.count);
+                }
                 other => return Some(other),
             },
         }

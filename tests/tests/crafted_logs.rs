@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{scratch, vramshim_tool};
 use vramshim_format::{
-    ChunkBuilder, CodeDef, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header, MemInfo,
-    ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    ChunkBuilder, CodeDef, Dropped, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header,
+    MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 
 /// Generous for a loaded 2-core machine and a debug build.
@@ -42,14 +42,15 @@ const CUDA_MALLOC_HOST: u16 = 6;
 /// `cudaErrorMemoryAllocation`.
 const OUT_OF_MEMORY: u32 = 2;
 
-fn header(pid: u32) -> Header {
+/// A header; `start_mono_ns` decides how far apart merged logs start.
+fn header(pid: u32, start_mono_ns: u64) -> Header {
     Header {
         version: FORMAT_VERSION,
         pid,
         ppid: 1,
         argv: vec!["crafted".into()],
         start_unix_ns: 1_700_000_000_000_000_000,
-        start_mono_ns: 1_000_000_000,
+        start_mono_ns,
         hostname: "crafted-host".into(),
         env: Vec::new(),
         apis: APIS.iter().map(|s| s.to_string()).collect(),
@@ -170,6 +171,15 @@ fn extreme_records(devices: &[i32]) -> Vec<Record> {
         Record::ThreadName(ThreadName {
             thread: u32::MAX,
             name: String::new(),
+        }),
+        // Dropped-event counts that overflow when summed.
+        Record::Dropped(Dropped {
+            t_ns: u64::MAX,
+            count: u64::MAX,
+        }),
+        Record::Dropped(Dropped {
+            t_ns: 0,
+            count: u64::MAX,
         }),
     ];
     let times = [0, u64::MAX, 5, u64::MAX / 2, 3, 0, u64::MAX - 1];
@@ -448,6 +458,9 @@ fn commands(log: &Path, other: &Path, out_dir: &Path) -> Vec<Vec<OsString>> {
             &s("--folded"),
         ]));
     }
+    // Two logs merged in time order (start offsets added to extreme times).
+    all.push(cmd(&[&s("report"), &log, &other, &s("--json")]));
+    all.push(cmd(&[&s("timeline"), &other, &log]));
     all.push(cmd(&[&s("diff"), &log, &log]));
     all.push(cmd(&[&s("diff"), &other, &log, &s("--json")]));
     all.push(cmd(&[
@@ -513,9 +526,10 @@ fn check_all(test: &str, log: &Path, other: &Path) -> Vec<(Vec<OsString>, Outcom
 fn crafted(test: &str, records: &[Record]) -> (PathBuf, PathBuf) {
     let dir = scratch(test);
     let log = dir.join("crafted.vlog");
-    write_log(&log, &header(4242), records);
+    // Starts long after `other`: merged, its extreme times are pushed further out.
+    write_log(&log, &header(4242, u64::MAX / 2), records);
     let other = dir.join("other.vlog");
-    write_log(&other, &header(4243), &huge_device_records());
+    write_log(&other, &header(4243, 0), &huge_device_records());
     (log, other)
 }
 
@@ -620,7 +634,11 @@ fn module_paths_naming_special_files_neither_block_nor_are_read() {
     let subdir = dir.join("a-directory.so");
     std::fs::create_dir_all(&subdir).expect("directory");
     let log = dir.join("special.vlog");
-    write_log(&log, &header(4244), &special_files_records(&fifo, &subdir));
+    write_log(
+        &log,
+        &header(4244, 1_000_000_000),
+        &special_files_records(&fifo, &subdir),
+    );
     let started = Instant::now();
     let report = run_bounded(&["peak".into(), log.clone().into()], &dir);
     assert_eq!(report.code, Some(0), "peak: {}", report.stderr);
