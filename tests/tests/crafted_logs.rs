@@ -194,7 +194,7 @@ fn extreme_records(devices: &[i32]) -> Vec<Record> {
             t_ns,
             device,
             free: u64::MAX,
-            total: if i % 2 == 0 { u64::MAX } else { 0 },
+            total: if i.is_multiple_of(2) { u64::MAX } else { 0 },
         }));
         // Two allocations of u64::MAX bytes at the top of the address space: sums overflow.
         let mut big = event(
@@ -242,7 +242,7 @@ fn extreme_records(devices: &[i32]) -> Vec<Record> {
         // A failed allocation with impossible free/total figures.
         let mut failed = event(EventKind::AllocFailed, alloc_api, t_ns, device, 0, u64::MAX);
         failed.result = OUT_OF_MEMORY;
-        failed.mem_info = Some((u64::MAX, if i % 2 == 0 { 0 } else { u64::MAX }));
+        failed.mem_info = Some((u64::MAX, if i.is_multiple_of(2) { 0 } else { u64::MAX }));
         records.push(Record::Event(failed));
         // VMM handles at the limits.
         let mut create = event(EventKind::Create, CU_MEM_CREATE, t_ns, device, 0, u64::MAX);
