@@ -3,6 +3,11 @@
 #
 #   scripts/bench-report.sh            10M-event log: events/s on one core (budget 5,000,000/s)
 #   scripts/bench-report.sh --large    also a 100M-event log: peak RSS (budget 1 GiB)
+#   scripts/bench-report.sh --stacks   logs with 200k and 2M distinct stacks of 32 frames: peak
+#                                      RSS (budget 1 GiB) and events/s of report, peak, leaks,
+#                                      flamegraph, export --pytorch-snapshot and diff (the log
+#                                      against itself); figures only, no rate budget; each
+#                                      command is capped at 6 GiB of address space
 #
 # Builds release (`vramshim` and the format crate's examples), writes the logs with
 # `format/examples/synth.rs` (cached: VRAMSHIM_BENCH_DIR, default $TMPDIR/vramshim-bench; a log
@@ -31,9 +36,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root="$PWD"
 
 large="${VRAMSHIM_BENCH_LARGE:-0}"
+stacks_mode=0
 for arg in "$@"; do
     case "$arg" in
         --large) large=1 ;;
+        --stacks) stacks_mode=1 ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -52,6 +59,7 @@ seed="${VRAMSHIM_BENCH_SEED:-1}"
 cache="${VRAMSHIM_BENCH_DIR:-${TMPDIR:-/tmp}/vramshim-bench}"
 budget_rate=5000000
 budget_rss_kib=$((1 << 20))
+address_space_kib=""
 cpu=0
 
 for tool in /usr/bin/time taskset; do
@@ -75,9 +83,12 @@ mkdir -p "$cache"
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/vramshim-bench-run.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 
-# log_for N: prints the path of the cached N-event log, writing it first if needed.
+# log_for N [K]: prints the path of the cached N-event log (with K distinct stacks of 32
+# frames when K is given), writing it first if needed.
 log_for() {
-    local n="$1" log="$cache/synth-seed$seed-$1.vlog" input stale=0
+    local n="$1" k="${2:-}" log="$cache/synth-seed$seed-$1${2:+-stacks$2}.vlog" input stale=0
+    local stack_args=()
+    [ -n "$k" ] && stack_args=(--stacks "$k" --frames 32)
     if [ -s "$log" ]; then
         for input in format/examples/synth.rs format/src/*.rs; do
             [ "$input" -nt "$log" ] && stale=1
@@ -87,7 +98,7 @@ log_for() {
     fi
     if [ "$stale" = 1 ]; then
         echo "== writing $log ($n events)" >&2
-        "$synth" --events "$n" --seed "$seed" -o "$log.tmp" >&2
+        "$synth" --events "$n" --seed "$seed" "${stack_args[@]}" -o "$log.tmp" >&2
         mv "$log.tmp" "$log"
     fi
     echo "$log"
@@ -99,7 +110,12 @@ measure() {
     local name="$1" n="$2" stats="$scratch/time.txt"
     shift 2
     rc=0
-    /usr/bin/time -v -o "$stats" taskset -c "$cpu" "$@" >/dev/null 2>"$scratch/stderr" || rc=$?
+    (
+        # --stacks: an address-space cap, so that a command far over budget fails instead of
+        # taking the machine's memory.
+        [ -n "$address_space_kib" ] && ulimit -v "$address_space_kib"
+        exec /usr/bin/time -v -o "$stats" taskset -c "$cpu" "$@"
+    ) >/dev/null 2>"$scratch/stderr" || rc=$?
     wall="$(awk -F': ' '/Elapsed \(wall clock\)/ {
         n = split($2, part, ":"); s = 0
         for (i = 1; i <= n; i++) s = s * 60 + part[i]
@@ -163,9 +179,53 @@ run_size() { # N budget-kind(rate|rss)
     done
 }
 
-run_size "$events" rate
-if [ "$large" = 1 ]; then
-    run_size "$large_events" rss
+# run_stacks K N: the commands above on an N-event log with K distinct 32-frame stacks.
+run_stacks() {
+    local k="$1" n="$2" log name
+    log="$(log_for "$n" "$k")"
+    echo
+    echo "== $k distinct stacks of 32 frames, $n events: $log ($(du -h "$log" | cut -f1)), CPU $cpu"
+    local -a runs=(
+        "report --json"
+        "peak --json"
+        "leaks --json"
+        "flamegraph -o $scratch/flame.svg"
+        "export --pytorch-snapshot -o $scratch/snapshot.json"
+    )
+    for run in "${runs[@]}"; do
+        read -r -a words <<<"$run"
+        measure "vramshim ${words[0]}" "$n" "$vramshim" "${words[0]}" "$log" "${words[@]:1}"
+        stacks_line "vramshim $run" "$n"
+    done
+    # diff reads the log twice.
+    measure "vramshim diff" "$((2 * n))" "$vramshim" diff "$log" "$log" --json
+    stacks_line "vramshim diff (log vs itself)" "$((2 * n))"
+}
+
+stacks_line() { # label n
+    if [ "$rc" != 0 ]; then
+        failures=$((failures + 1))
+        return
+    fi
+    measured=$((measured + 1))
+    printf '  %-44s %7.2f s CPU %10s events/s  peak RSS %7.1f MiB (%3.0f%% of 1 GiB)%s\n' \
+        "$1" "$cpu_s" "$rate" "$(awk -v k="$rss" 'BEGIN { print k / 1024 }')" \
+        "$(awk -v k="$rss" -v b="$budget_rss_kib" 'BEGIN { print 100 * k / b }')" \
+        "$([ "$rss" -gt "$budget_rss_kib" ] && echo '  OVER BUDGET')"
+    [ "$rss" -gt "$budget_rss_kib" ] && failures=$((failures + 1))
+    return 0
+}
+
+if [ "$stacks_mode" = 1 ]; then
+    address_space_kib=$((6 << 20))
+    # Every stack is used by at least one allocation: 2.5 events per stack.
+    run_stacks 200000 500000
+    run_stacks 2000000 5000000
+else
+    run_size "$events" rate
+    if [ "$large" = 1 ]; then
+        run_size "$large_events" rss
+    fi
 fi
 
 echo

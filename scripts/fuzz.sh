@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzes the log decoder with cargo-fuzz (libFuzzer), on stable Rust.
+# Fuzzes the log decoder and the report commands with cargo-fuzz (libFuzzer), on stable Rust.
 #
 #   scripts/fuzz.sh                 every target for 60 s (VRAMSHIM_FUZZ_SECONDS to change)
 #   scripts/fuzz.sh decode          only the named target(s)
@@ -10,6 +10,12 @@
 #   decode_chunk   arbitrary bytes as the payload of a well-formed chunk after a valid header,
 #                  so records are decoded past the checksum; what decodes must round-trip.
 #   decode_header  arbitrary bytes as the body of a well-formed header; must round-trip.
+#   report         the bytes choose records with extreme values (u64::MAX sizes and addresses,
+#                  i32::MIN/MAX devices, times jumping and going backwards, frees without
+#                  allocations, stacks of up to 256 frames, unknown ids, bogus module maps),
+#                  encoded as a well-formed log and read by one report command (report, peak,
+#                  leaks, oom, timeline, flamegraph, diff or export); no panic, hang (10 s) or
+#                  more than 2 GiB.
 #
 # Installs cargo-fuzz into ~/.cargo/bin when it is missing. cargo-fuzz needs unstable rustc
 # flags (sancov passes, -Zsanitizer); RUSTC_BOOTSTRAP=1 lets the stable toolchain take them.
@@ -32,7 +38,7 @@ jobs=${VRAMSHIM_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 if [ $# -gt 0 ]; then
   targets=("$@")
 else
-  targets=(decode decode_chunk decode_header)
+  targets=(decode decode_chunk decode_header report)
 fi
 
 step() { printf '\n== %s\n' "$*"; }
@@ -59,7 +65,7 @@ rm -f "$build_log"
 step "fuzz seeds"
 cargo build --release --quiet -p vramshim-format --example synth
 synth="${CARGO_TARGET_DIR:-target}/release/examples/synth"
-mkdir -p fuzz/corpus/decode fuzz/corpus/decode_chunk fuzz/corpus/decode_header
+mkdir -p fuzz/corpus/decode fuzz/corpus/decode_chunk fuzz/corpus/decode_header fuzz/corpus/report
 for spec in 1:1 2:5 3:20 4:60; do
   seed=${spec%%:*}
   events=${spec##*:}

@@ -2,11 +2,13 @@
 //!
 //! ```text
 //! cargo run --release -p vramshim-format --example synth -- --events N -o FILE [--seed S]
+//!     [--stacks K [--frames F]]
 //! ```
 //!
 //! The log is framed exactly as the recorder's writer frames it (header, then chunks closed at
 //! 256 KiB of payload, definitions before the events that use them) and holds: module
-//! definitions, about 2,000 distinct native stacks of 10 to 30 frames (each defined before its
+//! definitions, about 2,000 distinct native stacks of 10 to 30 frames (`--stacks K`: K, each
+//! used at least once when the log is long enough; `--frames F`: F frames) (each defined before its
 //! first use), 8 named threads, allocations and frees on devices 0 and 1 (plus some pinned host
 //! memory) through the runtime, driver, stream-ordered and VMM entry points, sizes from a skewed
 //! distribution, a bounded live set (at most 50,000 allocations), a few hundred leaks, a handful
@@ -216,6 +218,10 @@ struct Synth<W: Write> {
     tids: [u32; THREADS],
     thread_named: [bool; THREADS],
     stack_defined: Vec<bool>,
+    /// With more stacks than the default: the next stack never used yet (`usize::MAX`: off).
+    next_new_stack: usize,
+    /// Frames per stack (None: 10 to 30).
+    frames: Option<usize>,
     stack_seed: u64,
     module_bases: Vec<u64>,
     devices: [Device; 3],
@@ -276,10 +282,17 @@ impl<W: Write> Synth<W> {
         Ok(self.tids[index])
     }
 
-    /// A stack id (1..=2000) with a skewed popularity; defined before its first use.
+    /// A stack id (1..=K, K = 2000 unless `--stacks`) with a skewed popularity; defined before
+    /// its first use. With `--stacks` above 2000, every stack is used once first.
     fn pick_stack(&mut self) -> std::io::Result<u32> {
-        let u = self.rng.unit();
-        let index = ((u * u * u) * STACKS as f64) as usize % STACKS;
+        let count = self.stack_defined.len();
+        let index = if self.next_new_stack < count {
+            self.next_new_stack += 1;
+            self.next_new_stack - 1
+        } else {
+            let u = self.rng.unit();
+            ((u * u * u) * count as f64) as usize % count
+        };
         if !self.stack_defined[index] {
             self.stack_defined[index] = true;
             let frames = self.stack_frames(index);
@@ -294,7 +307,7 @@ impl<W: Write> Synth<W> {
     /// Frames of stack `index`, innermost first: driver, runtime, c10/torch, Python, libc.
     fn stack_frames(&self, index: usize) -> Vec<Frame> {
         let mut rng = Rng(self.stack_seed ^ (index as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let depth = 10 + rng.below(21) as usize;
+        let depth = self.frames.unwrap_or_else(|| 10 + rng.below(21) as usize);
         // Module of each layer, innermost first (indices into MODULES).
         const LAYERS: [usize; 6] = [7, 5, 4, 3, 2, 0];
         let mut frames = Vec::with_capacity(depth);
@@ -612,6 +625,11 @@ struct Options {
     events: u64,
     output: String,
     seed: u64,
+    /// Distinct stacks (default [`STACKS`]). Above the default, each allocation uses a new
+    /// stack until all K are defined, so a log of at least 2K events defines every one.
+    stacks: usize,
+    /// Frames per stack; None: 10 to 30.
+    frames: Option<usize>,
 }
 
 fn parse_count(text: &str) -> Option<u64> {
@@ -629,6 +647,8 @@ fn parse_args() -> Result<Options, String> {
     let mut events = None;
     let mut output = None;
     let mut seed = 1;
+    let mut stacks = STACKS;
+    let mut frames = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -642,6 +662,22 @@ fn parse_args() -> Result<Options, String> {
                 let text = value("--seed")?;
                 seed = text.parse().map_err(|_| format!("bad seed {text:?}"))?;
             }
+            "--stacks" => {
+                let text = value("--stacks")?;
+                stacks = parse_count(&text)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n > 0 && n < u32::MAX as usize)
+                    .ok_or(format!("bad stack count {text:?}"))?;
+            }
+            "--frames" => {
+                let text = value("--frames")?;
+                frames = Some(
+                    text.parse()
+                        .ok()
+                        .filter(|&n| n > 0 && n <= 4096)
+                        .ok_or(format!("bad frame count {text:?}"))?,
+                );
+            }
             "-h" | "--help" => {
                 return Err(String::new());
             }
@@ -652,6 +688,8 @@ fn parse_args() -> Result<Options, String> {
         events: events.ok_or("--events N is required")?,
         output: output.ok_or("-o FILE is required")?,
         seed,
+        stacks,
+        frames,
     })
 }
 
@@ -715,7 +753,13 @@ fn generate(options: &Options) -> std::io::Result<Synth<BufWriter<File>>> {
         thread: 0,
         tids,
         thread_named: [false; THREADS],
-        stack_defined: vec![false; STACKS],
+        stack_defined: vec![false; options.stacks],
+        next_new_stack: if options.stacks > STACKS {
+            0
+        } else {
+            usize::MAX
+        },
+        frames: options.frames,
         stack_seed,
         module_bases,
         devices: [
@@ -818,7 +862,9 @@ fn main() -> ExitCode {
             if !message.is_empty() {
                 eprintln!("synth: {message}");
             }
-            eprintln!("usage: synth --events N -o FILE [--seed S]   (N may end in k, M or G)");
+            eprintln!(
+                "usage: synth --events N -o FILE [--seed S] [--stacks K] [--frames F]   (N, K may end in k, M or G)"
+            );
             return ExitCode::from(2);
         }
     };

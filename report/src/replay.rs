@@ -27,7 +27,7 @@ pub struct Process {
     /// Nanoseconds from the earliest process start of the replay to this one's start.
     pub start_offset_ns: u64,
     /// Native stacks by id, innermost frame first.
-    pub stacks: FxHashMap<u32, Vec<u64>>,
+    pub stacks: StackTable,
     /// Python frames of the stacks that have them, by stack id, innermost first.
     pub python_stacks: FxHashMap<u32, Vec<PyFrame>>,
     /// Python code objects by id.
@@ -60,6 +60,54 @@ impl Process {
             .get(&thread)
             .cloned()
             .unwrap_or_else(|| thread.to_string())
+    }
+}
+
+/// The native stacks of one process by id, every frame in one flat vector: logs can define
+/// millions of stacks, and a vector per stack would cost a heap block and its header each.
+#[derive(Default)]
+pub struct StackTable {
+    /// Stack id → (index of its first frame in `frames`, frame count).
+    index: FxHashMap<u32, (u64, u32)>,
+    frames: Vec<u64>,
+}
+
+impl StackTable {
+    /// The frames of stack `id`, innermost first; None for an id never defined.
+    pub fn get(&self, id: &u32) -> Option<&[u64]> {
+        let &(start, len) = self.index.get(id)?;
+        let start = usize::try_from(start).ok()?;
+        self.frames.get(start..start.checked_add(len as usize)?)
+    }
+
+    /// Starts defining a stack: push its frames, then [`NewStack::finish`] with its id.
+    fn begin(&mut self) -> NewStack<'_> {
+        let start = self.frames.len();
+        NewStack { table: self, start }
+    }
+}
+
+/// A stack being added to a [`StackTable`].
+struct NewStack<'a> {
+    table: &'a mut StackTable,
+    start: usize,
+}
+
+impl NewStack<'_> {
+    fn push(&mut self, ip: u64) {
+        self.table.frames.push(ip);
+    }
+
+    /// Files the frames pushed under `id` (a redefinition replaces the earlier one).
+    fn finish(self, id: u32) {
+        let len = self.table.frames.len() - self.start;
+        match u32::try_from(len) {
+            Ok(len) => {
+                self.table.index.insert(id, (self.start as u64, len));
+            }
+            // More frames than any decodable chunk holds: not kept.
+            Err(_) => self.table.frames.truncate(self.start),
+        }
     }
 }
 
@@ -177,7 +225,7 @@ impl State {
     fn account(&mut self, live: &Live, add: bool) {
         fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
             if add {
-                entry.live_bytes += size;
+                entry.live_bytes = entry.live_bytes.saturating_add(size);
                 entry.live_count += 1;
             } else {
                 entry.live_bytes = entry.live_bytes.saturating_sub(size);
@@ -345,7 +393,7 @@ pub fn run(
             path: path.clone(),
             header: reader.header().clone(),
             start_offset_ns: 0,
-            stacks: FxHashMap::default(),
+            stacks: StackTable::default(),
             python_stacks: FxHashMap::default(),
             codes: FxHashMap::default(),
             modules: Vec::new(),
@@ -386,7 +434,9 @@ pub fn run(
         let mut best: Option<(usize, u64)> = None;
         for (index, input) in inputs.iter().enumerate() {
             if let Some(record) = &input.pending {
-                let t = processes[index].start_offset_ns + record_time(record);
+                let t = processes[index]
+                    .start_offset_ns
+                    .saturating_add(record_time(record));
                 if best.is_none_or(|(_, best_t)| t < best_t) {
                     best = Some((index, t));
                 }
@@ -420,7 +470,7 @@ pub fn run(
             end_ns = end_ns.max(t_ns);
             processes[index].end_ns = processes[index]
                 .end_ns
-                .max(t_ns - processes[index].start_offset_ns);
+                .max(t_ns.saturating_sub(processes[index].start_offset_ns));
             if stop == Stop::AfterSeq(seq) {
                 break;
             }
@@ -449,7 +499,10 @@ pub fn run(
                     }
                 }
                 Record::Note(note) => processes[index].notes.push(note.clone()),
-                Record::Dropped(dropped) => processes[index].dropped += dropped.count,
+                Record::Dropped(dropped) => {
+                    processes[index].dropped =
+                        processes[index].dropped.saturating_add(dropped.count);
+                }
                 _ => {}
             }
             end_ns = end_ns.max(t_ns);
@@ -510,7 +563,7 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
             Some(Item::Damage(damage)) => process.damage.push(damage),
             Some(Item::Record(record)) => match record {
                 Record::Stack(stack) => {
-                    let mut ips = Vec::with_capacity(stack.frames.len());
+                    let mut ips = process.stacks.begin();
                     let mut python = Vec::new();
                     for frame in &stack.frames {
                         match *frame {
@@ -526,7 +579,7 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                             }),
                         }
                     }
-                    process.stacks.insert(stack.id, ips);
+                    ips.finish(stack.id);
                     if !python.is_empty() {
                         process.python_stacks.insert(stack.id, python);
                     }
@@ -538,7 +591,9 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                 Record::ThreadName(thread) => {
                     process.thread_names.insert(thread.thread, thread.name);
                 }
-                Record::Dropped(dropped) => process.dropped += dropped.count,
+                Record::Dropped(dropped) => {
+                    process.dropped = process.dropped.saturating_add(dropped.count);
+                }
                 other => return Some(other),
             },
         }

@@ -328,12 +328,20 @@ impl Symbolizer {
 
     /// Opens `path` and, when it has no DWARF, its separate debug file. Warns on failure.
     fn open(&mut self, path: &str) -> Option<usize> {
-        let elf = match read_elf_info(Path::new(path)) {
-            Ok(elf) => elf,
+        let opened = open_regular(Path::new(path)).and_then(|mut file| {
+            let elf = read_elf_info_from(&mut file)?;
+            Ok((file, elf))
+        });
+        let (file, elf) = match opened {
+            Ok(opened) => opened,
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 self.warn(format!(
                     "{path}: file not found; frames shown as module+offset"
                 ));
+                return None;
+            }
+            Err(error) if error.kind() == io::ErrorKind::InvalidInput => {
+                self.warn(format!("{path}: {error}; frames shown as module+offset"));
                 return None;
             }
             Err(error) => {
@@ -343,7 +351,7 @@ impl Symbolizer {
                 return None;
             }
         };
-        let loader = match Loader::new(path) {
+        let loader = match loader_for(&file, Path::new(path)) {
             Ok(loader) => loader,
             Err(error) => {
                 self.warn(format!(
@@ -377,7 +385,8 @@ impl Symbolizer {
         let relative = format!(".build-id/{:02x}/{}.debug", first, hex(rest));
         self.debug_roots.iter().find_map(|root| {
             let candidate = root.join(&relative);
-            let loader = Loader::new(&candidate).ok()?;
+            let file = open_regular(&candidate).ok()?;
+            let loader = loader_for(&file, &candidate).ok()?;
             has_dwarf(&loader).then_some(loader)
         })
     }
@@ -507,11 +516,16 @@ impl ElfInfo {
 /// Build id and code ranges of the ELF file at `path`; empty if it is not ELF or the headers
 /// are damaged (the loader then reports the file). Errors only when the file cannot be opened
 /// or read.
+#[cfg(test)]
 fn read_elf_info(path: &Path) -> io::Result<ElfInfo> {
-    let mut file = File::open(path)?;
+    read_elf_info_from(&mut open_regular(path)?)
+}
+
+/// [`read_elf_info`] of a file already opened.
+fn read_elf_info_from(file: &mut File) -> io::Result<ElfInfo> {
     let len = file.metadata()?.len();
     let mut reader = ElfReader {
-        file: &mut file,
+        file,
         len,
         big_endian: false,
         wide: false,
@@ -630,6 +644,60 @@ fn read_elf_info(path: &Path) -> io::Result<ElfInfo> {
         }
     }
     Ok(info)
+}
+
+/// Opens `path` for reading if it is a regular file. Paths come from logs, so they may name a
+/// FIFO (whose open or read would block forever), a device node (whose open may act on the
+/// device) or a directory: those are refused with an `InvalidInput` error that says what the
+/// path is. The type is checked before opening, so special files are never opened, and again
+/// on the open file, in case the path changed in between; the open never blocks.
+fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    refuse_special(&std::fs::metadata(path)?)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    refuse_special(&file.metadata()?)?;
+    Ok(file)
+}
+
+/// An `InvalidInput` error unless `metadata` is a regular file's.
+fn refuse_special(metadata: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = metadata.file_type();
+    let what = if kind.is_file() {
+        return Ok(());
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("not a regular file ({what})"),
+    ))
+}
+
+/// A loader for `file`, opened from `path` by [`open_regular`]. It maps the file through its
+/// descriptor (`/proc/self/fd/N`), so it reads the very file that was checked, even if `path`
+/// has been replaced since; without `/proc`, through `path`.
+fn loader_for(file: &File, path: &Path) -> Result<Loader, Box<dyn std::error::Error>> {
+    use std::os::fd::AsRawFd;
+    let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    if by_descriptor.exists() {
+        Ok(Loader::new(&by_descriptor)?)
+    } else {
+        Ok(Loader::new(path)?)
+    }
 }
 
 /// Bounds-checked reads of an ELF file of either class and byte order.

@@ -31,7 +31,7 @@ impl Allocated {
         for totals in self.devices.values() {
             for (key, (bytes, count)) in totals {
                 let entry = sum.entry(*key).or_default();
-                entry.0 += bytes;
+                entry.0 = entry.0.saturating_add(*bytes);
                 entry.1 += count;
             }
         }

@@ -308,7 +308,7 @@ pub struct Calls {
 impl Calls {
     fn add(&mut self, bytes: u64) {
         self.count += 1;
-        self.bytes += bytes;
+        self.bytes = self.bytes.saturating_add(bytes);
     }
 }
 
@@ -382,7 +382,7 @@ impl DeviceAllocator {
             && burst.frees >= BURST_MIN_FREES
         {
             self.burst_total.count += 1;
-            self.burst_total.bytes += burst.bytes;
+            self.burst_total.bytes = self.burst_total.bytes.saturating_add(burst.bytes);
             if self.bursts.len() < MAX_BURSTS {
                 self.bursts.push(burst);
             } else {
@@ -401,7 +401,7 @@ impl DeviceAllocator {
         {
             burst.end_t_ns = t_ns;
             burst.frees += 1;
-            burst.bytes += bytes;
+            burst.bytes = burst.bytes.saturating_add(bytes);
             return;
         }
         self.close_burst();
@@ -571,7 +571,7 @@ impl Observer for AllocatorView {
                             }
                         }
                         if reserved {
-                            let value = dev.reserved + live.size;
+                            let value = dev.reserved.saturating_add(live.size);
                             dev.set_reserved(t_ns, value);
                         }
                     }

@@ -85,7 +85,7 @@ pub fn diff(a: &Side<'_>, b: &Side<'_>) -> Vec<StackDiff> {
                 } else {
                     &mut rows[index].allocated[side]
                 };
-                amount.bytes += group.bytes;
+                amount.bytes = amount.bytes.saturating_add(group.bytes);
                 amount.count += group.count;
             }
         }

@@ -187,7 +187,7 @@ pub type IdTotals = FxHashMap<IdKey, (u64, u64)>;
 /// Adds `live` to `totals` (keyed with its thread only when `by_thread`).
 pub fn add_total(totals: &mut IdTotals, live: &Live, by_thread: bool) {
     let entry = totals.entry(IdKey::of(live, by_thread)).or_default();
-    entry.0 += live.size;
+    entry.0 = entry.0.saturating_add(live.size);
     entry.1 += 1;
 }
 
@@ -231,7 +231,7 @@ pub fn by_stack_totals(
                 groups.len() - 1
             });
         let group = &mut groups[index];
-        group.bytes += bytes;
+        group.bytes = group.bytes.saturating_add(bytes);
         group.count += count;
         if !group.processes.contains(&id.process) {
             group.processes.push(id.process);
@@ -281,7 +281,7 @@ pub struct TreeNode {
 pub fn tree(groups: &[StackGroup]) -> TreeNode {
     let mut root = TreeNode::default();
     for group in groups {
-        root.bytes += group.bytes;
+        root.bytes = root.bytes.saturating_add(group.bytes);
         root.count += group.count;
         let mut node = &mut root;
         if let Some(thread) = &group.thread {
@@ -301,7 +301,7 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
                 }
             };
             node = &mut node.children[index];
-            node.bytes += group.bytes;
+            node.bytes = node.bytes.saturating_add(group.bytes);
             node.count += group.count;
         }
         let no_stack = [no_stack_frame()];
@@ -326,7 +326,7 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
                 }
             };
             node = &mut node.children[index];
-            node.bytes += group.bytes;
+            node.bytes = node.bytes.saturating_add(group.bytes);
             node.count += group.count;
         }
     }

@@ -127,7 +127,8 @@ impl Observer for Oom {
         match effect {
             Effect::Removed(live) => {
                 if let Some(index) = pending {
-                    self.pending[index].released_bytes += live.size;
+                    self.pending[index].released_bytes =
+                        self.pending[index].released_bytes.saturating_add(live.size);
                     self.pending[index].released_count += 1;
                 }
             }
@@ -166,8 +167,8 @@ impl Observer for Oom {
                 let detailed = self.failures.len() < DETAILED;
                 let on_device = || state.live().filter(|live| live.device == event.device);
                 let (tracked_bytes, tracked_count) = on_device()
-                    .fold((0, 0), |(bytes, count), live| {
-                        (bytes + live.size, count + 1)
+                    .fold((0u64, 0u64), |(bytes, count), live| {
+                        (bytes.saturating_add(live.size), count + 1)
                     });
                 let largest_live = if detailed {
                     let mut all: Vec<Live> = on_device().copied().collect();

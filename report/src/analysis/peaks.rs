@@ -130,6 +130,6 @@ impl Observer for Peaks {
     }
 }
 
-fn device_order(device: i32) -> (bool, i32) {
+fn device_order(device: i32) -> (bool, u32) {
     crate::render::device_order(device)
 }

@@ -37,7 +37,10 @@ impl Snapshot {
     }
 
     pub fn bytes(&self) -> u64 {
-        self.allocations.iter().map(|live| live.size).sum()
+        self.allocations
+            .iter()
+            .map(|live| live.size)
+            .fold(0, u64::saturating_add)
     }
 }
 

@@ -104,7 +104,7 @@ impl Summary {
                 sum.allocs += counts.allocs;
                 sum.frees += counts.frees;
                 sum.failures += counts.failures;
-                sum.allocated_bytes += counts.allocated_bytes;
+                sum.allocated_bytes = sum.allocated_bytes.saturating_add(counts.allocated_bytes);
             }
         }
         total
@@ -135,7 +135,7 @@ impl Observer for Summary {
                 match effect {
                     Effect::Added(live) => {
                         counts.allocs += 1;
-                        counts.allocated_bytes += live.size;
+                        counts.allocated_bytes = counts.allocated_bytes.saturating_add(live.size);
                         let key = (live.size, Reverse(state.seq), LiveKey(*live));
                         if self.largest.len() < LARGEST {
                             self.largest.push(Reverse(key));

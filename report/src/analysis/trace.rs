@@ -89,8 +89,8 @@ pub struct Trace<S> {
     /// viewer shows devices).
     device: Option<i32>,
     pub sink: S,
-    /// Entries made so far, per device (index = device ordinal).
-    counts: Vec<u64>,
+    /// Entries made so far per device (a map: ordinals come from the log and may be huge).
+    counts: FxHashMap<i32, u64>,
     /// Allocations left out because they are pinned host memory (when no device is selected).
     pub host_allocations: u64,
     /// Allocations left out because their device is unknown (when no device is selected).
@@ -120,7 +120,7 @@ impl<S: Sink> Trace<S> {
         Trace {
             device,
             sink,
-            counts: Vec::new(),
+            counts: FxHashMap::default(),
             host_allocations: 0,
             unknown_device_allocations: 0,
             last_event: Vec::new(),
@@ -144,14 +144,12 @@ impl<S: Sink> Trace<S> {
     }
 
     fn emit(&mut self, entry: Entry, processes: &[Process]) {
-        let Ok(device) = usize::try_from(entry.device) else {
+        if entry.device < 0 {
             return;
-        };
-        if self.counts.len() <= device {
-            self.counts.resize(device + 1, 0);
         }
-        let index = self.counts[device];
-        self.counts[device] += 1;
+        let count = self.counts.entry(entry.device).or_default();
+        let index = *count;
+        *count += 1;
         self.sink.entry(index, &entry, processes);
     }
 

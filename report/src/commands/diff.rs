@@ -77,7 +77,10 @@ fn measure(
     );
     let allocated = allocated.summed();
     let allocated_groups = by_stack_totals(&allocated, &mut stacks, &replay.processes);
-    let allocated_bytes = allocated.values().map(|(bytes, _)| bytes).sum();
+    let allocated_bytes = allocated
+        .values()
+        .map(|(bytes, _)| *bytes)
+        .fold(0, u64::saturating_add);
     let warnings = common::warnings(&replay, &stacks);
     Ok(Measured {
         replay,

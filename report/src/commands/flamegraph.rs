@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .iter()
         .flat_map(|p| &p.groups)
         .map(|g| g.bytes)
-        .sum();
+        .fold(0, u64::saturating_add);
     for warning in &warnings {
         eprintln!("vramshim: warning: {warning}");
     }

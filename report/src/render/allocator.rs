@@ -68,7 +68,7 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             "bucket_ns": d.series.bucket_ns,
             "series": d.series.points().iter().map(|(t, v)| json!({"t_ns": t, "reserved": v})).collect::<Vec<_>>(),
         },
-        "segment_sizes": sizes.iter().map(|(size, count)| json!({"size": size, "count": count, "bytes": size * count})).collect::<Vec<_>>(),
+        "segment_sizes": sizes.iter().map(|(size, count)| json!({"size": size, "count": count, "bytes": size.saturating_mul(*count)})).collect::<Vec<_>>(),
         "segment_sizes_other": calls_json(&d.other_sizes),
         "cuda_malloc": {
             "count": d.malloc.count,
@@ -205,7 +205,9 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         }
         if !d.sizes.is_empty() {
             let mut sizes: Vec<(u64, u64)> = d.sizes.iter().map(|(s, n)| (*s, *n)).collect();
-            sizes.sort_by_key(|(size, count)| (std::cmp::Reverse(size * count), *size));
+            sizes.sort_by_key(|(size, count)| {
+                (std::cmp::Reverse(size.saturating_mul(*count)), *size)
+            });
             writeln!(out, "  segment sizes (by bytes):")?;
             for (size, count) in sizes.iter().take(TEXT_SIZES) {
                 writeln!(
@@ -213,7 +215,7 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                     "    {:>12} x {:<6} {}",
                     bytes(*size),
                     count,
-                    bytes(size * count)
+                    bytes(size.saturating_mul(*count))
                 )?;
             }
             let rest = sizes.len().saturating_sub(TEXT_SIZES) as u64 + d.other_sizes.count;

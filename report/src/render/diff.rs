@@ -22,7 +22,10 @@ pub struct SideView<'a> {
 impl SideView<'_> {
     /// Live bytes at the peaks, summed over the selected devices.
     pub fn peak_bytes(&self) -> u64 {
-        self.peaks.iter().map(|p| p.bytes).sum()
+        self.peaks
+            .iter()
+            .map(|p| p.bytes)
+            .fold(0, u64::saturating_add)
     }
 }
 

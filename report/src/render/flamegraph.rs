@@ -55,7 +55,8 @@ pub fn folded(parts: &[DeviceStacks]) -> Vec<String> {
                 stack.push(';');
                 stack.push_str(&folded_label(&SymFrame::label(frame)));
             }
-            *lines.entry(stack).or_default() += group.bytes;
+            let total = lines.entry(stack).or_default();
+            *total = total.saturating_add(group.bytes);
         }
     }
     lines
@@ -79,10 +80,48 @@ pub fn svg(lines: &[String], title: &str, subtitle: &str, empty: &str) -> io::Re
         svg.text(600.0, 85.0, &[("text-anchor", "middle")], empty);
         return Ok(svg.finish().into_bytes());
     }
+    // inferno sums the weights in a machine word: when the bytes (from a damaged or crafted
+    // log) would overflow it, every weight is divided by the same power of two.
+    let weights: Vec<u64> = lines
+        .iter()
+        .map(|line| {
+            line.rsplit(' ')
+                .next()
+                .and_then(|weight| weight.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect();
+    let fits = |shift: u32| {
+        weights
+            .iter()
+            .try_fold(0u64, |sum, weight| sum.checked_add(weight >> shift))
+            .is_some()
+    };
+    let shift = (0..64).find(|&shift| fits(shift)).unwrap_or(63);
+    let scaled: Vec<String>;
+    let lines: &[String] = if shift == 0 {
+        lines
+    } else {
+        scaled = lines
+            .iter()
+            .zip(&weights)
+            .map(|(line, weight)| {
+                let stack = line
+                    .rsplit_once(' ')
+                    .map_or(line.as_str(), |(stack, _)| stack);
+                format!("{stack} {}", weight >> shift)
+            })
+            .collect();
+        &scaled
+    };
     let mut options = Options::default();
     options.title = title.to_string();
     options.subtitle = Some(subtitle.to_string());
-    options.count_name = "bytes".to_string();
+    options.count_name = if shift == 0 {
+        "bytes".to_string()
+    } else {
+        format!("x {} bytes", 1u64 << shift)
+    };
     options.colors = Palette::Basic(BasicPalette::Mem);
     // Same colour for the same frame in every graph, so two graphs compare at a glance.
     options.hash = true;

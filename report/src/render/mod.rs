@@ -30,8 +30,8 @@ use crate::units::{bytes, seconds};
 const MAX_INDENT: usize = 24;
 
 /// Report order of devices: device ordinals first, then pinned host (-1), then unknown (-2).
-pub fn device_order(device: i32) -> (bool, i32) {
-    (device < 0, device.abs())
+pub fn device_order(device: i32) -> (bool, u32) {
+    (device < 0, device.unsigned_abs())
 }
 
 /// How a device is named in text.
@@ -178,7 +178,10 @@ pub fn write_groups(
         }
     }
     if groups.len() > limit {
-        let rest: u64 = groups[limit..].iter().map(|g| g.bytes).sum();
+        let rest: u64 = groups[limit..]
+            .iter()
+            .map(|g| g.bytes)
+            .fold(0, u64::saturating_add);
         writeln!(
             out,
             "  {:>11} {:>6.1}%  in {} more stacks",
@@ -207,7 +210,7 @@ pub fn write_tree(
         let mut hidden = (0u64, 0usize);
         for child in &node.children {
             if share(child.bytes, whole) < min_share {
-                hidden.0 += child.bytes;
+                hidden.0 = hidden.0.saturating_add(child.bytes);
                 hidden.1 += 1;
                 continue;
             }

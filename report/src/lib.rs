@@ -1,0 +1,115 @@
+//! `vramshim`: runs programs under the recorder and reads what it recorded. The commands live
+//! in the library (so that fuzz targets can drive them, `fuzz/`); [`run`] is the whole CLI.
+
+mod analysis;
+mod commands;
+mod gpus;
+mod logfile;
+mod python;
+mod render;
+mod replay;
+mod symbols;
+mod units;
+
+use std::process::ExitCode;
+
+use std::ffi::OsString;
+
+use clap::{Parser, Subcommand};
+
+/// GPU memory flight recorder: record every CUDA allocation of a program, then ask questions.
+#[derive(Parser)]
+#[command(name = "vramshim", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program under the recorder (LD_PRELOAD=libvramshim.so) and name the logs written.
+    Run(commands::run::Args),
+    /// Run a program on simulated GPUs (fake NVIDIA libraries, memory is exact bookkeeping of
+    /// the chosen card) under the recorder, and say whether it fits.
+    Dryrun(commands::dryrun::Args),
+    /// Overview: peak per device and what held it, live at exit, calls by API family,
+    /// largest allocations, device memory no hook sees.
+    #[command(visible_alias = "summary")]
+    Report(commands::report::Args),
+    /// The exact set of allocations live at each device's peak (or `--at` a time), by stack.
+    Peak(commands::peak::PeakArgs),
+    /// Allocations still live when the process ended, by stack.
+    Leaks(commands::peak::LeaksArgs),
+    /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
+    Oom(commands::oom::Args),
+    /// Live bytes over time per device, with used memory, the peak and failures: a terminal
+    /// chart, JSON, or an SVG picture.
+    Timeline(commands::timeline::Args),
+    /// A flame graph weighted by bytes: live at the peak, leaks, all allocations or at an OOM.
+    Flamegraph(commands::flamegraph::Args),
+    /// Per-stack changes of peak and allocated bytes between two recordings, growth first.
+    Diff(commands::diff::Args),
+    /// The caching-allocator view: which allocator the log looks like, reserved bytes over
+    /// time, segment sizes, cudaMalloc/cudaFree, empty_cache() bursts, OOM retries, memory
+    /// outside any allocator.
+    Allocator(commands::allocator::Args),
+    /// Simulate PyTorch's caching allocator under several PYTORCH_CUDA_ALLOC_CONF settings on a
+    /// tensor-level recording (backend:cudaMallocAsync or PYTORCH_NO_CUDA_MEMORY_CACHING=1),
+    /// ranked by peak reserved memory.
+    Whatif(commands::whatif::Args),
+    /// Export the recording to other tools' formats: `--pytorch-snapshot` (PyTorch's memory
+    /// viewer), `--pprof FILE`, `--speedscope FILE`, `--chrome-trace FILE` (Perfetto),
+    /// `--parquet FILE` (DuckDB, pandas).
+    Export(commands::export::Args),
+    /// Print every record of a log, as text or as JSON lines.
+    Dump(commands::dump::Args),
+}
+
+/// An error that ends the command: a one-line message and an exit code.
+pub struct Failure {
+    pub message: String,
+    pub code: u8,
+}
+
+impl Failure {
+    /// Bad input (not a log, unreadable file, bad arguments): exit code 2.
+    pub fn input(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 2,
+        }
+    }
+}
+
+/// Runs the command line `args` (the program name first) as `vramshim` does: parses it (a
+/// bad one prints clap's message and exits the process, as a command line should), runs the
+/// command, prints a failure's message; returns the exit code.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    let result = match cli.command {
+        Command::Run(args) => commands::run::run(args),
+        Command::Dryrun(args) => commands::dryrun::run(args),
+        Command::Report(args) => commands::report::run(args),
+        Command::Peak(args) => commands::peak::peak(args),
+        Command::Leaks(args) => commands::peak::leaks(args),
+        Command::Oom(args) => commands::oom::run(args),
+        Command::Timeline(args) => commands::timeline::run(args),
+        Command::Flamegraph(args) => commands::flamegraph::run(args),
+        Command::Diff(args) => commands::diff::run(args),
+        Command::Allocator(args) => commands::allocator::run(args),
+        Command::Whatif(args) => commands::whatif::run(args),
+        Command::Export(args) => commands::export::run(args),
+        Command::Dump(args) => commands::dump::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("vramshim: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}

@@ -1,0 +1,666 @@
+//! Crafted logs with extreme values, written with the format crate's encoder, read by every
+//! report command of the real `vramshim`. Each command must end within a timeout, in bounded
+//! memory, with exit 0 (or 2 and one clear line), and never panic.
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{scratch, vramshim_tool};
+use vramshim_format::{
+    ChunkBuilder, CodeDef, Dropped, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header,
+    MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+};
+
+/// Generous for a loaded 2-core machine and a debug build.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+/// Address-space limit for each command: a huge allocation fails (and aborts) instead of
+/// swapping the machine.
+const ADDRESS_SPACE_KIB: u64 = 4 << 20;
+
+const APIS: [&str; 8] = [
+    "cudaMalloc",
+    "cudaFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cudaMallocAsync",
+    "cudaFreeAsync",
+    "cudaMallocHost",
+    "cudaFreeHost",
+];
+const CUDA_MALLOC: u16 = 0;
+const CUDA_FREE: u16 = 1;
+const CU_MEM_CREATE: u16 = 2;
+const CU_MEM_RELEASE: u16 = 3;
+const CUDA_MALLOC_ASYNC: u16 = 4;
+const CUDA_MALLOC_HOST: u16 = 6;
+/// `cudaErrorMemoryAllocation`.
+const OUT_OF_MEMORY: u32 = 2;
+
+/// A header; `start_mono_ns` decides how far apart merged logs start.
+fn header(pid: u32, start_mono_ns: u64) -> Header {
+    Header {
+        version: FORMAT_VERSION,
+        pid,
+        ppid: 1,
+        argv: vec!["crafted".into()],
+        start_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns,
+        hostname: "crafted-host".into(),
+        env: Vec::new(),
+        apis: APIS.iter().map(|s| s.to_string()).collect(),
+        stack_mode: "native".into(),
+        mode: "stream".into(),
+        recorder: "crafted".into(),
+    }
+}
+
+/// Writes `records` as one log: header, then chunks of at most 256 KiB of payload.
+fn write_log(path: &Path, header: &Header, records: &[Record]) {
+    let mut out = header.encode();
+    let mut chunk = ChunkBuilder::new();
+    for record in records {
+        chunk.push(record);
+        if chunk.payload_len() >= 256 << 10 {
+            chunk.finish_into(&mut out);
+        }
+    }
+    chunk.finish_into(&mut out);
+    File::create(path)
+        .and_then(|mut file| file.write_all(&out))
+        .expect("write crafted log");
+}
+
+fn event(kind: EventKind, api: u16, t_ns: u64, device: i32, addr: u64, size: u64) -> Event {
+    Event {
+        kind,
+        api,
+        t_ns,
+        thread: 7,
+        device,
+        addr,
+        size,
+        stack: 1,
+        ..Event::default()
+    }
+}
+
+/// Sizes, addresses, devices and times at their limits; times going backwards; frees
+/// without allocations; the same address allocated twice; unknown stack, code and api ids;
+/// a 256-frame stack; a bogus module map.
+fn extreme_records(devices: &[i32]) -> Vec<Record> {
+    let mut records = vec![
+        Record::Module(ModuleDef {
+            path: "/nonexistent/libbogus.so".into(),
+            load_bias: u64::MAX,
+            start: u64::MAX - 10,
+            end: 5,
+            build_id: vec![0xab],
+        }),
+        Record::Module(ModuleDef {
+            path: "/nonexistent/libwhole.so".into(),
+            load_bias: 0,
+            start: 0,
+            end: u64::MAX,
+            build_id: Vec::new(),
+        }),
+        Record::Module(ModuleDef {
+            path: String::new(),
+            load_bias: 1 << 63,
+            start: 1 << 40,
+            end: 1 << 40,
+            build_id: vec![0; 64],
+        }),
+        Record::Code(CodeDef {
+            id: 3,
+            python: 0x030b,
+            filename: "model.py".into(),
+            qualname: "Net.forward".into(),
+            first_line: u32::MAX,
+            line_table: vec![0xff; 40],
+        }),
+        Record::Code(CodeDef {
+            id: 4,
+            python: 0xffff,
+            filename: String::new(),
+            qualname: String::new(),
+            first_line: 0,
+            line_table: Vec::new(),
+        }),
+        Record::Stack(StackDef {
+            id: 1,
+            frames: (0..256u64)
+                .map(|i| Frame::Native(u64::MAX - i * 0x1000))
+                .collect(),
+        }),
+        Record::Stack(StackDef {
+            id: 2,
+            frames: vec![
+                Frame::Native(0),
+                Frame::Python {
+                    code: 3,
+                    offset: u32::MAX,
+                    entry: true,
+                },
+                Frame::Python {
+                    code: 99,
+                    offset: 0,
+                    entry: false,
+                },
+                Frame::Python {
+                    code: 4,
+                    offset: 7,
+                    entry: true,
+                },
+                Frame::Native(1 << 40),
+            ],
+        }),
+        Record::Stack(StackDef {
+            id: u32::MAX,
+            frames: Vec::new(),
+        }),
+        Record::ThreadName(ThreadName {
+            thread: 7,
+            name: "\u{1F525}\n\"<&>".into(),
+        }),
+        Record::ThreadName(ThreadName {
+            thread: u32::MAX,
+            name: String::new(),
+        }),
+        // Dropped-event counts that overflow when summed.
+        Record::Dropped(Dropped {
+            t_ns: u64::MAX,
+            count: u64::MAX,
+        }),
+        Record::Dropped(Dropped {
+            t_ns: 0,
+            count: u64::MAX,
+        }),
+    ];
+    let times = [0, u64::MAX, 5, u64::MAX / 2, 3, 0, u64::MAX - 1];
+    for (i, (&device, &t_ns)) in devices.iter().zip(&times).enumerate() {
+        let i = i as u64;
+        let alloc_api = if device == HOST_DEVICE {
+            CUDA_MALLOC_HOST
+        } else {
+            CUDA_MALLOC
+        };
+        records.push(Record::MemInfo(MemInfo {
+            t_ns,
+            device,
+            free: u64::MAX,
+            total: if i.is_multiple_of(2) { u64::MAX } else { 0 },
+        }));
+        // Two allocations of u64::MAX bytes at the top of the address space: sums overflow.
+        let mut big = event(
+            EventKind::Alloc,
+            alloc_api,
+            t_ns,
+            device,
+            u64::MAX - i,
+            u64::MAX,
+        );
+        big.stack = [1, 2, u32::MAX, 12345][i as usize % 4];
+        records.push(Record::Event(big));
+        let mut second = event(
+            EventKind::Alloc,
+            CUDA_MALLOC_ASYNC,
+            t_ns,
+            device,
+            i,
+            u64::MAX,
+        );
+        second.stream = u64::MAX;
+        second.thread = u32::MAX;
+        records.push(Record::Event(second));
+        // The same address again without a free (the free was lost).
+        records.push(Record::Event(event(
+            EventKind::Alloc,
+            alloc_api,
+            t_ns.saturating_sub(1),
+            device,
+            i,
+            1,
+        )));
+        // A free of something never allocated, and one with an unknown api index.
+        records.push(Record::Event(event(
+            EventKind::Free,
+            CUDA_FREE,
+            t_ns,
+            device,
+            0xdead_0000 + i,
+            0,
+        )));
+        let mut unknown_api = event(EventKind::Free, u16::MAX, t_ns, device, i, 0);
+        unknown_api.stack = 0;
+        records.push(Record::Event(unknown_api));
+        // A failed allocation with impossible free/total figures.
+        let mut failed = event(EventKind::AllocFailed, alloc_api, t_ns, device, 0, u64::MAX);
+        failed.result = OUT_OF_MEMORY;
+        failed.mem_info = Some((u64::MAX, if i.is_multiple_of(2) { 0 } else { u64::MAX }));
+        records.push(Record::Event(failed));
+        // VMM handles at the limits.
+        let mut create = event(EventKind::Create, CU_MEM_CREATE, t_ns, device, 0, u64::MAX);
+        create.handle = u64::MAX - i;
+        records.push(Record::Event(create));
+        let mut release = event(EventKind::Release, CU_MEM_RELEASE, 0, device, 0, 0);
+        release.handle = u64::MAX - i - 1;
+        records.push(Record::Event(release));
+    }
+    records
+}
+
+/// Devices of [`extreme_records`]: the limits, pinned host, unknown, and a high ordinal.
+const EXTREME_DEVICES: [i32; 7] = [0, 1, i32::MAX, i32::MIN, HOST_DEVICE, UNKNOWN_DEVICE, 77];
+
+/// A process that only ever uses device 2147483647.
+fn huge_device_records() -> Vec<Record> {
+    let mut records = vec![Record::Stack(StackDef {
+        id: 1,
+        frames: vec![Frame::Native(0x1000)],
+    })];
+    for i in 0..4u64 {
+        records.push(Record::Event(event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            10 + i,
+            i32::MAX,
+            0x7000_0000 + i * 0x1000,
+            1 << 20,
+        )));
+    }
+    let mut failed = event(
+        EventKind::AllocFailed,
+        CUDA_MALLOC,
+        20,
+        i32::MAX,
+        0,
+        1 << 40,
+    );
+    failed.result = OUT_OF_MEMORY;
+    failed.mem_info = Some((1 << 30, 2 << 30));
+    records.push(Record::Event(failed));
+    records.push(Record::Event(event(
+        EventKind::Free,
+        CUDA_FREE,
+        30,
+        i32::MAX,
+        0x7000_0000,
+        0,
+    )));
+    records
+}
+
+/// Many distinct deep stacks, each used by one allocation (half of them freed), and ids far
+/// apart.
+fn many_stacks_records() -> Vec<Record> {
+    let mut records = Vec::new();
+    for i in 0..2_000u64 {
+        let id = (i as u32).wrapping_mul(2_654_435_761) | 1;
+        records.push(Record::Stack(StackDef {
+            id,
+            frames: (0..40u64).map(|f| Frame::Native(f << 32 | i)).collect(),
+        }));
+        let mut alloc = event(EventKind::Alloc, CUDA_MALLOC, i, 0, 0x1_0000 * (i + 1), 512);
+        alloc.stack = id;
+        records.push(Record::Event(alloc));
+        if i % 2 == 0 {
+            records.push(Record::Event(event(
+                EventKind::Free,
+                CUDA_FREE,
+                i,
+                0,
+                0x1_0000 * (i + 1),
+                0,
+            )));
+        }
+    }
+    records
+}
+
+/// A log whose module paths name a FIFO, a character device and a directory, with stacks
+/// pointing into them: symbolisation must neither block nor read them.
+fn special_files_records(fifo: &Path, dir: &Path) -> Vec<Record> {
+    let paths = [
+        fifo.to_string_lossy().into_owned(),
+        "/dev/zero".to_string(),
+        dir.to_string_lossy().into_owned(),
+    ];
+    let mut records = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let start = 0x10_0000_0000 * (i as u64 + 1);
+        records.push(Record::Module(ModuleDef {
+            path: path.clone(),
+            load_bias: start,
+            start,
+            end: start + 0x10_0000,
+            // A build id, so that the separate debug file is looked for too.
+            build_id: vec![0x12, 0x34, 0x56, i as u8],
+        }));
+        records.push(Record::Stack(StackDef {
+            id: i as u32 + 1,
+            frames: vec![Frame::Native(start + 0x100)],
+        }));
+        let mut alloc = event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            i as u64,
+            0,
+            0x1000 * (i as u64 + 1),
+            4096,
+        );
+        alloc.stack = i as u32 + 1;
+        records.push(Record::Event(alloc));
+    }
+    records
+}
+
+/// How one command ended.
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `vramshim ARGS` under an address-space limit; fails the test on a timeout.
+fn run_bounded(args: &[OsString], cwd: &Path) -> Outcome {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$@\""))
+        .arg("sh")
+        .arg(vramshim_tool())
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("spawn vramshim");
+    // Drain both pipes on threads so a large output cannot block the child.
+    let mut stdout_pipe = child.stdout.take().expect("stdout");
+    let mut stderr_pipe = child.stderr.take().expect("stderr");
+    let stdout_reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = stdout_pipe.read_to_end(&mut out);
+        out
+    });
+    let stderr_reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = stderr_pipe.read_to_end(&mut out);
+        out
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > COMMAND_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("vramshim {args:?} still running after {COMMAND_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = stdout_reader.join().expect("stdout reader");
+    let stderr = stderr_reader.join().expect("stderr reader");
+    Outcome {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+/// Every report command on `log` (diff: against itself and against `other`), text and JSON.
+fn commands(log: &Path, other: &Path, out_dir: &Path) -> Vec<Vec<OsString>> {
+    let log: OsString = log.into();
+    let other: OsString = other.into();
+    let out = |name: &str| -> OsString { out_dir.join(name).into() };
+    let cmd = |args: &[&OsString]| -> Vec<OsString> { args.iter().map(|a| (*a).clone()).collect() };
+    let s = |text: &str| -> OsString { text.into() };
+    let mut all = Vec::new();
+    for name in ["report", "peak", "leaks", "oom", "timeline", "allocator"] {
+        all.push(cmd(&[&s(name), &log]));
+        all.push(cmd(&[&s(name), &log, &s("--json")]));
+    }
+    all.push(cmd(&[
+        &s("peak"),
+        &log,
+        &s("--by-thread"),
+        &s("--at"),
+        &s("1s"),
+    ]));
+    all.push(cmd(&[
+        &s("timeline"),
+        &log,
+        &s("--svg"),
+        &out("t.svg"),
+        &s("--by-thread"),
+    ]));
+    for what in ["peak", "leaks", "allocated", "oom"] {
+        all.push(cmd(&[
+            &s("flamegraph"),
+            &log,
+            &s("--what"),
+            &s(what),
+            &s("-o"),
+            &out(&format!("f-{what}.svg")),
+        ]));
+        all.push(cmd(&[
+            &s("flamegraph"),
+            &log,
+            &s("--what"),
+            &s(what),
+            &s("--folded"),
+        ]));
+    }
+    // Two logs merged in time order (start offsets added to extreme times).
+    all.push(cmd(&[&s("report"), &log, &other, &s("--json")]));
+    all.push(cmd(&[&s("timeline"), &other, &log]));
+    all.push(cmd(&[&s("diff"), &log, &log]));
+    all.push(cmd(&[&s("diff"), &other, &log, &s("--json")]));
+    all.push(cmd(&[
+        &s("export"),
+        &log,
+        &s("--pytorch-snapshot"),
+        &s("-o"),
+        &out("s.json"),
+    ]));
+    all.push(cmd(&[
+        &s("export"),
+        &log,
+        &s("--pytorch-snapshot"),
+        &s("--pickle"),
+        &s("-o"),
+        &out("s.pickle"),
+    ]));
+    all.push(cmd(&[&s("whatif"), &log]));
+    all.push(cmd(&[
+        &s("whatif"),
+        &log,
+        &s("--json"),
+        &s("--capacity"),
+        &s("1GiB"),
+    ]));
+    all
+}
+
+/// Runs every command on `log`; each must exit 0, or 2 with one line on stderr, and none may
+/// panic. Returns the outcomes by command line, for checks of particular results.
+fn check_all(test: &str, log: &Path, other: &Path) -> Vec<(Vec<OsString>, Outcome)> {
+    let out_dir = scratch(&format!("{test}-out"));
+    let mut outcomes = Vec::new();
+    for args in commands(log, other, &out_dir) {
+        let outcome = run_bounded(&args, &out_dir);
+        let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+        assert!(
+            !outcome.stderr.contains("panicked") && !outcome.stderr.contains("RUST_BACKTRACE"),
+            "vramshim {shown:?} panicked:\n{}",
+            outcome.stderr
+        );
+        match outcome.code {
+            Some(0) => {}
+            Some(2) => {
+                let lines: Vec<_> = outcome.stderr.lines().filter(|l| !l.is_empty()).collect();
+                assert_eq!(
+                    lines.len(),
+                    1,
+                    "vramshim {shown:?} exited 2 without exactly one line:\n{}",
+                    outcome.stderr
+                );
+            }
+            code => panic!(
+                "vramshim {shown:?} ended with {code:?} (a signal or a memory failure):\n{}",
+                outcome.stderr
+            ),
+        }
+        outcomes.push((args, outcome));
+    }
+    outcomes
+}
+
+fn crafted(test: &str, records: &[Record]) -> (PathBuf, PathBuf) {
+    let dir = scratch(test);
+    let log = dir.join("crafted.vlog");
+    // Starts long after `other`: merged, its extreme times are pushed further out.
+    write_log(&log, &header(4242, u64::MAX / 2), records);
+    let other = dir.join("other.vlog");
+    write_log(&other, &header(4243, 0), &huge_device_records());
+    (log, other)
+}
+
+#[test]
+fn extreme_values_are_reported_without_panic_or_overflow() {
+    let (log, other) = crafted("crafted-extreme", &extreme_records(&EXTREME_DEVICES));
+    let outcomes = check_all("crafted-extreme", &log, &other);
+    // The report still names every device the log used, extremes included.
+    let (_, report) = outcomes
+        .iter()
+        .find(|(args, _)| args.len() == 3 && args[0] == "report" && args[2] == "--json")
+        .expect("report --json ran");
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    for device in [i32::MAX.to_string(), i32::MIN.to_string()] {
+        assert!(
+            report.stdout.contains(&format!("\"device\":{device}"))
+                || report.stdout.contains(&format!("\"device\": {device}")),
+            "report --json lacks device {device}"
+        );
+    }
+}
+
+#[test]
+fn extreme_values_on_plausible_devices_are_exported() {
+    // The same extremes on devices a snapshot can hold, so that export writes them.
+    let devices = [0, 1, HOST_DEVICE, UNKNOWN_DEVICE, 5];
+    let (log, other) = crafted("crafted-extreme-export", &extreme_records(&devices));
+    let outcomes = check_all("crafted-extreme-export", &log, &other);
+    for (args, outcome) in &outcomes {
+        if args[0] != "whatif" {
+            assert_eq!(outcome.code, Some(0), "{args:?}: {}", outcome.stderr);
+        }
+    }
+}
+
+#[test]
+fn huge_device_ordinal_costs_no_memory() {
+    let (log, other) = crafted("crafted-huge-device", &huge_device_records());
+    let outcomes = check_all("crafted-huge-device", &log, &other);
+    let (_, export) = outcomes
+        .iter()
+        .find(|(args, _)| args[0] == "export" && args.len() == 5)
+        .expect("export ran");
+    // The viewer needs one list per ordinal below the highest: refused, with one line.
+    assert_eq!(export.code, Some(2), "export: {}", export.stderr);
+    assert!(
+        export
+            .stderr
+            .contains("device 2147483647: no GPU has that ordinal"),
+        "export: {}",
+        export.stderr
+    );
+    // Every other command reports the device.
+    let (_, report) = outcomes
+        .iter()
+        .find(|(args, _)| args.len() == 2 && args[0] == "report")
+        .expect("report ran");
+    assert_eq!(report.code, Some(0), "report: {}", report.stderr);
+    assert!(
+        report.stdout.contains("device 2147483647"),
+        "{}",
+        report.stdout
+    );
+}
+
+#[test]
+fn many_deep_stacks_are_reported() {
+    let (log, other) = crafted("crafted-many-stacks", &many_stacks_records());
+    let outcomes = check_all("crafted-many-stacks", &log, &other);
+    let (_, leaks) = outcomes
+        .iter()
+        .find(|(args, _)| args.len() == 3 && args[0] == "leaks" && args[2] == "--json")
+        .expect("leaks --json ran");
+    assert_eq!(leaks.code, Some(0), "{}", leaks.stderr);
+    // The JSON tree is deeper than serde_json's default recursion limit: read the figures
+    // from the device line, which comes before the tree.
+    let head: String = leaks.stdout[..leaks.stdout.find("\"stacks\"").expect("stacks key")]
+        .split_whitespace()
+        .collect();
+    // 1,000 allocations of 512 bytes (one per distinct stack) were never freed.
+    assert!(
+        head.contains("\"bytes\":512000,\"count\":1000,\"device\":0"),
+        "leaks: {head}"
+    );
+    let (_, text) = outcomes
+        .iter()
+        .find(|(args, _)| args.len() == 2 && args[0] == "leaks")
+        .expect("leaks ran");
+    assert!(
+        text.stdout.contains("500.00 KiB in 1000 allocations"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn module_paths_naming_special_files_neither_block_nor_are_read() {
+    let dir = scratch("crafted-special-files");
+    let fifo = dir.join("module.fifo");
+    let status = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(status.success());
+    let subdir = dir.join("a-directory.so");
+    std::fs::create_dir_all(&subdir).expect("directory");
+    let log = dir.join("special.vlog");
+    write_log(
+        &log,
+        &header(4244, 1_000_000_000),
+        &special_files_records(&fifo, &subdir),
+    );
+    let started = Instant::now();
+    let report = run_bounded(&["peak".into(), log.clone().into()], &dir);
+    assert_eq!(report.code, Some(0), "peak: {}", report.stderr);
+    assert!(started.elapsed() < COMMAND_TIMEOUT);
+    // One warning per special file, naming it; frames fall back to module+offset.
+    for path in [
+        fifo.to_string_lossy(),
+        "/dev/zero".into(),
+        subdir.to_string_lossy(),
+    ] {
+        let warnings: Vec<_> = report
+            .stderr
+            .lines()
+            .filter(|line| line.contains(&*path) && line.contains("not a regular file"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "warning for {path}: {}", report.stderr);
+    }
+    assert!(
+        report.stdout.contains("module.fifo+0x100"),
+        "{}",
+        report.stdout
+    );
+    assert!(report.stdout.contains("zero+0x100"), "{}", report.stdout);
+    check_all("crafted-special-files", &log, &log);
+}
