@@ -65,8 +65,7 @@ fn consumer(name: &str, check: &str) -> Option<PathBuf> {
         std::env::var_os("VRAMSHIM_REQUIRE_CONSUMERS").is_none(),
         "{check}: {name} unavailable: {why}"
     );
-    println!("SKIPPED: {check}: {name} unavailable: {why}");
-    eprintln!("SKIPPED: {check}: {name} unavailable: {why}");
+    skipped(&format!("{check}: {name} unavailable: {why}"));
     None
 }
 

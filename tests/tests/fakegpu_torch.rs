@@ -51,17 +51,20 @@ fn torch_python() -> Option<PathBuf> {
                 .output()
                 .expect("run fetch-torch.sh");
             let stderr = String::from_utf8_lossy(&output.stderr);
-            if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
+            if output.status.code() == Some(3)
+                && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
             {
-                eprintln!(
-                    "SKIPPED fakegpu_torch: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+                skipped(&format!(
+                    "fakegpu_torch: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
                     stderr.trim()
-                );
+                ));
                 return None;
             }
             assert!(output.status.success(), "fetch-torch.sh failed: {stderr}");
             let stdout = String::from_utf8_lossy(&output.stdout);
-            Some(PathBuf::from(stdout.lines().last().expect("python path").trim()))
+            Some(PathBuf::from(
+                stdout.lines().last().expect("python path").trim(),
+            ))
         })
         .clone()
 }

@@ -498,4 +498,10 @@ fn other_cpython_versions() {
         list(&checked),
         list(&missing)
     );
+    if !missing.is_empty() {
+        skipped(&format!(
+            "python_stacks: CPython {} not installed (pyenv), their exact checks did not run",
+            list(&missing)
+        ));
+    }
 }

@@ -23,10 +23,10 @@ fn real_libraries() -> Option<PathBuf> {
         .output()
         .expect("run fetch-real-cuda.sh");
     if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_REAL_CUDA").is_none() {
-        eprintln!(
-            "SKIPPED real_cuda: {} (set VRAMSHIM_REQUIRE_REAL_CUDA=1 to make this a failure)",
+        skipped(&format!(
+            "real_cuda: {} (set VRAMSHIM_REQUIRE_REAL_CUDA=1 to make this a failure)",
             String::from_utf8_lossy(&output.stderr).trim()
-        );
+        ));
         return None;
     }
     assert!(
