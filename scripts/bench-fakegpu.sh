@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prints the cost of CUDA calls through the fake GPU libraries (budget: at most 1 us per call)
 # and, when scripts/fetch-torch.sh can provide PyTorch, the time per training step of a small
-# MLP with Adam on the fakes. BENCH_ITERATIONS sets the loop length (default 200000).
+# MLP with Adam on the fakes alone and under `vramshim dryrun` (recorder on), default and
+# cudaMallocAsync allocators, medians of 3 interleaved rounds. BENCH_ITERATIONS sets the loop length (default 200000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p vramshim-fakegpu --quiet
@@ -24,7 +25,10 @@ for soname in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 lib
     libnvshmem_host.so.3 libcusparseLt.so.0; do
     preload+="$LIB/$soname:"
 done
-LD_PRELOAD=$preload LD_LIBRARY_PATH=$LIB "$python" -W ignore - <<'PY'
+step_script=$(mktemp --suffix=.py)
+logs=$(mktemp -d)
+trap 'rm -rf "$step_script" "$logs"' EXIT
+cat >"$step_script" <<'PY'
 import time
 import torch
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
@@ -43,5 +47,23 @@ start = time.perf_counter()
 for _ in range(steps):
     step()
 torch.cuda.synchronize()
-print(f"MLP 1024-4096-1024, batch 512, Adam: {(time.perf_counter() - start) / steps * 1e3:.2f} ms/step")
+print(f"{(time.perf_counter() - start) / steps * 1e3:.3f}")
 PY
+VRAMSHIM=${VRAMSHIM:-target/release/vramshim}
+[ -x "$VRAMSHIM" ] || VRAMSHIM=target/debug/vramshim
+# One round: the step time on the fakes alone, then under `vramshim dryrun` (fakes and recorder).
+median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+for conf in "" "backend:cudaMallocAsync"; do
+    plain=() dry=()
+    for _ in 1 2 3; do
+        plain+=("$(PYTORCH_CUDA_ALLOC_CONF=$conf LD_PRELOAD=$preload LD_LIBRARY_PATH=$LIB \
+            "$python" -W ignore "$step_script")")
+        dry+=("$(PYTORCH_CUDA_ALLOC_CONF=$conf VRAMSHIM_FAKEGPU_DIR=$(dirname "$LIB") \
+            "$VRAMSHIM" dryrun --json -o "$logs/%p.vlog" -- "$python" -W ignore "$step_script" \
+            2>&1 >/dev/null | tail -n 1)")
+    done
+    p=$(printf '%s\n' "${plain[@]}" | median)
+    d=$(printf '%s\n' "${dry[@]}" | median)
+    printf 'MLP 1024-4096-1024, batch 512, Adam, allocator %-24s fakes only %6.3f ms/step   dryrun (recorded) %6.3f ms/step   ratio %.2fx\n' \
+        "${conf:-default}:" "$p" "$d" "$(awk -v a="$d" -v b="$p" 'BEGIN {print a / b}')"
+done
