@@ -239,7 +239,11 @@ fn create_log(
 /// The program's name for the default log name: the script for `python x.py`, the module for
 /// `python -m pkg`, else the executable's base name.
 fn program_name() -> String {
-    let argv = command_line();
+    program_name_of(&command_line())
+}
+
+/// [`program_name`] of the command line `argv`.
+fn program_name_of(argv: &[String]) -> String {
     let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_owned();
     let exe = argv
         .first()
@@ -254,6 +258,15 @@ fn program_name() -> String {
                     name = module.clone();
                 }
                 break;
+            }
+            if arg == "-c" || arg == "-" {
+                // A command string or standard input: no script to name the log after.
+                break;
+            }
+            if arg == "-W" || arg == "-X" || arg == "--check-hash-based-pycs" {
+                // Options whose value is the next argument, not the script.
+                args.next();
+                continue;
             }
             if arg.starts_with('-') {
                 continue;
@@ -744,3 +757,31 @@ exec_hook!(2, execv(path: *const c_char, argv: *const *const c_char));
 exec_hook!(3, execvp(file: *const c_char, argv: *const *const c_char));
 exec_hook!(4, execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
 exec_hook!(5, fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char));
+
+#[cfg(test)]
+mod tests {
+    use super::program_name_of;
+
+    fn name(argv: &[&str]) -> String {
+        program_name_of(&argv.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn python_options_with_a_value_are_not_the_script() {
+        assert_eq!(
+            name(&["/venv/bin/python", "-W", "ignore", "train.py"]),
+            "train"
+        );
+        assert_eq!(
+            name(&["python3", "-X", "dev", "-u", "/a/b/fit.py", "--lr"]),
+            "fit"
+        );
+        assert_eq!(
+            name(&["python3.11", "-W", "ignore", "-m", "torch.distributed.run"]),
+            "torch.distributed.run"
+        );
+        assert_eq!(name(&["python3", "-c", "import torch"]), "python3");
+        assert_eq!(name(&["./app", "-W", "x"]), "app");
+        assert_eq!(name(&[]), "process");
+    }
+}

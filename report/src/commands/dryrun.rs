@@ -247,7 +247,9 @@ fn verdict(
         Some(replay)
     };
     let processes = replay.as_ref().map_or(&[][..], |r| &r.processes[..]);
-    let mut stacks = Stacks::new(processes, StackView::Mixed, false);
+    // The user's lines: a stack's Python frames where it has any (the allocator's and the
+    // framework's native frames say nothing about which line to change), native ones else.
+    let mut stacks = Stacks::new(processes, StackView::Python, false);
 
     let mut devices: Vec<i32> = (0..count as i32).collect();
     for peak in &peaks.total {
