@@ -452,6 +452,23 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
         .expect("marker line") as u64
         + 1;
     assert_eq!(u64_of(frame, "line"), marked);
+    // What was live, by the user's lines: the largest stack is the activations' line (its
+    // Python frames, not the allocator's native ones).
+    let live = arr(&failure["live_by_stack"]);
+    assert_eq!(u64_of(&live[0], "bytes"), 256 * MIB, "{failure}");
+    let top = &arr(&live[0]["frames"])[0];
+    assert!(
+        top["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("torch_dryrun.py")),
+        "{top}"
+    );
+    let activations = text
+        .lines()
+        .position(|line| line.contains("# DRYRUN: activations"))
+        .expect("marker line") as u64
+        + 1;
+    assert_eq!(u64_of(top, "line"), activations, "{top}");
     // Needed: what was used at the failure (context included) plus the request.
     assert_eq!(
         u64_of(&v, "needed"),
