@@ -89,7 +89,28 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = Cli::parse_from(args);
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            // `vramshim run python train.py`: the program belongs after `--`.
+            let launcher = args
+                .get(1)
+                .and_then(|a| a.to_str())
+                .filter(|a| *a == "run" || *a == "dryrun");
+            if let Some(launcher) = launcher
+                && error.kind() == clap::error::ErrorKind::UnknownArgument
+                && !args.iter().any(|a| a == "--")
+            {
+                let _ = error.print();
+                eprintln!(
+                    "tip: put the program after `--`: vramshim {launcher} [OPTIONS] -- PROGRAM [ARGS...]"
+                );
+                return ExitCode::from(2);
+            }
+            error.exit()
+        }
+    };
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Dryrun(args) => commands::dryrun::run(args),

@@ -5,6 +5,7 @@
 mod common;
 
 use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -378,6 +379,52 @@ fn run_with_a_missing_vramshim_lib_fails_before_running_anything() {
         )
     );
     assert!(!marker.exists(), "the program ran");
+}
+
+#[test]
+fn run_of_a_program_that_cannot_be_executed_exits_126() {
+    let dir = scratch("run-not-executable");
+    // A file without execute permission, and an executable file no loader can run.
+    let plain = dir.join("notes.txt");
+    std::fs::write(&plain, "not a program\n").expect("write");
+    let garbage = dir.join("garbage");
+    std::fs::write(&garbage, [0u8; 64]).expect("write");
+    std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for program in [&plain, &garbage] {
+        let (output, _) = vramshim(
+            &[OsStr::new("run"), OsStr::new("--"), program.as_os_str()],
+            &[],
+            &dir,
+        );
+        assert_eq!(output.status.code(), Some(126), "{output:?}");
+        let stderr = text(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("vramshim: cannot run {}: ", program.display())),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn run_without_the_double_dash_suggests_it() {
+    let dir = scratch("run-no-dash");
+    for launcher in ["run", "dryrun"] {
+        let (output, _) = vramshim(
+            &[OsStr::new(launcher), OsStr::new("ls"), OsStr::new("-l")],
+            &[],
+            &dir,
+        );
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains("unexpected argument 'ls'"), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "tip: put the program after `--`: vramshim {launcher} [OPTIONS] -- PROGRAM [ARGS...]"
+            )),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -79,7 +79,11 @@ pub fn split_command(command: &[OsString]) -> Result<(&OsString, &[OsString]), F
 pub fn spawn_and_wait(command: &mut Command, program: &OsStr) -> Result<ExitStatus, Failure> {
     let mut child = command.spawn().map_err(|err| Failure {
         message: format!("cannot run {}: {err}", program.to_string_lossy()),
-        code: 127,
+        // As a shell says it: 127 when there is no such program, 126 when it cannot be run.
+        code: match err.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            _ => 126,
+        },
     })?;
     CHILD.store(child.id() as i32, Ordering::Relaxed);
     unsafe {
