@@ -177,6 +177,14 @@ impl Window {
         for event in live {
             emit(&Record::Event(*event));
         }
+        self.emit_window(&mut emit);
+    }
+}
+
+impl Window {
+    /// The window's records, oldest first, each with the device memory its failed allocation
+    /// carried (kept apart to keep records small). No allocation.
+    fn emit_window(&self, emit: &mut impl FnMut(&Record)) {
         let mut failure_info = self.failure_info.iter();
         for kept in &self.recent {
             let mem_info = if kept.has_mem_info {
@@ -187,9 +195,7 @@ impl Window {
             emit(&kept.record(mem_info));
         }
     }
-}
 
-impl Window {
     /// The dump at a crash, without allocating: a `DumpBegin`, the live set before the window
     /// (in no particular order), the window, and then `newer` events the caller writes itself.
     pub fn crash_dump(&mut self, t_ns: u64, newer: usize, mut emit: impl FnMut(&Record)) {
@@ -203,15 +209,7 @@ impl Window {
         for event in self.live_before.values() {
             emit(&Record::Event(*event));
         }
-        let mut failure_info = self.failure_info.iter();
-        for kept in &self.recent {
-            let mem_info = if kept.has_mem_info {
-                failure_info.next().copied()
-            } else {
-                None
-            };
-            emit(&kept.record(mem_info));
-        }
+        self.emit_window(&mut emit);
     }
 }
 

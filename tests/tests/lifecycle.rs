@@ -34,22 +34,6 @@ fn dump_with_stderr(log: &Path) -> (Vec<Value>, String) {
     (records, stderr)
 }
 
-/// Every file the run left in its scratch directory (not only `*.vlog`), sorted.
-fn all_files(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .expect("scratch dir")
-        .map(|entry| {
-            entry
-                .expect("dir entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
-}
-
 /// The value of `key=` on the first stdout line that starts with `prefix`.
 fn printed(stdout: &str, prefix: &str, key: &str) -> u64 {
     let line = stdout
@@ -224,7 +208,7 @@ fn fork_and_exec_children_write_their_own_logs() {
         format!("{exec}.vlog"),
     ];
     expected_files.sort();
-    assert_eq!(all_files(&run.dir), expected_files);
+    assert_eq!(files_in(&run.dir), expected_files);
 
     // The parent: its 1 MiB allocation and free, nothing of its children.
     let parent_dump = dump(&run.log_of(parent));
@@ -330,7 +314,7 @@ fn fork_with_a_fixed_output_path_keeps_every_log_intact() {
 
     let mut by_pid: HashMap<u64, Vec<Value>> = HashMap::new();
     let mut damage = Vec::new();
-    for name in all_files(&dir) {
+    for name in files_in(&dir) {
         let path = dir.join(&name);
         let (records, stderr) = dump_with_stderr(&path);
         if !stderr.is_empty() {
@@ -346,7 +330,7 @@ fn fork_with_a_fixed_output_path_keeps_every_log_intact() {
     for (pid, count) in [(parent, 2), (child, 4), (exec, 1)] {
         let records = by_pid
             .get(&u64::from(pid))
-            .unwrap_or_else(|| panic!("no log of pid {pid} in {:?}", all_files(&dir)));
+            .unwrap_or_else(|| panic!("no log of pid {pid} in {:?}", files_in(&dir)));
         let mine = ops_of(&ops, pid);
         assert_eq!(mine.len(), count);
         assert_eq!(shapes(&events(records)), printed_shapes(&mine), "pid {pid}");
@@ -439,7 +423,7 @@ fn exec_after_recording_keeps_the_log_of_the_image_before_it() {
         )
     );
     assert_eq!(
-        all_files(&dir),
+        files_in(&dir),
         vec![format!("{pid}.vlog"), format!("{pid}.vlog.2")]
     );
     let before = dump(&dir.join(format!("{pid}.vlog")));
@@ -475,7 +459,7 @@ fn exec_note_is_stamped_and_after_the_events_before_it() {
     let ops = program_ops(&String::from_utf8_lossy(&output.stdout));
     let pid = ops[0].num("pid") as u32;
     // nocuda makes no CUDA call: only the pre-exec log.
-    assert_eq!(all_files(&dir), vec![format!("{pid}.vlog")]);
+    assert_eq!(files_in(&dir), vec![format!("{pid}.vlog")]);
     let dump = dump(&dir.join(format!("{pid}.vlog")));
     let alloc_at = dump
         .iter()
@@ -588,7 +572,7 @@ fn a_program_without_cuda_gets_no_log_and_no_output() {
     assert_ok(&run, "nocuda");
     assert_eq!(run.stdout(), "hello\n");
     assert_eq!(run.stderr(), "");
-    assert_eq!(all_files(&run.dir), Vec::<String>::new());
+    assert_eq!(files_in(&run.dir), Vec::<String>::new());
 }
 
 /// `oom`'s stdout without the shim (deterministic: the fake's addresses).
@@ -618,7 +602,7 @@ fn unwritable_output_warns_once_and_the_program_runs_unchanged() {
         stderr.starts_with("vramshim: cannot create log /nonexistent-dir/x.vlog"),
         "{stderr}"
     );
-    assert_eq!(all_files(&run.dir), Vec::<String>::new());
+    assert_eq!(files_in(&run.dir), Vec::<String>::new());
 }
 
 #[test]
@@ -656,8 +640,8 @@ fn a_symlink_at_the_output_path_is_refused() {
             .file_type()
             .is_symlink()
     );
-    assert_eq!(all_files(&dir), vec!["link.vlog", "precious.txt"]);
-    assert_eq!(all_files(&run.dir), Vec::<String>::new());
+    assert_eq!(files_in(&dir), vec!["link.vlog", "precious.txt"]);
+    assert_eq!(files_in(&run.dir), Vec::<String>::new());
 }
 
 #[test]

@@ -85,21 +85,6 @@ fn run_with_output(name: &str, output: &OsStr, env: &[(&str, &str)]) -> Finished
     finished
 }
 
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|entry| {
-            entry
-                .expect("dir entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
-}
-
 /// `oom`'s stdout without the shim (the fake's addresses are deterministic).
 fn plain_oom_stdout() -> String {
     let plain = run_plain("oom", &[], &[("FAKECUDA_MEM", "1G")]);

@@ -403,3 +403,19 @@ pub fn skipped(what: &str) {
         }
     }
 }
+
+/// The names of every entry in `dir` (not only `*.vlog`), sorted.
+pub fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|entry| {
+            entry
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
