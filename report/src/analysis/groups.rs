@@ -1,6 +1,7 @@
 //! Grouping a set of allocations by call stack, flat and as a caller → callee tree; with
 //! `--by-thread`, by (process, thread, stack).
 
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
@@ -212,15 +213,23 @@ pub fn by_stack_totals(
 ) -> Vec<StackGroup> {
     let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
     ids.sort_unstable_by_key(|(id, _)| *id);
-    type GroupKey = (Option<(u32, u32)>, Vec<Place>);
-    let mut by_frames: FxHashMap<GroupKey, usize> = FxHashMap::default();
+    // Groups by the hash of their key (thread, places of the frames), compared in full on
+    // a hash match: keeping the keys themselves would copy every frame's strings again.
+    let mut by_hash: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
     let mut groups: Vec<StackGroup> = Vec::new();
     for (id, (bytes, count)) in ids {
         let frames = stacks.frames(processes, id.process, id.stack);
         let thread = id.thread.map(|tid| (id.process, tid));
-        let index = *by_frames
-            .entry((thread, places(&frames)))
-            .or_insert_with(|| {
+        let hash = group_hash(thread, &frames);
+        let candidates = by_hash.entry(hash).or_default();
+        let found = candidates.iter().copied().find(|&index| {
+            let group = &groups[index];
+            group.thread.as_ref().map(|t| (t.process, t.tid)) == thread
+                && same_places(&group.frames, &frames)
+        });
+        let index = match found {
+            Some(index) => index,
+            None => {
                 groups.push(StackGroup {
                     frames,
                     bytes: 0,
@@ -228,8 +237,10 @@ pub fn by_stack_totals(
                     processes: Vec::new(),
                     thread: thread.map(|(process, tid)| GroupThread::of(processes, process, tid)),
                 });
+                candidates.push(groups.len() - 1);
                 groups.len() - 1
-            });
+            }
+        };
         let group = &mut groups[index];
         group.bytes = group.bytes.saturating_add(bytes);
         group.count += count;
@@ -356,35 +367,35 @@ pub fn no_stack_frame() -> SymFrame {
 
 /// What makes two frames the same place for grouping: function, file and line, so that call
 /// sites the compiler duplicated (unrolled loops, inlined copies) group together; the module
-/// and code offset only when nothing else is known.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Place {
-    function: Option<String>,
-    file: Option<String>,
-    line: Option<u32>,
-    module: String,
-    offset: u64,
-}
+/// and code offset only when nothing else is known: (function, file, line, module, offset).
+type PlaceRef<'a> = (Option<&'a str>, Option<&'a str>, Option<u32>, &'a str, u64);
 
-fn place(frame: &SymFrame) -> Place {
+fn place(frame: &SymFrame) -> PlaceRef<'_> {
     let known = frame.function.is_some() || frame.line.is_some();
-    Place {
-        function: frame.function.clone(),
-        file: frame.file.clone(),
-        line: frame.line,
-        module: if known {
-            String::new()
-        } else {
-            frame.module.clone()
-        },
-        offset: if known { 0 } else { frame.offset },
-    }
-}
-
-fn places(frames: &[SymFrame]) -> Vec<Place> {
-    frames.iter().map(place).collect()
+    (
+        frame.function.as_deref(),
+        frame.file.as_deref(),
+        frame.line,
+        if known { "" } else { &frame.module },
+        if known { 0 } else { frame.offset },
+    )
 }
 
 fn same_place(a: &SymFrame, b: &SymFrame) -> bool {
     place(a) == place(b)
+}
+
+fn same_places(a: &[SymFrame], b: &[SymFrame]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_place(a, b))
+}
+
+/// The hash of a group's key: its thread and the places of its frames.
+fn group_hash(thread: Option<(u32, u32)>, frames: &[SymFrame]) -> u64 {
+    let mut hasher = rustc_hash::FxHasher::default();
+    thread.hash(&mut hasher);
+    frames.len().hash(&mut hasher);
+    for frame in frames {
+        place(frame).hash(&mut hasher);
+    }
+    hasher.finish()
 }
