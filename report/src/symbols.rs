@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use addr2line::Loader;
 use rustc_hash::FxHashMap;
@@ -28,17 +29,18 @@ pub const UNKNOWN_MODULE: &str = "[unknown]";
 /// as distributions install them (`-dbg`, `-dbgsym`, `-debuginfo` packages).
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
-/// One symbolised frame (inlined frames expand into several, innermost first).
+/// One symbolised frame (inlined frames expand into several, innermost first). The strings
+/// are shared (`Rc`): a log's millions of stacks repeat the same few thousand of them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SymFrame {
     /// Function name, demangled (C++ and Rust); `None` if unknown.
-    pub function: Option<String>,
+    pub function: Option<Rc<str>>,
     /// Source file, the full path as DWARF gives it.
-    pub file: Option<String>,
+    pub file: Option<Rc<str>>,
     /// Source line of the call (for an inlined frame: where it was inlined into its caller).
     pub line: Option<u32>,
     /// Module path from the log; [`UNKNOWN_MODULE`] when the address is in no module.
-    pub module: String,
+    pub module: Rc<str>,
     /// `ip - load_bias`: the file-relative virtual address of the return address (not of the
     /// call: subtract 1 before handing it to `addr2line -e module`). The address itself when
     /// the module is unknown.
@@ -58,7 +60,7 @@ impl SymFrame {
             None => base_name(file).to_owned(),
         });
         let name = match &self.function {
-            Some(function) => function.clone(),
+            Some(function) => function.to_string(),
             None => format!("{}+{:#x}", module_label(&self.module), self.offset),
         };
         match place {
@@ -214,7 +216,7 @@ impl Symbolizer {
                 function: None,
                 file: None,
                 line: None,
-                module: UNKNOWN_MODULE.to_owned(),
+                module: UNKNOWN_MODULE.into(),
                 offset: ip,
                 inlined: false,
             }];
@@ -225,7 +227,7 @@ impl Symbolizer {
             function: None,
             file: None,
             line: None,
-            module: module.path.clone(),
+            module: module.path.as_str().into(),
             offset,
             inlined: false,
         };
@@ -261,9 +263,9 @@ impl Symbolizer {
                 .map(demangle_symbol);
             if let Some(symbol) = symbol {
                 match frames.last_mut() {
-                    Some(frame) => frame.function = Some(symbol),
+                    Some(frame) => frame.function = Some(symbol.into()),
                     None => frames.push(SymFrame {
-                        function: Some(symbol),
+                        function: Some(symbol.into()),
                         ..bare.clone()
                     }),
                 }
@@ -411,10 +413,10 @@ fn dwarf_frames(
             .function
             .as_ref()
             .and_then(|name| name.demangle().ok())
-            .map(Cow::into_owned);
+            .map(|name| Rc::from(&*name));
         let (file, line) = match &frame.location {
             Some(location) => (
-                location.file.map(str::to_owned),
+                location.file.map(Rc::from),
                 // Line 0 means "no line" in DWARF.
                 location.line.filter(|&line| line != 0),
             ),

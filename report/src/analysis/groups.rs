@@ -356,10 +356,10 @@ fn sort_tree(node: &mut TreeNode) {
 /// The placeholder frame for allocations without a stack.
 pub fn no_stack_frame() -> SymFrame {
     SymFrame {
-        function: Some(NO_STACK.to_string()),
+        function: Some(NO_STACK.into()),
         file: None,
         line: None,
-        module: String::new(),
+        module: "".into(),
         offset: 0,
         inlined: false,
     }

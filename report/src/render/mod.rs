@@ -55,10 +55,10 @@ pub fn share(part: u64, whole: u64) -> f64 {
 
 pub fn frame_json(frame: &SymFrame) -> Value {
     json!({
-        "function": frame.function,
-        "file": frame.file,
+        "function": frame.function.as_deref(),
+        "file": frame.file.as_deref(),
         "line": frame.line,
-        "module": frame.module,
+        "module": &*frame.module,
         "offset": frame.offset,
         "inlined": frame.inlined,
         "label": frame.label(),
@@ -106,12 +106,12 @@ impl Serialize for FrameJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let frame = self.0;
         let mut map = serializer.serialize_map(Some(7))?;
-        map.serialize_entry("file", &frame.file)?;
-        map.serialize_entry("function", &frame.function)?;
+        map.serialize_entry("file", &frame.file.as_deref())?;
+        map.serialize_entry("function", &frame.function.as_deref())?;
         map.serialize_entry("inlined", &frame.inlined)?;
         map.serialize_entry("label", &frame.label())?;
         map.serialize_entry("line", &frame.line)?;
-        map.serialize_entry("module", &frame.module)?;
+        map.serialize_entry("module", &*frame.module)?;
         map.serialize_entry("offset", &frame.offset)?;
         map.end()
     }

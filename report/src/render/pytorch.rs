@@ -69,9 +69,12 @@ fn viewer_frames(frames: &[SymFrame]) -> Vec<(String, u64, String)> {
         .iter()
         .map(|frame| {
             (
-                frame.file.clone().unwrap_or_else(|| frame.module.clone()),
+                frame.file.as_deref().unwrap_or(&frame.module).to_string(),
                 frame.line.map_or(0, u64::from),
-                frame.function.clone().unwrap_or_else(|| frame.label()),
+                frame
+                    .function
+                    .as_deref()
+                    .map_or_else(|| frame.label(), str::to_string),
             )
         })
         .collect()
