@@ -84,8 +84,13 @@ pub struct Symbolizer {
     files: Vec<ObjectFile>,
     /// Path → index into `files` (`None`: the file could not be opened; already warned).
     file_by_path: FxHashMap<String, Option<usize>>,
-    /// Results per recorded address.
+    /// Results per recorded address, for addresses looked up in an object file (the others
+    /// cost less to redo than to keep: a log can hold tens of millions of them).
     cache: FxHashMap<u64, Vec<SymFrame>>,
+    /// Per module: its path, shared by its frames.
+    module_paths: Vec<Rc<str>>,
+    /// [`UNKNOWN_MODULE`], shared by the frames of addresses in no module.
+    unknown_module: Rc<str>,
     /// User warnings, deduplicated, in the order they arose.
     warnings: Vec<String>,
     /// Roots searched for separate debug files.
@@ -116,6 +121,8 @@ impl Symbolizer {
             files: Vec::new(),
             file_by_path: FxHashMap::default(),
             cache: FxHashMap::default(),
+            module_paths: Vec::new(),
+            unknown_module: UNKNOWN_MODULE.into(),
             warnings: Vec::new(),
             debug_roots: vec![PathBuf::from(DEBUG_ROOT)],
         };
@@ -158,6 +165,12 @@ impl Symbolizer {
             entry.1 = max_end;
         }
         self.by_start = by_start;
+        let known = self.module_paths.len();
+        self.module_paths.extend(
+            self.modules[known..]
+                .iter()
+                .map(|m| Rc::from(m.path.as_str())),
+        );
     }
 
     /// Expands one recorded return address into frames: innermost first, inlined ones before
@@ -168,7 +181,12 @@ impl Symbolizer {
             return frames.clone();
         }
         let frames = self.symbolise(ip);
-        self.cache.insert(ip, frames.clone());
+        let looked_up = self
+            .module_of(ip)
+            .is_some_and(|m| matches!(self.state[m], Some(Some(_))));
+        if looked_up {
+            self.cache.insert(ip, frames.clone());
+        }
         frames
     }
 
@@ -216,7 +234,7 @@ impl Symbolizer {
                 function: None,
                 file: None,
                 line: None,
-                module: UNKNOWN_MODULE.into(),
+                module: self.unknown_module.clone(),
                 offset: ip,
                 inlined: false,
             }];
@@ -227,7 +245,7 @@ impl Symbolizer {
             function: None,
             file: None,
             line: None,
-            module: module.path.as_str().into(),
+            module: self.module_paths[m].clone(),
             offset,
             inlined: false,
         };

@@ -10,11 +10,17 @@ use crate::python::{self, StackView};
 use crate::replay::{Live, Process};
 use crate::symbols::{SymFrame, Symbolizer};
 
+/// Frames [`Stacks`] keeps for stacks asked for again (about 70 MiB): a command going through
+/// millions of distinct stacks once (an export) must not keep them all.
+const CACHED_FRAMES_MAX: usize = 1 << 20;
+
 /// Symbolised stacks of every process of a replay, each resolved once, and how groups of them
 /// are keyed.
 pub struct Stacks {
     symbolizers: Vec<Option<Symbolizer>>,
     cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
+    /// Frames held by `cache`: it is emptied when they pass [`CACHED_FRAMES_MAX`].
+    cached_frames: usize,
     view: StackView,
     by_thread: bool,
 }
@@ -26,6 +32,7 @@ impl Stacks {
         Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),
+            cached_frames: 0,
             view,
             by_thread,
         }
@@ -73,6 +80,11 @@ impl Stacks {
             },
             None => Rc::from(Vec::new()),
         };
+        if self.cached_frames + frames.len() > CACHED_FRAMES_MAX {
+            self.cache.clear();
+            self.cached_frames = 0;
+        }
+        self.cached_frames += frames.len();
         self.cache.insert((process, stack), frames.clone());
         frames
     }
