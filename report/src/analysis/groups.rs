@@ -289,20 +289,37 @@ pub const NO_STACK: &str = "[no stack recorded]";
 #[derive(Clone, Debug, Default)]
 pub struct TreeNode {
     /// None at the root and at thread nodes.
-    pub frame: Option<SymFrame>,
+    pub frame: Option<TreeFrame>,
     /// Set at the nodes of the top level when groups are split by thread: each thread's
-    /// stacks hang below its node.
-    pub thread: Option<GroupThread>,
+    /// stacks hang below its node. Boxed: a tree can have millions of nodes, few of these.
+    pub thread: Option<Box<GroupThread>>,
     pub bytes: u64,
     pub count: u64,
     /// Largest first.
     pub children: Vec<TreeNode>,
 }
 
+/// A frame of a tree node: a place in the stack it came from (a tree of millions of nodes
+/// would otherwise hold a copy of each frame).
+#[derive(Clone, Debug)]
+pub struct TreeFrame {
+    frames: Rc<[SymFrame]>,
+    index: usize,
+}
+
+impl std::ops::Deref for TreeFrame {
+    type Target = SymFrame;
+
+    fn deref(&self) -> &SymFrame {
+        &self.frames[self.index]
+    }
+}
+
 /// Builds the caller → callee tree of `groups` (outermost frame at the top; groups split by
 /// thread hang below a node per thread).
 pub fn tree(groups: &[StackGroup]) -> TreeNode {
     let mut root = TreeNode::default();
+    let no_stack: Rc<[SymFrame]> = Rc::from(vec![no_stack_frame()]);
     for group in groups {
         root.bytes = root.bytes.saturating_add(group.bytes);
         root.count += group.count;
@@ -317,7 +334,7 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
                 Some(index) => index,
                 None => {
                     node.children.push(TreeNode {
-                        thread: Some(thread.clone()),
+                        thread: Some(Box::new(thread.clone())),
                         ..TreeNode::default()
                     });
                     node.children.len() - 1
@@ -327,22 +344,24 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
             node.bytes = node.bytes.saturating_add(group.bytes);
             node.count += group.count;
         }
-        let no_stack = [no_stack_frame()];
-        let frames: &[SymFrame] = if group.frames.is_empty() {
-            &no_stack
+        let frames = if group.frames.is_empty() {
+            no_stack.clone()
         } else {
-            &group.frames
+            group.frames.clone()
         };
-        for frame in frames.iter().rev() {
-            let index = match node
+        for (index, frame) in frames.iter().enumerate().rev() {
+            let found = node
                 .children
                 .iter()
-                .position(|child| child.frame.as_ref().is_some_and(|f| same_place(f, frame)))
-            {
-                Some(index) => index,
+                .position(|child| child.frame.as_ref().is_some_and(|f| same_place(f, frame)));
+            let index = match found {
+                Some(found) => found,
                 None => {
                     node.children.push(TreeNode {
-                        frame: Some(frame.clone()),
+                        frame: Some(TreeFrame {
+                            frames: frames.clone(),
+                            index,
+                        }),
                         ..TreeNode::default()
                     });
                     node.children.len() - 1

@@ -179,7 +179,7 @@ impl Serialize for TreeJson<'_> {
             &SeqJson(node.children.iter().map(|node| TreeJson { node, whole })),
         )?;
         map.serialize_entry("count", &node.count)?;
-        map.serialize_entry("frame", &node.frame.as_ref().map(FrameJson))?;
+        map.serialize_entry("frame", &node.frame.as_deref().map(FrameJson))?;
         map.serialize_entry("share", &share_json(node.bytes, whole))?;
         if let Some(thread) = &node.thread {
             map.serialize_entry("thread", &thread_json(thread))?;
