@@ -235,10 +235,12 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
             .writer
             .as_deref_mut()
             .ok_or_else(|| output_failure(&path, io::Error::other("no writer")))?;
-        write_snapshot(out, args, &plan, &segment_frames, &mut stacks, processes).map_err(|err| match err {
-            Written::Io(err) => output_failure(&path, err),
-            Written::Replay(failure) => failure,
-        })?
+        write_snapshot(out, args, &plan, &segment_frames, &mut stacks, processes).map_err(
+            |err| match err {
+                Written::Io(err) => output_failure(&path, err),
+                Written::Replay(failure) => failure,
+            },
+        )?
     };
     output.commit(&path)?;
 
