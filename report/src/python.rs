@@ -387,10 +387,10 @@ mod tests {
 
     fn named(name: &str) -> SymFrame {
         SymFrame {
-            function: Some(name.to_string()),
+            function: Some(name.into()),
             file: None,
             line: None,
-            module: String::new(),
+            module: "".into(),
             offset: 0,
             inlined: false,
         }

@@ -968,7 +968,7 @@ mod tests {
         );
         assert!(frame.line.is_some(), "{frame:?}");
         assert!(!frame.inlined);
-        assert_eq!(frame.module, module.path);
+        assert_eq!(*frame.module, *module.path);
         assert_eq!(frame.offset, addr + 1 - module.load_bias);
         assert!(
             frame
@@ -999,12 +999,12 @@ mod tests {
         let mut symbolizer = Symbolizer::new(others);
         let count = symbolizer.module_count();
         let addr = symbolise_me_target as *const () as u64 + 1;
-        assert_eq!(symbolizer.frames(addr)[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*symbolizer.frames(addr)[0].module, UNKNOWN_MODULE);
         symbolizer.add_modules(std::slice::from_ref(&module));
         assert_eq!(symbolizer.module_count(), count + 1);
         let frames = symbolizer.frames(addr);
         let frame = frames.last().unwrap();
-        assert_eq!(frame.module, module.path);
+        assert_eq!(*frame.module, *module.path);
         assert!(
             frame
                 .function
@@ -1197,12 +1197,12 @@ mod tests {
         ]);
         let unknown = symbolizer.frames(0x10);
         assert_eq!(unknown.len(), 1);
-        assert_eq!(unknown[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*unknown[0].module, UNKNOWN_MODULE);
         assert_eq!(unknown[0].function, None);
         assert_eq!(unknown[0].offset, 0x10);
         assert_eq!(unknown[0].label(), "[unknown]+0x10");
         // End of a range is outside it.
-        assert_eq!(symbolizer.frames(0x7fff_2000)[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*symbolizer.frames(0x7fff_2000)[0].module, UNKNOWN_MODULE);
         assert_eq!(symbolizer.frames(0x7fff_0abc)[0].label(), "[vdso]+0xabc");
         assert_eq!(symbolizer.frames(0x5010)[0].label(), "[vdso]+0x10");
         // No file to read is not worth a warning.
@@ -1236,7 +1236,7 @@ mod tests {
         let own = &stack[1..stack.len() - 1];
         assert_eq!(labels[0], "libover.so+0x100", "{labels:?}");
         assert!(!own.is_empty(), "{labels:?}");
-        assert!(own.iter().all(|f| f.module == module.path), "{labels:?}");
+        assert!(own.iter().all(|f| *f.module == *module.path), "{labels:?}");
         let outer = own.last().unwrap();
         assert!(has_function(outer, "symbolise_me_target"), "{labels:?}");
         assert!(!outer.inlined && own[..own.len() - 1].iter().all(|f| f.inlined));

@@ -119,7 +119,7 @@ mod tests {
     fn frame(name: &str, offset: u64) -> SymFrame {
         SymFrame {
             function: Some(name.into()),
-            file: Some(format!("/src/{name}.c")),
+            file: Some(format!("/src/{name}.c").into()),
             line: Some(3),
             module: "/bin/a".into(),
             offset,

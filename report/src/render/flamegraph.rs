@@ -249,7 +249,7 @@ mod tests {
             root.children[1]
                 .thread
                 .as_ref()
-                .map(GroupThread::label)
+                .map(|thread| thread.label())
                 .as_deref(),
             Some("thread [unnamed] (tid 11, pid 7)")
         );

@@ -604,10 +604,10 @@ mod tests {
 
     fn frame(function: &str, file: &str, line: u32) -> SymFrame {
         SymFrame {
-            function: Some(function.to_string()),
-            file: Some(file.to_string()),
+            function: Some(function.into()),
+            file: Some(file.into()),
             line: Some(line),
-            module: "/bin/app".to_string(),
+            module: "/bin/app".into(),
             offset: 0x10,
             inlined: false,
         }
