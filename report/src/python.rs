@@ -151,18 +151,18 @@ fn signed_varint(table: &[u8], at: &mut usize) -> Option<i64> {
 pub fn sym_frame(code: Option<&CodeDef>, frame: PyFrame) -> SymFrame {
     match code {
         Some(code) => SymFrame {
-            function: Some(code.qualname.clone()),
-            file: Some(code.filename.clone()),
+            function: Some(code.qualname.as_str().into()),
+            file: Some(code.filename.as_str().into()),
             line: line_of(code, frame.offset),
-            module: PYTHON_MODULE.to_string(),
+            module: PYTHON_MODULE.into(),
             offset: u64::from(frame.offset),
             inlined: false,
         },
         None => SymFrame {
-            function: Some(format!("<python code {}>", frame.code)),
+            function: Some(format!("<python code {}>", frame.code).into()),
             file: None,
             line: None,
-            module: PYTHON_MODULE.to_string(),
+            module: PYTHON_MODULE.into(),
             offset: u64::from(frame.offset),
             inlined: false,
         },
@@ -387,10 +387,10 @@ mod tests {
 
     fn named(name: &str) -> SymFrame {
         SymFrame {
-            function: Some(name.to_string()),
+            function: Some(name.into()),
             file: None,
             line: None,
-            module: String::new(),
+            module: "".into(),
             offset: 0,
             inlined: false,
         }

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use addr2line::Loader;
 use rustc_hash::FxHashMap;
@@ -28,17 +29,18 @@ pub const UNKNOWN_MODULE: &str = "[unknown]";
 /// as distributions install them (`-dbg`, `-dbgsym`, `-debuginfo` packages).
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
-/// One symbolised frame (inlined frames expand into several, innermost first).
+/// One symbolised frame (inlined frames expand into several, innermost first). The strings
+/// are shared (`Rc`): a log's millions of stacks repeat the same few thousand of them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SymFrame {
     /// Function name, demangled (C++ and Rust); `None` if unknown.
-    pub function: Option<String>,
+    pub function: Option<Rc<str>>,
     /// Source file, the full path as DWARF gives it.
-    pub file: Option<String>,
+    pub file: Option<Rc<str>>,
     /// Source line of the call (for an inlined frame: where it was inlined into its caller).
     pub line: Option<u32>,
     /// Module path from the log; [`UNKNOWN_MODULE`] when the address is in no module.
-    pub module: String,
+    pub module: Rc<str>,
     /// `ip - load_bias`: the file-relative virtual address of the return address (not of the
     /// call: subtract 1 before handing it to `addr2line -e module`). The address itself when
     /// the module is unknown.
@@ -58,7 +60,7 @@ impl SymFrame {
             None => base_name(file).to_owned(),
         });
         let name = match &self.function {
-            Some(function) => function.clone(),
+            Some(function) => function.to_string(),
             None => format!("{}+{:#x}", module_label(&self.module), self.offset),
         };
         match place {
@@ -82,8 +84,13 @@ pub struct Symbolizer {
     files: Vec<ObjectFile>,
     /// Path → index into `files` (`None`: the file could not be opened; already warned).
     file_by_path: FxHashMap<String, Option<usize>>,
-    /// Results per recorded address.
+    /// Results per recorded address, for addresses looked up in an object file (the others
+    /// cost less to redo than to keep: a log can hold tens of millions of them).
     cache: FxHashMap<u64, Vec<SymFrame>>,
+    /// Per module: its path, shared by its frames.
+    module_paths: Vec<Rc<str>>,
+    /// [`UNKNOWN_MODULE`], shared by the frames of addresses in no module.
+    unknown_module: Rc<str>,
     /// User warnings, deduplicated, in the order they arose.
     warnings: Vec<String>,
     /// Roots searched for separate debug files.
@@ -114,6 +121,8 @@ impl Symbolizer {
             files: Vec::new(),
             file_by_path: FxHashMap::default(),
             cache: FxHashMap::default(),
+            module_paths: Vec::new(),
+            unknown_module: UNKNOWN_MODULE.into(),
             warnings: Vec::new(),
             debug_roots: vec![PathBuf::from(DEBUG_ROOT)],
         };
@@ -156,6 +165,12 @@ impl Symbolizer {
             entry.1 = max_end;
         }
         self.by_start = by_start;
+        let known = self.module_paths.len();
+        self.module_paths.extend(
+            self.modules[known..]
+                .iter()
+                .map(|m| Rc::from(m.path.as_str())),
+        );
     }
 
     /// Expands one recorded return address into frames: innermost first, inlined ones before
@@ -166,7 +181,12 @@ impl Symbolizer {
             return frames.clone();
         }
         let frames = self.symbolise(ip);
-        self.cache.insert(ip, frames.clone());
+        let looked_up = self
+            .module_of(ip)
+            .is_some_and(|m| matches!(self.state[m], Some(Some(_))));
+        if looked_up {
+            self.cache.insert(ip, frames.clone());
+        }
         frames
     }
 
@@ -214,7 +234,7 @@ impl Symbolizer {
                 function: None,
                 file: None,
                 line: None,
-                module: UNKNOWN_MODULE.to_owned(),
+                module: self.unknown_module.clone(),
                 offset: ip,
                 inlined: false,
             }];
@@ -225,7 +245,7 @@ impl Symbolizer {
             function: None,
             file: None,
             line: None,
-            module: module.path.clone(),
+            module: self.module_paths[m].clone(),
             offset,
             inlined: false,
         };
@@ -261,9 +281,9 @@ impl Symbolizer {
                 .map(demangle_symbol);
             if let Some(symbol) = symbol {
                 match frames.last_mut() {
-                    Some(frame) => frame.function = Some(symbol),
+                    Some(frame) => frame.function = Some(symbol.into()),
                     None => frames.push(SymFrame {
-                        function: Some(symbol),
+                        function: Some(symbol.into()),
                         ..bare.clone()
                     }),
                 }
@@ -411,10 +431,10 @@ fn dwarf_frames(
             .function
             .as_ref()
             .and_then(|name| name.demangle().ok())
-            .map(Cow::into_owned);
+            .map(|name| Rc::from(&*name));
         let (file, line) = match &frame.location {
             Some(location) => (
-                location.file.map(str::to_owned),
+                location.file.map(Rc::from),
                 // Line 0 means "no line" in DWARF.
                 location.line.filter(|&line| line != 0),
             ),
@@ -948,7 +968,7 @@ mod tests {
         );
         assert!(frame.line.is_some(), "{frame:?}");
         assert!(!frame.inlined);
-        assert_eq!(frame.module, module.path);
+        assert_eq!(*frame.module, *module.path);
         assert_eq!(frame.offset, addr + 1 - module.load_bias);
         assert!(
             frame
@@ -979,12 +999,12 @@ mod tests {
         let mut symbolizer = Symbolizer::new(others);
         let count = symbolizer.module_count();
         let addr = symbolise_me_target as *const () as u64 + 1;
-        assert_eq!(symbolizer.frames(addr)[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*symbolizer.frames(addr)[0].module, UNKNOWN_MODULE);
         symbolizer.add_modules(std::slice::from_ref(&module));
         assert_eq!(symbolizer.module_count(), count + 1);
         let frames = symbolizer.frames(addr);
         let frame = frames.last().unwrap();
-        assert_eq!(frame.module, module.path);
+        assert_eq!(*frame.module, *module.path);
         assert!(
             frame
                 .function
@@ -1177,12 +1197,12 @@ mod tests {
         ]);
         let unknown = symbolizer.frames(0x10);
         assert_eq!(unknown.len(), 1);
-        assert_eq!(unknown[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*unknown[0].module, UNKNOWN_MODULE);
         assert_eq!(unknown[0].function, None);
         assert_eq!(unknown[0].offset, 0x10);
         assert_eq!(unknown[0].label(), "[unknown]+0x10");
         // End of a range is outside it.
-        assert_eq!(symbolizer.frames(0x7fff_2000)[0].module, UNKNOWN_MODULE);
+        assert_eq!(&*symbolizer.frames(0x7fff_2000)[0].module, UNKNOWN_MODULE);
         assert_eq!(symbolizer.frames(0x7fff_0abc)[0].label(), "[vdso]+0xabc");
         assert_eq!(symbolizer.frames(0x5010)[0].label(), "[vdso]+0x10");
         // No file to read is not worth a warning.
@@ -1216,7 +1236,7 @@ mod tests {
         let own = &stack[1..stack.len() - 1];
         assert_eq!(labels[0], "libover.so+0x100", "{labels:?}");
         assert!(!own.is_empty(), "{labels:?}");
-        assert!(own.iter().all(|f| f.module == module.path), "{labels:?}");
+        assert!(own.iter().all(|f| *f.module == *module.path), "{labels:?}");
         let outer = own.last().unwrap();
         assert!(has_function(outer, "symbolise_me_target"), "{labels:?}");
         assert!(!outer.inlined && own[..own.len() - 1].iter().all(|f| f.inlined));

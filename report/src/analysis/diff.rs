@@ -3,6 +3,7 @@
 //! split by thread are matched by thread name and labels (thread ids differ between runs).
 
 use std::cmp::Reverse;
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
@@ -55,8 +56,9 @@ impl StackDiff {
 /// Matches the stacks of `a` and `b` by label (and thread name) and sorts growth first: by
 /// peak change, then allocated change, both descending.
 pub fn diff(a: &Side<'_>, b: &Side<'_>) -> Vec<StackDiff> {
-    type RowKey = (Option<String>, Vec<String>);
-    let mut by_labels: FxHashMap<RowKey, usize> = FxHashMap::default();
+    // Rows by the hash of (thread, labels), compared in full on a hash match: keeping the
+    // keys would copy every row's labels.
+    let mut by_hash: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
     let mut rows: Vec<StackDiff> = Vec::new();
     let sides = [a, b];
     for (side, input) in sides.iter().enumerate() {
@@ -67,17 +69,27 @@ pub fn diff(a: &Side<'_>, b: &Side<'_>) -> Vec<StackDiff> {
                     .thread
                     .as_ref()
                     .map(|t| t.name.clone().unwrap_or_else(|| UNNAMED_THREAD.to_string()));
-                let key = (thread.clone(), labels.clone());
-                let index = *by_labels.entry(key).or_insert_with(|| {
-                    rows.push(StackDiff {
-                        thread,
-                        labels,
-                        frames: group.frames.clone(),
-                        peak: [Amount::default(); 2],
-                        allocated: [Amount::default(); 2],
-                    });
-                    rows.len() - 1
-                });
+                let mut hasher = rustc_hash::FxHasher::default();
+                (&thread, &labels).hash(&mut hasher);
+                let candidates = by_hash.entry(hasher.finish()).or_default();
+                let found = candidates
+                    .iter()
+                    .copied()
+                    .find(|&index| rows[index].thread == thread && rows[index].labels == labels);
+                let index = match found {
+                    Some(index) => index,
+                    None => {
+                        rows.push(StackDiff {
+                            thread,
+                            labels,
+                            frames: group.frames.clone(),
+                            peak: [Amount::default(); 2],
+                            allocated: [Amount::default(); 2],
+                        });
+                        candidates.push(rows.len() - 1);
+                        rows.len() - 1
+                    }
+                };
                 // Frames differing only where labels do not look (offsets, module paths)
                 // land in one row.
                 let amount = if peak {
@@ -107,7 +119,7 @@ mod tests {
     fn frame(name: &str, offset: u64) -> SymFrame {
         SymFrame {
             function: Some(name.into()),
-            file: Some(format!("/src/{name}.c")),
+            file: Some(format!("/src/{name}.c").into()),
             line: Some(3),
             module: "/bin/a".into(),
             offset,

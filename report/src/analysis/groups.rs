@@ -1,6 +1,7 @@
 //! Grouping a set of allocations by call stack, flat and as a caller → callee tree; with
 //! `--by-thread`, by (process, thread, stack).
 
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
@@ -9,11 +10,17 @@ use crate::python::{self, StackView};
 use crate::replay::{Live, Process};
 use crate::symbols::{SymFrame, Symbolizer};
 
+/// Frames [`Stacks`] keeps for stacks asked for again (about 70 MiB): a command going through
+/// millions of distinct stacks once (an export) must not keep them all.
+const CACHED_FRAMES_MAX: usize = 1 << 20;
+
 /// Symbolised stacks of every process of a replay, each resolved once, and how groups of them
 /// are keyed.
 pub struct Stacks {
     symbolizers: Vec<Option<Symbolizer>>,
     cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
+    /// Frames held by `cache`: it is emptied when they pass [`CACHED_FRAMES_MAX`].
+    cached_frames: usize,
     view: StackView,
     by_thread: bool,
 }
@@ -25,6 +32,7 @@ impl Stacks {
         Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),
+            cached_frames: 0,
             view,
             by_thread,
         }
@@ -72,6 +80,11 @@ impl Stacks {
             },
             None => Rc::from(Vec::new()),
         };
+        if self.cached_frames + frames.len() > CACHED_FRAMES_MAX {
+            self.cache.clear();
+            self.cached_frames = 0;
+        }
+        self.cached_frames += frames.len();
         self.cache.insert((process, stack), frames.clone());
         frames
     }
@@ -212,15 +225,23 @@ pub fn by_stack_totals(
 ) -> Vec<StackGroup> {
     let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
     ids.sort_unstable_by_key(|(id, _)| *id);
-    type GroupKey = (Option<(u32, u32)>, Vec<Place>);
-    let mut by_frames: FxHashMap<GroupKey, usize> = FxHashMap::default();
+    // Groups by the hash of their key (thread, places of the frames), compared in full on
+    // a hash match: keeping the keys themselves would copy every frame's strings again.
+    let mut by_hash: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
     let mut groups: Vec<StackGroup> = Vec::new();
     for (id, (bytes, count)) in ids {
         let frames = stacks.frames(processes, id.process, id.stack);
         let thread = id.thread.map(|tid| (id.process, tid));
-        let index = *by_frames
-            .entry((thread, places(&frames)))
-            .or_insert_with(|| {
+        let hash = group_hash(thread, &frames);
+        let candidates = by_hash.entry(hash).or_default();
+        let found = candidates.iter().copied().find(|&index| {
+            let group = &groups[index];
+            group.thread.as_ref().map(|t| (t.process, t.tid)) == thread
+                && same_places(&group.frames, &frames)
+        });
+        let index = match found {
+            Some(index) => index,
+            None => {
                 groups.push(StackGroup {
                     frames,
                     bytes: 0,
@@ -228,8 +249,10 @@ pub fn by_stack_totals(
                     processes: Vec::new(),
                     thread: thread.map(|(process, tid)| GroupThread::of(processes, process, tid)),
                 });
+                candidates.push(groups.len() - 1);
                 groups.len() - 1
-            });
+            }
+        };
         let group = &mut groups[index];
         group.bytes = group.bytes.saturating_add(bytes);
         group.count += count;
@@ -266,20 +289,37 @@ pub const NO_STACK: &str = "[no stack recorded]";
 #[derive(Clone, Debug, Default)]
 pub struct TreeNode {
     /// None at the root and at thread nodes.
-    pub frame: Option<SymFrame>,
+    pub frame: Option<TreeFrame>,
     /// Set at the nodes of the top level when groups are split by thread: each thread's
-    /// stacks hang below its node.
-    pub thread: Option<GroupThread>,
+    /// stacks hang below its node. Boxed: a tree can have millions of nodes, few of these.
+    pub thread: Option<Box<GroupThread>>,
     pub bytes: u64,
     pub count: u64,
     /// Largest first.
     pub children: Vec<TreeNode>,
 }
 
+/// A frame of a tree node: a place in the stack it came from (a tree of millions of nodes
+/// would otherwise hold a copy of each frame).
+#[derive(Clone, Debug)]
+pub struct TreeFrame {
+    frames: Rc<[SymFrame]>,
+    index: usize,
+}
+
+impl std::ops::Deref for TreeFrame {
+    type Target = SymFrame;
+
+    fn deref(&self) -> &SymFrame {
+        &self.frames[self.index]
+    }
+}
+
 /// Builds the caller → callee tree of `groups` (outermost frame at the top; groups split by
 /// thread hang below a node per thread).
 pub fn tree(groups: &[StackGroup]) -> TreeNode {
     let mut root = TreeNode::default();
+    let no_stack: Rc<[SymFrame]> = Rc::from(vec![no_stack_frame()]);
     for group in groups {
         root.bytes = root.bytes.saturating_add(group.bytes);
         root.count += group.count;
@@ -294,7 +334,7 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
                 Some(index) => index,
                 None => {
                     node.children.push(TreeNode {
-                        thread: Some(thread.clone()),
+                        thread: Some(Box::new(thread.clone())),
                         ..TreeNode::default()
                     });
                     node.children.len() - 1
@@ -304,22 +344,24 @@ pub fn tree(groups: &[StackGroup]) -> TreeNode {
             node.bytes = node.bytes.saturating_add(group.bytes);
             node.count += group.count;
         }
-        let no_stack = [no_stack_frame()];
-        let frames: &[SymFrame] = if group.frames.is_empty() {
-            &no_stack
+        let frames = if group.frames.is_empty() {
+            no_stack.clone()
         } else {
-            &group.frames
+            group.frames.clone()
         };
-        for frame in frames.iter().rev() {
-            let index = match node
+        for (index, frame) in frames.iter().enumerate().rev() {
+            let found = node
                 .children
                 .iter()
-                .position(|child| child.frame.as_ref().is_some_and(|f| same_place(f, frame)))
-            {
-                Some(index) => index,
+                .position(|child| child.frame.as_ref().is_some_and(|f| same_place(f, frame)));
+            let index = match found {
+                Some(found) => found,
                 None => {
                     node.children.push(TreeNode {
-                        frame: Some(frame.clone()),
+                        frame: Some(TreeFrame {
+                            frames: frames.clone(),
+                            index,
+                        }),
                         ..TreeNode::default()
                     });
                     node.children.len() - 1
@@ -345,10 +387,10 @@ fn sort_tree(node: &mut TreeNode) {
 /// The placeholder frame for allocations without a stack.
 pub fn no_stack_frame() -> SymFrame {
     SymFrame {
-        function: Some(NO_STACK.to_string()),
+        function: Some(NO_STACK.into()),
         file: None,
         line: None,
-        module: String::new(),
+        module: "".into(),
         offset: 0,
         inlined: false,
     }
@@ -356,35 +398,35 @@ pub fn no_stack_frame() -> SymFrame {
 
 /// What makes two frames the same place for grouping: function, file and line, so that call
 /// sites the compiler duplicated (unrolled loops, inlined copies) group together; the module
-/// and code offset only when nothing else is known.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Place {
-    function: Option<String>,
-    file: Option<String>,
-    line: Option<u32>,
-    module: String,
-    offset: u64,
-}
+/// and code offset only when nothing else is known: (function, file, line, module, offset).
+type PlaceRef<'a> = (Option<&'a str>, Option<&'a str>, Option<u32>, &'a str, u64);
 
-fn place(frame: &SymFrame) -> Place {
+fn place(frame: &SymFrame) -> PlaceRef<'_> {
     let known = frame.function.is_some() || frame.line.is_some();
-    Place {
-        function: frame.function.clone(),
-        file: frame.file.clone(),
-        line: frame.line,
-        module: if known {
-            String::new()
-        } else {
-            frame.module.clone()
-        },
-        offset: if known { 0 } else { frame.offset },
-    }
-}
-
-fn places(frames: &[SymFrame]) -> Vec<Place> {
-    frames.iter().map(place).collect()
+    (
+        frame.function.as_deref(),
+        frame.file.as_deref(),
+        frame.line,
+        if known { "" } else { &frame.module },
+        if known { 0 } else { frame.offset },
+    )
 }
 
 fn same_place(a: &SymFrame, b: &SymFrame) -> bool {
     place(a) == place(b)
+}
+
+fn same_places(a: &[SymFrame], b: &[SymFrame]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_place(a, b))
+}
+
+/// The hash of a group's key: its thread and the places of its frames.
+fn group_hash(thread: Option<(u32, u32)>, frames: &[SymFrame]) -> u64 {
+    let mut hasher = rustc_hash::FxHasher::default();
+    thread.hash(&mut hasher);
+    frames.len().hash(&mut hasher);
+    for frame in frames {
+        place(frame).hash(&mut hasher);
+    }
+    hasher.finish()
 }

@@ -72,6 +72,28 @@ pub fn emit(
     finish_stdout(written)
 }
 
+/// [`emit`] for documents too large to build whole: `json` writes the document (with
+/// `"warnings"` in it) to the output as it goes.
+pub fn emit_streamed(
+    select: &Select,
+    warnings: &[String],
+    json: impl FnOnce(&mut dyn Write, &[String]) -> io::Result<()>,
+    text: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<ExitCode, Failure> {
+    for warning in warnings {
+        eprintln!("vramshim: warning: {warning}");
+    }
+    let stdout = io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    let written = if select.json {
+        json(&mut out, warnings).and_then(|()| writeln!(out))
+    } else {
+        text(&mut out)
+    }
+    .and_then(|()| out.flush());
+    finish_stdout(written)
+}
+
 /// The exit of a command that wrote to stdout: a closed pipe (`| head`) is the reader's
 /// choice, not an error; any other failure is exit code 1.
 pub fn finish_stdout(written: io::Result<()>) -> Result<ExitCode, Failure> {

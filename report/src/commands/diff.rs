@@ -9,7 +9,7 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Side, diff};
 use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Replay, Stop};
@@ -132,10 +132,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         device: args.device,
         json: args.json,
     };
-    emit(
+    emit_streamed(
         &select,
         &warnings,
-        || diff::json(&report),
+        |out, warnings| diff::write_json(out, &report, warnings),
         |out| diff::text(out, &report),
     )
 }

@@ -469,9 +469,9 @@ fn user_frame(frames: &[SymFrame], fakes_lib: &Path) -> Option<SymFrame> {
     frames
         .iter()
         .find(|frame| {
-            let module = Path::new(&frame.module);
+            let module = Path::new(&*frame.module);
             let base = module.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            frame.module != PYTHON_MODULE
+            *frame.module != *PYTHON_MODULE
                 && frame.file.is_some()
                 && frame.line.is_some()
                 && !module.starts_with(fakes_lib)
@@ -488,7 +488,7 @@ fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
     let python = || {
         frames
             .iter()
-            .filter(|f| f.module == PYTHON_MODULE && f.file.is_some())
+            .filter(|f| *f.module == *PYTHON_MODULE && f.file.is_some())
     };
     python()
         .find(|f| {

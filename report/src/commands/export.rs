@@ -11,6 +11,9 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
 
 use crate::Failure;
 use crate::analysis::groups::Stacks;
@@ -21,7 +24,8 @@ use crate::render::pytorch::{
     JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
     write_settings,
 };
-use crate::replay::{self, Process, Stop};
+use crate::replay::{self, Process, StackTable, Stop};
+use crate::symbols::SymFrame;
 
 /// Trace entries kept per device by default: PyTorch's viewer becomes unusably slow past
 /// about 600,000.
@@ -149,7 +153,7 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
 
     // Pass 1: how many entries each device has, and whose.
     let mut census = Trace::new(args.device, Census::default());
-    let replay = replay::run(&args.logs, &mut [&mut census], Stop::End)?;
+    let mut replay = replay::run(&args.logs, &mut [&mut census], Stop::End)?;
     census.finish(replay.end_ns, &replay.processes);
     let processes = &replay.processes;
     for (device, (_, owners)) in &census.sink.devices {
@@ -213,16 +217,30 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
     };
 
     let mut stacks = Stacks::new(processes, args.view.stacks, false);
+    // The frames of the segments now, so that this replay's stack tables can go before the
+    // device passes replay the logs again (with tables of their own).
+    let mut segment_frames: SegmentFrames = FxHashMap::default();
+    for segment in &plan.segments {
+        segment_frames
+            .entry((segment.process, segment.stack))
+            .or_insert_with(|| stacks.frames(processes, segment.process, segment.stack));
+    }
+    for process in &mut replay.processes {
+        process.stacks = StackTable::default();
+    }
+    let processes = &replay.processes;
     let mut output = Output::create(&path, args.pickle)?;
     let written = {
         let out = output
             .writer
             .as_deref_mut()
             .ok_or_else(|| output_failure(&path, io::Error::other("no writer")))?;
-        write_snapshot(out, args, &plan, &mut stacks, processes).map_err(|err| match err {
-            Written::Io(err) => output_failure(&path, err),
-            Written::Replay(failure) => failure,
-        })?
+        write_snapshot(out, args, &plan, &segment_frames, &mut stacks, processes).map_err(
+            |err| match err {
+                Written::Io(err) => output_failure(&path, err),
+                Written::Replay(failure) => failure,
+            },
+        )?
     };
     output.commit(&path)?;
 
@@ -279,6 +297,9 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Frames of the segments' stacks, by (process, stack id).
+type SegmentFrames = FxHashMap<(u32, u32), Rc<[SymFrame]>>;
+
 /// What the snapshot will hold, known after the first replay.
 struct Plan {
     /// Trace entries per device ordinal, one for each list of `device_traces`.
@@ -325,6 +346,7 @@ fn write_snapshot(
     out: &mut dyn SnapshotWriter,
     args: &Args,
     plan: &Plan,
+    segment_frames: &SegmentFrames,
     stacks: &mut Stacks,
     processes: &[Process],
 ) -> Result<u64, Written> {
@@ -360,7 +382,10 @@ fn write_snapshot(
     out.begin_list()?;
     for segment in &plan.segments {
         write_segment(out, segment, &mut || {
-            stacks.frames(processes, segment.process, segment.stack)
+            segment_frames
+                .get(&(segment.process, segment.stack))
+                .cloned()
+                .unwrap_or_else(|| Rc::from(Vec::new()))
         })?;
     }
     out.end_list()?;

@@ -7,7 +7,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop};
 use crate::units;
@@ -134,10 +134,10 @@ fn render(
         min_share: shape.min_share,
     };
     let warnings = common::warnings(replay, &stacks);
-    emit(
+    emit_streamed(
         select,
         &warnings,
-        || snapshot::json(&report),
+        |out, warnings| snapshot::write_json(out, &report, warnings),
         |out| snapshot::text(out, &report),
     )
 }

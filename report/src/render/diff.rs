@@ -2,9 +2,10 @@
 
 use std::io::{self, Write};
 
+use serde_core::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
-use super::{device_name, processes_json, short_stack};
+use super::{SeqJson, device_name, processes_json, short_stack};
 use crate::analysis::diff::StackDiff;
 use crate::analysis::peaks::Peak;
 use crate::replay::Process;
@@ -72,41 +73,74 @@ fn side_json(side: &SideView<'_>) -> Value {
     })
 }
 
-/// The comparison as one JSON document: both sides, totals and every stack.
-pub fn json(report: &DiffReport<'_>) -> Value {
-    let (a, b) = (&report.a, &report.b);
-    json!({
-        "device": report.device,
-        "a": side_json(a),
-        "b": side_json(b),
-        "total": {
-            "peak_a": a.peak_bytes(),
-            "peak_b": b.peak_bytes(),
-            "peak_change": change(a.peak_bytes(), b.peak_bytes()),
-            "allocated_a": a.allocated_bytes,
-            "allocated_b": b.allocated_bytes,
-            "allocated_change": change(a.allocated_bytes, b.allocated_bytes),
-        },
-        "stacks": report.rows.iter().map(|row| {
-            let mut value = json!({
-                "frames": row.labels,
-                "peak_a": row.peak[0].bytes,
-                "peak_b": row.peak[1].bytes,
-                "peak_change": change(row.peak[0].bytes, row.peak[1].bytes),
-                "peak_count_a": row.peak[0].count,
-                "peak_count_b": row.peak[1].count,
-                "allocated_a": row.allocated[0].bytes,
-                "allocated_b": row.allocated[1].bytes,
-                "allocated_change": change(row.allocated[0].bytes, row.allocated[1].bytes),
-                "allocated_count_a": row.allocated[0].count,
-                "allocated_count_b": row.allocated[1].count,
-            });
-            if let (Some(thread), Value::Object(map)) = (&row.thread, &mut value) {
-                map.insert("thread".to_string(), Value::from(thread.as_str()));
-            }
-            value
-        }).collect::<Vec<_>>(),
-    })
+/// The comparison as one JSON document (both sides, totals, every stack, and `warnings`),
+/// written as it is serialised: with millions of stacks, a document built whole first would
+/// take many times the memory of the output.
+pub fn write_json(
+    out: &mut dyn Write,
+    report: &DiffReport<'_>,
+    warnings: &[String],
+) -> io::Result<()> {
+    serde_json::to_writer_pretty(out, &Document { report, warnings }).map_err(io::Error::from)
+}
+
+/// The whole document; keys in the sorted order `serde_json::Value` prints them in.
+struct Document<'a> {
+    report: &'a DiffReport<'a>,
+    warnings: &'a [String],
+}
+
+impl Serialize for Document<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let report = self.report;
+        let (a, b) = (&report.a, &report.b);
+        let mut map = serializer.serialize_map(Some(6))?;
+        map.serialize_entry("a", &side_json(a))?;
+        map.serialize_entry("b", &side_json(b))?;
+        map.serialize_entry("device", &report.device)?;
+        map.serialize_entry("stacks", &SeqJson(report.rows.iter().map(RowJson)))?;
+        map.serialize_entry(
+            "total",
+            &json!({
+                "peak_a": a.peak_bytes(),
+                "peak_b": b.peak_bytes(),
+                "peak_change": change(a.peak_bytes(), b.peak_bytes()),
+                "allocated_a": a.allocated_bytes,
+                "allocated_b": b.allocated_bytes,
+                "allocated_change": change(a.allocated_bytes, b.allocated_bytes),
+            }),
+        )?;
+        map.serialize_entry("warnings", self.warnings)?;
+        map.end()
+    }
+}
+
+/// One stack's row.
+struct RowJson<'a>(&'a StackDiff);
+
+impl Serialize for RowJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let row = self.0;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("allocated_a", &row.allocated[0].bytes)?;
+        map.serialize_entry("allocated_b", &row.allocated[1].bytes)?;
+        map.serialize_entry(
+            "allocated_change",
+            &change(row.allocated[0].bytes, row.allocated[1].bytes),
+        )?;
+        map.serialize_entry("allocated_count_a", &row.allocated[0].count)?;
+        map.serialize_entry("allocated_count_b", &row.allocated[1].count)?;
+        map.serialize_entry("frames", &row.labels)?;
+        map.serialize_entry("peak_a", &row.peak[0].bytes)?;
+        map.serialize_entry("peak_b", &row.peak[1].bytes)?;
+        map.serialize_entry("peak_change", &change(row.peak[0].bytes, row.peak[1].bytes))?;
+        map.serialize_entry("peak_count_a", &row.peak[0].count)?;
+        map.serialize_entry("peak_count_b", &row.peak[1].count)?;
+        if let Some(thread) = &row.thread {
+            map.serialize_entry("thread", thread)?;
+        }
+        map.end()
+    }
 }
 
 fn describe(out: &mut dyn Write, name: &str, side: &SideView<'_>) -> io::Result<()> {

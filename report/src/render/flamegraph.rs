@@ -241,7 +241,7 @@ mod tests {
         let below = &root.children[0].children;
         assert_eq!(below.len(), 1);
         assert_eq!(
-            below[0].frame.as_ref().map(SymFrame::label).as_deref(),
+            below[0].frame.as_deref().map(SymFrame::label).as_deref(),
             Some("main (a.c:1)")
         );
         assert!(below[0].thread.is_none());
@@ -249,7 +249,7 @@ mod tests {
             root.children[1]
                 .thread
                 .as_ref()
-                .map(GroupThread::label)
+                .map(|thread| thread.label())
                 .as_deref(),
             Some("thread [unnamed] (tid 11, pid 7)")
         );

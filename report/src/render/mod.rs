@@ -18,6 +18,7 @@ pub mod whatif;
 
 use std::io::{self, Write};
 
+use serde_core::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
 
@@ -54,10 +55,10 @@ pub fn share(part: u64, whole: u64) -> f64 {
 
 pub fn frame_json(frame: &SymFrame) -> Value {
     json!({
-        "function": frame.function,
-        "file": frame.file,
+        "function": frame.function.as_deref(),
+        "file": frame.file.as_deref(),
         "line": frame.line,
-        "module": frame.module,
+        "module": &*frame.module,
         "offset": frame.offset,
         "inlined": frame.inlined,
         "label": frame.label(),
@@ -97,18 +98,99 @@ pub fn group_json(group: &StackGroup, whole: u64, processes: &[Process]) -> Valu
     )
 }
 
-/// The caller → callee tree as nested objects (thread nodes: `frame` null, `thread` set).
-pub fn tree_json(node: &TreeNode, whole: u64) -> Value {
-    with_thread(
-        json!({
-            "frame": node.frame.as_ref().map(frame_json),
-            "bytes": node.bytes,
-            "count": node.count,
-            "share": share(node.bytes, whole),
-            "children": node.children.iter().map(|child| tree_json(child, whole)).collect::<Vec<_>>(),
-        }),
-        node.thread.as_ref(),
-    )
+/// [`frame_json`] written straight to the output: the same document, without building it
+/// (keys in the sorted order `serde_json::Value` prints them in).
+pub struct FrameJson<'a>(pub &'a SymFrame);
+
+impl Serialize for FrameJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let frame = self.0;
+        let mut map = serializer.serialize_map(Some(7))?;
+        map.serialize_entry("file", &frame.file.as_deref())?;
+        map.serialize_entry("function", &frame.function.as_deref())?;
+        map.serialize_entry("inlined", &frame.inlined)?;
+        map.serialize_entry("label", &frame.label())?;
+        map.serialize_entry("line", &frame.line)?;
+        map.serialize_entry("module", &*frame.module)?;
+        map.serialize_entry("offset", &frame.offset)?;
+        map.end()
+    }
+}
+
+/// A sequence serialised item by item as it is written.
+pub struct SeqJson<I>(pub I);
+
+impl<I> Serialize for SeqJson<I>
+where
+    I: Iterator + Clone,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.clone())
+    }
+}
+
+/// [`group_json`] written straight to the output.
+pub struct GroupJson<'a> {
+    pub group: &'a StackGroup,
+    pub whole: u64,
+    pub processes: &'a [Process],
+}
+
+impl Serialize for GroupJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let group = self.group;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("bytes", &group.bytes)?;
+        map.serialize_entry("count", &group.count)?;
+        map.serialize_entry("frames", &SeqJson(group.frames.iter().map(FrameJson)))?;
+        map.serialize_entry(
+            "pids",
+            &SeqJson(
+                group
+                    .processes
+                    .iter()
+                    .map(|p| self.processes[*p as usize].header.pid),
+            ),
+        )?;
+        map.serialize_entry("share", &share_json(group.bytes, self.whole))?;
+        if let Some(thread) = &group.thread {
+            map.serialize_entry("thread", &thread_json(thread))?;
+        }
+        map.end()
+    }
+}
+
+/// The caller → callee tree as nested objects (thread nodes: `frame` null, `thread` set),
+/// written straight to the output.
+pub struct TreeJson<'a> {
+    pub node: &'a TreeNode,
+    pub whole: u64,
+}
+
+impl Serialize for TreeJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let node = self.node;
+        let whole = self.whole;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("bytes", &node.bytes)?;
+        map.serialize_entry(
+            "children",
+            &SeqJson(node.children.iter().map(|node| TreeJson { node, whole })),
+        )?;
+        map.serialize_entry("count", &node.count)?;
+        map.serialize_entry("frame", &node.frame.as_deref().map(FrameJson))?;
+        map.serialize_entry("share", &share_json(node.bytes, whole))?;
+        if let Some(thread) = &node.thread {
+            map.serialize_entry("thread", &thread_json(thread))?;
+        }
+        map.end()
+    }
+}
+
+/// A share as `json!` stores it (a non-finite number becomes null).
+fn share_json(part: u64, whole: u64) -> Value {
+    Value::from(share(part, whole))
 }
 
 /// The innermost `n` frames on one line: `alloc (a.c:3) <- main (a.c:9)`.

@@ -166,7 +166,10 @@ fn profile(samples: &[ProfileSample], info: &ProfileInfo) -> Vec<u8> {
         };
         let mut location_ids = Vec::with_capacity(frames.len());
         for frame in frames {
-            let name = strings.id(&frame.function.clone().unwrap_or_else(|| frame.label()));
+            let name = strings.id(&frame
+                .function
+                .as_deref()
+                .map_or_else(|| frame.label(), str::to_string));
             let file = strings.id(frame.file.as_deref().unwrap_or(&frame.module));
             let function = *functions.entry((name, file)).or_insert_with(|| {
                 let id = function_messages.len() as u64 + 1;

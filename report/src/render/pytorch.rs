@@ -69,9 +69,12 @@ fn viewer_frames(frames: &[SymFrame]) -> Vec<(String, u64, String)> {
         .iter()
         .map(|frame| {
             (
-                frame.file.clone().unwrap_or_else(|| frame.module.clone()),
+                frame.file.as_deref().unwrap_or(&frame.module).to_string(),
                 frame.line.map_or(0, u64::from),
-                frame.function.clone().unwrap_or_else(|| frame.label()),
+                frame
+                    .function
+                    .as_deref()
+                    .map_or_else(|| frame.label(), str::to_string),
             )
         })
         .collect()
@@ -205,7 +208,13 @@ pub struct JsonWriter<W: Write> {
     /// After a key: the value needs no comma.
     after_key: bool,
     frames: FxHashMap<StackKey, Box<str>>,
+    /// Bytes of text in `frames`: it is emptied when they pass [`CACHED_TEXT_MAX`] (a log
+    /// can have millions of distinct stacks, each used once or twice).
+    cached_bytes: usize,
 }
+
+/// Bytes of frame lists [`JsonWriter`] keeps for stacks met again.
+const CACHED_TEXT_MAX: usize = 64 << 20;
 
 impl<W: Write> JsonWriter<W> {
     pub fn new(out: W) -> JsonWriter<W> {
@@ -214,6 +223,7 @@ impl<W: Write> JsonWriter<W> {
             open: Vec::new(),
             after_key: false,
             frames: FxHashMap::default(),
+            cached_bytes: 0,
         }
     }
 
@@ -310,6 +320,10 @@ impl<W: Write> SnapshotWriter for JsonWriter<W> {
         resolve: &mut dyn FnMut() -> Rc<[SymFrame]>,
     ) -> io::Result<()> {
         self.value()?;
+        if !self.frames.contains_key(&key) && self.cached_bytes > CACHED_TEXT_MAX {
+            self.frames.clear();
+            self.cached_bytes = 0;
+        }
         let text = match self.frames.entry(key) {
             Slot::Occupied(known) => known.into_mut(),
             Slot::Vacant(slot) => {
@@ -320,6 +334,7 @@ impl<W: Write> SnapshotWriter for JsonWriter<W> {
                     })
                     .collect();
                 let text = serde_json::to_string(&list).map_err(io::Error::from)?;
+                self.cached_bytes += text.len();
                 slot.insert(text.into())
             }
         };
@@ -589,10 +604,10 @@ mod tests {
 
     fn frame(function: &str, file: &str, line: u32) -> SymFrame {
         SymFrame {
-            function: Some(function.to_string()),
-            file: Some(file.to_string()),
+            function: Some(function.into()),
+            file: Some(file.into()),
             line: Some(line),
-            module: "/bin/app".to_string(),
+            module: "/bin/app".into(),
             offset: 0x10,
             inlined: false,
         }

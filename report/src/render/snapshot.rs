@@ -3,10 +3,11 @@
 
 use std::io::{self, Write};
 
-use serde_json::{Value, json};
+use serde_core::ser::{Serialize, SerializeMap, Serializer};
 
 use super::{
-    device_name, group_json, processes_json, tree_json, write_groups, write_processes, write_tree,
+    GroupJson, SeqJson, TreeJson, device_name, processes_json, write_groups, write_processes,
+    write_tree,
 };
 use crate::analysis::groups::{StackGroup, TreeNode};
 use crate::replay::Process;
@@ -38,19 +39,72 @@ pub struct SnapshotReport<'a> {
     pub min_share: f64,
 }
 
-pub fn json(report: &SnapshotReport<'_>) -> Value {
-    json!({
-        "what": report.what,
-        "processes": processes_json(report.processes),
-        "devices": report.views.iter().map(|v| json!({
-            "device": v.device,
-            "t_ns": v.t_ns,
-            "bytes": v.bytes,
-            "count": v.count,
-            "stacks": v.groups.iter().map(|g| group_json(g, v.bytes, report.processes)).collect::<Vec<_>>(),
-            "tree": tree_json(&v.tree, v.bytes),
-        })).collect::<Vec<_>>(),
-    })
+/// The JSON document, with `warnings`, written as it is serialised (a peak's tree can hold
+/// millions of nodes: built whole first, it would take many times the memory of the output).
+pub fn write_json(
+    out: &mut dyn Write,
+    report: &SnapshotReport<'_>,
+    warnings: &[String],
+) -> io::Result<()> {
+    serde_json::to_writer_pretty(out, &Document { report, warnings }).map_err(io::Error::from)
+}
+
+/// The whole document; keys in the sorted order `serde_json::Value` prints them in.
+struct Document<'a> {
+    report: &'a SnapshotReport<'a>,
+    warnings: &'a [String],
+}
+
+impl Serialize for Document<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let report = self.report;
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry(
+            "devices",
+            &SeqJson(report.views.iter().map(|view| ViewJson {
+                view,
+                processes: report.processes,
+            })),
+        )?;
+        map.serialize_entry("processes", &processes_json(report.processes))?;
+        map.serialize_entry("warnings", self.warnings)?;
+        map.serialize_entry("what", report.what)?;
+        map.end()
+    }
+}
+
+/// One device's view.
+struct ViewJson<'a> {
+    view: &'a SnapshotView,
+    processes: &'a [Process],
+}
+
+impl Serialize for ViewJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let view = self.view;
+        let whole = view.bytes;
+        let mut map = serializer.serialize_map(Some(6))?;
+        map.serialize_entry("bytes", &view.bytes)?;
+        map.serialize_entry("count", &view.count)?;
+        map.serialize_entry("device", &view.device)?;
+        map.serialize_entry(
+            "stacks",
+            &SeqJson(view.groups.iter().map(|group| GroupJson {
+                group,
+                whole,
+                processes: self.processes,
+            })),
+        )?;
+        map.serialize_entry("t_ns", &view.t_ns)?;
+        map.serialize_entry(
+            "tree",
+            &TreeJson {
+                node: &view.tree,
+                whole,
+            },
+        )?;
+        map.end()
+    }
 }
 
 pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> {

@@ -19,8 +19,11 @@ pub fn document(samples: &[ProfileSample], name: &str, inuse: &str) -> Value {
     let mut frame_index: FxHashMap<(String, String, u32), usize> = FxHashMap::default();
     let placeholder = [no_stack_frame()];
     let mut index_of = |frame: &SymFrame| -> usize {
-        let name = frame.function.clone().unwrap_or_else(|| frame.label());
-        let file = frame.file.clone().unwrap_or_else(|| frame.module.clone());
+        let name = frame
+            .function
+            .as_deref()
+            .map_or_else(|| frame.label(), str::to_string);
+        let file = frame.file.as_deref().unwrap_or(&frame.module).to_string();
         let line = frame.line.unwrap_or(0);
         *frame_index
             .entry((name.clone(), file.clone(), line))
