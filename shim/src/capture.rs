@@ -288,8 +288,10 @@ fn record(
         DeviceSource::Known(device) => device,
     };
     let config = process::config();
+    // A release is attributed to its allocation, so by default it needs no stack of its own.
     let stack = match config.stack {
         StackMode::None => 0,
+        _ if kind.releases() && !config.free_stacks => 0,
         mode => stacks::capture(mode, config.max_frames, now),
     };
     let mem_info = if kind == EventKind::AllocFailed {

@@ -51,6 +51,9 @@ pub struct Config {
     pub output: Option<OsString>,
     pub stack: StackMode,
     pub max_frames: usize,
+    /// Whether releases (frees, unmaps) get a stack too. Off by default: reports attribute a
+    /// free to its allocation, and a stack walk per free would double the unwinding.
+    pub free_stacks: bool,
     /// Per-thread buffer capacity in events (a power of two).
     pub buffer_events: usize,
     pub flush_ms: u64,
@@ -72,6 +75,7 @@ impl Config {
             output: env("VRAMSHIM_OUTPUT").filter(|v| !v.is_empty()),
             stack: StackMode::Mixed,
             max_frames: 64,
+            free_stacks: false,
             buffer_events: 8192,
             flush_ms: 50,
             on_full: OnFull::Wait,
@@ -121,6 +125,13 @@ impl Config {
                     "VRAMSHIM_DUMP_SIGNAL={value:?} is not a signal name or number, or none; \
                      using SIGUSR2"
                 )),
+            }
+        }
+        if let Some(value) = env_str("VRAMSHIM_FREE_STACKS", &mut warnings) {
+            match value.as_str() {
+                "1" | "true" | "yes" => config.free_stacks = true,
+                "0" | "false" | "no" | "" => {}
+                _ => warnings.push(invalid("VRAMSHIM_FREE_STACKS", &value, "0, 1", "0")),
             }
         }
         if let Some(value) = env_str("VRAMSHIM_DEBUG", &mut warnings) {

@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -603,7 +604,7 @@ unsafe fn int(addr: u64) -> i32 {
 /// Writes the calling thread's Python frames (innermost first) into `out` as
 /// [`WORDS_PER_FRAME`] words each; returns how many frames. 0 when the thread runs no Python
 /// code or Python capture is off.
-pub fn walk(out: &mut [u64]) -> usize {
+pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
     let mut state = STATE.load(Ordering::Acquire);
     if state == UNKNOWN {
         probe();
@@ -654,9 +655,10 @@ pub fn walk(out: &mut [u64]) -> usize {
     let mut count = 0usize;
     let mut steps = 0usize;
     // Marks the frame recorded last as the outermost one of its eval-loop call.
-    let end_group = |out: &mut [u64], count: usize| {
+    let end_group = |out: &mut [MaybeUninit<u64>], count: usize| {
         if count > 0 {
-            out[(count - 1) * WORDS_PER_FRAME + 2] |= 1;
+            // SAFETY: the words of the `count` frames recorded so far are written.
+            unsafe { *out[(count - 1) * WORDS_PER_FRAME + 2].assume_init_mut() |= 1 };
         }
     };
     while frame != 0 && count < max && steps < 4 * MAX_PY_FRAMES {
@@ -718,9 +720,9 @@ pub fn walk(out: &mut [u64]) -> usize {
             }
         };
         let at = count * WORDS_PER_FRAME;
-        out[at] = code;
-        out[at + 1] = identity(l, code);
-        out[at + 2] = (offset.min(u64::from(u32::MAX)) << 1) | u64::from(entry);
+        out[at].write(code);
+        out[at + 1].write(identity(l, code));
+        out[at + 2].write((offset.min(u64::from(u32::MAX)) << 1) | u64::from(entry));
         count += 1;
         frame = previous;
     }

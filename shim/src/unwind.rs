@@ -8,6 +8,7 @@
 //! against the thread's stack, so a corrupt frame ends the walk instead of faulting.
 
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -49,7 +50,12 @@ const CHECK_INTERVAL_NS: u64 = 10_000_000;
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
 /// the instruction pointer inside this function). Returns the count, 0 if walking failed.
 #[inline(never)]
-pub fn walk(frames: &mut [u64], cache: &mut ThreadCache, stack: (u64, u64), now_ns: u64) -> usize {
+pub fn walk(
+    frames: &mut [MaybeUninit<u64>],
+    cache: &mut ThreadCache,
+    stack: (u64, u64),
+    now_ns: u64,
+) -> usize {
     let unwinder = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder.as_ref() }) else {
         return 0;
@@ -87,7 +93,7 @@ pub fn walk(frames: &mut [u64], cache: &mut ThreadCache, stack: (u64, u64), now_
     while count < frames.len() {
         match iter.next() {
             Ok(Some(frame)) => {
-                frames[count] = frame.address();
+                frames[count].write(frame.address());
                 count += 1;
             }
             _ => break,

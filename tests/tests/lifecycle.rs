@@ -679,7 +679,7 @@ fn invalid_settings_warn_once_each_and_recording_uses_the_defaults() {
     assert_eq!(dump[0]["stack_mode"], "mixed");
     let events = events(&dump);
     assert_eq!(shapes(&events), printed_shapes(&program_ops(&run.stdout())));
-    assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
+    assert_default_stacks(&events);
     assert_stacks_defined(&dump, "oom");
 }
 
@@ -694,6 +694,42 @@ fn stack_none_records_no_stacks() {
     assert_eq!(events.len(), 19);
     assert!(events.iter().all(|e| u64_of(e, "stack") == 0));
     assert!(dump.iter().all(|r| r["type"] != "stack"));
+}
+
+/// Releases are attributed to their allocation: by default they carry no stack (no walk),
+/// `VRAMSHIM_FREE_STACKS=1` gives them one; an odd value warns once and keeps the default.
+#[test]
+fn free_stacks_only_when_asked() {
+    for (label, value) in [("default", None), ("on", Some("1")), ("odd", Some("maybe"))] {
+        let env: Vec<(&str, &str)> = value
+            .map(|v| ("VRAMSHIM_FREE_STACKS", v))
+            .into_iter()
+            .collect();
+        let run = run_under_shim(&format!("free-stacks-{label}"), "direct", &[], &env);
+        assert_ok(&run, "direct");
+        if label == "odd" {
+            let stderr = run.stderr();
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.starts_with("vramshim: ") && stderr.contains("VRAMSHIM_FREE_STACKS"),
+                "{stderr}"
+            );
+        } else {
+            assert_eq!(run.stderr(), "");
+        }
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        assert_eq!(events.len(), 19, "{label}");
+        let (releases, others): (Vec<&Value>, Vec<&Value>) =
+            events.iter().partition(|e| is_release(e));
+        // direct.c frees each of its 9 allocations; the other 10 events are allocations.
+        assert_eq!((releases.len(), others.len()), (9, 10), "{label}");
+        assert!(others.iter().all(|e| u64_of(e, "stack") != 0), "{label}");
+        let with_stack = releases.iter().filter(|e| u64_of(e, "stack") != 0).count();
+        let expected = if label == "on" { 9 } else { 0 };
+        assert_eq!(with_stack, expected, "{label}: releases with a stack");
+        assert_stacks_defined(&dump, "direct");
+    }
 }
 
 /// Comparable view of an event or memory sample across two runs: host addresses and array

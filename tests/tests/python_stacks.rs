@@ -340,7 +340,7 @@ fn check_layout_mismatch(python: &Path, minor: u32) {
     assert!(!dump.iter().any(|r| r["type"] == "code"));
     let events = events(&dump);
     assert_eq!(events.len(), 12);
-    assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
+    assert_default_stacks(&events);
     for stack in dump.iter().filter(|r| r["type"] == "stack") {
         let frames = stack["frames"].as_array().expect("frames");
         assert!(!frames.is_empty() && frames.iter().all(Value::is_u64));
@@ -372,7 +372,7 @@ fn check_refused(python: &Path, label: &str, why: &str) {
     assert!(!dump.iter().any(|r| r["type"] == "code"));
     let events = events(&dump);
     assert_eq!(events.len(), 12);
-    assert!(events.iter().all(|e| u64_of(e, "stack") != 0));
+    assert_default_stacks(&events);
 }
 
 #[test]

@@ -245,6 +245,26 @@ pub fn select<'a>(events: &[&'a Value], event: &str, api: &str) -> Vec<&'a Value
         .collect()
 }
 
+/// Whether an event gives memory back (free, release, unmap, unreserve): such events carry
+/// no stack unless `VRAMSHIM_FREE_STACKS=1`.
+pub fn is_release(event: &Value) -> bool {
+    ["free", "release", "unmap", "unreserve"]
+        .iter()
+        .any(|kind| event["event"] == *kind)
+}
+
+/// Every acquiring event has a stack and, with the default `VRAMSHIM_FREE_STACKS`, no release
+/// has one.
+pub fn assert_default_stacks(events: &[&Value]) {
+    for event in events {
+        assert_eq!(
+            u64_of(event, "stack") != 0,
+            !is_release(event),
+            "stack of {event}"
+        );
+    }
+}
+
 pub fn u64_of(value: &Value, field: &str) -> u64 {
     value[field]
         .as_u64()
