@@ -512,10 +512,6 @@ fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u
     (ups, downs, peak)
 }
 
-fn u64s(value: &Value) -> Vec<u64> {
-    arr(value).iter().filter_map(Value::as_u64).collect()
-}
-
 /// The context a fake primary context takes in the transformer runs.
 const CONTEXT: u64 = 500 * MIB;
 
