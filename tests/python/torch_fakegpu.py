@@ -157,5 +157,19 @@ def transformer():
     say(mode="transformer", steps=steps, trained=trained, inference=inference, **stats())
 
 
+def gemm():
+    """A GEMM (cuBLAS) then a Linear with bias (cuBLASLt): torch's reserved bytes and the
+    driver's used bytes before, after the first and after the second."""
+    a = torch.randn(256, 256, device="cuda")
+    before = (torch.cuda.memory_reserved(), used())
+    b = a @ a
+    torch.cuda.synchronize()
+    after_gemm = (torch.cuda.memory_reserved(), used())
+    c = torch.nn.Linear(256, 256).cuda()(a)
+    torch.cuda.synchronize()
+    after_linear = (torch.cuda.memory_reserved(), used())
+    say(mode="gemm", before=before, gemm=after_gemm, linear=after_linear, **stats())
+
+
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
- "train": train, "transformer": transformer, "roundtrip": roundtrip}[sys.argv[1]]()
+ "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip}[sys.argv[1]]()

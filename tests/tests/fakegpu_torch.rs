@@ -624,3 +624,58 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
     assert_eq!(select(&events, "trim", "cudaMemPoolTrimTo").len(), 8);
     assert!(select(&events, "alloc", "cudaMalloc").is_empty());
 }
+
+/// Torch's cuBLAS workspace is its own allocation: on a compute capability 9.0 card the
+/// first GEMM makes torch reserve one 32 MiB segment (CublasHandlePool.cpp's default for
+/// sm90: 4096 KiB x 8), which the log shows as a cudaMalloc; `CUBLAS_WORKSPACE_CONFIG=:16:8`
+/// (128 KiB) fits in a segment torch already has. The cuBLASLt call after it takes no further
+/// memory. The fake libraries allocate nothing of their own: used equals reserved.
+#[test]
+fn cublas_workspace_is_torchs_and_follows_its_config() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(&python, "gemm", 24 << 30, &[], true);
+    let r = &run.result;
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["before"].clone(),
+            r["gemm"].clone(),
+            r["linear"].clone()
+        ])),
+        vec![
+            vec![2 * MIB, 2 * MIB],
+            vec![34 * MIB, 34 * MIB],
+            vec![36 * MIB, 36 * MIB]
+        ],
+        "{r}"
+    );
+    let dump = dump(run.log.as_ref().expect("log"));
+    let events = events(&dump);
+    let mut sizes: Vec<u64> = select(&events, "alloc", "cudaMalloc")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![2 * MIB, 2 * MIB, 32 * MIB], "{r}");
+
+    let run = run_torch(
+        &python,
+        "gemm",
+        24 << 30,
+        &[("CUBLAS_WORKSPACE_CONFIG", ":16:8")],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["before"].clone(),
+            r["gemm"].clone(),
+            r["linear"].clone()
+        ])),
+        vec![
+            vec![2 * MIB, 2 * MIB],
+            vec![2 * MIB, 2 * MIB],
+            vec![4 * MIB, 4 * MIB]
+        ],
+        "{r}"
+    );
+}
