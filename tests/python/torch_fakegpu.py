@@ -21,7 +21,10 @@ def say(**fields):
 def stats():
     s = torch.cuda.memory_stats()
     return {
+        "num_alloc_retries": s.get("num_alloc_retries", 0),
+        "num_ooms": s.get("num_ooms", 0),
         "reserved_peak": s.get("reserved_bytes.all.peak", 0),
+        "allocated_peak": s.get("allocated_bytes.all.peak", 0),
         "reserved": s.get("reserved_bytes.all.current", 0),
         "num_device_alloc": s.get("num_device_alloc", 0),
         "num_device_free": s.get("num_device_free", 0),
@@ -108,5 +111,65 @@ def roundtrip():
         count=torch.cuda.device_count(), total=torch.cuda.mem_get_info()[1])
 
 
+def transformer():
+    """A small TransformerEncoder trained with Adam on batches of varying sequence length (the
+    classic fragmentation case), in fp32 then under bf16 autocast, then an inference loop that
+    empties the cache after each batch. At every step: torch's reserved bytes and the driver's
+    used bytes (their difference is what is not torch's: the context)."""
+    torch.manual_seed(0)
+    # The fake cuDNN has no operations: attention takes torch's own (flash) kernels.
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False).cuda()
+    head = torch.nn.Linear(256, 1000).cuda()
+    params = list(model.parameters()) + list(head.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-4)
+    lengths = [64, 384, 96, 512, 160, 448, 32, 320]
+    steps = []
+
+    def train_step(length, autocast):
+        x = torch.randn(16, length, 256, device="cuda")
+        target = torch.randint(0, 1000, (16 * length,), device="cuda")
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = head(model(x)).reshape(-1, 1000)
+            loss = torch.nn.functional.cross_entropy(logits.float(), target)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        steps.append((torch.cuda.memory_reserved(), used()))
+
+    for length in lengths:
+        train_step(length, autocast=False)
+    for length in lengths:
+        train_step(length, autocast=True)
+    trained = stats()
+    model.eval()
+    inference = []
+    with torch.no_grad():
+        for length in lengths:
+            before = torch.cuda.memory_stats().get("num_device_free", 0)
+            head(model(torch.randn(16, length, 256, device="cuda"))).sum().item()
+            torch.cuda.empty_cache()
+            after = torch.cuda.memory_stats().get("num_device_free", 0)
+            inference.append((after - before, torch.cuda.memory_reserved(), used()))
+    say(mode="transformer", steps=steps, trained=trained, inference=inference, **stats())
+
+
+def gemm():
+    """A GEMM (cuBLAS) then a Linear with bias (cuBLASLt): torch's reserved bytes and the
+    driver's used bytes before, after the first and after the second."""
+    a = torch.randn(256, 256, device="cuda")
+    before = (torch.cuda.memory_reserved(), used())
+    b = a @ a
+    torch.cuda.synchronize()
+    after_gemm = (torch.cuda.memory_reserved(), used())
+    c = torch.nn.Linear(256, 256).cuda()(a)
+    torch.cuda.synchronize()
+    after_linear = (torch.cuda.memory_reserved(), used())
+    say(mode="gemm", before=before, gemm=after_gemm, linear=after_linear, **stats())
+
+
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
- "train": train, "roundtrip": roundtrip}[sys.argv[1]]()
+ "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip}[sys.argv[1]]()

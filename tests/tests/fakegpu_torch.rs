@@ -478,3 +478,204 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
     assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
     assert_eq!(torch["num_device_alloc"], 3);
 }
+
+/// Live bytes through the log of device 0: `up` events add their size, `down` events take
+/// back the size their address was given (or their own size, for unmaps). Returns (ups, downs,
+/// peak live bytes).
+fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u64) {
+    let dump = dump(log);
+    let events = events(&dump);
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut ups, mut downs, mut current, mut peak) = (0, 0, 0u64, 0u64);
+    for event in events.iter().filter(|e| e["device"] == 0) {
+        let kind = (
+            event["event"].as_str().unwrap_or_default(),
+            event["api"].as_str().unwrap_or_default(),
+        );
+        if kind == up {
+            ups += 1;
+            let size = u64_of(event, "size");
+            live.insert(u64_of(event, "addr"), size);
+            current += size;
+            peak = peak.max(current);
+        } else if kind == down {
+            downs += 1;
+            let size = match u64_of(event, "size") {
+                0 => live
+                    .remove(&u64_of(event, "addr"))
+                    .expect("a free of a recorded address"),
+                size => size,
+            };
+            current -= size;
+        }
+    }
+    (ups, downs, peak)
+}
+
+/// The context a fake primary context takes in the transformer runs.
+const CONTEXT: u64 = 500 * MIB;
+
+/// Runs the transformer workload (fp32 then bf16 autocast training with varying sequence
+/// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card with a
+/// 500 MiB context, recorded, under `PYTORCH_CUDA_ALLOC_CONF=config` (none when empty). Checks that at every step the driver's used bytes are torch's
+/// reserved bytes plus the context, and returns the run.
+fn transformer_run(python: &Path, config: &str) -> TorchRun {
+    let context = CONTEXT.to_string();
+    let mut env = vec![("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())];
+    if !config.is_empty() {
+        env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
+    }
+    let run = run_torch(python, "transformer", 1100 * MIB, &env, true);
+    let r = &run.result;
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps.len(), 16, "{r}");
+    for (reserved, used) in steps.iter().map(|s| (s[0], s[1])) {
+        assert_eq!(used, reserved + CONTEXT, "{config}: {r}");
+    }
+    let inference = pairs(&r["inference"]);
+    assert_eq!(inference.len(), 8, "{r}");
+    for batch in &inference {
+        assert_eq!(batch[2], batch[1] + CONTEXT, "{config}: {r}");
+    }
+    assert_eq!(r["num_ooms"], 0, "{config}: {r}");
+    run
+}
+
+/// A small TransformerEncoder with Adam on the fakes, with torch's native caching allocator:
+/// varying sequence lengths fragment the cache until a request fails and torch frees its
+/// cached segments and retries; the recorded log replays to torch's own counters.
+#[test]
+fn transformer_training_with_varying_lengths_retries_as_torch_counts() {
+    let Some(python) = torch_python() else { return };
+    let run = transformer_run(&python, "");
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let (allocs, frees, peak) = replay_live(log, ("alloc", "cudaMalloc"), ("free", "cudaFree"));
+    assert_eq!(allocs, u64_of(r, "num_device_alloc"), "{r}");
+    assert_eq!(frees, u64_of(r, "num_device_free"), "{r}");
+    assert_eq!(peak, u64_of(r, "reserved_peak"), "{r}");
+    // Each retry is one failed cudaMalloc in the log (an OOM would be two).
+    let dump = dump(log);
+    let events = events(&dump);
+    let failed = select(&events, "alloc_failed", "cudaMalloc");
+    assert_eq!(failed.len() as u64, u64_of(r, "num_alloc_retries"), "{r}");
+    // Torch's decisions on this workload, exactly: 600 MiB reserved at the peak, three
+    // retries during training, every segment freed by them or by empty_cache.
+    assert_eq!(u64_of(r, "reserved_peak"), 600 * MIB, "{r}");
+    assert_eq!(u64_of(&r["trained"], "num_alloc_retries"), 3, "{r}");
+    assert_eq!((allocs, frees), (98, 76), "{r}");
+    // Inference: each empty_cache gives back every segment but the weights' and Adam's
+    // (44 MiB); the frees it caused add up to the cudaFree calls after training.
+    let inference = pairs(&r["inference"]);
+    assert!(inference.iter().all(|b| b[1] == 44 * MIB), "{r}");
+    let inference_frees: u64 = inference.iter().map(|b| b[0]).sum();
+    assert_eq!(
+        inference_frees,
+        frees - u64_of(&r["trained"], "num_device_free"),
+        "{r}"
+    );
+    assert_eq!(inference_frees, 34, "{r}");
+}
+
+/// The same workload with expandable segments (physical chunks mapped into one reserved
+/// range, tensors placed across the chunks' boundaries) and with the cudaMallocAsync backend.
+#[test]
+fn transformer_training_under_expandable_segments_and_malloc_async() {
+    let Some(python) = torch_python() else { return };
+    let run = transformer_run(&python, "expandable_segments:True");
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    // Mapped bytes in the log peak at torch's reserved peak: 554 MiB, less than the native
+    // allocator's 600 MiB and without a retry.
+    let (maps, unmaps, mapped_peak) =
+        replay_live(log, ("map", "cuMemMap"), ("unmap", "cuMemUnmap"));
+    assert_eq!(mapped_peak, u64_of(r, "reserved_peak"), "{r}");
+    assert_eq!(mapped_peak, 554 * MIB, "{r}");
+    assert_eq!(r["num_alloc_retries"], 0, "{r}");
+    let expandable_dump = dump(log);
+    let expandable_events = events(&expandable_dump);
+    assert_eq!(
+        select(&expandable_events, "create", "cuMemCreate").len() as u64,
+        maps
+    );
+    assert_eq!(
+        select(&expandable_events, "release", "cuMemRelease").len() as u64,
+        unmaps
+    );
+    assert!(select(&expandable_events, "alloc", "cudaMalloc").is_empty());
+    // empty_cache unmaps all but the weights' and Adam's chunks (42 MiB).
+    assert!(
+        pairs(&r["inference"]).iter().all(|b| b[1] == 42 * MIB),
+        "{r}"
+    );
+
+    let run = transformer_run(&python, "backend:cudaMallocAsync");
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    // The log has every stream-ordered request, each freed by the end. (Its live bytes peak
+    // at 516788952, torch's allocated peak is 4904 bytes more: not yet explained, so not
+    // compared.)
+    let (allocs, frees, _) =
+        replay_live(log, ("alloc", "cudaMallocAsync"), ("free", "cudaFreeAsync"));
+    assert_eq!((allocs, frees), (5502, 5502), "{r}");
+    let async_dump = dump(log);
+    let events = events(&async_dump);
+    // One trim per empty_cache of the inference loop.
+    assert_eq!(select(&events, "trim", "cudaMemPoolTrimTo").len(), 8);
+    assert!(select(&events, "alloc", "cudaMalloc").is_empty());
+}
+
+/// Torch's cuBLAS workspace is its own allocation: on a compute capability 9.0 card the
+/// first GEMM makes torch reserve one 32 MiB segment (CublasHandlePool.cpp's default for
+/// sm90: 4096 KiB x 8), which the log shows as a cudaMalloc; `CUBLAS_WORKSPACE_CONFIG=:16:8`
+/// (128 KiB) fits in a segment torch already has. The cuBLASLt call after it takes no further
+/// memory. The fake libraries allocate nothing of their own: used equals reserved.
+#[test]
+fn cublas_workspace_is_torchs_and_follows_its_config() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(&python, "gemm", 24 << 30, &[], true);
+    let r = &run.result;
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["before"].clone(),
+            r["gemm"].clone(),
+            r["linear"].clone()
+        ])),
+        vec![
+            vec![2 * MIB, 2 * MIB],
+            vec![34 * MIB, 34 * MIB],
+            vec![36 * MIB, 36 * MIB]
+        ],
+        "{r}"
+    );
+    let dump = dump(run.log.as_ref().expect("log"));
+    let events = events(&dump);
+    let mut sizes: Vec<u64> = select(&events, "alloc", "cudaMalloc")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![2 * MIB, 2 * MIB, 32 * MIB], "{r}");
+
+    let run = run_torch(
+        &python,
+        "gemm",
+        24 << 30,
+        &[("CUBLAS_WORKSPACE_CONFIG", ":16:8")],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(
+        pairs(&Value::Array(vec![
+            r["before"].clone(),
+            r["gemm"].clone(),
+            r["linear"].clone()
+        ])),
+        vec![
+            vec![2 * MIB, 2 * MIB],
+            vec![2 * MIB, 2 * MIB],
+            vec![4 * MIB, 4 * MIB]
+        ],
+        "{r}"
+    );
+}

@@ -336,16 +336,24 @@ FG_EXPORT CUresult cuMemHostUnregister(void *p)
 
 /* ---------------------------------------------------------------- copies and sets */
 /* Device addresses are host mappings, so a copy is a memcpy once both ranges are known to be
- * inside live memory (an unregistered address is taken to be pageable host memory). */
+ * inside live memory (an unregistered address is taken to be pageable host memory). A range
+ * in VMM memory may run on through the next mappings of a reserved range, as on a GPU:
+ * PyTorch's expandable segments map one reservation chunk by chunk and place tensors across
+ * the chunks' boundaries. */
 static CUresult check_range(uint64_t p, size_t n)
 {
     struct fg_alloc a;
     if (n == 0)
         return CUDA_SUCCESS;
-    if (p == 0)
+    if (p == 0 || p + n < p)
         return CUDA_ERROR_INVALID_VALUE;
-    if (fg_lookup(p, &a) && p - a.base + n > a.size)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!fg_lookup(p, &a))
+        return CUDA_SUCCESS;
+    while (a.base + a.size < p + n) {
+        uint64_t next = a.base + a.size;
+        if (a.kind != FG_MAPPED || !fg_lookup(next, &a) || a.base != next || a.kind != FG_MAPPED)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
     return CUDA_SUCCESS;
 }
 
