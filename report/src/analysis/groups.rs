@@ -416,12 +416,12 @@ fn same_place(a: &SymFrame, b: &SymFrame) -> bool {
     place(a) == place(b)
 }
 
-fn same_places(a: &[SymFrame], b: &[SymFrame]) -> bool {
+pub(crate) fn same_places(a: &[SymFrame], b: &[SymFrame]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_place(a, b))
 }
 
 /// The hash of a group's key: its thread and the places of its frames.
-fn group_hash(thread: Option<(u32, u32)>, frames: &[SymFrame]) -> u64 {
+pub(crate) fn group_hash(thread: Option<(u32, u32)>, frames: &[SymFrame]) -> u64 {
     let mut hasher = rustc_hash::FxHasher::default();
     thread.hash(&mut hasher);
     frames.len().hash(&mut hasher);

@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use crate::Failure;
 use crate::analysis::allocated::Allocated;
-use crate::analysis::diff::{Side, diff};
-use crate::analysis::groups::{StackGroup, Stacks, by_stack, by_stack_totals};
+use crate::analysis::diff::{Diff, Measure};
+use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
 use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
-use crate::replay::{self, Replay, Stop};
+use crate::replay::{self, Process, Stop};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -41,18 +41,21 @@ pub struct Args {
     threads: ByThread,
 }
 
-/// One recording, measured.
+/// One recording, measured; its stacks are in the [`Diff`] and its replay is gone.
 struct Measured {
-    replay: Replay,
+    /// The replay's processes without their stack, code and module tables.
+    processes: Vec<Process>,
     peaks: Vec<Peak>,
-    peak_groups: Vec<StackGroup>,
-    allocated_groups: Vec<StackGroup>,
     allocated_bytes: u64,
     warnings: Vec<String>,
 }
 
+/// Replays `path` and adds its stacks to `table` as `side` (0 = A, 1 = B). Only what the
+/// report shows of the replay is kept: the two replays are never held at once.
 fn measure(
     path: &PathBuf,
+    side: usize,
+    table: &mut Diff,
     device: Option<i32>,
     view: StackView,
     by_thread: bool,
@@ -70,23 +73,39 @@ fn measure(
         .collect();
     let mut stacks = Stacks::new(&replay.processes, view, by_thread);
     // Each device at its own peak, summed: the memory the run needed at most, per stack.
-    let peak_groups = by_stack(
-        snapshots.iter().flat_map(|s| &s.allocations),
+    let at_peaks = totals_by_id(snapshots.iter().flat_map(|s| &s.allocations), by_thread);
+    drop(snapshots);
+    table.add_side(
+        side,
+        Measure::Peak,
+        &at_peaks,
         &mut stacks,
         &replay.processes,
     );
+    drop(at_peaks);
     let allocated = allocated.summed();
-    let allocated_groups = by_stack_totals(&allocated, &mut stacks, &replay.processes);
+    table.add_side(
+        side,
+        Measure::Allocated,
+        &allocated,
+        &mut stacks,
+        &replay.processes,
+    );
     let allocated_bytes = allocated
         .values()
         .map(|(bytes, _)| *bytes)
         .fold(0, u64::saturating_add);
     let warnings = common::warnings(&replay, &stacks);
+    let mut processes = replay.processes;
+    for process in &mut processes {
+        process.stacks = Default::default();
+        process.python_stacks = Default::default();
+        process.codes = Default::default();
+        process.modules = Default::default();
+    }
     Ok(Measured {
-        replay,
+        processes,
         peaks,
-        peak_groups,
-        allocated_groups,
         allocated_bytes,
         warnings,
     })
@@ -94,29 +113,35 @@ fn measure(
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let by_thread = args.threads.by_thread;
-    let a = measure(&args.a, args.device, args.view.stacks, by_thread)?;
-    let b = measure(&args.b, args.device, args.view.stacks, by_thread)?;
-    let rows = diff(
-        &Side {
-            peak: &a.peak_groups,
-            allocated: &a.allocated_groups,
-        },
-        &Side {
-            peak: &b.peak_groups,
-            allocated: &b.allocated_groups,
-        },
-    );
+    let mut rows = Diff::new();
+    let a = measure(
+        &args.a,
+        0,
+        &mut rows,
+        args.device,
+        args.view.stacks,
+        by_thread,
+    )?;
+    let b = measure(
+        &args.b,
+        1,
+        &mut rows,
+        args.device,
+        args.view.stacks,
+        by_thread,
+    )?;
+    rows.sort();
     let mut warnings: Vec<String> = a.warnings.clone();
     warnings.extend(b.warnings.iter().cloned());
     warnings.dedup();
     let report = DiffReport {
         a: SideView {
-            processes: &a.replay.processes,
+            processes: &a.processes,
             peaks: a.peaks.clone(),
             allocated_bytes: a.allocated_bytes,
         },
         b: SideView {
-            processes: &b.replay.processes,
+            processes: &b.processes,
             peaks: b.peaks.clone(),
             allocated_bytes: b.allocated_bytes,
         },

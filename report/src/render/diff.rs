@@ -5,8 +5,9 @@ use std::io::{self, Write};
 use serde_core::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
-use super::{SeqJson, device_name, processes_json, short_stack};
-use crate::analysis::diff::StackDiff;
+use super::{SeqJson, device_name, processes_json};
+use crate::analysis::diff::{Diff, Labels, StackDiff};
+use crate::analysis::groups::NO_STACK;
 use crate::analysis::peaks::Peak;
 use crate::replay::Process;
 use crate::units::{bytes, seconds};
@@ -37,7 +38,8 @@ pub struct DiffReport<'a> {
     pub device: Option<i32>,
     /// Rows are per thread name and stack (`--by-thread`).
     pub by_thread: bool,
-    pub rows: Vec<StackDiff>,
+    /// Sorted ([`Diff::sort`]).
+    pub rows: Diff,
     /// Rows shown in text.
     pub top: usize,
     /// Frames per stack in text.
@@ -98,7 +100,7 @@ impl Serialize for Document<'_> {
         map.serialize_entry("a", &side_json(a))?;
         map.serialize_entry("b", &side_json(b))?;
         map.serialize_entry("device", &report.device)?;
-        map.serialize_entry("stacks", &SeqJson(report.rows.iter().map(RowJson)))?;
+        map.serialize_entry("stacks", &SeqJson(report.rows.rows().map(RowJson)))?;
         map.serialize_entry(
             "total",
             &json!({
@@ -116,11 +118,11 @@ impl Serialize for Document<'_> {
 }
 
 /// One stack's row.
-struct RowJson<'a>(&'a StackDiff);
+struct RowJson<'a>(StackDiff<'a>);
 
 impl Serialize for RowJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let row = self.0;
+        let row = &self.0;
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("allocated_a", &row.allocated[0].bytes)?;
         map.serialize_entry("allocated_b", &row.allocated[1].bytes)?;
@@ -136,11 +138,19 @@ impl Serialize for RowJson<'_> {
         map.serialize_entry("peak_change", &change(row.peak[0].bytes, row.peak[1].bytes))?;
         map.serialize_entry("peak_count_a", &row.peak[0].count)?;
         map.serialize_entry("peak_count_b", &row.peak[1].count)?;
-        if let Some(thread) = &row.thread {
+        if let Some(thread) = row.thread {
             map.serialize_entry("thread", thread)?;
         }
         map.end()
     }
+}
+
+/// The first `n` labels of a stack, innermost first (as `render::short_stack` shows frames).
+fn short_stack(labels: Labels<'_>, n: usize) -> String {
+    if labels.is_empty() {
+        return NO_STACK.to_string();
+    }
+    labels.iter().take(n).collect::<Vec<_>>().join(" <- ")
 }
 
 fn describe(out: &mut dyn Write, name: &str, side: &SideView<'_>) -> io::Result<()> {
@@ -209,7 +219,7 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
             signed_bytes(i128::from(alloc_b) - i128::from(alloc_a)),
         )
     };
-    for row in report.rows.iter().take(report.top) {
+    for row in report.rows.rows().take(report.top) {
         row_line(
             out,
             [
@@ -218,20 +228,20 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
                 row.allocated[0].bytes,
                 row.allocated[1].bytes,
             ],
-            &match &row.thread {
+            &match row.thread {
                 Some(thread) => format!(
                     "thread {thread}: {}",
-                    short_stack(&row.frames, report.frames)
+                    short_stack(row.labels, report.frames)
                 ),
-                None => short_stack(&row.frames, report.frames),
+                None => short_stack(row.labels, report.frames),
             },
         )?;
     }
-    if report.rows.len() > report.top {
+    if report.rows.row_count() > report.top {
         writeln!(
             out,
             "  ... {} more stacks (--top to show them, --json for all)",
-            report.rows.len() - report.top
+            report.rows.row_count() - report.top
         )?;
     }
     row_line(
