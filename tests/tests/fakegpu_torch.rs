@@ -625,6 +625,15 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
     assert!(select(&events, "alloc", "cudaMalloc").is_empty());
 }
 
+/// (reserved, used) before the GEMM, after it, and after a `Linear` with bias.
+fn gemm_steps(result: &Value) -> Vec<Vec<u64>> {
+    pairs(&Value::Array(vec![
+        result["before"].clone(),
+        result["gemm"].clone(),
+        result["linear"].clone(),
+    ]))
+}
+
 /// Torch's cuBLAS workspace is its own allocation: on a compute capability 9.0 card the
 /// first GEMM makes torch reserve one 32 MiB segment (CublasHandlePool.cpp's default for
 /// sm90: 4096 KiB x 8), which the log shows as a cudaMalloc; `CUBLAS_WORKSPACE_CONFIG=:16:8`
@@ -636,11 +645,7 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
     let run = run_torch(&python, "gemm", 24 << 30, &[], true);
     let r = &run.result;
     assert_eq!(
-        pairs(&Value::Array(vec![
-            r["before"].clone(),
-            r["gemm"].clone(),
-            r["linear"].clone()
-        ])),
+        gemm_steps(r),
         vec![
             vec![2 * MIB, 2 * MIB],
             vec![34 * MIB, 34 * MIB],
@@ -666,11 +671,7 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
     );
     let r = &run.result;
     assert_eq!(
-        pairs(&Value::Array(vec![
-            r["before"].clone(),
-            r["gemm"].clone(),
-            r["linear"].clone()
-        ])),
+        gemm_steps(r),
         vec![
             vec![2 * MIB, 2 * MIB],
             vec![2 * MIB, 2 * MIB],

@@ -144,6 +144,16 @@ fn notes(dump: &[Value]) -> Vec<String> {
 
 const MINUTE: Duration = Duration::from_secs(60);
 
+/// The program exited 0, by no signal and with no core dump.
+fn assert_exited_cleanly(run: &Bounded) {
+    assert_eq!(
+        ending(run.status()),
+        (Some(0), None, false),
+        "{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn forks_from_eight_allocating_threads_never_hang_a_child() {
     let run = hostile(
@@ -152,12 +162,7 @@ fn forks_from_eight_allocating_threads_never_hang_a_child() {
         &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
         5 * MINUTE,
     );
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!((run.value("forks"), run.value("hung")), (1000, 0));
     // The children never called CUDA: one log, the parent's, with every pair of every thread.
     let pairs = run.value("pairs") as usize;
@@ -176,12 +181,7 @@ fn fork_children_that_record_while_the_parent_walks_the_loader_never_hang() {
         &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
         5 * MINUTE,
     );
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!((run.value("forks"), run.value("hung")), (300, 0));
     let pairs = run.value("pairs") as usize;
     let logs = run.logs();
@@ -211,12 +211,7 @@ fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
         .env("VRAMSHIM_BUFFER_EVENTS", "64")
         .env("VRAMSHIM_FLUSH_MS", "1");
     let run = bounded(command, &dir, 8 * MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(
         (
             run.value("workers"),
@@ -329,12 +324,7 @@ fn exit_from_a_signal_handler_that_interrupted_a_flush_never_deadlocks() {
 #[test]
 fn a_process_directed_signal_never_reaches_the_shims_threads() {
     let run = hostile("sigwait", &["sigwait", "100"], &[], MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("got"), 15, "sigwait received SIGTERM");
     assert_eq!(counted(&dump(&run.log())), (100, 100));
 }
@@ -400,12 +390,7 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     let ring = [("VRAMSHIM_MODE", "ring"), ("VRAMSHIM_RING_EVENTS", "16")];
     // Default: SIGUSR2 (12). The program's handler runs for both signals; the shim dumps.
     let run = hostile("dump-usr2", &["dump-signal", "12", "50"], &ring, MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
     assert_eq!(reasons.last().map(String::as_str), Some("exit"));
@@ -419,12 +404,7 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     let mut env = ring.to_vec();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "SIGUSR1"));
     let run = hostile("dump-usr1", &["dump-signal", "10", "50"], &env, MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
     assert!(reasons.len() >= 2 && reasons[0] == "SIGUSR1", "{reasons:?}");
@@ -433,12 +413,7 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "36"));
     let run = hostile("dump-36", &["dump-signal", "36", "50"], &env, MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("handled"), 2);
     let reasons = dump_reasons(&dump(&run.log()));
     assert!(
@@ -450,12 +425,7 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "none"));
     let run = hostile("dump-none", &["dump-signal", "12", "50"], &env, MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("handled"), 2);
     assert_eq!(dump_reasons(&dump(&run.log())), ["exit"]);
 
@@ -463,12 +433,7 @@ fn ring_mode_chains_the_programs_dump_signal_handler() {
     env.pop();
     env.push(("VRAMSHIM_DUMP_SIGNAL", "SIGNOPE"));
     let run = hostile("dump-bad", &["dump-signal", "12", "50"], &env, MINUTE);
-    assert_eq!(
-        ending(run.status()),
-        (Some(0), None, false),
-        "{}",
-        run.stderr
-    );
+    assert_exited_cleanly(&run);
     assert_eq!(run.value("handled"), 2);
     assert_eq!(
         run.stderr,
