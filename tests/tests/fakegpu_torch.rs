@@ -97,6 +97,18 @@ fn run_torch(
     env: &[(&str, &str)],
     recorded: bool,
 ) -> TorchRun {
+    run_torch_script(python, "torch_fakegpu.py", mode, memory, env, recorded)
+}
+
+/// Runs `tests/python/SCRIPT MODE` as `run_torch` does.
+fn run_torch_script(
+    python: &Path,
+    script: &str,
+    mode: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+    recorded: bool,
+) -> TorchRun {
     let dir = scratch(&format!("torch-{mode}"));
     let preload = if recorded {
         format!("{}:{}", shim().display(), fake_preload())
@@ -107,7 +119,7 @@ fn run_torch(
     command
         .arg("-W")
         .arg("ignore")
-        .arg(repo().join("tests/python/torch_fakegpu.py"))
+        .arg(repo().join("tests/python").join(script))
         .arg(mode)
         .env("LD_PRELOAD", preload)
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
@@ -679,4 +691,101 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
         ],
         "{r}"
     );
+}
+
+/// Runs `tests/python/torch_cudnn.py MODE` (convolutions through the fake cuDNN).
+fn run_cudnn(python: &Path, mode: &str, memory: u64, env: &[(&str, &str)]) -> TorchRun {
+    run_torch_script(python, "torch_cudnn.py", mode, memory, env, true)
+}
+
+/// Sizes of the log's `cudaMalloc` calls on device 0, sorted.
+fn malloc_sizes(log: &Path, event: &str) -> Vec<u64> {
+    let dump = dump(log);
+    let mut sizes: Vec<u64> = select(&events(&dump), event, "cudaMalloc")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .collect();
+    sizes.sort_unstable();
+    sizes
+}
+
+/// A convolution through the cuDNN v9 backend API (cudnn-frontend's heuristics, engine
+/// configs, execution plans): the fake's first engine asks for one image's im2col matrix as
+/// workspace (64 x 3x3 x 128x128 x 4 bytes = 36 MiB), which torch allocates from its caching
+/// allocator, so the log shows it as its own 36 MiB segment. On a card where it does not fit,
+/// torch falls back to the engine without workspace and the convolution still runs.
+#[test]
+fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
+    let Some(python) = torch_python() else { return };
+    let run = run_cudnn(&python, "conv_workspace", 80 << 30, &[]);
+    let r = &run.result;
+    // Input (4 MiB) and weight (147456 bytes) before, the 4 MiB output after; at the peak the
+    // 36 MiB workspace on top.
+    assert_eq!(u64_of(r, "before"), 4 * MIB + 147456, "{r}");
+    assert_eq!(u64_of(r, "after"), 8 * MIB + 147456, "{r}");
+    assert_eq!(u64_of(r, "allocated_bytes_peak"), 44 * MIB + 147456, "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
+    // Segments: 2 MiB (small pool: the weight), 20 MiB (input and output), 36 MiB (workspace).
+    let log = run.log.as_ref().expect("log");
+    assert_eq!(
+        malloc_sizes(log, "alloc"),
+        vec![2 * MIB, 20 * MIB, 36 * MIB],
+        "{r}"
+    );
+    assert_eq!(u64_of(r, "reserved_bytes_current"), 58 * MIB, "{r}");
+    assert_eq!(r["used"], r["reserved_bytes_current"], "{r}");
+
+    // A 52 MiB card: the workspace fails (torch frees its cache, which has nothing free, and
+    // asks again), torch counts one OOM, and the engine without workspace runs.
+    let run = run_cudnn(&python, "conv_workspace", 52 * MIB, &[]);
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    assert_eq!(malloc_sizes(log, "alloc_failed"), vec![36 * MIB; 2], "{r}");
+    assert_eq!(malloc_sizes(log, "alloc"), vec![2 * MIB, 20 * MIB], "{r}");
+    assert_eq!(u64_of(r, "after"), 8 * MIB + 147456, "{r}");
+    assert_eq!(u64_of(r, "allocated_bytes_peak"), 8 * MIB + 147456, "{r}");
+    assert_eq!(r["num_ooms"], 1, "{r}");
+}
+
+/// A ResNet-18-like network (convolutions, batch norm, max pooling, residual additions)
+/// trained with Adam for three steps, on a card whose context takes 500 MiB: at every step the
+/// driver's used bytes are torch's reserved bytes plus the context, and the log replays to
+/// torch's own counters.
+#[test]
+fn resnet_training_with_adam_through_the_fake_cudnn() {
+    let Some(python) = torch_python() else { return };
+    let context = CONTEXT.to_string();
+    let run = run_cudnn(
+        &python,
+        "resnet",
+        80 << 30,
+        &[("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())],
+    );
+    let r = &run.result;
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps.len(), 3, "{r}");
+    for step in &steps {
+        assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+    }
+    let log = run.log.as_ref().expect("log");
+    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
+    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
+    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
+    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
+    // Torch's decisions on this workload, exactly: 15 segments, 138 MiB reserved.
+    assert_eq!((allocs, frees), (15, 0), "{r}");
+    assert_eq!(peak, 138 * MIB, "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
+}
+
+/// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend
+/// (torch's cudnn-frontend graph API on the fake engines).
+#[test]
+fn cudnn_attention_runs_forward_and_backward() {
+    let Some(python) = torch_python() else { return };
+    let run = run_cudnn(&python, "attention", 24 << 30, &[]);
+    let r = &run.result;
+    assert_eq!(r["shape"], serde_json::json!([4, 8, 128, 64]), "{r}");
+    assert_eq!(r["grad"], serde_json::json!([4, 8, 128, 64]), "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
 }

@@ -1,7 +1,6 @@
 /* The fake cuDNN 9 (libcudnn.so.9): version queries, handles and their streams, error
- * strings: enough for PyTorch's import and for programs that use no cuDNN operation.
- * Every operation (convolutions, the v9 backend graph API) is a stub returning
- * CUDNN_STATUS_NOT_SUPPORTED. */
+ * strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
+ * compute functions that complete at once in noop.txt. */
 #include <stddef.h>
 #include <stdlib.h>
 

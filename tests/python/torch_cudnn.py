@@ -1,0 +1,95 @@
+"""Real PyTorch convolutions through the fake cuDNN (tests/tests/fakegpu_torch.rs). One mode
+per run (argv[1]); prints one JSON object as its last line: torch's figures and the fake
+driver's used bytes (total - free from torch.cuda.mem_get_info)."""
+import json
+import sys
+
+import torch
+from torch import nn
+
+MiB = 1 << 20
+
+
+def used():
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def stats():
+    s = torch.cuda.memory_stats()
+    return {key.replace(".all", "").replace(".", "_"): s.get(key, 0) for key in (
+        "num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak",
+        "reserved_bytes.all.current", "num_device_alloc", "num_device_free")}
+
+
+def conv_workspace():
+    """One 3x3 convolution, 64 to 64 channels on a 128x128 image, fp32, no bias: the fake's
+    first engine wants one image's im2col matrix as workspace, 64 x 3 x 3 x 128 x 128 x 4 bytes
+    = 36 MiB, which torch allocates for the call and frees after it."""
+    torch.backends.cudnn.benchmark = False
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda()
+    x = torch.empty(1, 64, 128, 128, device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        y = conv(x)
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "conv_workspace", "before": before,
+                      "after": torch.cuda.memory_allocated(), "output": y.numel() * 4,
+                      "reserved": torch.cuda.memory_reserved(), "used": used(), **stats()}))
+
+
+class Block(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm, a 1x1 projection where the
+    shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet():
+    """A ResNet-18-like network (stem, two stages of two blocks) trained with Adam for three
+    steps on 16 images of 3x112x112: after each step torch's reserved bytes and the driver's
+    used bytes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        Block(64, 64, 1), Block(64, 64, 1), Block(64, 128, 2), Block(128, 128, 1),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 1000)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    images = torch.randn(16, 3, 112, 112, device="cuda")
+    labels = torch.randint(0, 1000, (16,), device="cuda")
+    steps = []
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        torch.cuda.synchronize()
+        steps.append((torch.cuda.memory_reserved(), used()))
+    print(json.dumps({"mode": "resnet", "steps": steps, **stats()}))
+
+
+def attention():
+    """Scaled dot-product attention forward and backward through cuDNN only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(4, 8, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        out.sum().backward()
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "attention", "shape": list(out.shape),
+                      "grad": list(q.grad.shape), **stats()}))
+
+
+{"conv_workspace": conv_workspace, "resnet": resnet, "attention": attention}[sys.argv[1]]()
