@@ -789,3 +789,121 @@ fn cudnn_attention_runs_forward_and_backward() {
     assert_eq!(r["grad"], serde_json::json!([4, 8, 128, 64]), "{r}");
     assert_eq!(r["num_ooms"], 0, "{r}");
 }
+
+/// Live bytes of `cudaMalloc`/`cudaFree` on DEVICE in a log: (allocations, frees, peak).
+fn replay_device(log: &Path, device: u64) -> (u64, u64, u64) {
+    let dump = dump(log);
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut allocs, mut frees, mut current, mut peak) = (0, 0, 0u64, 0u64);
+    for event in events(&dump) {
+        if event["device"] != device {
+            continue;
+        }
+        if event["event"] == "alloc" && event["api"] == "cudaMalloc" {
+            allocs += 1;
+            live.insert(u64_of(event, "addr"), u64_of(event, "size"));
+            current += u64_of(event, "size");
+            peak = peak.max(current);
+        } else if event["event"] == "free" && event["api"] == "cudaFree" {
+            frees += 1;
+            current -= live
+                .remove(&u64_of(event, "addr"))
+                .expect("a free of a recorded address");
+        }
+    }
+    (allocs, frees, peak)
+}
+
+/// The command line of a 2-process DDP run: torchrun (`--standalone`: a free port, so that
+/// tests running at once do not meet) of `tests/python/torch_ddp.py OUT`.
+fn torchrun_ddp(python: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec![python.into()];
+    for arg in [
+        "-W",
+        "ignore",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+    ] {
+        args.push(arg.into());
+    }
+    args.push(repo().join("tests/python/torch_ddp.py").into());
+    args.push(out.into());
+    args
+}
+
+/// What each rank wrote (`rank0.json`, `rank1.json`).
+fn ddp_ranks(out: &Path) -> Vec<Value> {
+    (0..2)
+        .map(|rank| {
+            let path = out.join(format!("rank{rank}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            serde_json::from_str(&text).expect("rank JSON")
+        })
+        .collect()
+}
+
+/// `torchrun --nproc_per_node=2` DDP on two fake GPUs, recorded: the NCCL communicator spans
+/// the two processes (rendezvous through shared memory named by the unique id), small
+/// collectives carry each rank's real data, DDP's parameter checks and gradient all-reduces
+/// complete, and each rank's log replays to its own `memory_stats()` on its own device.
+#[test]
+fn ddp_with_two_processes_over_the_fake_nccl() {
+    let Some(python) = torch_python() else { return };
+    let dir = scratch("torch-ddp");
+    let args = torchrun_ddp(&python, &dir);
+    let context = CONTEXT.to_string();
+    let output = Command::new(&args[0])
+        .args(&args[1..])
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_COUNT", "2")
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", &context)
+        .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("run torchrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "torchrun failed:\n{stderr}");
+    let ranks = ddp_ranks(&dir);
+    for (rank, r) in ranks.iter().enumerate() {
+        assert_eq!(u64_of(r, "rank"), rank as u64);
+        assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
+        // Ranks 1 and 2 (each rank's rank + 1): sum, gather, the root's value, the
+        // reduce-scatter of [0 1 2 3] x (rank + 1), average and maximum.
+        assert_eq!(r["all_reduce"], serde_json::json!([3.0, 3.0, 3.0, 3.0]), "{r}");
+        assert_eq!(
+            r["all_gather"],
+            serde_json::json!([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]]),
+            "{r}"
+        );
+        assert_eq!(r["broadcast"], serde_json::json!([42.0]), "{r}");
+        let scattered = [[0.0, 3.0], [6.0, 9.0]][rank];
+        assert_eq!(r["reduce_scatter"], serde_json::json!(scattered), "{r}");
+        assert_eq!(r["average"], serde_json::json!([0.5]), "{r}");
+        assert_eq!(r["maximum"], serde_json::json!([17]), "{r}");
+        // Every step: the driver's used bytes are torch's reserved bytes plus the context.
+        let steps = pairs(&r["steps"]);
+        assert_eq!(steps.len(), 3, "{r}");
+        for step in &steps {
+            assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+        }
+        // The rank's own log, on the rank's own device, replays to its counters.
+        let log = dir.join(format!("{}.vlog", u64_of(r, "pid")));
+        let (allocs, frees, peak) = replay_device(&log, rank as u64);
+        assert_eq!(allocs, u64_of(r, "num_device_alloc"), "{r}");
+        assert_eq!(frees, u64_of(r, "num_device_free"), "{r}");
+        assert_eq!(peak, u64_of(r, "reserved_peak"), "{r}");
+        // Torch's decisions, exactly: five segments, 88 MiB (the 32 MiB cuBLAS workspace and
+        // DDP's gradient bucket among them).
+        assert_eq!((allocs, frees, peak), (5, 0, 88 * MIB), "{r}");
+    }
+}
