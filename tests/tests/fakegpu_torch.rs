@@ -879,7 +879,11 @@ fn ddp_with_two_processes_over_the_fake_nccl() {
         assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
         // Ranks 1 and 2 (each rank's rank + 1): sum, gather, the root's value, the
         // reduce-scatter of [0 1 2 3] x (rank + 1), average and maximum.
-        assert_eq!(r["all_reduce"], serde_json::json!([3.0, 3.0, 3.0, 3.0]), "{r}");
+        assert_eq!(
+            r["all_reduce"],
+            serde_json::json!([3.0, 3.0, 3.0, 3.0]),
+            "{r}"
+        );
         assert_eq!(
             r["all_gather"],
             serde_json::json!([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]]),
