@@ -1,7 +1,8 @@
-"""Distributed data parallel training on fake GPUs, one process per rank, started by
+"""Data-parallel training on fake GPUs, one process per rank, started by
 `torchrun --nproc_per_node=N` (tests/tests/fakegpu_torch.rs). Each rank checks that small
 collectives carry real data between the processes, trains an MLP with Adam for three steps,
-and writes its figures as JSON to OUTDIR/rank<R>.json (argv[1])."""
+wrapped in DistributedDataParallel (argv[2] "ddp", the default) or sharded with FSDP2's
+fully_shard ("fsdp"), and writes its figures as JSON to OUTDIR/rank<R>.json (argv[1])."""
 import json
 import os
 import sys
@@ -39,7 +40,14 @@ dist.all_reduce(maximum, op=dist.ReduceOp.MAX)
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10)).cuda()
-ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+if (sys.argv[2] if len(sys.argv) > 2 else "ddp") == "fsdp":
+    from torch.distributed.fsdp import fully_shard
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    ddp = fully_shard(model)
+else:
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
 optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
 data = torch.randn(64, 512, device="cuda")
 target = torch.randint(0, 10, (64,), device="cuda")

@@ -814,9 +814,9 @@ fn replay_device(log: &Path, device: u64) -> (u64, u64, u64) {
     (allocs, frees, peak)
 }
 
-/// The command line of a 2-process DDP run: torchrun (`--standalone`: a free port, so that
-/// tests running at once do not meet) of `tests/python/torch_ddp.py OUT`.
-fn torchrun_ddp(python: &Path, out: &Path) -> Vec<std::ffi::OsString> {
+/// The command line of a 2-process run: torchrun (`--standalone`: a free port, so that tests
+/// running at once do not meet) of `tests/python/torch_ddp.py OUT MODE` (`ddp` or `fsdp`).
+fn torchrun_ddp(python: &Path, out: &Path, mode: &str) -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = vec![python.into()];
     for arg in [
         "-W",
@@ -830,6 +830,7 @@ fn torchrun_ddp(python: &Path, out: &Path) -> Vec<std::ffi::OsString> {
     }
     args.push(repo().join("tests/python/torch_ddp.py").into());
     args.push(out.into());
+    args.push(mode.into());
     args
 }
 
@@ -852,8 +853,24 @@ fn ddp_ranks(out: &Path) -> Vec<Value> {
 #[test]
 fn ddp_with_two_processes_over_the_fake_nccl() {
     let Some(python) = torch_python() else { return };
-    let dir = scratch("torch-ddp");
-    let args = torchrun_ddp(&python, &dir);
+    // Torch's decisions, exactly: five segments, 88 MiB (the 32 MiB cuBLAS workspace and
+    // DDP's gradient bucket among them).
+    data_parallel_run(&python, "ddp", (5, 0, 88 * MIB));
+}
+
+/// The same with FSDP2 (`fully_shard` per layer and on the model): parameters sharded
+/// across the processes, gathered for each layer (all-gather) and gradients reduce-scattered.
+#[test]
+fn fsdp_with_two_processes_over_the_fake_nccl() {
+    let Some(python) = torch_python() else { return };
+    data_parallel_run(&python, "fsdp", (8, 0, 100 * MIB));
+}
+
+/// Runs `torch_ddp.py` in MODE on 2 processes, recorded, and checks each rank's collectives,
+/// steps and log; EXPECTED: each rank's (segments allocated, freed, reserved peak).
+fn data_parallel_run(python: &Path, mode: &str, expected: (u64, u64, u64)) {
+    let dir = scratch(&format!("torch-{mode}"));
+    let args = torchrun_ddp(python, &dir, mode);
     let context = CONTEXT.to_string();
     let output = Command::new(&args[0])
         .args(&args[1..])
@@ -906,8 +923,48 @@ fn ddp_with_two_processes_over_the_fake_nccl() {
         assert_eq!(allocs, u64_of(r, "num_device_alloc"), "{r}");
         assert_eq!(frees, u64_of(r, "num_device_free"), "{r}");
         assert_eq!(peak, u64_of(r, "reserved_peak"), "{r}");
-        // Torch's decisions, exactly: five segments, 88 MiB (the 32 MiB cuBLAS workspace and
-        // DDP's gradient bucket among them).
-        assert_eq!((allocs, frees, peak), (5, 0, 88 * MIB), "{r}");
+        assert_eq!((allocs, frees, peak), expected, "{mode}: {r}");
+    }
+}
+
+/// `vramshim dryrun --gpus 2 -- torchrun --nproc_per_node=2 ...`: one verdict over both
+/// ranks' logs, a device each, each device's recorded peak equal to its rank's own
+/// `max_memory_reserved()`, and the H100 preset's context on top.
+#[test]
+fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
+    let Some(python) = torch_python() else { return };
+    let dir = scratch("torch-ddp-dryrun");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--gpus", "2", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .args(torchrun_ddp(&python, &dir, "ddp"))
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(v["fits"], true, "{v}");
+    assert_eq!(arr(&v["logs"]).len(), 2, "{v}");
+    let context = u64_of(&v["gpu"], "context_bytes");
+    let ranks = ddp_ranks(&dir);
+    let devices = arr(&v["devices"]);
+    assert_eq!(devices.len(), 2, "{v}");
+    for (rank, (device, r)) in devices.iter().zip(&ranks).enumerate() {
+        assert_eq!(u64_of(device, "device"), rank as u64, "{v}");
+        assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
+        assert_eq!(device["peak_recorded"], r["reserved_peak"], "{v}\n{r}");
+        assert_eq!(u64_of(device, "peak_recorded"), 88 * MIB, "{v}");
+        assert_eq!(u64_of(device, "peak_used"), 88 * MIB + context, "{v}");
+        assert_eq!(device["failures"], 0, "{v}");
     }
 }
