@@ -103,5 +103,8 @@ for src in "$progs"/report_*.c; do
     spawn "$bin/$(basename "$src" .c)" "$src" -- "${testflags[@]}" "${link_cudart[@]}" -lcuda
 done
 spawn "$bin/nocuda" "$progs/nocuda.c" -- "${testflags[@]}"
+# The same call paths with and without frame pointers (tests/tests/native_stacks.rs).
+spawn "$bin/stack_paths" "$progs/stack_paths.c" -- "${testflags[@]}" "${link_cuda[@]}"
+spawn "$bin/stack_paths_nofp" "$progs/stack_paths.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/bench" "$progs/bench.c" -- "${benchflags[@]}" "${link_cuda[@]}"
 wait_all

@@ -1,0 +1,110 @@
+//! Native stacks are exact on every event, under the real preload: one allocation site reached
+//! by call paths that differ only in a return address further out (same stack and frame
+//! pointers at the site) must get each path's own stack, every time, with and without frame
+//! pointers. A walk that answers from what it found last time must notice the difference.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use serde_json::Value;
+
+/// The source line ("stack_paths.c:N") of return address `ip` (the call before it).
+fn source_line(dump: &[Value], ip: u64) -> String {
+    let module = dump
+        .iter()
+        .filter(|r| r["type"] == "module")
+        .find(|m| u64_of(m, "start") <= ip && ip < u64_of(m, "end"))
+        .unwrap_or_else(|| panic!("no module holds {ip:#x}"));
+    let offset = ip - u64_of(module, "load_bias") - 1;
+    let output = std::process::Command::new("addr2line")
+        .arg("-e")
+        .arg(module["path"].as_str().expect("module path"))
+        .arg(format!("{offset:#x}"))
+        .output()
+        .expect("addr2line (binutils) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let location = text.trim();
+    let file = location.rsplit('/').next().unwrap_or(location);
+    // addr2line may append " (discriminator N)".
+    file.split(' ').next().unwrap_or(file).to_owned()
+}
+
+fn check_paths(program_name: &str) {
+    const ROUNDS: usize = 300;
+    let run = run_under_shim(
+        program_name,
+        program_name,
+        &[&ROUNDS.to_string()],
+        &[("VRAMSHIM_STACK", "native")],
+    );
+    assert!(
+        run.output.status.success(),
+        "{program_name} failed:\n{}",
+        run.stderr()
+    );
+    assert_eq!(run.stderr(), "", "the shim printed something");
+    let dump = dump(&run.log());
+    let stacks: HashMap<u64, Vec<u64>> = dump
+        .iter()
+        .filter(|r| r["type"] == "stack")
+        .map(|r| {
+            let frames = arr(&r["frames"])
+                .iter()
+                .map(|f| f.as_u64().expect("native frame"))
+                .collect();
+            (u64_of(r, "id"), frames)
+        })
+        .collect();
+    let events = events(&dump);
+    let allocs = select(&events, "alloc", "cuMemAlloc_v2");
+    assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
+
+    let source = source("stack_paths");
+    let line = |marker: &str| format!("stack_paths.c:{}", marker_line(&source, marker));
+    // Innermost frames of each path, in the order main takes them.
+    let paths = [
+        vec![line("site"), line("mid"), line("outer_a"), line("main_a")],
+        vec![line("site"), line("mid"), line("outer_b"), line("main_b")],
+        vec![line("site"), line("main_site")],
+    ];
+    let mut id_of_path: [Option<u64>; 3] = [None; 3];
+    for (round, alloc) in allocs.iter().enumerate() {
+        let id = u64_of(alloc, "stack");
+        let path = round % 3;
+        match id_of_path[path] {
+            // A stack already checked: the same id on every round of that path.
+            Some(known) => assert_eq!(id, known, "round {round}: path {path} got another stack"),
+            None => {
+                let frames = &stacks[&id];
+                let lines: Vec<String> = frames
+                    .iter()
+                    .take(paths[path].len())
+                    .map(|&ip| source_line(&dump, ip))
+                    .collect();
+                assert_eq!(lines, paths[path], "round {round}: frames {frames:x?}");
+                id_of_path[path] = Some(id);
+            }
+        }
+    }
+    // Three paths, three stacks (and the two same-depth paths differ only past `mid`).
+    assert_eq!(stacks.len(), 3, "{stacks:x?}");
+    let (a, b) = (
+        &stacks[&id_of_path[0].expect("a")],
+        &stacks[&id_of_path[1].expect("b")],
+    );
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a[..2], b[..2]);
+    assert_ne!(a[2], b[2]);
+}
+
+#[test]
+fn same_site_through_different_callers_with_frame_pointers() {
+    check_paths("stack_paths");
+}
+
+#[test]
+fn same_site_through_different_callers_without_frame_pointers() {
+    check_paths("stack_paths_nofp");
+}
