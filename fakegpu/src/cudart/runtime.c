@@ -5,8 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static __thread cudaError_t last_error;
-static __thread int thread_device;        /* the device cudaSetDevice chose (default 0) */
+/* The per-thread state lives in the fake driver, shared by both runtime majors. */
+#define last_error (fakegpu_runtime_thread()->last_error)
+#define thread_device (fakegpu_runtime_thread()->device)
 
 cudaError_t fg_rt_status(CUresult rc)
 {

@@ -39,6 +39,14 @@ typedef CUgraphExec cudaGraphExec_t;
 typedef CUmemoryPool cudaMemPool_t;
 typedef struct { unsigned x, y, z; } dim3;
 
+/* The runtime's per-thread state, kept by the fake libcuda.so.1 (src/cuda/runtime_state.c) so
+ * that both runtime majors see the same last error and device. */
+struct fakegpu_runtime_thread {
+    cudaError_t last_error;
+    int device;
+};
+struct fakegpu_runtime_thread *fakegpu_runtime_thread(void);
+
 /* Checks the runtime's state: initialises the driver and makes the calling thread's device's
  * primary context current (as the runtime does at its first call that needs a device). */
 cudaError_t fg_rt_ready(void);
