@@ -124,6 +124,56 @@ fn program_on_the_fake_runtime(major: u32) {
     );
 }
 
+/// `vramshim dryrun` preloads both runtime majors; the CUDA 12 build of the program binds to
+/// `libcudart.so.12` while the recorder forwards the calls it records to the first runtime in
+/// the search order (`.13`). The program sees what it would see alone: the failed cudaMalloc's
+/// error through its own runtime's cudaGetLastError, its structures in its major's layout.
+#[test]
+fn dryrun_of_a_cuda_12_program_with_both_runtimes_preloaded() {
+    let dir = scratch("fakegpu-dryrun-12");
+    let exe = build_app(&dir, 12);
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&exe)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // The program's stdout went to stderr (stdout carries the verdict).
+    let line = |step: &str| {
+        stderr
+            .lines()
+            .find(|l| l.starts_with(step))
+            .unwrap_or_else(|| panic!("no {step} line in:\n{stderr}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("props "),
+        "props rc=0 name=vramshim custom GPU (1.00 GiB) total=1073741824 cc=9.0 sms=132 after=untouched"
+    );
+    assert_eq!(line("oom "), "oom rc=2 last=2 text=out of memory");
+    assert_eq!(
+        line("pointer "),
+        "pointer rc=0 type=2 device=0 same=1 after=untouched"
+    );
+    assert_eq!(line("copy "), "copy rc=0 rc=0 back=round trip");
+    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(verdict["exit"]["code"], 0, "{verdict}");
+    assert_eq!(verdict["fits"], false, "{verdict}");
+    assert_eq!(verdict["failure"]["api"], "cudaMalloc", "{verdict}");
+    assert_eq!(u64_of(&verdict["failure"], "request"), 1 << 40, "{verdict}");
+}
+
 /// The C++ runtime some NVIDIA libraries re-export, which the fakes leave to libstdc++ (the
 /// same prefixes as `CXX_RUNTIME_RE` in `fakegpu/build.py`).
 fn is_cxx_runtime(name: &str) -> bool {
