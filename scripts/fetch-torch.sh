@@ -5,8 +5,8 @@
 # (the fakes stand in for them).
 #
 # usage: fetch-torch.sh [VERSION]   (default $VRAMSHIM_TORCH_VERSION, else 2.15.0)
-# The releases the tests use: 2.15.0 (PyPI's build for CUDA 13) and 2.6.0 (PyPI's build for
-# CUDA 12.4: libcudart.so.12, cuBLAS 12, cuDNN 9).
+# The releases the tests use: 2.15.0 (PyPI's build for CUDA 13), 2.6.0 and 2.4.1 (PyPI's builds
+# for CUDA 12.4 and 12.1: libcudart.so.12, cuBLAS 12, cuDNN 9).
 # Cache: ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/torch-<version>/ (a venv; the file VERSION
 #        inside is written last: its presence marks a complete install).
 # stdout: the venv's python, as the last (only) line. Everything else goes to stderr.

@@ -18,12 +18,12 @@ fi
 step "cargo build"
 cargo build --workspace --quiet
 # Real PyTorch for the fake-GPU tests (tests/tests/fakegpu_torch.rs, RELEASES there): 2.15.0
-# (CUDA 13) and 2.6.0 (CUDA 12), each installed once into ~/.cache/vramshim. Without one, its
+# (CUDA 13), 2.6.0 and 2.4.1 (CUDA 12), each installed once into ~/.cache/vramshim. Without one, its
 # tests are skipped, and the summary says so; with VRAMSHIM_REQUIRE_TORCH=1 (CI) that is a
 # failure.
 step "real PyTorch for the fake-GPU tests (scripts/fetch-torch.sh)"
 skipped=()
-for release in 2.15.0 2.6.0; do
+for release in 2.15.0 2.6.0 2.4.1; do
   if ! bash scripts/fetch-torch.sh "$release" >/dev/null; then
     if [ "${VRAMSHIM_REQUIRE_TORCH:-0}" = 1 ]; then
       echo "torch $release could not be installed and VRAMSHIM_REQUIRE_TORCH=1" >&2

@@ -1,9 +1,9 @@
-//! Real PyTorch (PyPI's CUDA wheels of two releases: 2.15 built for CUDA 13, 2.6 built for CUDA
-//! 12.4; installed by `scripts/fetch-torch.sh` into cached venvs, never committed) on the fake
-//! GPU libraries (`fakegpu/`), with and without the real recorder: torch's own figures must
-//! equal the fake driver's bookkeeping and the recorded log. The allocator checks run on both
-//! releases. A release that cannot be installed is SKIPPED, a failure under
-//! `VRAMSHIM_REQUIRE_TORCH=1`.
+//! Real PyTorch (PyPI's CUDA wheels of three releases: 2.15 built for CUDA 13, 2.6 for CUDA
+//! 12.4, 2.4.1 for CUDA 12.1; installed by `scripts/fetch-torch.sh` into cached venvs, never
+//! committed) on the fake GPU libraries (`fakegpu/`), with and without the real recorder:
+//! torch's own figures must equal the fake driver's bookkeeping and the recorded log. The
+//! allocator checks, the OOM message and `dryrun` run on every release. A release that cannot
+//! be installed is SKIPPED, a failure under `VRAMSHIM_REQUIRE_TORCH=1`.
 
 mod common;
 
@@ -81,7 +81,32 @@ const CUDA12: Release = Release {
     oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
 };
 
-const RELEASES: [&Release; 2] = [&CURRENT, &CUDA12];
+/// torch 2.4.1+cu121: the oldest release with cuDNN 9 (2.3 and older need cuDNN 8); it still
+/// links NVTX 2's libnvToolsExt.so.1 and bundles its own cuSPARSELt.
+const CUDA12_OLD: Release = Release {
+    version: "2.4.1",
+    cuda: "12.1",
+    cudart: "libcudart.so.12",
+    fakes: &[
+        "libcuda.so.1",
+        "libcudart.so.12",
+        "libcublas.so.12",
+        "libcublasLt.so.12",
+        "libcudnn.so.9",
+        "libnccl.so.2",
+        "libnvidia-ml.so.1",
+        "libcusparse.so.12",
+        "libcusolver.so.11",
+        "libcufft.so.11",
+        "libcurand.so.10",
+        "libnvrtc.so.12",
+        "libcupti.so.12",
+        "libnvToolsExt.so.1",
+    ],
+    oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+};
+
+const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
 
 /// An installed release: the venv's python and the fakes to preload.
 struct Torch {
