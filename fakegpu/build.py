@@ -6,7 +6,8 @@ usage: build.py FAKEGPU_DIR OUTDIR
 Reads FAKEGPU_DIR/symbols/*/*.syms (one export table per SONAME; a SONAME listed by several
 lines gets the union, the first line in LINES giving each symbol's version node). For each
 SONAME it compiles the hand-written sources, FAKEGPU_DIR/src/<name>.<major>/*.c or else
-FAKEGPU_DIR/src/<name>/*.c (libcudart.so.13 -> src/cudart.13 or src/cudart), generates a stub
+FAKEGPU_DIR/src/<name>/*.c (libcudart.so.13 -> src/cudart.13 or src/cudart) with FG_SONAME_MAJOR
+defined to the SONAME's major (13; 0 without one), generates a stub
 for every listed function and a zeroed object for every listed data symbol that those sources
 do not define, and links OUTDIR/lib/<SONAME> with its real SONAME and a version script that puts
 every symbol under its real version node. A `link.txt` beside the hand-written sources adds
@@ -82,6 +83,12 @@ def hand_dir(root, soname):
     return None
 
 
+def soname_major(soname):
+    """The first number after ".so." (libcudart.so.12 -> 12), 0 without one."""
+    match = re.search(r"\.so\.(\d+)", soname)
+    return int(match.group(1)) if match else 0
+
+
 def read_tables(root):
     tables = {}  # soname -> {name: (version, kind, size)}
     for line in LINES:
@@ -137,9 +144,10 @@ def stale(target, sources):
     return any(os.path.getmtime(src) > built for src in sources)
 
 
-def compile_c(source, obj, includes, depends, optimise=True):
+def compile_c(source, obj, includes, depends, optimise=True, defines=()):
     if stale(obj, [source] + depends):
-        run(["gcc"] + CFLAGS + ([] if optimise else ["-O0", "-g0"]) + [f"-I{inc}" for inc in includes] + ["-c", source, "-o", obj + ".tmp"])
+        run(["gcc"] + CFLAGS + ([] if optimise else ["-O0", "-g0"]) + [f"-I{inc}" for inc in includes]
+            + [f"-D{define}" for define in defines] + ["-c", source, "-o", obj + ".tmp"])
         os.replace(obj + ".tmp", obj)
     return obj
 
@@ -222,7 +230,8 @@ def build_library(root, outdir, soname, table):
         for source in sources:
             hand_objs.append(compile_c(os.path.join(hand, source),
                                        os.path.join(obj_dir, source[:-2] + ".o"),
-                                       [hand, common, include], headers + local_headers))
+                                       [hand, common, include], headers + local_headers,
+                                       defines=[f"FG_SONAME_MAJOR={soname_major(soname)}"]))
         link_file = os.path.join(hand, "link.txt")
         if os.path.exists(link_file):
             with open(link_file) as text:

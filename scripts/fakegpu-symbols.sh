@@ -27,6 +27,9 @@ CU12=(
     nvidia-cufft-cu12==11.4.1.4 nvidia-curand-cu12==10.3.10.19 nvidia-cuda-nvrtc-cu12==12.9.86
     nvidia-nvjitlink-cu12==12.9.86 nvidia-cuda-cupti-cu12==12.9.79 nvidia-cufile-cu12==1.14.1.1
     nvidia-nvshmem-cu12==3.8.0 nvidia-cusparselt-cu12==0.8.1
+    # libnvToolsExt.so.1, which torch 2.4 and older link (12.9's wheel has only NVTX 3's
+    # interop library).
+    nvidia-nvtx-cu12==12.1.105
 )
 # Debian suite holding the newest driver packages.
 DEBIAN_SUITE=${FAKEGPU_DEBIAN_SUITE:-sid}

@@ -17,18 +17,21 @@ if rustup component list --installed 2>/dev/null | grep -q clippy || cargo clipp
 fi
 step "cargo build"
 cargo build --workspace --quiet
-# Real PyTorch for the fake-GPU tests (tests/tests/fakegpu_torch.rs), installed once into
-# ~/.cache/vramshim. Without it those tests are skipped, and the summary says so; with
-# VRAMSHIM_REQUIRE_TORCH=1 (CI) that is a failure.
+# Real PyTorch for the fake-GPU tests (tests/tests/fakegpu_torch.rs, RELEASES there): 2.15.0
+# (CUDA 13), 2.6.0 and 2.4.1 (CUDA 12), each installed once into ~/.cache/vramshim. Without one, its
+# tests are skipped, and the summary says so; with VRAMSHIM_REQUIRE_TORCH=1 (CI) that is a
+# failure.
 step "real PyTorch for the fake-GPU tests (scripts/fetch-torch.sh)"
 skipped=()
-if ! bash scripts/fetch-torch.sh >/dev/null; then
-  if [ "${VRAMSHIM_REQUIRE_TORCH:-0}" = 1 ]; then
-    echo "torch could not be installed and VRAMSHIM_REQUIRE_TORCH=1" >&2
-    exit 1
+for release in 2.15.0 2.6.0 2.4.1; do
+  if ! bash scripts/fetch-torch.sh "$release" >/dev/null; then
+    if [ "${VRAMSHIM_REQUIRE_TORCH:-0}" = 1 ]; then
+      echo "torch $release could not be installed and VRAMSHIM_REQUIRE_TORCH=1" >&2
+      exit 1
+    fi
+    skipped+=("SKIPPED: real PyTorch $release on the fake GPU (fakegpu_torch): torch could not be installed")
   fi
-  skipped+=("SKIPPED: real PyTorch on the fake GPU (fakegpu_torch): torch could not be installed")
-fi
+done
 step "cargo test"
 # Tests that cannot run (a download impossible here, an interpreter not installed) append a
 # line to this file: the summary below names each one.

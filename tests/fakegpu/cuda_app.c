@@ -1,13 +1,32 @@
-/* A plain CUDA C program on the fake runtime (libcudart.so.13), linked like an nvcc-built one
- * against the runtime: device query, allocations of each kind, a copy round trip, an OOM,
- * and a library function that is not implemented. One line per step: "<step> <values>". */
+/* A plain CUDA C program on the fake runtime, linked like an nvcc-built one against the
+ * runtime: device query, allocations of each kind, a copy round trip, an OOM, and a library
+ * function that is not implemented. One line per step: "<step> <values>". Built with
+ * -DCUDA_MAJOR=13 (libcudart.so.13) or 12 (libcudart.so.12): the two differ in cudaDeviceProp
+ * (1008 / 1032 bytes; offsets from NVIDIA's headers) and in the name CUDA 12 headers give
+ * cudaGetDeviceProperties. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
 typedef int cudaError_t;
 cudaError_t cudaGetDeviceCount(int *count);
+#if CUDA_MAJOR == 12
+#define PROP_SIZE 1032
+#define SM_COUNT_OFFSET 388
+#define CUBLAS "libcublas.so.12"
+/* cuda_runtime_api.h of CUDA 12: #define cudaGetDeviceProperties cudaGetDeviceProperties_v2 */
+cudaError_t cudaGetDeviceProperties_v2(void *prop, int device);
+#define cudaGetDeviceProperties cudaGetDeviceProperties_v2
+cudaError_t cudaPointerGetAttributes(void *attributes, const void *p);
+#elif CUDA_MAJOR == 13
+#define PROP_SIZE 1008
+#define SM_COUNT_OFFSET 384
+#define CUBLAS "libcublas.so.13"
 cudaError_t cudaGetDeviceProperties(void *prop, int device);
+#else
+#error "build with -DCUDA_MAJOR=12 or 13"
+#endif
+#define MAJOR_OFFSET 360
 cudaError_t cudaMalloc(void **p, size_t size);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t size);
@@ -25,13 +44,22 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
 int main(void)
 {
     int count = -1;
-    unsigned char prop[1008];
+    /* The structure with 64 marked bytes after it: the runtime must write none of them. */
+    unsigned char prop[PROP_SIZE + 64];
+    memset(prop, 0xab, sizeof prop);
     cudaError_t rc = cudaGetDeviceCount(&count);
     printf("count rc=%d count=%d\n", rc, count);
     rc = cudaGetDeviceProperties(prop, 0);
     size_t total_global;
+    int cc_major, cc_minor, sms, untouched = 1;
     memcpy(&total_global, prop + 288, sizeof total_global);
-    printf("props rc=%d name=%s total=%zu\n", rc, (char *)prop, total_global);
+    memcpy(&cc_major, prop + MAJOR_OFFSET, sizeof cc_major);
+    memcpy(&cc_minor, prop + MAJOR_OFFSET + 4, sizeof cc_minor);
+    memcpy(&sms, prop + SM_COUNT_OFFSET, sizeof sms);
+    for (size_t i = PROP_SIZE; i < sizeof prop; i++)
+        untouched &= prop[i] == 0xab;
+    printf("props rc=%d name=%s total=%zu cc=%d.%d sms=%d after=%s\n", rc, (char *)prop,
+           total_global, cc_major, cc_minor, sms, untouched ? "untouched" : "overwritten");
 
     void *a = NULL, *b = NULL, *host = NULL, *pooled = NULL;
     size_t free_bytes, total;
@@ -48,6 +76,22 @@ int main(void)
     cudaError_t to_device = cudaMemcpy(a, host, sizeof message, 1);
     cudaError_t to_host = cudaMemcpy(back, a, sizeof message, 2);
     printf("copy rc=%d rc=%d back=%s\n", to_device, to_host, back);
+#if CUDA_MAJOR == 12
+    /* CUDA 12's cudaPointerAttributes: type, device, devicePointer, hostPointer (24 bytes). */
+    unsigned char attributes[24 + 64];
+    memset(attributes, 0xab, sizeof attributes);
+    rc = cudaPointerGetAttributes(attributes, a);
+    int type, device;
+    void *device_pointer;
+    memcpy(&type, attributes, sizeof type);
+    memcpy(&device, attributes + 4, sizeof device);
+    memcpy(&device_pointer, attributes + 8, sizeof device_pointer);
+    untouched = 1;
+    for (size_t i = 24; i < sizeof attributes; i++)
+        untouched &= attributes[i] == 0xab;
+    printf("pointer rc=%d type=%d device=%d same=%d after=%s\n", rc, type, device,
+           device_pointer == a, untouched ? "untouched" : "overwritten");
+#endif
     printf("async rc=%d\n", cudaMallocAsync(&pooled, 1 << 20, NULL));
     cudaError_t freed = cudaFreeAsync(pooled, NULL);
     cudaMemGetInfo(&free_bytes, &total);
@@ -62,7 +106,7 @@ int main(void)
     printf("info used=%zu\n", total - free_bytes);
 
     /* Not implemented by the fakes: NOT_SUPPORTED (15) every time, logged once. */
-    void *cublas = dlopen("libcublas.so.13", RTLD_NOW);
+    void *cublas = dlopen(CUBLAS, RTLD_NOW);
     int (*xt_create)(void **) = cublas ? (int (*)(void **))dlsym(cublas, "cublasXtCreate") : NULL;
     void *xt = NULL;
     int first = xt_create ? xt_create(&xt) : -1, second = xt_create ? xt_create(&xt) : -1;

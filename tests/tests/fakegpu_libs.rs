@@ -12,26 +12,38 @@ use common::*;
 
 const MIB: u64 = 1 << 20;
 
-fn build_app(dir: &Path) -> PathBuf {
+/// `cuda_app.c` built for CUDA `major` (12 or 13), linked against that fake runtime.
+fn build_app(dir: &Path, major: u32) -> PathBuf {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cuda_app.c");
-    let exe = dir.join("cuda_app");
+    let exe = dir.join(format!("cuda_app_{major}"));
     let status = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&exe)
+        .arg(format!("-DCUDA_MAJOR={major}"))
         .arg(&source)
         .arg(format!("-L{}", vramshim_fakegpu::LIB_DIR))
         .arg(format!("-Wl,-rpath-link,{}", vramshim_fakegpu::LIB_DIR))
-        .args(["-l:libcudart.so.13", "-ldl"])
+        .arg(format!("-l:libcudart.so.{major}"))
+        .arg("-ldl")
         .status()
         .expect("run gcc");
     assert!(status.success(), "gcc failed for {}", source.display());
     exe
 }
 
+/// The program built for CUDA 13 and for CUDA 12: the same answers, each structure filled in
+/// its major's layout and no byte past it.
 #[test]
 fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
-    let dir = scratch("fakegpu-app");
-    let exe = build_app(&dir);
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        program_on_the_fake_runtime(major);
+    }
+}
+
+fn program_on_the_fake_runtime(major: u32) {
+    let dir = scratch(&format!("fakegpu-app-{major}"));
+    let exe = build_app(&dir, major);
     let unimplemented = dir.join("unimplemented.txt");
     let output = Command::new(&exe)
         .env("LD_PRELOAD", shim())
@@ -57,12 +69,13 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
         stdout,
         format!(
             "count rc=0 count=1\n\
-             props rc=0 name=Test Card total=1073741824\n\
+             props rc=0 name=Test Card total=1073741824 cc=9.0 sms=132 after=untouched\n\
              malloc rc=0\n\
              malloc rc=0\n\
              info used={} total=1073741824\n\
              oom rc=2 last=2 text=out of memory\n\
              copy rc=0 rc=0 back=round trip\n\
+             {}\
              async rc=0\n\
              freeasync rc=0 cached={} sync rc=0 after={}\n\
              free rc=0 rc=0 rc=0\n\
@@ -71,6 +84,11 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
              entry cuMemAlloc rc=0 status=0 alloc rc=0 free rc=0\n\
              entry cuNoSuchFunction rc=500 status=1\n",
             context + 8 * MIB,
+            if major == 12 {
+                "pointer rc=0 type=2 device=0 same=1 after=untouched\n"
+            } else {
+                ""
+            },
             context + 9 * MIB,
             context + 8 * MIB
         )
@@ -104,6 +122,56 @@ fn a_cuda_program_on_the_fake_runtime_is_recorded_exactly() {
         sizes(select(&events, "alloc", "cudaMallocHost")),
         vec![4096]
     );
+}
+
+/// `vramshim dryrun` preloads both runtime majors; the CUDA 12 build of the program binds to
+/// `libcudart.so.12` while the recorder forwards the calls it records to the first runtime in
+/// the search order (`.13`). The program sees what it would see alone: the failed cudaMalloc's
+/// error through its own runtime's cudaGetLastError, its structures in its major's layout.
+#[test]
+fn dryrun_of_a_cuda_12_program_with_both_runtimes_preloaded() {
+    let dir = scratch("fakegpu-dryrun-12");
+    let exe = build_app(&dir, 12);
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&exe)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // The program's stdout went to stderr (stdout carries the verdict).
+    let line = |step: &str| {
+        stderr
+            .lines()
+            .find(|l| l.starts_with(step))
+            .unwrap_or_else(|| panic!("no {step} line in:\n{stderr}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("props "),
+        "props rc=0 name=vramshim custom GPU (1.00 GiB) total=1073741824 cc=9.0 sms=132 after=untouched"
+    );
+    assert_eq!(line("oom "), "oom rc=2 last=2 text=out of memory");
+    assert_eq!(
+        line("pointer "),
+        "pointer rc=0 type=2 device=0 same=1 after=untouched"
+    );
+    assert_eq!(line("copy "), "copy rc=0 rc=0 back=round trip");
+    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(verdict["exit"]["code"], 0, "{verdict}");
+    assert_eq!(verdict["fits"], false, "{verdict}");
+    assert_eq!(verdict["failure"]["api"], "cudaMalloc", "{verdict}");
+    assert_eq!(u64_of(&verdict["failure"], "request"), 1 << 40, "{verdict}");
 }
 
 /// The C++ runtime some NVIDIA libraries re-export, which the fakes leave to libstdc++ (the

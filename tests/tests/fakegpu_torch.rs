@@ -1,7 +1,9 @@
-//! Real PyTorch (the CUDA 13 wheel from PyPI, installed by `scripts/fetch-torch.sh` into a cached
-//! venv, never committed) on the fake GPU libraries (`fakegpu/`), with and without the real
-//! recorder: torch's own figures must equal the fake driver's bookkeeping and the recorded log.
-//! Without network the tests say SKIPPED, or fail under `VRAMSHIM_REQUIRE_TORCH=1`.
+//! Real PyTorch (PyPI's CUDA wheels of three releases: 2.15 built for CUDA 13, 2.6 for CUDA
+//! 12.4, 2.4.1 for CUDA 12.1; installed by `scripts/fetch-torch.sh` into cached venvs, never
+//! committed) on the fake GPU libraries (`fakegpu/`), with and without the real recorder:
+//! torch's own figures must equal the fake driver's bookkeeping and the recorded log. The
+//! allocator checks, the OOM message and `dryrun` run on every release. A release that cannot
+//! be installed is SKIPPED, a failure under `VRAMSHIM_REQUIRE_TORCH=1`.
 
 mod common;
 
@@ -15,70 +17,165 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 
-/// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
-/// torch's RPATH to NVIDIA's wheels wherever those are installed.
-const TORCH_FAKES: &[&str] = &[
-    "libcuda.so.1",
-    "libcudart.so.13",
-    "libcublas.so.13",
-    "libcublasLt.so.13",
-    "libcudnn.so.9",
-    "libnccl.so.2",
-    "libnvidia-ml.so.1",
-    "libcusparse.so.12",
-    "libcusolver.so.12",
-    "libcufft.so.12",
-    "libcurand.so.10",
-    "libnvrtc.so.13",
-    "libnvJitLink.so.13",
-    "libcupti.so.13",
-    "libcufile.so.0",
-    "libnvshmem_host.so.3",
-    "libcusparseLt.so.0",
-];
+/// A PyTorch release from PyPI and the fakes it loads, by SONAME (its libraries' DT_NEEDED
+/// entries, plus NVML, which it dlopens). They are preloaded so that they win over torch's
+/// RPATH to NVIDIA's wheels wherever those are installed.
+struct Release {
+    version: &'static str,
+    /// `torch.version.cuda`, and the runtime SONAME it loads.
+    cuda: &'static str,
+    cudart: &'static str,
+    fakes: &'static [&'static str],
+    /// The documentation link that ends this release's out-of-memory message.
+    oom_docs: &'static str,
+}
+
+/// torch 2.15.0+cu132: the current release, the first in the list.
+const CURRENT: Release = Release {
+    version: "2.15.0",
+    cuda: "13.2",
+    cudart: "libcudart.so.13",
+    fakes: &[
+        "libcuda.so.1",
+        "libcudart.so.13",
+        "libcublas.so.13",
+        "libcublasLt.so.13",
+        "libcudnn.so.9",
+        "libnccl.so.2",
+        "libnvidia-ml.so.1",
+        "libcusparse.so.12",
+        "libcusolver.so.12",
+        "libcufft.so.12",
+        "libcurand.so.10",
+        "libnvrtc.so.13",
+        "libnvJitLink.so.13",
+        "libcupti.so.13",
+        "libcufile.so.0",
+        "libnvshmem_host.so.3",
+        "libcusparseLt.so.0",
+    ],
+    oom_docs: "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
+};
+
+/// torch 2.6.0+cu124: PyPI's default build of that release is for CUDA 12.
+const CUDA12: Release = Release {
+    version: "2.6.0",
+    cuda: "12.4",
+    cudart: "libcudart.so.12",
+    fakes: &[
+        "libcuda.so.1",
+        "libcudart.so.12",
+        "libcublas.so.12",
+        "libcublasLt.so.12",
+        "libcudnn.so.9",
+        "libnccl.so.2",
+        "libnvidia-ml.so.1",
+        "libcusparse.so.12",
+        "libcusolver.so.11",
+        "libcufft.so.11",
+        "libcurand.so.10",
+        "libnvrtc.so.12",
+        "libcupti.so.12",
+        "libcusparseLt.so.0",
+    ],
+    oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+};
+
+/// torch 2.4.1+cu121: the oldest release with cuDNN 9 (2.3 and older need cuDNN 8); it still
+/// links NVTX 2's libnvToolsExt.so.1 and bundles its own cuSPARSELt.
+const CUDA12_OLD: Release = Release {
+    version: "2.4.1",
+    cuda: "12.1",
+    cudart: "libcudart.so.12",
+    fakes: &[
+        "libcuda.so.1",
+        "libcudart.so.12",
+        "libcublas.so.12",
+        "libcublasLt.so.12",
+        "libcudnn.so.9",
+        "libnccl.so.2",
+        "libnvidia-ml.so.1",
+        "libcusparse.so.12",
+        "libcusolver.so.11",
+        "libcufft.so.11",
+        "libcurand.so.10",
+        "libnvrtc.so.12",
+        "libcupti.so.12",
+        "libnvToolsExt.so.1",
+    ],
+    oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+};
+
+const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
+
+/// An installed release: the venv's python and the fakes to preload.
+struct Torch {
+    release: &'static Release,
+    python: PathBuf,
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The venv's python with torch, or `None` (with a loud note) when it cannot be installed.
-fn torch_python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let output = Command::new("bash")
-                .arg(repo().join("scripts/fetch-torch.sh"))
-                .output()
-                .expect("run fetch-torch.sh");
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            if output.status.code() == Some(3)
-                && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
-            {
-                skipped(&format!(
-                    "fakegpu_torch: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
-                    stderr.trim()
-                ));
-                return None;
-            }
-            assert!(output.status.success(), "fetch-torch.sh failed: {stderr}");
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            Some(PathBuf::from(
-                stdout.lines().last().expect("python path").trim(),
-            ))
-        })
-        .clone()
+/// The venv's python with `release`, or `None` (with a loud note) when it cannot be installed.
+fn install(release: &Release) -> Option<PathBuf> {
+    let output = Command::new("bash")
+        .arg(repo().join("scripts/fetch-torch.sh"))
+        .arg(release.version)
+        .output()
+        .expect("run fetch-torch.sh");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none() {
+        skipped(&format!(
+            "fakegpu_torch: torch {}: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+            release.version,
+            stderr.trim()
+        ));
+        return None;
+    }
+    assert!(
+        output.status.success(),
+        "fetch-torch.sh {} failed: {stderr}",
+        release.version
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Some(PathBuf::from(
+        stdout.lines().last().expect("python path").trim(),
+    ))
 }
 
-fn fake_preload() -> String {
-    TORCH_FAKES
+/// Every release that could be installed (each installed once per test binary).
+fn torches() -> Vec<Torch> {
+    static PYTHONS: OnceLock<Vec<Option<PathBuf>>> = OnceLock::new();
+    let pythons = PYTHONS.get_or_init(|| RELEASES.iter().map(|r| install(r)).collect());
+    RELEASES
         .iter()
-        .map(|soname| {
-            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
-            assert!(path.is_file(), "{} was not built", path.display());
-            path.display().to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(":")
+        .zip(pythons)
+        .filter_map(|(release, python)| python.clone().map(|python| Torch { release, python }))
+        .collect()
+}
+
+/// The current release, when it could be installed.
+fn current() -> Option<Torch> {
+    torches()
+        .into_iter()
+        .find(|torch| torch.release.version == CURRENT.version)
+}
+
+impl Torch {
+    fn fake_preload(&self) -> String {
+        self.release
+            .fakes
+            .iter()
+            .map(|soname| {
+                let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
+                assert!(path.is_file(), "{} was not built", path.display());
+                path.display().to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(":")
+    }
 }
 
 /// What one run printed (its last JSON line) and, when recorded, its log.
@@ -91,31 +188,31 @@ struct TorchRun {
 /// Runs `tests/python/torch_fakegpu.py MODE` on a fake card of `memory` bytes; `recorded`
 /// preloads the real recorder ahead of the fakes.
 fn run_torch(
-    python: &Path,
+    torch: &Torch,
     mode: &str,
     memory: u64,
     env: &[(&str, &str)],
     recorded: bool,
 ) -> TorchRun {
-    run_torch_script(python, "torch_fakegpu.py", mode, memory, env, recorded)
+    run_torch_script(torch, "torch_fakegpu.py", mode, memory, env, recorded)
 }
 
 /// Runs `tests/python/SCRIPT MODE` as `run_torch` does.
 fn run_torch_script(
-    python: &Path,
+    torch: &Torch,
     script: &str,
     mode: &str,
     memory: u64,
     env: &[(&str, &str)],
     recorded: bool,
 ) -> TorchRun {
-    let dir = scratch(&format!("torch-{mode}"));
+    let dir = scratch(&format!("torch-{}-{mode}", torch.release.version));
     let preload = if recorded {
-        format!("{}:{}", shim().display(), fake_preload())
+        format!("{}:{}", shim().display(), torch.fake_preload())
     } else {
-        fake_preload()
+        torch.fake_preload()
     };
-    let mut command = Command::new(python);
+    let mut command = Command::new(&torch.python);
     command
         .arg("-W")
         .arg("ignore")
@@ -137,7 +234,8 @@ fn run_torch_script(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "torch {mode} failed:\n{stdout}\n{stderr}"
+        "torch {} {mode} failed:\n{stdout}\n{stderr}",
+        torch.release.version
     );
     let last = stdout
         .lines()
@@ -192,195 +290,212 @@ fn pairs(value: &Value) -> Vec<Vec<u64>> {
 
 #[test]
 fn caching_allocator_segments_equal_the_driver_and_the_log() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(&python, "caching", 80 << 30, &[], true);
-    let r = &run.result;
-    // Reserved bytes equal the driver's used bytes at every step: 2 MiB small segment, a
-    // 20 MiB large one, a 50 MiB oversize one, then all of it back after empty_cache.
-    assert_eq!(
-        pairs(&r["steps"]),
-        vec![
-            vec![2 * MIB, 2 * MIB],
-            vec![22 * MIB, 22 * MIB],
-            vec![72 * MIB, 72 * MIB],
-            vec![72 * MIB, 72 * MIB],
-            vec![0, 0]
-        ],
-        "{r}"
-    );
-    assert_eq!(r["reserved_peak"], 72 * MIB);
-    assert_eq!(r["num_device_alloc"], 3);
-    assert_eq!(r["num_device_free"], 3);
-    let (allocs, frees, peak) = replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
-    assert_eq!(
-        (allocs, frees, peak),
-        (3, 3, 72 * MIB),
-        "{}",
-        String::from_utf8_lossy(&run.output.stderr)
-    );
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch(&torch, "caching", 80 << 30, &[], true);
+        let r = &run.result;
+        // Reserved bytes equal the driver's used bytes at every step: 2 MiB small segment, a
+        // 20 MiB large one, a 50 MiB oversize one, then all of it back after empty_cache.
+        assert_eq!(
+            pairs(&r["steps"]),
+            vec![
+                vec![2 * MIB, 2 * MIB],
+                vec![22 * MIB, 22 * MIB],
+                vec![72 * MIB, 72 * MIB],
+                vec![72 * MIB, 72 * MIB],
+                vec![0, 0]
+            ],
+            "{r}"
+        );
+        assert_eq!(r["reserved_peak"], 72 * MIB);
+        assert_eq!(r["num_device_alloc"], 3);
+        assert_eq!(r["num_device_free"], 3);
+        let (allocs, frees, peak) =
+            replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
+        assert_eq!(
+            (allocs, frees, peak),
+            (3, 3, 72 * MIB),
+            "{}",
+            String::from_utf8_lossy(&run.output.stderr)
+        );
+    }
 }
 
 #[test]
 fn out_of_memory_message_is_torchs_own_with_nvml_figures() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(&python, "oom", 1 << 30, &[], true);
-    let r = &run.result;
-    assert_eq!(
-        r["message"].as_str().expect("an OutOfMemoryError"),
-        "CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of \
-         1024.00 MiB of which 424.00 MiB is free. Including non-PyTorch memory, this process \
-         has 600.00 MiB memory in use. Of the allocated memory 600.00 MiB is allocated by \
-         PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If reserved but \
-         unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-         to avoid fragmentation.  See documentation for Memory Management  \
-         (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
-    );
-    assert_eq!(r["used"], 600 * MIB);
-    // The log has the failed request twice (torch retries once after releasing its cache,
-    // which is empty here), each with the free memory the driver reported after it.
-    let dump = dump(run.log.as_ref().expect("log"));
-    let events = events(&dump);
-    let failed = select(&events, "alloc_failed", "cudaMalloc");
-    assert_eq!(failed.len(), 2, "{failed:?}");
-    for failure in failed {
-        assert_eq!(u64_of(failure, "size"), 600 * MIB);
-        assert_eq!(u64_of(failure, "mem_free"), 424 * MIB);
-        assert_eq!(u64_of(failure, "mem_total"), 1024 * MIB);
-        assert_eq!(u64_of(failure, "result"), 2);
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch(&torch, "oom", 1 << 30, &[], true);
+        let r = &run.result;
+        assert_eq!(
+            r["message"].as_str().expect("an OutOfMemoryError"),
+            format!(
+                "CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity \
+                 of 1024.00 MiB of which 424.00 MiB is free. Including non-PyTorch memory, this \
+                 process has 600.00 MiB memory in use. Of the allocated memory 600.00 MiB is \
+                 allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If \
+                 reserved but unallocated memory is large try setting \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
+                 documentation for Memory Management  ({})",
+                torch.release.oom_docs
+            )
+        );
+        assert_eq!(r["used"], 600 * MIB);
+        // The log has the failed request twice (torch retries once after releasing its cache,
+        // which is empty here), each with the free memory the driver reported after it.
+        let dump = dump(run.log.as_ref().expect("log"));
+        let events = events(&dump);
+        let failed = select(&events, "alloc_failed", "cudaMalloc");
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        for failure in failed {
+            assert_eq!(u64_of(failure, "size"), 600 * MIB);
+            assert_eq!(u64_of(failure, "mem_free"), 424 * MIB);
+            assert_eq!(u64_of(failure, "mem_total"), 1024 * MIB);
+            assert_eq!(u64_of(failure, "result"), 2);
+        }
     }
 }
 
 #[test]
 fn expandable_segments_map_through_the_drivers_vmm() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(
-        &python,
-        "expandable",
-        1 << 30,
-        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
-        true,
-    );
-    let r = &run.result;
-    assert_eq!(
-        pairs(&Value::Array(vec![
-            r["grown"].clone(),
-            r["emptied"].clone()
-        ])),
-        vec![vec![100 * MIB, 100 * MIB], vec![0, 0]]
-    );
-    assert_eq!(r["reserved_peak"], 100 * MIB);
-    let dump = dump(run.log.as_ref().expect("log"));
-    let events = events(&dump);
-    // Five 20 MiB physical chunks, each created, mapped, unmapped and released (the log names
-    // a release by its handle).
-    let created = select(&events, "create", "cuMemCreate");
-    assert_eq!(
-        created
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch(
+            &torch,
+            "expandable",
+            1 << 30,
+            &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+            true,
+        );
+        let r = &run.result;
+        assert_eq!(
+            pairs(&Value::Array(vec![
+                r["grown"].clone(),
+                r["emptied"].clone()
+            ])),
+            vec![vec![100 * MIB, 100 * MIB], vec![0, 0]]
+        );
+        assert_eq!(r["reserved_peak"], 100 * MIB);
+        let dump = dump(run.log.as_ref().expect("log"));
+        let events = events(&dump);
+        // Five 20 MiB physical chunks, each created, mapped, unmapped and released (the log names
+        // a release by its handle).
+        let created = select(&events, "create", "cuMemCreate");
+        assert_eq!(
+            created
+                .iter()
+                .map(|e| u64_of(e, "size"))
+                .collect::<Vec<_>>(),
+            vec![20 * MIB; 5]
+        );
+        let handles = |list: Vec<&Value>| {
+            let mut handles: Vec<u64> = list.iter().map(|e| u64_of(e, "handle")).collect();
+            handles.sort_unstable();
+            handles
+        };
+        assert_eq!(
+            handles(select(&events, "release", "cuMemRelease")),
+            handles(created)
+        );
+        let mapped: u64 = select(&events, "map", "cuMemMap")
             .iter()
             .map(|e| u64_of(e, "size"))
-            .collect::<Vec<_>>(),
-        vec![20 * MIB; 5]
-    );
-    let handles = |list: Vec<&Value>| {
-        let mut handles: Vec<u64> = list.iter().map(|e| u64_of(e, "handle")).collect();
-        handles.sort_unstable();
-        handles
-    };
-    assert_eq!(
-        handles(select(&events, "release", "cuMemRelease")),
-        handles(created)
-    );
-    let mapped: u64 = select(&events, "map", "cuMemMap")
-        .iter()
-        .map(|e| u64_of(e, "size"))
-        .sum();
-    let unmapped: u64 = select(&events, "unmap", "cuMemUnmap")
-        .iter()
-        .map(|e| u64_of(e, "size"))
-        .sum();
-    assert_eq!((mapped, unmapped), (100 * MIB, 100 * MIB));
-    assert!(select(&events, "alloc", "cudaMalloc").is_empty());
+            .sum();
+        let unmapped: u64 = select(&events, "unmap", "cuMemUnmap")
+            .iter()
+            .map(|e| u64_of(e, "size"))
+            .sum();
+        assert_eq!((mapped, unmapped), (100 * MIB, 100 * MIB));
+        assert!(select(&events, "alloc", "cudaMalloc").is_empty());
+    }
 }
 
 #[test]
 fn malloc_async_backend_uses_the_pools_caching() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(
-        &python,
-        "async",
-        1 << 30,
-        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
-        true,
-    );
-    let r = &run.result;
-    // (reserved, allocated, driver used): torch sets the pool's release threshold to the
-    // maximum, so a freed block stays reserved (cached) through a synchronize until empty_cache.
-    let live = vec![40 * MIB, 40 * MIB, 40 * MIB];
-    let cached = vec![40 * MIB, 10 * MIB, 40 * MIB];
-    assert_eq!(
-        pairs(&Value::Array(vec![
-            r["live"].clone(),
-            r["freed"].clone(),
-            r["synced"].clone(),
-            r["emptied"].clone()
-        ])),
-        vec![live, cached.clone(), cached, vec![0, 0, 0]],
-        "{r}"
-    );
-    let dump = dump(run.log.as_ref().expect("log"));
-    let events = events(&dump);
-    assert_eq!(select(&events, "alloc", "cudaMallocAsync").len(), 2);
-    assert_eq!(select(&events, "free", "cudaFreeAsync").len(), 2);
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch(
+            &torch,
+            "async",
+            1 << 30,
+            &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+            true,
+        );
+        let r = &run.result;
+        // (reserved, allocated, driver used): torch sets the pool's release threshold to the
+        // maximum, so a freed block stays reserved (cached) through a synchronize until empty_cache.
+        let live = vec![40 * MIB, 40 * MIB, 40 * MIB];
+        let cached = vec![40 * MIB, 10 * MIB, 40 * MIB];
+        assert_eq!(
+            pairs(&Value::Array(vec![
+                r["live"].clone(),
+                r["freed"].clone(),
+                r["synced"].clone(),
+                r["emptied"].clone()
+            ])),
+            vec![live, cached.clone(), cached, vec![0, 0, 0]],
+            "{r}"
+        );
+        let dump = dump(run.log.as_ref().expect("log"));
+        let events = events(&dump);
+        assert_eq!(select(&events, "alloc", "cudaMallocAsync").len(), 2);
+        assert_eq!(select(&events, "free", "cudaFreeAsync").len(), 2);
+    }
 }
 
 #[test]
 fn mlp_training_with_adam_and_device_queries() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(&python, "train", 80 << 30, &[], true);
-    let r = &run.result;
-    assert_eq!(r["steps"], 3);
-    assert_eq!(r["reserved_now"], r["used"], "{r}");
-    let (allocs, frees, peak) = replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
-    assert_eq!(
-        allocs as u64,
-        r["num_device_alloc"].as_u64().expect("count")
-    );
-    assert_eq!(frees as u64, r["num_device_free"].as_u64().expect("count"));
-    assert_eq!(peak, r["reserved_peak"].as_u64().expect("peak"), "{r}");
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch(&torch, "train", 80 << 30, &[], true);
+        let r = &run.result;
+        assert_eq!(r["steps"], 3);
+        assert_eq!(r["reserved_now"], r["used"], "{r}");
+        let (allocs, frees, peak) =
+            replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
+        assert_eq!(
+            allocs as u64,
+            r["num_device_alloc"].as_u64().expect("count")
+        );
+        assert_eq!(frees as u64, r["num_device_free"].as_u64().expect("count"));
+        assert_eq!(peak, r["reserved_peak"].as_u64().expect("peak"), "{r}");
 
-    // Host data round-trips through device memory; pinned memory is known; the machine is
-    // the one the variables describe.
-    let run = run_torch(
-        &python,
-        "roundtrip",
-        24 << 30,
-        &[
-            ("VRAMSHIM_FAKEGPU_COUNT", "2"),
-            ("VRAMSHIM_FAKEGPU_NAME", "NVIDIA A100-SXM4-40GB"),
-            ("VRAMSHIM_FAKEGPU_CC", "8.0"),
-        ],
-        false,
-    );
-    let r = &run.result;
-    assert_eq!(r["equal"], true);
-    assert_eq!(r["pinned"], true);
-    assert_eq!(r["device"], "NVIDIA A100-SXM4-40GB");
-    assert_eq!(r["capability"], serde_json::json!([8, 0]));
-    assert_eq!(r["count"], 2);
-    assert_eq!(r["total"], 24u64 << 30);
+        // Host data round-trips through device memory; pinned memory is known; the machine is
+        // the one the variables describe.
+        let run = run_torch(
+            &torch,
+            "roundtrip",
+            24 << 30,
+            &[
+                ("VRAMSHIM_FAKEGPU_COUNT", "2"),
+                ("VRAMSHIM_FAKEGPU_NAME", "NVIDIA A100-SXM4-40GB"),
+                ("VRAMSHIM_FAKEGPU_CC", "8.0"),
+            ],
+            false,
+        );
+        let r = &run.result;
+        assert_eq!(r["equal"], true);
+        assert_eq!(r["cuda"], torch.release.cuda);
+        assert_eq!(r["runtimes"], serde_json::json!([torch.release.cudart]));
+        assert_eq!(r["pinned"], true);
+        assert_eq!(r["device"], "NVIDIA A100-SXM4-40GB");
+        assert_eq!(r["capability"], serde_json::json!([8, 0]));
+        assert_eq!(r["count"], 2);
+        assert_eq!(r["total"], 24u64 << 30);
+    }
 }
 
 #[test]
 fn an_invalid_machine_makes_cuda_unavailable_with_one_line() {
-    let Some(python) = torch_python() else { return };
-    let output = Command::new(&python)
+    let Some(torch) = current() else { return };
+    let output = Command::new(&torch.python)
         .args([
             "-W",
             "ignore",
             "-c",
             "import torch; print(torch.cuda.is_available())",
         ])
-        .env("LD_PRELOAD", fake_preload())
+        .env("LD_PRELOAD", torch.fake_preload())
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_FAKEGPU_MEMORY", "80GiB")
         .output()
@@ -406,89 +521,91 @@ fn an_invalid_machine_makes_cuda_unavailable_with_one_line() {
 /// script's line, torch's release-and-retry, and the smallest card that fits.
 #[test]
 fn dryrun_of_a_torch_job_names_its_failing_line() {
-    let Some(python) = torch_python() else { return };
-    let script = repo().join("tests/python/torch_dryrun.py");
-    let logs = scratch("torch-dryrun");
-    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-        .parent()
-        .expect("fakegpu dir");
-    let output = Command::new(vramshim_tool())
-        .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
-        .arg(logs.join("%p.vlog"))
-        .arg("--")
-        .arg(&python)
-        .args(["-W", "ignore"])
-        .arg(&script)
-        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-        .env_remove("LD_PRELOAD")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("VRAMSHIM_STACK")
-        .output()
-        .expect("run vramshim dryrun");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    // An uncaught OutOfMemoryError: Python exits 1, and so does dryrun.
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    let v: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
-    // The program's stdout went to stderr: torch's figures, printed before the failure.
-    let torch: Value = stderr
-        .lines()
-        .find_map(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
-    assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let script = repo().join("tests/python/torch_dryrun.py");
+        let logs = scratch("torch-dryrun");
+        let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+            .parent()
+            .expect("fakegpu dir");
+        let output = Command::new(vramshim_tool())
+            .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
+            .arg(logs.join("%p.vlog"))
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(&script)
+            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run vramshim dryrun");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // An uncaught OutOfMemoryError: Python exits 1, and so does dryrun.
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        let v: Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        // The program's stdout went to stderr: torch's figures, printed before the failure.
+        let torch: Value = stderr
+            .lines()
+            .find_map(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+        assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
 
-    assert_eq!(v["fits"], false, "{v}");
-    assert_eq!(v["exit"]["code"], 1);
-    let device = &arr(&v["devices"])[0];
-    // Weights (64 MiB in a 20 MiB-rounded segment: 64 MiB), bias (2 MiB small segment),
-    // activations (256 MiB): torch's peak reserved, exactly what the recorder saw.
-    assert_eq!(device["peak_recorded"], torch["reserved_peak"], "{device}");
-    assert_eq!(u64_of(device, "peak_recorded"), (64 + 2 + 256) * MIB);
-    let failure = &v["failure"];
-    assert_eq!(failure["api"], "cudaMalloc", "{failure}");
-    assert_eq!(u64_of(failure, "request"), 2048 * MIB);
-    assert_eq!(failure["verdict"], "exceeded_free_memory");
-    // torch frees its cached segments (none are free here) and asks once more.
-    assert_eq!(failure["retry"]["succeeded"], false, "{failure}");
-    let frame = &failure["python_frame"];
-    assert!(
-        frame["file"]
-            .as_str()
-            .is_some_and(|f| f.ends_with("torch_dryrun.py")),
-        "{frame}"
-    );
-    let text = std::fs::read_to_string(&script).expect("read script");
-    let marked = text
-        .lines()
-        .position(|line| line.contains("# DRYRUN: too big"))
-        .expect("marker line") as u64
-        + 1;
-    assert_eq!(u64_of(frame, "line"), marked);
-    // What was live, by the user's lines: the largest stack is the activations' line (its
-    // Python frames, not the allocator's native ones).
-    let live = arr(&failure["live_by_stack"]);
-    assert_eq!(u64_of(&live[0], "bytes"), 256 * MIB, "{failure}");
-    let top = &arr(&live[0]["frames"])[0];
-    assert!(
-        top["file"]
-            .as_str()
-            .is_some_and(|f| f.ends_with("torch_dryrun.py")),
-        "{top}"
-    );
-    let activations = text
-        .lines()
-        .position(|line| line.contains("# DRYRUN: activations"))
-        .expect("marker line") as u64
-        + 1;
-    assert_eq!(u64_of(top, "line"), activations, "{top}");
-    // Needed: what was used at the failure (context included) plus the request.
-    assert_eq!(
-        u64_of(&v, "needed"),
-        u64_of(failure, "used") + 2048 * MIB,
-        "{v}"
-    );
-    assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
-    assert_eq!(torch["num_device_alloc"], 3);
+        assert_eq!(v["fits"], false, "{v}");
+        assert_eq!(v["exit"]["code"], 1);
+        let device = &arr(&v["devices"])[0];
+        // Weights (64 MiB in a 20 MiB-rounded segment: 64 MiB), bias (2 MiB small segment),
+        // activations (256 MiB): torch's peak reserved, exactly what the recorder saw.
+        assert_eq!(device["peak_recorded"], torch["reserved_peak"], "{device}");
+        assert_eq!(u64_of(device, "peak_recorded"), (64 + 2 + 256) * MIB);
+        let failure = &v["failure"];
+        assert_eq!(failure["api"], "cudaMalloc", "{failure}");
+        assert_eq!(u64_of(failure, "request"), 2048 * MIB);
+        assert_eq!(failure["verdict"], "exceeded_free_memory");
+        // torch frees its cached segments (none are free here) and asks once more.
+        assert_eq!(failure["retry"]["succeeded"], false, "{failure}");
+        let frame = &failure["python_frame"];
+        assert!(
+            frame["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("torch_dryrun.py")),
+            "{frame}"
+        );
+        let text = std::fs::read_to_string(&script).expect("read script");
+        let marked = text
+            .lines()
+            .position(|line| line.contains("# DRYRUN: too big"))
+            .expect("marker line") as u64
+            + 1;
+        assert_eq!(u64_of(frame, "line"), marked);
+        // What was live, by the user's lines: the largest stack is the activations' line (its
+        // Python frames, not the allocator's native ones).
+        let live = arr(&failure["live_by_stack"]);
+        assert_eq!(u64_of(&live[0], "bytes"), 256 * MIB, "{failure}");
+        let top = &arr(&live[0]["frames"])[0];
+        assert!(
+            top["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("torch_dryrun.py")),
+            "{top}"
+        );
+        let activations = text
+            .lines()
+            .position(|line| line.contains("# DRYRUN: activations"))
+            .expect("marker line") as u64
+            + 1;
+        assert_eq!(u64_of(top, "line"), activations, "{top}");
+        // Needed: what was used at the failure (context included) plus the request.
+        assert_eq!(
+            u64_of(&v, "needed"),
+            u64_of(failure, "used") + 2048 * MIB,
+            "{v}"
+        );
+        assert_eq!(v["smallest_fitting_gpu"]["key"], "t4");
+        assert_eq!(torch["num_device_alloc"], 3);
+    }
 }
 
 /// Live bytes through the log of device 0: `up` events add their size, `down` events take
@@ -531,13 +648,13 @@ const CONTEXT: u64 = 500 * MIB;
 /// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card with a
 /// 500 MiB context, recorded, under `PYTORCH_CUDA_ALLOC_CONF=config` (none when empty). Checks that at every step the driver's used bytes are torch's
 /// reserved bytes plus the context, and returns the run.
-fn transformer_run(python: &Path, config: &str) -> TorchRun {
+fn transformer_run(torch: &Torch, config: &str) -> TorchRun {
     let context = CONTEXT.to_string();
     let mut env = vec![("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())];
     if !config.is_empty() {
         env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
     }
-    let run = run_torch(python, "transformer", 1100 * MIB, &env, true);
+    let run = run_torch(torch, "transformer", 1100 * MIB, &env, true);
     let r = &run.result;
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 16, "{r}");
@@ -558,8 +675,8 @@ fn transformer_run(python: &Path, config: &str) -> TorchRun {
 /// cached segments and retries; the recorded log replays to torch's own counters.
 #[test]
 fn transformer_training_with_varying_lengths_retries_as_torch_counts() {
-    let Some(python) = torch_python() else { return };
-    let run = transformer_run(&python, "");
+    let Some(torch) = current() else { return };
+    let run = transformer_run(&torch, "");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     let (allocs, frees, peak) = replay_live(log, ("alloc", "cudaMalloc"), ("free", "cudaFree"));
@@ -593,8 +710,8 @@ fn transformer_training_with_varying_lengths_retries_as_torch_counts() {
 /// range, tensors placed across the chunks' boundaries) and with the cudaMallocAsync backend.
 #[test]
 fn transformer_training_under_expandable_segments_and_malloc_async() {
-    let Some(python) = torch_python() else { return };
-    let run = transformer_run(&python, "expandable_segments:True");
+    let Some(torch) = current() else { return };
+    let run = transformer_run(&torch, "expandable_segments:True");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     // Mapped bytes in the log peak at torch's reserved peak: 554 MiB, less than the native
@@ -621,7 +738,7 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
         "{r}"
     );
 
-    let run = transformer_run(&python, "backend:cudaMallocAsync");
+    let run = transformer_run(&torch, "backend:cudaMallocAsync");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     // The log has every stream-ordered request, each freed by the end. (Its live bytes peak
@@ -653,8 +770,8 @@ fn gemm_steps(result: &Value) -> Vec<Vec<u64>> {
 /// memory. The fake libraries allocate nothing of their own: used equals reserved.
 #[test]
 fn cublas_workspace_is_torchs_and_follows_its_config() {
-    let Some(python) = torch_python() else { return };
-    let run = run_torch(&python, "gemm", 24 << 30, &[], true);
+    let Some(torch) = current() else { return };
+    let run = run_torch(&torch, "gemm", 24 << 30, &[], true);
     let r = &run.result;
     assert_eq!(
         gemm_steps(r),
@@ -675,7 +792,7 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
     assert_eq!(sizes, vec![2 * MIB, 2 * MIB, 32 * MIB], "{r}");
 
     let run = run_torch(
-        &python,
+        &torch,
         "gemm",
         24 << 30,
         &[("CUBLAS_WORKSPACE_CONFIG", ":16:8")],
@@ -694,8 +811,8 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
 }
 
 /// Runs `tests/python/torch_cudnn.py MODE` (convolutions through the fake cuDNN).
-fn run_cudnn(python: &Path, mode: &str, memory: u64, env: &[(&str, &str)]) -> TorchRun {
-    run_torch_script(python, "torch_cudnn.py", mode, memory, env, true)
+fn run_cudnn(torch: &Torch, mode: &str, memory: u64, env: &[(&str, &str)]) -> TorchRun {
+    run_torch_script(torch, "torch_cudnn.py", mode, memory, env, true)
 }
 
 /// Sizes of the log's `cudaMalloc` calls on device 0, sorted.
@@ -716,8 +833,8 @@ fn malloc_sizes(log: &Path, event: &str) -> Vec<u64> {
 /// torch falls back to the engine without workspace and the convolution still runs.
 #[test]
 fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
-    let Some(python) = torch_python() else { return };
-    let run = run_cudnn(&python, "conv_workspace", 80 << 30, &[]);
+    let Some(torch) = current() else { return };
+    let run = run_cudnn(&torch, "conv_workspace", 80 << 30, &[]);
     let r = &run.result;
     // Input (4 MiB) and weight (147456 bytes) before, the 4 MiB output after; at the peak the
     // 36 MiB workspace on top.
@@ -737,7 +854,7 @@ fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
 
     // A 52 MiB card: the workspace fails (torch frees its cache, which has nothing free, and
     // asks again), torch counts one OOM, and the engine without workspace runs.
-    let run = run_cudnn(&python, "conv_workspace", 52 * MIB, &[]);
+    let run = run_cudnn(&torch, "conv_workspace", 52 * MIB, &[]);
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     assert_eq!(malloc_sizes(log, "alloc_failed"), vec![36 * MIB; 2], "{r}");
@@ -753,10 +870,10 @@ fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
 /// torch's own counters.
 #[test]
 fn resnet_training_with_adam_through_the_fake_cudnn() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let context = CONTEXT.to_string();
     let run = run_cudnn(
-        &python,
+        &torch,
         "resnet",
         80 << 30,
         &[("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())],
@@ -782,8 +899,8 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
 /// (torch's cudnn-frontend graph API on the fake engines).
 #[test]
 fn cudnn_attention_runs_forward_and_backward() {
-    let Some(python) = torch_python() else { return };
-    let run = run_cudnn(&python, "attention", 24 << 30, &[]);
+    let Some(torch) = current() else { return };
+    let run = run_cudnn(&torch, "attention", 24 << 30, &[]);
     let r = &run.result;
     assert_eq!(r["shape"], serde_json::json!([4, 8, 128, 64]), "{r}");
     assert_eq!(r["grad"], serde_json::json!([4, 8, 128, 64]), "{r}");
@@ -852,31 +969,31 @@ fn ddp_ranks(out: &Path) -> Vec<Value> {
 /// complete, and each rank's log replays to its own `memory_stats()` on its own device.
 #[test]
 fn ddp_with_two_processes_over_the_fake_nccl() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     // Torch's decisions, exactly: five segments, 88 MiB (the 32 MiB cuBLAS workspace and
     // DDP's gradient bucket among them).
-    data_parallel_run(&python, "ddp", (5, 0, 88 * MIB));
+    data_parallel_run(&torch, "ddp", (5, 0, 88 * MIB));
 }
 
 /// The same with FSDP2 (`fully_shard` per layer and on the model): parameters sharded
 /// across the processes, gathered for each layer (all-gather) and gradients reduce-scattered.
 #[test]
 fn fsdp_with_two_processes_over_the_fake_nccl() {
-    let Some(python) = torch_python() else { return };
-    data_parallel_run(&python, "fsdp", (8, 0, 100 * MIB));
+    let Some(torch) = current() else { return };
+    data_parallel_run(&torch, "fsdp", (8, 0, 100 * MIB));
 }
 
 /// Runs `torch_ddp.py` in MODE on 2 processes, recorded, and checks each rank's collectives,
 /// steps and log; EXPECTED: each rank's (segments allocated, freed, reserved peak).
-fn data_parallel_run(python: &Path, mode: &str, expected: (u64, u64, u64)) {
+fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
     let dir = scratch(&format!("torch-{mode}"));
-    let args = torchrun_ddp(python, &dir, mode);
+    let args = torchrun_ddp(&torch.python, &dir, mode);
     let context = CONTEXT.to_string();
     let output = Command::new(&args[0])
         .args(&args[1..])
         .env(
             "LD_PRELOAD",
-            format!("{}:{}", shim().display(), fake_preload()),
+            format!("{}:{}", shim().display(), torch.fake_preload()),
         )
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_FAKEGPU_COUNT", "2")
@@ -932,7 +1049,7 @@ fn data_parallel_run(python: &Path, mode: &str, expected: (u64, u64, u64)) {
 /// `max_memory_reserved()`, and the H100 preset's context on top.
 #[test]
 fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let dir = scratch("torch-ddp-dryrun");
     let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
         .parent()
@@ -941,7 +1058,7 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
         .args(["dryrun", "--gpus", "2", "--json", "-o"])
         .arg(dir.join("%p.vlog"))
         .arg("--")
-        .args(torchrun_ddp(&python, &dir, "ddp"))
+        .args(torchrun_ddp(&torch.python, &dir, "ddp"))
         .env("VRAMSHIM_FAKEGPU_DIR", fakes)
         .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
         .env_remove("LD_PRELOAD")

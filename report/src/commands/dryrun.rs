@@ -98,17 +98,21 @@ fn find_fakes() -> Result<PathBuf, Failure> {
 /// capture the calls a program makes to its own CPU BLAS or FFTW.
 const NOT_PRELOADED: &[&str] = &["libnvblas", "libcufftw"];
 
-/// The fake libraries to preload from `lib`: each `lib<name>.so.<major>` once, at its newest
-/// major where both CUDA lines are built (`libcudart.so.12` and `.13`). Preloading both would
-/// hand an unversioned look-up (the recorder's `dlsym(RTLD_NEXT, "cudaMalloc")`) the older
-/// line's stubs; a program built for the older line still finds it through `LD_LIBRARY_PATH`.
+/// The fake libraries to preload from `lib`: every `lib<name>.so.<major>`, each major of a
+/// library (`libcudart.so.13` and `.12`) newest first. A program needs the majors it was built
+/// for, which a Python program only shows when it loads them, and different majors have
+/// different SONAMEs and symbol versions: preloading both lets each library's references bind
+/// to their own major (`cudaMalloc@libcudart.so.12` skips `.13`'s definitions). The recorder's
+/// `dlsym(RTLD_NEXT, "cudaMalloc")` finds the newest; the fake runtimes keep their per-thread
+/// state (last error, device) in the fake driver, so either major serves the call the same.
 /// Plugins loaded by path (`nvshmem_*`, `*-builtins`, `.alt` variants) and drop-ins are left
 /// to be found when asked for.
 fn fake_libraries(lib: &Path) -> Result<Vec<PathBuf>, Failure> {
     let entries = std::fs::read_dir(lib)
         .map_err(|err| Failure::input(format!("cannot read {}: {err}", lib.display())))?;
-    // Newest major per library base name, e.g. "libcudart" -> (13, path).
-    let mut newest: std::collections::BTreeMap<String, (u32, PathBuf)> = Default::default();
+    // (base name, newest major first) -> path, e.g. ("libcudart", Reverse(13)).
+    let mut found: std::collections::BTreeMap<(String, std::cmp::Reverse<u32>), PathBuf> =
+        Default::default();
     for path in entries.filter_map(|entry| entry.ok().map(|e| e.path())) {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
@@ -127,18 +131,15 @@ fn fake_libraries(lib: &Path) -> Result<Vec<PathBuf>, Failure> {
         {
             continue;
         }
-        let keep = newest.get(base).is_none_or(|(seen, _)| major > *seen);
-        if keep {
-            newest.insert(base.to_owned(), (major, path));
-        }
+        found.insert((base.to_owned(), std::cmp::Reverse(major)), path);
     }
-    if newest.is_empty() {
+    if found.is_empty() {
         return Err(Failure::input(format!(
             "{} holds no fake library (lib*.so.N)",
             lib.display()
         )));
     }
-    Ok(newest.into_values().map(|(_, path)| path).collect())
+    Ok(found.into_values().collect())
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {

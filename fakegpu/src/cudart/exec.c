@@ -93,10 +93,9 @@ FG_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, int *status)
     return cudaSuccess;
 }
 
-FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
-                                               unsigned long long *id, cudaGraph_t *graph,
-                                               const void **deps, const void **edges,
-                                               size_t *count)
+/* CUDA 13's cudaStreamGetCaptureInfo, CUDA 12's cudaStreamGetCaptureInfo_v3 (edge data). */
+static cudaError_t capture_info(int *status, unsigned long long *id, cudaGraph_t *graph,
+                                const void **deps, const void **edges, size_t *count)
 {
     READY();
     if (!status)
@@ -114,6 +113,39 @@ FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
         *count = 0;
     return cudaSuccess;
 }
+
+#if FG_SONAME_MAJOR == 12
+/* CUDA 12 keeps three generations under three names: the unsuffixed one has no graph outputs,
+ * _v2 (what cuda_runtime_api.h maps the plain name to) no edge data. */
+FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
+                                               unsigned long long *id)
+{
+    return capture_info(status, id, NULL, NULL, NULL, NULL);
+}
+
+FG_EXPORT cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t s, int *status,
+                                                  unsigned long long *id, cudaGraph_t *graph,
+                                                  const void **deps, size_t *count)
+{
+    return capture_info(status, id, graph, deps, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t s, int *status,
+                                                  unsigned long long *id, cudaGraph_t *graph,
+                                                  const void **deps, const void **edges,
+                                                  size_t *count)
+{
+    return capture_info(status, id, graph, deps, edges, count);
+}
+#else
+FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
+                                               unsigned long long *id, cudaGraph_t *graph,
+                                               const void **deps, const void **edges,
+                                               size_t *count)
+{
+    return capture_info(status, id, graph, deps, edges, count);
+}
+#endif
 
 FG_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode)
 {
@@ -137,6 +169,23 @@ FG_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     return fg_rt_status(cuGraphCreate(graph, 0));
 }
 
+#if FG_SONAME_MAJOR == 12
+/* CUDA 12: no edge data here; _v2 has it. */
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
+                                                          size_t count, unsigned int flags)
+{
+    READY();
+    return cudaSuccess;
+}
+
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t s, void *deps,
+                                                             const void *edges, size_t count,
+                                                             unsigned int flags)
+{
+    READY();
+    return cudaSuccess;
+}
+#else
 FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
                                                           const void *edges, size_t count,
                                                           unsigned int flags)
@@ -144,6 +193,7 @@ FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *
     READY();
     return cudaSuccess;
 }
+#endif
 
 FG_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode)
 {
@@ -193,6 +243,14 @@ FG_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEve
     READY();
     return fg_rt_status(cuEventElapsedTime_v2(ms, start, end));
 }
+
+#if FG_SONAME_MAJOR == 12
+/* CUDA 12.8 added this name, with the same arguments. */
+FG_EXPORT cudaError_t cudaEventElapsedTime_v2(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    return cudaEventElapsedTime(ms, start, end);
+}
+#endif
 
 FG_EXPORT cudaError_t cudaIpcGetEventHandle(CUipcEventHandle *handle, cudaEvent_t e)
 {

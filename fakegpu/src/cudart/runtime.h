@@ -1,5 +1,8 @@
-/* The CUDA 13 runtime ABI the fake libcudart.so.13 implements (from NVIDIA's public
- * documentation of cuda_runtime_api.h / driver_types.h), and its internal helpers. */
+/* The CUDA runtime ABI the fake libcudart.so.13 and libcudart.so.12 implement (from NVIDIA's
+ * public documentation of cuda_runtime_api.h / driver_types.h), and its internal helpers. The
+ * build compiles these sources once per SONAME with FG_SONAME_MAJOR set to 13 or 12; where the
+ * two ABIs differ (cudaDeviceProp, cudaPointerAttributes, the unsuffixed stream-capture calls)
+ * the code says so. */
 #pragma once
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -7,8 +10,16 @@
 #include "fakegpu_cuda.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
+#if FG_SONAME_MAJOR == 12
+/* What cudaRuntimeGetVersion reports: CUDA 12.9, the release whose export table
+ * symbols/cu12/libcudart.so.12.syms lists. */
+#define FG_RUNTIME_VERSION 12090
+#elif FG_SONAME_MAJOR == 13
 /* What cudaRuntimeGetVersion reports: CUDA 13.2, the line PyTorch 2.15 is built with. */
 #define FG_RUNTIME_VERSION 13020
+#else
+#error "the fake runtime is built as libcudart.so.12 or libcudart.so.13 only"
+#endif
 
 typedef int cudaError_t;
 enum {
@@ -28,6 +39,14 @@ typedef CUgraphExec cudaGraphExec_t;
 typedef CUmemoryPool cudaMemPool_t;
 typedef struct { unsigned x, y, z; } dim3;
 
+/* The runtime's per-thread state, kept by the fake libcuda.so.1 (src/cuda/runtime_state.c) so
+ * that both runtime majors see the same last error and device. */
+struct fakegpu_runtime_thread {
+    cudaError_t last_error;
+    int device;
+};
+struct fakegpu_runtime_thread *fakegpu_runtime_thread(void);
+
 /* Checks the runtime's state: initialises the driver and makes the calling thread's device's
  * primary context current (as the runtime does at its first call that needs a device). */
 cudaError_t fg_rt_ready(void);
@@ -36,6 +55,120 @@ cudaError_t fg_rt_status(CUresult rc);
 /* The device the calling thread uses. */
 int fg_rt_device(void);
 
+#if FG_SONAME_MAJOR == 12
+/* struct cudaDeviceProp of CUDA 12 (1032 bytes; the layout of driver_types.h in the PyPI package
+ * nvidia-cuda-runtime-cu12 12.4.127, the same through 12.9 but for the reserved tail). The
+ * runtime fills it through cudaGetDeviceProperties_v2, the name CUDA 12 headers map to. */
+struct cudaDeviceProp {
+    char name[256];
+    CUuuid uuid;
+    char luid[8];
+    unsigned int luidDeviceNodeMask;
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    int regsPerBlock;
+    int warpSize;
+    size_t memPitch;
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    int clockRate;
+    size_t totalConstMem;
+    int major;
+    int minor;
+    size_t textureAlignment;
+    size_t texturePitchAlignment;
+    int deviceOverlap;
+    int multiProcessorCount;
+    int kernelExecTimeoutEnabled;
+    int integrated;
+    int canMapHostMemory;
+    int computeMode;
+    int maxTexture1D;
+    int maxTexture1DMipmap;
+    int maxTexture1DLinear;
+    int maxTexture2D[2];
+    int maxTexture2DMipmap[2];
+    int maxTexture2DLinear[3];
+    int maxTexture2DGather[2];
+    int maxTexture3D[3];
+    int maxTexture3DAlt[3];
+    int maxTextureCubemap;
+    int maxTexture1DLayered[2];
+    int maxTexture2DLayered[3];
+    int maxTextureCubemapLayered[2];
+    int maxSurface1D;
+    int maxSurface2D[2];
+    int maxSurface3D[3];
+    int maxSurface1DLayered[2];
+    int maxSurface2DLayered[3];
+    int maxSurfaceCubemap;
+    int maxSurfaceCubemapLayered[2];
+    size_t surfaceAlignment;
+    int concurrentKernels;
+    int ECCEnabled;
+    int pciBusID;
+    int pciDeviceID;
+    int pciDomainID;
+    int tccDriver;
+    int asyncEngineCount;
+    int unifiedAddressing;
+    int memoryClockRate;
+    int memoryBusWidth;
+    int l2CacheSize;
+    int persistingL2CacheMaxSize;
+    int maxThreadsPerMultiProcessor;
+    int streamPrioritiesSupported;
+    int globalL1CacheSupported;
+    int localL1CacheSupported;
+    size_t sharedMemPerMultiprocessor;
+    int regsPerMultiprocessor;
+    int managedMemory;
+    int isMultiGpuBoard;
+    int multiGpuBoardGroupID;
+    int hostNativeAtomicSupported;
+    int singleToDoublePrecisionPerfRatio;
+    int pageableMemoryAccess;
+    int concurrentManagedAccess;
+    int computePreemptionSupported;
+    int canUseHostPointerForRegisteredMem;
+    int cooperativeLaunch;
+    int cooperativeMultiDeviceLaunch;
+    size_t sharedMemPerBlockOptin;
+    int pageableMemoryAccessUsesHostPageTables;
+    int directManagedMemAccessFromHost;
+    int maxBlocksPerMultiProcessor;
+    int accessPolicyMaxWindowSize;
+    size_t reservedSharedMemPerBlock;
+    int hostRegisterSupported;
+    int sparseCudaArraySupported;
+    int hostRegisterReadOnlySupported;
+    int timelineSemaphoreInteropSupported;
+    int memoryPoolsSupported;
+    int gpuDirectRDMASupported;
+    unsigned int gpuDirectRDMAFlushWritesOptions;
+    int gpuDirectRDMAWritesOrdering;
+    unsigned int memoryPoolSupportedHandleTypes;
+    int deferredMappingCudaArraySupported;
+    int ipcEventSupported;
+    int clusterLaunch;
+    int unifiedFunctionPointers;
+    int reserved2[2];
+    int reserved1[1];
+    int reserved[60];
+};
+/* Offsets measured with gcc on the real 12.4.127 header. */
+_Static_assert(sizeof(struct cudaDeviceProp) == 1032, "CUDA 12 cudaDeviceProp is 1032 bytes");
+_Static_assert(offsetof(struct cudaDeviceProp, totalGlobalMem) == 288, "totalGlobalMem at 288");
+_Static_assert(offsetof(struct cudaDeviceProp, clockRate) == 348, "clockRate at 348");
+_Static_assert(offsetof(struct cudaDeviceProp, major) == 360, "major at 360");
+_Static_assert(offsetof(struct cudaDeviceProp, multiProcessorCount) == 388, "SM count at 388");
+_Static_assert(offsetof(struct cudaDeviceProp, memoryClockRate) == 608, "memoryClockRate at 608");
+_Static_assert(offsetof(struct cudaDeviceProp, l2CacheSize) == 616, "l2CacheSize at 616");
+_Static_assert(offsetof(struct cudaDeviceProp, reserved) == 792, "reserved at 792");
+/* CUDA 12 headers map cudaGetDeviceProperties to this name; the unsuffixed one stays a stub. */
+#define FG_GET_DEVICE_PROPERTIES cudaGetDeviceProperties_v2
+#else
 /* struct cudaDeviceProp of CUDA 13 (1008 bytes). */
 struct cudaDeviceProp {
     char name[256];
@@ -134,6 +267,8 @@ struct cudaDeviceProp {
 };
 _Static_assert(sizeof(struct cudaDeviceProp) == 1008, "CUDA 13 cudaDeviceProp is 1008 bytes");
 _Static_assert(offsetof(struct cudaDeviceProp, totalGlobalMem) == 288, "totalGlobalMem at 288");
+#define FG_GET_DEVICE_PROPERTIES cudaGetDeviceProperties
+#endif
 
 struct cudaFuncAttributes {
     size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
@@ -144,6 +279,16 @@ struct cudaFuncAttributes {
     int reserved[14];
 };
 
+#if FG_SONAME_MAJOR == 12
+/* struct cudaPointerAttributes of CUDA 12 (24 bytes: no localityDomainOrdinal, no reserved). */
+struct cudaPointerAttributes {
+    int type; /* 0 unregistered, 1 host, 2 device, 3 managed */
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
+_Static_assert(sizeof(struct cudaPointerAttributes) == 24, "CUDA 12 cudaPointerAttributes");
+#else
 struct cudaPointerAttributes {
     int type; /* 0 unregistered, 1 host, 2 device, 3 managed */
     int device;
@@ -152,6 +297,7 @@ struct cudaPointerAttributes {
     long localityDomainOrdinal;
     long reserved[7];
 };
+#endif
 
 /* The driver functions the runtime calls (libcuda.so.1). */
 CUresult cuInit(unsigned int flags);

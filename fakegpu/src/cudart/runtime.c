@@ -5,8 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static __thread cudaError_t last_error;
-static __thread int thread_device;        /* the device cudaSetDevice chose (default 0) */
+/* The per-thread state lives in the fake driver, shared by both runtime majors. */
+#define last_error (fakegpu_runtime_thread()->last_error)
+#define thread_device (fakegpu_runtime_thread()->device)
 
 cudaError_t fg_rt_status(CUresult rc)
 {
@@ -146,7 +147,7 @@ static int attr(int attribute, int device)
     return value;
 }
 
-FG_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
+FG_EXPORT cudaError_t FG_GET_DEVICE_PROPERTIES(struct cudaDeviceProp *p, int device)
 {
     if (!p)
         return fg_rt_status(cudaErrorInvalidValue);
@@ -175,6 +176,12 @@ FG_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int devi
     p->textureAlignment = (size_t)attr(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, device);
     p->texturePitchAlignment = 32;
     p->multiProcessorCount = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+#if FG_SONAME_MAJOR == 12
+    /* Fields CUDA 13 dropped from the structure (cudaDeviceGetAttribute only there). */
+    p->clockRate = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE, device);
+    p->memoryClockRate = attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, device);
+    p->deviceOverlap = 1;
+#endif
     p->canMapHostMemory = 1;
     p->surfaceAlignment = 512;
     p->concurrentKernels = 1;
@@ -202,8 +209,11 @@ FG_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int devi
     p->hostRegisterSupported = 1;
     p->memoryPoolsSupported = 1;
     p->memoryPoolSupportedHandleTypes = 1;
+#if FG_SONAME_MAJOR != 12
+    /* In CUDA 12.4's layout these lie in the reserved tail. */
     p->deviceNumaId = -1;
     p->hostNumaId = -1;
+#endif
     return cudaSuccess;
 }
 
