@@ -94,9 +94,14 @@ pub fn json_document(select: &Select, view: StacksArg, leaks: bool) -> Result<Va
     let what = if leaks { "leaks" } else { "peak" };
     let stacks = Stacks::new(&replay.processes, view.stacks, false);
     let mut document = Vec::new();
-    with_report(&DEFAULT_SHAPE, stacks, &replay, snapshots, what, |report, warnings| {
-        snapshot::write_json(&mut document, report, &warnings)
-    })
+    with_report(
+        &DEFAULT_SHAPE,
+        stacks,
+        &replay,
+        snapshots,
+        what,
+        |report, warnings| snapshot::write_json(&mut document, report, &warnings),
+    )
     .and_then(|()| serde_json::from_slice(&document).map_err(std::io::Error::from))
     .map_err(|err| Failure {
         message: format!("cannot build the {what} view: {err}"),
@@ -150,14 +155,21 @@ fn render(
     snapshots: Vec<Snapshot>,
     what: &'static str,
 ) -> Result<ExitCode, Failure> {
-    with_report(shape, stacks, replay, snapshots, what, |report, warnings| {
-        emit_streamed(
-            select,
-            &warnings,
-            |out, warnings| snapshot::write_json(out, report, warnings),
-            |out| snapshot::text(out, report),
-        )
-    })
+    with_report(
+        shape,
+        stacks,
+        replay,
+        snapshots,
+        what,
+        |report, warnings| {
+            emit_streamed(
+                select,
+                &warnings,
+                |out, warnings| snapshot::write_json(out, report, warnings),
+                |out| snapshot::text(out, report),
+            )
+        },
+    )
 }
 
 /// Groups `snapshots` as `stacks` says and hands the report, with the warnings, to `then`.

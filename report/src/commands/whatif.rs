@@ -86,11 +86,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 }
 
 impl Args {
-    /// The arguments of `vramshim whatif LOG` with nothing else given.
-    pub fn defaults_for(log: PathBuf) -> Args {
+    /// The arguments of `vramshim whatif LOG [--device DEVICE]` with nothing else given.
+    pub fn defaults_for(log: PathBuf, device: Option<i32>) -> Args {
         Args {
             log,
-            device: None,
+            device,
             capacity: None,
             configs: Vec::new(),
             memory_fraction: None,
