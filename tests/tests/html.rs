@@ -355,3 +355,91 @@ fn html_refuses_a_file_that_is_not_a_log() {
     assert!(stderr.starts_with("vramshim: "), "{stderr}");
     assert!(!page.exists(), "no page for a bad log");
 }
+
+#[test]
+fn html_page_draws_the_programs_marks() {
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/marks.py");
+    let dir = scratch("html-marks");
+    let output = shim_command(&machine_python(), &dir)
+        .arg(&script)
+        .env("PYTHONPATH", &package)
+        .output()
+        .expect("run marks.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "marks.py: {output:?}");
+    assert_eq!(
+        stdout,
+        "recording True\nmark epoch 1 True\nmark epoch 2 True\nmark free </script> & done True\n"
+    );
+    let run = Run { output, dir };
+    let log = run.log();
+
+    // The log holds the three marks, stamped between the allocations they surround.
+    let records = dump(&log);
+    let marks: Vec<(&str, u64)> = records
+        .iter()
+        .filter(|r| r["type"] == "mark")
+        .map(|r| (r["text"].as_str().expect("text"), u64_of(r, "t_ns")))
+        .collect();
+    let texts: Vec<&str> = marks.iter().map(|(text, _)| *text).collect();
+    assert_eq!(texts, ["epoch 1", "epoch 2", "free </script> & done"]);
+    let allocs: Vec<u64> = events(&records)
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && u64_of(e, "size") == 64 * MIB)
+        .map(|e| u64_of(e, "t_ns"))
+        .collect();
+    assert_eq!(allocs.len(), 2, "two 64 MiB allocations");
+    assert!(
+        marks[0].1 < allocs[0]
+            && allocs[0] < marks[1].1
+            && marks[1].1 < allocs[1]
+            && allocs[1] < marks[2].1,
+        "marks {marks:?} around allocations {allocs:?}"
+    );
+    let timeline = json_of(&["timeline".as_ref(), "--json".as_ref(), log.as_os_str()]);
+    let timeline_marks: Vec<(&str, u64)> = arr(&timeline["marks"])
+        .iter()
+        .map(|m| (m["text"].as_str().expect("text"), u64_of(m, "t_ns")))
+        .collect();
+    assert_eq!(timeline_marks, marks, "timeline --json marks");
+
+    let page = run.dir.join("marks.html");
+    let (code, _, stderr) = vramshim(&[
+        "html".as_ref(),
+        log.as_os_str(),
+        "-o".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "vramshim html: {stderr}");
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    let (dom, console) = render(&chromium, &page, "", &run.dir.join("profile"));
+    assert_eq!(console, Vec::<String>::new(), "console messages");
+    let timeline = part(&dom, "<div class=\"timeline\" data-device=\"0\">", "</svg>");
+    let labels: Vec<&str> = timeline
+        .split("class=\"mark-label\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').expect("label end")])
+        .collect();
+    assert_eq!(
+        labels,
+        ["epoch 1", "epoch 2", "free &lt;/script&gt; &amp; done"]
+    );
+    let table = part(&dom, "id=\"marks\"", "</table>");
+    for (text, t_ns) in [
+        ("epoch 1", marks[0].1),
+        ("epoch 2", marks[1].1),
+        ("free &lt;/script&gt; &amp; done", marks[2].1),
+    ] {
+        assert_contains(
+            table,
+            &format!(
+                "data-value=\"{t_ns}\">{:.6}s</td><td>{text}</td>",
+                t_ns as f64 / 1e9
+            ),
+            "marks table",
+        );
+    }
+}

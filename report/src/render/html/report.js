@@ -141,6 +141,13 @@
       summary.families.filter((f) => f.allocs + f.frees + f.failures > 0).map((f) => el("tr", {},
         el("td", {}, f.family), numCell(f.allocs), numCell(f.frees), numCell(f.failures),
         numCell(f.allocated_bytes, bytes(f.allocated_bytes))))));
+    const marks = data.timeline.marks || [];
+    if (marks.length) {
+      node.appendChild(el("h3", {}, "Marks"));
+      node.appendChild(table(["at", "mark", "pid", "thread"], marks.map((m) => el("tr", {},
+        numCell(m.t_ns, seconds(m.t_ns)), el("td", {}, m.text), numCell(m.pid), numCell(m.thread))),
+      { id: "marks" }));
+    }
   }
 
   // --- timelines ---------------------------------------------------------------------------
@@ -154,7 +161,7 @@
     const allocatorDevices = (data.allocator && data.allocator.devices) || [];
     for (const device of data.timeline.devices) {
       const reserved = allocatorDevices.find((d) => d.device === device.device);
-      const marks = (data.marks || []).filter((m) => m.device === undefined || m.device === device.device);
+      const marks = data.timeline.marks || [];
       node.appendChild(timelineChart(device, reserved ? reserved.reserved : null, marks));
     }
     if (data.timeline.devices.length === 0) node.appendChild(el("p", {}, "no device memory was allocated"));
@@ -269,10 +276,12 @@
         plot.appendChild(line);
       }
       for (const m of marks) {
-        const line = svgEl("line", { x1: x(m.t_ns), x2: x(m.t_ns), y1: top, y2: top + plotH, stroke: COLORS.mark, "stroke-dasharray": "2,2", class: "mark" });
+        const line = svgEl("line", { x1: x(m.t_ns), x2: x(m.t_ns), y1: top, y2: top + plotH, stroke: COLORS.mark, "stroke-dasharray": "2,2", class: "mark", "data-t": m.t_ns });
+        line.addEventListener("mousemove", (e) => showTip(e, "mark " + m.text + " at " + seconds(m.t_ns) + " (pid " + m.pid + ")"));
+        line.addEventListener("mouseleave", hideTip);
         plot.appendChild(line);
-        const label = svgEl("text", { x: x(m.t_ns) + 3, y: top + 10 });
-        label.textContent = m.name;
+        const label = svgEl("text", { x: x(m.t_ns) + 3, y: top + 10, class: "mark-label" });
+        label.textContent = m.text;
         plot.appendChild(label);
       }
       if (device.peak) {
