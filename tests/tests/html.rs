@@ -404,6 +404,38 @@ fn html_page_draws_the_programs_marks() {
         .collect();
     assert_eq!(timeline_marks, marks, "timeline --json marks");
 
+    // `peak --at mark:TEXT`: what was live at the mark.
+    for (mark, bytes, count) in [
+        ("epoch 1", 0, 0),
+        ("epoch 2", 64 * MIB, 1),
+        ("free </script> & done", 128 * MIB, 2),
+    ] {
+        let at = format!("mark:{mark}");
+        let peak = json_of(&[
+            "peak".as_ref(),
+            "--json".as_ref(),
+            "--at".as_ref(),
+            at.as_ref(),
+            log.as_os_str(),
+        ]);
+        let live: (u64, u64) = arr(&peak["devices"])
+            .iter()
+            .find(|d| d["device"] == 0)
+            .map_or((0, 0), |d| (u64_of(d, "bytes"), u64_of(d, "count")));
+        assert_eq!(live, (bytes, count), "live at {at}");
+    }
+    let (code, _, stderr) = vramshim(&[
+        "peak".as_ref(),
+        "--at".as_ref(),
+        "mark:epoch 9".as_ref(),
+        log.as_os_str(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        stderr,
+        "vramshim: --at mark:epoch 9: no such mark; the log's marks: \"epoch 1\", \"epoch 2\", \"free </script> & done\"\n"
+    );
+
     let page = run.dir.join("marks.html");
     let (code, _, stderr) = vramshim(&[
         "html".as_ref(),

@@ -37,9 +37,10 @@ pub struct PeakArgs {
     #[command(flatten)]
     threads: ByThread,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
-    /// `1.5s`, `250ms`, `40us`, `1200ns`).
-    #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
-    at: Option<u64>,
+    /// `1.5s`, `250ms`, `40us`, `1200ns`), or at the program's first mark of that text
+    /// (`mark:epoch 3`, written by `vramshim.mark`).
+    #[arg(long, value_name = "TIME", value_parser = parse_at)]
+    at: Option<At>,
     #[command(flatten)]
     shape: Shape,
 }
@@ -58,7 +59,12 @@ pub struct LeaksArgs {
 
 pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let (replay, snapshots, what) = match args.at {
+    let at = match &args.at {
+        Some(At::Time(t_ns)) => Some(*t_ns),
+        Some(At::Mark(text)) => Some(mark_time(select, text)?),
+        None => None,
+    };
+    let (replay, snapshots, what) = match at {
         Some(at) => {
             let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
             let snapshots = devices_of(&replay.state, select.device)
@@ -81,6 +87,51 @@ pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let (replay, snapshots) = at_end(select)?;
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     render(select, &args.shape, stacks, &replay, snapshots, "leaks")
+}
+
+/// A moment given to `--at`.
+#[derive(Clone, Debug)]
+pub enum At {
+    /// Nanoseconds since the start.
+    Time(u64),
+    /// The first mark with this text.
+    Mark(String),
+}
+
+fn parse_at(text: &str) -> Result<At, String> {
+    match text.strip_prefix("mark:") {
+        Some(mark) => Ok(At::Mark(mark.to_string())),
+        None => units::parse_time(text).map(At::Time),
+    }
+}
+
+/// The time of the first mark whose text is `text` in `select`'s logs (a replay of its own:
+/// marks are known only once read).
+fn mark_time(select: &Select, text: &str) -> Result<u64, Failure> {
+    let replay = replay::run(&select.logs, &mut [], Stop::End)?;
+    let mut marks: Vec<(u64, &str)> = replay
+        .processes
+        .iter()
+        .flat_map(|p| {
+            p.marks
+                .iter()
+                .map(move |m| (p.start_offset_ns.saturating_add(m.t_ns), m.text.as_str()))
+        })
+        .collect();
+    marks.sort();
+    if let Some((t_ns, _)) = marks.iter().find(|(_, mark)| *mark == text) {
+        return Ok(*t_ns);
+    }
+    let mut known: Vec<String> = marks.iter().map(|(_, mark)| format!("{mark:?}")).collect();
+    known.dedup();
+    Err(Failure::input(if known.is_empty() {
+        format!("--at mark:{text}: the log has no marks (vramshim.mark writes them)")
+    } else {
+        format!(
+            "--at mark:{text}: no such mark; the log's marks: {}",
+            known.join(", ")
+        )
+    }))
 }
 
 /// The JSON document of `vramshim peak --json` (`leaks` false) or `vramshim leaks --json`
