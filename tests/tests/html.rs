@@ -475,3 +475,50 @@ fn html_page_draws_the_programs_marks() {
         );
     }
 }
+
+#[test]
+fn html_pages_of_other_programs_raise_no_console_message() {
+    // VMM on two devices (device 1 has no memory sample), stream-ordered pools, threads,
+    // expandable segments, and a fork's two logs on one page.
+    let mut pages = Vec::new();
+    for program in [
+        "vmm",
+        "async",
+        "report_threads",
+        "report_alloc_expandable",
+        "report_fork",
+    ] {
+        let run = run_under_shim(&format!("html-{program}"), program, &[], &[]);
+        assert!(run.output.status.success(), "{program}: {}", run.stderr());
+        let page = run.dir.join(format!("{program}.html"));
+        let mut args = vec!["html".into(), "-o".into(), page.clone().into_os_string()];
+        args.extend(run.logs().into_iter().map(PathBuf::into_os_string));
+        let (code, _, stderr) = vramshim(&args);
+        assert_eq!(code, Some(0), "vramshim html of {program}: {stderr}");
+        pages.push((program, page, run));
+    }
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    for (program, page, run) in &pages {
+        let (dom, console) = render(&chromium, page, "", &run.dir.join("profile"));
+        assert_eq!(console, Vec::<String>::new(), "{program}: console messages");
+        assert_contains(&dom, "data-ready=\"true\"", program);
+        if *program == "vmm" {
+            let device1 = part(
+                &dom,
+                "class=\"allocator-device\" data-device=\"1\"",
+                "</table>",
+            );
+            assert_contains(device1, "no memory sample", "vmm device 1");
+        }
+        if *program == "report_fork" {
+            let processes = part(&dom, "<h3>Processes</h3>", "</table>");
+            assert_eq!(
+                processes.matches("<tr>").count(),
+                3,
+                "header + parent + child"
+            );
+        }
+    }
+}

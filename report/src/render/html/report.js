@@ -253,10 +253,12 @@
       }
       const plot = svgEl("g", { "clip-path": `url(#${clipId})` });
       svg.appendChild(plot);
-      plot.appendChild(svgEl("path", {
-        d: stepPath(series, (p) => p.t_ns, (p) => p.max_bytes) + `V${y(0).toFixed(1)}Z`,
-        fill: COLORS.live, "fill-opacity": "0.25", stroke: COLORS.live, "stroke-width": "1.5", class: "live",
-      }));
+      if (series.length) {
+        plot.appendChild(svgEl("path", {
+          d: stepPath(series, (p) => p.t_ns, (p) => p.max_bytes) + `V${y(0).toFixed(1)}Z`,
+          fill: COLORS.live, "fill-opacity": "0.25", stroke: COLORS.live, "stroke-width": "1.5", class: "live",
+        }));
+      }
       if (reservedSeries.length) {
         plot.appendChild(svgEl("path", {
           d: stepPath(reservedSeries, (p) => p.t_ns, (p) => p.reserved),
@@ -488,8 +490,13 @@
         ["cudaFree", d.cuda_free.count, d.cuda_free.count + " (" + bytes(d.cuda_free.bytes) + ")"],
         ["empty_cache() bursts", d.empty_cache.count, d.empty_cache.count + " (" + bytes(d.empty_cache.bytes) + ")"],
         ["OOM retries", d.oom_retries.length, String(d.oom_retries.length)],
-        ["outside any allocator (max)", d.outside_allocator.max, bytes(d.outside_allocator.max) + " over " + d.outside_allocator.samples + (d.outside_allocator.samples === 1 ? " sample" : " samples")],
       ];
+      const outside = d.outside_allocator;
+      if (outside) {
+        rows.push(["outside any allocator (max)", outside.max, bytes(outside.max) + " over " + outside.samples + (outside.samples === 1 ? " sample" : " samples")]);
+      } else {
+        rows.push(["outside any allocator", "", "no memory sample"]);
+      }
       node.appendChild(table(["", "value"], rows.map(([name, value, text]) =>
         el("tr", {}, el("th", {}, name), numCell(value, text))), { class: "allocator-device", "data-device": d.device }));
       if (d.segment_sizes.length) {
