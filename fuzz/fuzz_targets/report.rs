@@ -1,12 +1,12 @@
 //! Crafted logs through the report commands: the input bytes choose records (events, stacks,
-//! modules, code objects, thread names, samples, notes, marks, dumps) with extreme values (u64::MAX
-//! sizes and addresses, i32::MIN/MAX devices, zero and huge times, time going backwards, frees
-//! without allocations, stacks of up to 256 frames, unknown stack, code and api ids, bogus
-//! module maps). They are encoded as a well-formed log, so that every record reaches the
-//! replay and the analyses, and one command of the real `vramshim` reads it (`report`,
-//! `peak`, `leaks`, `oom`, `timeline`, `flamegraph`, `diff`, `html` or `export --pytorch-snapshot`,
-//! chosen by the first byte). Any panic, hang or huge allocation is a finding; exit codes
-//! are not (a refused log is a correct answer).
+//! modules, code objects, thread names, samples, notes, marks, dumps) with extreme values
+//! (u64::MAX sizes and addresses, i32::MIN/MAX devices, zero and huge times, time going
+//! backwards, frees without allocations, stacks of up to 256 frames, unknown stack, code and
+//! api ids, bogus module maps). They are encoded as a well-formed log, so that every record
+//! reaches the replay and the analyses, and one command of the real `vramshim` reads it
+//! (`report`, `peak`, `leaks`, `oom`, `timeline`, `flamegraph`, `diff`, `html` or
+//! `export --pytorch-snapshot`, chosen by the first byte). Any panic, hang or huge allocation
+//! is a finding; exit codes are not (a refused log is a correct answer).
 #![no_main]
 
 use std::io::Write;
