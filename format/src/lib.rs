@@ -18,7 +18,7 @@ mod varint;
 
 pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
 pub use record::{
-    CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, MemInfo,
+    CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, Mark, MemInfo,
     ModuleDef, Note, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 pub use varint::{Cursor, DecodeError};

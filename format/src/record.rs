@@ -187,6 +187,16 @@ pub struct Note {
     pub text: String,
 }
 
+/// An annotation the program wrote into its log (`vramshim.mark("epoch 3")`, the exported
+/// `vramshim_mark`): reports draw it on timelines and can cut phases at it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Mark {
+    pub t_ns: u64,
+    /// The thread that wrote it.
+    pub thread: u32,
+    pub text: String,
+}
+
 /// Flight-recorder mode: what follows until the next `DumpBegin` is one self-contained
 /// dump: the allocations live when its window opened, then every event of the window.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -211,6 +221,7 @@ pub enum Record {
     Note(Note),
     DumpBegin(DumpBegin),
     Code(CodeDef),
+    Mark(Mark),
 }
 
 // Record tags. Events use 0x10 + kind so the kind costs no extra byte.
@@ -222,6 +233,7 @@ const TAG_DROPPED: u8 = 0x05;
 const TAG_NOTE: u8 = 0x06;
 const TAG_DUMP_BEGIN: u8 = 0x07;
 const TAG_CODE: u8 = 0x08;
+const TAG_MARK: u8 = 0x09;
 
 // Stack frame types.
 const FRAME_NATIVE: u64 = 0;
@@ -316,6 +328,12 @@ impl DeltaState {
                 out.push(TAG_NOTE);
                 put_u64(out, note.t_ns);
                 put_bytes(out, note.text.as_bytes());
+            }
+            Record::Mark(mark) => {
+                out.push(TAG_MARK);
+                put_u64(out, mark.t_ns);
+                put_u64(out, u64::from(mark.thread));
+                put_bytes(out, mark.text.as_bytes());
             }
             Record::DumpBegin(dump) => {
                 out.push(TAG_DUMP_BEGIN);
@@ -458,6 +476,11 @@ impl DeltaState {
             }),
             TAG_NOTE => Record::Note(Note {
                 t_ns: cursor.u64()?,
+                text: cursor.string()?,
+            }),
+            TAG_MARK => Record::Mark(Mark {
+                t_ns: cursor.u64()?,
+                thread: cursor.u32()?,
                 text: cursor.string()?,
             }),
             TAG_DUMP_BEGIN => Record::DumpBegin(DumpBegin {

@@ -76,6 +76,11 @@ fn sample_records() -> Vec<Record> {
             text: "fork: child 99".into(),
         }),
         Record::Dropped(Dropped { t_ns: 7, count: 3 }),
+        Record::Mark(Mark {
+            t_ns: 9,
+            thread: 4242,
+            text: "epoch 3".into(),
+        }),
         Record::DumpBegin(DumpBegin {
             t_ns: 8,
             reason: "SIGUSR2".into(),

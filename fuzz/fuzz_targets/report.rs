@@ -1,12 +1,12 @@
 //! Crafted logs through the report commands: the input bytes choose records (events, stacks,
-//! modules, code objects, thread names, samples, notes, dumps) with extreme values (u64::MAX
-//! sizes and addresses, i32::MIN/MAX devices, zero and huge times, time going backwards, frees
-//! without allocations, stacks of up to 256 frames, unknown stack, code and api ids, bogus
-//! module maps). They are encoded as a well-formed log, so that every record reaches the
-//! replay and the analyses, and one command of the real `vramshim` reads it (`report`,
-//! `peak`, `leaks`, `oom`, `timeline`, `flamegraph`, `diff` or `export --pytorch-snapshot`,
-//! chosen by the first byte). Any panic, hang or huge allocation is a finding; exit codes
-//! are not (a refused log is a correct answer).
+//! modules, code objects, thread names, samples, notes, marks, dumps) with extreme values
+//! (u64::MAX sizes and addresses, i32::MIN/MAX devices, zero and huge times, time going
+//! backwards, frees without allocations, stacks of up to 256 frames, unknown stack, code and
+//! api ids, bogus module maps). They are encoded as a well-formed log, so that every record
+//! reaches the replay and the analyses, and one command of the real `vramshim` reads it
+//! (`report`, `peak`, `leaks`, `oom`, `timeline`, `flamegraph`, `diff`, `html` or
+//! `export --pytorch-snapshot`, chosen by the first byte). Any panic, hang or huge allocation
+//! is a finding; exit codes are not (a refused log is a correct answer).
 #![no_main]
 
 use std::io::Write;
@@ -16,7 +16,7 @@ use std::sync::Once;
 use libfuzzer_sys::fuzz_target;
 use vramshim_format::{
     ChunkBuilder, CodeDef, Dropped, DumpBegin, Event, EventKind, FORMAT_VERSION, Frame, Header,
-    MemInfo, ModuleDef, Note, Record, StackDef, ThreadName,
+    Mark, MemInfo, ModuleDef, Note, Record, StackDef, ThreadName,
 };
 
 /// Reads the fuzz input a byte at a time; zeros once it runs out.
@@ -154,6 +154,13 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
             live_count: bytes.pick(&SIZES),
             window_count: bytes.pick(&SIZES),
         }),
+        8 => Record::Mark(Mark {
+            t_ns,
+            thread: u32::from(bytes.u8() % 4),
+            text: bytes
+                .pick(&["epoch 3", "", "</script>", "a\u{2028}b"])
+                .to_owned(),
+        }),
         _ => {
             let kind = bytes.pick(&KINDS);
             let failed = kind == EventKind::AllocFailed;
@@ -240,7 +247,7 @@ fuzz_target!(|data: &[u8]| {
         .expect("write the crafted log");
     let log = log.to_string_lossy().into_owned();
     let out = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let args: Vec<String> = match command % 10 {
+    let args: Vec<String> = match command % 11 {
         0 => vec!["report".into(), log, "--json".into()],
         1 => vec!["report".into(), log],
         2 => vec!["peak".into(), log, "--by-thread".into()],
@@ -257,6 +264,7 @@ fuzz_target!(|data: &[u8]| {
         ],
         7 => vec!["flamegraph".into(), log, "--folded".into()],
         8 => vec!["diff".into(), log.clone(), log, "--json".into()],
+        9 => vec!["html".into(), log, "-o".into(), out("report.html")],
         _ => vec![
             "export".into(),
             log,

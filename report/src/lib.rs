@@ -47,6 +47,10 @@ enum Command {
     Timeline(commands::timeline::Args),
     /// A flame graph weighted by bytes: live at the peak, leaks, all allocations or at an OOM.
     Flamegraph(commands::flamegraph::Args),
+    /// One self-contained HTML page (opens offline): the overview, a zoomable timeline per
+    /// device, flame graphs of the peak, the leaks and each OOM, the OOM verdicts, the
+    /// allocator view and the whatif table.
+    Html(commands::html::Args),
     /// Per-stack changes of peak and allocated bytes between two recordings, growth first.
     Diff(commands::diff::Args),
     /// The caching-allocator view: which allocator the log looks like, reserved bytes over
@@ -121,6 +125,7 @@ where
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Html(args) => commands::html::run(args),
         Command::Allocator(args) => commands::allocator::run(args),
         Command::Whatif(args) => commands::whatif::run(args),
         Command::Export(args) => commands::export::run(args),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
-    CodeDef, Damage, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, MemInfo,
+    CodeDef, Damage, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, Mark, MemInfo,
     ModuleDef, Note, Record,
 };
 
@@ -36,6 +36,9 @@ pub struct Process {
     pub thread_names: FxHashMap<u32, String>,
     pub damage: Vec<Damage>,
     pub notes: Vec<Note>,
+    /// Annotations the program wrote (`vramshim.mark`), in the order written; times since this
+    /// process's start (add `start_offset_ns` for the replay's time).
+    pub marks: Vec<Mark>,
     /// Events the recorder discarded (`VRAMSHIM_ON_FULL=drop`).
     pub dropped: u64,
     /// Flight-recorder dumps met (ring mode); each one restarts the live set.
@@ -400,6 +403,7 @@ pub fn run(
             thread_names: FxHashMap::default(),
             damage: Vec::new(),
             notes: Vec::new(),
+            marks: Vec::new(),
             dropped: 0,
             dumps: Vec::new(),
             unmatched_frees: 0,
@@ -594,6 +598,10 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                 Record::Dropped(dropped) => {
                     process.dropped = process.dropped.saturating_add(dropped.count);
                 }
+                // Taken as read, like a definition: the recorder writes a mark with the
+                // definitions of its next flush, possibly before events older than it, so
+                // it must not move the replay's clock.
+                Record::Mark(mark) => process.marks.push(mark),
                 other => return Some(other),
             },
         }
@@ -607,7 +615,11 @@ fn record_time(record: &Record) -> u64 {
         Record::Note(note) => note.t_ns,
         Record::DumpBegin(begin) => begin.t_ns,
         Record::Dropped(dropped) => dropped.t_ns,
-        Record::Stack(_) | Record::Module(_) | Record::ThreadName(_) | Record::Code(_) => 0,
+        Record::Stack(_)
+        | Record::Module(_)
+        | Record::ThreadName(_)
+        | Record::Code(_)
+        | Record::Mark(_) => 0,
     }
 }
 

@@ -13,7 +13,7 @@
 //! | layer | modules | |
 //! |---|---|---|
 //! | lifecycle | `lifecycle` | start, fork, signals, `_exit`/exec, thread exit; registers the starter and the libcuda resolver below at load |
-//! | entry points | `interpose` → `resolver` → `table` | exported `dlsym`, the driver's resolver, the hook table |
+//! | entry points | `interpose` → `resolver` → `table`; `mark` | exported `dlsym`, the driver's resolver, the hook table; the program's own annotations (`vramshim_mark`) |
 //! | capture | `capture` → `stacks` → `python`, `unwind` | the hot path: what a hooked call records, call stacks |
 //! | writer | `writer` → `flight` | drains the rings, owns the log; ring mode's window |
 //! | base | `ring`, `real`, `altstack`, `process`, `config`, `sync` | rings, real functions, alternate stacks, settings and state, fork-safe locks |
@@ -36,6 +36,7 @@ mod config;
 mod flight;
 mod interpose;
 mod lifecycle;
+mod mark;
 mod process;
 mod python;
 mod real;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, MemInfo, Record, ThreadName};
+use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, Mark, MemInfo, Record, ThreadName};
 
 use crate::flight::Window;
 use crate::process;
@@ -55,6 +55,10 @@ static DEFS: Lock<Vec<Record>> = Lock::new(Vec::new());
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The open log's descriptor (-1 = none), for a fork child to close without a lock.
 static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+/// The open log's start on the monotonic clock, for records stamped outside the writer.
+static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
+/// Longer mark texts are cut to this many bytes.
+const MARK_TEXT_MAX: usize = 4096;
 /// Chunks are closed at this payload size.
 const CHUNK_BYTES: usize = 256 << 10;
 /// More than any one record encodes to (a stack of 256 native and 64 Python frames, a
@@ -70,6 +74,31 @@ pub fn define(record: Record) {
 
 pub fn count_dropped() {
     DROPPED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Queues the program's annotation `text` (cut to [`MARK_TEXT_MAX`] bytes) as a `mark`
+/// stamped now, by thread `tid`. Returns whether it was queued: not when the queue stays
+/// taken for 100 ms (or by this very thread), so it never waits long.
+pub fn mark(tid: u32, text: &[u8]) -> bool {
+    let t_ns = process::now_ns().saturating_sub(START_MONO_NS.load(Ordering::Acquire));
+    let mut end = text.len().min(MARK_TEXT_MAX);
+    // Cut on a character boundary (a lossy decode keeps whatever was not UTF-8 visible).
+    while end > 0 && end < text.len() && (text[end] & 0xc0) == 0x80 {
+        end -= 1;
+    }
+    let text = String::from_utf8_lossy(&text[..end]).into_owned();
+    let record = Record::Mark(Mark {
+        t_ns,
+        thread: tid,
+        text,
+    });
+    match DEFS.try_lock_for(Duration::from_millis(100)) {
+        Some(mut defs) => {
+            defs.push(record);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Adds a thread's new ring to those the writer drains.
@@ -91,6 +120,7 @@ pub fn release_thread_ring(ring: *const Ring) {
 
 /// Installs the opened log.
 pub fn install(output: Output) {
+    START_MONO_NS.store(output.start_mono_ns, Ordering::Release);
     LOG_FD.store(output.fd, Ordering::Release);
     *OUTPUT.lock() = Some(output);
 }

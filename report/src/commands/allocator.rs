@@ -17,6 +17,21 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    with_report(select, |report, warnings| {
+        emit(
+            select,
+            &warnings,
+            || allocator::json(report),
+            |out| allocator::text(out, report),
+        )
+    })?
+}
+
+/// Builds the allocator view of `select`'s logs and hands it, with the warnings, to `then`.
+pub fn with_report<T>(
+    select: &Select,
+    then: impl FnOnce(&AllocatorReport<'_>, Vec<String>) -> T,
+) -> Result<T, Failure> {
     let mut view = AllocatorView::new(select.device);
     let mut oom = Oom::new(select.device, false);
     let replay = replay::run(&select.logs, &mut [&mut view, &mut oom], Stop::End)?;
@@ -50,10 +65,5 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         retries,
         failures,
     };
-    emit(
-        select,
-        &replay.warnings(),
-        || allocator::json(&report),
-        |out| allocator::text(out, &report),
-    )
+    Ok(then(&report, replay.warnings()))
 }

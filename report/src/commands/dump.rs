@@ -137,6 +137,9 @@ pub fn record_json(header: &Header, record: &Record) -> Value {
             json!({"type": "dropped", "t_ns": dropped.t_ns, "count": dropped.count})
         }
         Record::Note(note) => json!({"type": "note", "t_ns": note.t_ns, "text": note.text}),
+        Record::Mark(mark) => json!({
+            "type": "mark", "t_ns": mark.t_ns, "thread": mark.thread, "text": mark.text,
+        }),
         Record::DumpBegin(dump) => json!({
             "type": "dump_begin", "t_ns": dump.t_ns, "reason": dump.reason,
             "events_discarded": dump.events_discarded, "live_count": dump.live_count,
@@ -261,6 +264,13 @@ fn write_record_text(out: &mut impl Write, header: &Header, record: &Record) -> 
             d.count
         ),
         Record::Note(n) => writeln!(out, "{:>14} note: {}", seconds(n.t_ns), n.text),
+        Record::Mark(m) => writeln!(
+            out,
+            "{:>14} mark: {} (thread {})",
+            seconds(m.t_ns),
+            m.text,
+            m.thread
+        ),
         Record::DumpBegin(d) => writeln!(
             out,
             "{:>14} flight-recorder dump ({}): {} live allocations, {} recent records, {} older events not kept",

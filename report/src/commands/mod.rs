@@ -8,6 +8,7 @@ pub mod dump;
 pub mod export;
 pub mod export_formats;
 pub mod flamegraph;
+pub mod html;
 pub mod launch;
 pub mod oom;
 pub mod peak;

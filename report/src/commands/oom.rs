@@ -9,6 +9,11 @@ use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
+/// Live stacks listed per failure in text, unless `--top` says otherwise.
+const DEFAULT_TOP: usize = 5;
+/// Frames printed per stack in text, unless `--frames` says otherwise.
+const DEFAULT_FRAMES: usize = 6;
+
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -18,20 +23,40 @@ pub struct Args {
     #[command(flatten)]
     threads: ByThread,
     /// Live stacks listed per failure (text only).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = DEFAULT_TOP)]
     top: usize,
     /// Frames printed per stack (text only).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = DEFAULT_FRAMES)]
     frames: usize,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let by_thread = args.threads.by_thread;
+    with_report(select, args.view, args.threads, |mut report, warnings| {
+        report.top = args.top;
+        report.frames = args.frames;
+        emit(
+            select,
+            &warnings,
+            || oom::json(&report),
+            |out| oom::text(out, &report),
+        )
+    })?
+}
+
+/// Builds the post-mortem of every failed allocation in `select`'s logs and hands it, with
+/// the warnings, to `then` (text limits at their defaults: set them in `then`).
+pub fn with_report<T>(
+    select: &Select,
+    view: StacksArg,
+    threads: ByThread,
+    then: impl FnOnce(OomReport<'_>, Vec<String>) -> T,
+) -> Result<T, Failure> {
+    let by_thread = threads.by_thread;
     let mut analysis = Oom::new(select.device, by_thread);
     let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes, args.view.stacks, by_thread);
+    let mut stacks = Stacks::new(processes, view.stacks, by_thread);
     let failures = analysis
         .failures
         .iter()
@@ -51,14 +76,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let report = OomReport {
         processes,
         failures,
-        top: args.top,
-        frames: args.frames,
+        top: DEFAULT_TOP,
+        frames: DEFAULT_FRAMES,
     };
     let warnings = common::warnings(&replay, &stacks);
-    emit(
-        select,
-        &warnings,
-        || oom::json(&report),
-        |out| oom::text(out, &report),
-    )
+    Ok(then(report, warnings))
 }

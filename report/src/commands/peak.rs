@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+use serde_json::Value;
+
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
@@ -16,13 +18,13 @@ use crate::units;
 #[derive(clap::Args)]
 pub struct Shape {
     /// Stacks listed (flat view, text only).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = DEFAULT_SHAPE.top)]
     top: usize,
     /// Frames printed per stack (text only).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = DEFAULT_SHAPE.frames)]
     frames: usize,
     /// Fold tree branches holding less than this percentage (text only).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = DEFAULT_SHAPE.min_share)]
     min_share: f64,
 }
 
@@ -35,9 +37,10 @@ pub struct PeakArgs {
     #[command(flatten)]
     threads: ByThread,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
-    /// `1.5s`, `250ms`, `40us`, `1200ns`).
-    #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
-    at: Option<u64>,
+    /// `1.5s`, `250ms`, `40us`, `1200ns`), or at the program's first mark of that text
+    /// (`mark:epoch 3`, written by `vramshim.mark`).
+    #[arg(long, value_name = "TIME", value_parser = parse_at)]
+    at: Option<At>,
     #[command(flatten)]
     shape: Shape,
 }
@@ -56,7 +59,12 @@ pub struct LeaksArgs {
 
 pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let (replay, snapshots, what) = match args.at {
+    let at = match &args.at {
+        Some(At::Time(t_ns)) => Some(*t_ns),
+        Some(At::Mark(text)) => Some(mark_time(select, text)?),
+        None => None,
+    };
+    let (replay, snapshots, what) = match at {
         Some(at) => {
             let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
             let snapshots = devices_of(&replay.state, select.device)
@@ -66,9 +74,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
             (replay, snapshots, "at")
         }
         None => {
-            let mut peaks = Peaks::default();
-            let replay = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
-            let snapshots = peaks.snapshots(&replay.state, select.device);
+            let (replay, snapshots) = at_peaks(select)?;
             (replay, snapshots, "peak")
         }
     };
@@ -78,13 +84,105 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    let (replay, snapshots) = at_end(select)?;
+    let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
+    render(select, &args.shape, stacks, &replay, snapshots, "leaks")
+}
+
+/// A moment given to `--at`.
+#[derive(Clone, Debug)]
+pub enum At {
+    /// Nanoseconds since the start.
+    Time(u64),
+    /// The first mark with this text.
+    Mark(String),
+}
+
+fn parse_at(text: &str) -> Result<At, String> {
+    match text.strip_prefix("mark:") {
+        Some(mark) => Ok(At::Mark(mark.to_string())),
+        None => units::parse_time(text).map(At::Time),
+    }
+}
+
+/// The time of the first mark whose text is `text` in `select`'s logs (a replay of its own:
+/// marks are known only once read).
+fn mark_time(select: &Select, text: &str) -> Result<u64, Failure> {
+    let replay = replay::run(&select.logs, &mut [], Stop::End)?;
+    let mut marks: Vec<(u64, &str)> = replay
+        .processes
+        .iter()
+        .flat_map(|p| {
+            p.marks
+                .iter()
+                .map(move |m| (p.start_offset_ns.saturating_add(m.t_ns), m.text.as_str()))
+        })
+        .collect();
+    marks.sort();
+    if let Some((t_ns, _)) = marks.iter().find(|(_, mark)| *mark == text) {
+        return Ok(*t_ns);
+    }
+    let mut known: Vec<String> = marks.iter().map(|(_, mark)| format!("{mark:?}")).collect();
+    known.dedup();
+    Err(Failure::input(if known.is_empty() {
+        format!("--at mark:{text}: the log has no marks (vramshim.mark writes them)")
+    } else {
+        format!(
+            "--at mark:{text}: no such mark; the log's marks: {}",
+            known.join(", ")
+        )
+    }))
+}
+
+/// The JSON document of `vramshim peak --json` (`leaks` false) or `vramshim leaks --json`
+/// (`leaks` true) for `select`'s logs, stacks shown as `view` says.
+pub fn json_document(select: &Select, view: StacksArg, leaks: bool) -> Result<Value, Failure> {
+    let (replay, snapshots) = if leaks {
+        at_end(select)?
+    } else {
+        at_peaks(select)?
+    };
+    let what = if leaks { "leaks" } else { "peak" };
+    let stacks = Stacks::new(&replay.processes, view.stacks, false);
+    let mut document = Vec::new();
+    with_report(
+        &DEFAULT_SHAPE,
+        stacks,
+        &replay,
+        snapshots,
+        what,
+        |report, warnings| snapshot::write_json(&mut document, report, &warnings),
+    )
+    .and_then(|()| serde_json::from_slice(&document).map_err(std::io::Error::from))
+    .map_err(|err| Failure {
+        message: format!("cannot build the {what} view: {err}"),
+        code: 1,
+    })
+}
+
+/// The text limits when no option changes them (they do not shape the JSON).
+const DEFAULT_SHAPE: Shape = Shape {
+    top: 20,
+    frames: 8,
+    min_share: 1.0,
+};
+
+/// The replay of `select`'s logs and the live set at each device's peak.
+fn at_peaks(select: &Select) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
+    let mut peaks = Peaks::default();
+    let replay = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
+    let snapshots = peaks.snapshots(&replay.state, select.device);
+    Ok((replay, snapshots))
+}
+
+/// The replay of `select`'s logs and what was still live on each device at its end.
+fn at_end(select: &Select) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
     let replay = replay::run(&select.logs, &mut [], Stop::End)?;
     let snapshots = devices_of(&replay.state, select.device)
         .into_iter()
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
         .collect();
-    let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
-    render(select, &args.shape, stacks, &replay, snapshots, "leaks")
+    Ok((replay, snapshots))
 }
 
 /// Devices with something live, narrowed to `only`.
@@ -103,11 +201,37 @@ fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
 fn render(
     select: &Select,
     shape: &Shape,
-    mut stacks: Stacks,
+    stacks: Stacks,
     replay: &replay::Replay,
     snapshots: Vec<Snapshot>,
     what: &'static str,
 ) -> Result<ExitCode, Failure> {
+    with_report(
+        shape,
+        stacks,
+        replay,
+        snapshots,
+        what,
+        |report, warnings| {
+            emit_streamed(
+                select,
+                &warnings,
+                |out, warnings| snapshot::write_json(out, report, warnings),
+                |out| snapshot::text(out, report),
+            )
+        },
+    )
+}
+
+/// Groups `snapshots` as `stacks` says and hands the report, with the warnings, to `then`.
+fn with_report<T>(
+    shape: &Shape,
+    mut stacks: Stacks,
+    replay: &replay::Replay,
+    snapshots: Vec<Snapshot>,
+    what: &'static str,
+    then: impl FnOnce(&SnapshotReport<'_>, Vec<String>) -> T,
+) -> T {
     let processes: &[Process] = &replay.processes;
     let views = snapshots
         .into_iter()
@@ -134,10 +258,5 @@ fn render(
         min_share: shape.min_share,
     };
     let warnings = common::warnings(replay, &stacks);
-    emit_streamed(
-        select,
-        &warnings,
-        |out, warnings| snapshot::write_json(out, &report, warnings),
-        |out| snapshot::text(out, &report),
-    )
+    then(&report, warnings)
 }

@@ -22,6 +22,24 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    with_report(select, args.view, args.threads, |report, warnings| {
+        emit(
+            select,
+            &warnings,
+            || summary::json(report),
+            |out| summary::text(out, report),
+        )
+    })?
+}
+
+/// Builds the overview of `select`'s logs and hands it, with the warnings, to `then` (the
+/// report borrows the replay, so it cannot be returned).
+pub fn with_report<T>(
+    select: &Select,
+    view: StacksArg,
+    threads: ByThread,
+    then: impl FnOnce(&SummaryReport<'_>, Vec<String>) -> T,
+) -> Result<T, Failure> {
     // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);
@@ -34,7 +52,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .collect();
     let at_peaks = peaks.snapshots(&replay.state, select.device);
     let processes = &replay.processes;
-    let mut stacks = Stacks::new(processes, args.view.stacks, args.threads.by_thread);
+    let mut stacks = Stacks::new(processes, view.stacks, threads.by_thread);
     let devices = wanted
         .iter()
         .map(|peak| {
@@ -89,10 +107,5 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         largest,
     };
     let warnings = common::warnings(&replay, &stacks);
-    emit(
-        select,
-        &warnings,
-        || summary::json(&report),
-        |out| summary::text(out, &report),
-    )
+    Ok(then(&report, warnings))
 }

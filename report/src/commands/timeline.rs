@@ -41,16 +41,49 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let top_threads = usize::from(args.top_threads);
-    let mut analysis = if args.by_thread {
-        Timeline::by_thread(select.device, top_threads, None)
-    } else {
-        Timeline::new(select.device)
+    let top_threads = args.by_thread.then_some(usize::from(args.top_threads));
+    with_report(select, top_threads, |report, warnings| {
+        if let Some(path) = &args.svg {
+            let picture = timeline::svg(report);
+            if path.as_os_str() == "-" {
+                for warning in &warnings {
+                    eprintln!("vramshim: warning: {warning}");
+                }
+                return write_stdout(picture.as_bytes());
+            }
+            write_file(path, picture.as_bytes())?;
+        }
+        let columns = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.trim().parse::<usize>().ok())
+            .filter(|c| *c > 0)
+            .unwrap_or(DEFAULT_COLUMNS);
+        emit(
+            select,
+            &warnings,
+            || timeline::json(report),
+            |out| timeline::text(out, report, columns),
+        )
+    })?
+}
+
+/// Builds the timelines of `select`'s logs (with a series per thread for the `top_threads`
+/// busiest threads of each device when given) and hands them, with the warnings, to `then`.
+pub fn with_report<T>(
+    select: &Select,
+    top_threads: Option<usize>,
+    then: impl FnOnce(&TimelineReport<'_>, Vec<String>) -> T,
+) -> Result<T, Failure> {
+    let mut analysis = match top_threads {
+        Some(top_threads) => Timeline::by_thread(select.device, top_threads, None),
+        None => Timeline::new(select.device),
     };
     let mut replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
     // More allocating threads on a device than series: now that their peaks are known, a
     // second replay draws the chosen ones.
-    if let Some(chosen) = analysis.second_pass() {
+    if let Some(top_threads) = top_threads
+        && let Some(chosen) = analysis.second_pass()
+    {
         drop(replay);
         analysis = Timeline::by_thread(select.device, top_threads, Some(chosen));
         replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
@@ -61,26 +94,5 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         timeline: &analysis,
         end_ns: replay.end_ns,
     };
-    let warnings = replay.warnings();
-    if let Some(path) = &args.svg {
-        let picture = timeline::svg(&report);
-        if path.as_os_str() == "-" {
-            for warning in &warnings {
-                eprintln!("vramshim: warning: {warning}");
-            }
-            return write_stdout(picture.as_bytes());
-        }
-        write_file(path, picture.as_bytes())?;
-    }
-    let columns = std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.trim().parse::<usize>().ok())
-        .filter(|c| *c > 0)
-        .unwrap_or(DEFAULT_COLUMNS);
-    emit(
-        select,
-        &warnings,
-        || timeline::json(&report),
-        |out| timeline::text(out, &report, columns),
-    )
+    Ok(then(&report, replay.warnings()))
 }

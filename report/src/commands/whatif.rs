@@ -70,6 +70,41 @@ pub fn rank_key(index: usize, row: &Row) -> (bool, u64, u64, usize) {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let select = Select {
+        logs: vec![args.log.clone()],
+        device: args.device,
+        json: args.json,
+    };
+    with_report(&args, |report, warnings| {
+        emit(
+            &select,
+            &warnings,
+            || whatif::json(report),
+            |out| whatif::text(out, report),
+        )
+    })?
+}
+
+impl Args {
+    /// The arguments of `vramshim whatif LOG [--device DEVICE]` with nothing else given.
+    pub fn defaults_for(log: PathBuf, device: Option<i32>) -> Args {
+        Args {
+            log,
+            device,
+            capacity: None,
+            configs: Vec::new(),
+            memory_fraction: None,
+            json: true,
+        }
+    }
+}
+
+/// Simulates the configurations `args` asks for on its log and hands the ranked table, with
+/// the warnings, to `then`.
+pub fn with_report<T>(
+    args: &Args,
+    then: impl FnOnce(&WhatIfReport<'_>, Vec<String>) -> T,
+) -> Result<T, Failure> {
     if let Some(f) = args.memory_fraction
         && !(0.0..=1.0).contains(&f)
     {
@@ -199,15 +234,5 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         rows,
         notes,
     };
-    let select = Select {
-        logs,
-        device: args.device,
-        json: args.json,
-    };
-    emit(
-        &select,
-        &warnings,
-        || whatif::json(&report),
-        |out| whatif::text(out, &report),
-    )
+    Ok(then(&report, warnings))
 }

@@ -5,6 +5,7 @@ pub mod chrome_trace;
 pub mod diff;
 pub mod dryrun;
 pub mod flamegraph;
+pub mod html;
 pub mod oom;
 pub mod parquet;
 pub mod pprof;

@@ -251,11 +251,12 @@ fn columns(
 
 /// The series as one JSON document: per device the buckets that changed, used-memory
 /// samples, the exact peak and failures; split by thread, also `threads` and `other_threads`
-/// per device (and `max_thread_series`).
+/// per device (and `max_thread_series`); the program's marks.
 pub fn json(report: &TimelineReport<'_>) -> Value {
     let bucket_ns = report.timeline.bucket_ns;
     let mut value = json!({
         "processes": processes_json(report.processes),
+        "marks": marks_json(report.processes),
         "end_ns": report.end_ns,
         "bucket_ns": bucket_ns,
         "max_buckets": MAX_BUCKETS,
@@ -299,6 +300,31 @@ pub fn json(report: &TimelineReport<'_>) -> Value {
         map.insert("max_thread_series".to_string(), Value::from(max));
     }
     value
+}
+
+/// Every process's marks (`vramshim.mark`) in time order: `{t_ns, text, pid, thread}`, times
+/// on the replay's clock.
+fn marks_json(processes: &[Process]) -> Value {
+    let mut marks: Vec<(u64, &Process, &vramshim_format::Mark)> = processes
+        .iter()
+        .flat_map(|p| {
+            p.marks
+                .iter()
+                .map(move |m| (p.start_offset_ns.saturating_add(m.t_ns), p, m))
+        })
+        .collect();
+    marks.sort_by_key(|(t_ns, _, _)| *t_ns);
+    marks
+        .into_iter()
+        .map(|(t_ns, process, mark)| {
+            json!({
+                "t_ns": t_ns,
+                "text": mark.text,
+                "pid": process.header.pid,
+                "thread": mark.thread,
+            })
+        })
+        .collect()
 }
 
 fn peak_json(peak: Option<PeakPoint>) -> Value {
