@@ -8,78 +8,12 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
+use common::torch::{fake_preload, repo, torch_python};
 use common::*;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
-
-/// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
-/// torch's RPATH to NVIDIA's wheels wherever those are installed.
-const TORCH_FAKES: &[&str] = &[
-    "libcuda.so.1",
-    "libcudart.so.13",
-    "libcublas.so.13",
-    "libcublasLt.so.13",
-    "libcudnn.so.9",
-    "libnccl.so.2",
-    "libnvidia-ml.so.1",
-    "libcusparse.so.12",
-    "libcusolver.so.12",
-    "libcufft.so.12",
-    "libcurand.so.10",
-    "libnvrtc.so.13",
-    "libnvJitLink.so.13",
-    "libcupti.so.13",
-    "libcufile.so.0",
-    "libnvshmem_host.so.3",
-    "libcusparseLt.so.0",
-];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The venv's python with torch, or `None` (with a loud note) when it cannot be installed.
-fn torch_python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let output = Command::new("bash")
-                .arg(repo().join("scripts/fetch-torch.sh"))
-                .output()
-                .expect("run fetch-torch.sh");
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            if output.status.code() == Some(3)
-                && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
-            {
-                skipped(&format!(
-                    "fakegpu_torch: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
-                    stderr.trim()
-                ));
-                return None;
-            }
-            assert!(output.status.success(), "fetch-torch.sh failed: {stderr}");
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            Some(PathBuf::from(
-                stdout.lines().last().expect("python path").trim(),
-            ))
-        })
-        .clone()
-}
-
-fn fake_preload() -> String {
-    TORCH_FAKES
-        .iter()
-        .map(|soname| {
-            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
-            assert!(path.is_file(), "{} was not built", path.display());
-            path.display().to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// What one run printed (its last JSON line) and, when recorded, its log.
 struct TorchRun {
