@@ -1,6 +1,6 @@
 """Real PyTorch as the judge of vramshim's figures (tests/tests/torch_judge.rs,
 scripts/gpu-smoke.sh). One process runs the workloads named in argv[1] (comma-separated: mlp,
-transformer, inference) under whatever allocator PYTORCH_CUDA_ALLOC_CONF /
+transformer, inference; churn for the cost comparison) under whatever allocator PYTORCH_CUDA_ALLOC_CONF /
 PYTORCH_NO_CUDA_MEMORY_CACHING select, and prints torch's own figures as one JSON line.
 
 Optional environment:
@@ -9,12 +9,14 @@ Optional environment:
                           and PATH.json: each traced allocation's size and Python frames
   JUDGE_OOM=1             after the workloads, ask for more than the card has (caught)
   JUDGE_HISTORY=python|all  record memory history with these stacks (cost comparison)
+  JUDGE_WARMUP=1          run the workloads once untimed first (cost comparison)
 The workloads' request streams do not depend on the allocator: the same tensors, in the same
 order, whatever the mode, so one tensor-level recording predicts every native configuration.
 """
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -91,26 +93,52 @@ def inference():
     del model
 
 
+def churn():
+    """Many small allocations, little compute (the recorders' cost, scripts/bench-torch-history.sh):
+    200 Adam steps of a tiny MLP."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(200):
+        model(torch.randn(32, 64, device="cuda")).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+
 def main():
     fraction = os.environ.get("JUDGE_FRACTION")
     if fraction:
         torch.cuda.set_per_process_memory_fraction(float(fraction))
     snapshot = os.environ.get("JUDGE_SNAPSHOT")
     history = os.environ.get("JUDGE_HISTORY")
+    workloads = {"mlp": mlp, "transformer": transformer, "inference": inference,
+                 "churn": churn}
+    if os.environ.get("JUDGE_WARMUP"):
+        # Timing only: CUDA's and the libraries' first-use costs, untimed and unrecorded.
+        for name in sys.argv[1].split(","):
+            workloads[name]()
+        torch.cuda.synchronize()
     if snapshot:
         torch.cuda.memory._record_memory_history(stacks="python")
     elif history:
         torch.cuda.memory._record_memory_history(stacks=history)
-    workloads = {"mlp": mlp, "transformer": transformer, "inference": inference}
     failed = None
+    started = time.perf_counter()
     try:
         for name in sys.argv[1].split(","):
             workloads[name]()
     except torch.OutOfMemoryError as error:
         # "Tried to allocate X" names the rounded request; the figures below still hold.
         failed = {"workload": name, "message": str(error).split("\n")[0]}
+    torch.cuda.synchronize()
     result = figures()
     result["failed"] = failed
+    result["workload_s"] = time.perf_counter() - started
+    if history and not snapshot:
+        result["history_events"] = sum(
+            len(trace) for trace in torch.cuda.memory._snapshot()["device_traces"])
     if os.environ.get("JUDGE_OOM"):
         total = torch.cuda.mem_get_info()[1]
         # Half the card while half of it and 2 MiB more are held: no release of torch's cache

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::torch::{fake_preload, repo, torch_python};
+use common::torch::{fake_preload, repo, rounded_async_peak, torch_python};
 use common::*;
 use serde_json::Value;
 
@@ -236,7 +236,7 @@ fn native_modes_equal_their_logs_and_whatif_predicts_each() {
     // 3,896 bytes lower; that is the 4,904-byte gap of the older transformer workload).
     assert_eq!(
         u64_of(&recording.torch, "allocated_bytes.all.peak"),
-        rounded_live_peak(async_log, 512),
+        rounded_async_peak(async_log, 512),
         "{}",
         recording.torch
     );
@@ -305,31 +305,6 @@ fn native_modes_equal_their_logs_and_whatif_predicts_each() {
         nocache_rows[config]["peak_reserved"],
         run.torch["max_memory_reserved"]
     );
-}
-
-/// Live bytes of device 0's stream-ordered allocations in a log, each rounded up to
-/// `granularity`, at their peak.
-fn rounded_live_peak(log: &Path, granularity: u64) -> u64 {
-    let dump = dump(log);
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    let (mut current, mut peak) = (0u64, 0u64);
-    for event in events(&dump).iter().filter(|e| e["device"] == 0) {
-        match (event["event"].as_str(), event["api"].as_str()) {
-            (Some("alloc"), Some("cudaMallocAsync")) => {
-                let size = u64_of(event, "size").div_ceil(granularity) * granularity;
-                live.insert(u64_of(event, "addr"), size);
-                current += size;
-                peak = peak.max(current);
-            }
-            (Some("free"), Some("cudaFreeAsync")) => {
-                current -= live
-                    .remove(&u64_of(event, "addr"))
-                    .expect("a free of a recorded address");
-            }
-            _ => {}
-        }
-    }
-    peak
 }
 
 /// "Tried to allocate 56.00 MiB" → 56 MiB (torch prints the segment size it asked for).

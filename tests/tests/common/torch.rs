@@ -1,11 +1,12 @@
 //! Real PyTorch on the fake GPU libraries: the venv `scripts/fetch-torch.sh` installs (never
 //! committed) and the fakes torch loads. Shared by fakegpu_torch.rs and torch_judge.rs.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use super::skipped;
+use super::{dump, events, skipped, u64_of};
 
 /// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
 /// torch's RPATH to NVIDIA's wheels wherever those are installed.
@@ -73,4 +74,29 @@ pub fn fake_preload() -> String {
         })
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// Live bytes of device 0's stream-ordered allocations, each rounded up to `granularity`, at
+/// their peak.
+pub fn rounded_async_peak(log: &Path, granularity: u64) -> u64 {
+    let dump = dump(log);
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut current, mut peak) = (0u64, 0u64);
+    for event in events(&dump).iter().filter(|e| e["device"] == 0) {
+        match (event["event"].as_str(), event["api"].as_str()) {
+            (Some("alloc"), Some("cudaMallocAsync")) => {
+                let size = u64_of(event, "size").div_ceil(granularity) * granularity;
+                live.insert(u64_of(event, "addr"), size);
+                current += size;
+                peak = peak.max(current);
+            }
+            (Some("free"), Some("cudaFreeAsync")) => {
+                current -= live
+                    .remove(&u64_of(event, "addr"))
+                    .expect("a free of a recorded address");
+            }
+            _ => {}
+        }
+    }
+    peak
 }
