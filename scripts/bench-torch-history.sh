@@ -3,7 +3,8 @@
 # `_record_memory_history(stacks="python")` and `stacks="all"`, on the same workload
 # (tests/python/torch_judge.py churn: 200 Adam steps of a tiny MLP) on the fake GPU, as ratios
 # from one run. Both are CPU-side costs, so the fakes measure them. Medians of
-# BENCH_ROUNDS (default 3) interleaved rounds; workload time only (torch's import excluded).
+# BENCH_ROUNDS (default 3) interleaved rounds of the process's CPU time (user + sys, all
+# threads) over the workload only (torch's import and a warm-up round excluded).
 #   torch history:  default allocator, history on vs off; events = torch's trace entries
 #   vramshim:       PYTORCH_NO_CUDA_MEMORY_CACHING=1 (one cudaMalloc/cudaFree per tensor, the
 #                   recording `whatif` replays), recorder on vs off; events = logged

@@ -61,7 +61,7 @@ last = {}
 for _ in range(ROUNDS):
     for mode, (env, recorded) in MODES.items():
         last[mode] = run(env, recorded)
-        times[mode].append(last[mode]["workload_s"])
+        times[mode].append(last[mode]["workload_cpu_s"])
 median = {mode: statistics.median(t) for mode, t in times.items()}
 allocs = last["no caching + vramshim"]["allocs"]
 
@@ -82,7 +82,8 @@ rows = [
     ('_record_memory_history(stacks="all")', "history all", "default",
      last["history all"]["history_events"]),
 ]
-print(f"workload: {WORKLOADS}, {allocs} tensor allocations, medians of {ROUNDS} rounds")
+print(f"workload: {WORKLOADS}, {allocs} tensor allocations, process CPU time (all threads), "
+      f"medians of {ROUNDS} rounds")
 for mode in MODES:
     print(f"  {mode:24} {median[mode] * 1e3:9.1f} ms")
 print(f"{'recorder':42} {'events':>7} {'us/event':>9} {'us/alloc':>9}")
