@@ -108,6 +108,16 @@ pub struct OomEvent {
     pub allocated: u64,
     /// Capacity left on the device (`capacity − reserved`).
     pub device_free: u64,
+    /// Peak reserved bytes up to and including this failure: what
+    /// `torch.cuda.max_memory_reserved()` reports in a program that stops at this error
+    /// (the totals in [`Stats`] go on past it).
+    pub peak_reserved: u64,
+    /// `num_alloc_retries` up to and including this failure's own retry.
+    pub num_alloc_retries: u64,
+    /// `num_device_alloc` up to this failure.
+    pub num_device_alloc: u64,
+    /// `num_device_free` up to this failure (the segments its release step freed included).
+    pub num_device_free: u64,
 }
 
 /// The allocator's state when reserved memory reached its peak, measured at the end of the
@@ -726,6 +736,10 @@ impl Simulator {
                 reserved: self.st.reserved,
                 allocated: self.st.allocated,
                 device_free: self.cfg.capacity.saturating_sub(self.st.reserved),
+                peak_reserved: self.st.peak_reserved,
+                num_alloc_retries: self.st.num_alloc_retries,
+                num_device_alloc: self.st.num_device_alloc,
+                num_device_free: self.st.num_device_free,
             };
             self.st.num_ooms += 1;
             if self.st.first_oom.is_none() {

@@ -61,6 +61,10 @@ fn oom_json(stats: &Stats) -> Value {
             "stream": oom.stream,
             "reserved": oom.reserved,
             "allocated": oom.allocated,
+            "peak_reserved": oom.peak_reserved,
+            "num_alloc_retries": oom.num_alloc_retries,
+            "num_device_alloc": oom.num_device_alloc,
+            "num_device_free": oom.num_device_free,
         }),
         None => Value::Null,
     }

@@ -439,3 +439,4 @@ pub fn files_in(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+pub mod torch;

@@ -1,0 +1,102 @@
+//! Real PyTorch on the fake GPU libraries: the venv `scripts/fetch-torch.sh` installs (never
+//! committed) and the fakes torch loads. Shared by fakegpu_torch.rs and torch_judge.rs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use super::{dump, events, skipped, u64_of};
+
+/// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
+/// torch's RPATH to NVIDIA's wheels wherever those are installed.
+pub const TORCH_FAKES: &[&str] = &[
+    "libcuda.so.1",
+    "libcudart.so.13",
+    "libcublas.so.13",
+    "libcublasLt.so.13",
+    "libcudnn.so.9",
+    "libnccl.so.2",
+    "libnvidia-ml.so.1",
+    "libcusparse.so.12",
+    "libcusolver.so.12",
+    "libcufft.so.12",
+    "libcurand.so.10",
+    "libnvrtc.so.13",
+    "libnvJitLink.so.13",
+    "libcupti.so.13",
+    "libcufile.so.0",
+    "libnvshmem_host.so.3",
+    "libcusparseLt.so.0",
+];
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The venv's python with torch, or `None` (with a loud note) when it cannot be installed.
+pub fn torch_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let output = Command::new("bash")
+                .arg(repo().join("scripts/fetch-torch.sh"))
+                .output()
+                .expect("run fetch-torch.sh");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            if output.status.code() == Some(3)
+                && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none()
+            {
+                skipped(&format!(
+                    "torch tests: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+                    stderr.trim()
+                ));
+                return None;
+            }
+            assert!(output.status.success(), "fetch-torch.sh failed: {stderr}");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            Some(PathBuf::from(
+                stdout.lines().last().expect("python path").trim(),
+            ))
+        })
+        .clone()
+}
+
+/// `LD_PRELOAD` for the fakes, in [`TORCH_FAKES`] order.
+pub fn fake_preload() -> String {
+    TORCH_FAKES
+        .iter()
+        .map(|soname| {
+            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
+            assert!(path.is_file(), "{} was not built", path.display());
+            path.display().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Live bytes of device 0's stream-ordered allocations, each rounded up to `granularity`, at
+/// their peak.
+pub fn rounded_async_peak(log: &Path, granularity: u64) -> u64 {
+    let dump = dump(log);
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut current, mut peak) = (0u64, 0u64);
+    for event in events(&dump).iter().filter(|e| e["device"] == 0) {
+        match (event["event"].as_str(), event["api"].as_str()) {
+            (Some("alloc"), Some("cudaMallocAsync")) => {
+                let size = u64_of(event, "size").div_ceil(granularity) * granularity;
+                live.insert(u64_of(event, "addr"), size);
+                current += size;
+                peak = peak.max(current);
+            }
+            (Some("free"), Some("cudaFreeAsync")) => {
+                current -= live
+                    .remove(&u64_of(event, "addr"))
+                    .expect("a free of a recorded address");
+            }
+            _ => {}
+        }
+    }
+    peak
+}

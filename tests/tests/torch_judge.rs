@@ -1,0 +1,672 @@
+//! Real PyTorch as the judge (issue 11): `tests/python/torch_judge.py` runs an MLP, a
+//! transformer with varying sequence lengths and an inference loop with `empty_cache()` on the
+//! fake GPU, once per allocator mode, and prints torch's own figures; every figure vramshim
+//! gives about the same run must equal them exactly. `scripts/gpu-smoke.sh` runs the same
+//! checks on a real GPU.
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::torch::{fake_preload, repo, rounded_async_peak, torch_python};
+use common::*;
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// Every workload, in one process per mode.
+const ALL: &str = "mlp,transformer,inference";
+
+/// The workload script, by its canonical path (the one its Python frames name).
+fn script() -> PathBuf {
+    std::fs::canonicalize(repo().join("tests/python/torch_judge.py")).expect("torch_judge.py")
+}
+
+/// One run of the judge script: torch's figures (its last stdout line) and, when recorded,
+/// the log.
+struct Judged {
+    torch: Value,
+    log: Option<PathBuf>,
+}
+
+/// Runs `torch_judge.py WORKLOADS` on a fake card of `memory` bytes with `env` set (and every
+/// allocator variable cleared first); `recorded` preloads the real recorder ahead of the fakes.
+fn judge(
+    python: &Path,
+    name: &str,
+    workloads: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+    recorded: bool,
+) -> Judged {
+    let dir = scratch(&format!("judge-{name}"));
+    let preload = if recorded {
+        format!("{}:{}", shim().display(), fake_preload())
+    } else {
+        fake_preload()
+    };
+    let mut command = Command::new(python);
+    command
+        .args(["-W", "ignore"])
+        .arg(script())
+        .arg(workloads)
+        .env("LD_PRELOAD", preload)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"));
+    for key in [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "VRAMSHIM_STACK",
+        "VRAMSHIM_MODE",
+        "JUDGE_FRACTION",
+        "JUDGE_SNAPSHOT",
+        "JUDGE_OOM",
+        "JUDGE_HISTORY",
+    ] {
+        command.env_remove(key);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{name} failed:\n{stdout}\n{stderr}"
+    );
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("{name}: no output:\n{stderr}"));
+    let torch: Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: {e}: {last}\n{stderr}"));
+    let log = recorded.then(|| {
+        Run {
+            output: output.clone(),
+            dir: dir.clone(),
+        }
+        .log()
+    });
+    Judged { torch, log }
+}
+
+/// The tensor-level recording of the whole workload with `backend:cudaMallocAsync` on an
+/// 8 GiB card, shared by the tests that replay it through `whatif`.
+fn async_recording(python: &Path) -> &'static Judged {
+    static RUN: OnceLock<Judged> = OnceLock::new();
+    RUN.get_or_init(|| {
+        judge(
+            python,
+            "async",
+            ALL,
+            8 * GIB,
+            &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+            true,
+        )
+    })
+}
+
+/// `vramshim whatif LOG --json --capacity C [--memory-fraction F] --config …`: each
+/// configuration's row, by configuration string.
+fn whatif(
+    log: &Path,
+    capacity: u64,
+    fraction: Option<&str>,
+    configs: &[&str],
+) -> (Value, HashMap<String, Value>) {
+    let mut args: Vec<String> = vec![
+        "whatif".into(),
+        log.display().to_string(),
+        "--json".into(),
+        "--capacity".into(),
+        format!("{}MiB", capacity / MIB),
+    ];
+    if let Some(fraction) = fraction {
+        args.extend(["--memory-fraction".into(), fraction.into()]);
+    }
+    for config in configs {
+        args.extend(["--config".into(), (*config).into()]);
+    }
+    let report = json_of(&args);
+    let rows = arr(&report["configs"])
+        .iter()
+        .map(|row| {
+            (
+                row["conf"].as_str().unwrap_or_default().to_owned(),
+                row.clone(),
+            )
+        })
+        .collect();
+    (report, rows)
+}
+
+/// `vramshim allocator --json` for device 0 of a log.
+fn allocator_view(log: &Path) -> Value {
+    let report = json_of(&[
+        OsStr::new("allocator"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    arr(&report["devices"])
+        .iter()
+        .find(|d| d["device"] == 0)
+        .unwrap_or_else(|| panic!("no device 0: {report}"))
+        .clone()
+}
+
+/// Check 1: the recorded segments of a native-allocator run against `memory_stats()`.
+/// Each retry is one failed `cudaMalloc` in the log; an OOM adds the failed retry.
+/// `oversize_failures`: failed `cudaMalloc`s before `max_split_size_mb`'s "release the
+/// oversize cached blocks and try again" step, which torch does not count as retries but the
+/// log cannot tell from one (the allocator view counts them in `oom_retries`).
+fn check_log_equals_memory_stats(label: &str, run: &Judged, oversize_failures: u64) {
+    let t = &run.torch;
+    let view = allocator_view(run.log.as_ref().expect("recorded"));
+    let got = (
+        u64_of(&view["reserved"], "peak"),
+        u64_of(&view["cuda_malloc"], "count"),
+        u64_of(&view["cuda_free"], "count"),
+        arr(&view["oom_retries"]).len() as u64,
+        u64_of(&view["cuda_malloc"], "failed"),
+    );
+    let want = (
+        u64_of(t, "reserved_bytes.all.peak"),
+        u64_of(t, "num_device_alloc"),
+        u64_of(t, "num_device_free"),
+        u64_of(t, "num_alloc_retries") + oversize_failures,
+        u64_of(t, "num_alloc_retries") + u64_of(t, "num_ooms") + oversize_failures,
+    );
+    assert_eq!(
+        got, want,
+        "{label}: log (peak, mallocs, frees, retries, failed) vs torch {t}"
+    );
+}
+
+/// Check 2 where the native run finished: whatif's row equals torch's figures.
+fn check_whatif_row(label: &str, row: &Value, torch: &Value) {
+    let got = (
+        u64_of(row, "peak_reserved"),
+        u64_of(row, "peak_allocated"),
+        u64_of(row, "peak_requested"),
+        u64_of(row, "num_device_alloc"),
+        u64_of(row, "num_device_free"),
+        u64_of(row, "num_alloc_retries"),
+        u64_of(row, "num_ooms"),
+    );
+    let want = (
+        u64_of(torch, "max_memory_reserved"),
+        u64_of(torch, "allocated_bytes.all.peak"),
+        u64_of(torch, "requested_bytes.all.peak"),
+        u64_of(torch, "num_device_alloc"),
+        u64_of(torch, "num_device_free"),
+        u64_of(torch, "num_alloc_retries"),
+        u64_of(torch, "num_ooms"),
+    );
+    assert_eq!(got, want, "{label}: whatif {row} vs torch {torch}");
+    assert_eq!(row["fits"], true, "{label}: {row}");
+    assert!(torch["failed"].is_null(), "{label}: {torch}");
+}
+
+/// Modes that finish on an 8 GiB card: (label, PYTORCH_CUDA_ALLOC_CONF).
+const ROOMY: &[(&str, &str)] = &[
+    ("default", ""),
+    ("max-split", "max_split_size_mb:64"),
+    ("roundup", "roundup_power2_divisions:4"),
+];
+
+/// Checks 1 and 2 on a card with room: each native mode's log equals its `memory_stats()`,
+/// and `whatif` on the cudaMallocAsync recording predicts each mode's peak reserved,
+/// allocated and requested bytes and counters, to the byte. The no-caching recording predicts
+/// the same peaks; it has fewer `cudaMalloc`s, as the no-caching allocator's `empty_cache()`
+/// does nothing the recorder can see, so the replay keeps segments the native run gave back.
+#[test]
+fn native_modes_equal_their_logs_and_whatif_predicts_each() {
+    let Some(python) = torch_python() else { return };
+    let recording = async_recording(&python);
+    let async_log = recording.log.as_ref().expect("log");
+    // torch's cudaMallocAsync figures are the driver pool's: "allocated" is the pool's used
+    // memory, whose blocks the fake driver rounds to 512 bytes (torch_judge's requests peak
+    // 3,896 bytes lower; that is the 4,904-byte gap of the older transformer workload).
+    assert_eq!(
+        u64_of(&recording.torch, "allocated_bytes.all.peak"),
+        rounded_async_peak(async_log, 512),
+        "{}",
+        recording.torch
+    );
+
+    let configs: Vec<&str> = ROOMY
+        .iter()
+        .map(|(_, c)| *c)
+        .chain(["expandable_segments:True"])
+        .collect();
+    let (_, rows) = whatif(async_log, 8 * GIB, None, &configs);
+    let nocache = judge(
+        &python,
+        "nocache",
+        ALL,
+        8 * GIB,
+        &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+        true,
+    );
+    // With caching off torch keeps no statistics at all.
+    assert_eq!(u64_of(&nocache.torch, "max_memory_reserved"), 0);
+    let (nocache_report, nocache_rows) =
+        whatif(nocache.log.as_ref().expect("log"), 8 * GIB, None, &configs);
+    assert_eq!(nocache_report["requests"]["empty_cache"], 0);
+
+    for (label, config) in ROOMY {
+        let env: Vec<(&str, &str)> = if config.is_empty() {
+            vec![]
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
+        };
+        let run = judge(&python, label, ALL, 8 * GIB, &env, true);
+        check_log_equals_memory_stats(label, &run, 0);
+        check_whatif_row(label, &rows[*config], &run.torch);
+        assert_eq!(
+            nocache_rows[*config]["peak_reserved"], run.torch["max_memory_reserved"],
+            "{label}"
+        );
+    }
+    // The defaults' figures, so that a change in torch or the workload shows.
+    assert_eq!(u64_of(&rows[""], "peak_reserved"), 498 * MIB);
+    assert_eq!(u64_of(&rows[""], "num_device_alloc"), 39);
+    assert_eq!(u64_of(&nocache_rows[""], "num_device_alloc"), 34);
+
+    // Expandable segments: torch counts each mapped range in num_device_alloc and each
+    // unmapped one in num_device_free; the log's mapped bytes peak at its reserved peak.
+    let label = "expandable";
+    let config = "expandable_segments:True";
+    let run = judge(
+        &python,
+        label,
+        ALL,
+        8 * GIB,
+        &[("PYTORCH_CUDA_ALLOC_CONF", config)],
+        true,
+    );
+    let view = allocator_view(run.log.as_ref().expect("log"));
+    assert_eq!(
+        u64_of(&view["reserved"], "peak"),
+        u64_of(&run.torch, "reserved_bytes.all.peak"),
+        "{view}"
+    );
+    assert_eq!(u64_of(&view["cuda_malloc"], "count"), 0);
+    check_whatif_row(label, &rows[config], &run.torch);
+    assert_eq!(u64_of(&rows[config], "peak_reserved"), 458 * MIB);
+    assert_eq!(
+        nocache_rows[config]["peak_reserved"],
+        run.torch["max_memory_reserved"]
+    );
+}
+
+/// "Tried to allocate 56.00 MiB" → 56 MiB (torch prints the segment size it asked for).
+fn tried_to_allocate(message: &str) -> u64 {
+    let rest = message
+        .split("Tried to allocate ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("not an OOM message: {message}"));
+    let number = rest.split(' ').next().unwrap_or_default();
+    assert!(rest[number.len()..].starts_with(" MiB"), "{message}");
+    let mib: f64 = number.parse().unwrap_or_else(|e| panic!("{e}: {message}"));
+    (mib * MIB as f64).round() as u64
+}
+
+/// Check 2 at a capacity that does not fit every mode (440 MiB): `whatif` says which
+/// configurations run out of memory and which fit after torch's release-and-retry, and for
+/// each the figures the native run reports (up to its OutOfMemoryError where it stops), and
+/// the segment size named in torch's message. Also garbage collection under a memory
+/// fraction, which changes the peak without any failure.
+#[test]
+fn whatif_predicts_each_oom_and_each_retry_at_a_tight_capacity() {
+    let Some(python) = torch_python() else { return };
+    let recording = async_recording(&python);
+    let async_log = recording.log.as_ref().expect("log");
+    let capacity = 440 * MIB;
+    let modes = [
+        ("tight-default", ""),
+        ("tight-expandable", "expandable_segments:True"),
+        ("tight-max-split", "max_split_size_mb:64"),
+    ];
+    let configs: Vec<&str> = modes.iter().map(|(_, c)| *c).collect();
+    let (_, rows) = whatif(async_log, capacity, None, &configs);
+    let mut outcomes = vec![];
+    for (label, config) in modes {
+        let env: Vec<(&str, &str)> = if config.is_empty() {
+            vec![]
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
+        };
+        let run = judge(&python, label, ALL, capacity, &env, true);
+        let t = &run.torch;
+        let row = &rows[config];
+        match config {
+            "expandable_segments:True" => {}
+            // Two requests that failed were then served after the oversize blocks went back.
+            "max_split_size_mb:64" => check_log_equals_memory_stats(label, &run, 2),
+            _ => check_log_equals_memory_stats(label, &run, 0),
+        }
+        match t["failed"]["message"].as_str() {
+            None => check_whatif_row(label, row, t),
+            Some(message) => {
+                let oom = &row["oom"];
+                assert_eq!(row["fits"], false, "{label}: {row}");
+                let got = (
+                    u64_of(oom, "alloc_size"),
+                    u64_of(oom, "peak_reserved"),
+                    u64_of(oom, "num_alloc_retries"),
+                    u64_of(oom, "num_device_alloc"),
+                    u64_of(oom, "num_device_free"),
+                );
+                let want = (
+                    tried_to_allocate(message),
+                    u64_of(t, "max_memory_reserved"),
+                    u64_of(t, "num_alloc_retries"),
+                    u64_of(t, "num_device_alloc"),
+                    u64_of(t, "num_device_free"),
+                );
+                assert_eq!(got, want, "{label}: whatif {oom} vs torch {t}");
+                assert_eq!(u64_of(t, "num_ooms"), 1, "{label}: {t}");
+            }
+        }
+        outcomes.push((
+            label,
+            t["failed"]["message"].as_str().map(tried_to_allocate),
+            u64_of(t, "num_alloc_retries"),
+        ));
+    }
+    // What torch did, so that the comparison above compared something: the defaults fail
+    // asking for a 56 MiB segment after three retries, expandable segments fail asking for
+    // 32 MiB of pages, max_split_size_mb:64 fits after four retries.
+    assert_eq!(
+        outcomes,
+        vec![
+            ("tight-default", Some(56 * MIB), 3),
+            ("tight-expandable", Some(32 * MIB), 1),
+            ("tight-max-split", None, 4)
+        ]
+    );
+
+    // garbage_collection_threshold:0.6 under a 0.45 memory fraction of a 1 GiB card: torch
+    // frees cached blocks before reserved memory passes the threshold: it peaks at 430 MiB
+    // (the defaults: 498 MiB) without a retry.
+    let config = "garbage_collection_threshold:0.6";
+    let run = judge(
+        &python,
+        "gc",
+        ALL,
+        GIB,
+        &[
+            ("PYTORCH_CUDA_ALLOC_CONF", config),
+            ("JUDGE_FRACTION", "0.45"),
+        ],
+        true,
+    );
+    check_log_equals_memory_stats("gc", &run, 0);
+    let (_, rows) = whatif(async_log, GIB, Some("0.45"), &[config]);
+    check_whatif_row("gc", &rows[config], &run.torch);
+    assert_eq!(u64_of(&run.torch, "max_memory_reserved"), 430 * MIB);
+}
+
+/// The 1-based line of the script holding `marker`.
+fn script_line(marker: &str) -> u64 {
+    let text = std::fs::read_to_string(script()).expect("read torch_judge.py");
+    let lines: Vec<u64> = (1..)
+        .zip(text.lines())
+        .filter(|(_, line)| line.contains(marker))
+        .map(|(number, _)| number)
+        .collect();
+    assert_eq!(lines.len(), 1, "{marker:?} must be on exactly one line");
+    lines[0]
+}
+
+/// `vramshim flamegraph LOG --what allocated --by-thread --stacks mixed --folded`: every
+/// allocation's bytes by (thread, stack), as (frames, bytes), outermost frame first.
+fn allocated_by_thread(log: &Path) -> Vec<(Vec<String>, u64)> {
+    let output = tool(&[
+        OsStr::new("flamegraph"),
+        OsStr::new("--what"),
+        OsStr::new("allocated"),
+        OsStr::new("--by-thread"),
+        OsStr::new("--stacks"),
+        OsStr::new("mixed"),
+        OsStr::new("--folded"),
+        log.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            let (stack, bytes) = line.rsplit_once(' ').expect("folded line");
+            (
+                stack.split(';').map(str::to_owned).collect(),
+                bytes.parse().expect("bytes"),
+            )
+        })
+        .collect()
+}
+
+/// Position of the first frame equal to `label`.
+fn at(frames: &[String], label: &str) -> Option<usize> {
+    frames.iter().position(|f| f == label)
+}
+
+/// Checks 3 and 4 on the MLP with caching off (one `cudaMalloc` per tensor), three Adam steps:
+/// - forward: ReLU's output (256×2048 fp32, 2 MiB per step) sits under `Mlp.forward`'s line,
+///   called from the loop's line, on the main thread;
+/// - backward: every allocation of an autograd thread (`pt_autograd_0`) sits under a
+///   `…Backward0::apply` frame, but the bias gradients' batch sums (reduce_grad);
+/// - optimizer: Adam's `exp_avg` and `exp_avg_sq` (each the parameters' 8,398,848 bytes) sit
+///   under the loop's `optimizer.step()` line and `Adam.step`.
+///
+/// Then `export --pytorch-snapshot` of this run against torch's own `_dump_snapshot()`.
+/// With caching off torch's history sees nothing (its snapshot of this run is empty), so the
+/// reference is torch's snapshot of the same workload under the default allocator: the same
+/// tensors in the same order, each with its size and Python frames (torch names a function by
+/// its `co_name`, vramshim by its qualified name: the last dotted part must match). Addresses
+/// differ by construction: inside torch's segments there, the driver's own ones here. torch
+/// records no Python frames on autograd's threads; vramshim has their native frames.
+#[test]
+fn python_stacks_and_the_snapshot_export_match_torch() {
+    let Some(python) = torch_python() else { return };
+    let scratch_dir = scratch("judge-snapshots");
+    let torch_nocache = scratch_dir.join("nocache.pickle");
+    let run = judge(
+        &python,
+        "nocache-mlp",
+        "mlp",
+        8 * GIB,
+        &[
+            ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),
+            (
+                "JUDGE_SNAPSHOT",
+                torch_nocache.to_str().expect("utf-8 path"),
+            ),
+        ],
+        true,
+    );
+    let log = run.log.as_ref().expect("log");
+    let script_file = script();
+    let name = script_file
+        .file_name()
+        .and_then(OsStr::to_str)
+        .expect("script name");
+    let frame =
+        |function: &str, marker: &str| format!("{function} ({name}:{})", script_line(marker));
+    let loop_line = frame("mlp", "# JUDGE: mlp loop");
+    let forward_line = frame("Mlp.forward", "# JUDGE: mlp forward");
+    let step_line = frame("mlp", "# JUDGE: mlp step");
+
+    let stacks = allocated_by_thread(log);
+    let (mut relu, mut backward, mut reduce_grad, mut adam_state) = (0, 0, 0, 0);
+    for (frames, bytes) in &stacks {
+        let thread = &frames[1];
+        if thread.starts_with("thread pt_autograd_") {
+            if frames.iter().any(|f| f.contains("Backward0::apply(")) {
+                backward += bytes;
+            } else {
+                assert!(
+                    frames
+                        .iter()
+                        .any(|f| f.contains("InputMetadata::reduce_grad")),
+                    "{frames:?}"
+                );
+                reduce_grad += bytes;
+            }
+            continue;
+        }
+        assert!(thread.starts_with("thread python "), "{frames:?}");
+        if let (Some(outer), Some(inner)) = (at(frames, &loop_line), at(frames, &forward_line)) {
+            assert!(outer < inner, "{frames:?}");
+            // The stack's innermost Python frame is the forward line itself: torch.relu.
+            if !frames[inner..]
+                .iter()
+                .any(|f| f.contains(".py:") && !f.starts_with("Mlp.forward"))
+            {
+                relu += bytes;
+            }
+        }
+        if let (Some(outer), Some(inner)) = (
+            at(frames, &step_line),
+            frames
+                .iter()
+                .position(|f| f.starts_with("Adam._init_group (")),
+        ) {
+            assert!(outer < inner, "{frames:?}");
+            assert!(
+                frames[outer..inner]
+                    .iter()
+                    .any(|f| f.starts_with("Adam.step ("))
+            );
+            adam_state += bytes;
+        }
+    }
+    let parameters = (512 * 2048 + 2048 + 2048 * 512 + 512) * 4;
+    assert_eq!(relu, 3 * 256 * 2048 * 4, "{stacks:#?}");
+    assert_eq!(adam_state, 2 * parameters, "{stacks:#?}");
+    assert_eq!(reduce_grad, 3 * (2048 + 512) * 4, "{stacks:#?}");
+    assert!(backward > 0, "{stacks:#?}");
+
+    // torch's history of the no-caching run: empty.
+    let ours_nocache = read_json(&PathBuf::from(format!("{}.json", torch_nocache.display())));
+    assert_eq!(arr(&ours_nocache).len(), 0, "{ours_nocache}");
+
+    let torch_default = scratch_dir.join("default.pickle");
+    judge(
+        &python,
+        "default-mlp-snapshot",
+        "mlp",
+        8 * GIB,
+        &[(
+            "JUDGE_SNAPSHOT",
+            torch_default.to_str().expect("utf-8 path"),
+        )],
+        false,
+    );
+    let reference = read_json(&PathBuf::from(format!("{}.json", torch_default.display())));
+    let exported = scratch_dir.join("vramshim-snapshot.json");
+    let output = tool(&[
+        OsStr::new("export"),
+        log.as_os_str(),
+        OsStr::new("--pytorch-snapshot"),
+        OsStr::new("--stacks"),
+        OsStr::new("python"),
+        OsStr::new("-o"),
+        exported.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let snapshot = read_json(&exported);
+    let ours: Vec<&Value> = arr(&arr(&snapshot["device_traces"])[0])
+        .iter()
+        .filter(|e| e["action"] == "alloc")
+        .collect();
+    let theirs = arr(&reference);
+    assert_eq!(ours.len(), theirs.len());
+    let mut with_frames = 0;
+    for (index, (mine, reference)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(mine["size"], reference["size"], "allocation {index}");
+        let python_frames: Vec<(String, u64, String)> = arr(&mine["frames"])
+            .iter()
+            .filter(|f| f["filename"].as_str().is_some_and(|n| n.ends_with(".py")))
+            .map(|f| {
+                let function = f["name"].as_str().unwrap_or_default();
+                (
+                    f["filename"].as_str().unwrap_or_default().to_owned(),
+                    u64_of(f, "line"),
+                    function.rsplit('.').next().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        let torch_frames: Vec<(String, u64, String)> = arr(&reference["frames"])
+            .iter()
+            .map(|f| {
+                (
+                    f["filename"].as_str().unwrap_or_default().to_owned(),
+                    u64_of(f, "line"),
+                    f["name"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(python_frames, torch_frames, "allocation {index}");
+        with_frames += usize::from(!torch_frames.is_empty());
+    }
+    // 96 tensors over three steps, 57 of them made by Python code (the rest by autograd).
+    assert_eq!((ours.len(), with_frames), (96, 57));
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Check 5: torch's real OOM under the default allocator. Half the card is held, half is
+/// asked for: the `cudaMalloc` fails, torch releases its cached segments (the MLP's five,
+/// 88 MiB) and asks again, which fails too, and raises. `vramshim oom` names the verdict, the
+/// retry and what it released, and the script's line.
+#[test]
+fn oom_report_on_torchs_own_out_of_memory_error() {
+    let Some(python) = torch_python() else { return };
+    let run = judge(&python, "oom", "mlp", 8 * GIB, &[("JUDGE_OOM", "1")], true);
+    assert_eq!(
+        (
+            run.torch["oom_retries"].as_u64(),
+            run.torch["oom_count"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{}",
+        run.torch
+    );
+    let report = json_of(&[
+        OsStr::new("oom"),
+        OsStr::new("--json"),
+        OsStr::new("--stacks"),
+        OsStr::new("python"),
+        run.log.as_ref().expect("log").as_os_str(),
+    ]);
+    let failures = arr(&report["failures"]);
+    assert_eq!(failures.len(), 2, "{report}");
+    let (first, retry) = (&failures[0], &failures[1]);
+    assert_eq!(u64_of(first, "request"), 4 * GIB);
+    assert_eq!(first["verdict"], "exceeded_free_memory");
+    assert_eq!(first["retry"]["succeeded"], false, "{first}");
+    assert_eq!(
+        u64_of(&first["retry"], "released_bytes"),
+        u64_of(&run.torch, "reserved_bytes.all.peak")
+    );
+    assert_eq!(u64_of(&first["retry"], "released_count"), 5);
+    assert_eq!(retry["is_retry_of"], 0, "{retry}");
+    assert_eq!(retry["verdict"], "exceeded_free_memory");
+    let oom_line = script_line("# JUDGE: oom");
+    for failure in failures {
+        let top = &arr(&failure["frames"])[0];
+        assert_eq!(top["file"].as_str(), script().to_str(), "{failure}");
+        assert_eq!(u64_of(top, "line"), oom_line, "{failure}");
+    }
+}
