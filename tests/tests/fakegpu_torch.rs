@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::torch::{repo, rounded_async_peak, TORCH_FAKES};
+use common::torch::{TORCH_FAKES, repo, rounded_async_peak};
 use common::*;
 use serde_json::Value;
 
