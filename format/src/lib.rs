@@ -185,12 +185,23 @@ impl Header {
     }
 }
 
+/// The zstd compressor, kept between chunks so that its tables are allocated once.
+type Compressor = ruzstd::encoding::FrameCompressor<
+    std::io::Cursor<Vec<u8>>,
+    Vec<u8>,
+    ruzstd::encoding::MatchGeneratorDriver,
+>;
+
 /// Collects records into one chunk.
 #[derive(Default)]
 pub struct ChunkBuilder {
     payload: Vec<u8>,
     delta: DeltaState,
     records: usize,
+    /// Created by the first compressed chunk (a builder that writes plain chunks only never
+    /// allocates one).
+    compressor: Option<Box<Compressor>>,
+    compressed: Vec<u8>,
 }
 
 impl ChunkBuilder {
@@ -243,13 +254,26 @@ impl ChunkBuilder {
         if self.records == 0 {
             return;
         }
-        let compressed = ruzstd::encoding::compress_to_vec(
-            self.payload.as_slice(),
-            ruzstd::encoding::CompressionLevel::Fastest,
-        );
-        if compressed.len() + 4 < self.payload.len() {
+        let compressor = self.compressor.get_or_insert_with(|| {
+            Box::new(Compressor::new(ruzstd::encoding::CompressionLevel::Fastest))
+        });
+        // The compressor reads and writes owned buffers: lend it ours and take them back.
+        self.compressed.clear();
+        compressor.set_source(std::io::Cursor::new(std::mem::take(&mut self.payload)));
+        compressor.set_drain(std::mem::take(&mut self.compressed));
+        compressor.compress();
+        self.payload = compressor
+            .take_source()
+            .map(std::io::Cursor::into_inner)
+            .unwrap_or_default();
+        self.compressed = compressor.take_drain().unwrap_or_default();
+        if !self.compressed.is_empty() && self.compressed.len() + 4 < self.payload.len() {
             let records_len = (self.payload.len() as u32).to_le_bytes();
-            put_chunk(out, COMPRESSED_CHUNK_MAGIC, &[&records_len, &compressed]);
+            put_chunk(
+                out,
+                COMPRESSED_CHUNK_MAGIC,
+                &[&records_len, &self.compressed],
+            );
         } else {
             put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
         }

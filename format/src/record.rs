@@ -352,7 +352,7 @@ impl DeltaState {
         let filled = usize::from(self.recent_filled);
         if let Some(slot) = self.recent[..filled]
             .iter()
-            .position(|recent| Event { t_ns: 0, ..*recent } == Event { t_ns: 0, ..*event })
+            .position(|recent| same_but_time(recent, event))
         {
             out.push(TAG_REPEAT + slot as u8);
             put_i64(out, event.t_ns.wrapping_sub(self.t_ns) as i64);
@@ -605,6 +605,36 @@ impl DeltaState {
             mem_info,
         })
     }
+}
+
+/// Whether `a` and `b` differ at most in their times (the fields that differ most often are
+/// compared first). Every field is named, so a new one cannot be forgotten here.
+fn same_but_time(a: &Event, b: &Event) -> bool {
+    let Event {
+        kind,
+        api,
+        t_ns: _,
+        thread,
+        device,
+        stream,
+        addr,
+        size,
+        handle,
+        result,
+        stack,
+        mem_info,
+    } = *a;
+    addr == b.addr
+        && kind == b.kind
+        && size == b.size
+        && thread == b.thread
+        && stack == b.stack
+        && api == b.api
+        && device == b.device
+        && stream == b.stream
+        && handle == b.handle
+        && result == b.result
+        && mem_info == b.mem_info
 }
 
 fn device_from(value: i64) -> Result<i32, DecodeError> {
