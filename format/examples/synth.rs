@@ -2,11 +2,12 @@
 //!
 //! ```text
 //! cargo run --release -p vramshim-format --example synth -- --events N -o FILE [--seed S]
-//!     [--stacks K [--frames F]]
+//!     [--stacks K [--frames F]] [--plain]
 //! ```
 //!
-//! The log is framed exactly as the recorder's writer frames it (header, then chunks closed at
-//! 256 KiB of payload, definitions before the events that use them) and holds: module
+//! The log is framed exactly as the recorder's writer frames it (header, then compressed chunks
+//! closed at 256 KiB of payload, definitions before the events that use them; `--plain`: plain
+//! chunks, as the crash path and version 1 write them) and holds: module
 //! definitions, about 2,000 distinct native stacks of 10 to 30 frames (`--stacks K`: K, each
 //! used at least once when the log is long enough; `--frames F`: F frames) (each defined before its
 //! first use), 8 named threads, allocations and frees on devices 0 and 1 (plus some pinned host
@@ -211,6 +212,8 @@ struct Synth<W: Write> {
     rng: Rng,
     file: W,
     chunk: ChunkBuilder,
+    /// Chunks written uncompressed.
+    plain: bool,
     out: Vec<u8>,
     bytes_written: u64,
     t_ns: u64,
@@ -249,7 +252,11 @@ impl<W: Write> Synth<W> {
     }
 
     fn finish_chunk(&mut self) -> std::io::Result<()> {
-        self.chunk.finish_into(&mut self.out);
+        if self.plain {
+            self.chunk.finish_into(&mut self.out);
+        } else {
+            self.chunk.finish_compressed_into(&mut self.out);
+        }
         self.file.write_all(&self.out)?;
         self.bytes_written += self.out.len() as u64;
         self.out.clear();
@@ -630,6 +637,8 @@ struct Options {
     stacks: usize,
     /// Frames per stack; None: 10 to 30.
     frames: Option<usize>,
+    /// Plain chunks instead of compressed ones.
+    plain: bool,
 }
 
 fn parse_count(text: &str) -> Option<u64> {
@@ -649,6 +658,7 @@ fn parse_args() -> Result<Options, String> {
     let mut seed = 1;
     let mut stacks = STACKS;
     let mut frames = None;
+    let mut plain = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -678,6 +688,7 @@ fn parse_args() -> Result<Options, String> {
                         .ok_or(format!("bad frame count {text:?}"))?,
                 );
             }
+            "--plain" => plain = true,
             "-h" | "--help" => {
                 return Err(String::new());
             }
@@ -690,6 +701,7 @@ fn parse_args() -> Result<Options, String> {
         seed,
         stacks,
         frames,
+        plain,
     })
 }
 
@@ -747,6 +759,7 @@ fn generate(options: &Options) -> std::io::Result<Synth<BufWriter<File>>> {
         rng,
         file,
         chunk: ChunkBuilder::new(),
+        plain: options.plain,
         out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
         bytes_written: header_bytes.len() as u64,
         t_ns: 0,
@@ -863,7 +876,7 @@ fn main() -> ExitCode {
                 eprintln!("synth: {message}");
             }
             eprintln!(
-                "usage: synth --events N -o FILE [--seed S] [--stacks K] [--frames F]   (N, K may end in k, M or G)"
+                "usage: synth --events N -o FILE [--seed S] [--stacks K] [--frames F] [--plain]   (N, K may end in k, M or G)"
             );
             return ExitCode::from(2);
         }

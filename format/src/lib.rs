@@ -5,7 +5,14 @@
 //! ```text
 //! "VRAMSHIM" | version u32 | header length u32 | header crc32 u32 | header
 //! chunk*:  "VSCK" u32 | payload length u32 | payload crc32 u32 | payload (records)
+//!        |  "VSCZ" u32 | payload length u32 | payload crc32 u32 | payload:
+//!                      records length u32 | zstd frame of the records
 //! ```
+//!
+//! A `VSCZ` chunk (format version 2) holds the same records as a `VSCK` chunk, compressed; its
+//! checksum covers the compressed payload, so damage is found before decompressing. Writers
+//! compress where they may allocate and write plain chunks where they may not (the recorder's
+//! crash path); readers take both, and version 1 logs have only plain chunks.
 //!
 //! All integers in the fixed parts are little-endian; records inside a payload use LEB128
 //! varints with deltas against the previous record *of the same chunk*, so each chunk decodes
@@ -27,10 +34,13 @@ use varint::{put_bytes, put_u64};
 
 /// First eight bytes of every log.
 pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
-/// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
-/// Marks the start of every chunk (also what a reader resynchronises on after damage).
+/// The format version this crate writes and the newest it reads (2: compressed chunks).
+pub const FORMAT_VERSION: u32 = 2;
+/// Marks the start of a plain chunk (chunk markers are what a reader resynchronises on after
+/// damage).
 pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";
+/// Marks the start of a compressed chunk.
+pub const COMPRESSED_CHUNK_MAGIC: [u8; 4] = *b"VSCZ";
 /// Bytes before a chunk's payload.
 pub const CHUNK_HEADER_LEN: usize = 12;
 /// Larger chunk lengths are treated as damage, never allocated.
@@ -175,12 +185,23 @@ impl Header {
     }
 }
 
+/// The zstd compressor, kept between chunks so that its tables are allocated once.
+type Compressor = ruzstd::encoding::FrameCompressor<
+    std::io::Cursor<Vec<u8>>,
+    Vec<u8>,
+    ruzstd::encoding::MatchGeneratorDriver,
+>;
+
 /// Collects records into one chunk.
 #[derive(Default)]
 pub struct ChunkBuilder {
     payload: Vec<u8>,
     delta: DeltaState,
     records: usize,
+    /// Created by the first compressed chunk (a builder that writes plain chunks only never
+    /// allocates one).
+    compressor: Option<Box<Compressor>>,
+    compressed: Vec<u8>,
 }
 
 impl ChunkBuilder {
@@ -217,18 +238,70 @@ impl ChunkBuilder {
         self.records == 0
     }
 
-    /// Appends the finished chunk (header and payload) to `out` and starts a new one.
+    /// Appends the finished chunk (header and payload) to `out`, uncompressed, and starts a
+    /// new one. Allocates nothing when `out` has room for the chunk.
     pub fn finish_into(&mut self, out: &mut Vec<u8>) {
         if self.records == 0 {
             return;
         }
-        out.extend_from_slice(&CHUNK_MAGIC);
-        out.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&self.payload).to_le_bytes());
-        out.extend_from_slice(&self.payload);
+        put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
+        self.reset();
+    }
+
+    /// Appends the finished chunk to `out` compressed (plain if compressing saves less than a
+    /// quarter of its bytes) and starts a new one. Allocates: not for a path that must not.
+    pub fn finish_compressed_into(&mut self, out: &mut Vec<u8>) {
+        if self.records == 0 {
+            return;
+        }
+        let compressor = self.compressor.get_or_insert_with(|| {
+            Box::new(Compressor::new(ruzstd::encoding::CompressionLevel::Fastest))
+        });
+        // The compressor reads and writes owned buffers: lend it ours and take them back.
+        self.compressed.clear();
+        compressor.set_source(std::io::Cursor::new(std::mem::take(&mut self.payload)));
+        compressor.set_drain(std::mem::take(&mut self.compressed));
+        compressor.compress();
+        self.payload = compressor
+            .take_source()
+            .map(std::io::Cursor::into_inner)
+            .unwrap_or_default();
+        self.compressed = compressor.take_drain().unwrap_or_default();
+        // Decompressing costs the reader time: a chunk that shrinks by less than a quarter
+        // is worth more plain.
+        let worth_it = self.compressed.len() + 4 <= self.payload.len() / 4 * 3;
+        if !self.compressed.is_empty() && worth_it {
+            let records_len = (self.payload.len() as u32).to_le_bytes();
+            put_chunk(
+                out,
+                COMPRESSED_CHUNK_MAGIC,
+                &[&records_len, &self.compressed],
+            );
+        } else {
+            put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
+        }
+        self.reset();
+    }
+
+    fn reset(&mut self) {
         self.payload.clear();
         self.delta = DeltaState::default();
         self.records = 0;
+    }
+}
+
+/// Appends one chunk whose payload is the concatenation of `parts`.
+fn put_chunk(out: &mut Vec<u8>, magic: [u8; 4], parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    let mut crc = crc32fast::Hasher::new();
+    for part in parts {
+        crc.update(part);
+    }
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    for part in parts {
+        out.extend_from_slice(part);
     }
 }
 

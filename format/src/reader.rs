@@ -7,7 +7,8 @@ use std::io::{self, BufReader, Read};
 use crate::record::{DeltaState, Record};
 use crate::varint::Cursor;
 use crate::{
-    CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, Header, MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
+    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, Header, MAGIC,
+    MAX_CHUNK_LEN, MAX_HEADER_LEN,
 };
 
 /// Why a log could not be opened at all.
@@ -111,6 +112,9 @@ pub struct LogReader<R: Read> {
     /// Offset of the next unread byte of `source`.
     offset: u64,
     chunk: Vec<u8>,
+    /// A compressed chunk's payload, kept to reuse its memory.
+    compressed: Vec<u8>,
+    decompressor: Option<ruzstd::decoding::FrameDecoder>,
     chunk_offset: u64,
     chunk_pos: usize,
     delta: DeltaState,
@@ -161,6 +165,8 @@ impl<R: Read> LogReader<R> {
             header,
             offset: (fixed.len() + len) as u64,
             chunk: Vec::new(),
+            compressed: Vec::new(),
+            decompressor: None,
             chunk_offset: 0,
             chunk_pos: 0,
             delta: DeltaState::default(),
@@ -191,9 +197,10 @@ impl<R: Read> LogReader<R> {
             self.finished = true;
             return None;
         }
-        if got < 4 || head[..4] != CHUNK_MAGIC {
+        if got < 4 || !is_chunk_marker(&head[..4]) {
             return Some(self.resync(start, &head[..got]));
         }
+        let compressed = head[..4] == COMPRESSED_CHUNK_MAGIC;
         if got < CHUNK_HEADER_LEN {
             self.finished = true;
             return Some(Damage {
@@ -218,7 +225,7 @@ impl<R: Read> LogReader<R> {
             let mut consumed = head.to_vec();
             consumed.extend_from_slice(&self.chunk[..got]);
             self.chunk.clear();
-            if consumed[1..].windows(4).any(|w| w == CHUNK_MAGIC) {
+            if consumed[1..].windows(4).any(is_chunk_marker) {
                 return Some(self.resync(start, &consumed));
             }
             self.finished = true;
@@ -246,7 +253,46 @@ impl<R: Read> LogReader<R> {
         self.chunk_offset = start;
         self.chunk_pos = 0;
         self.delta = DeltaState::default();
+        if compressed && let Err(reason) = self.decompress_chunk() {
+            self.chunk.clear();
+            return Some(Damage {
+                offset: start,
+                kind: DamageKind::BadRecord { reason },
+            });
+        }
         None
+    }
+
+    /// Replaces the compressed payload in `self.chunk` by the records it holds.
+    fn decompress_chunk(&mut self) -> Result<(), &'static str> {
+        std::mem::swap(&mut self.chunk, &mut self.compressed);
+        let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
+            return Err("compressed chunk too short");
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > MAX_CHUNK_LEN {
+            return Err("compressed chunk's records length implausible");
+        }
+        self.chunk.clear();
+        self.chunk.resize(len, 0);
+        let decompressor = self
+            .decompressor
+            .get_or_insert_with(ruzstd::decoding::FrameDecoder::new);
+        // The checksum matched, so only a crafted frame gets here undecodable; should the
+        // decompressor fail on one by panicking, that is damage too, not the end of the read.
+        let chunk = &mut self.chunk;
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            decompressor.decode_all(frame, chunk)
+        }));
+        match decoded {
+            Ok(Ok(written)) if written == len => Ok(()),
+            Ok(Ok(_)) => Err("compressed chunk holds fewer bytes than it says"),
+            Ok(Err(_)) => Err("compressed chunk does not decompress"),
+            Err(_) => {
+                self.decompressor = None;
+                Err("compressed chunk does not decompress")
+            }
+        }
     }
 
     /// Skips forward to the next chunk marker. `consumed` are bytes already read at `start`.
@@ -255,7 +301,7 @@ impl<R: Read> LogReader<R> {
         let mut window: Vec<u8> = consumed.get(1..).unwrap_or_default().to_vec();
         let mut skipped = 1u64;
         loop {
-            if let Some(pos) = window.windows(4).position(|w| w == CHUNK_MAGIC) {
+            if let Some(pos) = window.windows(4).position(is_chunk_marker) {
                 skipped += pos as u64;
                 let rest = window.split_off(pos);
                 // Put the marker and what follows back in front of the stream.
@@ -343,6 +389,10 @@ impl<R: Read> Iterator for LogReader<R> {
             }
         }
     }
+}
+
+fn is_chunk_marker(bytes: &[u8]) -> bool {
+    bytes == CHUNK_MAGIC || bytes == COMPRESSED_CHUNK_MAGIC
 }
 
 fn read_full(source: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {

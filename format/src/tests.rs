@@ -150,6 +150,103 @@ fn round_trip_preserves_every_field() {
 }
 
 #[test]
+fn compressed_chunks_round_trip_every_field() {
+    let records = sample_records();
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    for (i, record) in records.iter().enumerate() {
+        chunk.push(record);
+        if i % 100 == 99 {
+            chunk.finish_compressed_into(&mut bytes);
+        }
+    }
+    chunk.finish_compressed_into(&mut bytes);
+    // Walk the chunks: most are compressed (the records repeat enough), none is damaged.
+    let mut at = header().encode().len();
+    let (mut compressed, mut chunks) = (0, 0);
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        compressed += usize::from(bytes[at..at + 4] == crate::COMPRESSED_CHUNK_MAGIC);
+        chunks += 1;
+        at += CHUNK_HEADER_LEN + len;
+    }
+    assert!(
+        compressed * 2 > chunks,
+        "{compressed} of {chunks} chunks compressed"
+    );
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+}
+
+#[test]
+fn repeated_events_cost_their_time_only() {
+    // Two threads, each allocating and freeing one buffer in a loop: four event shapes, each
+    // repeated with a new time (tag and time delta: 3 bytes).
+    let mut records = Vec::new();
+    let mut t = 0;
+    for i in 0..1_000u64 {
+        for thread in [100, 200] {
+            for (kind, size, stack) in [(EventKind::Alloc, 4096, 3), (EventKind::Free, 0, 0)] {
+                t += 150 + i % 7;
+                records.push(Record::Event(Event {
+                    kind,
+                    api: 1,
+                    t_ns: t,
+                    thread,
+                    addr: 0x7000 + u64::from(thread),
+                    size,
+                    stack,
+                    ..Event::default()
+                }));
+            }
+        }
+    }
+    let mut payload = Vec::new();
+    let mut delta = DeltaState::default();
+    for record in &records {
+        delta.encode(record, &mut payload);
+    }
+    let full: usize = records[..4]
+        .iter()
+        .map(|record| {
+            let mut one = Vec::new();
+            DeltaState::default().encode(record, &mut one);
+            one.len()
+        })
+        .sum();
+    assert!(
+        payload.len() <= full + 16 + 3 * (records.len() - 4),
+        "{} bytes for {} events",
+        payload.len(),
+        records.len()
+    );
+    let bytes = encode_log(&records, 4096);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+}
+
+#[test]
+fn a_repeat_before_any_event_is_a_bad_record() {
+    // A repeat of slot 0 (tag 0x0a) with a zero time delta, as the chunk's first record.
+    let payload = [0x0a, 0];
+    let mut bytes = header().encode();
+    bytes.extend_from_slice(&crate::CHUNK_MAGIC);
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(decoded.is_empty());
+    assert_eq!(
+        damage.iter().map(|d| &d.kind).collect::<Vec<_>>(),
+        [&crate::DamageKind::BadRecord {
+            reason: "repeat of an event not in the chunk"
+        }]
+    );
+}
+
+#[test]
 fn typical_events_are_compact() {
     // An alloc/free pair per call site as a caching allocator or a tensor program produces.
     let mut records = Vec::new();

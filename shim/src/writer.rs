@@ -470,7 +470,12 @@ fn push_record(output: &mut Output, record: &Record) {
 }
 
 fn finish_chunk(output: &mut Output) {
-    output.chunk.finish_into(&mut output.out);
+    if output.crashing {
+        // Compressing allocates: a crash writes its chunk plain, into the buffer set aside.
+        output.chunk.finish_into(&mut output.out);
+    } else {
+        output.chunk.finish_compressed_into(&mut output.out);
+    }
     if output.out.is_empty() {
         return;
     }

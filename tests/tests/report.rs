@@ -1263,7 +1263,10 @@ fn chunks(bytes: &[u8]) -> Vec<(usize, usize, usize)> {
     let mut at = header_end;
     let mut found = Vec::new();
     while at < bytes.len() {
-        assert_eq!(&bytes[at..at + 4], b"VSCK", "chunk marker at {at}");
+        assert!(
+            [b"VSCK", b"VSCZ"].contains(&&bytes[at..at + 4].try_into().unwrap()),
+            "chunk marker at {at}"
+        );
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
         // Each chunk decodes on its own after the header.
         let mut one = bytes[..header_end].to_vec();

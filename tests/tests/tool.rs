@@ -498,8 +498,8 @@ fn dump_of_a_newer_log_says_so() {
     let original = small_log("dump-newer-src");
     let mut bytes = std::fs::read(&original).unwrap();
     assert_eq!(&bytes[..8], b"VRAMSHIM");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     let dir = scratch("dump-newer");
     let newer = dir.join("newer.vlog");
     std::fs::write(&newer, &bytes).unwrap();
@@ -510,7 +510,7 @@ fn dump_of_a_newer_log_says_so() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&newer.display().to_string()), "{stderr}");
     assert!(stderr.contains("newer"), "{stderr}");
-    assert!(stderr.contains("version 2"), "{stderr}");
+    assert!(stderr.contains("version 3"), "{stderr}");
 }
 
 /// Where the chunks of a log lie: (start offset, payload length).
@@ -521,7 +521,10 @@ fn chunks(bytes: &[u8]) -> (usize, Vec<(usize, usize)>) {
     let mut at = header_end;
     let mut found = Vec::new();
     while at < bytes.len() {
-        assert_eq!(&bytes[at..at + 4], b"VSCK", "chunk marker at {at}");
+        assert!(
+            [b"VSCK", b"VSCZ"].contains(&&bytes[at..at + 4].try_into().unwrap()),
+            "chunk marker at {at}"
+        );
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
         found.push((at, len));
         at += 12 + len;
@@ -700,7 +703,7 @@ fn dump_text_shows_one_line_per_event() {
         }
     }
     // The header is shown as comments.
-    assert!(stdout.starts_with("# vramshim log, format 1"), "{stdout}");
+    assert!(stdout.starts_with("# vramshim log, format 2"), "{stdout}");
     assert!(
         stdout.contains(&format!("# pid {} ", json[0]["pid"])),
         "{stdout}"
