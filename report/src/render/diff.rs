@@ -39,7 +39,7 @@ pub struct DiffReport<'a> {
     /// Rows are per thread name and stack (`--by-thread`).
     pub by_thread: bool,
     /// Sorted ([`Diff::sort`]).
-    pub rows: Diff,
+    pub rows: &'a Diff,
     /// Rows shown in text.
     pub top: usize,
     /// Frames per stack in text.
@@ -146,7 +146,7 @@ impl Serialize for RowJson<'_> {
 }
 
 /// The first `n` labels of a stack, innermost first (as `render::short_stack` shows frames).
-fn short_stack(labels: Labels<'_>, n: usize) -> String {
+fn short_stack(labels: &Labels, n: usize) -> String {
     if labels.is_empty() {
         return NO_STACK.to_string();
     }
@@ -231,9 +231,9 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
             &match row.thread {
                 Some(thread) => format!(
                     "thread {thread}: {}",
-                    short_stack(row.labels, report.frames)
+                    short_stack(&row.labels, report.frames)
                 ),
-                None => short_stack(row.labels, report.frames),
+                None => short_stack(&row.labels, report.frames),
             },
         )?;
     }
