@@ -761,3 +761,49 @@ fn diff_labels_rows_of_either_log_alone() {
         text.stdout
     );
 }
+
+#[test]
+fn counts_of_one_are_singular() {
+    // One allocation on a 5-frame stack (one more than `report` shows) and one device sample.
+    let dir = scratch("crafted-singular");
+    let log = dir.join("one.vlog");
+    let mut alloc = event(EventKind::Alloc, CUDA_MALLOC, 20, 0, 0x10_0000, 4096);
+    alloc.stack = 3;
+    let records = vec![
+        Record::Module(ModuleDef {
+            path: "/nonexistent/libone.so".into(),
+            load_bias: 0x1000,
+            start: 0x1000,
+            end: 0x10_0000,
+            build_id: Vec::new(),
+        }),
+        Record::Stack(StackDef {
+            id: 3,
+            frames: (1..=5u64)
+                .map(|f| Frame::Native(0x1000 + 0x10 * f))
+                .collect(),
+        }),
+        Record::MemInfo(MemInfo {
+            t_ns: 10,
+            device: 0,
+            free: 60 << 30,
+            total: 80 << 30,
+        }),
+        Record::Event(alloc),
+    ];
+    write_log(&log, &header(300, 0), &records);
+    let report = run_bounded(&["report".into(), log.clone().into()], &dir);
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    let text = &report.stdout;
+    for singular in [
+        "(1 sample of cuMemGetInfo, 80.00 GiB total)",
+        "... 1 more frame\n",
+        ", 1 event over ",
+        "4.00 KiB in 1 allocation\n",
+    ] {
+        assert!(text.contains(singular), "no {singular:?} in:\n{text}");
+    }
+    for plural in ["1 samples", "1 more frames", "1 events", "1 allocations"] {
+        assert!(!text.contains(plural), "{plural:?} in:\n{text}");
+    }
+}

@@ -10,7 +10,7 @@ use crate::analysis::diff::{Diff, Labels, StackDiff};
 use crate::analysis::groups::NO_STACK;
 use crate::analysis::peaks::Peak;
 use crate::replay::Process;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// One recording of the comparison.
 pub struct SideView<'a> {
@@ -240,8 +240,8 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
     if report.rows.row_count() > report.top {
         writeln!(
             out,
-            "  ... {} more stacks (--top to show them, --json for all)",
-            report.rows.row_count() - report.top
+            "  ... {} (--top to show them, --json for all)",
+            counted((report.rows.row_count() - report.top) as u64, "more stack")
         )?;
     }
     row_line(
