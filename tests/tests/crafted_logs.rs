@@ -807,3 +807,59 @@ fn counts_of_one_are_singular() {
         assert!(!text.contains(plural), "{plural:?} in:\n{text}");
     }
 }
+
+#[test]
+fn a_log_given_twice_is_warned_about() {
+    let dir = scratch("crafted-twice");
+    let log = dir.join("a.vlog");
+    write_log(
+        &log,
+        &header(400, 0),
+        &two_stacks_records([(1, [0x1100, 0x1200], 1000), (2, [0x1300, 0x1200], 300)]),
+    );
+    let twice = format!(
+        "vramshim: warning: {} is given twice: it is read twice, so its allocations count twice",
+        log.display()
+    );
+    let report = run_bounded(
+        &["report".into(), log.clone().into(), log.clone().into()],
+        &dir,
+    );
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    assert_eq!(
+        report.stderr.lines().filter(|line| *line == twice).count(),
+        1,
+        "{}",
+        report.stderr
+    );
+    // Counted twice indeed: 2 x 1,300 bytes live at the end.
+    assert!(
+        report.stdout.contains("2.54 KiB in 4 allocations"),
+        "{}",
+        report.stdout
+    );
+    // Another name of the same file.
+    let alias = dir.join("alias.vlog");
+    std::os::unix::fs::symlink(&log, &alias).expect("symlink");
+    let peak = run_bounded(
+        &["peak".into(), log.clone().into(), alias.clone().into()],
+        &dir,
+    );
+    assert_eq!(peak.code, Some(0), "{}", peak.stderr);
+    assert!(
+        peak.stderr.contains(&format!(
+            "vramshim: warning: {} and {} are the same file: it is read twice",
+            log.display(),
+            alias.display()
+        )),
+        "{}",
+        peak.stderr
+    );
+    // diff compares a log with itself on purpose: no warning.
+    let diff = run_bounded(
+        &["diff".into(), log.clone().into(), log.clone().into()],
+        &dir,
+    );
+    assert_eq!(diff.code, Some(0), "{}", diff.stderr);
+    assert!(!diff.stderr.contains("twice"), "{}", diff.stderr);
+}
