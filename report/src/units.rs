@@ -15,6 +15,15 @@ pub fn bytes(n: u64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
+/// A count and its noun, plural unless the count is 1: `1 allocation`, `3 allocations`,
+/// `0 frees` (every noun shown takes an `s`).
+pub fn counted(count: u64, noun: &str) -> String {
+    match count {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 /// Seconds with microsecond precision from nanoseconds.
 pub fn seconds(ns: u64) -> String {
     format!("{:.6}s", ns as f64 / 1e9)
@@ -24,6 +33,9 @@ pub fn seconds(ns: u64) -> String {
 mod tests {
     #[test]
     fn sizes_use_binary_units() {
+        assert_eq!(super::counted(1, "allocation"), "1 allocation");
+        assert_eq!(super::counted(0, "free"), "0 frees");
+        assert_eq!(super::counted(2, "more frame"), "2 more frames");
         assert_eq!(super::bytes(0), "0 B");
         assert_eq!(super::bytes(1023), "1023 B");
         assert_eq!(super::bytes(1536), "1.50 KiB");

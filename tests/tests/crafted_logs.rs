@@ -664,3 +664,202 @@ fn module_paths_naming_special_files_neither_block_nor_are_read() {
     assert!(report.stdout.contains("zero+0x100"), "{}", report.stdout);
     check_all("crafted-special-files", &log, &log);
 }
+
+/// A log of two stacks under one module: `(stack id, frame addresses, bytes allocated)`.
+fn two_stacks_records(stacks: [(u32, [u64; 2], u64); 2]) -> Vec<Record> {
+    let mut records = vec![Record::Module(ModuleDef {
+        path: "/nonexistent/libdiff.so".into(),
+        load_bias: 0x1000,
+        start: 0x1000,
+        end: 0x10_0000,
+        build_id: Vec::new(),
+    })];
+    for (i, (id, frames, bytes)) in stacks.into_iter().enumerate() {
+        records.push(Record::Stack(StackDef {
+            id,
+            frames: frames.iter().map(|&ip| Frame::Native(ip)).collect(),
+        }));
+        let mut alloc = event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            10 * (i as u64 + 1),
+            0,
+            0x10_0000 * (i as u64 + 1),
+            bytes,
+        );
+        alloc.stack = id;
+        records.push(Record::Event(alloc));
+    }
+    records
+}
+
+#[test]
+fn diff_labels_rows_of_either_log_alone() {
+    // One stack in both logs (other ids, the same frames), one only in A, one only in B:
+    // `diff` keeps no labels per row, and makes A's again from A's stack definitions.
+    let dir = scratch("crafted-diff-sides");
+    let (log_a, log_b) = (dir.join("a.vlog"), dir.join("b.vlog"));
+    let a = two_stacks_records([(1, [0x1100, 0x1200], 1000), (2, [0x1300, 0x1200], 300)]);
+    let b = two_stacks_records([(5, [0x1100, 0x1200], 1500), (6, [0x1400, 0x1200], 200)]);
+    write_log(&log_a, &header(100, 0), &a);
+    write_log(&log_b, &header(200, 0), &b);
+    let args = |extra: &[&str]| -> Vec<OsString> {
+        let mut args: Vec<OsString> =
+            vec!["diff".into(), log_a.clone().into(), log_b.clone().into()];
+        args.extend(extra.iter().map(OsString::from));
+        args
+    };
+    let json = run_bounded(&args(&["--json"]), &dir);
+    assert_eq!(json.code, Some(0), "{}", json.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("diff --json");
+    let rows: Vec<(Vec<String>, u64, u64, i64, u64, u64)> = doc["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(|row| {
+            (
+                row["frames"]
+                    .as_array()
+                    .expect("frames")
+                    .iter()
+                    .map(|f| f.as_str().expect("label").to_string())
+                    .collect(),
+                row["peak_a"].as_u64().expect("peak_a"),
+                row["peak_b"].as_u64().expect("peak_b"),
+                row["peak_change"].as_i64().expect("peak_change"),
+                row["allocated_count_a"].as_u64().expect("count a"),
+                row["allocated_count_b"].as_u64().expect("count b"),
+            )
+        })
+        .collect();
+    let labels = |inner: &str| vec![inner.to_string(), "libdiff.so+0x200".to_string()];
+    assert_eq!(
+        rows,
+        vec![
+            (labels("libdiff.so+0x100"), 1000, 1500, 500, 1, 1),
+            (labels("libdiff.so+0x400"), 0, 200, 200, 0, 1),
+            (labels("libdiff.so+0x300"), 300, 0, -300, 1, 0),
+        ]
+    );
+    let text = run_bounded(&args(&["--frames", "2"]), &dir);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    // Columns compared word by word (their widths are the table's business).
+    let row_lines: Vec<String> = text
+        .stdout
+        .lines()
+        .filter(|line| line.contains("libdiff.so"))
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        row_lines,
+        [
+            "1000 B 1.46 KiB +500 B 1000 B 1.46 KiB +500 B libdiff.so+0x100 <- libdiff.so+0x200",
+            "0 B 200 B +200 B 0 B 200 B +200 B libdiff.so+0x400 <- libdiff.so+0x200",
+            "300 B 0 B -300 B 300 B 0 B -300 B libdiff.so+0x300 <- libdiff.so+0x200",
+        ],
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn counts_of_one_are_singular() {
+    // One allocation on a 5-frame stack (one more than `report` shows) and one device sample.
+    let dir = scratch("crafted-singular");
+    let log = dir.join("one.vlog");
+    let mut alloc = event(EventKind::Alloc, CUDA_MALLOC, 20, 0, 0x10_0000, 4096);
+    alloc.stack = 3;
+    let records = vec![
+        Record::Module(ModuleDef {
+            path: "/nonexistent/libone.so".into(),
+            load_bias: 0x1000,
+            start: 0x1000,
+            end: 0x10_0000,
+            build_id: Vec::new(),
+        }),
+        Record::Stack(StackDef {
+            id: 3,
+            frames: (1..=5u64)
+                .map(|f| Frame::Native(0x1000 + 0x10 * f))
+                .collect(),
+        }),
+        Record::MemInfo(MemInfo {
+            t_ns: 10,
+            device: 0,
+            free: 60 << 30,
+            total: 80 << 30,
+        }),
+        Record::Event(alloc),
+    ];
+    write_log(&log, &header(300, 0), &records);
+    let report = run_bounded(&["report".into(), log.clone().into()], &dir);
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    let text = &report.stdout;
+    for singular in [
+        "(1 sample of cuMemGetInfo, 80.00 GiB total)",
+        "... 1 more frame\n",
+        ", 1 event over ",
+        "4.00 KiB in 1 allocation\n",
+    ] {
+        assert!(text.contains(singular), "no {singular:?} in:\n{text}");
+    }
+    for plural in ["1 samples", "1 more frames", "1 events", "1 allocations"] {
+        assert!(!text.contains(plural), "{plural:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_log_given_twice_is_warned_about() {
+    let dir = scratch("crafted-twice");
+    let log = dir.join("a.vlog");
+    write_log(
+        &log,
+        &header(400, 0),
+        &two_stacks_records([(1, [0x1100, 0x1200], 1000), (2, [0x1300, 0x1200], 300)]),
+    );
+    let twice = format!(
+        "vramshim: warning: {} is given twice: it is read twice, so its allocations count twice",
+        log.display()
+    );
+    let report = run_bounded(
+        &["report".into(), log.clone().into(), log.clone().into()],
+        &dir,
+    );
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    assert_eq!(
+        report.stderr.lines().filter(|line| *line == twice).count(),
+        1,
+        "{}",
+        report.stderr
+    );
+    // Counted twice indeed: 2 x 1,300 bytes live at the end.
+    assert!(
+        report.stdout.contains("2.54 KiB in 4 allocations"),
+        "{}",
+        report.stdout
+    );
+    // Another name of the same file.
+    let alias = dir.join("alias.vlog");
+    std::os::unix::fs::symlink(&log, &alias).expect("symlink");
+    let peak = run_bounded(
+        &["peak".into(), log.clone().into(), alias.clone().into()],
+        &dir,
+    );
+    assert_eq!(peak.code, Some(0), "{}", peak.stderr);
+    assert!(
+        peak.stderr.contains(&format!(
+            "vramshim: warning: {} and {} are the same file: it is read twice",
+            log.display(),
+            alias.display()
+        )),
+        "{}",
+        peak.stderr
+    );
+    // diff compares a log with itself on purpose: no warning.
+    let diff = run_bounded(
+        &["diff".into(), log.clone().into(), log.clone().into()],
+        &dir,
+    );
+    assert_eq!(diff.code, Some(0), "{}", diff.stderr);
+    assert!(!diff.stderr.contains("twice"), "{}", diff.stderr);
+}

@@ -709,3 +709,36 @@ fn dump_text_shows_one_line_per_event() {
         "{stdout}"
     );
 }
+
+#[test]
+fn run_refuses_an_output_it_cannot_write_before_starting_the_program() {
+    let dir = scratch("run-bad-output");
+    let started = dir.join("started");
+    let script = format!("touch '{}'", started.display());
+    let missing = dir.join("missing").join("%p.vlog");
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("run"),
+            OsStr::new("-o"),
+            missing.as_os_str(),
+            OsStr::new("--"),
+            OsStr::new("sh"),
+            OsStr::new("-c"),
+            OsStr::new(&script),
+        ],
+        &[],
+        &dir,
+    );
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_eq!(
+        text(&output.stderr),
+        format!(
+            "vramshim: cannot write the log to {}: {}: No such file or directory (os error 2); \
+             the program was not started\n",
+            missing.display(),
+            dir.join("missing").display()
+        )
+    );
+    assert!(!started.exists(), "the program was started");
+    assert_eq!(files_in(&dir), Vec::<String>::new());
+}

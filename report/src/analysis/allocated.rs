@@ -24,19 +24,6 @@ impl Allocated {
             devices: FxHashMap::default(),
         }
     }
-
-    /// Totals over every device.
-    pub fn summed(&self) -> IdTotals {
-        let mut sum = IdTotals::default();
-        for totals in self.devices.values() {
-            for (key, (bytes, count)) in totals {
-                let entry = sum.entry(*key).or_default();
-                entry.0 = entry.0.saturating_add(*bytes);
-                entry.1 += count;
-            }
-        }
-        sum
-    }
 }
 
 impl Observer for Allocated {

@@ -1,14 +1,20 @@
 //! Comparing two recordings stack by stack. Stack ids and addresses differ between processes
 //! (and binaries between builds), so stacks are matched by their symbolised labels; groups
 //! split by thread are matched by thread name and labels (thread ids differ between runs).
+//!
+//! A log can hold millions of distinct stacks whose frames are nearly all distinct labels
+//! (unsymbolised addresses), so rows keep no labels: a row is keyed by a 128-bit hash of its
+//! thread name and labels and points back to one stack of a replay ([`Diff::keep_stacks`]);
+//! labels are made again from it when rows are sorted and written.
 
-use std::cmp::{Ordering, Reverse};
-use std::hash::{Hash, Hasher};
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::rc::Rc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 
-use super::groups::{GroupThread, IdTotals, Stacks, group_hash, same_places};
+use super::groups::{GroupThread, IdKey, IdTotals, Stacks, group_hash, same_places};
 use crate::replay::Process;
 use crate::symbols::SymFrame;
 
@@ -33,16 +39,25 @@ const NO_THREAD: u32 = u32::MAX;
 /// End of a hash chain, in [`Row::next`].
 const END: u32 = u32::MAX;
 
-/// One row as stored: its key is interned (a log can have millions of rows, each of a few
-/// dozen frames out of a few thousand distinct labels).
+/// Where a row's frames are found again.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Stack `stack` of process `process` of the replay of side `side` (0 = A, 1 = B).
+    Stack { side: u8, process: u32, stack: u32 },
+    /// `Diff::frames[index]`: the frames were given to `Diff::add` (unit tests).
+    #[cfg(test)]
+    Frames(u32),
+}
+
+/// One row as stored: no labels (see the module's comment).
 struct Row {
     /// Interned thread name, or [`NO_THREAD`].
     thread: u32,
-    /// The row's label ids: `Diff::label_ids[labels_start..labels_start + labels_len]`.
-    labels_start: usize,
-    labels_len: u32,
-    /// The next row of the same key hash, or [`END`].
+    /// The second half of the key's hash (the first half finds the chain).
+    check: u64,
+    /// The next row of the same first half, or [`END`].
     next: u32,
+    source: Source,
     peak: [Amount; 2],
     allocated: [Amount; 2],
 }
@@ -52,24 +67,32 @@ struct Row {
 struct PlaceGroup {
     thread: Option<(u32, u32)>,
     frames: Rc<[SymFrame]>,
+    /// The group's first stack (process, id).
+    first: (u32, u32),
+}
+
+/// The stack tables of one side's replay, kept to make rows' labels again.
+struct SideStacks {
+    processes: Vec<Process>,
+    stacks: RefCell<Stacks>,
 }
 
 /// Two recordings' amounts per stack, matched by (thread name, frame labels). Index 0 of
 /// the amounts is A, 1 is B.
 #[derive(Default)]
 pub struct Diff {
-    labels: Vec<Box<str>>,
-    label_index: FxHashMap<Box<str>, u32>,
     threads: Vec<Box<str>>,
     thread_index: FxHashMap<Box<str>, u32>,
-    /// Every row's label ids, one after the other.
-    label_ids: Vec<u32>,
     rows: Vec<Row>,
-    /// The first row of each key hash.
+    /// The first row of each first half of a key hash.
     heads: FxHashMap<u64, u32>,
+    /// Frames of rows added by `Diff::add`.
+    #[cfg(test)]
+    frames: Vec<Rc<[SymFrame]>>,
+    /// Per side, the replay its rows' labels are made from.
+    sides: [Option<SideStacks>; 2],
     /// The row order once sorted.
     order: Vec<u32>,
-    scratch: Vec<u32>,
 }
 
 /// Whether two frames of the same place (as stacks are grouped on one side) can have other
@@ -89,59 +112,128 @@ fn intern(names: &mut Vec<Box<str>>, index: &mut FxHashMap<Box<str>, u32>, name:
     id
 }
 
+/// The 128-bit hash of a row's key, as two independent 64-bit hashes: (thread name, labels).
+fn key_hash(thread: Option<&str>, frames: &[SymFrame]) -> (u64, u64) {
+    let mut fx = FxHasher::default();
+    let mut sip = DefaultHasher::new();
+    thread.hash(&mut fx);
+    thread.hash(&mut sip);
+    frames.len().hash(&mut fx);
+    frames.len().hash(&mut sip);
+    for frame in frames {
+        let label = frame.label();
+        label.hash(&mut fx);
+        label.hash(&mut sip);
+    }
+    (fx.finish(), sip.finish())
+}
+
 impl Diff {
     /// An empty comparison.
     pub fn new() -> Diff {
         Diff::default()
     }
 
-    /// Adds one side's totals per (process, stack id[, thread]) as [`by_stack_totals`] would
-    /// group them (by thread and places of the frames, each group labelled by the frames of
-    /// its first id), without keeping any group's frames: where the places of a stack
-    /// determine its labels (nearly always), the labels are the key straight away.
+    /// Adds one side's totals per (process, stack id[, thread]), given in parts (summed: an id
+    /// can be in several; each part is dropped once read), as [`by_stack_totals`] would group
+    /// them (by thread and places of the frames, each group labelled by the frames of its
+    /// first id). Rows point back to the stacks of `processes` (B's are preferred); keep them
+    /// with [`Diff::keep_stacks`] before sorting.
     ///
     /// [`by_stack_totals`]: super::groups::by_stack_totals
     pub fn add_side(
         &mut self,
         side: usize,
         measure: Measure,
-        totals: &IdTotals,
+        totals: impl IntoIterator<Item = IdTotals>,
         stacks: &mut Stacks,
         processes: &[Process],
     ) {
-        let mut ids: Vec<_> = totals.iter().map(|(id, totals)| (*id, *totals)).collect();
-        ids.sort_unstable_by_key(|(id, _)| *id);
+        // Ids in the table's order (no copy of millions of them), but those with ambiguous
+        // frames in id order: a place group is labelled by its first id.
+        let mut ambiguous_ids = Vec::new();
+        for part in totals {
+            for (&id, &(bytes, count)) in &part {
+                let frames = stacks.frames(processes, id.process, id.stack);
+                if frames.iter().any(ambiguous) {
+                    ambiguous_ids.push((id, bytes, count));
+                    continue;
+                }
+                self.add_stack(
+                    side,
+                    measure,
+                    id,
+                    frames,
+                    processes,
+                    Amount { bytes, count },
+                );
+            }
+        }
+        ambiguous_ids.sort_unstable_by_key(|(id, _, _)| *id);
         let mut place_groups: FxHashMap<u64, Vec<PlaceGroup>> = FxHashMap::default();
-        for (id, (bytes, count)) in ids {
+        for (mut id, bytes, count) in ambiguous_ids {
             let mut frames = stacks.frames(processes, id.process, id.stack);
             let thread = id.thread.map(|tid| (id.process, tid));
-            if frames.iter().any(ambiguous) {
-                let candidates = place_groups.entry(group_hash(thread, &frames)).or_default();
-                match candidates
-                    .iter()
-                    .find(|g| g.thread == thread && same_places(&g.frames, &frames))
-                {
-                    Some(group) => frames = group.frames.clone(),
-                    None => candidates.push(PlaceGroup {
-                        thread,
-                        frames: frames.clone(),
-                    }),
+            let candidates = place_groups.entry(group_hash(thread, &frames)).or_default();
+            match candidates
+                .iter()
+                .find(|g| g.thread == thread && same_places(&g.frames, &frames))
+            {
+                Some(group) => {
+                    frames = group.frames.clone();
+                    (id.process, id.stack) = group.first;
                 }
+                None => candidates.push(PlaceGroup {
+                    thread,
+                    frames: frames.clone(),
+                    first: (id.process, id.stack),
+                }),
             }
-            let thread_name = thread
-                .map(|(process, tid)| GroupThread::of(processes, process, tid))
-                .map(|t| t.name_or_unnamed().to_string());
-            self.add(
+            self.add_stack(
                 side,
                 measure,
-                thread_name.as_deref(),
-                &frames,
+                id,
+                frames,
+                processes,
                 Amount { bytes, count },
             );
         }
     }
 
-    /// Adds `amount` to the row of (`thread`, labels of `frames`) on `side` (0 or 1).
+    /// Adds `amount` to the row of stack `id.stack` of process `id.process` on `side`, whose
+    /// frames are `frames`.
+    fn add_stack(
+        &mut self,
+        side: usize,
+        measure: Measure,
+        id: IdKey,
+        frames: Rc<[SymFrame]>,
+        processes: &[Process],
+        amount: Amount,
+    ) {
+        let thread_name = id.thread.map(|tid| {
+            GroupThread::of(processes, id.process, tid)
+                .name_or_unnamed()
+                .to_string()
+        });
+        let source = Source::Stack {
+            side: side as u8,
+            process: id.process,
+            stack: id.stack,
+        };
+        self.add_row(
+            side,
+            measure,
+            thread_name.as_deref(),
+            &frames,
+            source,
+            amount,
+        );
+    }
+
+    /// Adds `amount` to the row of (`thread`, labels of `frames`) on `side` (0 or 1),
+    /// keeping `frames` for the row's labels when it is new.
+    #[cfg(test)]
     pub fn add(
         &mut self,
         side: usize,
@@ -150,26 +242,34 @@ impl Diff {
         frames: &[SymFrame],
         amount: Amount,
     ) {
-        let mut key = std::mem::take(&mut self.scratch);
-        key.clear();
-        for frame in frames {
-            key.push(intern(
-                &mut self.labels,
-                &mut self.label_index,
-                &frame.label(),
-            ));
+        let source = Source::Frames(self.frames.len() as u32);
+        let at = self.add_row(side, measure, thread, frames, source, amount);
+        if matches!(self.rows[at as usize].source, Source::Frames(i) if i as usize == self.frames.len())
+        {
+            self.frames.push(frames.into());
         }
+    }
+
+    /// Adds `amount` to the row of (`thread`, labels of `frames`), made with `source` when
+    /// new (or when it is B's and the row's is A's); returns the row's index.
+    fn add_row(
+        &mut self,
+        side: usize,
+        measure: Measure,
+        thread: Option<&str>,
+        frames: &[SymFrame],
+        source: Source,
+        amount: Amount,
+    ) -> u32 {
+        let (hash, check) = key_hash(thread, frames);
         let thread = match thread {
             Some(name) => intern(&mut self.threads, &mut self.thread_index, name),
             None => NO_THREAD,
         };
-        let mut hasher = rustc_hash::FxHasher::default();
-        (thread, &key).hash(&mut hasher);
-        let hash = hasher.finish();
         let mut at = self.heads.get(&hash).copied().unwrap_or(END);
         while at != END {
             let row = &self.rows[at as usize];
-            if row.thread == thread && self.row_labels(row) == key.as_slice() {
+            if row.thread == thread && row.check == check {
                 break;
             }
             at = row.next;
@@ -178,52 +278,144 @@ impl Diff {
             at = self.rows.len() as u32;
             self.rows.push(Row {
                 thread,
-                labels_start: self.label_ids.len(),
-                labels_len: key.len() as u32,
+                check,
                 next: self.heads.insert(hash, at).unwrap_or(END),
+                source,
                 peak: [Amount::default(); 2],
                 allocated: [Amount::default(); 2],
             });
-            self.label_ids.extend_from_slice(&key);
         }
         let row = &mut self.rows[at as usize];
+        if let (Source::Stack { side: 0, .. }, Source::Stack { side: 1, .. }) = (row.source, source)
+        {
+            row.source = source;
+        }
         let sum = match measure {
             Measure::Peak => &mut row.peak[side],
             Measure::Allocated => &mut row.allocated[side],
         };
         sum.bytes = sum.bytes.saturating_add(amount.bytes);
         sum.count += amount.count;
-        self.scratch = key;
+        at
     }
 
-    fn row_labels(&self, row: &Row) -> &[u32] {
-        &self.label_ids[row.labels_start..row.labels_start + row.labels_len as usize]
+    /// Whether some row's labels are made from `side`'s replay (which must then be kept).
+    pub fn needs_stacks(&self, side: usize) -> bool {
+        self.rows
+            .iter()
+            .any(|row| matches!(row.source, Source::Stack { side: s, .. } if s as usize == side))
+    }
+
+    /// Keeps `side`'s replay (`processes` with their stack tables, as [`Diff::add_side`] was
+    /// given them, or read again from the same logs) to make its rows' labels from.
+    pub fn keep_stacks(&mut self, side: usize, processes: Vec<Process>, stacks: Stacks) {
+        self.sides[side] = Some(SideStacks {
+            processes,
+            stacks: RefCell::new(stacks),
+        });
+    }
+
+    /// The processes kept for `side` by [`Diff::keep_stacks`].
+    pub fn kept_processes(&self, side: usize) -> Option<&[Process]> {
+        self.sides[side].as_ref().map(|s| s.processes.as_slice())
+    }
+
+    /// The frames of a row, innermost first; none when its side's replay was not kept.
+    fn frames_of(&self, row: &Row) -> Rc<[SymFrame]> {
+        match row.source {
+            #[cfg(test)]
+            Source::Frames(index) => self.frames[index as usize].clone(),
+            Source::Stack {
+                side,
+                process,
+                stack,
+            } => match &self.sides[side as usize] {
+                Some(kept) => kept
+                    .stacks
+                    .borrow_mut()
+                    .frames(&kept.processes, process, stack),
+                None => Rc::from(Vec::new()),
+            },
+        }
+    }
+
+    fn thread_name(&self, row: &Row) -> Option<&str> {
+        (row.thread != NO_THREAD).then(|| &*self.threads[row.thread as usize])
     }
 
     /// Sorts the rows growth first: by peak change, then allocated change, both descending,
-    /// then by labels and thread name.
+    /// then by labels and thread name. Labels are made only for rows whose changes tie.
     pub fn sort(&mut self) {
         self.heads = FxHashMap::default();
-        self.scratch = Vec::new();
         let mut order: Vec<u32> = (0..self.rows.len() as u32).collect();
-        order.sort_by(|&x, &y| {
-            let (x, y) = (self.row(x), self.row(y));
-            Reverse(x.peak_change())
-                .cmp(&Reverse(y.peak_change()))
-                .then(Reverse(x.allocated_change()).cmp(&Reverse(y.allocated_change())))
-                .then_with(|| x.labels.cmp(y.labels))
-                .then_with(|| x.thread.cmp(&y.thread))
+        order.sort_unstable_by_key(|&index| {
+            let row = &self.rows[index as usize];
+            (Reverse(change(row.peak)), Reverse(change(row.allocated)))
         });
+        let same_changes = |x: u32, y: u32| {
+            let (x, y) = (&self.rows[x as usize], &self.rows[y as usize]);
+            change(x.peak) == change(y.peak) && change(x.allocated) == change(y.allocated)
+        };
+        let mut start = 0;
+        while start < order.len() {
+            let mut end = start + 1;
+            while end < order.len() && same_changes(order[start], order[end]) {
+                end += 1;
+            }
+            if end - start > 1 {
+                self.sort_by_labels(&mut order[start..end]);
+            }
+            start = end;
+        }
         self.order = order;
+    }
+
+    /// Sorts `run` (rows of equal changes) by labels, then thread name: by the first label,
+    /// then rows of equal first labels by the second, and so on, so that only one label per
+    /// row is held at a time.
+    fn sort_by_labels(&self, run: &mut [u32]) {
+        // (start, end, label index) of the parts of `run` still to sort.
+        let mut pending = vec![(0, run.len(), 0usize)];
+        let mut keyed: Vec<(Option<Box<str>>, u32)> = Vec::new();
+        while let Some((start, end, level)) = pending.pop() {
+            keyed.clear();
+            keyed.extend(run[start..end].iter().map(|&index| {
+                let frames = self.frames_of(&self.rows[index as usize]);
+                (frames.get(level).map(|f| f.label().into_boxed_str()), index)
+            }));
+            // A stack that ends sorts before the longer ones (None < Some).
+            keyed.sort_unstable_by(|x, y| x.0.cmp(&y.0));
+            let mut at = 0;
+            while at < keyed.len() {
+                let mut to = at + 1;
+                while to < keyed.len() && keyed[to].0 == keyed[at].0 {
+                    to += 1;
+                }
+                if to - at > 1 {
+                    if keyed[at].0.is_some() {
+                        pending.push((start + at, start + to, level + 1));
+                    } else {
+                        // The same labels: rows of other threads.
+                        keyed[at..to].sort_by(|x, y| {
+                            self.thread_name(&self.rows[x.1 as usize])
+                                .cmp(&self.thread_name(&self.rows[y.1 as usize]))
+                        });
+                    }
+                }
+                at = to;
+            }
+            for (slot, (_, index)) in run[start..end].iter_mut().zip(&keyed) {
+                *slot = *index;
+            }
+        }
     }
 
     fn row(&self, index: u32) -> StackDiff<'_> {
         let row = &self.rows[index as usize];
         StackDiff {
-            thread: (row.thread != NO_THREAD).then(|| &*self.threads[row.thread as usize]),
+            thread: self.thread_name(row),
             labels: Labels {
-                ids: self.row_labels(row),
-                names: &self.labels,
+                frames: self.frames_of(row),
             },
             peak: row.peak,
             allocated: row.allocated,
@@ -241,32 +433,30 @@ impl Diff {
     }
 }
 
-/// The frame labels of a row, innermost first; empty when no stack was recorded.
-#[derive(Clone, Copy)]
-pub struct Labels<'a> {
-    ids: &'a [u32],
-    names: &'a [Box<str>],
+/// B minus A.
+fn change(amounts: [Amount; 2]) -> i128 {
+    i128::from(amounts[1].bytes) - i128::from(amounts[0].bytes)
 }
 
-impl<'a> Labels<'a> {
+/// The frame labels of a row, innermost first; empty when no stack was recorded.
+#[derive(Clone)]
+pub struct Labels {
+    frames: Rc<[SymFrame]>,
+}
+
+impl Labels {
     /// The labels, innermost first.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a str> + Clone + use<'a> {
-        let names = self.names;
-        self.ids.iter().map(move |&id| &*names[id as usize])
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = String> + Clone + '_ {
+        self.frames.iter().map(SymFrame::label)
     }
 
     /// Whether no stack was recorded.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// Compares as the label strings do (lexicographically).
-    pub fn cmp(&self, other: Labels<'_>) -> Ordering {
-        self.iter().cmp(other.iter())
+        self.frames.is_empty()
     }
 }
 
-impl serde_core::Serialize for Labels<'_> {
+impl serde_core::Serialize for Labels {
     fn serialize<S: serde_core::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_seq(self.iter())
     }
@@ -274,28 +464,16 @@ impl serde_core::Serialize for Labels<'_> {
 
 /// One stack in both recordings; index 0 is A, 1 is B. A stack found in one recording only
 /// has zeros on the other side.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct StackDiff<'a> {
     /// The thread's name when groups are split by thread ([`UNNAMED_THREAD`] for a thread
     /// without one).
     ///
     /// [`UNNAMED_THREAD`]: super::groups::UNNAMED_THREAD
     pub thread: Option<&'a str>,
-    pub labels: Labels<'a>,
+    pub labels: Labels,
     pub peak: [Amount; 2],
     pub allocated: [Amount; 2],
-}
-
-impl StackDiff<'_> {
-    /// B minus A at the peak.
-    pub fn peak_change(&self) -> i128 {
-        i128::from(self.peak[1].bytes) - i128::from(self.peak[0].bytes)
-    }
-
-    /// B minus A over the run.
-    pub fn allocated_change(&self) -> i128 {
-        i128::from(self.allocated[1].bytes) - i128::from(self.allocated[0].bytes)
-    }
 }
 
 #[cfg(test)]
@@ -345,8 +523,8 @@ mod tests {
             .map(|r| {
                 (
                     r.labels.iter().next().unwrap_or_default().to_string(),
-                    r.peak_change(),
-                    r.allocated_change(),
+                    change(r.peak),
+                    change(r.allocated),
                 )
             })
             .collect();
@@ -383,17 +561,20 @@ mod tests {
         diff.add(1, Measure::Peak, Some("main"), &frames(&["a", "z"]), one);
         diff.add(0, Measure::Peak, Some("main"), &frames(&["a"]), one);
         diff.sort();
-        let keys: Vec<(Vec<&str>, Option<&str>)> = diff
+        let keys: Vec<(Vec<String>, Option<&str>)> = diff
             .rows()
             .map(|r| (r.labels.iter().collect(), r.thread))
             .collect();
         assert_eq!(
             keys,
             vec![
-                (vec!["a (a.c:3)", "z (z.c:3)"], Some("main")),
-                (vec!["a (a.c:3)"], Some("main")),
-                (vec!["b (b.c:3)"], Some("main")),
-                (vec!["b (b.c:3)"], Some("worker")),
+                (
+                    vec!["a (a.c:3)".to_string(), "z (z.c:3)".to_string()],
+                    Some("main")
+                ),
+                (vec!["a (a.c:3)".to_string()], Some("main")),
+                (vec!["b (b.c:3)".to_string()], Some("main")),
+                (vec!["b (b.c:3)".to_string()], Some("worker")),
             ]
         );
     }

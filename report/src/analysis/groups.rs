@@ -19,8 +19,10 @@ const CACHED_FRAMES_MAX: usize = 1 << 20;
 pub struct Stacks {
     symbolizers: Vec<Option<Symbolizer>>,
     cache: FxHashMap<(u32, u32), Rc<[SymFrame]>>,
-    /// Frames held by `cache`: it is emptied when they pass [`CACHED_FRAMES_MAX`].
+    /// Frames held by `cache`: it is emptied when they pass `cached_frames_max`.
     cached_frames: usize,
+    /// [`CACHED_FRAMES_MAX`] unless [`Stacks::with_cache_limit`] set another.
+    cached_frames_max: usize,
     view: StackView,
     by_thread: bool,
 }
@@ -33,9 +35,17 @@ impl Stacks {
             symbolizers: processes.iter().map(|_| None).collect(),
             cache: FxHashMap::default(),
             cached_frames: 0,
+            cached_frames_max: CACHED_FRAMES_MAX,
             view,
             by_thread,
         }
+    }
+
+    /// The same, keeping at most `frames` frames of stacks asked for again: for a command
+    /// that asks for each stack about once, where the cache would be memory for nothing.
+    pub fn with_cache_limit(mut self, frames: usize) -> Stacks {
+        self.cached_frames_max = frames;
+        self
     }
 
     /// Whether groups are split by thread.
@@ -80,7 +90,7 @@ impl Stacks {
             },
             None => Rc::from(Vec::new()),
         };
-        if self.cached_frames + frames.len() > CACHED_FRAMES_MAX {
+        if self.cached_frames + frames.len() > self.cached_frames_max {
             self.cache.clear();
             self.cached_frames = 0;
         }

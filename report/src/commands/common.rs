@@ -126,7 +126,35 @@ pub fn write_file(path: &Path, data: &[u8]) -> Result<(), Failure> {
 
 /// A replay's warnings followed by those of symbolising its stacks.
 pub fn warnings(replay: &Replay, stacks: &Stacks) -> Vec<String> {
-    let mut warnings = replay.warnings();
+    let mut warnings = repeated_logs(replay);
+    warnings.extend(replay.warnings());
     warnings.extend(stacks.warnings());
+    warnings
+}
+
+/// One line per log file read more than once (the same file under one or several names):
+/// merged with itself, its allocations count twice.
+fn repeated_logs(replay: &Replay) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: Vec<((u64, u64), &Path)> = Vec::new();
+    let mut warnings = Vec::new();
+    for process in &replay.processes {
+        let Ok(meta) = std::fs::metadata(&process.path) else {
+            continue;
+        };
+        let id = (meta.dev(), meta.ino());
+        match seen.iter().find(|(other, _)| *other == id) {
+            Some((_, first)) if *first == process.path => warnings.push(format!(
+                "{} is given twice: it is read twice, so its allocations count twice",
+                first.display()
+            )),
+            Some((_, first)) => warnings.push(format!(
+                "{} and {} are the same file: it is read twice, so its allocations count twice",
+                first.display(),
+                process.path.display()
+            )),
+            None => seen.push((id, &process.path)),
+        }
+    }
     warnings
 }

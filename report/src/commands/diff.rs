@@ -9,7 +9,7 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Diff, Measure};
 use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
+use crate::commands::common::{ByThread, Select, StacksArg, emit_streamed};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Process, Stop};
@@ -41,17 +41,20 @@ pub struct Args {
     threads: ByThread,
 }
 
-/// One recording, measured; its stacks are in the [`Diff`] and its replay is gone.
+/// Frames of symbolised stacks kept for reuse (a few MiB): `diff` asks for each stack about
+/// twice per pass (peak and allocated totals, sorting and writing), far apart with millions.
+const DIFF_CACHED_FRAMES: usize = 1 << 16;
+
+/// One recording, measured; its stacks are in the [`Diff`].
 struct Measured {
-    /// The replay's processes without their stack, code and module tables.
-    processes: Vec<Process>,
     peaks: Vec<Peak>,
     allocated_bytes: u64,
     warnings: Vec<String>,
 }
 
 /// Replays `path` and adds its stacks to `table` as `side` (0 = A, 1 = B). Only what the
-/// report shows of the replay is kept: the two replays are never held at once.
+/// report shows of the replay is kept: its processes (with their stack tables, which the
+/// caller drops or keeps for the rows' labels) and the stacks symbolised from them.
 fn measure(
     path: &PathBuf,
     side: usize,
@@ -59,95 +62,96 @@ fn measure(
     device: Option<i32>,
     view: StackView,
     by_thread: bool,
-) -> Result<Measured, Failure> {
+) -> Result<(Measured, Vec<Process>, Stacks), Failure> {
     let logs = std::slice::from_ref(path);
-    let mut peaks = Peaks::default();
+    let mut peak_observer = Peaks::default();
     let mut allocated = Allocated::new(device, by_thread);
-    let replay = replay::run(logs, &mut [&mut peaks, &mut allocated], Stop::End)?;
-    let snapshots = peaks.snapshots(&replay.state, device);
-    let peaks: Vec<Peak> = peaks
+    let replay = replay::run(logs, &mut [&mut peak_observer, &mut allocated], Stop::End)?;
+    let snapshots = peak_observer.snapshots(&replay.state, device);
+    let peaks: Vec<Peak> = peak_observer
         .total
         .iter()
         .filter(|p| device.is_none_or(|d| d == p.device))
         .copied()
         .collect();
-    let mut stacks = Stacks::new(&replay.processes, view, by_thread);
+    drop(peak_observer);
+    let mut warnings = replay.warnings();
+    // Only the processes are needed from here on (not the live set at the end).
+    let replay::Replay { processes, .. } = replay;
+    let mut stacks = Stacks::new(&processes, view, by_thread).with_cache_limit(DIFF_CACHED_FRAMES);
     // Each device at its own peak, summed: the memory the run needed at most, per stack.
     let at_peaks = totals_by_id(snapshots.iter().flat_map(|s| &s.allocations), by_thread);
     drop(snapshots);
-    table.add_side(
-        side,
-        Measure::Peak,
-        &at_peaks,
-        &mut stacks,
-        &replay.processes,
-    );
-    drop(at_peaks);
-    let allocated = allocated.summed();
+    table.add_side(side, Measure::Peak, [at_peaks], &mut stacks, &processes);
+    let allocated_bytes = allocated
+        .devices
+        .values()
+        .flat_map(|totals| totals.values())
+        .map(|(bytes, _)| *bytes)
+        .fold(0, u64::saturating_add);
+    // Device by device: a table summed over devices would be one more of millions of ids.
     table.add_side(
         side,
         Measure::Allocated,
-        &allocated,
+        allocated.devices.into_values(),
         &mut stacks,
-        &replay.processes,
+        &processes,
     );
-    let allocated_bytes = allocated
-        .values()
-        .map(|(bytes, _)| *bytes)
-        .fold(0, u64::saturating_add);
-    let warnings = common::warnings(&replay, &stacks);
-    let mut processes = replay.processes;
+    warnings.extend(stacks.warnings());
+    let measured = Measured {
+        peaks,
+        allocated_bytes,
+        warnings,
+    };
+    Ok((measured, processes, stacks))
+}
+
+/// `processes` without their stack, code and module tables.
+fn without_tables(mut processes: Vec<Process>) -> Vec<Process> {
     for process in &mut processes {
         process.stacks = Default::default();
         process.python_stacks = Default::default();
         process.codes = Default::default();
         process.modules = Default::default();
     }
-    Ok(Measured {
-        processes,
-        peaks,
-        allocated_bytes,
-        warnings,
-    })
+    processes
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let by_thread = args.threads.by_thread;
+    let view = args.view.stacks;
     let mut rows = Diff::new();
-    let a = measure(
-        &args.a,
-        0,
-        &mut rows,
-        args.device,
-        args.view.stacks,
-        by_thread,
-    )?;
-    let b = measure(
-        &args.b,
-        1,
-        &mut rows,
-        args.device,
-        args.view.stacks,
-        by_thread,
-    )?;
+    let (a, a_processes, a_stacks) = measure(&args.a, 0, &mut rows, args.device, view, by_thread)?;
+    // A's tables go before B is read: the two replays are never held at once.
+    drop(a_stacks);
+    let a_processes = without_tables(a_processes);
+    let (b, b_processes, b_stacks) = measure(&args.b, 1, &mut rows, args.device, view, by_thread)?;
+    rows.keep_stacks(1, b_processes, b_stacks);
+    // Rows of A only are labelled from A's stack definitions, read again.
+    if rows.needs_stacks(0) {
+        let replay = replay::run(std::slice::from_ref(&args.a), &mut [], Stop::End)?;
+        let stacks =
+            Stacks::new(&replay.processes, view, by_thread).with_cache_limit(DIFF_CACHED_FRAMES);
+        rows.keep_stacks(0, replay.processes, stacks);
+    }
     rows.sort();
     let mut warnings: Vec<String> = a.warnings.clone();
     warnings.extend(b.warnings.iter().cloned());
     warnings.dedup();
     let report = DiffReport {
         a: SideView {
-            processes: &a.processes,
+            processes: &a_processes,
             peaks: a.peaks.clone(),
             allocated_bytes: a.allocated_bytes,
         },
         b: SideView {
-            processes: &b.processes,
+            processes: rows.kept_processes(1).unwrap_or_default(),
             peaks: b.peaks.clone(),
             allocated_bytes: b.allocated_bytes,
         },
         device: args.device,
         by_thread,
-        rows,
+        rows: &rows,
         top: args.top,
         frames: args.frames,
     };

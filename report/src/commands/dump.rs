@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use vramshim_format::{Frame, Header, Item, Record};
 
 use crate::commands::common;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 use crate::{Failure, logfile};
 
 #[derive(clap::Args)]
@@ -259,9 +259,9 @@ fn write_record_text(out: &mut impl Write, header: &Header, record: &Record) -> 
         ),
         Record::Dropped(d) => writeln!(
             out,
-            "{:>14} DROPPED {} events (ring full)",
+            "{:>14} DROPPED {} (ring full)",
             seconds(d.t_ns),
-            d.count
+            counted(d.count, "event")
         ),
         Record::Note(n) => writeln!(out, "{:>14} note: {}", seconds(n.t_ns), n.text),
         Record::Mark(m) => writeln!(

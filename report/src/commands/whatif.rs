@@ -13,7 +13,7 @@ use crate::analysis::requests::{CapacitySource, Source, WhatIf};
 use crate::commands::common::{Select, emit};
 use crate::render::whatif::{self, Row, WhatIfReport};
 use crate::replay::{self, Stop};
-use crate::units::parse_size;
+use crate::units::{counted, parse_size};
 
 /// The configurations simulated when no `--config` is given.
 pub const DEFAULT_CONFIGS: [&str; 11] = [
@@ -195,14 +195,20 @@ pub fn with_report<T>(
     }
     if sims.requests.failed > 0 {
         notes.push(format!(
-            "{} allocations failed in the recording and are not replayed",
-            sims.requests.failed
+            "{} failed in the recording and {} not replayed",
+            counted(sims.requests.failed as u64, "allocation"),
+            if sims.requests.failed == 1 {
+                "is"
+            } else {
+                "are"
+            }
         ));
     }
     if sims.requests.skipped > 0 {
         notes.push(format!(
-            "{} allocations on the device are left out: with {} PyTorch's tensors come only from {}, the others from libraries outside its allocator (cuBLAS's own workspace, NCCL)",
-            sims.requests.skipped,
+            "{} on the device {} left out: with {} PyTorch's tensors come only from {}, the others from libraries outside its allocator (cuBLAS's own workspace, NCCL)",
+            counted(sims.requests.skipped as u64, "allocation"),
+            if sims.requests.skipped == 1 { "is" } else { "are" },
             match sims.requests.source {
                 Source::StreamOrdered => "backend:cudaMallocAsync",
                 _ => "PYTORCH_NO_CUDA_MEMORY_CACHING=1",

@@ -8,7 +8,7 @@ use super::{device_name, processes_json};
 use crate::analysis::allocator::{ALLOC_ENV, AllocatorView, Calls, DeviceAllocator};
 use crate::analysis::oom::Retry;
 use crate::replay::Process;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// Sizes listed in the text histogram (JSON has them all).
 pub const TEXT_SIZES: usize = 12;
@@ -196,11 +196,11 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         if d.async_alloc.count > 0 || d.trims > 0 {
             writeln!(
                 out,
-                "  stream-ordered: {} allocations ({}), {} frees, {} trims",
-                d.async_alloc.count,
+                "  stream-ordered: {} ({}), {}, {}",
+                counted(d.async_alloc.count, "allocation"),
                 bytes(d.async_alloc.bytes),
-                d.async_free.count,
-                d.trims
+                counted(d.async_free.count, "free"),
+                counted(d.trims, "trim")
             )?;
         }
         if !d.sizes.is_empty() {
@@ -232,9 +232,9 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         for b in d.bursts.iter().take(10) {
             writeln!(
                 out,
-                "    at {}: {} frees, {}",
+                "    at {}: {}, {}",
                 seconds(b.t_ns),
-                b.frees,
+                counted(b.frees, "free"),
                 bytes(b.bytes)
             )?;
         }
@@ -247,11 +247,11 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         for r in retries {
             writeln!(
                 out,
-                "    at {}: {} failed, released {} in {} frees, retry {}",
+                "    at {}: {} failed, released {} in {}, retry {}",
                 seconds(r.t_ns),
                 bytes(r.request),
                 bytes(r.retry.released_bytes),
-                r.retry.released_count,
+                counted(r.retry.released_count, "free"),
                 if r.retry.succeeded {
                     "succeeded"
                 } else {

@@ -10,7 +10,7 @@ use crate::analysis::diff::{Diff, Labels, StackDiff};
 use crate::analysis::groups::NO_STACK;
 use crate::analysis::peaks::Peak;
 use crate::replay::Process;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// One recording of the comparison.
 pub struct SideView<'a> {
@@ -39,7 +39,7 @@ pub struct DiffReport<'a> {
     /// Rows are per thread name and stack (`--by-thread`).
     pub by_thread: bool,
     /// Sorted ([`Diff::sort`]).
-    pub rows: Diff,
+    pub rows: &'a Diff,
     /// Rows shown in text.
     pub top: usize,
     /// Frames per stack in text.
@@ -146,7 +146,7 @@ impl Serialize for RowJson<'_> {
 }
 
 /// The first `n` labels of a stack, innermost first (as `render::short_stack` shows frames).
-fn short_stack(labels: Labels<'_>, n: usize) -> String {
+fn short_stack(labels: &Labels, n: usize) -> String {
     if labels.is_empty() {
         return NO_STACK.to_string();
     }
@@ -231,17 +231,17 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
             &match row.thread {
                 Some(thread) => format!(
                     "thread {thread}: {}",
-                    short_stack(row.labels, report.frames)
+                    short_stack(&row.labels, report.frames)
                 ),
-                None => short_stack(row.labels, report.frames),
+                None => short_stack(&row.labels, report.frames),
             },
         )?;
     }
     if report.rows.row_count() > report.top {
         writeln!(
             out,
-            "  ... {} more stacks (--top to show them, --json for all)",
-            report.rows.row_count() - report.top
+            "  ... {} (--top to show them, --json for all)",
+            counted((report.rows.row_count() - report.top) as u64, "more stack")
         )?;
     }
     row_line(

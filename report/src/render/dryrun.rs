@@ -14,7 +14,7 @@ use crate::analysis::allocator::Pattern;
 use crate::gpus::Gpu;
 use crate::replay::Process;
 use crate::symbols::SymFrame;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// What every verdict says it cannot see.
 pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, and the CUDA context itself, are estimates";
@@ -333,9 +333,9 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
         if !f.largest_live.is_empty() {
             writeln!(
                 out,
-                "  live on the device: {} in {} allocations; largest:",
+                "  live on the device: {} in {}; largest:",
                 bytes(f.tracked_bytes),
-                f.tracked_count
+                counted(f.tracked_count, "allocation")
             )?;
             for (live, frames) in f.largest_live.iter().zip(&verdict.view.largest_frames) {
                 writeln!(

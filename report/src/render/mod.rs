@@ -26,7 +26,7 @@ use vramshim_format::{HOST_DEVICE, UNKNOWN_DEVICE};
 use crate::analysis::groups::{GroupThread, NO_STACK, StackGroup, TreeNode};
 use crate::replay::{Live, Process};
 use crate::symbols::SymFrame;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// Tree levels indented; deeper ones line up with the last.
 const MAX_INDENT: usize = 24;
@@ -255,8 +255,8 @@ pub fn write_groups(
         if group.frames.len() > frames {
             writeln!(
                 out,
-                "        ... {} more frames",
-                group.frames.len() - frames
+                "        ... {}",
+                counted((group.frames.len() - frames) as u64, "more frame")
             )?;
         }
     }
@@ -267,10 +267,10 @@ pub fn write_groups(
             .fold(0, u64::saturating_add);
         writeln!(
             out,
-            "  {:>11} {:>6.1}%  in {} more stacks",
+            "  {:>11} {:>6.1}%  in {}",
             bytes(rest),
             share(rest, whole),
-            groups.len() - limit
+            counted((groups.len() - limit) as u64, "more stack")
         )?;
     }
     Ok(())
@@ -342,9 +342,9 @@ pub fn write_processes(out: &mut dyn Write, processes: &[Process]) -> io::Result
         )?;
         writeln!(
             out,
-            "  log {}, {} events over {}",
+            "  log {}, {} over {}",
             process.path.display(),
-            process.events,
+            counted(process.events, "event"),
             seconds(process.end_ns)
         )?;
     }

@@ -9,7 +9,7 @@ use crate::analysis::groups::StackGroup;
 use crate::analysis::oom::{Failure, Verdict};
 use crate::replay::Process;
 use crate::symbols::SymFrame;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// A failure with its stacks resolved.
 pub struct FailureView<'a> {
@@ -134,20 +134,20 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
             let used = total.saturating_sub(free);
             writeln!(
                 out,
-                "  device: {} free of {}; {} used, of which {} tracked in {} allocations and {} untracked (context, modules, other processes)",
+                "  device: {} free of {}; {} used, of which {} tracked in {} and {} untracked (context, modules, other processes)",
                 bytes(free),
                 bytes(total),
                 bytes(used),
                 bytes(f.tracked_bytes),
-                f.tracked_count,
+                counted(f.tracked_count, "allocation"),
                 bytes(used.saturating_sub(f.tracked_bytes))
             )?;
         } else {
             writeln!(
                 out,
-                "  tracked live on the device: {} in {} allocations",
+                "  tracked live on the device: {} in {}",
                 bytes(f.tracked_bytes),
-                f.tracked_count
+                counted(f.tracked_count, "allocation")
             )?;
         }
         writeln!(out, "  verdict: {}", explain(f))?;

@@ -15,7 +15,7 @@ use crate::analysis::peaks::Peak;
 use crate::analysis::summary::{FamilyCounts, MemorySample};
 use crate::replay::{Live, Process};
 use crate::symbols::SymFrame;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// Stacks shown at each peak.
 pub const TOP_STACKS: usize = 10;
@@ -183,8 +183,8 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
         if let Some((first, highest)) = notable_samples(&d.samples) {
             writeln!(
                 out,
-                "  device memory ({} samples of cuMemGetInfo, {} total):",
-                d.samples.len(),
+                "  device memory ({} of cuMemGetInfo, {} total):",
+                counted(d.samples.len() as u64, "sample"),
                 bytes(first.total)
             )?;
             for (what, s) in [("first sample", first), ("highest use", highest)] {

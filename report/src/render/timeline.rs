@@ -13,7 +13,7 @@ use crate::analysis::timeline::{
     Timeline,
 };
 use crate::replay::Process;
-use crate::units::bytes;
+use crate::units::{bytes, counted};
 
 /// Rows of a terminal chart; a multiple of [`Y_TICKS`] so every tick sits on a row edge.
 const ROWS: usize = 12;
@@ -534,7 +534,11 @@ fn write_chart(
     }
     let unlisted = failure_count(series).saturating_sub(LABELLED_FAILURES as u64);
     if unlisted > 0 {
-        writeln!(out, "{pad}x ... and {unlisted} more failed allocations")?;
+        writeln!(
+            out,
+            "{pad}x ... and {}",
+            counted(unlisted, "more failed allocation")
+        )?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use super::device_name;
 use crate::analysis::allocator::Pattern;
 use crate::analysis::requests::{CapacitySource, Requests};
 use crate::replay::Process;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 /// One simulated configuration and its outcome.
 pub struct Row {
@@ -144,12 +144,12 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
     let r = report.requests;
     writeln!(
         out,
-        "{} (pid {}), {}: {} allocations, {} frees, {} empty_cache",
+        "{} (pid {}), {}: {}, {}, {} empty_cache",
         report.process.path.display(),
         report.process.header.pid,
         device_name(report.device),
-        r.allocs,
-        r.frees,
+        counted(r.allocs, "allocation"),
+        counted(r.frees, "free"),
         r.empty_cache
     )?;
     writeln!(
