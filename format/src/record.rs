@@ -40,11 +40,14 @@ pub enum EventKind {
     /// PyTorch's caching allocator raised out-of-memory: `size` bytes requested, `addr` is
     /// the device's free bytes as the allocator read them.
     TensorOom = 13,
+    /// PyTorch's caching allocator took the driver allocation at `addr` (`size` bytes), just
+    /// recorded on the same thread, as one of its segments.
+    TensorSegment = 14,
 }
 
 impl EventKind {
     /// Every kind, in code order.
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::Alloc,
         EventKind::Free,
         EventKind::AllocFailed,
@@ -59,6 +62,7 @@ impl EventKind {
         EventKind::TensorFreeRequested,
         EventKind::TensorFree,
         EventKind::TensorOom,
+        EventKind::TensorSegment,
     ];
 
     /// The name used in text and JSON output.
@@ -78,6 +82,7 @@ impl EventKind {
             EventKind::TensorFreeRequested => "tensor_free_requested",
             EventKind::TensorFree => "tensor_free",
             EventKind::TensorOom => "tensor_oom",
+            EventKind::TensorSegment => "tensor_segment",
         }
     }
 
@@ -109,6 +114,7 @@ impl EventKind {
                 | EventKind::TensorFreeRequested
                 | EventKind::TensorFree
                 | EventKind::TensorOom
+                | EventKind::TensorSegment
         )
     }
 }

@@ -238,7 +238,8 @@ fn identity(event: &Event) -> Option<(u8, u64, bool)> {
         EventKind::AllocFailed
         | EventKind::Trim
         | EventKind::TensorFreeRequested
-        | EventKind::TensorOom => return None,
+        | EventKind::TensorOom
+        | EventKind::TensorSegment => return None,
     })
 }
 

@@ -360,16 +360,21 @@ unsafe extern "C" fn invoke(_data: *const [usize; 2], entry: *const u8) {
     let device = i32::from(unsafe { *entry.add(4) } as i8);
     let (addr, stream, size) = (field(8), field(32), field(40));
     if state == UNVERIFIED {
-        if action == ACTION_SEGMENT_ALLOC {
-            crate::guard((), || verify(device, addr, size));
+        if action != ACTION_SEGMENT_ALLOC {
+            return;
         }
-        return;
+        crate::guard((), || verify(device, addr, size));
+        // The checked segment is recorded too once the layout is trusted.
+        if STATE.load(Ordering::Acquire) != RECORDING {
+            return;
+        }
     }
     let kind = match action {
         ACTION_ALLOC => EventKind::TensorAlloc,
         ACTION_FREE_REQUESTED => EventKind::TensorFreeRequested,
         ACTION_FREE_COMPLETED => EventKind::TensorFree,
         ACTION_OOM => EventKind::TensorOom,
+        ACTION_SEGMENT_ALLOC => EventKind::TensorSegment,
         _ => return,
     };
     let mut spec = Spec::new(kind, addr, size).device(device);

@@ -9,7 +9,7 @@ use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
 use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
-use crate::replay::{self, Process, Stop};
+use crate::replay::{self, Process, Stop, View};
 use crate::units;
 
 /// How much of a snapshot the text shows.
@@ -34,6 +34,10 @@ pub struct PeakArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
+    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
+    /// the tensors inside them (for logs recorded with the allocator's tracker).
+    #[arg(long)]
+    segments: bool,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
     /// `1.5s`, `250ms`, `40us`, `1200ns`).
     #[arg(long, value_name = "TIME", value_parser = units::parse_time)]
@@ -50,6 +54,10 @@ pub struct LeaksArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
+    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
+    /// the tensors inside them (for logs recorded with the allocator's tracker).
+    #[arg(long)]
+    segments: bool,
     #[command(flatten)]
     shape: Shape,
 }
@@ -58,7 +66,12 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
     let (replay, snapshots, what) = match args.at {
         Some(at) => {
-            let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
+            let replay = replay::run_view(
+                &select.logs,
+                &mut [],
+                Stop::AfterTime(at),
+                view(args.segments),
+            )?;
             let snapshots = devices_of(&replay.state, select.device)
                 .into_iter()
                 .map(|device| Snapshot::of(&replay.state, Some(device), at))
@@ -67,7 +80,12 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
         }
         None => {
             let mut peaks = Peaks::default();
-            let replay = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
+            let replay = replay::run_view(
+                &select.logs,
+                &mut [&mut peaks],
+                Stop::End,
+                view(args.segments),
+            )?;
             let snapshots = peaks.snapshots(&replay.state, select.device);
             (replay, snapshots, "peak")
         }
@@ -78,13 +96,22 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let replay = replay::run(&select.logs, &mut [], Stop::End)?;
+    let replay = replay::run_view(&select.logs, &mut [], Stop::End, view(args.segments))?;
     let snapshots = devices_of(&replay.state, select.device)
         .into_iter()
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
         .collect();
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     render(select, &args.shape, stacks, &replay, snapshots, "leaks")
+}
+
+/// The replay's view: tensors unless `--segments`.
+fn view(segments: bool) -> View {
+    if segments {
+        View::Driver
+    } else {
+        View::Tensors
+    }
 }
 
 /// Devices with something live, narrowed to `only`.
@@ -119,6 +146,7 @@ fn render(
                 t_ns: s.t_ns,
                 bytes: s.bytes(),
                 count: s.allocations.len() as u64,
+                segments: s.segments,
                 tree: tree(&groups),
                 groups,
             }
