@@ -386,7 +386,10 @@ unsafe extern "C" fn invoke(_data: *const [usize; 2], entry: *const u8) {
 fn verify(device: i32, addr: u64, size: u64) {
     let (malloc_addr, malloc_size) = LAST_MALLOC.try_with(Cell::get).unwrap_or((0, 0));
     let current = capture::current_device(Layer::Runtime);
-    if malloc_addr != 0 && (addr, size, device) == (malloc_addr, malloc_size, current) {
+    // Tests: a layout that does not match, to prove the tracker steps aside cleanly.
+    let broken = std::env::var_os("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK").is_some_and(|v| v == "1");
+    let read_size = if broken { size ^ 1 } else { size };
+    if malloc_addr != 0 && (addr, read_size, device) == (malloc_addr, malloc_size, current) {
         if STATE
             .compare_exchange(UNVERIFIED, RECORDING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -400,7 +403,7 @@ fn verify(device: i32, addr: u64, size: u64) {
         step_aside(
             &format!(
                 "PyTorch's TraceEntry layout is not the one known: its first segment_alloc \
-                 reads ({addr:#x}, {size} bytes, device {device}), the cudaMalloc was \
+                 reads ({addr:#x}, {read_size} bytes, device {device}), the cudaMalloc was \
                  ({malloc_addr:#x}, {malloc_size} bytes, device {current})"
             ),
             true,

@@ -457,6 +457,76 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
 }
 
 #[test]
+fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "train",
+        80 << 30,
+        &[("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK", "1")],
+        true,
+    );
+    // The program ran as usual (run_torch checks its exit status and its JSON line).
+    assert_eq!(run.result["steps"], 3);
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vramshim:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("vramshim: PyTorch tensors not recorded (PyTorch's TraceEntry layout is not the one known"),
+        "{stderr}"
+    );
+    let dump = dump(run.log.as_ref().expect("log"));
+    let notes: Vec<&str> = dump
+        .iter()
+        .filter(|v| v["type"] == "note")
+        .filter_map(|v| v["text"].as_str())
+        .filter(|t| t.starts_with("torch: tensors not recorded"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let events = events(&dump);
+    assert!(events.iter().all(|e| {
+        !e["event"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("tensor_")
+    }));
+    // The segments are still recorded: torch's three cudaMallocs.
+    assert_eq!(
+        select(&events, "alloc", "cudaMalloc").len() as u64,
+        run.result["num_device_alloc"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn whatif_replays_the_tensors_of_a_default_allocator_recording() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "transformer",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let whatif = json_of(&[
+        OsStr::new("whatif"),
+        OsStr::new("--config"),
+        OsStr::new(""),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    // The model of the allocator, fed the tensors of the default-allocator run, reproduces
+    // that run's own figures.
+    let row = &arr(&whatif["configs"])[0];
+    assert_eq!(row["peak_allocated"], r["allocated_peak"], "{whatif}");
+    assert_eq!(row["peak_reserved"], r["reserved_peak"], "{whatif}");
+}
+
+#[test]
 fn mlp_training_with_adam_and_device_queries() {
     let Some(python) = torch_python() else { return };
     let run = run_torch(&python, "train", 80 << 30, &[], true);
