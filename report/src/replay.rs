@@ -876,10 +876,10 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
     if event.result != 0 {
         return Effect::None;
     }
-    if state.view == View::Tensors {
-        if let Some(effect) = apply_tensor(state, process, index, t_ns, event) {
-            return effect;
-        }
+    if state.view == View::Tensors
+        && let Some(effect) = apply_tensor(state, process, index, t_ns, event)
+    {
+        return effect;
     }
     let (class, value) = match event.kind {
         EventKind::Alloc | EventKind::Free => {
@@ -1051,5 +1051,64 @@ impl Progress {
             let _ = write!(stderr, "\r{:90}\r", "");
             let _ = stderr.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn segment(addr: u64, size: u64) -> Segment {
+        Segment::new(Live {
+            process: 0,
+            kind: EventKind::Alloc,
+            api: 0,
+            device: 0,
+            addr,
+            handle: 0,
+            size,
+            requested: size,
+            stack: 0,
+            thread: 0,
+            stream: 0,
+            t_ns: 0,
+            seq: 0,
+        })
+    }
+
+    #[test]
+    fn small_blocks_split_off_any_remainder_and_merge_back() {
+        let base = 0x7000_0000_0000;
+        let mut small = segment(base, 2 * MIB);
+        assert_eq!(small.allocate(base, 1000), Some(1024));
+        assert_eq!(small.allocate(base + 1024, 1), Some(512));
+        // Not the start of a free block: the model does not place it.
+        assert_eq!(small.allocate(base + 100, 512), None);
+        small.free_requested(base);
+        // Requested, not completed: not reusable, not merged.
+        assert_eq!(small.allocate(base, 512), None);
+        small.free_completed(base);
+        small.free_requested(base + 1024);
+        small.free_completed(base + 1024);
+        assert_eq!(
+            small.blocks.iter().collect::<Vec<_>>(),
+            vec![(&base, &(2 * MIB, BlockState::Free))]
+        );
+    }
+
+    #[test]
+    fn large_blocks_split_only_a_remainder_over_1_mib() {
+        let base = 0x7100_0000_0000;
+        let mut large = segment(base, 20 * MIB);
+        // 20 MiB − 19.5 MiB leaves 0.5 MiB: handed out whole.
+        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2), Some(20 * MIB));
+        let mut large = segment(base, 20 * MIB);
+        assert_eq!(large.allocate(base, 18 * MIB), Some(18 * MIB));
+        // The remaining 2 MiB then goes whole to a 1.5 MiB request (0.5 MiB left).
+        assert_eq!(large.allocate(base + 18 * MIB, 3 * MIB / 2), Some(2 * MIB));
+        assert_eq!(rounded_request(0), 512);
+        assert_eq!(rounded_request(513), 1024);
     }
 }

@@ -390,6 +390,7 @@ mod tests {
             addr: 0x1000 * (seq + 1),
             handle: 0,
             size,
+            requested: size,
             stack: 0,
             thread: 1,
             stream,
