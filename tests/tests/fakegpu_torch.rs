@@ -454,6 +454,31 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         r["reserved_peak"],
         "{driver}"
     );
+    // At exit every tensor was freed (Python's finalisation); what remains is the
+    // allocator's cache, shown as such: every segment (the run never emptied it).
+    let leaks = json_of(&[OsStr::new("leaks"), OsStr::new("--json"), log.as_os_str()]);
+    let device = &arr(&leaks["devices"])[0];
+    assert_eq!(
+        (device["device"].as_i64(), device["count"].as_u64()),
+        (Some(0), Some(0)),
+        "{leaks}"
+    );
+    assert_eq!(
+        device["pytorch_segments"]["count"], r["num_device_alloc"],
+        "{leaks}"
+    );
+    assert_eq!(
+        device["pytorch_segments"]["bytes"], r["reserved"],
+        "{leaks}"
+    );
+    let (_, text, _) = vramshim(&[OsStr::new("leaks"), log.as_os_str()]);
+    assert!(
+        text.contains(&format!(
+            "PyTorch's caching allocator held {} segments",
+            r["num_device_alloc"]
+        )),
+        "{text}"
+    );
 }
 
 #[test]

@@ -114,12 +114,15 @@ fn view(segments: bool) -> View {
     }
 }
 
-/// Devices with something live, narrowed to `only`.
+/// Devices with something live (PyTorch's cached segments included), narrowed to `only`.
 fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
     let mut devices: Vec<i32> = state
         .devices()
         .iter()
-        .filter(|d| d.live_count > 0 && only.is_none_or(|o| o == d.device))
+        .filter(|d| {
+            (d.live_count > 0 || state.segment_totals(d.device).0 > 0)
+                && only.is_none_or(|o| o == d.device)
+        })
         .map(|d| d.device)
         .collect();
     devices.sort_by_key(|d| crate::render::device_order(*d));
@@ -138,7 +141,7 @@ fn render(
     let processes: &[Process] = &replay.processes;
     let views = snapshots
         .into_iter()
-        .filter(|s| !s.allocations.is_empty())
+        .filter(|s| !s.allocations.is_empty() || s.segments.0 > 0)
         .map(|s| {
             let groups = by_stack(&s.allocations, &mut stacks, processes);
             SnapshotView {

@@ -147,6 +147,10 @@ pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> 
                 "  PyTorch's caching allocator held {count} segment{plural}, {} reserved: tensors are counted, not the segments",
                 bytes(reserved)
             )?;
+            if view.count == 0 {
+                // Only the allocator's cache: no tensor to list.
+                continue;
+            }
         }
         if report.by_thread {
             writeln!(out, "  by thread and stack:")?;
