@@ -3,7 +3,8 @@
 # tracker on the default caching allocator, against PyTorch's own memory history, on the fake
 # GPU: a loop allocating and freeing one tensor at Python depth ~10, timed inside the process
 # (CPU time of all its threads, the recorder's writer included: wall time is too noisy here),
-# under (a) the fakes alone, (b) vramshim (VRAMSHIM_STACK=mixed, and native, python),
+# under (a) the fakes alone, (b) vramshim (VRAMSHIM_STACK=mixed, native, python, none; and the
+# tracker attached but inert),
 # (c) _record_memory_history(stacks="python"), (d) stacks="all". Extra cost per event = (time
 # - time alone) / events; the ratios vramshim / torch are printed. Median of 3 interleaved
 # rounds. BENCH_ITERATIONS sets the loop length (default 20000). Not a test: timings vary.
@@ -57,9 +58,14 @@ run() { # name, history, extra env...
 }
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 declare -A times
-names=(alone vramshim_mixed vramshim_native vramshim_python torch_python torch_all)
+names=(alone tracker_inert vramshim_none vramshim_python vramshim_native vramshim_mixed
+    torch_python torch_all)
 for _ in 1 2 3; do
     times[alone]+="$(run off LD_PRELOAD="$preload") "
+    # The tracker attached but ignoring every entry: what PyTorch pays to report to it.
+    times[tracker_inert]+="$(run off LD_PRELOAD="$SHIM:$preload" VRAMSHIM_STACK=none \
+        VRAMSHIM_TEST_TORCH_LAYOUT_BREAK=1 2>/dev/null) "
+    times[vramshim_none]+="$(run off LD_PRELOAD="$SHIM:$preload" VRAMSHIM_STACK=none) "
     times[vramshim_mixed]+="$(run off LD_PRELOAD="$SHIM:$preload" VRAMSHIM_STACK=mixed) "
     times[vramshim_native]+="$(run off LD_PRELOAD="$SHIM:$preload" VRAMSHIM_STACK=native) "
     times[vramshim_python]+="$(run off LD_PRELOAD="$SHIM:$preload" VRAMSHIM_STACK=python) "
@@ -75,7 +81,10 @@ for name in "${names[@]}"; do
 done
 echo "== extra cost per event over the fakes alone, and ratios"
 awk -v a="${med[alone]}" -v m="${med[vramshim_mixed]}" -v nat="${med[vramshim_native]}" \
-    -v py="${med[vramshim_python]}" -v tp="${med[torch_python]}" -v ta="${med[torch_all]}" 'BEGIN {
+    -v py="${med[vramshim_python]}" -v tp="${med[torch_python]}" -v ta="${med[torch_all]}" \
+    -v inert="${med[tracker_inert]}" -v none="${med[vramshim_none]}" 'BEGIN {
+    printf "tracker inert   %7.1f ns (PyTorch building and passing each entry)\n", inert-a
+    printf "vramshim none   %7.1f ns\n", none-a
     printf "vramshim mixed  %7.1f ns\nvramshim native %7.1f ns\nvramshim python %7.1f ns\n", m-a, nat-a, py-a
     printf "torch python    %7.1f ns\ntorch all       %7.1f ns\n", tp-a, ta-a
     printf "vramshim mixed / torch stacks=python: %.2f (goal <= 0.5)\n", (m-a)/(tp-a)

@@ -131,6 +131,20 @@ pub fn record_reported(api: u16, spec: Spec) {
     leave(entry.ring);
 }
 
+/// Inside an acquiring hook's spec (before its event is stamped): tells the writer that this
+/// thread's events from now on are newer than now, so that others can be written while this
+/// thread waits (the hook's event is stamped after the spec; releases are not allowed here).
+pub fn publish_progress_now() {
+    let ring = THREAD
+        .try_with(|thread| thread.ring.get())
+        .unwrap_or(std::ptr::null());
+    if let Some(ring) = unsafe { ring.as_ref() }
+        && ring.in_progress.load(Ordering::SeqCst) != IDLE
+    {
+        ring.in_progress.store(now_ns(), Ordering::SeqCst);
+    }
+}
+
 struct Entry {
     t0: u64,
     ring: *const Ring,

@@ -12,7 +12,10 @@
 //! (it is inside that allocator's segment `cudaMalloc`): that one is recursive; for the others,
 //! PyTorch never holds two device mutexes at once and never waits for the GIL while holding
 //! one (it unlocks before calling its OOM observers), so every holder leaves without waiting
-//! for this thread. Only one thread attaches; the others pass by without waiting.
+//! for this thread. Only one thread attaches; the others pass by without waiting. While it
+//! waits, this thread tells the writer its own next events are newer than now, so a thread
+//! holding a device mutex never waits on this one to make room in its buffer (unless it fills
+//! the whole buffer with new events during that one allocation).
 //!
 //! Trust: `TraceEntry`'s layout is not an ABI. Until the first `segment_alloc` entry matches
 //! the `cudaMalloc` this thread has just recorded (address, size, device), every entry is
@@ -152,6 +155,9 @@ fn try_attach() -> Result<(), String> {
     if !unsafe { (symbols.initialized)(allocator) } {
         return Ok(());
     }
+    // Attaching may wait for other threads inside the allocator, whose events must then be
+    // writable even if their buffers fill: they are older than anything this call records.
+    capture::publish_progress_now();
     let mut tracker = StdFunction {
         data: [0; 2],
         manager: Some(manage),
