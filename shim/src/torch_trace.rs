@@ -27,7 +27,7 @@ use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 
 use vramshim_format::{EventKind, Note, Record};
 
@@ -58,6 +58,13 @@ static LAST_LOOK_NS: AtomicU64 = AtomicU64::new(0);
 /// one `dlopen(RTLD_NOLOAD)` per interval, not per call.
 const LOOK_INTERVAL_NS: u64 = 50_000_000;
 static SYMBOLS: OnceLock<Symbols> = OnceLock::new();
+/// Trackers attached so far; each carries its number in the function's storage.
+static GENERATION: AtomicUsize = AtomicUsize::new(0);
+/// At most this many attaches (each adds a tracker to every device allocator then existing).
+const MAX_ATTACHES: usize = 16;
+const MAX_DEVICES: usize = 64;
+/// Per device: the tracker generation whose entries are recorded (0 = none yet).
+static OWNER: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
 
 const ALLOCATOR_SYMBOL: &CStr = c"_ZN3c104cuda20CUDACachingAllocator9allocatorE";
 const NATIVE: &str = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator";
@@ -102,9 +109,15 @@ pub fn after_cuda_malloc(api: u16, result: c_int, addr: u64, size: u64) {
     if result == 0 {
         let _ = LAST_MALLOC.try_with(|last| last.set((addr, size)));
     }
-    if STATE.load(Ordering::Relaxed) == SEARCHING {
-        TENSOR_API.store(api, Ordering::Relaxed);
-        search();
+    match STATE.load(Ordering::Relaxed) {
+        SEARCHING => {
+            TENSOR_API.store(api, Ordering::Relaxed);
+            search();
+        }
+        RECORDING if result == 0 && GENERATION.load(Ordering::Relaxed) < MAX_ATTACHES => {
+            reattach_for_new_device();
+        }
+        _ => {}
     }
 }
 
@@ -155,20 +168,49 @@ fn try_attach() -> Result<(), String> {
     if !unsafe { (symbols.initialized)(allocator) } {
         return Ok(());
     }
+    STATE.store(UNVERIFIED, Ordering::Release);
+    attach(symbols, allocator);
+    note("torch: tracker attached to PyTorch's caching allocator; checking its layout".into());
+    Ok(())
+}
+
+/// Attaches one more generation of the tracker to every device allocator that exists now.
+fn attach(symbols: &Symbols, allocator: *mut c_void) {
+    let generation = GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
     // Attaching may wait for other threads inside the allocator, whose events must then be
     // writable even if their buffers fill: they are older than anything this call records.
     capture::publish_progress_now();
     let mut tracker = StdFunction {
-        data: [0; 2],
+        data: [generation, 0],
         manager: Some(manage),
         invoker: Some(invoke),
     };
-    STATE.store(UNVERIFIED, Ordering::Release);
     // The callee copies the function into each device allocator; the argument is ours to
     // destroy afterwards (Itanium ABI), and destroying it is a no-op.
     unsafe { (symbols.attach)(allocator, &mut tracker) };
-    note("torch: tracker attached to PyTorch's caching allocator; checking its layout".into());
-    Ok(())
+}
+
+/// PyTorch creates a device's allocator when the device is first used, without the trackers
+/// attached before: a `cudaMalloc` on a device no tracker has reported yet attaches again.
+/// Every attach reaches the older devices too, so each device's entries are taken from the
+/// first generation that reported them ([`OWNER`]) and the others are ignored.
+#[cold]
+#[inline(never)]
+fn reattach_for_new_device() {
+    let device = capture::current_device(Layer::Runtime);
+    let Some(owner) = usize::try_from(device).ok().and_then(|d| OWNER.get(d)) else {
+        return;
+    };
+    if owner.load(Ordering::Acquire) != 0 || SEARCHING_NOW.swap(true, Ordering::Acquire) {
+        return;
+    }
+    if let Some(symbols) = SYMBOLS.get() {
+        let allocator = unsafe { std::ptr::read_volatile(symbols.allocator) };
+        if !allocator.is_null() && GENERATION.load(Ordering::Acquire) < MAX_ATTACHES {
+            attach(symbols, allocator);
+        }
+    }
+    SEARCHING_NOW.store(false, Ordering::Release);
 }
 
 /// Looks up the allocator in `libc10_cuda.so`; `Ok(None)` when it is not loaded.
@@ -354,17 +396,32 @@ unsafe extern "C" fn manage(dest: *mut [usize; 2], source: *const [usize; 2], op
 
 /// The function's invoker: one `TraceEntry`. Runs on the allocating thread, inside the
 /// allocator's lock.
-unsafe extern "C" fn invoke(_data: *const [usize; 2], entry: *const u8) {
+unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     let state = STATE.load(Ordering::Acquire);
-    if state == OFF || state == SEARCHING || entry.is_null() {
+    if state == OFF || state == SEARCHING || entry.is_null() || data.is_null() {
         return;
     }
+    let generation = unsafe { (*data)[0] };
     // Layout (PyTorch 2.1 – 2.15): action i32 @0, device @4 (its low byte), addr @8,
     // context (shared_ptr) @16, stream @32, size @40.
     let field = |at: usize| unsafe { std::ptr::read_unaligned(entry.add(at) as *const u64) };
     let action = unsafe { std::ptr::read_unaligned(entry as *const i32) };
     let device = i32::from(unsafe { *entry.add(4) } as i8);
     let (addr, stream, size) = (field(8), field(32), field(40));
+    // One generation per device (later attaches reach this device's allocator again).
+    let Some(owner) = usize::try_from(device).ok().and_then(|d| OWNER.get(d)) else {
+        return;
+    };
+    let claimed = owner.load(Ordering::Acquire);
+    let mine = claimed == generation
+        || (claimed == 0
+            && match owner.compare_exchange(0, generation, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => true,
+                Err(now) => now == generation,
+            });
+    if !mine {
+        return;
+    }
     if state == UNVERIFIED {
         if action != ACTION_SEGMENT_ALLOC {
             return;

@@ -193,6 +193,28 @@ def trace():
         **stats())
 
 
+def two_devices():
+    """One tensor on device 0, then two threads on each of two devices: 50 tensors per thread,
+    every other one freed at once, the rest when the thread's work returns."""
+    import threading
+
+    def work(device):
+        tensors = [torch.empty(1000 * (i + 1), device=f"cuda:{device}") for i in range(50)]
+        del tensors[::2]
+
+    # Device 0 first: PyTorch creates device 1's allocator later, on its first use.
+    first = torch.empty(1, device="cuda:0")
+    threads = [threading.Thread(target=work, args=(d,)) for d in (0, 1) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_device = [torch.cuda.memory_stats(d) for d in (0, 1)]
+    say(mode="two_devices", count=torch.cuda.device_count(),
+        allocations=[s["allocation.all.allocated"] for s in per_device],
+        allocated_peaks=[s["allocated_bytes.all.peak"] for s in per_device])
+
+
 def gemm():
     """A GEMM (cuBLAS) then a Linear with bias (cuBLASLt): torch's reserved bytes and the
     driver's used bytes before, after the first and after the second."""
@@ -209,4 +231,4 @@ def gemm():
 
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
  "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
- "trace": trace}[sys.argv[1]]()
+ "trace": trace, "two_devices": two_devices}[sys.argv[1]]()

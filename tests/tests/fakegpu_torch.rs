@@ -482,6 +482,49 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
 }
 
 #[test]
+fn tensors_on_two_devices_from_four_threads() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "two_devices",
+        80 << 30,
+        &[("VRAMSHIM_FAKEGPU_COUNT", "2"), ("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["count"], 2);
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    let events = events(&dump);
+    // The second device's allocator is created after the tracker first attached: it is
+    // reached by attaching again, and no entry is recorded twice.
+    for device in 0..2u64 {
+        let allocs = events
+            .iter()
+            .filter(|e| e["event"] == "tensor_alloc" && e["device"] == device)
+            .count() as u64;
+        assert_eq!(
+            allocs,
+            r["allocations"][device as usize].as_u64().unwrap(),
+            "device {device}"
+        );
+        let frees = events
+            .iter()
+            .filter(|e| e["event"] == "tensor_free" && e["device"] == device)
+            .count() as u64;
+        assert_eq!(frees, allocs, "device {device}");
+    }
+    let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
+    for device in arr(&peak["devices"])
+        .iter()
+        .filter(|d| d["device"].as_i64() >= Some(0))
+    {
+        let index = device["device"].as_u64().unwrap() as usize;
+        assert_eq!(device["bytes"], r["allocated_peaks"][index], "{peak}");
+    }
+}
+
+#[test]
 fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning() {
     let Some(python) = torch_python() else { return };
     let run = run_torch(
