@@ -27,11 +27,27 @@ pub enum EventKind {
     Unreserve = 8,
     /// A stream-ordered pool (`handle`) trimmed down to `size` bytes kept.
     Trim = 9,
+    /// A block (tensor storage) handed out by PyTorch's caching allocator at `addr` inside a
+    /// segment it holds; `size` is the requested size. Reported by the allocator itself, not
+    /// by a CUDA call.
+    TensorAlloc = 10,
+    /// The program gave the block at `addr` back to PyTorch's caching allocator; the block
+    /// is reusable only at the matching [`EventKind::TensorFree`] (later when it was used on
+    /// other streams). `size` is the requested size.
+    TensorFreeRequested = 11,
+    /// The block at `addr` returned to PyTorch's caching allocator's free pool.
+    TensorFree = 12,
+    /// PyTorch's caching allocator raised out-of-memory: `size` bytes requested, `addr` is
+    /// the device's free bytes as the allocator read them.
+    TensorOom = 13,
+    /// PyTorch's caching allocator took the driver allocation at `addr` (`size` bytes), just
+    /// recorded on the same thread, as one of its segments.
+    TensorSegment = 14,
 }
 
 impl EventKind {
     /// Every kind, in code order.
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::Alloc,
         EventKind::Free,
         EventKind::AllocFailed,
@@ -42,6 +58,11 @@ impl EventKind {
         EventKind::Reserve,
         EventKind::Unreserve,
         EventKind::Trim,
+        EventKind::TensorAlloc,
+        EventKind::TensorFreeRequested,
+        EventKind::TensorFree,
+        EventKind::TensorOom,
+        EventKind::TensorSegment,
     ];
 
     /// The name used in text and JSON output.
@@ -57,6 +78,11 @@ impl EventKind {
             EventKind::Reserve => "reserve",
             EventKind::Unreserve => "unreserve",
             EventKind::Trim => "trim",
+            EventKind::TensorAlloc => "tensor_alloc",
+            EventKind::TensorFreeRequested => "tensor_free_requested",
+            EventKind::TensorFree => "tensor_free",
+            EventKind::TensorOom => "tensor_oom",
+            EventKind::TensorSegment => "tensor_segment",
         }
     }
 
@@ -70,7 +96,25 @@ impl EventKind {
     pub fn releases(self) -> bool {
         matches!(
             self,
-            EventKind::Free | EventKind::Release | EventKind::Unmap | EventKind::Unreserve
+            EventKind::Free
+                | EventKind::Release
+                | EventKind::Unmap
+                | EventKind::Unreserve
+                | EventKind::TensorFreeRequested
+                | EventKind::TensorFree
+        )
+    }
+
+    /// Whether the event comes from PyTorch's caching allocator (blocks inside segments the
+    /// driver-level events already count), not from a CUDA call.
+    pub fn is_tensor(self) -> bool {
+        matches!(
+            self,
+            EventKind::TensorAlloc
+                | EventKind::TensorFreeRequested
+                | EventKind::TensorFree
+                | EventKind::TensorOom
+                | EventKind::TensorSegment
         )
     }
 }

@@ -6,6 +6,7 @@
 //! Several logs (one per process of a job) are merged in time order, so totals across
 //! processes are exact at every moment. Times are nanoseconds since the earliest start.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,9 @@ pub struct Process {
     /// Time of the process's last timed record.
     pub end_ns: u64,
     pub events: u64,
+    /// Tensor view: PyTorch blocks whose place in their segment the block model could not
+    /// find (their size is then the rounded request, not the block's).
+    pub unplaced_blocks: u64,
 }
 
 impl Process {
@@ -114,17 +118,21 @@ impl NewStack<'_> {
     }
 }
 
-/// A live allocation (or VMM physical allocation).
+/// A live allocation (or VMM physical allocation, or PyTorch block in the tensor view).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Live {
     pub process: u32,
-    /// `Alloc` or `Create`.
+    /// `Alloc`, `Create` or `TensorAlloc`.
     pub kind: EventKind,
     pub api: u16,
     pub device: i32,
     pub addr: u64,
     pub handle: u64,
+    /// Bytes held: a PyTorch block's size (its rounded request, or more when the allocator
+    /// handed out a block without splitting it).
     pub size: u64,
+    /// Bytes asked for: a PyTorch tensor's size; `size` for everything else.
+    pub requested: u64,
     pub stack: u32,
     pub thread: u32,
     pub stream: u64,
@@ -151,10 +159,117 @@ pub struct DeviceBytes {
     pub live_count: u64,
 }
 
+/// Which memory a replay counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum View {
+    /// What CUDA handed out: PyTorch's caching allocator counts as its segments.
+    #[default]
+    Driver,
+    /// PyTorch's tensors (blocks) in place of its segments, for logs recorded with the
+    /// allocator's tracker; everything else as in `Driver`. The segments are kept apart
+    /// ([`State::segments`]).
+    Tensors,
+}
+
+/// A segment of PyTorch's caching allocator (tensor view), and its blocks as the allocator
+/// splits and merges them (default settings: 512-byte rounding, small requests ≤ 1 MiB split
+/// off any remainder ≥ 512 B, large ones only a remainder > 1 MiB).
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// The driver allocation.
+    pub live: Live,
+    /// Block start → (size, state).
+    blocks: BTreeMap<u64, (u64, BlockState)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockState {
+    Allocated,
+    /// Freed by the program, not yet reusable (used on other streams).
+    Pending,
+    Free,
+}
+
+const MIN_BLOCK: u64 = 512;
+const SMALL_SIZE: u64 = 1 << 20;
+
+impl Segment {
+    fn new(live: Live) -> Segment {
+        Segment {
+            live,
+            blocks: BTreeMap::from([(live.addr, (live.size, BlockState::Free))]),
+        }
+    }
+
+    /// The block handed out at `addr` for `requested` bytes: its size, if the free block
+    /// starting there can hold it.
+    fn allocate(&mut self, addr: u64, requested: u64) -> Option<u64> {
+        let rounded = rounded_request(requested);
+        let &(size, state) = self.blocks.get(&addr)?;
+        if state != BlockState::Free || size < rounded {
+            return None;
+        }
+        let remaining = size - rounded;
+        let split = if rounded <= SMALL_SIZE {
+            remaining >= MIN_BLOCK
+        } else {
+            remaining > SMALL_SIZE
+        };
+        if split {
+            self.blocks.insert(addr, (rounded, BlockState::Allocated));
+            self.blocks
+                .insert(addr + rounded, (remaining, BlockState::Free));
+            Some(rounded)
+        } else {
+            self.blocks.insert(addr, (size, BlockState::Allocated));
+            Some(size)
+        }
+    }
+
+    fn free_requested(&mut self, addr: u64) {
+        if let Some((_, state)) = self.blocks.get_mut(&addr)
+            && *state == BlockState::Allocated
+        {
+            *state = BlockState::Pending;
+        }
+    }
+
+    /// The block at `addr` back in the pool, merged with free neighbours.
+    fn free_completed(&mut self, addr: u64) {
+        let Some(&(mut size, _)) = self.blocks.get(&addr) else {
+            return;
+        };
+        let mut start = addr;
+        if let Some((&next, &(next_size, BlockState::Free))) = self.blocks.range(addr + 1..).next()
+            && next == addr + size
+        {
+            self.blocks.remove(&next);
+            size += next_size;
+        }
+        if let Some((&previous, &(previous_size, BlockState::Free))) =
+            self.blocks.range(..addr).next_back()
+            && previous + previous_size == addr
+        {
+            self.blocks.remove(&addr);
+            start = previous;
+            size += previous_size;
+        }
+        self.blocks.insert(start, (size, BlockState::Free));
+    }
+}
+
+/// PyTorch's `round_size` with default settings.
+pub fn rounded_request(requested: u64) -> u64 {
+    requested.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
+}
+
 /// Everything live at the current step.
 #[derive(Default)]
 pub struct State {
     live: FxHashMap<Key, Live>,
+    view: View,
+    /// Tensor view: PyTorch's segments, by (process, address).
+    segments: BTreeMap<(u32, u64), Segment>,
     /// Per device, summed over processes; few devices, so a vector beats a map.
     devices: Vec<DeviceBytes>,
     /// Per (process, device).
@@ -190,6 +305,25 @@ impl State {
     /// Every live object, in no particular order.
     pub fn live(&self) -> impl Iterator<Item = &Live> {
         self.live.values()
+    }
+
+    /// Tensor view: PyTorch's segments on `device` now, as (count, bytes).
+    pub fn segment_totals(&self, device: i32) -> (u64, u64) {
+        self.segments
+            .values()
+            .filter(|segment| segment.live.device == device)
+            .fold((0, 0), |(count, bytes), segment| {
+                (count + 1, bytes + segment.live.size)
+            })
+    }
+
+    /// Tensor view: the segment of `process` holding `addr`.
+    fn segment_mut(&mut self, process: u32, addr: u64) -> Option<&mut Segment> {
+        let (_, segment) = self
+            .segments
+            .range_mut((process, 0)..=(process, addr))
+            .next_back()?;
+        (addr < segment.live.addr.saturating_add(segment.live.size)).then_some(segment)
     }
 
     /// The live object that the current step's [`Effect::Added`] ended: the same address
@@ -361,6 +495,12 @@ impl Replay {
                     process.dropped
                 ));
             }
+            if process.unplaced_blocks > 0 {
+                out.push(format!(
+                    "{name}: {} PyTorch blocks did not fit the allocator model (non-default PYTORCH_CUDA_ALLOC_CONF?); their sizes are rounded requests",
+                    process.unplaced_blocks
+                ));
+            }
             if process.dumps.len() > 1 {
                 out.push(format!(
                     "{name}: ring-mode log with {} dumps; each restarts the live set",
@@ -381,11 +521,30 @@ struct Input {
     size_bytes: u64,
 }
 
-/// Replays `paths` merged in time order, feeding `observers`, until `stop`.
+/// Replays `paths` merged in time order, feeding `observers`, until `stop`, counting what
+/// the driver handed out.
 pub fn run(
     paths: &[PathBuf],
     observers: &mut [&mut dyn Observer],
     stop: Stop,
+) -> Result<Replay, Failure> {
+    run_view(paths, observers, stop, View::Driver)
+}
+
+/// A driver allocation held back one step in the tensor view: it may be a PyTorch segment,
+/// which the allocator's `tensor_segment` event right after says.
+struct Held {
+    index: usize,
+    t_ns: u64,
+    event: Event,
+}
+
+/// Like [`run`], counting what `view` says.
+pub fn run_view(
+    paths: &[PathBuf],
+    observers: &mut [&mut dyn Observer],
+    stop: Stop,
+    view: View,
 ) -> Result<Replay, Failure> {
     let mut inputs = Vec::with_capacity(paths.len());
     let mut processes = Vec::with_capacity(paths.len());
@@ -409,6 +568,7 @@ pub fn run(
             unmatched_frees: 0,
             end_ns: 0,
             events: 0,
+            unplaced_blocks: 0,
         });
         inputs.push(Input {
             reader,
@@ -423,7 +583,11 @@ pub fn run(
         process.start_offset_ns = start - earliest;
     }
 
-    let mut state = State::default();
+    let mut state = State {
+        view,
+        ..State::default()
+    };
+    let mut held: Option<Held> = None;
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
@@ -458,27 +622,39 @@ pub fn run(
             {
                 break;
             }
-            let effect = apply(&mut state, &mut processes[index], process, t_ns, event);
-            processes[index].events += 1;
-            let step = Step::Event {
-                process,
-                t_ns,
-                event,
-                effect,
-            };
-            for observer in observers.iter_mut() {
-                observer.step(&state, &processes, &step);
+            if let Some(before) = held.take() {
+                if is_own_segment(&before, index, event) {
+                    take_segment(&mut state, &before);
+                } else {
+                    let seq = step_event(&mut state, &mut processes, observers, &before);
+                    end_ns = end_ns.max(before.t_ns);
+                    if stop == Stop::AfterSeq(seq) {
+                        break;
+                    }
+                }
             }
-            let seq = state.seq;
-            state.seq += 1;
+            let current = Held {
+                index,
+                t_ns,
+                event: *event,
+            };
+            if view == View::Tensors && may_be_segment(&processes[index], event) {
+                held = Some(current);
+                continue;
+            }
+            let seq = step_event(&mut state, &mut processes, observers, &current);
             end_ns = end_ns.max(t_ns);
-            processes[index].end_ns = processes[index]
-                .end_ns
-                .max(t_ns.saturating_sub(processes[index].start_offset_ns));
             if stop == Stop::AfterSeq(seq) {
                 break;
             }
         } else {
+            // A dump restarts the live set: what came before it goes first. (Memory samples
+            // and notes may come between a segment's allocation and PyTorch's word on it.)
+            if matches!(record, Record::DumpBegin(_))
+                && let Some(before) = held.take()
+            {
+                step_event(&mut state, &mut processes, observers, &before);
+            }
             match &record {
                 Record::MemInfo(info) => {
                     let step = Step::MemInfo {
@@ -516,12 +692,93 @@ pub fn run(
             progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
         }
     }
+    if let Some(before) = held.take() {
+        step_event(&mut state, &mut processes, observers, &before);
+        end_ns = end_ns.max(before.t_ns);
+    }
     progress.finish();
     Ok(Replay {
         processes,
         state,
         end_ns,
     })
+}
+
+/// Applies one event and shows it to the observers; returns its sequence number.
+fn step_event(
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut [&mut dyn Observer],
+    held: &Held,
+) -> u64 {
+    let Held {
+        index,
+        t_ns,
+        ref event,
+    } = *held;
+    let process = index as u32;
+    state.replaced = None;
+    let effect = apply(state, &mut processes[index], process, t_ns, event);
+    processes[index].events += 1;
+    let step = Step::Event {
+        process,
+        t_ns,
+        event,
+        effect,
+    };
+    for observer in observers.iter_mut() {
+        observer.step(state, processes, &step);
+    }
+    let seq = state.seq;
+    state.seq += 1;
+    processes[index].end_ns = processes[index]
+        .end_ns
+        .max(t_ns.saturating_sub(processes[index].start_offset_ns));
+    seq
+}
+
+/// Whether `event` may be one of PyTorch's segments (which it obtains with `cudaMalloc`).
+fn may_be_segment(process: &Process, event: &Event) -> bool {
+    event.kind == EventKind::Alloc
+        && event.result == 0
+        && event.addr != 0
+        && event.device >= 0
+        && process.api(event.api) == "cudaMalloc"
+}
+
+/// Whether `event` is PyTorch taking the held allocation as its segment.
+fn is_own_segment(held: &Held, index: usize, event: &Event) -> bool {
+    event.kind == EventKind::TensorSegment
+        && index == held.index
+        && event.thread == held.event.thread
+        && event.addr == held.event.addr
+        && event.size == held.event.size
+}
+
+/// Tensor view: a held driver allocation becomes a segment without ever counting as live.
+fn take_segment(state: &mut State, held: &Held) {
+    let live = live_of(held.index as u32, held.t_ns, &held.event, state.seq);
+    state
+        .segments
+        .insert((live.process, live.addr), Segment::new(live));
+}
+
+fn live_of(process: u32, t_ns: u64, event: &Event, seq: u64) -> Live {
+    Live {
+        process,
+        kind: event.kind,
+        api: event.api,
+        device: event.device,
+        addr: event.addr,
+        handle: event.handle,
+        size: event.size,
+        requested: event.size,
+        stack: event.stack,
+        thread: event.thread,
+        stream: event.stream,
+        t_ns,
+        seq,
+    }
 }
 
 /// Each process's start on one common clock. Logs of one host and boot share
@@ -631,6 +888,11 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
     if event.result != 0 {
         return Effect::None;
     }
+    if state.view == View::Tensors
+        && let Some(effect) = apply_tensor(state, process, index, t_ns, event)
+    {
+        return effect;
+    }
     let (class, value) = match event.kind {
         EventKind::Alloc | EventKind::Free => {
             // Arrays have no address: known by handle, kept apart from addresses.
@@ -653,20 +915,7 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
     };
     match event.kind {
         EventKind::Alloc | EventKind::Create => {
-            let live = Live {
-                process: index,
-                kind: event.kind,
-                api: event.api,
-                device: event.device,
-                addr: event.addr,
-                handle: event.handle,
-                size: event.size,
-                stack: event.stack,
-                thread: event.thread,
-                stream: event.stream,
-                t_ns,
-                seq: state.seq,
-            };
+            let live = live_of(index, t_ns, event, state.seq);
             state.add(key, live);
             Effect::Added(live)
         }
@@ -678,6 +927,78 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
             }
         },
     }
+}
+
+/// Tensor view: PyTorch's events, and frees of its segments. `None`: as in the driver view.
+fn apply_tensor(
+    state: &mut State,
+    process: &mut Process,
+    index: u32,
+    t_ns: u64,
+    event: &Event,
+) -> Option<Effect> {
+    let key = Key {
+        process: index,
+        class: 2,
+        value: event.addr,
+    };
+    Some(match event.kind {
+        EventKind::TensorAlloc => {
+            let block = state
+                .segment_mut(index, event.addr)
+                .and_then(|segment| segment.allocate(event.addr, event.size));
+            let size = block.unwrap_or_else(|| {
+                process.unplaced_blocks += 1;
+                rounded_request(event.size)
+            });
+            let live = Live {
+                size,
+                requested: event.size,
+                ..live_of(index, t_ns, event, state.seq)
+            };
+            state.add(key, live);
+            Effect::Added(live)
+        }
+        // PyTorch's allocated bytes drop when the program frees; the block is reusable later.
+        EventKind::TensorFreeRequested => {
+            if let Some(segment) = state.segment_mut(index, event.addr) {
+                segment.free_requested(event.addr);
+            }
+            match state.remove(&key) {
+                Some(live) => Effect::Removed(live),
+                None => {
+                    process.unmatched_frees += 1;
+                    Effect::Unmatched
+                }
+            }
+        }
+        EventKind::TensorFree => {
+            if let Some(segment) = state.segment_mut(index, event.addr) {
+                segment.free_completed(event.addr);
+            }
+            Effect::None
+        }
+        // Not held back (another thread's event came between): the allocation leaves the
+        // live set for the segments.
+        EventKind::TensorSegment => {
+            let driver = Key {
+                process: index,
+                class: 0,
+                value: event.addr,
+            };
+            match state.remove(&driver) {
+                Some(live) => {
+                    state
+                        .segments
+                        .insert((index, live.addr), Segment::new(live));
+                    Effect::Removed(live)
+                }
+                None => Effect::None,
+            }
+        }
+        EventKind::Free if state.segments.remove(&(index, event.addr)).is_some() => Effect::None,
+        _ => return None,
+    })
 }
 
 /// A progress bar on stderr for long replays, only when stderr is a terminal.
@@ -742,5 +1063,64 @@ impl Progress {
             let _ = write!(stderr, "\r{:90}\r", "");
             let _ = stderr.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn segment(addr: u64, size: u64) -> Segment {
+        Segment::new(Live {
+            process: 0,
+            kind: EventKind::Alloc,
+            api: 0,
+            device: 0,
+            addr,
+            handle: 0,
+            size,
+            requested: size,
+            stack: 0,
+            thread: 0,
+            stream: 0,
+            t_ns: 0,
+            seq: 0,
+        })
+    }
+
+    #[test]
+    fn small_blocks_split_off_any_remainder_and_merge_back() {
+        let base = 0x7000_0000_0000;
+        let mut small = segment(base, 2 * MIB);
+        assert_eq!(small.allocate(base, 1000), Some(1024));
+        assert_eq!(small.allocate(base + 1024, 1), Some(512));
+        // Not the start of a free block: the model does not place it.
+        assert_eq!(small.allocate(base + 100, 512), None);
+        small.free_requested(base);
+        // Requested, not completed: not reusable, not merged.
+        assert_eq!(small.allocate(base, 512), None);
+        small.free_completed(base);
+        small.free_requested(base + 1024);
+        small.free_completed(base + 1024);
+        assert_eq!(
+            small.blocks.iter().collect::<Vec<_>>(),
+            vec![(&base, &(2 * MIB, BlockState::Free))]
+        );
+    }
+
+    #[test]
+    fn large_blocks_split_only_a_remainder_over_1_mib() {
+        let base = 0x7100_0000_0000;
+        let mut large = segment(base, 20 * MIB);
+        // 20 MiB − 19.5 MiB leaves 0.5 MiB: handed out whole.
+        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2), Some(20 * MIB));
+        let mut large = segment(base, 20 * MIB);
+        assert_eq!(large.allocate(base, 18 * MIB), Some(18 * MIB));
+        // The remaining 2 MiB then goes whole to a 1.5 MiB request (0.5 MiB left).
+        assert_eq!(large.allocate(base + 18 * MIB, 3 * MIB / 2), Some(2 * MIB));
+        assert_eq!(rounded_request(0), 512);
+        assert_eq!(rounded_request(513), 1024);
     }
 }

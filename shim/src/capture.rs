@@ -64,6 +64,10 @@ impl Spec {
         self.handle = handle;
         self
     }
+    pub fn device(mut self, device: i32) -> Spec {
+        self.device = DeviceSource::Known(device);
+        self
+    }
     pub fn device_opt(mut self, device: Option<i32>) -> Spec {
         if let Some(device) = device {
             self.device = DeviceSource::Known(device);
@@ -113,6 +117,32 @@ pub fn hook(
     });
     leave(entry.ring);
     result
+}
+
+/// Records an event no hooked call made (PyTorch's allocator reporting a block), on the
+/// calling thread, exactly as a hooked call's event: same ring, stacks and ordering.
+pub fn record_reported(api: u16, spec: Spec) {
+    let Some(entry) = enter() else {
+        return;
+    };
+    crate::guard((), || {
+        record(api, Layer::Runtime, entry.t0, entry.ring, 0, |_| Some(spec))
+    });
+    leave(entry.ring);
+}
+
+/// Inside an acquiring hook's spec (before its event is stamped): tells the writer that this
+/// thread's events from now on are newer than now, so that others can be written while this
+/// thread waits (the hook's event is stamped after the spec; releases are not allowed here).
+pub fn publish_progress_now() {
+    let ring = THREAD
+        .try_with(|thread| thread.ring.get())
+        .unwrap_or(std::ptr::null());
+    if let Some(ring) = unsafe { ring.as_ref() }
+        && ring.in_progress.load(Ordering::SeqCst) != IDLE
+    {
+        ring.in_progress.store(now_ns(), Ordering::SeqCst);
+    }
 }
 
 struct Entry {
@@ -363,7 +393,7 @@ fn push(ring: &Ring, slot: &Slot, on_full: OnFull) {
 }
 
 /// The calling thread's current device, by the API family it called.
-fn current_device(layer: Layer) -> i32 {
+pub fn current_device(layer: Layer) -> i32 {
     let mut device: c_int = UNKNOWN_DEVICE;
     let rc = match layer {
         Layer::Runtime => {

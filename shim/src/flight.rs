@@ -233,7 +233,13 @@ fn identity(event: &Event) -> Option<(u8, u64, bool)> {
         EventKind::Unmap => (2, event.addr, false),
         EventKind::Reserve => (3, event.addr, true),
         EventKind::Unreserve => (3, event.addr, false),
-        EventKind::AllocFailed | EventKind::Trim => return None,
+        EventKind::TensorAlloc => (4, event.addr, true),
+        EventKind::TensorFree => (4, event.addr, false),
+        EventKind::AllocFailed
+        | EventKind::Trim
+        | EventKind::TensorFreeRequested
+        | EventKind::TensorOom
+        | EventKind::TensorSegment => return None,
     })
 }
 

@@ -12,6 +12,7 @@ use vramshim_format::EventKind;
 
 use crate::capture::{self, Spec};
 use crate::real::{self, Layer};
+use crate::torch_trace;
 
 /// One row of the table.
 pub struct HookDef {
@@ -144,7 +145,11 @@ hooks! {
 
     // Runtime (dynamic libcudart): one event per call; the driver calls inside are not recorded.
     Runtime fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) =>
-        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
+        |r| {
+            let addr = out_ptr(r, dev_ptr);
+            torch_trace::after_cuda_malloc(HOOK_COUNT as u16, r, addr, size as u64);
+            Some(Spec::new(EventKind::Alloc, addr, size as u64))
+        };
     Runtime fn cudaFree(dev_ptr: *mut c_void) =>
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
         |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
@@ -340,6 +345,11 @@ fn array3d_bytes(desc: *const Array3dDescriptor, levels: c_uint) -> u64 {
 }
 
 /// Entry-point names, in `api` order, for the log header.
+/// PyTorch's allocator's own events come last, as [`torch_trace::API_NAME`].
 pub fn api_names() -> Vec<String> {
-    HOOKS.iter().map(|def| def.name.to_owned()).collect()
+    HOOKS
+        .iter()
+        .map(|def| def.name.to_owned())
+        .chain([torch_trace::API_NAME.to_owned()])
+        .collect()
 }

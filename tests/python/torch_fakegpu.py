@@ -160,6 +160,64 @@ def transformer():
     say(mode="transformer", steps=steps, trained=trained, inference=inference, **stats())
 
 
+def trace():
+    """PyTorch's own memory history over an MLP and a transformer training step, for the
+    tensors recorded beside it: its alloc / free_requested / free_completed / segment_alloc
+    entries (action, address, size), the allocated peak, and tensors of known sizes."""
+    torch.manual_seed(0)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+    known = [torch.empty(1000, 3, device="cuda"), torch.empty(7, dtype=torch.uint8, device="cuda"),
+             torch.empty(3 << 20, device="cuda")]
+    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                              torch.nn.Linear(2048, 10)).cuda()
+    optimizer = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    for _ in range(2):
+        optimizer.zero_grad()
+        data = torch.randn(256, 512, device="cuda")
+        target = torch.randint(0, 10, (256,), device="cuda")
+        torch.nn.functional.cross_entropy(mlp(data), target).backward()
+        optimizer.step()
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for length in (64, 384):
+        optimizer.zero_grad(set_to_none=True)
+        x = torch.randn(16, length, 256, device="cuda")
+        model(x).square().mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    entries = [[e["action"], e["addr"], e["size"]] for e in snapshot["device_traces"][0]
+               if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc")]
+    say(mode="trace", entries=entries, known=[[t.data_ptr(), t.nbytes] for t in known],
+        **stats())
+
+
+def two_devices():
+    """One tensor on device 0, then two threads on each of two devices: 50 tensors per thread,
+    every other one freed at once, the rest when the thread's work returns."""
+    import threading
+
+    def work(device):
+        tensors = [torch.empty(1000 * (i + 1), device=f"cuda:{device}") for i in range(50)]
+        del tensors[::2]
+
+    # Device 0 first: PyTorch creates device 1's allocator later, on its first use.
+    first = torch.empty(1, device="cuda:0")
+    threads = [threading.Thread(target=work, args=(d,)) for d in (0, 1) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_device = [torch.cuda.memory_stats(d) for d in (0, 1)]
+    say(mode="two_devices", count=torch.cuda.device_count(),
+        allocations=[s["allocation.all.allocated"] for s in per_device],
+        allocated_peaks=[s["allocated_bytes.all.peak"] for s in per_device])
+
+
 def gemm():
     """A GEMM (cuBLAS) then a Linear with bias (cuBLASLt): torch's reserved bytes and the
     driver's used bytes before, after the first and after the second."""
@@ -175,4 +233,5 @@ def gemm():
 
 
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
- "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip}[sys.argv[1]]()
+ "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
+ "trace": trace, "two_devices": two_devices}[sys.argv[1]]()

@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -420,6 +421,278 @@ fn malloc_async_backend_uses_the_pools_caching() {
         assert_eq!(select(&events, "alloc", "cudaMallocAsync").len(), 2);
         assert_eq!(select(&events, "free", "cudaFreeAsync").len(), 2);
     }
+}
+
+/// PyTorch's own trace action for a tensor event of the log.
+fn torch_action(event: &str) -> Option<&'static str> {
+    Some(match event {
+        "tensor_alloc" => "alloc",
+        "tensor_free_requested" => "free_requested",
+        "tensor_free" => "free_completed",
+        "tensor_segment" => "segment_alloc",
+        _ => return None,
+    })
+}
+
+#[test]
+fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
+    let Some(python) = torch_python() else { return };
+    // No stacks: the peak's JSON tree of deep torch stacks nests past serde_json's limit.
+    let run = run_torch(
+        &python,
+        "trace",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    let notes: Vec<&str> = dump
+        .iter()
+        .filter(|v| v["type"] == "note")
+        .filter_map(|v| v["text"].as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("torch: recording tensors: PyTorch's segment_alloc")),
+        "{notes:?}"
+    );
+    let events = events(&dump);
+    // Torch's history (an MLP and a transformer step) is the log's tensor events up to the
+    // snapshot, entry for entry: action, address, size (requested bytes).
+    let recorded: Vec<(String, u64, u64)> = events
+        .iter()
+        .filter_map(|e| {
+            let action = torch_action(e["event"].as_str()?)?;
+            assert_eq!(e["api"], "torch.CUDACachingAllocator");
+            assert_eq!(e["device"], 0);
+            Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
+        })
+        .collect();
+    let torch: Vec<(String, u64, u64)> = arr(&r["entries"])
+        .iter()
+        .map(|entry| {
+            let entry = arr(entry);
+            (
+                entry[0].as_str().expect("action").to_owned(),
+                entry[1].as_u64().expect("addr"),
+                entry[2].as_u64().expect("size"),
+            )
+        })
+        .collect();
+    let count = |action: &str| torch.iter().filter(|(a, _, _)| a == action).count();
+    assert!(
+        count("alloc") > 400 && count("free_completed") > 300,
+        "{}",
+        torch.len()
+    );
+    assert_eq!(
+        count("segment_alloc") as u64,
+        r["num_device_alloc"].as_u64().unwrap()
+    );
+    assert!(recorded.len() >= torch.len());
+    assert_eq!(recorded[..torch.len()], torch[..]);
+    // Requested sizes are the tensors' sizes.
+    for known in arr(&r["known"]) {
+        let (addr, bytes) = (known[0].as_u64().unwrap(), known[1].as_u64().unwrap());
+        let first = recorded
+            .iter()
+            .find(|(action, a, _)| action == "alloc" && *a == addr)
+            .expect("the known tensor's block");
+        assert_eq!(first.2, bytes, "tensor at {addr:#x}");
+    }
+    // Every block lies inside a segment cudaMalloc returned and that is still held.
+    let mut segments: HashMap<u64, u64> = HashMap::new();
+    for event in &events {
+        let (addr, size) = (u64_of(event, "addr"), u64_of(event, "size"));
+        match (event["event"].as_str(), event["api"].as_str()) {
+            (Some("alloc"), Some("cudaMalloc")) => {
+                segments.insert(addr, size);
+            }
+            (Some("free"), Some("cudaFree")) => {
+                segments.remove(&addr);
+            }
+            (Some("tensor_alloc"), _) => assert!(
+                segments
+                    .iter()
+                    .any(|(&base, &len)| base <= addr && addr + size.max(1) <= base + len),
+                "block {addr:#x}+{size} in no segment"
+            ),
+            _ => {}
+        }
+    }
+    // The tensor view's peak is torch's allocated peak (block sizes, splits and merges
+    // modelled); the driver view's is its reserved peak.
+    let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
+    assert_eq!(
+        arr(&peak["warnings"])
+            .iter()
+            .filter(|w| w.as_str().unwrap_or_default().contains("allocator model"))
+            .count(),
+        0,
+        "{peak}"
+    );
+    let device = &arr(&peak["devices"])[0];
+    assert_eq!(device["bytes"], r["allocated_peak"], "{peak}");
+    let segments_then = u64_of(&device["pytorch_segments"], "bytes");
+    assert!(
+        segments_then >= u64_of(device, "bytes") && segments_then <= u64_of(r, "reserved_peak")
+    );
+    let driver = json_of(&[
+        OsStr::new("peak"),
+        OsStr::new("--segments"),
+        OsStr::new("--device"),
+        OsStr::new("0"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(
+        arr(&driver["devices"])[0]["bytes"],
+        r["reserved_peak"],
+        "{driver}"
+    );
+    // At exit every tensor was freed (Python's finalisation); what remains is the
+    // allocator's cache, shown as such: every segment (the run never emptied it).
+    let leaks = json_of(&[OsStr::new("leaks"), OsStr::new("--json"), log.as_os_str()]);
+    let device = &arr(&leaks["devices"])[0];
+    assert_eq!(
+        (device["device"].as_i64(), device["count"].as_u64()),
+        (Some(0), Some(0)),
+        "{leaks}"
+    );
+    assert_eq!(
+        device["pytorch_segments"]["count"], r["num_device_alloc"],
+        "{leaks}"
+    );
+    assert_eq!(
+        device["pytorch_segments"]["bytes"], r["reserved"],
+        "{leaks}"
+    );
+    let (_, text, _) = vramshim(&[OsStr::new("leaks"), log.as_os_str()]);
+    assert!(
+        text.contains(&format!(
+            "PyTorch's caching allocator held {} segments",
+            r["num_device_alloc"]
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn tensors_on_two_devices_from_four_threads() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "two_devices",
+        80 << 30,
+        &[("VRAMSHIM_FAKEGPU_COUNT", "2"), ("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["count"], 2);
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    let events = events(&dump);
+    // The second device's allocator is created after the tracker first attached: it is
+    // reached by attaching again, and no entry is recorded twice.
+    for device in 0..2u64 {
+        let allocs = events
+            .iter()
+            .filter(|e| e["event"] == "tensor_alloc" && e["device"] == device)
+            .count() as u64;
+        assert_eq!(
+            allocs,
+            r["allocations"][device as usize].as_u64().unwrap(),
+            "device {device}"
+        );
+        let frees = events
+            .iter()
+            .filter(|e| e["event"] == "tensor_free" && e["device"] == device)
+            .count() as u64;
+        assert_eq!(frees, allocs, "device {device}");
+    }
+    let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
+    for device in arr(&peak["devices"])
+        .iter()
+        .filter(|d| d["device"].as_i64() >= Some(0))
+    {
+        let index = device["device"].as_u64().unwrap() as usize;
+        assert_eq!(device["bytes"], r["allocated_peaks"][index], "{peak}");
+    }
+}
+
+#[test]
+fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "train",
+        80 << 30,
+        &[("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK", "1")],
+        true,
+    );
+    // The program ran as usual (run_torch checks its exit status and its JSON line).
+    assert_eq!(run.result["steps"], 3);
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vramshim:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("vramshim: PyTorch tensors not recorded (PyTorch's TraceEntry layout is not the one known"),
+        "{stderr}"
+    );
+    let dump = dump(run.log.as_ref().expect("log"));
+    let notes: Vec<&str> = dump
+        .iter()
+        .filter(|v| v["type"] == "note")
+        .filter_map(|v| v["text"].as_str())
+        .filter(|t| t.starts_with("torch: tensors not recorded"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let events = events(&dump);
+    assert!(events.iter().all(|e| {
+        !e["event"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("tensor_")
+    }));
+    // The segments are still recorded: torch's three cudaMallocs.
+    assert_eq!(
+        select(&events, "alloc", "cudaMalloc").len() as u64,
+        run.result["num_device_alloc"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn whatif_replays_the_tensors_of_a_default_allocator_recording() {
+    let Some(python) = torch_python() else { return };
+    let run = run_torch(
+        &python,
+        "transformer",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let whatif = json_of(&[
+        OsStr::new("whatif"),
+        OsStr::new("--config"),
+        OsStr::new(""),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    // The model of the allocator, fed the tensors of the default-allocator run, reproduces
+    // that run's own figures.
+    let row = &arr(&whatif["configs"])[0];
+    assert_eq!(row["peak_allocated"], r["allocated_peak"], "{whatif}");
+    assert_eq!(row["peak_reserved"], r["reserved_peak"], "{whatif}");
 }
 
 #[test]

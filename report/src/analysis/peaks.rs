@@ -19,6 +19,8 @@ pub struct Peak {
     /// Replay time and event sequence number at which the peak was first reached.
     pub t_ns: u64,
     pub seq: u64,
+    /// Tensor view: PyTorch's segments on the device at that moment (count, bytes).
+    pub segments: (u64, u64),
 }
 
 /// Peaks over all processes, and per process.
@@ -43,11 +45,13 @@ impl Peaks {
                 let still_live = state
                     .live()
                     .filter(|live| live.device == peak.device && live.seq <= peak.seq);
-                Snapshot::from_allocations(
+                let mut snapshot = Snapshot::from_allocations(
                     Some(peak.device),
                     peak.t_ns,
                     still_live.chain(freed.iter()).copied().collect(),
-                )
+                );
+                snapshot.segments = peak.segments;
+                snapshot
             })
             .collect()
     }
@@ -93,18 +97,28 @@ impl Observer for Peaks {
             count: now.live_count,
             t_ns,
             seq: state.seq,
+            segments: (0, 0),
         };
         match self.total.iter().position(|p| p.device == device) {
             Some(index) if self.total[index].bytes >= candidate.bytes => {}
             Some(index) => {
-                self.total[index] = candidate;
+                self.total[index] = Peak {
+                    segments: state.segment_totals(device),
+                    ..candidate
+                };
                 self.freed_since_peak[index].clear();
             }
             None => {
                 let index = self
                     .total
                     .partition_point(|p| device_order(p.device) < device_order(device));
-                self.total.insert(index, candidate);
+                self.total.insert(
+                    index,
+                    Peak {
+                        segments: state.segment_totals(device),
+                        ..candidate
+                    },
+                );
                 self.freed_since_peak.insert(index, Vec::new());
             }
         }

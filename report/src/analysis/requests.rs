@@ -32,6 +32,9 @@ pub enum Source {
     /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: runtime `cudaMalloc` only (driver allocations
     /// come from other libraries).
     Runtime,
+    /// The default caching allocator recorded through its tracker (tensor view): its blocks
+    /// only; other allocations come from libraries outside it.
+    Tensors,
 }
 
 /// Turns replay steps into allocator requests for one device.
@@ -113,6 +116,7 @@ impl Requests {
         match self.source {
             Source::StreamOrdered => family == Family::StreamOrdered,
             Source::Runtime => family == Family::Runtime,
+            Source::Tensors => false,
             Source::All | Source::Undecided => matches!(
                 family,
                 Family::Runtime | Family::Driver | Family::StreamOrdered
@@ -123,6 +127,16 @@ impl Requests {
     fn alloc(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
         if !self.follows(live.device) {
             return None;
+        }
+        if live.kind == EventKind::TensorAlloc {
+            // PyTorch's own blocks: what the program asked for, rounded by the simulator.
+            self.source = Source::Tensors;
+            self.allocs += 1;
+            return Some(Request::Alloc {
+                id: live.seq,
+                size: live.requested,
+                stream: live.stream,
+            });
         }
         if live.kind != EventKind::Alloc {
             self.vmm_creates += 1;
@@ -141,10 +155,11 @@ impl Requests {
     }
 
     fn free(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
-        if live.kind != EventKind::Alloc
+        let tensor = live.kind == EventKind::TensorAlloc;
+        if !(tensor || live.kind == EventKind::Alloc)
             || live.device < 0
             || self.device != Some(live.device)
-            || !self.wanted(processes, live.process, live.api)
+            || !(tensor || self.wanted(processes, live.process, live.api))
         {
             return None;
         }
@@ -375,6 +390,7 @@ mod tests {
             addr: 0x1000 * (seq + 1),
             handle: 0,
             size,
+            requested: size,
             stack: 0,
             thread: 1,
             stream,

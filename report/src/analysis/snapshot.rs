@@ -9,6 +9,9 @@ pub struct Snapshot {
     pub device: Option<i32>,
     pub t_ns: u64,
     pub allocations: Vec<Live>,
+    /// Tensor view: PyTorch's caching-allocator segments at that moment (count, bytes),
+    /// which hold the tensors among `allocations`.
+    pub segments: (u64, u64),
 }
 
 impl Snapshot {
@@ -19,7 +22,11 @@ impl Snapshot {
             .filter(|live| device.is_none_or(|d| live.device == d))
             .copied()
             .collect();
-        Snapshot::from_allocations(device, t_ns, allocations)
+        let mut snapshot = Snapshot::from_allocations(device, t_ns, allocations);
+        if let Some(device) = device {
+            snapshot.segments = state.segment_totals(device);
+        }
+        snapshot
     }
 
     /// A snapshot of `allocations`, put in a deterministic order (oldest first).
@@ -33,6 +40,7 @@ impl Snapshot {
             device,
             t_ns,
             allocations,
+            segments: (0, 0),
         }
     }
 

@@ -591,6 +591,7 @@ mod tests {
             addr,
             handle: 0,
             size,
+            requested: size,
             stack: 0,
             thread: tid,
             stream: 0,

@@ -362,6 +362,7 @@ mod tests {
             addr,
             handle,
             size: 1,
+            requested: 1,
             stack: 0,
             thread: 0,
             stream: 0,

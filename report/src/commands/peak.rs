@@ -11,7 +11,7 @@ use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
 use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
-use crate::replay::{self, Process, Stop};
+use crate::replay::{self, Process, Stop, View};
 use crate::units;
 
 /// How much of a snapshot the text shows.
@@ -36,6 +36,10 @@ pub struct PeakArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
+    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
+    /// the tensors inside them (for logs recorded with the allocator's tracker).
+    #[arg(long)]
+    segments: bool,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
     /// `1.5s`, `250ms`, `40us`, `1200ns`), or at the program's first mark of that text
     /// (`mark:epoch 3`, written by `vramshim.mark`).
@@ -53,6 +57,10 @@ pub struct LeaksArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
+    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
+    /// the tensors inside them (for logs recorded with the allocator's tracker).
+    #[arg(long)]
+    segments: bool,
     #[command(flatten)]
     shape: Shape,
 }
@@ -66,7 +74,12 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
     };
     let (replay, snapshots, what) = match at {
         Some(at) => {
-            let replay = replay::run(&select.logs, &mut [], Stop::AfterTime(at))?;
+            let replay = replay::run_view(
+                &select.logs,
+                &mut [],
+                Stop::AfterTime(at),
+                view(args.segments),
+            )?;
             let snapshots = devices_of(&replay.state, select.device)
                 .into_iter()
                 .map(|device| Snapshot::of(&replay.state, Some(device), at))
@@ -74,7 +87,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
             (replay, snapshots, "at")
         }
         None => {
-            let (replay, snapshots) = at_peaks(select)?;
+            let (replay, snapshots) = at_peaks(select, view(args.segments))?;
             (replay, snapshots, "peak")
         }
     };
@@ -84,7 +97,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let (replay, snapshots) = at_end(select)?;
+    let (replay, snapshots) = at_end(select, view(args.segments))?;
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     render(select, &args.shape, stacks, &replay, snapshots, "leaks")
 }
@@ -138,9 +151,9 @@ fn mark_time(select: &Select, text: &str) -> Result<u64, Failure> {
 /// (`leaks` true) for `select`'s logs, stacks shown as `view` says.
 pub fn json_document(select: &Select, view: StacksArg, leaks: bool) -> Result<Value, Failure> {
     let (replay, snapshots) = if leaks {
-        at_end(select)?
+        at_end(select, View::Tensors)?
     } else {
-        at_peaks(select)?
+        at_peaks(select, View::Tensors)?
     };
     let what = if leaks { "leaks" } else { "peak" };
     let stacks = Stacks::new(&replay.processes, view.stacks, false);
@@ -167,17 +180,17 @@ const DEFAULT_SHAPE: Shape = Shape {
     min_share: 1.0,
 };
 
-/// The replay of `select`'s logs and the live set at each device's peak.
-fn at_peaks(select: &Select) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
+/// The replay of `select`'s logs in `view` and the live set at each device's peak.
+fn at_peaks(select: &Select, view: View) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
     let mut peaks = Peaks::default();
-    let replay = replay::run(&select.logs, &mut [&mut peaks], Stop::End)?;
+    let replay = replay::run_view(&select.logs, &mut [&mut peaks], Stop::End, view)?;
     let snapshots = peaks.snapshots(&replay.state, select.device);
     Ok((replay, snapshots))
 }
 
-/// The replay of `select`'s logs and what was still live on each device at its end.
-fn at_end(select: &Select) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
-    let replay = replay::run(&select.logs, &mut [], Stop::End)?;
+/// The replay of `select`'s logs in `view` and what was still live on each device at its end.
+fn at_end(select: &Select, view: View) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
+    let replay = replay::run_view(&select.logs, &mut [], Stop::End, view)?;
     let snapshots = devices_of(&replay.state, select.device)
         .into_iter()
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
@@ -185,12 +198,24 @@ fn at_end(select: &Select) -> Result<(replay::Replay, Vec<Snapshot>), Failure> {
     Ok((replay, snapshots))
 }
 
-/// Devices with something live, narrowed to `only`.
+/// The replay's view: tensors unless `--segments`.
+fn view(segments: bool) -> View {
+    if segments {
+        View::Driver
+    } else {
+        View::Tensors
+    }
+}
+
+/// Devices with something live (PyTorch's cached segments included), narrowed to `only`.
 fn devices_of(state: &replay::State, only: Option<i32>) -> Vec<i32> {
     let mut devices: Vec<i32> = state
         .devices()
         .iter()
-        .filter(|d| d.live_count > 0 && only.is_none_or(|o| o == d.device))
+        .filter(|d| {
+            (d.live_count > 0 || state.segment_totals(d.device).0 > 0)
+                && only.is_none_or(|o| o == d.device)
+        })
         .map(|d| d.device)
         .collect();
     devices.sort_by_key(|d| crate::render::device_order(*d));
@@ -235,7 +260,7 @@ fn with_report<T>(
     let processes: &[Process] = &replay.processes;
     let views = snapshots
         .into_iter()
-        .filter(|s| !s.allocations.is_empty())
+        .filter(|s| !s.allocations.is_empty() || s.segments.0 > 0)
         .map(|s| {
             let groups = by_stack(&s.allocations, &mut stacks, processes);
             SnapshotView {
@@ -243,6 +268,7 @@ fn with_report<T>(
                 t_ns: s.t_ns,
                 bytes: s.bytes(),
                 count: s.allocations.len() as u64,
+                segments: s.segments,
                 tree: tree(&groups),
                 groups,
             }

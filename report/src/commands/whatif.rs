@@ -12,7 +12,7 @@ use crate::analysis::allocator::AllocatorView;
 use crate::analysis::requests::{CapacitySource, Source, WhatIf};
 use crate::commands::common::{Select, emit};
 use crate::render::whatif::{self, Row, WhatIfReport};
-use crate::replay::{self, Stop};
+use crate::replay::{self, Stop, View};
 use crate::units::{counted, parse_size};
 
 /// The configurations simulated when no `--config` is given.
@@ -143,7 +143,9 @@ pub fn with_report<T>(
     let mut view = AllocatorView::new(args.device);
     let mut sims = WhatIf::new(args.device, configs, args.capacity).map_err(Failure::input)?;
     let logs = vec![args.log.clone()];
-    let replay = replay::run(&logs, &mut [&mut view, &mut sims], Stop::End)?;
+    // PyTorch's blocks where the log has them (the default allocator, recorded through its
+    // tracker), in place of its segments.
+    let replay = replay::run_view(&logs, &mut [&mut view, &mut sims], Stop::End, View::Tensors)?;
     view.finish();
     sims.finish().map_err(Failure::input)?;
 
@@ -211,10 +213,12 @@ pub fn with_report<T>(
             if sims.requests.skipped == 1 { "is" } else { "are" },
             match sims.requests.source {
                 Source::StreamOrdered => "backend:cudaMallocAsync",
+                Source::Tensors => "the default allocator recorded through its tracker",
                 _ => "PYTORCH_NO_CUDA_MEMORY_CACHING=1",
             },
             match sims.requests.source {
                 Source::StreamOrdered => "stream-ordered allocations",
+                Source::Tensors => "its blocks",
                 _ => "cudaMalloc",
             }
         ));

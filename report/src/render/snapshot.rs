@@ -19,6 +19,8 @@ pub struct SnapshotView {
     pub t_ns: u64,
     pub bytes: u64,
     pub count: u64,
+    /// Tensor view: PyTorch's caching-allocator segments then (count, bytes reserved).
+    pub segments: (u64, u64),
     pub groups: Vec<StackGroup>,
     pub tree: TreeNode,
 }
@@ -83,10 +85,16 @@ impl Serialize for ViewJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let view = self.view;
         let whole = view.bytes;
-        let mut map = serializer.serialize_map(Some(6))?;
+        let mut map = serializer.serialize_map(Some(7))?;
         map.serialize_entry("bytes", &view.bytes)?;
         map.serialize_entry("count", &view.count)?;
         map.serialize_entry("device", &view.device)?;
+        if view.segments.0 > 0 {
+            map.serialize_entry(
+                "pytorch_segments",
+                &serde_json::json!({"count": view.segments.0, "bytes": view.segments.1}),
+            )?;
+        }
         map.serialize_entry(
             "stacks",
             &SeqJson(view.groups.iter().map(|group| GroupJson {
@@ -131,6 +139,19 @@ pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> 
             bytes(view.bytes),
             view.count
         )?;
+        if view.segments.0 > 0 {
+            let (count, reserved) = view.segments;
+            let plural = if count == 1 { "" } else { "s" };
+            writeln!(
+                out,
+                "  PyTorch's caching allocator held {count} segment{plural}, {} reserved: tensors are counted, not the segments",
+                bytes(reserved)
+            )?;
+            if view.count == 0 {
+                // Only the allocator's cache: no tensor to list.
+                continue;
+            }
+        }
         if report.by_thread {
             writeln!(out, "  by thread and stack:")?;
         } else {

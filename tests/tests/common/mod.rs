@@ -245,12 +245,20 @@ pub fn select<'a>(events: &[&'a Value], event: &str, api: &str) -> Vec<&'a Value
         .collect()
 }
 
-/// Whether an event gives memory back (free, release, unmap, unreserve): such events carry
+/// Whether an event gives memory back (free, release, unmap, unreserve, a PyTorch block's
+/// free): such events carry
 /// no stack unless `VRAMSHIM_FREE_STACKS=1`.
 pub fn is_release(event: &Value) -> bool {
-    ["free", "release", "unmap", "unreserve"]
-        .iter()
-        .any(|kind| event["event"] == *kind)
+    [
+        "free",
+        "release",
+        "unmap",
+        "unreserve",
+        "tensor_free_requested",
+        "tensor_free",
+    ]
+    .iter()
+    .any(|kind| event["event"] == *kind)
 }
 
 /// Every acquiring event has a stack and, with the default `VRAMSHIM_FREE_STACKS`, no release
