@@ -436,10 +436,10 @@ fn torch_action(event: &str) -> Option<&'static str> {
 
 #[test]
 fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     // No stacks: the peak's JSON tree of deep torch stacks nests past serde_json's limit.
     let run = run_torch(
-        &python,
+        &torch,
         "trace",
         80 << 30,
         &[("VRAMSHIM_STACK", "none")],
@@ -584,9 +584,9 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
 
 #[test]
 fn tensors_on_two_devices_from_four_threads() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let run = run_torch(
-        &python,
+        &torch,
         "two_devices",
         80 << 30,
         &[("VRAMSHIM_FAKEGPU_COUNT", "2"), ("VRAMSHIM_STACK", "none")],
@@ -627,9 +627,9 @@ fn tensors_on_two_devices_from_four_threads() {
 
 #[test]
 fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let run = run_torch(
-        &python,
+        &torch,
         "train",
         80 << 30,
         &[("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK", "1")],
@@ -671,9 +671,9 @@ fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning
 
 #[test]
 fn whatif_replays_the_tensors_of_a_default_allocator_recording() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let run = run_torch(
-        &python,
+        &torch,
         "transformer",
         80 << 30,
         &[("VRAMSHIM_STACK", "none")],
