@@ -4,6 +4,7 @@
 pub mod allocated;
 pub mod allocator;
 pub mod apis;
+pub mod breakdown;
 pub mod diff;
 pub mod events;
 pub mod groups;

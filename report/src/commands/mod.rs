@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod allocator;
+pub mod breakdown;
 pub mod common;
 pub mod diff;
 pub mod dryrun;

@@ -1,6 +1,7 @@
 //! Renderers: text and JSON from analysis results. Nothing here reads logs.
 
 pub mod allocator;
+pub mod breakdown;
 pub mod chrome_trace;
 pub mod diff;
 pub mod dryrun;
