@@ -46,6 +46,9 @@ enum Command {
     /// parameters, gradients, optimizer state, activations, temporaries, workspaces, other
     /// (from a per-tensor recording), with the top stacks of each.
     Breakdown(commands::breakdown::Args),
+    /// The program's own source lines that allocated, beside their text: bytes allocated,
+    /// count, net live change, bytes live at the peak.
+    Lines(commands::lines::Args),
     /// Live bytes over time per device, with used memory, the peak and failures: a terminal
     /// chart, JSON, or an SVG picture.
     Timeline(commands::timeline::Args),
@@ -127,6 +130,7 @@ where
         Command::Leaks(args) => commands::peak::leaks(args),
         Command::Oom(args) => commands::oom::run(args),
         Command::Breakdown(args) => commands::breakdown::run(args),
+        Command::Lines(args) => commands::lines::run(args),
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Diff(args) => commands::diff::run(args),

@@ -1,7 +1,8 @@
 //! `vramshim breakdown` on real PyTorch (the fake GPU): a known MLP trained with Adam, recorded
 //! per tensor (no caching, and the cudaMallocAsync backend). Parameters must be exactly the
 //! bytes torch reports (Σ numel × element size), gradients the same, Adam's state twice that,
-//! and the ReLU outputs saved for backward must count as activations.
+//! and the ReLU outputs saved for backward must count as activations. `vramshim lines` on the
+//! same recording charges the script's own lines with exact figures.
 
 mod common;
 
@@ -152,6 +153,10 @@ fn mlp_with_adam_breaks_down_into_parameters_gradients_and_state() {
         // cuBLAS's workspace is named as such.
         assert_eq!(category(device, "workspaces").1, 32 << 20, "{name}");
 
+        if name == "no-caching" {
+            check_lines(&log, parameters);
+        }
+
         // The text report says the same.
         let (code, text, stderr) = vramshim(&["breakdown".as_ref(), log.as_os_str()]);
         assert_eq!(code, Some(0), "{stderr}");
@@ -170,4 +175,78 @@ fn breakdown_of_a_missing_log_is_an_input_error() {
     assert_eq!(code, Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("/nonexistent/run.vlog"), "{stderr}");
     assert!(stdout.is_empty());
+}
+
+/// The line of `tests/python/torch_breakdown.py` (1-based) that contains `text`.
+fn script_line(text: &str) -> u64 {
+    let source = std::fs::read_to_string(repo().join("tests/python/torch_breakdown.py"))
+        .expect("torch_breakdown.py");
+    let index = source
+        .lines()
+        .position(|line| line.contains(text))
+        .unwrap_or_else(|| panic!("no line with {text}"));
+    index as u64 + 1
+}
+
+/// `vramshim lines` on the MLP's recording: (allocated, count, at peak, live at end) of the
+/// script's lines that move the figures.
+fn check_lines(log: &Path, parameters: u64) {
+    let default = json_of(&["lines".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let named = json_of(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "python/torch_breakdown.py".as_ref(),
+        "--json".as_ref(),
+    ]);
+    // The script is the only file outside the library and packages.
+    assert_eq!(default["files"], named["files"]);
+    let files = arr(&named["files"]);
+    assert_eq!(files.len(), 1, "{named}");
+    assert!(
+        files[0]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("/tests/python/torch_breakdown.py")),
+        "{named}"
+    );
+    assert_eq!(files[0]["source_read"], true);
+    let figures = |text: &str| {
+        let line = script_line(text);
+        let found = arr(&files[0]["lines"])
+            .iter()
+            .find(|l| u64_of(l, "line") == line)
+            .unwrap_or_else(|| panic!("line {line} ({text}) missing: {named}"));
+        assert!(
+            found["source"]
+                .as_str()
+                .is_some_and(|source| source.contains(text)),
+            "{found}"
+        );
+        (
+            u64_of(found, "allocated_bytes"),
+            u64_of(found, "count"),
+            u64_of(found, "at_peak_bytes"),
+            u64_of(found, "live_at_end_bytes"),
+        )
+    };
+    // The model's `.cuda()`: every parameter, once; all freed at interpreter exit.
+    assert_eq!(figures(".cuda()"), (parameters, 6, parameters, 0));
+    assert_eq!(
+        figures("data = torch.randn"),
+        (256 * 512 * 4, 1, 256 * 512 * 4, 0)
+    );
+    assert_eq!(figures("target = torch.randint"), (256 * 8, 1, 256 * 8, 0));
+    // `optimizer.step()`: at the peak exactly Adam's two buffers per parameter are live.
+    let (allocated, _, at_peak, _) = figures("optimizer.step()");
+    assert_eq!(at_peak, 2 * parameters);
+    assert!(allocated > 2 * parameters, "{allocated}");
+    // A file that allocated nothing gives no lines.
+    let none = json_of(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "other.py".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert!(arr(&none["files"]).is_empty(), "{none}");
 }

@@ -8,6 +8,7 @@ pub mod breakdown;
 pub mod diff;
 pub mod events;
 pub mod groups;
+pub mod lines;
 pub mod oom;
 pub mod peaks;
 pub mod profile;

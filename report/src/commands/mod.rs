@@ -11,6 +11,7 @@ pub mod export_formats;
 pub mod flamegraph;
 pub mod html;
 pub mod launch;
+pub mod lines;
 pub mod oom;
 pub mod peak;
 pub mod report;

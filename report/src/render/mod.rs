@@ -7,6 +7,7 @@ pub mod diff;
 pub mod dryrun;
 pub mod flamegraph;
 pub mod html;
+pub mod lines;
 pub mod oom;
 pub mod parquet;
 pub mod pprof;
