@@ -42,6 +42,13 @@ enum Command {
     Leaks(commands::peak::LeaksArgs),
     /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
     Oom(commands::oom::Args),
+    /// What fills each device at its peak and over time, in a framework user's terms:
+    /// parameters, gradients, optimizer state, activations, temporaries, workspaces, other
+    /// (from a per-tensor recording), with the top stacks of each.
+    Breakdown(commands::breakdown::Args),
+    /// The program's own source lines that allocated, beside their text: bytes allocated,
+    /// count, net live change, bytes live at the peak.
+    Lines(commands::lines::Args),
     /// Live bytes over time per device, with used memory, the peak and failures: a terminal
     /// chart, JSON, or an SVG picture.
     Timeline(commands::timeline::Args),
@@ -122,6 +129,8 @@ where
         Command::Peak(args) => commands::peak::peak(args),
         Command::Leaks(args) => commands::peak::leaks(args),
         Command::Oom(args) => commands::oom::run(args),
+        Command::Breakdown(args) => commands::breakdown::run(args),
+        Command::Lines(args) => commands::lines::run(args),
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Diff(args) => commands::diff::run(args),

@@ -4,9 +4,11 @@
 pub mod allocated;
 pub mod allocator;
 pub mod apis;
+pub mod breakdown;
 pub mod diff;
 pub mod events;
 pub mod groups;
+pub mod lines;
 pub mod oom;
 pub mod peaks;
 pub mod profile;

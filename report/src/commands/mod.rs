@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod allocator;
+pub mod breakdown;
 pub mod common;
 pub mod diff;
 pub mod dryrun;
@@ -10,6 +11,7 @@ pub mod export_formats;
 pub mod flamegraph;
 pub mod html;
 pub mod launch;
+pub mod lines;
 pub mod oom;
 pub mod peak;
 pub mod report;

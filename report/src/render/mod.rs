@@ -1,11 +1,13 @@
 //! Renderers: text and JSON from analysis results. Nothing here reads logs.
 
 pub mod allocator;
+pub mod breakdown;
 pub mod chrome_trace;
 pub mod diff;
 pub mod dryrun;
 pub mod flamegraph;
 pub mod html;
+pub mod lines;
 pub mod oom;
 pub mod parquet;
 pub mod pprof;

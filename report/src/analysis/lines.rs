@@ -1,0 +1,153 @@
+//! The user's source lines that allocated: for each allocation, the innermost Python frame in
+//! the user's code (a file named on the command line, else any file outside the interpreter's
+//! library and installed packages) is charged with it.
+
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+
+use crate::python;
+use crate::replay::{Effect, Live, Observer, Process, State, Step};
+
+/// A source line: (file as recorded, line number).
+pub type LineKey = (Rc<str>, u32);
+
+/// What one line allocated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineStats {
+    /// Bytes and count of every allocation the line made.
+    pub allocated_bytes: u64,
+    pub count: u64,
+    /// Bytes of the line's allocations freed before the recording ended (the rest were
+    /// still live at its end).
+    pub freed_bytes: u64,
+    /// Bytes live at the device's peak that the line allocated.
+    pub at_peak_bytes: u64,
+}
+
+/// Which files are the user's.
+pub enum UserFiles {
+    /// Any file outside `/lib/pythonX.Y/`, `site-packages` and `dist-packages`, and not a
+    /// pseudo-file (`<frozen ...>`, `<string>`).
+    Default,
+    /// Only these: a recorded path matches when it is one of them or ends with `/` + one of
+    /// them.
+    Named(Vec<String>),
+}
+
+impl UserFiles {
+    fn is_user(&self, file: &str) -> bool {
+        match self {
+            UserFiles::Default => {
+                !file.starts_with('<')
+                    && !file.contains("/site-packages/")
+                    && !file.contains("/dist-packages/")
+                    && !file.contains("/lib/python")
+            }
+            UserFiles::Named(names) => names.iter().any(|name| {
+                file == name
+                    || (file.len() > name.len()
+                        && file.ends_with(name.as_str())
+                        && file.as_bytes()[file.len() - name.len() - 1] == b'/')
+            }),
+        }
+    }
+}
+
+/// Observer charging each allocation to its user line.
+pub struct Lines {
+    files: UserFiles,
+    device: Option<i32>,
+    /// (process, stack) → the stack's user line, if any.
+    line_of_stack: FxHashMap<(u32, u32), Option<LineKey>>,
+    /// Interned file names.
+    names: FxHashMap<String, Rc<str>>,
+    pub lines: FxHashMap<LineKey, LineStats>,
+}
+
+impl Lines {
+    /// Lines of `files`, on `device` (None: every device, pinned host memory excluded).
+    pub fn new(files: UserFiles, device: Option<i32>) -> Lines {
+        Lines {
+            files,
+            device,
+            line_of_stack: FxHashMap::default(),
+            names: FxHashMap::default(),
+            lines: FxHashMap::default(),
+        }
+    }
+
+    /// Whether allocations on `device` count.
+    pub fn counts(&self, device: i32) -> bool {
+        match self.device {
+            Some(only) => device == only,
+            None => device >= 0,
+        }
+    }
+
+    /// The user line that made `live`, if any.
+    pub fn line(&mut self, processes: &[Process], live: &Live) -> Option<LineKey> {
+        if let Some(found) = self.line_of_stack.get(&(live.process, live.stack)) {
+            return found.clone();
+        }
+        let found = processes.get(live.process as usize).and_then(|info| {
+            let frames = info.python_stacks.get(&live.stack)?;
+            frames.iter().find_map(|frame| {
+                let code = info.codes.get(&frame.code)?;
+                if !self.files.is_user(&code.filename) {
+                    return None;
+                }
+                let line = python::line_of(code, frame.offset)?;
+                let name = self
+                    .names
+                    .entry(code.filename.clone())
+                    .or_insert_with(|| code.filename.as_str().into())
+                    .clone();
+                Some((name, line))
+            })
+        });
+        self.line_of_stack
+            .insert((live.process, live.stack), found.clone());
+        found
+    }
+
+    fn ended(&mut self, processes: &[Process], live: &Live) {
+        if !self.counts(live.device) {
+            return;
+        }
+        if let Some(key) = self.line(processes, live) {
+            let stats = self.lines.entry(key).or_default();
+            stats.freed_bytes = stats.freed_bytes.saturating_add(live.size);
+        }
+    }
+}
+
+impl Observer for Lines {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        match step {
+            Step::Event { effect, .. } => match effect {
+                Effect::Added(live) => {
+                    if let Some(replaced) = state.replaced().copied() {
+                        self.ended(processes, &replaced);
+                    }
+                    if !self.counts(live.device) {
+                        return;
+                    }
+                    if let Some(key) = self.line(processes, live) {
+                        let stats = self.lines.entry(key).or_default();
+                        stats.allocated_bytes = stats.allocated_bytes.saturating_add(live.size);
+                        stats.count += 1;
+                    }
+                }
+                Effect::Removed(live) => self.ended(processes, live),
+                _ => {}
+            },
+            Step::Dump { cleared, .. } => {
+                for live in cleared.iter() {
+                    self.ended(processes, live);
+                }
+            }
+            Step::MemInfo { .. } => {}
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! `vramshim breakdown LOG...`: what fills each device at its peak and over time, in a
+//! framework user's terms (parameters, gradients, optimizer state, activations, ...).
+
+use std::process::ExitCode;
+
+use crate::Failure;
+use crate::analysis::breakdown::{Category, Classifier, Tally};
+use crate::analysis::groups::{IdTotals, Stacks, add_total, by_stack_totals};
+use crate::analysis::peaks::Peaks;
+use crate::commands::common::{self, Select, StacksArg, emit};
+use crate::render::breakdown::{self, BreakdownReport, DeviceView};
+use crate::replay::{self, Stop};
+
+/// Stacks listed per category (text only), unless `--top` says otherwise.
+const DEFAULT_TOP: usize = 3;
+/// Frames printed per stack (text only), unless `--frames` says otherwise.
+const DEFAULT_FRAMES: usize = 4;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    select: Select,
+    #[command(flatten)]
+    view: StacksArg,
+    /// Stacks listed per category (text only).
+    #[arg(long, default_value_t = DEFAULT_TOP)]
+    top: usize,
+    /// Frames printed per stack (text only).
+    #[arg(long, default_value_t = DEFAULT_FRAMES)]
+    frames: usize,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    let select = &args.select;
+    // First pass: every allocation's lifetime decides its category.
+    let mut classifier = Classifier::default();
+    let first = replay::run(&select.logs, &mut [&mut classifier], Stop::End)?;
+    let categories = classifier.finish(&first.processes, &first.state);
+    drop(first);
+    // Second pass: bytes per category over time and at each peak, and the peak's live set.
+    let mut tally = Tally::new(&categories, select.device);
+    let mut peaks = Peaks::default();
+    let replay = replay::run(&select.logs, &mut [&mut tally, &mut peaks], Stop::End)?;
+    let processes = &replay.processes;
+    let mut stacks = Stacks::new(processes, args.view.stacks, false);
+    let snapshots = peaks.snapshots(&replay.state, select.device);
+    let devices = tally
+        .devices
+        .iter()
+        .map(|device| {
+            let mut totals: Vec<IdTotals> =
+                Category::ALL.iter().map(|_| IdTotals::default()).collect();
+            if let Some(snapshot) = snapshots.iter().find(|s| s.device == Some(device.device)) {
+                for live in &snapshot.allocations {
+                    add_total(&mut totals[categories.of(live.seq) as usize], live, false);
+                }
+            }
+            DeviceView {
+                breakdown: device,
+                stacks: totals
+                    .iter()
+                    .map(|totals| by_stack_totals(totals, &mut stacks, processes))
+                    .collect(),
+            }
+        })
+        .collect();
+    let report = BreakdownReport {
+        processes,
+        devices,
+        top: args.top,
+        frames: args.frames,
+    };
+    let warnings = common::warnings(&replay, &stacks);
+    emit(
+        select,
+        &warnings,
+        || breakdown::json(&report),
+        |out| breakdown::text(out, &report),
+    )
+}

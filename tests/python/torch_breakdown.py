@@ -1,0 +1,39 @@
+"""A known MLP trained with Adam on the fake GPU (tests/tests/breakdown.rs): prints, as its
+last line, the parameter bytes (sum of numel x element size) that `vramshim breakdown` must
+find, the bytes of the ReLU outputs autograd saves for backward in one step, and the steps
+run."""
+import json
+import sys
+
+import torch
+
+
+def main():
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10)).cuda()
+    saved = []
+    for layer in model:
+        if isinstance(layer, torch.nn.ReLU):
+            layer.register_forward_hook(
+                lambda _m, _i, out: saved.append(out.numel() * out.element_size()))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(256, 512, device="cuda")
+    target = torch.randint(0, 10, (256,), device="cuda")
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    torch.cuda.synchronize()
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(json.dumps({"parameter_bytes": parameters, "parameters": len(list(model.parameters())),
+                      "relu_saved_bytes": sum(saved) // steps,
+                      "steps": steps}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+//! `vramshim breakdown` on real PyTorch (the fake GPU): a known MLP trained with Adam, recorded
+//! per tensor (no caching, and the cudaMallocAsync backend). Parameters must be exactly the
+//! bytes torch reports (Σ numel × element size), gradients the same, Adam's state twice that,
+//! and the ReLU outputs saved for backward must count as activations. `vramshim lines` on the
+//! same recording charges the script's own lines with exact figures.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::torch::{fake_preload, repo, torch_python};
+use common::*;
+use serde_json::Value;
+
+/// Runs `tests/python/torch_breakdown.py` under the recorder with `env`; returns what the
+/// script printed (its last line) and the log.
+fn recorded_mlp(python: &Path, name: &str, env: &[(&str, &str)]) -> (Value, PathBuf) {
+    let dir = scratch(&format!("breakdown-{name}"));
+    let mut command = Command::new(python);
+    command
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/torch_breakdown.py"))
+        .arg("3")
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (8u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"));
+    for key in [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "VRAMSHIM_STACK",
+        "VRAMSHIM_MODE",
+    ] {
+        command.env_remove(key);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{name} failed:\n{stdout}\n{stderr}"
+    );
+    let last = stdout.lines().last().expect("the script's figures");
+    let figures: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    let log = Run {
+        output: output.clone(),
+        dir,
+    }
+    .log();
+    (figures, log)
+}
+
+/// (bytes at the peak, own highest bytes) of `category` in a device's breakdown.
+fn category(device: &Value, name: &str) -> (u64, u64) {
+    let found = arr(&device["categories"])
+        .iter()
+        .find(|c| c["category"] == name)
+        .unwrap_or_else(|| panic!("no category {name}: {device}"));
+    (u64_of(found, "at_peak_bytes"), u64_of(found, "max_bytes"))
+}
+
+/// The innermost Python frame's function of a category's largest stack at the peak.
+fn top_python_function(device: &Value, name: &str) -> String {
+    let found = arr(&device["categories"])
+        .iter()
+        .find(|c| c["category"] == name)
+        .expect("category");
+    let stack = &arr(&found["stacks"])[0];
+    arr(&stack["frames"])
+        .iter()
+        .find(|f| f["file"].as_str().is_some_and(|file| file.ends_with(".py")))
+        .and_then(|f| f["function"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn mlp_with_adam_breaks_down_into_parameters_gradients_and_state() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    for (name, env) in [
+        ("no-caching", ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")),
+        (
+            "malloc-async",
+            ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"),
+        ),
+    ] {
+        let (figures, log) = recorded_mlp(&python, name, &[env]);
+        let parameters = u64_of(&figures, "parameter_bytes");
+        let relu_saved = u64_of(&figures, "relu_saved_bytes");
+        assert_eq!(
+            parameters, 6_340_648,
+            "{name}: the model changed: {figures}"
+        );
+
+        let report = json_of(&[
+            "breakdown".as_ref(),
+            log.as_os_str(),
+            "--device".as_ref(),
+            "0".as_ref(),
+            "--json".as_ref(),
+        ]);
+        let devices = arr(&report["devices"]);
+        assert_eq!(devices.len(), 1, "{name}: {report}");
+        let device = &devices[0];
+        assert_eq!(device["device"], 0);
+
+        // The categories add up to the peak.
+        let at_peak_total: u64 = arr(&device["categories"])
+            .iter()
+            .map(|c| u64_of(c, "at_peak_bytes"))
+            .sum();
+        assert_eq!(at_peak_total, u64_of(device, "peak_bytes"), "{name}");
+
+        // Parameters: exactly the model's bytes, all of them live at the peak.
+        assert_eq!(
+            category(device, "parameters"),
+            (parameters, parameters),
+            "{name}"
+        );
+        assert_eq!(
+            top_python_function(device, "parameters"),
+            "Module.cuda.<locals>.<lambda>"
+        );
+        // Gradients: at their highest (after backward, before zero_grad) one per parameter.
+        assert_eq!(category(device, "gradients").1, parameters, "{name}");
+        // Adam: exp_avg and exp_avg_sq per parameter, live from the first step on (the peak
+        // comes in a later step's backward).
+        assert_eq!(
+            category(device, "optimizer_state"),
+            (2 * parameters, 2 * parameters),
+            "{name}"
+        );
+        assert_eq!(
+            top_python_function(device, "optimizer_state"),
+            "Adam._init_group"
+        );
+        // Activations: at least the ReLU outputs saved for backward.
+        let (_, activations) = category(device, "activations");
+        assert!(
+            activations >= relu_saved && relu_saved == 2 * 256 * 1024 * 4,
+            "{name}: activations {activations}, ReLU outputs {relu_saved}"
+        );
+        // cuBLAS's workspace is named as such.
+        assert_eq!(category(device, "workspaces").1, 32 << 20, "{name}");
+
+        if name == "no-caching" {
+            check_lines(&log, parameters);
+        }
+
+        // The text report says the same.
+        let (code, text, stderr) = vramshim(&["breakdown".as_ref(), log.as_os_str()]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(
+            text.lines()
+                .any(|line| line.trim_start().starts_with("optimizer_state")
+                    && line.contains("12.09 MiB")),
+            "{name}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn breakdown_of_a_missing_log_is_an_input_error() {
+    let (code, stdout, stderr) = vramshim(&["breakdown", "/nonexistent/run.vlog"]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("/nonexistent/run.vlog"), "{stderr}");
+    assert!(stdout.is_empty());
+}
+
+/// The line of `tests/python/torch_breakdown.py` (1-based) that contains `text`.
+fn script_line(text: &str) -> u64 {
+    let source = std::fs::read_to_string(repo().join("tests/python/torch_breakdown.py"))
+        .expect("torch_breakdown.py");
+    let index = source
+        .lines()
+        .position(|line| line.contains(text))
+        .unwrap_or_else(|| panic!("no line with {text}"));
+    index as u64 + 1
+}
+
+/// `vramshim lines` on the MLP's recording: (allocated, count, at peak, live at end) of the
+/// script's lines that move the figures.
+fn check_lines(log: &Path, parameters: u64) {
+    let default = json_of(&["lines".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let named = json_of(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "python/torch_breakdown.py".as_ref(),
+        "--json".as_ref(),
+    ]);
+    // The script is the only file outside the library and packages.
+    assert_eq!(default["files"], named["files"]);
+    let files = arr(&named["files"]);
+    assert_eq!(files.len(), 1, "{named}");
+    assert!(
+        files[0]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("/tests/python/torch_breakdown.py")),
+        "{named}"
+    );
+    assert_eq!(files[0]["source_read"], true);
+    let figures = |text: &str| {
+        let line = script_line(text);
+        let found = arr(&files[0]["lines"])
+            .iter()
+            .find(|l| u64_of(l, "line") == line)
+            .unwrap_or_else(|| panic!("line {line} ({text}) missing: {named}"));
+        assert!(
+            found["source"]
+                .as_str()
+                .is_some_and(|source| source.contains(text)),
+            "{found}"
+        );
+        (
+            u64_of(found, "allocated_bytes"),
+            u64_of(found, "count"),
+            u64_of(found, "at_peak_bytes"),
+            u64_of(found, "live_at_end_bytes"),
+        )
+    };
+    // The model's `.cuda()`: every parameter, once; all freed at interpreter exit.
+    assert_eq!(figures(".cuda()"), (parameters, 6, parameters, 0));
+    assert_eq!(
+        figures("data = torch.randn"),
+        (256 * 512 * 4, 1, 256 * 512 * 4, 0)
+    );
+    assert_eq!(figures("target = torch.randint"), (256 * 8, 1, 256 * 8, 0));
+    // `optimizer.step()`: at the peak exactly Adam's two buffers per parameter are live.
+    let (allocated, _, at_peak, _) = figures("optimizer.step()");
+    assert_eq!(at_peak, 2 * parameters);
+    assert!(allocated > 2 * parameters, "{allocated}");
+    // A file that allocated nothing gives no lines.
+    let none = json_of(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "other.py".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert!(arr(&none["files"]).is_empty(), "{none}");
+}
