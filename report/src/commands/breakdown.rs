@@ -9,7 +9,7 @@ use crate::analysis::groups::{IdTotals, Stacks, add_total, by_stack_totals};
 use crate::analysis::peaks::Peaks;
 use crate::commands::common::{self, Select, StacksArg, emit};
 use crate::render::breakdown::{self, BreakdownReport, DeviceView};
-use crate::replay::{self, Stop};
+use crate::replay::{self, Stop, View};
 
 /// Stacks listed per category (text only), unless `--top` says otherwise.
 const DEFAULT_TOP: usize = 3;
@@ -34,13 +34,23 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
     // First pass: every allocation's lifetime decides its category.
     let mut classifier = Classifier::default();
-    let first = replay::run(&select.logs, &mut [&mut classifier], Stop::End)?;
+    let first = replay::run_view(
+        &select.logs,
+        &mut [&mut classifier],
+        Stop::End,
+        View::Tensors,
+    )?;
     let categories = classifier.finish(&first.processes, &first.state);
     drop(first);
     // Second pass: bytes per category over time and at each peak, and the peak's live set.
     let mut tally = Tally::new(&categories, select.device);
     let mut peaks = Peaks::default();
-    let replay = replay::run(&select.logs, &mut [&mut tally, &mut peaks], Stop::End)?;
+    let replay = replay::run_view(
+        &select.logs,
+        &mut [&mut tally, &mut peaks],
+        Stop::End,
+        View::Tensors,
+    )?;
     let processes = &replay.processes;
     let mut stacks = Stacks::new(processes, args.view.stacks, false);
     let snapshots = peaks.snapshots(&replay.state, select.device);

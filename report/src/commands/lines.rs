@@ -9,7 +9,7 @@ use crate::analysis::lines::{LineKey, LineStats, Lines, UserFiles};
 use crate::analysis::peaks::Peaks;
 use crate::commands::common::{Select, emit};
 use crate::render::lines::{self, FileView, LinesReport};
-use crate::replay::{self, Stop};
+use crate::replay::{self, Stop, View};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -34,7 +34,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     let mut analysis = Lines::new(files, select.device);
     let mut peaks = Peaks::default();
-    let replay = replay::run(&select.logs, &mut [&mut analysis, &mut peaks], Stop::End)?;
+    let replay = replay::run_view(
+        &select.logs,
+        &mut [&mut analysis, &mut peaks],
+        Stop::End,
+        View::Tensors,
+    )?;
     let processes = &replay.processes;
     for snapshot in peaks.snapshots(&replay.state, select.device) {
         if !snapshot.device.is_some_and(|d| analysis.counts(d)) {
