@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
@@ -514,7 +514,7 @@ impl Replay {
 
 /// Logs opened for a replay.
 struct Input {
-    reader: LogReader<BufReader<File>>,
+    reader: LogReader<File>,
     /// The next timed record, read ahead for merging.
     pending: Option<Record>,
     finished: bool,
@@ -549,7 +549,8 @@ pub fn run_view(
     let mut inputs = Vec::with_capacity(paths.len());
     let mut processes = Vec::with_capacity(paths.len());
     for path in paths {
-        let reader = open_buffered(path)?;
+        // Opened once: the reader has its own 1 MiB buffer.
+        let reader = logfile::open(path)?;
         let size_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
         processes.push(Process {
             path: path.clone(),
@@ -802,15 +803,6 @@ fn start_times(processes: &[Process]) -> Vec<u64> {
     } else {
         wall
     }
-}
-
-fn open_buffered(path: &Path) -> Result<LogReader<BufReader<File>>, Failure> {
-    // Opened once through `logfile::open` for its error messages, then with a larger buffer.
-    drop(logfile::open(path)?);
-    let file = File::open(path)
-        .map_err(|err| Failure::input(format!("cannot open {}: {err}", path.display())))?;
-    LogReader::new(BufReader::with_capacity(1 << 20, file))
-        .map_err(|err| Failure::input(format!("{}: {err}", path.display())))
 }
 
 /// Reads until a timed record (event, memory sample, note, dump) and absorbs definitions.
