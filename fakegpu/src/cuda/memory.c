@@ -2,6 +2,7 @@
  * pinned/registered host memory, cuMemGetInfo, copies and sets, pointer attributes, IPC. */
 #include "driver.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -161,7 +162,77 @@ void fg_unmap(void *p, uint64_t size)
         if (kept)
             return;
     }
+    fg_host_release((uint64_t)p, rounded);
     munmap(p, rounded);
+}
+
+/* ---------------------------------------------------------------- host RAM of device data */
+/* Device data costs host RAM only in pages something wrote. host_resident counts those pages
+ * (copies and fills count the pages they make resident, found with mincore; pages given back
+ * are uncounted), so that past VRAMSHIM_FAKEGPU_HOST_BYTES a copy is dropped, not an OOM kill.
+ * Pages of freed mappings kept for reuse stay counted: they still hold host RAM. */
+static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t host_resident;
+static int host_warned;
+
+/* Bytes of [start, start + size) (page-aligned outward) that are not resident. */
+static uint64_t host_absent_bytes(uint64_t start, uint64_t size, uint64_t *resident_out)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t first = start / page * page, end = page_round(start + size);
+    uint64_t absent = 0, resident = 0;
+    unsigned char vec[4096];
+    for (uint64_t at = first; at < end;) {
+        uint64_t pages = (end - at) / page < sizeof vec ? (end - at) / page : sizeof vec;
+        if (mincore((void *)at, pages * page, vec) != 0) {
+            absent += pages * page; /* not mapped: nothing there to count */
+        } else {
+            for (uint64_t i = 0; i < pages; i++) {
+                if (vec[i] & 1)
+                    resident += page;
+                else
+                    absent += page;
+            }
+        }
+        at += pages * page;
+    }
+    if (resident_out)
+        *resident_out = resident;
+    return absent;
+}
+
+void fg_host_release(uint64_t p, uint64_t size)
+{
+    uint64_t resident = 0;
+    if (size == 0)
+        return;
+    host_absent_bytes(p, size, &resident);
+    pthread_mutex_lock(&host_lock);
+    host_resident -= resident < host_resident ? resident : host_resident;
+    pthread_mutex_unlock(&host_lock);
+}
+
+/* Whether a write of [dst, dst + n) into device memory may keep its data: the pages it makes
+ * resident are counted if they fit under the bound. No: one warning line per process. */
+static bool host_admit(uint64_t dst, size_t n)
+{
+    struct fg_alloc a;
+    if (n == 0 || !fg_lookup(dst, &a) || a.kind == FG_HOST || a.kind == FG_REGISTERED)
+        return true; /* host memory: the program's own */
+    uint64_t added = host_absent_bytes(dst, n, NULL);
+    uint64_t bound = fg_config()->host_bytes;
+    bool fits;
+    pthread_mutex_lock(&host_lock);
+    fits = added <= bound && host_resident <= bound - added;
+    if (fits)
+        host_resident += added;
+    pthread_mutex_unlock(&host_lock);
+    if (!fits && !__atomic_exchange_n(&host_warned, 1, __ATOMIC_RELAXED))
+        fprintf(stderr,
+                "vramshim fakegpu: device data past VRAMSHIM_FAKEGPU_HOST_BYTES=%llu bytes of host "
+                "RAM is dropped: copies beyond it read back as zeros\n",
+                fg_config()->host_bytes);
+    return fits;
 }
 
 /* ---------------------------------------------------------------- device memory */
@@ -357,6 +428,9 @@ static CUresult check_range(uint64_t p, size_t n)
     return CUDA_SUCCESS;
 }
 
+static CUresult zero_fill(uint64_t dst, size_t n);
+
+/* A copy into device memory past the host RAM bound becomes a zero fill of its destination. */
 static CUresult copy(uint64_t dst, uint64_t src, size_t n)
 {
     if (!fg_initialized())
@@ -364,9 +438,12 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n)
     CUresult rc = check_range(dst, n);
     if (!rc)
         rc = check_range(src, n);
-    if (!rc && n)
-        memmove((void *)dst, (const void *)src, n);
-    return rc;
+    if (rc || n == 0)
+        return rc;
+    if (!host_admit(dst, n))
+        return zero_fill(dst, n);
+    memmove((void *)dst, (const void *)src, n);
+    return CUDA_SUCCESS;
 }
 
 FG_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(dst, src, n); }
@@ -410,7 +487,26 @@ FG_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr 
 }
 
 /* Zero fills of whole pages give the pages back instead of writing them, so a large memset
- * costs no host RAM. */
+ * costs no host RAM. The range is known to be valid. */
+static CUresult zero_fill(uint64_t dst, size_t n)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t first = (dst + page - 1) / page * page, last = (dst + n) / page * page;
+    struct fg_alloc a;
+    if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED && a.kind != FG_HOST) {
+        fg_host_release(first, last - first);
+        if (madvise((void *)first, last - first, MADV_DONTNEED) == 0) {
+            memset((void *)dst, 0, first - dst);
+            memset((void *)last, 0, dst + n - last);
+            return CUDA_SUCCESS;
+        }
+    }
+    memset((void *)dst, 0, n);
+    return CUDA_SUCCESS;
+}
+
+/* A fill with a value other than zero writes its pages, so past the host RAM bound it becomes
+ * a zero fill. */
 static CUresult set(uint64_t dst, unsigned value, size_t elem, size_t count)
 {
     if (!fg_initialized())
@@ -420,17 +516,8 @@ static CUresult set(uint64_t dst, unsigned value, size_t elem, size_t count)
     if (rc || n == 0)
         return rc;
     unsigned char *p = (unsigned char *)dst;
-    if (value == 0) {
-        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-        uint64_t first = (dst + page - 1) / page * page, last = (dst + n) / page * page;
-        struct fg_alloc a;
-        if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED &&
-            madvise((void *)first, last - first, MADV_DONTNEED) == 0) {
-            memset(p, 0, first - dst);
-            memset((void *)last, 0, dst + n - last);
-            return CUDA_SUCCESS;
-        }
-    }
+    if (value == 0 || !host_admit(dst, n))
+        return zero_fill(dst, n);
     for (size_t i = 0; i < count; i++) {
         if (elem == 1)
             p[i] = (unsigned char)value;
