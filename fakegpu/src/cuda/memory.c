@@ -167,65 +167,138 @@ void fg_unmap(void *p, uint64_t size)
 }
 
 /* ---------------------------------------------------------------- host RAM of device data */
-/* Device data costs host RAM only in pages something wrote. host_resident counts those pages
- * (copies and fills count the pages they make resident, found with mincore; pages given back
- * are uncounted), so that past VRAMSHIM_FAKEGPU_HOST_BYTES a copy is dropped, not an OOM kill.
- * Pages of freed mappings kept for reuse stay counted: they still hold host RAM. */
+/* Device data costs host RAM only in the pages a copy or fill wrote. Those pages are kept as a
+ * sorted set of disjoint, non-adjacent spans (page-aligned byte ranges; no system call on the
+ * copy path), removed when the pages are given back (munmap, MADV_DONTNEED, a VMM unmap), so
+ * that past VRAMSHIM_FAKEGPU_HOST_BYTES a copy is dropped rather than the program OOM-killed.
+ * Pages of freed mappings kept for reuse stay in the set: they still hold host RAM. */
+struct span {
+    uint64_t start, end;
+};
 static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t host_resident;
+static struct span *spans;
+static size_t span_count, span_capacity;
+static uint64_t host_written; /* bytes the spans cover */
 static int host_warned;
 
-/* Bytes of [start, start + size) (page-aligned outward) that are not resident. */
-static uint64_t host_absent_bytes(uint64_t start, uint64_t size, uint64_t *resident_out)
+/* Index of the first span that ends after addr. */
+static size_t first_span_after(uint64_t addr)
 {
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t first = start / page * page, end = page_round(start + size);
-    uint64_t absent = 0, resident = 0;
-    unsigned char vec[4096];
-    for (uint64_t at = first; at < end;) {
-        uint64_t pages = (end - at) / page < sizeof vec ? (end - at) / page : sizeof vec;
-        if (mincore((void *)at, pages * page, vec) != 0) {
-            absent += pages * page; /* not mapped: nothing there to count */
-        } else {
-            for (uint64_t i = 0; i < pages; i++) {
-                if (vec[i] & 1)
-                    resident += page;
-                else
-                    absent += page;
-            }
-        }
-        at += pages * page;
+    size_t lo = 0, hi = span_count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (spans[mid].end <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    if (resident_out)
-        *resident_out = resident;
-    return absent;
+    return lo;
+}
+
+/* Bytes of [start, end) that no span covers. */
+static uint64_t uncovered(uint64_t start, uint64_t end)
+{
+    uint64_t covered = 0;
+    for (size_t i = first_span_after(start); i < span_count && spans[i].start < end; i++) {
+        uint64_t lo = spans[i].start > start ? spans[i].start : start;
+        uint64_t hi = spans[i].end < end ? spans[i].end : end;
+        covered += hi - lo;
+    }
+    return end - start - covered;
+}
+
+/* Room for one more span. */
+static bool span_room(void)
+{
+    if (span_count < span_capacity)
+        return true;
+    size_t capacity = span_capacity ? span_capacity * 2 : 256;
+    struct span *grown = realloc(spans, capacity * sizeof *spans);
+    if (!grown)
+        return false;
+    spans = grown;
+    span_capacity = capacity;
+    return true;
+}
+
+/* Adds [start, end), merging the spans it overlaps or touches. False: no memory for it. */
+static bool cover(uint64_t start, uint64_t end)
+{
+    size_t first = first_span_after(start ? start - 1 : 0), last = first;
+    while (last < span_count && spans[last].start <= end)
+        last++;
+    if (first == last) { /* a new span at first */
+        if (!span_room())
+            return false;
+        memmove(spans + first + 1, spans + first, (span_count - first) * sizeof *spans);
+        spans[first] = (struct span){start, end};
+        span_count++;
+        return true;
+    }
+    if (spans[first].start < start)
+        start = spans[first].start;
+    if (spans[last - 1].end > end)
+        end = spans[last - 1].end;
+    spans[first] = (struct span){start, end};
+    memmove(spans + first + 1, spans + last, (span_count - last) * sizeof *spans);
+    span_count -= last - first - 1;
+    return true;
 }
 
 void fg_host_release(uint64_t p, uint64_t size)
 {
-    uint64_t resident = 0;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = p / page * page, end = page_round(p + size);
     if (size == 0)
         return;
-    host_absent_bytes(p, size, &resident);
     pthread_mutex_lock(&host_lock);
-    host_resident -= resident < host_resident ? resident : host_resident;
+    size_t i = first_span_after(start);
+    while (i < span_count && spans[i].start < end) {
+        if (spans[i].start < start && spans[i].end > end && !span_room())
+            break; /* no memory to split the span: it stays counted (never a crash) */
+        struct span *s = &spans[i];
+        uint64_t lo = s->start > start ? s->start : start, hi = s->end < end ? s->end : end;
+        host_written -= hi - lo;
+        if (s->start < start && s->end > end) { /* split in two */
+            memmove(s + 2, s + 1, (span_count - i - 1) * sizeof *spans);
+            span_count++;
+            spans[i + 1] = (struct span){end, s->end};
+            s->end = start;
+            break;
+        }
+        if (s->start < start) {
+            s->end = start;
+            i++;
+        } else if (s->end > end) {
+            s->start = end;
+            break;
+        } else {
+            memmove(s, s + 1, (span_count - i - 1) * sizeof *spans);
+            span_count--;
+        }
+    }
     pthread_mutex_unlock(&host_lock);
 }
 
-/* Whether a write of [dst, dst + n) into device memory may keep its data: the pages it makes
- * resident are counted if they fit under the bound. No: one warning line per process. */
+/* Whether a write of [dst, dst + n) into device memory may keep its data: the pages it adds
+ * are counted if they fit under the bound. No: one warning line per process. */
 static bool host_admit(uint64_t dst, size_t n)
 {
     struct fg_alloc a;
     if (n == 0 || !fg_lookup(dst, &a) || a.kind == FG_HOST || a.kind == FG_REGISTERED)
         return true; /* host memory: the program's own */
-    uint64_t added = host_absent_bytes(dst, n, NULL);
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = dst / page * page, end = page_round(dst + n);
     uint64_t bound = fg_config()->host_bytes;
     bool fits;
     pthread_mutex_lock(&host_lock);
-    fits = added <= bound && host_resident <= bound - added;
-    if (fits)
-        host_resident += added;
+    uint64_t added = uncovered(start, end);
+    fits = added <= bound && host_written <= bound - added;
+    if (fits && added) {
+        fits = cover(start, end);
+        if (fits)
+            host_written += added;
+    }
     pthread_mutex_unlock(&host_lock);
     if (!fits && !__atomic_exchange_n(&host_warned, 1, __ATOMIC_RELAXED))
         fprintf(stderr,
