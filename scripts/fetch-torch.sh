@@ -4,7 +4,10 @@
 # pure-Python dependencies at the versions that torch release pins; none of NVIDIA's wheels
 # (the fakes stand in for them).
 #
-# usage: fetch-torch.sh [VERSION]   (default $VRAMSHIM_TORCH_VERSION, else 2.15.0)
+# usage: fetch-torch.sh [--extras] [VERSION]   (default $VRAMSHIM_TORCH_VERSION, else 2.15.0)
+# --extras also installs, once, into the same venv (own lock; the file EXTRAS inside marks it
+#        done): triton at torch's own pin (torch.compile), torchvision (--no-deps), pillow and
+#        numpy (torchvision imports them). Only for the releases listed in torchvision_for().
 # The releases the tests use: 2.15.0 (PyPI's build for CUDA 13), 2.6.0 and 2.4.1 (PyPI's builds
 # for CUDA 12.4 and 12.1: libcudart.so.12, cuBLAS 12, cuDNN 9).
 # Cache: ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/torch-<version>/ (a venv; the file VERSION
@@ -13,7 +16,12 @@
 # Exit 3 with a one-line message on stderr when torch cannot be installed (no network, ...).
 set -euo pipefail
 
-[[ $# -le 1 ]] || { echo "usage: scripts/fetch-torch.sh [VERSION]" >&2; exit 2; }
+EXTRAS=0
+if [[ ${1:-} == --extras ]]; then
+    EXTRAS=1
+    shift
+fi
+[[ $# -le 1 ]] || { echo "usage: scripts/fetch-torch.sh [--extras] [VERSION]" >&2; exit 2; }
 TORCH_VERSION=${1:-${VRAMSHIM_TORCH_VERSION:-2.15.0}}
 [[ $TORCH_VERSION =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || {
     echo "fetch-torch: not a torch release number: '$TORCH_VERSION'" >&2
@@ -29,8 +37,53 @@ unavailable() {
     exit 3
 }
 
+# The torchvision release that runs with a torch release (PyPI has none newer for 2.15:
+# 0.29.2 requires torch>=2.14 and is built against torch's stable ABI).
+torchvision_for() {
+    case $1 in
+    2.15.0) echo 0.29.2 ;;
+    *) return 1 ;;
+    esac
+}
+
+# Installs the extras into the complete venv $VENV, once; prints nothing on stdout.
+install_extras() {
+    [[ -f $VENV/EXTRAS ]] && return 0
+    local torchvision
+    torchvision=$(torchvision_for "$TORCH_VERSION") ||
+        unavailable "no torchvision/triton extras known for torch $TORCH_VERSION"
+    if command -v flock >/dev/null 2>&1; then
+        exec 8>"$CACHE_ROOT/torch-$TORCH_VERSION-extras.lock"
+        flock 8
+        [[ -f $VENV/EXTRAS ]] && return 0
+    fi
+    local triton
+    triton=$("$VENV/bin/python" - <<'PY'
+import importlib.metadata as metadata
+from pip._vendor.packaging.requirements import Requirement
+for text in metadata.requires("torch") or []:
+    requirement = Requirement(text)
+    if requirement.name == "triton":
+        print(requirement.name + str(requirement.specifier))
+PY
+) || unavailable "cannot read torch's requirements"
+    [[ -n $triton ]] || unavailable "torch $TORCH_VERSION does not name a triton release"
+    local log=$CACHE_ROOT/torch-$TORCH_VERSION-extras-pip.log
+    say "installing extras: $triton torchvision==$torchvision pillow numpy (about 320 MB)"
+    "$VENV/bin/python" -m pip --disable-pip-version-check --no-input install --no-deps \
+        --only-binary=:all: --retries 2 --timeout 60 "$triton" "torchvision==$torchvision" \
+        pillow numpy >"$log" 2>&1 || {
+        tail -n 3 "$log" >&2
+        unavailable "pip install of the extras failed"
+    }
+    printf '%s torchvision==%s installed %s\n' "$triton" "$torchvision" \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$VENV/EXTRAS"
+    say "installed the extras in $VENV"
+}
+
 if [[ -f $VENV/VERSION ]]; then
     say "reusing $VENV ($(cat "$VENV/VERSION"))"
+    [[ $EXTRAS == 0 ]] || install_extras
     printf '%s\n' "$VENV/bin/python"
     exit 0
 fi
@@ -44,6 +97,7 @@ if command -v flock >/dev/null 2>&1; then
     exec 9>"$CACHE_ROOT/torch-$TORCH_VERSION.lock"
     flock 9
     if [[ -f $VENV/VERSION ]]; then
+        [[ $EXTRAS == 0 ]] || install_extras
         printf '%s\n' "$VENV/bin/python"
         exit 0
     fi
@@ -86,4 +140,5 @@ installed=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.versi
     unavailable "torch does not report its version"
 printf 'torch==%s installed %s\n' "$installed" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$VENV/VERSION"
 say "installed torch $installed in $VENV"
+[[ $EXTRAS == 0 ]] || install_extras
 printf '%s\n' "$VENV/bin/python"

@@ -14,8 +14,13 @@ const MIB: u64 = 1 << 20;
 
 /// `cuda_app.c` built for CUDA `major` (12 or 13), linked against that fake runtime.
 fn build_app(dir: &Path, major: u32) -> PathBuf {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cuda_app.c");
-    let exe = dir.join(format!("cuda_app_{major}"));
+    build_program(dir, "cuda_app", major)
+}
+
+/// `tests/fakegpu/NAME.c` built for CUDA `major` (12 or 13), linked against that fake runtime.
+fn build_program(dir: &Path, name: &str, major: u32) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fakegpu/{name}.c"));
+    let exe = dir.join(format!("{name}_{major}"));
     let status = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&exe)
@@ -280,4 +285,92 @@ fn every_listed_symbol_is_exported_under_its_real_soname_and_version() {
         }
     }
     assert!(checked > 19000, "only {checked} symbols checked");
+}
+
+/// Runs `host_bound` (16 MiB copies into 128 MiB of fake device memory) with
+/// `VRAMSHIM_FAKEGPU_HOST_BYTES=bound`: (exit code, stdout, stderr).
+fn run_host_bound(exe: &Path, bound: &str) -> (Option<i32>, String, String) {
+    let output = Command::new(exe)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_HOST_BYTES", bound)
+        .output()
+        .expect("run host_bound");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The host RAM that device data may hold is bounded: with a 48 MiB bound, three 16 MiB copies
+/// keep their data, the fourth (and a fill) read back as zeros with one warning line, a copy
+/// into pages already held still keeps its data, and freeing memory makes room again; the
+/// process's peak resident set grows by at most the bound. With a 1 GiB bound every copy keeps
+/// its data and the same program grows by 80 MiB, so the measurement can see what the bound
+/// saves.
+#[test]
+fn device_data_past_the_host_ram_bound_is_dropped_with_one_line() {
+    let dir = scratch("fakegpu-host-bound");
+    let exe = build_program(&dir, "host_bound", 13);
+    let bounded = |growth: &str, dropped: &str, fill: &str| {
+        format!(
+            "big0 rc=0 data\n\
+             big1 rc=0 data\n\
+             big2 rc=0 data\n\
+             small0 rc=0 {dropped}\n\
+             big0-again rc=0 data\n\
+             memset rc=0\n\
+             small1 {fill}\n\
+             free rc=0\n\
+             small0-after-free rc=0 data\n\
+             growth_mib={growth}\n"
+        )
+    };
+
+    let (code, stdout, stderr) = run_host_bound(&exe, &(48 * MIB).to_string());
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let growth = stdout
+        .lines()
+        .last()
+        .and_then(|line| line.strip_prefix("growth_mib="))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no growth figure:\n{stdout}"));
+    // At most the bound plus 2 MiB of slack (the fill's partial pages, the C library).
+    assert!(growth <= 50, "grew by {growth} MiB:\n{stdout}");
+    assert_eq!(
+        stdout,
+        bounded(&growth.to_string(), "zeros", "zeros"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr,
+        "vramshim fakegpu: device data past VRAMSHIM_FAKEGPU_HOST_BYTES=50331648 bytes of host \
+         RAM is dropped: copies beyond it read back as zeros\n"
+    );
+
+    let (code, stdout, stderr) = run_host_bound(&exe, &(1u64 << 30).to_string());
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let growth = stdout
+        .lines()
+        .last()
+        .and_then(|line| line.strip_prefix("growth_mib="))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no growth figure:\n{stdout}"));
+    // 48 MiB in the big buffer, 16 in each small one.
+    assert!(
+        (78..=82).contains(&growth),
+        "grew by {growth} MiB:\n{stdout}"
+    );
+    assert_eq!(stdout, bounded(&growth.to_string(), "data", "other"));
+    assert_eq!(stderr, "");
+
+    // An invalid bound: one line, and CUDA does not initialise (the first cudaMalloc fails).
+    let (code, stdout, stderr) = run_host_bound(&exe, "48M");
+    assert_eq!((code, stdout.as_str()), (Some(2), ""), "{stderr}");
+    assert_eq!(
+        stderr,
+        "vramshim fakegpu: VRAMSHIM_FAKEGPU_HOST_BYTES=\"48M\" is invalid: expected a whole \
+         number from 0 to 1125899906842624; CUDA initialisation fails\n"
+    );
 }

@@ -100,16 +100,24 @@ struct Torch {
 
 /// The venv's python with `release`, or `None` (with a loud note) when it cannot be installed.
 fn install(release: &Release) -> Option<PathBuf> {
+    fetch_torch(release, &[])
+}
+
+/// Runs `scripts/fetch-torch.sh OPTIONS VERSION`: the venv's python, or `None` (with a loud
+/// note) when it cannot be installed.
+fn fetch_torch(release: &Release, options: &[&str]) -> Option<PathBuf> {
     let output = Command::new("bash")
         .arg(repo().join("scripts/fetch-torch.sh"))
+        .args(options)
         .arg(release.version)
         .output()
         .expect("run fetch-torch.sh");
     let stderr = String::from_utf8_lossy(&output.stderr);
     if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none() {
         skipped(&format!(
-            "fakegpu_torch: torch {}: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+            "fakegpu_torch: torch {} {}: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
             release.version,
+            options.join(" "),
             stderr.trim()
         ));
         return None;
@@ -141,6 +149,19 @@ fn current() -> Option<Torch> {
     torches()
         .into_iter()
         .find(|torch| torch.release.version == CURRENT.version)
+}
+
+/// The current release with the extras of `fetch-torch.sh --extras` (torchvision, triton),
+/// when they could be installed (once per test binary).
+fn current_with_extras() -> Option<Torch> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| fetch_torch(&CURRENT, &["--extras"]))
+        .clone()
+        .map(|python| Torch {
+            release: &CURRENT,
+            python,
+        })
 }
 
 impl Torch {
@@ -1343,4 +1364,109 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
         assert_eq!(u64_of(device, "peak_used"), 88 * MIB + context, "{v}");
         assert_eq!(device["failures"], 0, "{v}");
     }
+}
+
+/// torchvision's ResNet-50 (25,557,032 parameters) trained for two steps with SGD and momentum
+/// on 8 images of 3x224x224, on a card whose context takes 500 MiB: at every step the driver's
+/// used bytes are torch's reserved bytes plus the context, and the log replays to torch's own
+/// counters.
+#[test]
+fn torchvision_resnet50_training_step_through_the_fake_cudnn() {
+    let Some(torch) = current_with_extras() else {
+        return;
+    };
+    let context = CONTEXT.to_string();
+    let run = run_torch_script(
+        &torch,
+        "torch_extras.py",
+        "resnet50",
+        80 << 30,
+        &[("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["parameters"], 25_557_032, "{r}");
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps.len(), 2, "{r}");
+    for step in &steps {
+        assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+    }
+    let log = run.log.as_ref().expect("log");
+    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
+    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
+    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
+    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
+    // Torch's decisions on this workload, exactly: 71 segments, 964 MiB reserved.
+    assert_eq!((allocs, frees), (71, 0), "{r}");
+    assert_eq!(peak, 964 * MIB, "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
+}
+
+/// torch.compile of a small MLP (inductor generating triton kernels; triton's bundled ptxas
+/// compiles them to real cubins, loaded and launched through the fake driver): the compiled
+/// forward and backward train for two steps, and the log replays to torch's counters.
+#[test]
+fn torch_compile_of_a_small_model_runs_its_triton_kernels() {
+    let Some(torch) = current_with_extras() else {
+        return;
+    };
+    let caches = scratch("torch-compile-caches");
+    let triton_cache = caches.join("triton");
+    let inductor_cache = caches.join("inductor");
+    let run = run_torch_script(
+        &torch,
+        "torch_extras.py",
+        "compile",
+        80 << 30,
+        &[
+            (
+                "TRITON_CACHE_DIR",
+                triton_cache.to_str().expect("utf-8 path"),
+            ),
+            (
+                "TORCHINDUCTOR_CACHE_DIR",
+                inductor_cache.to_str().expect("utf-8 path"),
+            ),
+            // In-process compilation: no worker processes (each would write its own log).
+            ("TORCHINDUCTOR_COMPILE_THREADS", "1"),
+        ],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["graphs"], 1, "{r}");
+    assert_eq!(r["kernels"], 3, "{r}");
+    // Every kernel triton built is a real CUDA ELF (e_machine 190, EM_CUDA) from ptxas: the
+    // forward's fused GELU, the backward's GELU and its two reductions.
+    let mut cubins = Vec::new();
+    let mut pending = vec![triton_cache];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read triton cache") {
+            let path = entry.expect("cache entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "cubin") {
+                cubins.push(path);
+            }
+        }
+    }
+    assert_eq!(cubins.len(), 4, "{cubins:?}");
+    for cubin in &cubins {
+        let bytes = std::fs::read(cubin).expect("read cubin");
+        assert_eq!(&bytes[..4], b"\x7fELF", "{}", cubin.display());
+        assert_eq!(
+            u16::from_le_bytes([bytes[18], bytes[19]]),
+            190,
+            "{}",
+            cubin.display()
+        );
+    }
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps, vec![vec![104 * MIB, 104 * MIB]; 2], "{r}");
+    let log = run.log.as_ref().expect("log");
+    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
+    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
+    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
+    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
+    assert_eq!((allocs, frees, peak), (5, 0, 104 * MIB), "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
 }

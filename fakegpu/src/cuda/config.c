@@ -5,6 +5,8 @@
  *   VRAMSHIM_FAKEGPU_CC             compute capability "MAJOR.MINOR" (default "9.0")
  *   VRAMSHIM_FAKEGPU_SMS            multiprocessors (default 132)
  *   VRAMSHIM_FAKEGPU_CONTEXT_BYTES  device memory a primary context takes (default 0)
+ *   VRAMSHIM_FAKEGPU_HOST_BYTES     host RAM that device data copied in may hold (default: a
+ *                                   quarter of the machine's RAM)
  * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE. */
 #include "driver.h"
 
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static struct fg_config config;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
@@ -50,6 +53,13 @@ static void load(void)
     read_number("VRAMSHIM_FAKEGPU_MEMORY", 1, 1ull << 50, &memory);
     read_number("VRAMSHIM_FAKEGPU_SMS", 1, 1024, &sms);
     read_number("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", 0, 1ull << 50, &context);
+    /* A quarter of the machine's RAM: enough for the data a dry run copies in (weights,
+     * batches) on any machine, never enough to get the program OOM-killed. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    unsigned long long host = pages > 0 && page > 0 ? (unsigned long long)pages * page / 4
+                                                    : 1ull << 30;
+    read_number("VRAMSHIM_FAKEGPU_HOST_BYTES", 0, 1ull << 50, &host);
+    config.host_bytes = host;
     config.count = (int)count;
     config.memory = memory;
     config.sms = (int)sms;

@@ -25,6 +25,7 @@ struct fg_config {
     int cc_major, cc_minor;
     int sms;
     unsigned long long context_bytes;
+    unsigned long long host_bytes; /* host RAM that device data copied in may hold */
     bool valid; /* false: a variable was invalid (already said on stderr); cuInit fails */
 };
 const struct fg_config *fg_config(void);
@@ -78,6 +79,9 @@ bool fg_unregister(uint64_t base, int kind, struct fg_alloc *out);
 /* Host backing for device memory: zero-filled, lazily backed, page aligned. */
 void *fg_map(uint64_t size);
 void fg_unmap(void *p, uint64_t size);
+/* Uncounts the resident pages of [p, p + size) from the host RAM device data holds; called
+ * just before those pages are given back (munmap, MADV_DONTNEED, a fixed remap). */
+void fg_host_release(uint64_t p, uint64_t size);
 
 /* Stream-ordered pools (pool.c). */
 void fg_pools_init_device(int dev);

@@ -2,6 +2,7 @@
  * pinned/registered host memory, cuMemGetInfo, copies and sets, pointer attributes, IPC. */
 #include "driver.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -161,7 +162,150 @@ void fg_unmap(void *p, uint64_t size)
         if (kept)
             return;
     }
+    fg_host_release((uint64_t)p, rounded);
     munmap(p, rounded);
+}
+
+/* ---------------------------------------------------------------- host RAM of device data */
+/* Device data costs host RAM only in the pages a copy or fill wrote. Those pages are kept as a
+ * sorted set of disjoint, non-adjacent spans (page-aligned byte ranges; no system call on the
+ * copy path), removed when the pages are given back (munmap, MADV_DONTNEED, a VMM unmap), so
+ * that past VRAMSHIM_FAKEGPU_HOST_BYTES a copy is dropped rather than the program OOM-killed.
+ * Pages of freed mappings kept for reuse stay in the set: they still hold host RAM. */
+struct span {
+    uint64_t start, end;
+};
+static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct span *spans;
+static size_t span_count, span_capacity;
+static uint64_t host_written; /* bytes the spans cover */
+static int host_warned;
+
+/* Index of the first span that ends after addr. */
+static size_t first_span_after(uint64_t addr)
+{
+    size_t lo = 0, hi = span_count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (spans[mid].end <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Bytes of [start, end) that no span covers. */
+static uint64_t uncovered(uint64_t start, uint64_t end)
+{
+    uint64_t covered = 0;
+    for (size_t i = first_span_after(start); i < span_count && spans[i].start < end; i++) {
+        uint64_t lo = spans[i].start > start ? spans[i].start : start;
+        uint64_t hi = spans[i].end < end ? spans[i].end : end;
+        covered += hi - lo;
+    }
+    return end - start - covered;
+}
+
+/* Room for one more span. */
+static bool span_room(void)
+{
+    if (span_count < span_capacity)
+        return true;
+    size_t capacity = span_capacity ? span_capacity * 2 : 256;
+    struct span *grown = realloc(spans, capacity * sizeof *spans);
+    if (!grown)
+        return false;
+    spans = grown;
+    span_capacity = capacity;
+    return true;
+}
+
+/* Adds [start, end), merging the spans it overlaps or touches. False: no memory for it. */
+static bool cover(uint64_t start, uint64_t end)
+{
+    size_t first = first_span_after(start ? start - 1 : 0), last = first;
+    while (last < span_count && spans[last].start <= end)
+        last++;
+    if (first == last) { /* a new span at first */
+        if (!span_room())
+            return false;
+        memmove(spans + first + 1, spans + first, (span_count - first) * sizeof *spans);
+        spans[first] = (struct span){start, end};
+        span_count++;
+        return true;
+    }
+    if (spans[first].start < start)
+        start = spans[first].start;
+    if (spans[last - 1].end > end)
+        end = spans[last - 1].end;
+    spans[first] = (struct span){start, end};
+    memmove(spans + first + 1, spans + last, (span_count - last) * sizeof *spans);
+    span_count -= last - first - 1;
+    return true;
+}
+
+void fg_host_release(uint64_t p, uint64_t size)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = p / page * page, end = page_round(p + size);
+    if (size == 0)
+        return;
+    pthread_mutex_lock(&host_lock);
+    size_t i = first_span_after(start);
+    while (i < span_count && spans[i].start < end) {
+        if (spans[i].start < start && spans[i].end > end && !span_room())
+            break; /* no memory to split the span: it stays counted (never a crash) */
+        struct span *s = &spans[i];
+        uint64_t lo = s->start > start ? s->start : start, hi = s->end < end ? s->end : end;
+        host_written -= hi - lo;
+        if (s->start < start && s->end > end) { /* split in two */
+            memmove(s + 2, s + 1, (span_count - i - 1) * sizeof *spans);
+            span_count++;
+            spans[i + 1] = (struct span){end, s->end};
+            s->end = start;
+            break;
+        }
+        if (s->start < start) {
+            s->end = start;
+            i++;
+        } else if (s->end > end) {
+            s->start = end;
+            break;
+        } else {
+            memmove(s, s + 1, (span_count - i - 1) * sizeof *spans);
+            span_count--;
+        }
+    }
+    pthread_mutex_unlock(&host_lock);
+}
+
+/* Whether a write of [dst, dst + n) into device memory may keep its data: the pages it adds
+ * are counted if they fit under the bound. No: one warning line per process. */
+static bool host_admit(uint64_t dst, size_t n)
+{
+    struct fg_alloc a;
+    if (n == 0 || !fg_lookup(dst, &a) || a.kind == FG_HOST || a.kind == FG_REGISTERED)
+        return true; /* host memory: the program's own */
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = dst / page * page, end = page_round(dst + n);
+    uint64_t bound = fg_config()->host_bytes;
+    bool fits;
+    pthread_mutex_lock(&host_lock);
+    uint64_t added = uncovered(start, end);
+    fits = added <= bound && host_written <= bound - added;
+    if (fits && added) {
+        fits = cover(start, end);
+        if (fits)
+            host_written += added;
+    }
+    pthread_mutex_unlock(&host_lock);
+    if (!fits && !__atomic_exchange_n(&host_warned, 1, __ATOMIC_RELAXED))
+        fprintf(stderr,
+                "vramshim fakegpu: device data past VRAMSHIM_FAKEGPU_HOST_BYTES=%llu bytes of host "
+                "RAM is dropped: copies beyond it read back as zeros\n",
+                fg_config()->host_bytes);
+    return fits;
 }
 
 /* ---------------------------------------------------------------- device memory */
@@ -357,6 +501,9 @@ static CUresult check_range(uint64_t p, size_t n)
     return CUDA_SUCCESS;
 }
 
+static CUresult zero_fill(uint64_t dst, size_t n);
+
+/* A copy into device memory past the host RAM bound becomes a zero fill of its destination. */
 static CUresult copy(uint64_t dst, uint64_t src, size_t n)
 {
     if (!fg_initialized())
@@ -364,9 +511,12 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n)
     CUresult rc = check_range(dst, n);
     if (!rc)
         rc = check_range(src, n);
-    if (!rc && n)
-        memmove((void *)dst, (const void *)src, n);
-    return rc;
+    if (rc || n == 0)
+        return rc;
+    if (!host_admit(dst, n))
+        return zero_fill(dst, n);
+    memmove((void *)dst, (const void *)src, n);
+    return CUDA_SUCCESS;
 }
 
 FG_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(dst, src, n); }
@@ -410,7 +560,26 @@ FG_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr 
 }
 
 /* Zero fills of whole pages give the pages back instead of writing them, so a large memset
- * costs no host RAM. */
+ * costs no host RAM. The range is known to be valid. */
+static CUresult zero_fill(uint64_t dst, size_t n)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t first = (dst + page - 1) / page * page, last = (dst + n) / page * page;
+    struct fg_alloc a;
+    if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED && a.kind != FG_HOST) {
+        fg_host_release(first, last - first);
+        if (madvise((void *)first, last - first, MADV_DONTNEED) == 0) {
+            memset((void *)dst, 0, first - dst);
+            memset((void *)last, 0, dst + n - last);
+            return CUDA_SUCCESS;
+        }
+    }
+    memset((void *)dst, 0, n);
+    return CUDA_SUCCESS;
+}
+
+/* A fill with a value other than zero writes its pages, so past the host RAM bound it becomes
+ * a zero fill. */
 static CUresult set(uint64_t dst, unsigned value, size_t elem, size_t count)
 {
     if (!fg_initialized())
@@ -420,17 +589,8 @@ static CUresult set(uint64_t dst, unsigned value, size_t elem, size_t count)
     if (rc || n == 0)
         return rc;
     unsigned char *p = (unsigned char *)dst;
-    if (value == 0) {
-        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-        uint64_t first = (dst + page - 1) / page * page, last = (dst + n) / page * page;
-        struct fg_alloc a;
-        if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED &&
-            madvise((void *)first, last - first, MADV_DONTNEED) == 0) {
-            memset(p, 0, first - dst);
-            memset((void *)last, 0, dst + n - last);
-            return CUDA_SUCCESS;
-        }
-    }
+    if (value == 0 || !host_admit(dst, n))
+        return zero_fill(dst, n);
     for (size_t i = 0; i < count; i++) {
         if (elem == 1)
             p[i] = (unsigned char)value;

@@ -99,6 +99,7 @@ FG_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     pthread_mutex_unlock(&vmm_lock);
     if (!r)
         return CUDA_ERROR_INVALID_VALUE;
+    fg_host_release(r->base, r->size); /* mappings a program left inside */
     munmap((void *)r->base, r->size);
     free(r);
     return CUDA_SUCCESS;
@@ -191,6 +192,7 @@ FG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t at = ptr;
     while (at < ptr + size && fg_unregister(at, FG_MAPPED, &a)) {
+        fg_host_release(a.base, a.size);
         mmap((void *)a.base, a.size, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         physical_unref((struct physical *)a.pool);
