@@ -1090,6 +1090,24 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
     );
 }
 
+/// Checks that the run's log replays (its `cudaMalloc`s and `cudaFree`s) to torch's own
+/// `num_device_alloc`, `num_device_free` and reserved peak, that these are `expected`
+/// (segments allocated, segments freed, peak bytes), and that torch counted no OOM.
+fn assert_log_is_torchs(run: &TorchRun, expected: (u64, u64, u64)) {
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
+    let recorded = (allocs as u64, frees as u64, peak);
+    let torchs = (
+        u64_of(r, "num_device_alloc"),
+        u64_of(r, "num_device_free"),
+        u64_of(r, "reserved_bytes_peak"),
+    );
+    assert_eq!(recorded, torchs, "{r}");
+    assert_eq!(recorded, expected, "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
+}
+
 /// Runs `tests/python/torch_cudnn.py MODE` (convolutions through the fake cuDNN).
 fn run_cudnn(torch: &Torch, mode: &str, memory: u64, env: &[(&str, &str)]) -> TorchRun {
     run_torch_script(torch, "torch_cudnn.py", mode, memory, env, true)
@@ -1164,15 +1182,8 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     for step in &steps {
         assert_eq!(step[1], step[0] + CONTEXT, "{r}");
     }
-    let log = run.log.as_ref().expect("log");
-    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
-    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
-    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
-    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
     // Torch's decisions on this workload, exactly: 15 segments, 138 MiB reserved.
-    assert_eq!((allocs, frees), (15, 0), "{r}");
-    assert_eq!(peak, 138 * MIB, "{r}");
-    assert_eq!(r["num_ooms"], 0, "{r}");
+    assert_log_is_torchs(&run, (15, 0, 138 * MIB));
 }
 
 /// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend
@@ -1391,15 +1402,8 @@ fn torchvision_resnet50_training_step_through_the_fake_cudnn() {
     for step in &steps {
         assert_eq!(step[1], step[0] + CONTEXT, "{r}");
     }
-    let log = run.log.as_ref().expect("log");
-    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
-    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
-    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
-    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
     // Torch's decisions on this workload, exactly: 71 segments, 964 MiB reserved.
-    assert_eq!((allocs, frees), (71, 0), "{r}");
-    assert_eq!(peak, 964 * MIB, "{r}");
-    assert_eq!(r["num_ooms"], 0, "{r}");
+    assert_log_is_torchs(&run, (71, 0, 964 * MIB));
 }
 
 /// torch.compile of a small MLP (inductor generating triton kernels; triton's bundled ptxas
@@ -1462,11 +1466,5 @@ fn torch_compile_of_a_small_model_runs_its_triton_kernels() {
     }
     let steps = pairs(&r["steps"]);
     assert_eq!(steps, vec![vec![104 * MIB, 104 * MIB]; 2], "{r}");
-    let log = run.log.as_ref().expect("log");
-    let (allocs, frees, peak) = replay(log, "cudaMalloc", "cudaFree");
-    assert_eq!(allocs as u64, u64_of(r, "num_device_alloc"), "{r}");
-    assert_eq!(frees as u64, u64_of(r, "num_device_free"), "{r}");
-    assert_eq!(peak, u64_of(r, "reserved_bytes_peak"), "{r}");
-    assert_eq!((allocs, frees, peak), (5, 0, 104 * MIB), "{r}");
-    assert_eq!(r["num_ooms"], 0, "{r}");
+    assert_log_is_torchs(&run, (5, 0, 104 * MIB));
 }
