@@ -51,10 +51,18 @@ esac
 
 echo "== $(nvidia-smi -L | head -n 1)"
 echo "== $probe"
-echo "== building (cargo build --release)"
-cargo build --release --quiet -p vramshim -p vramshim-report
 target="${CARGO_TARGET_DIR:-$root/target}"
 vramshim="$target/release/vramshim"
+# A GPU machine may have no Rust toolchain: a release build made elsewhere (same x86-64 Linux,
+# an older or equal glibc) and copied into target/release is used as it is.
+if command -v cargo >/dev/null 2>&1; then
+    echo "== building (cargo build --release)"
+    cargo build --release --quiet -p vramshim -p vramshim-report
+elif [ -x "$vramshim" ] && [ -f "$target/release/libvramshim.so" ]; then
+    echo "== no cargo here: using the release build already in $target/release"
+else
+    skip "no cargo to build with, and no release build in $target/release"
+fi
 [ -x "$vramshim" ] || { echo "gpu-smoke: $vramshim missing after the build" >&2; exit 2; }
 
 out_dir="${OUT_DIR:-}"

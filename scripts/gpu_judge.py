@@ -86,6 +86,11 @@ for event in subprocess.run([vramshim, "dump", "--json", async_log], capture_out
 print("== check 1: each native mode's log against torch.cuda.memory_stats()")
 for label, (torch, log) in runs.items():
     view = next(d for d in tool("allocator", "--json", log)["devices"] if d["device"] == 0)
+    libraries = view.get("libraries") or {}
+    if libraries.get("alloc", {}).get("count"):
+        # Not compared: torch's counters never see the libraries' own memory.
+        print(f"  {label:11} libraries (driver-API, not torch's): "
+              f"{libraries['alloc']['count']} allocations, peak {libraries['peak']} bytes")
     pairs = [("peak reserved", view["reserved"]["peak"], torch["reserved_bytes.all.peak"])]
     if label != "expandable":
         pairs += [

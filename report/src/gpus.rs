@@ -1,8 +1,14 @@
 //! The cards `vramshim dryrun` can simulate. Where each figure comes from: `docs/gpus.md`.
 
-/// Device memory a CUDA context takes, used for every preset: an estimate, not a
-/// per-card measurement (reports range from about 300 MB to 700+ MB; see `docs/gpus.md`).
+/// Device memory a CUDA context takes, for cards where it was not measured: an estimate
+/// (reports range from about 300 MB to 700+ MB; see `docs/gpus.md`).
 pub const CONTEXT_ESTIMATE: u64 = 512 << 20;
+
+/// Device memory the primary context took on an H100 80GB HBM3 and on an H200, both with
+/// driver 580.159.04 and CUDA 13.0: `cuMemGetInfo` used bytes right after the primary context
+/// was made current, no library or kernel loaded (`scripts/gpu_probe.py driver`; the same
+/// figure under PyTorch 2.11 after `torch.cuda.init()`).
+pub const CONTEXT_MEASURED_HOPPER: u64 = 552_402_944;
 
 /// One simulated card.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +36,8 @@ struct Preset {
     memory: u64,
     cc: (u32, u32),
     sms: u32,
+    /// The context's memory where measured, else [`CONTEXT_ESTIMATE`].
+    context_bytes: u64,
     source: &'static str,
 }
 
@@ -41,6 +49,7 @@ const PRESETS: [Preset; 10] = [
         memory: 15_843_721_216,
         cc: (7, 5),
         sms: 40,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -49,6 +58,7 @@ const PRESETS: [Preset; 10] = [
         memory: 23_030 * MIB,
         cc: (8, 6),
         sms: 80,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "PyTorch OOM message 22.49 GiB, ±5 MiB",
     },
     Preset {
@@ -57,6 +67,7 @@ const PRESETS: [Preset; 10] = [
         memory: 23_583_784_960,
         cc: (8, 9),
         sms: 58,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -65,6 +76,7 @@ const PRESETS: [Preset; 10] = [
         memory: 24_217 * MIB,
         cc: (8, 9),
         sms: 128,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "PyTorch OOM message 23.65 GiB, ±5 MiB",
     },
     Preset {
@@ -73,6 +85,7 @@ const PRESETS: [Preset; 10] = [
         memory: 24_269 * MIB,
         cc: (8, 6),
         sms: 82,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "PyTorch OOM message 23.70 GiB, ±5 MiB",
     },
     Preset {
@@ -81,6 +94,7 @@ const PRESETS: [Preset; 10] = [
         memory: 42_298_834_944,
         cc: (8, 0),
         sms: 108,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -89,31 +103,35 @@ const PRESETS: [Preset; 10] = [
         memory: 81_039 * MIB,
         cc: (8, 0),
         sms: 108,
+        context_bytes: CONTEXT_ESTIMATE,
         source: "PyTorch OOM message 79.14 GiB, ±5 MiB",
     },
     Preset {
         key: "h100",
         name: "NVIDIA H100 80GB HBM3",
-        memory: 81_559 * MIB,
+        memory: 85_017_493_504,
         cc: (9, 0),
         sms: 132,
-        source: "reported total 85520809984 bytes (= nvidia-smi's 81559 MiB)",
+        context_bytes: CONTEXT_MEASURED_HOPPER,
+        source: "measured: totalGlobalMem and cuMemGetInfo total, driver 580.159.04",
     },
     Preset {
         key: "h100-pcie",
         name: "NVIDIA H100 PCIe",
-        memory: 81_559 * MIB,
+        memory: 85_017_493_504,
         cc: (9, 0),
         sms: 114,
-        source: "taken equal to H100 SXM (no public figure found)",
+        context_bytes: CONTEXT_ESTIMATE,
+        source: "taken equal to the measured H100 SXM (no figure of its own)",
     },
     Preset {
         key: "h200",
         name: "NVIDIA H200",
-        memory: 141_000_000_000,
+        memory: 150_109_880_320,
         cc: (9, 0),
         sms: 132,
-        source: "product figure 141 GB (driver figure not found)",
+        context_bytes: CONTEXT_MEASURED_HOPPER,
+        source: "measured: totalGlobalMem and cuMemGetInfo total, driver 580.159.04",
     },
 ];
 
@@ -125,7 +143,7 @@ impl Preset {
             memory: self.memory,
             cc: self.cc,
             sms: self.sms,
-            context_bytes: CONTEXT_ESTIMATE,
+            context_bytes: self.context_bytes,
             source: self.source,
         }
     }
@@ -142,7 +160,8 @@ pub fn presets() -> Vec<Gpu> {
     all
 }
 
-/// A card of `memory` bytes that is otherwise an H100 (compute capability, SMs, context).
+/// A card of `memory` bytes with an H100's compute capability and SMs, and the estimated
+/// context ([`CONTEXT_ESTIMATE`]: a custom card names no driver to have measured it with).
 pub fn custom(memory: u64) -> Gpu {
     Gpu {
         key: "custom",

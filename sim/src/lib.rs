@@ -31,7 +31,9 @@
 //! Modelling choices:
 //!
 //! - A `cudaMalloc` (or the pages an expandable segment maps) succeeds while reserved memory
-//!   stays within [`Config::capacity`]; there is no driver granularity and no other process.
+//!   stays within [`Config::capacity`] less what other libraries hold then
+//!   ([`Request::ExternalAlloc`]: cuBLAS's handle memory, NCCL's buffers); there is no driver
+//!   granularity and no other process.
 //! - The memory fraction is taken of the capacity (PyTorch takes it of the device's total
 //!   memory; set the capacity to the total to match).
 //! - An expandable segment reserves 9/8 of the capacity as address space (PyTorch: 9/8 of

@@ -71,6 +71,20 @@ pub enum Request {
     },
     /// `torch.cuda.empty_cache()`: release every fully free segment.
     EmptyCache,
+    /// Another library took `size` bytes of the device (cuBLAS's handle memory, NCCL's
+    /// buffers): they count against the capacity until the matching
+    /// [`ExternalFree`](Request::ExternalFree). Not counted in [`Stats::requests`], so request
+    /// positions stay those of the allocator's own requests.
+    ExternalAlloc {
+        /// Bytes taken.
+        size: u64,
+    },
+    /// Another library gave back `size` bytes it took with an
+    /// [`ExternalAlloc`](Request::ExternalAlloc).
+    ExternalFree {
+        /// Bytes given back.
+        size: u64,
+    },
 }
 
 /// What a request did.
@@ -106,7 +120,7 @@ pub struct OomEvent {
     pub reserved: u64,
     /// Allocated bytes when it failed.
     pub allocated: u64,
-    /// Capacity left on the device (`capacity − reserved`).
+    /// Capacity left on the device (`capacity − reserved − external`).
     pub device_free: u64,
     /// Peak reserved bytes up to and including this failure: what
     /// `torch.cuda.max_memory_reserved()` reports in a program that stops at this error
@@ -190,6 +204,10 @@ pub struct Stats {
     pub num_ooms: u64,
     /// The first failed allocation, if any.
     pub first_oom: Option<OomEvent>,
+    /// Bytes other libraries hold on the device now ([`Request::ExternalAlloc`]).
+    pub external: u64,
+    /// Highest `external` ever.
+    pub peak_external: u64,
 }
 
 /// One segment of [`Simulator::segments`] (for expandable segments: one mapped range).
@@ -328,11 +346,28 @@ impl Simulator {
         &self.cfg
     }
 
+    /// What the allocator may hold now: the capacity less what other libraries hold.
+    fn device_capacity(&self) -> u64 {
+        self.cfg.capacity.saturating_sub(self.st.external)
+    }
+
     /// Applies one request at time `t_ns` (used only to say when peaks and failures happen).
     pub fn apply(&mut self, t_ns: u64, req: &Request) -> Outcome {
+        self.now = t_ns;
+        match *req {
+            Request::ExternalAlloc { size } => {
+                self.st.external = self.st.external.saturating_add(size);
+                self.st.peak_external = self.st.peak_external.max(self.st.external);
+                return Outcome::Ok;
+            }
+            Request::ExternalFree { size } => {
+                self.st.external = self.st.external.saturating_sub(size);
+                return Outcome::Ok;
+            }
+            _ => {}
+        }
         let index = self.st.requests;
         self.st.requests += 1;
-        self.now = t_ns;
         let out = match *req {
             Request::Alloc { id, size, stream } => self.malloc(index, id, size, stream),
             Request::Free { id } => {
@@ -353,6 +388,7 @@ impl Simulator {
                 self.release_cached_blocks();
                 Outcome::Ok
             }
+            Request::ExternalAlloc { .. } | Request::ExternalFree { .. } => Outcome::Ok,
         };
         if self.peak_pending {
             self.peak_pending = false;
@@ -735,7 +771,7 @@ impl Simulator {
                 stream,
                 reserved: self.st.reserved,
                 allocated: self.st.allocated,
-                device_free: self.cfg.capacity.saturating_sub(self.st.reserved),
+                device_free: self.device_capacity().saturating_sub(self.st.reserved),
                 peak_reserved: self.st.peak_reserved,
                 num_alloc_retries: self.st.num_alloc_retries,
                 num_device_alloc: self.st.num_device_alloc,
@@ -868,7 +904,7 @@ impl Simulator {
         if self.cfg.expandable_segments {
             return self.try_allocate_expandable_block(small, stream, size);
         }
-        if self.st.reserved.saturating_add(alloc_size) > self.cfg.capacity {
+        if self.st.reserved.saturating_add(alloc_size) > self.device_capacity() {
             return None;
         }
         let addr = self.reserve_va(alloc_size, SEGMENT_ALIGN);
@@ -1163,7 +1199,7 @@ impl Simulator {
         let rel = blk.addr - seg.base;
         debug_assert_eq!(rel % page, 0);
         let mapped = (rel + size).div_ceil(page) * page - rel;
-        if mapped == 0 || self.st.reserved.saturating_add(mapped) > self.cfg.capacity {
+        if mapped == 0 || self.st.reserved.saturating_add(mapped) > self.device_capacity() {
             return false;
         }
         self.remove_unmapped(b);

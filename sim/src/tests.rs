@@ -392,6 +392,39 @@ fn first_oom_keeps_the_figures_a_stopped_program_reports() {
     );
 }
 
+/// cudaMalloc fails when the driver has no room, and the driver's room is what every user of
+/// the device left: another library's memory (cuBLAS's 64 MiB per handle, measured on an H200)
+/// makes PyTorch's allocator fail earlier, release its cache and retry, and frees room again
+/// when it goes.
+#[test]
+fn memory_other_libraries_hold_counts_against_the_capacity() {
+    let mut s = sim_cap("", 100 * MIB);
+    s.apply(0, &Request::ExternalAlloc { size: 64 * MIB });
+    // 20 MiB segments: 20 fits in 100 - 64 = 36; a second would make 40 > 36.
+    assert_eq!(alloc(&mut s, 1, 20 * MIB, 0), Outcome::Ok);
+    free(&mut s, 1);
+    // 30 MiB: 20 cached + 30 > 36, so the cached segment is released and the retry fits.
+    assert_eq!(alloc(&mut s, 2, 30 * MIB, 0), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!(
+        (st.reserved, st.num_alloc_retries, st.num_device_free),
+        (30 * MIB, 1, 1)
+    );
+    // 10 MiB more would need 40 + 64 > 100: out of memory, the device 6 MiB free.
+    match alloc(&mut s, 3, 10 * MIB, 0) {
+        Outcome::Oom(oom) => assert_eq!(oom.device_free, 6 * MIB),
+        other => panic!("expected an OOM, got {other:?}"),
+    }
+    // The library gives its memory back: now it fits.
+    s.apply(0, &Request::ExternalFree { size: 64 * MIB });
+    assert_eq!(alloc(&mut s, 4, 10 * MIB, 0), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!((st.external, st.peak_external), (0, 64 * MIB));
+    // External requests are not the allocator's: positions count only Alloc, Free and
+    // EmptyCache (5 here).
+    assert_eq!(st.requests, 5);
+}
+
 #[test]
 fn oom_at_the_exact_request_and_the_run_goes_on() {
     let mut s = sim_cap("", 100 * MIB);

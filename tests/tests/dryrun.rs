@@ -13,7 +13,7 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-/// The context every preset and custom card charges (the tool's estimate).
+/// The context the unmeasured presets (the T4 here) and custom cards charge (the estimate).
 const CONTEXT: u64 = 512 * MIB;
 /// What the T4 preset reports as its memory (deviceQuery, see docs/gpus.md).
 const T4_MEMORY: u64 = 15_843_721_216;
@@ -411,15 +411,27 @@ fn the_preset_table_is_listed() {
         ("rtx3090", 24_269 * MIB),
         ("a100-40gb", 42_298_834_944),
         ("a100-80gb", 81_039 * MIB),
-        ("h100", 85_520_809_984),
-        ("h100-pcie", 85_520_809_984),
-        ("h200", 141_000_000_000),
+        ("h100", 85_017_493_504),
+        ("h100-pcie", 85_017_493_504),
+        ("h200", 150_109_880_320),
     ] {
         let row = stdout
             .lines()
             .find(|l| l.split_whitespace().next() == Some(key))
             .unwrap_or_else(|| panic!("{key} missing:\n{stdout}"));
         assert!(row.contains(&format!(" {memory} ")), "{key}: {row}");
+    }
+    // The contexts measured on an H100 and an H200 (552,402,944 bytes), the estimate else.
+    for (key, context) in [
+        ("h100", "526.81 MiB"),
+        ("h200", "526.81 MiB"),
+        ("t4", "512.00 MiB"),
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("{key} missing:\n{stdout}"));
+        assert!(row.contains(context), "{key}: {row}");
     }
     // Smallest first: the order in which the smallest card that fits is chosen.
     let memories: Vec<u64> = stdout

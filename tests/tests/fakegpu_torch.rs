@@ -18,6 +18,12 @@ use common::*;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
+/// Device memory each cuBLAS handle takes for itself (one handle per thread that runs
+/// cuBLAS: training makes two, the main thread's and the autograd thread's), as the fake
+/// cuBLAS allocates it after a real H200's: 1 KiB + 128 KiB + 64 MiB (docs/gpus.md).
+const CUBLAS_HANDLE: u64 = 1024 + (128 << 10) + (64 << 20);
+/// Device memory each cuDNN handle takes for itself, likewise: 25,344 + 4 bytes.
+const CUDNN_HANDLE: u64 = 25_344 + 4;
 
 /// A PyTorch release from PyPI and the fakes it loads, by SONAME (its libraries' DT_NEEDED
 /// entries, plus NVML, which it dlopens). They are preloaded so that they win over torch's
@@ -547,7 +553,8 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         }
     }
     // The tensor view's peak is torch's allocated peak (block sizes, splits and merges
-    // modelled); the driver view's is its reserved peak.
+    // modelled) and the two cuBLAS handles' own memory; the driver view's is its reserved
+    // peak and the same handles.
     let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
     assert_eq!(
         arr(&peak["warnings"])
@@ -558,10 +565,14 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         "{peak}"
     );
     let device = &arr(&peak["devices"])[0];
-    assert_eq!(device["bytes"], r["allocated_peak"], "{peak}");
+    assert_eq!(
+        u64_of(device, "bytes"),
+        u64_of(r, "allocated_peak") + 2 * CUBLAS_HANDLE,
+        "{peak}"
+    );
     let segments_then = u64_of(&device["pytorch_segments"], "bytes");
     assert!(
-        segments_then >= u64_of(device, "bytes") && segments_then <= u64_of(r, "reserved_peak")
+        segments_then >= u64_of(r, "allocated_peak") && segments_then <= u64_of(r, "reserved_peak")
     );
     let driver = json_of(&[
         OsStr::new("peak"),
@@ -571,18 +582,24 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         OsStr::new("--json"),
         log.as_os_str(),
     ]);
+    // The driver's view: torch's segments and the cuBLAS handles' own memory.
     assert_eq!(
-        arr(&driver["devices"])[0]["bytes"],
-        r["reserved_peak"],
+        u64_of(&arr(&driver["devices"])[0], "bytes"),
+        u64_of(r, "reserved_peak") + 2 * CUBLAS_HANDLE,
         "{driver}"
     );
     // At exit every tensor was freed (Python's finalisation); what remains is the
-    // allocator's cache, shown as such: every segment (the run never emptied it).
+    // allocator's cache, shown as such: every segment (the run never emptied it). The two
+    // cuBLAS handles are never destroyed: their 6 allocations are the leaks.
     let leaks = json_of(&[OsStr::new("leaks"), OsStr::new("--json"), log.as_os_str()]);
     let device = &arr(&leaks["devices"])[0];
     assert_eq!(
-        (device["device"].as_i64(), device["count"].as_u64()),
-        (Some(0), Some(0)),
+        (
+            device["device"].as_i64(),
+            device["count"].as_u64(),
+            device["bytes"].as_u64()
+        ),
+        (Some(0), Some(6), Some(2 * CUBLAS_HANDLE)),
         "{leaks}"
     );
     assert_eq!(
@@ -723,7 +740,12 @@ fn mlp_training_with_adam_and_device_queries() {
         let run = run_torch(&torch, "train", 80 << 30, &[], true);
         let r = &run.result;
         assert_eq!(r["steps"], 3);
-        assert_eq!(r["reserved_now"], r["used"], "{r}");
+        // The driver's used bytes: torch's reserved and the two cuBLAS handles' own memory.
+        assert_eq!(
+            u64_of(r, "reserved_now") + 2 * CUBLAS_HANDLE,
+            u64_of(r, "used"),
+            "{r}"
+        );
         let (allocs, frees, peak) =
             replay(run.log.as_ref().expect("log"), "cudaMalloc", "cudaFree");
         assert_eq!(
@@ -918,26 +940,42 @@ fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u
 const CONTEXT: u64 = 500 * MIB;
 
 /// Runs the transformer workload (fp32 then bf16 autocast training with varying sequence
-/// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card with a
-/// 500 MiB context, recorded, under `PYTORCH_CUDA_ALLOC_CONF=config` (none when empty). Checks that at every step the driver's used bytes are torch's
-/// reserved bytes plus the context, and returns the run.
+/// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card (and the
+/// two cuBLAS handles' own memory) with a 500 MiB context, recorded, under
+/// `PYTORCH_CUDA_ALLOC_CONF=config` (none when empty). Checks that at every step the driver's
+/// used bytes are torch's reserved bytes plus the context and the cuBLAS handles, and returns
+/// the run.
 fn transformer_run(torch: &Torch, config: &str) -> TorchRun {
     let context = CONTEXT.to_string();
     let mut env = vec![("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())];
     if !config.is_empty() {
         env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
     }
-    let run = run_torch(torch, "transformer", 1100 * MIB, &env, true);
+    let run = run_torch(
+        torch,
+        "transformer",
+        1100 * MIB + 2 * CUBLAS_HANDLE,
+        &env,
+        true,
+    );
     let r = &run.result;
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 16, "{r}");
     for (reserved, used) in steps.iter().map(|s| (s[0], s[1])) {
-        assert_eq!(used, reserved + CONTEXT, "{config}: {r}");
+        assert_eq!(
+            used,
+            reserved + CONTEXT + 2 * CUBLAS_HANDLE,
+            "{config}: {r}"
+        );
     }
     let inference = pairs(&r["inference"]);
     assert_eq!(inference.len(), 8, "{r}");
     for batch in &inference {
-        assert_eq!(batch[2], batch[1] + CONTEXT, "{config}: {r}");
+        assert_eq!(
+            batch[2],
+            batch[1] + CONTEXT + 2 * CUBLAS_HANDLE,
+            "{config}: {r}"
+        );
     }
     assert_eq!(r["num_ooms"], 0, "{config}: {r}");
     run
@@ -1047,7 +1085,8 @@ fn gemm_steps(result: &Value) -> Vec<Vec<u64>> {
 /// first GEMM makes torch reserve one 32 MiB segment (CublasHandlePool.cpp's default for
 /// sm90: 4096 KiB x 8), which the log shows as a cudaMalloc; `CUBLAS_WORKSPACE_CONFIG=:16:8`
 /// (128 KiB) fits in a segment torch already has. The cuBLASLt call after it takes no further
-/// memory. The fake libraries allocate nothing of their own: used equals reserved.
+/// memory. The first GEMM also makes the thread's cuBLAS handle, whose own memory (through
+/// cuMemAlloc_v2, not torch's) the driver's used bytes show beside torch's reserved bytes.
 #[test]
 fn cublas_workspace_is_torchs_and_follows_its_config() {
     let Some(torch) = current() else { return };
@@ -1057,8 +1096,8 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
         gemm_steps(r),
         vec![
             vec![2 * MIB, 2 * MIB],
-            vec![34 * MIB, 34 * MIB],
-            vec![36 * MIB, 36 * MIB]
+            vec![34 * MIB, 34 * MIB + CUBLAS_HANDLE],
+            vec![36 * MIB, 36 * MIB + CUBLAS_HANDLE]
         ],
         "{r}"
     );
@@ -1083,8 +1122,8 @@ fn cublas_workspace_is_torchs_and_follows_its_config() {
         gemm_steps(r),
         vec![
             vec![2 * MIB, 2 * MIB],
-            vec![2 * MIB, 2 * MIB],
-            vec![4 * MIB, 4 * MIB]
+            vec![2 * MIB, 2 * MIB + CUBLAS_HANDLE],
+            vec![4 * MIB, 4 * MIB + CUBLAS_HANDLE]
         ],
         "{r}"
     );
@@ -1148,7 +1187,8 @@ fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
         "{r}"
     );
     assert_eq!(u64_of(r, "reserved_bytes_current"), 58 * MIB, "{r}");
-    assert_eq!(r["used"], r["reserved_bytes_current"], "{r}");
+    // Beside torch's segments, the one cuDNN handle's own memory (no cuBLAS here).
+    assert_eq!(u64_of(r, "used"), 58 * MIB + CUDNN_HANDLE, "{r}");
 
     // A 52 MiB card: the workspace fails (torch frees its cache, which has nothing free, and
     // asks again), torch counts one OOM, and the engine without workspace runs.
@@ -1164,7 +1204,8 @@ fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
 
 /// A ResNet-18-like network (convolutions, batch norm, max pooling, residual additions)
 /// trained with Adam for three steps, on a card whose context takes 500 MiB: at every step the
-/// driver's used bytes are torch's reserved bytes plus the context, and the log replays to
+/// driver's used bytes are torch's reserved bytes plus the context and the libraries' own
+/// memory (a cuBLAS and a cuDNN handle on each of the two threads), and the log replays to
 /// torch's own counters.
 #[test]
 fn resnet_training_with_adam_through_the_fake_cudnn() {
@@ -1180,7 +1221,11 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 3, "{r}");
     for step in &steps {
-        assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+        assert_eq!(
+            step[1],
+            step[0] + CONTEXT + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE),
+            "{r}"
+        );
     }
     // Torch's decisions on this workload, exactly: 15 segments, 138 MiB reserved.
     assert_log_is_torchs(&run, (15, 0, 138 * MIB));
@@ -1319,11 +1364,12 @@ fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
         assert_eq!(r["reduce_scatter"], serde_json::json!(scattered), "{r}");
         assert_eq!(r["average"], serde_json::json!([0.5]), "{r}");
         assert_eq!(r["maximum"], serde_json::json!([17]), "{r}");
-        // Every step: the driver's used bytes are torch's reserved bytes plus the context.
+        // Every step: the driver's used bytes are torch's reserved bytes plus the context
+        // and the rank's two cuBLAS handles.
         let steps = pairs(&r["steps"]);
         assert_eq!(steps.len(), 3, "{r}");
         for step in &steps {
-            assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+            assert_eq!(step[1], step[0] + CONTEXT + 2 * CUBLAS_HANDLE, "{r}");
         }
         // The rank's own log, on the rank's own device, replays to its counters.
         let log = dir.join(format!("{}.vlog", u64_of(r, "pid")));
@@ -1370,9 +1416,18 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
     for (rank, (device, r)) in devices.iter().zip(&ranks).enumerate() {
         assert_eq!(u64_of(device, "device"), rank as u64, "{v}");
         assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
-        assert_eq!(device["peak_recorded"], r["reserved_peak"], "{v}\n{r}");
-        assert_eq!(u64_of(device, "peak_recorded"), 88 * MIB, "{v}");
-        assert_eq!(u64_of(device, "peak_used"), 88 * MIB + context, "{v}");
+        // The recorded peak: torch's segments and the rank's two cuBLAS handles.
+        assert_eq!(
+            u64_of(device, "peak_recorded"),
+            u64_of(r, "reserved_peak") + 2 * CUBLAS_HANDLE,
+            "{v}\n{r}"
+        );
+        assert_eq!(u64_of(r, "reserved_peak"), 88 * MIB, "{r}");
+        assert_eq!(
+            u64_of(device, "peak_used"),
+            88 * MIB + 2 * CUBLAS_HANDLE + context,
+            "{v}"
+        );
         assert_eq!(device["failures"], 0, "{v}");
     }
 }
@@ -1400,7 +1455,11 @@ fn torchvision_resnet50_training_step_through_the_fake_cudnn() {
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 2, "{r}");
     for step in &steps {
-        assert_eq!(step[1], step[0] + CONTEXT, "{r}");
+        assert_eq!(
+            step[1],
+            step[0] + CONTEXT + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE),
+            "{r}"
+        );
     }
     // Torch's decisions on this workload, exactly: 71 segments, 964 MiB reserved.
     assert_log_is_torchs(&run, (71, 0, 964 * MIB));
@@ -1465,6 +1524,11 @@ fn torch_compile_of_a_small_model_runs_its_triton_kernels() {
         );
     }
     let steps = pairs(&r["steps"]);
-    assert_eq!(steps, vec![vec![104 * MIB, 104 * MIB]; 2], "{r}");
+    // Used: torch's segments and the two cuBLAS handles (forward and autograd threads).
+    assert_eq!(
+        steps,
+        vec![vec![104 * MIB, 104 * MIB + 2 * CUBLAS_HANDLE]; 2],
+        "{r}"
+    );
     assert_log_is_torchs(&run, (5, 0, 104 * MIB));
 }

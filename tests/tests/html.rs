@@ -263,8 +263,8 @@ fn html_page_shows_the_recording_in_a_browser() {
     let cache = top.find(">cache (").expect("cache in top stacks");
     assert!(weights < cache, "largest stack first");
 
-    // The allocator view: 7 successful device allocations (weights, cache, 4 churn,
-    // activations), 1 failed.
+    // The allocator view: 6 successful cudaMallocs (weights, 4 churn, activations), 1
+    // failed; the cache, a driver-API cuMemAlloc beside them, is shown apart.
     let allocator = part(
         &dom,
         "class=\"allocator-device\" data-device=\"0\"",
@@ -272,8 +272,16 @@ fn html_page_shows_the_recording_in_a_browser() {
     );
     assert_contains(
         allocator,
-        &format!("data-value=\"7\">7 ({}), 1 failed<", "108.00 MiB"),
+        &format!("data-value=\"6\">6 ({}), 1 failed<", "84.00 MiB"),
         "allocator",
+    );
+    assert_contains(
+        allocator,
+        &format!(
+            "data-value=\"1\">1 ({}), peak {}<",
+            "24.00 MiB", "24.00 MiB"
+        ),
+        "allocator libraries",
     );
 
     // The whatif table: the same rows as `vramshim whatif --json`.

@@ -1,7 +1,10 @@
-/* The fake cuBLAS (libcublas.so.12 and .13): handles with their stream, workspace and modes.
- * Compute functions are generated no-ops (noop.txt). */
+/* The fake cuBLAS (libcublas.so.12 and .13): handles with their stream, workspace and modes,
+ * and the device memory a real handle takes. Compute functions are generated no-ops
+ * (noop.txt). */
 #include <stddef.h>
 #include <stdlib.h>
+
+#include "fakegpu_library_memory.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
 typedef int cublasStatus_t;
@@ -12,11 +15,21 @@ enum {
     CUBLAS_STATUS_INVALID_VALUE = 7,
 };
 
+/* What a real handle allocates at cublasCreate_v2, through the driver (cuBLAS links the CUDA
+ * runtime statically, so cuMemAlloc_v2, never cudaMalloc), in this order. Measured with the
+ * recorder on an NVIDIA H200 (compute capability 9.0, driver 580.159.04) with cuBLAS 13.1.0.3
+ * from PyTorch 2.11's CUDA 13 wheel: every handle, one per thread that runs cuBLAS under
+ * PyTorch, made exactly these three (scripts/gpu_probe.py). Other cards and releases were not
+ * measured; the same sizes are used for every card. */
+static const size_t handle_allocations[] = {1024, 128 << 10, 64 << 20};
+#define HANDLE_ALLOCATIONS (sizeof handle_allocations / sizeof handle_allocations[0])
+
 struct cublas_handle {
     void *stream;
     void *workspace;
     size_t workspace_bytes;
     int math_mode, pointer_mode, atomics_mode;
+    CUdeviceptr own[HANDLE_ALLOCATIONS]; /* the handle's own device memory */
 };
 typedef struct cublas_handle *cublasHandle_t;
 
@@ -24,14 +37,24 @@ FG_EXPORT cublasStatus_t cublasCreate_v2(cublasHandle_t *handle)
 {
     if (!handle)
         return CUBLAS_STATUS_INVALID_VALUE;
-    *handle = calloc(1, sizeof **handle);
-    return *handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+    struct cublas_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    CUresult rc = fg_library_alloc(h->own, handle_allocations, HANDLE_ALLOCATIONS);
+    if (rc) {
+        free(h);
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? CUBLAS_STATUS_ALLOC_FAILED
+                                              : CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    *handle = h;
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 FG_EXPORT cublasStatus_t cublasDestroy_v2(cublasHandle_t handle)
 {
     if (!handle)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    fg_library_free(handle->own, HANDLE_ALLOCATIONS);
     free(handle);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "fakegpu_library_memory.h"
+
 #define FG_EXPORT __attribute__((visibility("default")))
 typedef int cudnnStatus_t;
 enum {
@@ -18,8 +20,18 @@ enum {
 /* cuDNN 9.26.0, the release PyTorch 2.15 is built with: major * 10000 + minor * 100 + patch. */
 #define FG_CUDNN_VERSION 92600
 
+/* What a real handle allocates for itself: 25,344 and 4 bytes of device memory (cuMemAlloc_v2)
+ * and 4 bytes of pinned host memory (cuMemHostAlloc). Measured with the recorder on an NVIDIA
+ * H200 (driver 580.159.04) with cuDNN 9.19.0.56 under PyTorch 2.11: each of the two handles
+ * (the forward's thread, the autograd thread) made exactly these (scripts/gpu_probe.py). */
+static const size_t handle_allocations[] = {25344, 4};
+#define HANDLE_ALLOCATIONS (sizeof handle_allocations / sizeof handle_allocations[0])
+#define HANDLE_PINNED_BYTES 4
+
 struct cudnn_handle {
     void *stream;
+    CUdeviceptr own[HANDLE_ALLOCATIONS];
+    void *pinned;
 };
 
 FG_EXPORT size_t cudnnGetVersion(void) { return FG_CUDNN_VERSION; }
@@ -41,14 +53,31 @@ FG_EXPORT cudnnStatus_t cudnnCreate(struct cudnn_handle **handle)
 {
     if (!handle)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    *handle = calloc(1, sizeof **handle);
-    return *handle ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+    struct cudnn_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CUDNN_STATUS_ALLOC_FAILED;
+    CUresult rc = fg_library_alloc(h->own, handle_allocations, HANDLE_ALLOCATIONS);
+    if (rc == CUDA_SUCCESS) {
+        rc = cuMemHostAlloc(&h->pinned, HANDLE_PINNED_BYTES, 0);
+        if (rc)
+            fg_library_free(h->own, HANDLE_ALLOCATIONS);
+    }
+    if (rc) {
+        free(h);
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? CUDNN_STATUS_ALLOC_FAILED
+                                              : CUDNN_STATUS_NOT_INITIALIZED;
+    }
+    *handle = h;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnDestroy(struct cudnn_handle *handle)
 {
     if (!handle)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+    fg_library_free(handle->own, HANDLE_ALLOCATIONS);
+    if (handle->pinned)
+        cuMemFreeHost(handle->pinned);
     free(handle);
     return CUDNN_STATUS_SUCCESS;
 }

@@ -4,11 +4,20 @@
 //! `cudaMalloc`/`cudaFree` counts, `empty_cache()`-like release bursts, and device memory
 //! outside every allocator.
 //!
-//! "Reserved" here is what the hooks see held from the driver: live `cudaMalloc`/`cuMemAlloc`
-//! allocations, VMM physical allocations (`cuMemCreate`) and stream-ordered allocations of the
-//! device (managed memory and pinned host memory excluded). For PyTorch's native allocator and
-//! expandable segments that is exactly `torch.cuda.memory_reserved()`; for `cudaMallocAsync`
-//! it is the live tensors (the driver pool's own cache is invisible to the hooks).
+//! "Reserved" here is what the hooks see the allocator hold: live runtime-API allocations
+//! (`cudaMalloc`), VMM physical allocations (`cuMemCreate`) and stream-ordered allocations of
+//! the device (managed memory and pinned host memory excluded). For PyTorch's native allocator
+//! and expandable segments that is exactly `torch.cuda.memory_reserved()`; for
+//! `cudaMallocAsync` it is the live tensors (the driver pool's own cache is invisible to the
+//! hooks).
+//!
+//! Driver-API allocations (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`) are counted apart, as
+//! [`Libraries`]: PyTorch's allocators never make them, while NVIDIA's libraries, which link
+//! the CUDA runtime statically, reach the driver that way. Seen on an H200 with torch 2.11:
+//! cuBLAS 13.1 makes three at each handle's creation (1 KiB, 128 KiB and 64 MiB), cuDNN 9.19
+//! two small ones per handle; counted as reserved they made the peak 128.25 MiB above
+//! `reserved_bytes.all.peak`. A device with driver-API allocations only (a program of its own
+//! on the driver API) has them as its reserved bytes: there they are the program's.
 
 use std::collections::BTreeMap;
 
@@ -154,7 +163,8 @@ fn conf_pairs(conf: &str) -> Vec<(String, String)> {
 /// What a device's allocations looked like, for [`PatternCounts::classify`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PatternCounts {
-    /// Successful `cudaMalloc` / `cuMemAlloc` (runtime and driver families, arrays excluded).
+    /// Successful plain allocations of the allocator: `cudaMalloc` (runtime family), or
+    /// `cuMemAlloc` on a device with driver-API allocations only (arrays excluded).
     pub plain_allocs: u64,
     /// ... of which had a segment size ([`is_segment_size`]).
     pub segment_sized: u64,
@@ -312,7 +322,8 @@ impl Calls {
     }
 }
 
-/// Used device memory outside every allocator: `cuMemGetInfo` used − reserved.
+/// Used device memory outside every recorded allocation: `cuMemGetInfo` used − reserved −
+/// libraries' live driver-API allocations (the context, loaded kernels, what no hook sees).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outside {
     pub samples: u64,
@@ -322,6 +333,107 @@ pub struct Outside {
     pub last_t_ns: u64,
     /// The device's total memory (last sample).
     pub total: u64,
+}
+
+/// Release bursts of one kind of allocation (see [`Burst`]).
+#[derive(Clone, Debug, Default)]
+pub struct Bursts {
+    pub list: Vec<Burst>,
+    pub omitted: u64,
+    pub total: Calls,
+    current: Option<Burst>,
+}
+
+impl Bursts {
+    fn close(&mut self) {
+        if let Some(burst) = self.current.take()
+            && burst.frees >= BURST_MIN_FREES
+        {
+            self.total.count += 1;
+            self.total.bytes = self.total.bytes.saturating_add(burst.bytes);
+            if self.list.len() < MAX_BURSTS {
+                self.list.push(burst);
+            } else {
+                self.omitted += 1;
+            }
+        }
+    }
+
+    fn freed(&mut self, process: u32, t_ns: u64, bytes: u64) {
+        if let Some(burst) = &mut self.current
+            && burst.process == process
+            && t_ns.saturating_sub(burst.end_t_ns) <= BURST_GAP_NS
+        {
+            burst.end_t_ns = t_ns;
+            burst.frees += 1;
+            burst.bytes = burst.bytes.saturating_add(bytes);
+            return;
+        }
+        self.close();
+        self.current = Some(Burst {
+            process,
+            t_ns,
+            end_t_ns: t_ns,
+            frees: 1,
+            bytes,
+        });
+    }
+}
+
+/// Allocation sizes counted exactly up to [`MAX_SIZES`] distinct ones.
+#[derive(Clone, Debug, Default)]
+pub struct Sizes {
+    /// size → count.
+    pub counts: BTreeMap<u64, u64>,
+    /// Allocations whose size came after [`MAX_SIZES`] distinct ones.
+    pub other: Calls,
+}
+
+impl Sizes {
+    fn count(&mut self, size: u64) {
+        if let Some(n) = self.counts.get_mut(&size) {
+            *n += 1;
+        } else if self.counts.len() < MAX_SIZES {
+            self.counts.insert(size, 1);
+        } else {
+            self.other.add(size);
+        }
+    }
+}
+
+/// Live bytes over time with their peak.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    pub current: u64,
+    pub peak: u64,
+    pub peak_t_ns: u64,
+    pub series: Series,
+}
+
+impl Held {
+    fn set(&mut self, t_ns: u64, value: u64) {
+        self.current = value;
+        if value > self.peak {
+            self.peak = value;
+            self.peak_t_ns = t_ns;
+        }
+        self.series.record(t_ns, value);
+    }
+}
+
+/// Driver-API allocations on a device that also has the allocator's own (runtime, VMM or
+/// stream-ordered): libraries' memory (cuBLAS's handle workspace, cuDNN, NCCL's
+/// `cuMemAlloc` buffers), kept out of the reserved bytes.
+#[derive(Clone, Debug, Default)]
+pub struct Libraries {
+    pub held: Held,
+    pub malloc: Calls,
+    pub failed: Calls,
+    pub free: Calls,
+    pub sizes: Sizes,
+    /// Successful allocations of a segment size ([`is_segment_size`]).
+    segment_sized: u64,
+    bursts: Bursts,
 }
 
 /// Everything the view keeps for one device.
@@ -350,8 +462,11 @@ pub struct DeviceAllocator {
     pub bursts: Vec<Burst>,
     pub bursts_omitted: u64,
     pub burst_total: Calls,
+    /// Driver-API allocations beside the allocator's ([`Libraries`]); empty after
+    /// [`AllocatorView::finish`] when they were the device's only allocations.
+    pub libraries: Libraries,
     pub outside: Option<Outside>,
-    current_burst: Option<Burst>,
+    current_burst: Bursts,
     /// A failed allocation and no allocation since: frees now belong to an OOM retry.
     after_failure: bool,
 }
@@ -378,40 +493,14 @@ impl DeviceAllocator {
     }
 
     fn close_burst(&mut self) {
-        if let Some(burst) = self.current_burst.take()
-            && burst.frees >= BURST_MIN_FREES
-        {
-            self.burst_total.count += 1;
-            self.burst_total.bytes = self.burst_total.bytes.saturating_add(burst.bytes);
-            if self.bursts.len() < MAX_BURSTS {
-                self.bursts.push(burst);
-            } else {
-                self.bursts_omitted += 1;
-            }
-        }
+        self.current_burst.close();
+        self.libraries.bursts.close();
     }
 
     fn segment_freed(&mut self, process: u32, t_ns: u64, bytes: u64) {
-        if self.after_failure {
-            return;
+        if !self.after_failure {
+            self.current_burst.freed(process, t_ns, bytes);
         }
-        if let Some(burst) = &mut self.current_burst
-            && burst.process == process
-            && t_ns.saturating_sub(burst.end_t_ns) <= BURST_GAP_NS
-        {
-            burst.end_t_ns = t_ns;
-            burst.frees += 1;
-            burst.bytes = burst.bytes.saturating_add(bytes);
-            return;
-        }
-        self.close_burst();
-        self.current_burst = Some(Burst {
-            process,
-            t_ns,
-            end_t_ns: t_ns,
-            frees: 1,
-            bytes,
-        });
     }
 
     fn count_size(&mut self, size: u64) {
@@ -423,16 +512,60 @@ impl DeviceAllocator {
             self.other_sizes.add(size);
         }
     }
+
+    /// Whether the allocator's own families (runtime, VMM, stream-ordered) allocated here.
+    fn allocator_allocated(&self) -> bool {
+        self.malloc.count + self.vmm_create.count + self.async_alloc.count > 0
+    }
+
+    /// After the replay: driver-API allocations on a device with no other kind are the
+    /// program's own, so they become its reserved bytes; else they stay [`Libraries`].
+    fn finish(&mut self) {
+        self.close_burst();
+        let bursts = std::mem::take(&mut self.current_burst);
+        if !self.allocator_allocated()
+            && self.libraries.malloc.count + self.libraries.failed.count > 0
+        {
+            let libraries = std::mem::take(&mut self.libraries);
+            self.reserved = libraries.held.current;
+            self.peak_reserved = libraries.held.peak;
+            self.peak_t_ns = libraries.held.peak_t_ns;
+            self.series = libraries.held.series;
+            self.sizes = libraries.sizes.counts;
+            self.other_sizes = libraries.sizes.other;
+            self.malloc = libraries.malloc;
+            self.malloc_failed.count += libraries.failed.count;
+            self.malloc_failed.bytes = self
+                .malloc_failed
+                .bytes
+                .saturating_add(libraries.failed.bytes);
+            self.free = libraries.free;
+            self.counts.plain_allocs = libraries.malloc.count;
+            self.counts.segment_sized = libraries.segment_sized;
+            self.set_bursts(libraries.bursts);
+        } else {
+            self.set_bursts(bursts);
+        }
+    }
+
+    fn set_bursts(&mut self, bursts: Bursts) {
+        self.bursts = bursts.list;
+        self.bursts_omitted = bursts.omitted;
+        self.burst_total = bursts.total;
+    }
 }
 
-/// Which family a live object belongs to, for the reserved figure.
+/// Whether a live object counts in the allocator's reserved figure (driver-API allocations
+/// go to [`Libraries`] instead).
 fn counts_as_reserved(live: &Live, family: Family) -> bool {
     live.device >= 0
         && (live.kind == EventKind::Create
-            || matches!(
-                family,
-                Family::Runtime | Family::Driver | Family::StreamOrdered
-            ))
+            || matches!(family, Family::Runtime | Family::StreamOrdered))
+}
+
+/// Whether a live object is a plain driver-API allocation ([`Libraries`]).
+fn is_driver_allocation(live: &Live, family: Family) -> bool {
+    live.device >= 0 && live.kind != EventKind::Create && family == Family::Driver && live.addr != 0
 }
 
 /// Observer building the allocator view of every device (or only `device`).
@@ -457,10 +590,11 @@ impl AllocatorView {
         }
     }
 
-    /// Closes open bursts; call once after the replay.
+    /// Closes open bursts and settles what driver-API allocations are; call once after the
+    /// replay.
     pub fn finish(&mut self) {
         for device in &mut self.devices {
-            device.close_burst();
+            device.finish();
         }
         self.devices.sort_by_key(|d| d.device);
     }
@@ -510,9 +644,17 @@ impl AllocatorView {
         if live.kind == EventKind::Create {
             dev.vmm_release.add(live.size);
             dev.segment_freed(process, t_ns, live.size);
+        } else if is_driver_allocation(live, family) {
+            let libraries = &mut dev.libraries;
+            let value = libraries.held.current.saturating_sub(live.size);
+            libraries.held.set(t_ns, value);
+            libraries.free.add(live.size);
+            if !dev.after_failure {
+                libraries.bursts.freed(process, t_ns, live.size);
+            }
         } else {
             match family {
-                Family::Runtime | Family::Driver if live.addr != 0 => {
+                Family::Runtime if live.addr != 0 => {
                     dev.free.add(live.size);
                     dev.segment_freed(process, t_ns, live.size);
                 }
@@ -555,7 +697,17 @@ impl Observer for AllocatorView {
                             dev.count_size(live.size);
                         } else {
                             match family {
-                                Family::Runtime | Family::Driver if live.addr != 0 => {
+                                _ if is_driver_allocation(live, family) => {
+                                    let libraries = &mut dev.libraries;
+                                    libraries.malloc.add(live.size);
+                                    libraries.sizes.count(live.size);
+                                    if is_segment_size(live.size) {
+                                        libraries.segment_sized += 1;
+                                    }
+                                    let value = libraries.held.current.saturating_add(live.size);
+                                    libraries.held.set(t_ns, value);
+                                }
+                                Family::Runtime if live.addr != 0 => {
                                     dev.counts.plain_allocs += 1;
                                     if is_segment_size(live.size) {
                                         dev.counts.segment_sized += 1;
@@ -583,8 +735,10 @@ impl Observer for AllocatorView {
                         };
                         dev.close_burst();
                         dev.after_failure = true;
-                        if matches!(family, Family::Runtime | Family::Driver) {
-                            dev.malloc_failed.add(event.size);
+                        match family {
+                            Family::Runtime => dev.malloc_failed.add(event.size),
+                            Family::Driver => dev.libraries.failed.add(event.size),
+                            _ => {}
                         }
                     }
                     Effect::Unmatched | Effect::None => {
@@ -616,7 +770,9 @@ impl Observer for AllocatorView {
             Step::MemInfo { t_ns, info, .. } => {
                 if let Some(dev) = self.slot(info.device) {
                     let used = info.total.saturating_sub(info.free);
-                    let outside = used.saturating_sub(dev.reserved);
+                    let outside = used
+                        .saturating_sub(dev.reserved)
+                        .saturating_sub(dev.libraries.held.current);
                     let o = dev.outside.get_or_insert_with(Outside::default);
                     o.samples += 1;
                     if o.samples == 1 || outside > o.max {
@@ -637,7 +793,8 @@ impl Observer for AllocatorView {
                     self.removed(processes, *process, *t_ns, live);
                 }
                 for dev in &mut self.devices {
-                    dev.current_burst = None;
+                    dev.current_burst.current = None;
+                    dev.libraries.bursts.current = None;
                 }
             }
         }

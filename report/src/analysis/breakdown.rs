@@ -68,6 +68,19 @@ impl Category {
 /// Bytes per category, indexed as [`Category::ALL`].
 pub type CategoryBytes = [u64; Category::ALL.len()];
 
+/// File-name prefixes of NVIDIA's libraries that allocate device memory of their own.
+const NVIDIA_LIBRARIES: [&str; 9] = [
+    "libcublas",
+    "libcudnn",
+    "libnccl",
+    "libcufft",
+    "libcusolver",
+    "libcusparse",
+    "libcurand",
+    "libnvshmem",
+    "libcufile",
+];
+
 /// What a stack says about the allocations made under it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Traits {
@@ -77,6 +90,10 @@ struct Traits {
     autograd_engine: bool,
     /// A native `at::` frame that allocates a library workspace (`...Workspace...`).
     workspace: bool,
+    /// The innermost native frame is in one of NVIDIA's libraries ([`NVIDIA_LIBRARIES`]): the
+    /// library allocated for itself (cuBLAS's 64 MiB per handle on an H200), whichever thread
+    /// it ran on.
+    library: bool,
     /// A Python frame in `torch/optim/`.
     optimizer: bool,
     /// A Python frame of module construction or placement: `Module._apply`, `Module.to`,
@@ -131,6 +148,13 @@ impl Classifier {
             .get_or_insert_with(|| Stacks::new(processes, StackView::Mixed, false));
         let frames = stacks.frames(processes, process, stack);
         let mut traits = Traits::default();
+        if let Some(innermost) = frames.iter().find(|f| &*f.module != PYTHON_MODULE) {
+            let name = std::path::Path::new(&*innermost.module)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            traits.library = NVIDIA_LIBRARIES.iter().any(|p| name.starts_with(p));
+        }
         for frame in frames.iter() {
             let function = frame.function.as_deref().unwrap_or("");
             if &*frame.module == PYTHON_MODULE {
@@ -207,7 +231,7 @@ impl Classifier {
         let allocated_in_backward =
             traits.autograd_engine || self.is_autograd_thread(processes, live.process, live.thread);
         let in_same_op = ending.is_some_and(|e| e.in_same_op);
-        if traits.workspace {
+        if traits.workspace || traits.library {
             Category::Workspaces
         } else if traits.accumulate_grad
             || (allocated_in_backward && ending.is_none_or(|e| !e.same_thread))

@@ -21,7 +21,15 @@ pub enum Verdict {
     FragmentationOrLimit,
     /// No free/total reading was recorded with the failure.
     Unknown,
+    /// The call failed with another error than out of memory (the result says which): not an
+    /// OOM. On an H200 PyTorch 2.11's expandable segments ask `cuMemCreate` for a fabric
+    /// handle first, get 800 (`CUDA_ERROR_NOT_PERMITTED`) and ask again for a file-descriptor
+    /// handle.
+    OtherError,
 }
+
+/// `CUDA_ERROR_OUT_OF_MEMORY` and `cudaErrorMemoryAllocation`: both 2.
+pub const OUT_OF_MEMORY: u32 = 2;
 
 impl Verdict {
     pub fn name(self) -> &'static str {
@@ -29,7 +37,15 @@ impl Verdict {
             Verdict::ExceededFree => "exceeded_free_memory",
             Verdict::FragmentationOrLimit => "fragmentation_or_limit",
             Verdict::Unknown => "unknown",
+            Verdict::OtherError => "other_error",
         }
+    }
+}
+
+impl Failure {
+    /// Whether the call failed for lack of memory (every result but [`Verdict::OtherError`]'s).
+    pub fn is_out_of_memory(&self) -> bool {
+        self.verdict != Verdict::OtherError
     }
 }
 
@@ -178,7 +194,9 @@ impl Observer for Oom {
                 } else {
                     Vec::new()
                 };
+                // A recorder that saw no result code (0) is taken at its word: a failure.
                 let verdict = match event.mem_info {
+                    _ if event.result != OUT_OF_MEMORY && event.result != 0 => Verdict::OtherError,
                     Some((free, _)) if event.size > free => Verdict::ExceededFree,
                     Some(_) => Verdict::FragmentationOrLimit,
                     None => Verdict::Unknown,
@@ -204,8 +222,9 @@ impl Observer for Oom {
                     retry: None,
                     is_retry_of,
                 });
-                // A failed retry ends the sequence; a first failure may be retried.
-                if is_retry_of.is_none() {
+                // A failed retry ends the sequence; a first failure may be retried. Another
+                // error's next call is a fallback, not a retry after releasing memory.
+                if is_retry_of.is_none() && verdict != Verdict::OtherError {
                     self.pending.push(Pending {
                         process: *process,
                         thread: event.thread,

@@ -54,6 +54,9 @@ pub struct Requests {
     /// Allocations on the device left out because another library made them (see
     /// [`Source`]).
     pub skipped: u64,
+    /// ... of which took room on the device as another library's memory
+    /// ([`Request::ExternalAlloc`]).
+    pub external_allocs: u64,
     pub source: Source,
     /// Family of each api index, per process.
     families: Vec<Vec<Family>>,
@@ -90,6 +93,33 @@ impl Requests {
 
     /// Whether an allocation made through `api` of `process` is a tensor.
     fn wanted(&mut self, processes: &[Process], process: u32, api: u16) -> bool {
+        let family = self.family(processes, process, api);
+        match self.source {
+            Source::StreamOrdered => family == Family::StreamOrdered,
+            Source::Runtime => family == Family::Runtime,
+            Source::Tensors => false,
+            Source::All | Source::Undecided => matches!(
+                family,
+                Family::Runtime | Family::Driver | Family::StreamOrdered
+            ),
+        }
+    }
+
+    /// Whether an allocation that is no tensor is another library's memory, which takes room
+    /// on the device: driver-API allocations (NVIDIA's libraries link the runtime statically),
+    /// and with `backend:cudaMallocAsync` also `cudaMalloc` (PyTorch makes none then). The
+    /// default allocator's own segments are not: the simulator makes its own.
+    fn external(&mut self, processes: &[Process], process: u32, api: u16) -> bool {
+        let family = self.family(processes, process, api);
+        match self.source {
+            Source::StreamOrdered => matches!(family, Family::Runtime | Family::Driver),
+            Source::Runtime | Source::Tensors => family == Family::Driver,
+            Source::All | Source::Undecided => false,
+        }
+    }
+
+    /// The family of `api` of `process` (deciding the [`Source`] at the first call).
+    fn family(&mut self, processes: &[Process], process: u32, api: u16) -> Family {
         let p = process as usize;
         if self.source == Source::Undecided {
             let env = processes.get(p).map(AllocEnv::of).unwrap_or_default();
@@ -109,19 +139,10 @@ impl Requests {
         {
             self.families[p] = proc_.header.apis.iter().map(|n| Family::of(n)).collect();
         }
-        let family = self.families[p]
+        self.families[p]
             .get(usize::from(api))
             .copied()
-            .unwrap_or(Family::Driver);
-        match self.source {
-            Source::StreamOrdered => family == Family::StreamOrdered,
-            Source::Runtime => family == Family::Runtime,
-            Source::Tensors => false,
-            Source::All | Source::Undecided => matches!(
-                family,
-                Family::Runtime | Family::Driver | Family::StreamOrdered
-            ),
-        }
+            .unwrap_or(Family::Driver)
     }
 
     fn alloc(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
@@ -144,6 +165,10 @@ impl Requests {
         }
         if !self.wanted(processes, live.process, live.api) {
             self.skipped += 1;
+            if self.external(processes, live.process, live.api) {
+                self.external_allocs += 1;
+                return Some(Request::ExternalAlloc { size: live.size });
+            }
             return None;
         }
         self.allocs += 1;
@@ -159,9 +184,13 @@ impl Requests {
         if !(tensor || live.kind == EventKind::Alloc)
             || live.device < 0
             || self.device != Some(live.device)
-            || !(tensor || self.wanted(processes, live.process, live.api))
         {
             return None;
+        }
+        if !(tensor || self.wanted(processes, live.process, live.api)) {
+            return self
+                .external(processes, live.process, live.api)
+                .then_some(Request::ExternalFree { size: live.size });
         }
         self.frees += 1;
         Some(Request::Free { id: live.seq })

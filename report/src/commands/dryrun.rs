@@ -297,14 +297,21 @@ fn verdict(
                 untracked,
                 peak_used,
                 capacity: gpu.memory,
-                failures: oom.failures.iter().filter(|f| f.device == device).count() as u64,
+                failures: oom
+                    .failures
+                    .iter()
+                    .filter(|f| f.device == device && f.is_out_of_memory())
+                    .count() as u64,
             }
         })
         .collect();
 
     // The first failure the program did not recover from (PyTorch's retry did not save it).
     let first = oom.failures.iter().position(|f| {
-        f.device >= 0 && f.is_retry_of.is_none() && !f.retry.is_some_and(|r| r.succeeded)
+        f.device >= 0
+            && f.is_out_of_memory()
+            && f.is_retry_of.is_none()
+            && !f.retry.is_some_and(|r| r.succeeded)
     });
     let recovered = oom
         .failures

@@ -206,11 +206,18 @@ pub fn with_report<T>(
             }
         ));
     }
-    if sims.requests.skipped > 0 {
+    if sims.requests.external_allocs > 0 {
         notes.push(format!(
-            "{} on the device {} left out: with {} PyTorch's tensors come only from {}, the others from libraries outside its allocator (cuBLAS's own workspace, NCCL)",
-            counted(sims.requests.skipped as u64, "allocation"),
-            if sims.requests.skipped == 1 { "is" } else { "are" },
+            "{} on the device came from other libraries (cuBLAS's handle memory, NCCL): not replayed, but their bytes take room on the simulated device while they are live",
+            counted(sims.requests.external_allocs, "allocation"),
+        ));
+    }
+    let left_out = sims.requests.skipped - sims.requests.external_allocs;
+    if left_out > 0 {
+        notes.push(format!(
+            "{} on the device {} left out: with {} PyTorch's tensors come only from {}, the others from libraries outside its allocator",
+            counted(left_out, "allocation"),
+            if left_out == 1 { "is" } else { "are" },
             match sims.requests.source {
                 Source::StreamOrdered => "backend:cudaMallocAsync",
                 Source::Tensors => "the default allocator recorded through its tracker",

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 
 use super::{device_name, processes_json};
-use crate::analysis::allocator::{ALLOC_ENV, AllocatorView, Calls, DeviceAllocator};
+use crate::analysis::allocator::{ALLOC_ENV, AllocatorView, Calls, DeviceAllocator, Libraries};
 use crate::analysis::oom::Retry;
 use crate::replay::Process;
 use crate::units::{bytes, counted, seconds};
@@ -110,6 +110,7 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             "succeeded": r.retry.succeeded,
             "retry_t_ns": r.retry.t_ns,
         })).collect::<Vec<_>>(),
+        "libraries": libraries_json(&d.libraries),
         "outside_allocator": d.outside.map(|o| json!({
             "samples": o.samples,
             "max": o.max,
@@ -118,6 +119,21 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             "last_t_ns": o.last_t_ns,
             "device_total": o.total,
         })),
+    })
+}
+
+/// Driver-API allocations kept out of the reserved bytes (all zero when there were none, or
+/// when they were the device's only allocations and so count as reserved).
+fn libraries_json(l: &Libraries) -> Value {
+    json!({
+        "peak": l.held.peak,
+        "peak_t_ns": l.held.peak_t_ns,
+        "final": l.held.current,
+        "alloc": calls_json(&l.malloc),
+        "failed": calls_json(&l.failed),
+        "free": calls_json(&l.free),
+        "sizes": l.sizes.counts.iter().map(|(size, count)| json!({"size": size, "count": count, "bytes": size.saturating_mul(*count)})).collect::<Vec<_>>(),
+        "sizes_other": calls_json(&l.sizes.other),
     })
 }
 
@@ -223,6 +239,49 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                 writeln!(out, "    ... and {rest} more")?;
             }
         }
+        let libraries = &d.libraries;
+        if libraries.malloc.count + libraries.failed.count > 0 {
+            writeln!(
+                out,
+                "  libraries (driver-API cuMemAlloc beside the allocator's, not in {reserved}): {}, {}; peak {} at {}, at the end {}{}",
+                counted(libraries.malloc.count, "allocation"),
+                bytes(libraries.malloc.bytes),
+                bytes(libraries.held.peak),
+                seconds(libraries.held.peak_t_ns),
+                bytes(libraries.held.current),
+                if libraries.failed.count > 0 {
+                    format!("; {} failed", libraries.failed.count)
+                } else {
+                    String::new()
+                },
+                reserved = if pattern.is_segments() {
+                    "reserved"
+                } else {
+                    "held"
+                },
+            )?;
+            let mut sizes: Vec<(u64, u64)> = libraries
+                .sizes
+                .counts
+                .iter()
+                .map(|(s, n)| (*s, *n))
+                .collect();
+            sizes.sort_by_key(|(size, count)| {
+                (std::cmp::Reverse(size.saturating_mul(*count)), *size)
+            });
+            let listed: Vec<String> = sizes
+                .iter()
+                .take(TEXT_SIZES)
+                .map(|(size, count)| format!("{} x {count}", bytes(*size)))
+                .collect();
+            let rest = sizes.len().saturating_sub(TEXT_SIZES) as u64 + libraries.sizes.other.count;
+            let more = if rest > 0 {
+                format!(", and {rest} more")
+            } else {
+                String::new()
+            };
+            writeln!(out, "    sizes: {}{more}", listed.join(", "))?;
+        }
         writeln!(
             out,
             "  empty_cache() bursts: {} releasing {}",
@@ -262,7 +321,7 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         match d.outside {
             Some(o) => writeln!(
                 out,
-                "  outside any allocator (used - {reserved}): up to {} at {}, {} at the last sample (device total {})",
+                "  outside any allocator (used - {reserved}{libs}): up to {} at {}, {} at the last sample (device total {})",
                 bytes(o.max),
                 seconds(o.max_t_ns),
                 bytes(o.last),
@@ -271,6 +330,11 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                     "reserved"
                 } else {
                     "held"
+                },
+                libs = if libraries.malloc.count > 0 {
+                    " - libraries"
+                } else {
+                    ""
                 },
             )?,
             None => writeln!(out, "  outside any allocator: no memory samples")?,

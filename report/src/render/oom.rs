@@ -41,6 +41,16 @@ pub fn explain(failure: &Failure) -> String {
             bytes(free),
             bytes(failure.request)
         ),
+        (Verdict::OtherError, _) => format!(
+            "not out of memory: the call failed with error {}{} (PyTorch falls back to another way of allocating on such errors)",
+            failure.result,
+            match failure.result {
+                1 => " (invalid value)",
+                800 => " (CUDA_ERROR_NOT_PERMITTED)",
+                801 => " (CUDA_ERROR_NOT_SUPPORTED)",
+                _ => "",
+            }
+        ),
         _ => "no free/total reading was recorded with the failure".to_string(),
     }
 }

@@ -112,6 +112,7 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "empty_cache": r.empty_cache,
             "failed_in_recording": r.failed,
             "left_out": r.skipped,
+            "other_libraries": r.external_allocs,
             "other_devices": r.other_devices,
         },
         "configs": report.rows.iter().enumerate().map(|(i, row)| row_json(i + 1, row)).collect::<Vec<_>>(),

@@ -491,6 +491,12 @@
         ["empty_cache() bursts", d.empty_cache.count, d.empty_cache.count + " (" + bytes(d.empty_cache.bytes) + ")"],
         ["OOM retries", d.oom_retries.length, String(d.oom_retries.length)],
       ];
+      const libraries = d.libraries;
+      if (libraries && libraries.alloc.count + libraries.failed.count > 0) {
+        // Driver-API allocations beside the allocator's (cuBLAS's handles and the like).
+        rows.push(["libraries (driver API, not reserved)", libraries.alloc.count,
+          libraries.alloc.count + " (" + bytes(libraries.alloc.bytes) + "), peak " + bytes(libraries.peak)]);
+      }
       const outside = d.outside_allocator;
       if (outside) {
         rows.push(["outside any allocator (max)", outside.max, bytes(outside.max) + " over " + outside.samples + (outside.samples === 1 ? " sample" : " samples")]);
