@@ -354,7 +354,9 @@ impl Simulator {
     /// Applies one request at time `t_ns` (used only to say when peaks and failures happen).
     pub fn apply(&mut self, t_ns: u64, req: &Request) -> Outcome {
         self.now = t_ns;
-        match *req {
+        // Positions count the allocator's own requests only (not another library's memory).
+        let index = self.st.requests;
+        let out = match *req {
             Request::ExternalAlloc { size } => {
                 self.st.external = self.st.external.saturating_add(size);
                 self.st.peak_external = self.st.peak_external.max(self.st.external);
@@ -364,11 +366,6 @@ impl Simulator {
                 self.st.external = self.st.external.saturating_sub(size);
                 return Outcome::Ok;
             }
-            _ => {}
-        }
-        let index = self.st.requests;
-        self.st.requests += 1;
-        let out = match *req {
             Request::Alloc { id, size, stream } => self.malloc(index, id, size, stream),
             Request::Free { id } => {
                 self.st.frees += 1;
@@ -388,8 +385,8 @@ impl Simulator {
                 self.release_cached_blocks();
                 Outcome::Ok
             }
-            Request::ExternalAlloc { .. } | Request::ExternalFree { .. } => Outcome::Ok,
         };
+        self.st.requests += 1;
         if self.peak_pending {
             self.peak_pending = false;
             self.snapshot_peak(t_ns, index);

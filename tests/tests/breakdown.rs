@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::torch::{fake_preload, repo, torch_python};
+use common::torch::{CUBLAS_HANDLE, fake_preload, repo, torch_python};
 use common::*;
 use serde_json::Value;
 
@@ -166,10 +166,9 @@ fn mlp_with_adam_breaks_down_into_parameters_gradients_and_state() {
         // 1 KiB + 128 KiB + 64 MiB through cuMemAlloc_v2, as on a real H200. (Their stacks
         // pass through an `at::...Workspace` frame here, so this does not tell the library
         // rule from the workspace rule.)
-        let cublas_handles = 2 * (1024 + (128 << 10) + (64 << 20));
         assert_eq!(
             category(device, "workspaces").1,
-            (32 << 20) + cublas_handles,
+            (32 << 20) + 2 * CUBLAS_HANDLE,
             "{name}"
         );
 

@@ -13,17 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::torch::{TORCH_FAKES, repo, rounded_async_peak};
+use common::torch::{CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, repo, rounded_async_peak};
 use common::*;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
-/// Device memory each cuBLAS handle takes for itself (one handle per thread that runs
-/// cuBLAS: training makes two, the main thread's and the autograd thread's), as the fake
-/// cuBLAS allocates it after a real H200's: 1 KiB + 128 KiB + 64 MiB (docs/gpus.md).
-const CUBLAS_HANDLE: u64 = 1024 + (128 << 10) + (64 << 20);
-/// Device memory each cuDNN handle takes for itself, likewise: 25,344 + 4 bytes.
-const CUDNN_HANDLE: u64 = 25_344 + 4;
 
 /// A PyTorch release from PyPI and the fakes it loads, by SONAME (its libraries' DT_NEEDED
 /// entries, plus NVML, which it dlopens). They are preloaded so that they win over torch's

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::torch::{fake_preload, repo, rounded_async_peak, torch_python};
+use common::torch::{CUBLAS_HANDLE, fake_preload, repo, rounded_async_peak, torch_python};
 use common::*;
 use serde_json::Value;
 
@@ -146,11 +146,6 @@ fn whatif(
         .collect();
     (report, rows)
 }
-
-/// The device memory of the two cuBLAS handles each judge workload creates (the main
-/// thread's and the autograd thread's): 1 KiB + 128 KiB + 64 MiB each, as the fake cuBLAS
-/// allocates like the real one.
-const CUBLAS_HANDLES: u64 = 2 * (1024 + 128 * 1024 + 64 * MIB);
 
 /// `vramshim allocator --json` for device 0 of a log.
 fn allocator_view(log: &Path) -> Value {
@@ -337,7 +332,7 @@ fn whatif_predicts_each_oom_and_each_retry_at_a_tight_capacity() {
     // 440 MiB for PyTorch's allocator, beside the two cuBLAS handles the workload creates
     // (the main thread's and the autograd thread's), each 1 KiB + 128 KiB + 64 MiB of the
     // device as on a real H200 (fakegpu/src/cublas/cublas.c).
-    let capacity = 440 * MIB + CUBLAS_HANDLES;
+    let capacity = 440 * MIB + 2 * CUBLAS_HANDLE;
     let modes = [
         ("tight-default", ""),
         ("tight-expandable", "expandable_segments:True"),

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "fakegpu_cuda.h"
+#include "fakegpu_runtime_thread.h"
 
 CUresult cuInit(unsigned int flags);
 CUresult cuCtxGetCurrent(CUcontext *ctx);
@@ -15,12 +16,6 @@ CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
 CUresult cuMemFreeHost(void *p);
 
-/* The fake driver's runtime state (src/cuda/runtime_state.c): the device cudaSetDevice chose. */
-struct fakegpu_runtime_thread {
-    int last_error;
-    int device;
-};
-struct fakegpu_runtime_thread *fakegpu_runtime_thread(void);
 
 /* As a static runtime does before its first allocation: the driver initialised and the calling
  * thread's device's primary context current. */

@@ -3,11 +3,7 @@
  * call it records to whichever of the two comes first in the search order, not necessarily the
  * one the program was linked with. An extension of the fakes: no NVIDIA library has it. */
 #include "driver.h"
-
-struct fakegpu_runtime_thread {
-    int last_error; /* what cudaGetLastError returns next */
-    int device;     /* the device cudaSetDevice chose (default 0) */
-};
+#include "fakegpu_runtime_thread.h"
 
 FG_EXPORT struct fakegpu_runtime_thread *fakegpu_runtime_thread(void)
 {

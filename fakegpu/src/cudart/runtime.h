@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "fakegpu_cuda.h"
+#include "fakegpu_runtime_thread.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
 #if FG_SONAME_MAJOR == 12
@@ -39,13 +40,6 @@ typedef CUgraphExec cudaGraphExec_t;
 typedef CUmemoryPool cudaMemPool_t;
 typedef struct { unsigned x, y, z; } dim3;
 
-/* The runtime's per-thread state, kept by the fake libcuda.so.1 (src/cuda/runtime_state.c) so
- * that both runtime majors see the same last error and device. */
-struct fakegpu_runtime_thread {
-    cudaError_t last_error;
-    int device;
-};
-struct fakegpu_runtime_thread *fakegpu_runtime_thread(void);
 
 /* Checks the runtime's state: initialises the driver and makes the calling thread's device's
  * primary context current (as the runtime does at its first call that needs a device). */

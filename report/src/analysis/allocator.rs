@@ -390,6 +390,13 @@ pub struct Sizes {
 }
 
 impl Sizes {
+    /// (size, count), most bytes first (ties: smaller size first).
+    pub fn by_bytes(&self) -> Vec<(u64, u64)> {
+        let mut sizes: Vec<(u64, u64)> = self.counts.iter().map(|(s, n)| (*s, *n)).collect();
+        sizes.sort_by_key(|(size, count)| (std::cmp::Reverse(size.saturating_mul(*count)), *size));
+        sizes
+    }
+
     fn count(&mut self, size: u64) {
         if let Some(n) = self.counts.get_mut(&size) {
             *n += 1;
@@ -441,14 +448,10 @@ pub struct Libraries {
 pub struct DeviceAllocator {
     pub device: i32,
     pub counts: PatternCounts,
-    pub reserved: u64,
-    pub peak_reserved: u64,
-    pub peak_t_ns: u64,
-    pub series: Series,
-    /// Successful allocation sizes (plain allocations and VMM creates): size → count.
-    pub sizes: BTreeMap<u64, u64>,
-    /// Allocations whose size came after [`MAX_SIZES`] distinct ones.
-    pub other_sizes: Calls,
+    /// Bytes the allocator holds (see the module's "reserved").
+    pub reserved: Held,
+    /// Successful allocation sizes (plain allocations and VMM creates).
+    pub sizes: Sizes,
     pub malloc: Calls,
     pub malloc_failed: Calls,
     pub free: Calls,
@@ -459,14 +462,12 @@ pub struct DeviceAllocator {
     pub async_alloc: Calls,
     pub async_free: Calls,
     pub trims: u64,
-    pub bursts: Vec<Burst>,
-    pub bursts_omitted: u64,
-    pub burst_total: Calls,
+    /// `empty_cache()`-like release bursts of the allocator's segments.
+    pub bursts: Bursts,
     /// Driver-API allocations beside the allocator's ([`Libraries`]); empty after
     /// [`AllocatorView::finish`] when they were the device's only allocations.
     pub libraries: Libraries,
     pub outside: Option<Outside>,
-    current_burst: Bursts,
     /// A failed allocation and no allocation since: frees now belong to an OOM retry.
     after_failure: bool,
 }
@@ -483,33 +484,14 @@ impl DeviceAllocator {
         self.counts.classify()
     }
 
-    fn set_reserved(&mut self, t_ns: u64, value: u64) {
-        self.reserved = value;
-        if value > self.peak_reserved {
-            self.peak_reserved = value;
-            self.peak_t_ns = t_ns;
-        }
-        self.series.record(t_ns, value);
-    }
-
     fn close_burst(&mut self) {
-        self.current_burst.close();
+        self.bursts.close();
         self.libraries.bursts.close();
     }
 
     fn segment_freed(&mut self, process: u32, t_ns: u64, bytes: u64) {
         if !self.after_failure {
-            self.current_burst.freed(process, t_ns, bytes);
-        }
-    }
-
-    fn count_size(&mut self, size: u64) {
-        if let Some(n) = self.sizes.get_mut(&size) {
-            *n += 1;
-        } else if self.sizes.len() < MAX_SIZES {
-            self.sizes.insert(size, 1);
-        } else {
-            self.other_sizes.add(size);
+            self.bursts.freed(process, t_ns, bytes);
         }
     }
 
@@ -522,36 +504,24 @@ impl DeviceAllocator {
     /// program's own, so they become its reserved bytes; else they stay [`Libraries`].
     fn finish(&mut self) {
         self.close_burst();
-        let bursts = std::mem::take(&mut self.current_burst);
-        if !self.allocator_allocated()
-            && self.libraries.malloc.count + self.libraries.failed.count > 0
+        if self.allocator_allocated()
+            || self.libraries.malloc.count + self.libraries.failed.count == 0
         {
-            let libraries = std::mem::take(&mut self.libraries);
-            self.reserved = libraries.held.current;
-            self.peak_reserved = libraries.held.peak;
-            self.peak_t_ns = libraries.held.peak_t_ns;
-            self.series = libraries.held.series;
-            self.sizes = libraries.sizes.counts;
-            self.other_sizes = libraries.sizes.other;
-            self.malloc = libraries.malloc;
-            self.malloc_failed.count += libraries.failed.count;
-            self.malloc_failed.bytes = self
-                .malloc_failed
-                .bytes
-                .saturating_add(libraries.failed.bytes);
-            self.free = libraries.free;
-            self.counts.plain_allocs = libraries.malloc.count;
-            self.counts.segment_sized = libraries.segment_sized;
-            self.set_bursts(libraries.bursts);
-        } else {
-            self.set_bursts(bursts);
+            return;
         }
-    }
-
-    fn set_bursts(&mut self, bursts: Bursts) {
-        self.bursts = bursts.list;
-        self.bursts_omitted = bursts.omitted;
-        self.burst_total = bursts.total;
+        let libraries = std::mem::take(&mut self.libraries);
+        self.reserved = libraries.held;
+        self.sizes = libraries.sizes;
+        self.bursts = libraries.bursts;
+        self.malloc = libraries.malloc;
+        self.malloc_failed.count += libraries.failed.count;
+        self.malloc_failed.bytes = self
+            .malloc_failed
+            .bytes
+            .saturating_add(libraries.failed.bytes);
+        self.free = libraries.free;
+        self.counts.plain_allocs = libraries.malloc.count;
+        self.counts.segment_sized = libraries.segment_sized;
     }
 }
 
@@ -638,8 +608,8 @@ impl AllocatorView {
             return;
         };
         if reserved {
-            let value = dev.reserved.saturating_sub(live.size);
-            dev.set_reserved(t_ns, value);
+            let value = dev.reserved.current.saturating_sub(live.size);
+            dev.reserved.set(t_ns, value);
         }
         if live.kind == EventKind::Create {
             dev.vmm_release.add(live.size);
@@ -694,7 +664,7 @@ impl Observer for AllocatorView {
                                 dev.counts.chunk_sized += 1;
                             }
                             dev.vmm_create.add(live.size);
-                            dev.count_size(live.size);
+                            dev.sizes.count(live.size);
                         } else {
                             match family {
                                 _ if is_driver_allocation(live, family) => {
@@ -713,7 +683,7 @@ impl Observer for AllocatorView {
                                         dev.counts.segment_sized += 1;
                                     }
                                     dev.malloc.add(live.size);
-                                    dev.count_size(live.size);
+                                    dev.sizes.count(live.size);
                                 }
                                 Family::StreamOrdered => {
                                     dev.counts.async_allocs += 1;
@@ -723,8 +693,8 @@ impl Observer for AllocatorView {
                             }
                         }
                         if reserved {
-                            let value = dev.reserved.saturating_add(live.size);
-                            dev.set_reserved(t_ns, value);
+                            let value = dev.reserved.current.saturating_add(live.size);
+                            dev.reserved.set(t_ns, value);
                         }
                     }
                     Effect::Removed(live) => self.removed(processes, process, t_ns, live),
@@ -771,7 +741,7 @@ impl Observer for AllocatorView {
                 if let Some(dev) = self.slot(info.device) {
                     let used = info.total.saturating_sub(info.free);
                     let outside = used
-                        .saturating_sub(dev.reserved)
+                        .saturating_sub(dev.reserved.current)
                         .saturating_sub(dev.libraries.held.current);
                     let o = dev.outside.get_or_insert_with(Outside::default);
                     o.samples += 1;
@@ -793,7 +763,7 @@ impl Observer for AllocatorView {
                     self.removed(processes, *process, *t_ns, live);
                 }
                 for dev in &mut self.devices {
-                    dev.current_burst.current = None;
+                    dev.bursts.current = None;
                     dev.libraries.bursts.current = None;
                 }
             }

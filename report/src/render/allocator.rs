@@ -5,7 +5,9 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 
 use super::{device_name, processes_json};
-use crate::analysis::allocator::{ALLOC_ENV, AllocatorView, Calls, DeviceAllocator, Libraries};
+use crate::analysis::allocator::{
+    ALLOC_ENV, AllocatorView, Calls, DeviceAllocator, Libraries, Sizes,
+};
 use crate::analysis::oom::Retry;
 use crate::replay::Process;
 use crate::units::{bytes, counted, seconds};
@@ -55,21 +57,19 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
     let (pattern, reason) = d.pattern();
     let processes = report.processes;
     let pid = |p: u32| processes.get(p as usize).map(|p| p.header.pid);
-    let mut sizes: Vec<(u64, u64)> = d.sizes.iter().map(|(s, n)| (*s, *n)).collect();
-    sizes.sort_by_key(|(size, _)| *size);
     json!({
         "device": d.device,
         "pattern": pattern.name(),
         "pattern_reason": reason,
         "reserved": {
-            "peak": d.peak_reserved,
-            "peak_t_ns": d.peak_t_ns,
-            "final": d.reserved,
-            "bucket_ns": d.series.bucket_ns,
-            "series": d.series.points().iter().map(|(t, v)| json!({"t_ns": t, "reserved": v})).collect::<Vec<_>>(),
+            "peak": d.reserved.peak,
+            "peak_t_ns": d.reserved.peak_t_ns,
+            "final": d.reserved.current,
+            "bucket_ns": d.reserved.series.bucket_ns,
+            "series": d.reserved.series.points().iter().map(|(t, v)| json!({"t_ns": t, "reserved": v})).collect::<Vec<_>>(),
         },
-        "segment_sizes": sizes.iter().map(|(size, count)| json!({"size": size, "count": count, "bytes": size.saturating_mul(*count)})).collect::<Vec<_>>(),
-        "segment_sizes_other": calls_json(&d.other_sizes),
+        "segment_sizes": sizes_json(&d.sizes),
+        "segment_sizes_other": calls_json(&d.sizes.other),
         "cuda_malloc": {
             "count": d.malloc.count,
             "bytes": d.malloc.bytes,
@@ -89,10 +89,10 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             "trims": d.trims,
         },
         "empty_cache": {
-            "count": d.burst_total.count,
-            "bytes": d.burst_total.bytes,
-            "omitted": d.bursts_omitted,
-            "bursts": d.bursts.iter().map(|b| json!({
+            "count": d.bursts.total.count,
+            "bytes": d.bursts.total.bytes,
+            "omitted": d.bursts.omitted,
+            "bursts": d.bursts.list.iter().map(|b| json!({
                 "pid": pid(b.process),
                 "t_ns": b.t_ns,
                 "end_t_ns": b.end_t_ns,
@@ -132,9 +132,26 @@ fn libraries_json(l: &Libraries) -> Value {
         "alloc": calls_json(&l.malloc),
         "failed": calls_json(&l.failed),
         "free": calls_json(&l.free),
-        "sizes": l.sizes.counts.iter().map(|(size, count)| json!({"size": size, "count": count, "bytes": size.saturating_mul(*count)})).collect::<Vec<_>>(),
+        "sizes": sizes_json(&l.sizes),
         "sizes_other": calls_json(&l.sizes.other),
     })
+}
+
+/// Each size with its count and bytes, smallest size first.
+fn sizes_json(sizes: &Sizes) -> Vec<Value> {
+    sizes
+        .counts
+        .iter()
+        .map(|(size, count)| json!({"size": size, "count": count, "bytes": size.saturating_mul(*count)}))
+        .collect()
+}
+
+/// The [`TEXT_SIZES`] sizes holding most bytes, and how many more there are.
+fn top_sizes(sizes: &Sizes) -> (Vec<(u64, u64)>, u64) {
+    let mut all = sizes.by_bytes();
+    let rest = all.len().saturating_sub(TEXT_SIZES) as u64 + sizes.other.count;
+    all.truncate(TEXT_SIZES);
+    (all, rest)
 }
 
 pub fn json(report: &AllocatorReport<'_>) -> Value {
@@ -176,6 +193,12 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
             device_name(d.device),
             pattern.name()
         )?;
+        // What the allocator's bytes are called: segments are reserved, live allocations held.
+        let held = if pattern.is_segments() {
+            "reserved"
+        } else {
+            "held"
+        };
         let reserved_word = if pattern.is_segments() {
             "reserved"
         } else {
@@ -184,9 +207,9 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         writeln!(
             out,
             "  {reserved_word}: peak {} at {}, at the end {}",
-            bytes(d.peak_reserved),
-            seconds(d.peak_t_ns),
-            bytes(d.reserved)
+            bytes(d.reserved.peak),
+            seconds(d.reserved.peak_t_ns),
+            bytes(d.reserved.current)
         )?;
         writeln!(
             out,
@@ -219,13 +242,10 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                 counted(d.trims, "trim")
             )?;
         }
-        if !d.sizes.is_empty() {
-            let mut sizes: Vec<(u64, u64)> = d.sizes.iter().map(|(s, n)| (*s, *n)).collect();
-            sizes.sort_by_key(|(size, count)| {
-                (std::cmp::Reverse(size.saturating_mul(*count)), *size)
-            });
+        if !d.sizes.counts.is_empty() {
+            let (sizes, rest) = top_sizes(&d.sizes);
             writeln!(out, "  segment sizes (by bytes):")?;
-            for (size, count) in sizes.iter().take(TEXT_SIZES) {
+            for (size, count) in &sizes {
                 writeln!(
                     out,
                     "    {:>12} x {:<6} {}",
@@ -234,7 +254,6 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                     bytes(size.saturating_mul(*count))
                 )?;
             }
-            let rest = sizes.len().saturating_sub(TEXT_SIZES) as u64 + d.other_sizes.count;
             if rest > 0 {
                 writeln!(out, "    ... and {rest} more")?;
             }
@@ -254,27 +273,13 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                 } else {
                     String::new()
                 },
-                reserved = if pattern.is_segments() {
-                    "reserved"
-                } else {
-                    "held"
-                },
+                reserved = held,
             )?;
-            let mut sizes: Vec<(u64, u64)> = libraries
-                .sizes
-                .counts
-                .iter()
-                .map(|(s, n)| (*s, *n))
-                .collect();
-            sizes.sort_by_key(|(size, count)| {
-                (std::cmp::Reverse(size.saturating_mul(*count)), *size)
-            });
+            let (sizes, rest) = top_sizes(&libraries.sizes);
             let listed: Vec<String> = sizes
                 .iter()
-                .take(TEXT_SIZES)
                 .map(|(size, count)| format!("{} x {count}", bytes(*size)))
                 .collect();
-            let rest = sizes.len().saturating_sub(TEXT_SIZES) as u64 + libraries.sizes.other.count;
             let more = if rest > 0 {
                 format!(", and {rest} more")
             } else {
@@ -285,10 +290,10 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
         writeln!(
             out,
             "  empty_cache() bursts: {} releasing {}",
-            d.burst_total.count,
-            bytes(d.burst_total.bytes)
+            d.bursts.total.count,
+            bytes(d.bursts.total.bytes)
         )?;
-        for b in d.bursts.iter().take(10) {
+        for b in d.bursts.list.iter().take(10) {
             writeln!(
                 out,
                 "    at {}: {}, {}",
@@ -326,11 +331,7 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                 seconds(o.max_t_ns),
                 bytes(o.last),
                 bytes(o.total),
-                reserved = if pattern.is_segments() {
-                    "reserved"
-                } else {
-                    "held"
-                },
+                reserved = held,
                 libs = if libraries.malloc.count > 0 {
                     " - libraries"
                 } else {

@@ -8,6 +8,13 @@ use std::sync::OnceLock;
 
 use super::{dump, events, skipped, u64_of};
 
+/// Device memory each cuBLAS handle takes for itself (one handle per thread that runs cuBLAS:
+/// training makes two, the main thread's and the autograd thread's), as the fake cuBLAS
+/// allocates it after a real H200's: 1 KiB + 128 KiB + 64 MiB (docs/gpus.md).
+pub const CUBLAS_HANDLE: u64 = 1024 + (128 << 10) + (64 << 20);
+/// Device memory each cuDNN handle takes for itself, likewise: 25,344 + 4 bytes.
+pub const CUDNN_HANDLE: u64 = 25_344 + 4;
+
 /// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
 /// torch's RPATH to NVIDIA's wheels wherever those are installed.
 pub const TORCH_FAKES: &[&str] = &[
