@@ -232,6 +232,27 @@ def gemm():
     say(mode="gemm", before=before, gemm=after_gemm, linear=after_linear, **stats())
 
 
+def visible():
+    """The devices CUDA_VISIBLE_DEVICES leaves: torch's count before CUDA starts (its own reading
+    of the variable over NVML's devices), the driver's count after, each device's UUID, and the
+    OOM message on device 0 (its "this process has" figure comes from NVML, by PCI bus id)."""
+    nvml_count = torch.cuda.device_count()
+    available = torch.cuda.is_available()
+    count, uuids, message = 0, [], None
+    if available:
+        torch.cuda.init()
+        count = torch.cuda.device_count()
+        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+        keep = torch.empty(600 * MiB, dtype=torch.uint8, device="cuda:0")
+        try:
+            torch.empty(600 * MiB, dtype=torch.uint8, device="cuda:0")
+        except torch.OutOfMemoryError as error:
+            message = str(error)
+        del keep
+    say(mode="visible", nvml_count=nvml_count, available=available, count=count, uuids=uuids,
+        message=message)
+
+
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
  "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
- "trace": trace, "two_devices": two_devices}[sys.argv[1]]()
+ "trace": trace, "two_devices": two_devices, "visible": visible}[sys.argv[1]]()

@@ -374,3 +374,133 @@ fn device_data_past_the_host_ram_bound_is_dropped_with_one_line() {
          number from 0 to 1125899906842624; CUDA initialisation fails\n"
     );
 }
+
+/// Runs `devices MODE` on a fake machine of `count` devices with `CUDA_VISIBLE_DEVICES` set
+/// to `visible` (`None`: unset) and the extra variables: (exit code, stdout, stderr).
+fn run_devices(
+    exe: &Path,
+    mode: &str,
+    count: u32,
+    visible: Option<&str>,
+    env: &[(&str, String)],
+) -> (Option<i32>, String, String) {
+    let mut command = Command::new(exe);
+    command
+        .arg(mode)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_COUNT", count.to_string())
+        .env_remove("CUDA_VISIBLE_DEVICES");
+    if let Some(visible) = visible {
+        command.env("CUDA_VISIBLE_DEVICES", visible);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run devices");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The UUID NVML gives the machine's device `n`, the one `CUDA_VISIBLE_DEVICES` names.
+fn uuid(n: u32) -> String {
+    format!("GPU-46414b45-4750-5500-0000-0000000000{n:02x}")
+}
+
+/// `CUDA_VISIBLE_DEVICES` as the real driver reads it, on a machine of 4 fake devices: the
+/// devices in the order given (by index or UUID, unique UUID prefixes too), the first invalid
+/// entry ending the list, a repeated device or an ambiguous prefix leaving none, an empty
+/// value none (cudaGetDeviceCount then fails with cudaErrorNoDevice, 100). NVML sees the whole
+/// machine, and the 8 MiB allocated on device 0 show on the machine's device behind it.
+#[test]
+fn cuda_visible_devices_picks_and_orders_the_devices_as_the_driver_does() {
+    let dir = scratch("fakegpu-visible");
+    let exe = build_program(&dir, "devices", 13);
+    let expect = |physical: &[u32], rc: u32| {
+        let mut text = format!(
+            "count={} rc={rc}\n",
+            if rc == 0 { physical.len() } else { 0 }
+        );
+        for (d, p) in physical.iter().enumerate() {
+            text.push_str(&format!("device {d} bus=00000000:{:02X}:00.0\n", 0x10 + p));
+        }
+        if !physical.is_empty() {
+            text.push_str("malloc rc=0\n");
+        }
+        text.push_str("nvml init=0 count=4 rc=0\n");
+        for n in 0..4 {
+            let used = if physical.first() == Some(&n) {
+                8 * MIB
+            } else {
+                0
+            };
+            text.push_str(&format!("nvml {n} {} used={used}\n", uuid(n)));
+        }
+        text
+    };
+    let cases: &[(Option<&str>, &[u32], u32)] = &[
+        (None, &[0, 1, 2, 3], 0),
+        (Some("2,0"), &[2, 0], 0),
+        (Some(" 3 , 1gpu"), &[3, 1], 0),
+        (Some("1,7,2"), &[1], 0),
+        (Some("1,-1,2"), &[1], 0),
+        (Some("2,x,0"), &[2], 0),
+        (Some("0,2,0"), &[], 100),
+        (Some(""), &[], 100),
+        (Some("x"), &[], 100),
+        (Some(&format!("{},{}", uuid(3), uuid(1))), &[3, 1], 0),
+        (Some(&format!("{},1", uuid(2))), &[2], 0),
+        (Some("GPU-46414b45-4750-5500-0000-00000000000"), &[], 100),
+        (Some("gpu-46414b45-4750-5500-0000-000000000001"), &[], 100),
+        (Some("GPU-ffff"), &[], 100),
+        (Some("MIG-46414b45"), &[], 100),
+    ];
+    for (visible, physical, rc) in cases {
+        let (code, stdout, stderr) = run_devices(&exe, "visible", 4, *visible, &[]);
+        assert_eq!(code, Some(0), "{visible:?}: {stdout}\n{stderr}");
+        assert_eq!(stdout, expect(physical, *rc), "CUDA_VISIBLE_DEVICES={visible:?}");
+    }
+}
+
+/// The first kernel launch on a device loads the program's module and takes
+/// `VRAMSHIM_FAKEGPU_MODULE_BYTES` of device memory once (CUDA loads modules lazily; dryrun's
+/// presets give the 92 MiB measured at PyTorch's first kernel); past the card's capacity the
+/// launch fails with cudaErrorMemoryAllocation (2), as a lazy load that does not fit does.
+#[test]
+fn the_first_kernel_launch_takes_the_modules_memory() {
+    let dir = scratch("fakegpu-module");
+    let exe = build_program(&dir, "devices", 13);
+    let context = ("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (100 * MIB).to_string());
+    let module = |bytes: u64| ("VRAMSHIM_FAKEGPU_MODULE_BYTES", bytes.to_string());
+    let (code, stdout, stderr) =
+        run_devices(&exe, "module", 1, None, &[context.clone(), module(96_468_992)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        format!(
+            "before={} first rc=0 used={} second rc=0 used={}\n",
+            100 * MIB,
+            100 * MIB + 96_468_992,
+            100 * MIB + 96_468_992
+        )
+    );
+    let (_, stdout, _) = run_devices(&exe, "module", 1, None, &[context.clone()]);
+    assert_eq!(
+        stdout,
+        format!(
+            "before={0} first rc=0 used={0} second rc=0 used={0}\n",
+            100 * MIB
+        )
+    );
+    let (_, stdout, _) = run_devices(&exe, "module", 1, None, &[context, module(1 << 30)]);
+    assert_eq!(
+        stdout,
+        format!(
+            "before={0} first rc=2 used={0} second rc=2 used={0}\n",
+            100 * MIB
+        )
+    );
+}

@@ -225,6 +225,7 @@ fn run_torch_script(
         .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("VRAMSHIM_STACK")
         .env_remove("VRAMSHIM_MODE");
     for (key, value) in env {
@@ -772,6 +773,57 @@ fn mlp_training_with_adam_and_device_queries() {
         assert_eq!(r["count"], 2);
         assert_eq!(r["total"], 24u64 << 30);
     }
+}
+
+/// `CUDA_VISIBLE_DEVICES` on a machine of 4 fake devices, judged by real torch: "3,1" gives
+/// two devices in that order (torch's own count over NVML before CUDA starts and the driver's
+/// after agree), and the OOM message on device 0 reads its "this process has" figure from the
+/// machine's device 3 through NVML; an empty value leaves no device and CUDA unavailable.
+#[test]
+fn cuda_visible_devices_is_what_torch_counts() {
+    let Some(torch) = current() else { return };
+    let run = run_torch(
+        &torch,
+        "visible",
+        1 << 30,
+        &[
+            ("VRAMSHIM_FAKEGPU_COUNT", "4"),
+            ("CUDA_VISIBLE_DEVICES", "3,1"),
+        ],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(r["nvml_count"], 2, "{r}");
+    assert_eq!(r["count"], 2, "{r}");
+    assert_eq!(
+        r["uuids"],
+        serde_json::json!([
+            "46414b45-4750-5500-0000-000000000003",
+            "46414b45-4750-5500-0000-000000000001"
+        ])
+    );
+    let message = r["message"].as_str().expect("an OutOfMemoryError");
+    assert!(
+        message.starts_with(
+            "CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of \
+             1024.00 MiB of which 424.00 MiB is free. Including non-PyTorch memory, this \
+             process has 600.00 MiB memory in use."
+        ),
+        "{message}"
+    );
+    let run = run_torch(
+        &torch,
+        "visible",
+        1 << 30,
+        &[("VRAMSHIM_FAKEGPU_COUNT", "4"), ("CUDA_VISIBLE_DEVICES", "")],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(
+        (&r["nvml_count"], &r["available"], &r["count"]),
+        (&serde_json::json!(0), &serde_json::json!(false), &serde_json::json!(0)),
+        "{r}"
+    );
 }
 
 #[test]

@@ -1,19 +1,28 @@
 /* The simulated machine, from the environment (all optional):
- *   VRAMSHIM_FAKEGPU_COUNT          devices (1..64, default 1)
+ *   VRAMSHIM_FAKEGPU_COUNT          devices the machine has (1..64, default 1)
  *   VRAMSHIM_FAKEGPU_MEMORY         bytes per device, a plain integer (default 80 GiB)
  *   VRAMSHIM_FAKEGPU_NAME           device name (default "NVIDIA H100 80GB HBM3")
  *   VRAMSHIM_FAKEGPU_CC             compute capability "MAJOR.MINOR" (default "9.0")
  *   VRAMSHIM_FAKEGPU_SMS            multiprocessors (default 132)
  *   VRAMSHIM_FAKEGPU_CONTEXT_BYTES  device memory a primary context takes (default 0)
+ *   VRAMSHIM_FAKEGPU_MODULE_BYTES   device memory the first kernel launch on a device takes
+ *                                   (CUDA loads modules lazily; default 0)
+ *   VRAMSHIM_FAKEGPU_NCCL_BYTES     device memory an NCCL rank takes for itself (default 0;
+ *                                   see fakegpu/src/nccl/nccl.c)
+ *   VRAMSHIM_FAKEGPU_FABRIC         1: NVML reports an NVLink fabric, and cuMemCreate of a
+ *                                   fabric handle fails with CUDA_ERROR_NOT_PERMITTED (no IMEX
+ *                                   channel), as on the H100/H200 systems measured (default 0)
  *   VRAMSHIM_FAKEGPU_HOST_BYTES     host RAM that device data copied in may hold (default: a
  *                                   quarter of the machine's RAM)
- * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE. */
+ * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE.
+ * CUDA_VISIBLE_DEVICES then picks the devices the program sees, as the real driver does. */
 #include "driver.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 static struct fg_config config;
@@ -45,6 +54,88 @@ static void read_number(const char *var, unsigned long long min, unsigned long l
     *out = value;
 }
 
+void fg_physical_uuid(int physical, unsigned char out[16])
+{
+    memset(out, 0, 16);
+    memcpy(out, "FAKEGPU", 7);
+    out[15] = (unsigned char)physical;
+}
+
+/* The device whose UUID text ("GPU-" and 36 characters) starts with ENTRY, which starts with
+ * "GPU-"; -1 when none does, -2 when several do. */
+static int device_of_uuid(const char *entry, size_t length)
+{
+    int found = -1;
+    for (int p = 0; p < config.physical_count; p++) {
+        unsigned char u[16];
+        char text[48];
+        fg_physical_uuid(p, u);
+        snprintf(text, sizeof text,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                 u[14], u[15]);
+        if (length <= strlen(text) && strncasecmp(text, entry, length) == 0) {
+            if (found != -1)
+                return -2;
+            found = p;
+        }
+    }
+    return found;
+}
+
+/* CUDA_VISIBLE_DEVICES as the driver reads it: unset, every device; otherwise a comma-separated
+ * list of indices ("1gpu" reads as 1, as strtoul would) or of "GPU-" UUIDs or unique prefixes
+ * of them, in the order given. The first entry that is not valid (not a number, a negative one,
+ * an index past the last device, a UUID no device or several devices match, a form other than
+ * the first entry's) ends the list; a device named twice leaves no device visible. An empty
+ * value: no device. */
+static void apply_visible_devices(void)
+{
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    config.count = 0;
+    if (!list) {
+        for (int p = 0; p < config.physical_count; p++)
+            config.physical[config.count++] = p;
+        return;
+    }
+    bool uuids = strncmp(list + strspn(list, " \t"), "GPU-", 4) == 0;
+    for (const char *entry = list; *entry;) {
+        size_t length = strcspn(entry, ",");
+        const char *start = entry + strspn(entry, " \t");
+        size_t trimmed = length - (size_t)(start - entry);
+        while (trimmed && (start[trimmed - 1] == ' ' || start[trimmed - 1] == '\t'))
+            trimmed--;
+        int device = -1;
+        if (uuids) {
+            if (trimmed > 4 && strncmp(start, "GPU-", 4) == 0)
+                device = device_of_uuid(start, trimmed);
+            if (device == -2) {
+                config.count = 0; /* an ambiguous prefix: the driver shows nothing */
+                return;
+            }
+        } else {
+            const char *digits = start + (*start == '+');
+            if (*start != '-' && *digits >= '0' && *digits <= '9') {
+                unsigned long long index = 0;
+                while (*digits >= '0' && *digits <= '9' && index < FG_MAX_DEVICES)
+                    index = index * 10 + (unsigned)(*digits++ - '0');
+                device = index < (unsigned long long)config.physical_count ? (int)index : -1;
+            }
+        }
+        if (device < 0)
+            return;
+        for (int v = 0; v < config.count; v++)
+            if (config.physical[v] == device) {
+                config.count = 0;
+                return;
+            }
+        config.physical[config.count++] = device;
+        entry += length;
+        if (*entry == ',')
+            entry++;
+    }
+}
+
 static void load(void)
 {
     config.valid = true;
@@ -53,6 +144,13 @@ static void load(void)
     read_number("VRAMSHIM_FAKEGPU_MEMORY", 1, 1ull << 50, &memory);
     read_number("VRAMSHIM_FAKEGPU_SMS", 1, 1024, &sms);
     read_number("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", 0, 1ull << 50, &context);
+    unsigned long long module = 0, nccl = 0, fabric = 0;
+    read_number("VRAMSHIM_FAKEGPU_MODULE_BYTES", 0, 1ull << 50, &module);
+    read_number("VRAMSHIM_FAKEGPU_NCCL_BYTES", 0, 1ull << 50, &nccl);
+    read_number("VRAMSHIM_FAKEGPU_FABRIC", 0, 1, &fabric);
+    config.module_bytes = module;
+    config.nccl_bytes = nccl;
+    config.fabric = fabric == 1;
     /* A quarter of the machine's RAM: enough for the data a dry run copies in (weights,
      * batches) on any machine, never enough to get the program OOM-killed. */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -60,7 +158,8 @@ static void load(void)
                                                     : 1ull << 30;
     read_number("VRAMSHIM_FAKEGPU_HOST_BYTES", 0, 1ull << 50, &host);
     config.host_bytes = host;
-    config.count = (int)count;
+    config.physical_count = (int)count;
+    apply_visible_devices();
     config.memory = memory;
     config.sms = (int)sms;
     config.context_bytes = context;

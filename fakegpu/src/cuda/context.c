@@ -38,6 +38,8 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
     const struct fg_config *config = fg_config();
     if (!config->valid)
         return CUDA_ERROR_INVALID_VALUE;
+    if (config->count == 0)
+        return CUDA_ERROR_NO_DEVICE; /* CUDA_VISIBLE_DEVICES left none, as the real driver says */
     pthread_mutex_lock(&init_lock);
     if (!fg_initialized()) {
         for (int d = 0; d < config->count; d++) {
@@ -111,7 +113,7 @@ FG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* A UUID that differs per device and is stable: "FAKEGPU" and the ordinal. */
+/* A UUID that differs per device and is stable: the machine's device behind the ordinal. */
 FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     CUresult rc = check_device(dev);
@@ -119,9 +121,7 @@ FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
         return rc;
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
-    memset(uuid, 0, sizeof *uuid);
-    memcpy(uuid->bytes, "FAKEGPU", 7);
-    uuid->bytes[15] = (unsigned char)dev;
+    fg_physical_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -139,7 +139,7 @@ FG_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
         return rc;
     if (!bus_id || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(bus_id, (size_t)len, "00000000:%02X:00.0", 0x10 + dev);
+    snprintf(bus_id, (size_t)len, "00000000:%02X:00.0", 0x10 + fg_config()->physical[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -150,10 +150,14 @@ FG_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!dev || !bus_id || sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &device, &function) != 4)
         return CUDA_ERROR_INVALID_VALUE;
-    if (domain != 0 || device != 0 || function != 0 || !fg_valid_device((int)bus - 0x10))
-        return CUDA_ERROR_INVALID_DEVICE;
-    *dev = (int)bus - 0x10;
-    return CUDA_SUCCESS;
+    /* The bus id is the machine's device's; a device CUDA_VISIBLE_DEVICES hides is not found. */
+    const struct fg_config *config = fg_config();
+    for (int v = 0; domain == 0 && device == 0 && function == 0 && v < config->count; v++)
+        if (config->physical[v] + 0x10 == (int)bus) {
+            *dev = v;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_DEVICE;
 }
 
 /* Figures of a data-centre card (an H100's where they matter to libraries: launch limits,
@@ -182,7 +186,7 @@ static int attribute_value(int attribute, CUdevice dev, int *value)
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = 0x10 + dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = 0x10 + c->physical[dev]; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *value = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *value = 0; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *value = 2619000; break;
@@ -208,6 +212,7 @@ static int attribute_value(int attribute, CUdevice dev, int *value)
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *value = 32; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOL_SUPPORTED_HANDLE_TYPES: *value = 1; break;
+    case 128: *value = c->fabric; break; /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED */
     default:
         if (attribute <= 0 || attribute > 160)
             return CUDA_ERROR_INVALID_VALUE;
@@ -302,8 +307,10 @@ static CUresult primary_release(CUdevice dev)
     if (d->primary_refs == 0)
         rc = CUDA_ERROR_INVALID_CONTEXT;
     else if (--d->primary_refs == 0 && d->primary_charged) {
-        d->used -= fg_config()->context_bytes;
+        d->used -= fg_config()->context_bytes + d->loaded;
         d->primary_charged = false;
+        d->loaded = 0;
+        d->loaded_count = 0;
     }
     pthread_mutex_unlock(&d->lock);
     return rc;
@@ -493,3 +500,50 @@ FG_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
 }
 
 FG_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) { return CUDA_SUCCESS; }
+
+/* ---------------------------------------------------------------- loaded kernel code */
+CUresult fg_load_kernels(int dev, const char *name, unsigned long long bytes)
+{
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fg_device *d = &fg_devices[dev];
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&d->lock);
+    bool loaded = false;
+    for (int i = 0; i < d->loaded_count; i++)
+        loaded |= strcmp(d->loaded_names[i], name) == 0;
+    if (!loaded && bytes > 0) {
+        if (bytes > fg_config()->memory - d->used)
+            rc = CUDA_ERROR_OUT_OF_MEMORY; /* the real driver's lazy load fails the same way */
+        else {
+            d->used += bytes;
+            d->loaded += bytes;
+        }
+    }
+    if (!loaded && !rc && d->loaded_count < 8)
+        snprintf(d->loaded_names[d->loaded_count++], sizeof d->loaded_names[0], "%s", name);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+CUresult fg_kernel_launch(void)
+{
+    int dev;
+    CUresult rc = fg_current_device(&dev);
+    if (rc)
+        return rc;
+    return fg_load_kernels(dev, "", fg_config()->module_bytes);
+}
+
+/* For the fake runtime and libraries, which load kernels through the driver. Not NVIDIA
+ * symbols. */
+FG_EXPORT int vramshim_fakegpu_kernel_launch(void) { return fg_kernel_launch(); }
+
+FG_EXPORT int vramshim_fakegpu_load_kernels(int dev, const char *name, unsigned long long bytes)
+{
+    return fg_load_kernels(dev, name ? name : "", bytes);
+}
+
+FG_EXPORT unsigned long long vramshim_fakegpu_nccl_bytes(void) { return fg_config()->nccl_bytes; }
+
+FG_EXPORT int vramshim_fakegpu_fabric(void) { return fg_config()->fabric; }

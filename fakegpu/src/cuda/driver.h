@@ -19,16 +19,23 @@
 
 /* The simulated machine, read once from VRAMSHIM_FAKEGPU_* (config.c). */
 struct fg_config {
-    int count;
+    int count;          /* devices the program sees: CUDA_VISIBLE_DEVICES applied */
+    int physical_count; /* devices the machine has (VRAMSHIM_FAKEGPU_COUNT) */
+    int physical[FG_MAX_DEVICES]; /* the machine's device behind each visible ordinal */
     unsigned long long memory;
     char name[256];
     int cc_major, cc_minor;
     int sms;
     unsigned long long context_bytes;
+    unsigned long long module_bytes; /* charged at the first kernel launch on a device */
+    unsigned long long nccl_bytes;   /* an NCCL rank's own memory (read by the fake NCCL) */
+    bool fabric; /* an NVLink fabric NVML reports, without the IMEX channel fabric handles need */
     unsigned long long host_bytes; /* host RAM that device data copied in may hold */
     bool valid; /* false: a variable was invalid (already said on stderr); cuInit fails */
 };
 const struct fg_config *fg_config(void);
+/* The UUID of the machine's device PHYSICAL: "FAKEGPU", zeros, the index in the last byte. */
+void fg_physical_uuid(int physical, unsigned char out[16]);
 
 struct CUctx_st {
     int device;
@@ -44,6 +51,11 @@ struct fg_device {
     struct CUctx_st primary;
     int primary_refs;
     bool primary_charged;
+    /* Kernel code loaded into the device (the program's first module, libraries' kernels):
+     * charged on top of the context and given back with it. */
+    unsigned long long loaded;
+    char loaded_names[8][32];
+    int loaded_count;
     CUmemoryPool default_pool, current_pool;
 };
 extern struct fg_device fg_devices[FG_MAX_DEVICES];
@@ -57,6 +69,11 @@ bool fg_valid_device(int dev);
 
 /* Charges / uncharges N bytes of device DEV; false when the device would be over capacity. */
 bool fg_charge(int dev, unsigned long long n);
+/* Charges BYTES of kernel code for NAME ("" for the program's own kernels) on DEV, once per
+ * primary context; CUDA_ERROR_OUT_OF_MEMORY when it does not fit. */
+CUresult fg_load_kernels(int dev, const char *name, unsigned long long bytes);
+/* A kernel launch in the current context: the first one loads the program's module. */
+CUresult fg_kernel_launch(void);
 void fg_uncharge(int dev, unsigned long long n);
 
 /* The registry of everything with an address: device, pool, managed and VMM-mapped memory,

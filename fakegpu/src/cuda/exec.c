@@ -436,7 +436,7 @@ FG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    return fg_kernel_launch();
 }
 
 typedef struct {

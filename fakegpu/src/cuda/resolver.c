@@ -182,20 +182,47 @@ FG_EXPORT CUresult cuGetErrorName(CUresult code, const char **name)
     return error_text(code, name, true);
 }
 
-/* For the fake NVML (libnvidia-ml.so.1), which reports the driver's bookkeeping: the bytes in
- * use on DEVICE and its capacity. Not an NVIDIA symbol. */
-FG_EXPORT int vramshim_fakegpu_device_memory(int device, unsigned long long *used,
+/* For the fake NVML (libnvidia-ml.so.1), which sees the machine's devices whatever
+ * CUDA_VISIBLE_DEVICES hides, and reports the driver's bookkeeping. Not NVIDIA symbols. */
+
+/* The machine's device count; -1 when a VRAMSHIM_FAKEGPU_* variable is invalid. */
+FG_EXPORT int vramshim_fakegpu_physical_count(void)
+{
+    const struct fg_config *config = fg_config();
+    return config->valid ? config->physical_count : -1;
+}
+
+/* The name and compute capability of the machine's device PHYSICAL. */
+FG_EXPORT int vramshim_fakegpu_physical_device(int physical, char *name, int len, int *cc_major,
+                                               int *cc_minor)
+{
+    const struct fg_config *config = fg_config();
+    if (physical < 0 || physical >= config->physical_count || !name || len <= 0 || !cc_major ||
+        !cc_minor)
+        return -1;
+    snprintf(name, (size_t)len, "%s", config->name);
+    *cc_major = config->cc_major;
+    *cc_minor = config->cc_minor;
+    return 0;
+}
+
+/* The bytes this process uses on the machine's device PHYSICAL (0 when it does not see it)
+ * and its capacity. */
+FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
                                              unsigned long long *total)
 {
-    if (!fg_valid_device(device) || !used || !total)
+    const struct fg_config *config = fg_config();
+    if (physical < 0 || physical >= config->physical_count || !used || !total)
         return -1;
-    *total = fg_config()->memory;
-    if (!fg_initialized()) {
-        *used = 0;
+    *total = config->memory;
+    *used = 0;
+    if (!fg_initialized())
         return 0;
-    }
-    pthread_mutex_lock(&fg_devices[device].lock);
-    *used = fg_devices[device].used;
-    pthread_mutex_unlock(&fg_devices[device].lock);
+    for (int v = 0; v < config->count; v++)
+        if (config->physical[v] == physical) {
+            pthread_mutex_lock(&fg_devices[v].lock);
+            *used = fg_devices[v].used;
+            pthread_mutex_unlock(&fg_devices[v].lock);
+        }
     return 0;
 }

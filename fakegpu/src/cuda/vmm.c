@@ -33,6 +33,9 @@ static void physical_unref(struct physical *p)
     }
 }
 
+/* CUmemAllocationHandleType's fabric bit (CUDA 12.3+). */
+#define CU_MEM_HANDLE_TYPE_FABRIC 0x8
+
 static bool prop_ok(const CUmemAllocationProp *prop)
 {
     return prop && prop->type == 1 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
@@ -122,6 +125,10 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!handle || !prop_ok(prop) || size == 0 || size % FG_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
+    /* A fabric handle needs an IMEX channel, which a machine measured had not: the real
+     * driver said CUDA_ERROR_NOT_PERMITTED (PyTorch then falls back to file descriptors). */
+    if (fg_config()->fabric && (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct physical *p = calloc(1, sizeof *p);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;

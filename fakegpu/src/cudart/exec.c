@@ -339,7 +339,8 @@ static cudaError_t launch(const void *function, dim3 grid, dim3 block)
     if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
         (unsigned long long)block.x * block.y * block.z > 1024)
         return fg_rt_status(9); /* cudaErrorInvalidConfiguration */
-    return cudaSuccess;
+    /* The first launch loads the module (lazily, as CUDA does): it may not fit. */
+    return vramshim_fakegpu_kernel_launch() ? fg_rt_status(cudaErrorMemoryAllocation) : cudaSuccess;
 }
 
 FG_EXPORT cudaError_t cudaLaunchKernel(const void *function, dim3 grid, dim3 block, void **args,

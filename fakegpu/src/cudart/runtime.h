@@ -295,6 +295,9 @@ struct cudaPointerAttributes {
 
 /* The driver functions the runtime calls (libcuda.so.1). */
 CUresult cuInit(unsigned int flags);
+/* The fake driver's: the first launch on a device loads the program's module (non-zero: it
+ * did not fit). */
+int vramshim_fakegpu_kernel_launch(void);
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev);

@@ -36,10 +36,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fakegpu_cuda.h"
+
 #define FG_EXPORT __attribute__((visibility("default")))
 typedef int ncclResult_t;
 enum {
     ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
     ncclSystemError = 2,
     ncclInvalidArgument = 4,
     ncclInvalidUsage = 5,
@@ -105,11 +108,28 @@ struct nccl_comm {
     uint64_t sequence;   /* collectives called */
     uint64_t splits;     /* communicators split from this one */
     struct custom_op ops[MAX_CUSTOM_OPS];
+    CUmemGenericAllocationHandle *buffers; /* the device memory this rank holds (cuMemCreate handles) */
+    int buffer_count;
 };
 typedef struct nccl_comm *ncclComm_t;
 
 /* From the fake driver. */
 int cuCtxGetDevice(int *device);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+unsigned long long vramshim_fakegpu_nccl_bytes(void);
+int vramshim_fakegpu_load_kernels(int dev, const char *name, unsigned long long bytes);
+
+/* An NCCL rank's own device memory (VRAMSHIM_FAKEGPU_NCCL_BYTES, dryrun's presets give it).
+ * Measured with NCCL 2.28.9 on an H200 and an H100 (docs/gpus.md): a one-rank communicator
+ * and one all_reduce took 583,008,256 / 589,299,712 bytes, of which 195 cuMemCreate of 2 MiB
+ * (408,944,640 bytes) and the rest NCCL's kernels. So each communicator makes up to 195
+ * buffers of 2 MiB through cuMemCreate (the recorder sees them as on a real card), and the
+ * rest is charged once per device as loaded kernels. Communicators of more ranks are charged
+ * the same: not measured, an estimate. */
+#define NCCL_BUFFER_BYTES (2ull << 20)
+#define NCCL_BUFFERS_MEASURED 195
 
 static __thread char last_error[512];
 
@@ -339,6 +359,41 @@ static void leave(struct nccl_comm *c)
     if (c->region)
         munmap(c->region, c->region_bytes);
     c->region = NULL;
+    for (int i = 0; i < c->buffer_count; i++)
+        cuMemRelease(c->buffers[i]);
+    free(c->buffers);
+    c->buffers = NULL;
+    c->buffer_count = 0;
+}
+
+/* The communicator's own device memory; ncclUnhandledCudaError when it does not fit, as
+ * real NCCL fails ("Cuda failure 'out of memory'"). */
+static ncclResult_t hold_device_memory(struct nccl_comm *c)
+{
+    unsigned long long total = vramshim_fakegpu_nccl_bytes();
+    if (total == 0)
+        return ncclSuccess;
+    int count = (int)(total / NCCL_BUFFER_BYTES);
+    if (count > NCCL_BUFFERS_MEASURED)
+        count = NCCL_BUFFERS_MEASURED;
+    c->buffers = calloc((size_t)count + 1, sizeof *c->buffers);
+    if (!c->buffers)
+        return fail(ncclSystemError, "out of host memory");
+    CUmemAllocationProp prop = {.type = 1, /* CU_MEM_ALLOCATION_TYPE_PINNED */
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, c->device}};
+    for (int i = 0; i < count; i++) {
+        if (cuMemCreate(&c->buffers[i], NCCL_BUFFER_BYTES, &prop, 0) != 0)
+            return fail_loudly(ncclUnhandledCudaError,
+                               "NCCL: Cuda failure 'out of memory' (device %d, buffer %d of %d)",
+                               c->device, i + 1, count);
+        c->buffer_count++;
+    }
+    unsigned long long kernels = total - (unsigned long long)count * NCCL_BUFFER_BYTES;
+    if (vramshim_fakegpu_load_kernels(c->device, "libnccl", kernels) != 0)
+        return fail_loudly(ncclUnhandledCudaError,
+                           "NCCL: Cuda failure 'out of memory' (device %d, loading its kernels)",
+                           c->device);
+    return ncclSuccess;
 }
 
 static ncclResult_t comm_new(ncclComm_t *comm, int nranks, int rank, int device,
@@ -356,13 +411,13 @@ static ncclResult_t comm_new(ncclComm_t *comm, int nranks, int rank, int device,
     c->rank = rank;
     c->nranks = nranks;
     c->device = device;
-    if (nranks > 1) {
-        ncclResult_t result = join(c, name);
-        if (result) {
-            leave(c);
-            free(c);
-            return result;
-        }
+    ncclResult_t result = nranks > 1 ? join(c, name) : ncclSuccess;
+    if (!result)
+        result = hold_device_memory(c);
+    if (result) {
+        leave(c);
+        free(c);
+        return result;
     }
     *comm = c;
     return ncclSuccess;

@@ -21,12 +21,13 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
-/* From the fake driver (libcuda.so.1). */
-int cuInit(unsigned int flags);
-int cuDeviceGetCount(int *count);
-int cuDeviceGetName(char *name, int len, int dev);
-int cuDeviceGetAttribute(int *value, int attribute, int dev);
-int vramshim_fakegpu_device_memory(int device, unsigned long long *used,
+/* From the fake driver (libcuda.so.1). NVML indexes the machine's devices, like the real one:
+ * CUDA_VISIBLE_DEVICES does not apply to it. */
+int vramshim_fakegpu_physical_count(void);
+int vramshim_fakegpu_fabric(void);
+int vramshim_fakegpu_physical_device(int physical, char *name, int len, int *cc_major,
+                                     int *cc_minor);
+int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
                                    unsigned long long *total);
 
 struct nvml_device {
@@ -38,8 +39,8 @@ static int initialized;
 
 static int device_count(void)
 {
-    int count = 0;
-    return cuDeviceGetCount(&count) == 0 ? count : 0;
+    int count = vramshim_fakegpu_physical_count();
+    return count > 0 ? count : 0;
 }
 
 static nvmlReturn_t check(nvmlDevice_t device)
@@ -53,7 +54,7 @@ static nvmlReturn_t check(nvmlDevice_t device)
 
 FG_EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
-    if (cuInit(0) != 0)
+    if (vramshim_fakegpu_physical_count() < 0)
         return NVML_ERROR_DRIVER_NOT_LOADED; /* an invalid VRAMSHIM_FAKEGPU_* (already said) */
     for (int i = 0; i < 64; i++)
         devices[i].index = i;
@@ -160,9 +161,10 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsign
 {
     nvmlReturn_t rc = check(device);
     char value[256];
+    int major, minor;
     if (rc)
         return rc;
-    cuDeviceGetName(value, sizeof value, device->index);
+    vramshim_fakegpu_physical_device(device->index, value, sizeof value, &major, &minor);
     return text(name, length, value);
 }
 
@@ -182,8 +184,8 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, i
     nvmlReturn_t rc = check(device);
     if (rc || !major || !minor)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    cuDeviceGetAttribute(major, 75, device->index);
-    cuDeviceGetAttribute(minor, 76, device->index);
+    char name[256];
+    vramshim_fakegpu_physical_device(device->index, name, sizeof name, major, minor);
     return NVML_SUCCESS;
 }
 
@@ -286,8 +288,11 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, 
 }
 
 /* No fabric (NVLink switch) memory: the call succeeds and says the state is "not supported",
- * which is what a card outside an NVLink domain reports. nvmlGpuFabricInfoV_t: version,
- * clusterUuid[16], status (at 20), cliqueId (24), state (28), healthMask (32). */
+ * which is what a card outside an NVLink domain reports. With VRAMSHIM_FAKEGPU_FABRIC=1 (the
+ * H100/H200 presets) the fabric is there, registered ("completed"), as on the HGX machines
+ * measured; PyTorch then tries a fabric handle, which the driver refuses (800).
+ * nvmlGpuFabricInfoV_t: version, clusterUuid[16], status (at 20), cliqueId (24), state (28),
+ * healthMask (32). */
 FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *info)
 {
     nvmlReturn_t rc = check(device);
@@ -295,8 +300,13 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void *in
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
     unsigned char *p = info;
     memset(p + 4, 0, 32);
-    *(int *)(p + 20) = NVML_ERROR_NOT_SUPPORTED;
-    p[28] = 0; /* NVML_GPU_FABRIC_STATE_NOT_SUPPORTED */
+    if (vramshim_fakegpu_fabric()) {
+        *(int *)(p + 20) = NVML_SUCCESS;
+        p[28] = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED */
+    } else {
+        *(int *)(p + 20) = NVML_ERROR_NOT_SUPPORTED;
+        p[28] = 0; /* NVML_GPU_FABRIC_STATE_NOT_SUPPORTED */
+    }
     return NVML_SUCCESS;
 }
 
