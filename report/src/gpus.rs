@@ -10,6 +10,20 @@ pub const CONTEXT_ESTIMATE: u64 = 512 << 20;
 /// figure under PyTorch 2.11 after `torch.cuda.init()`).
 pub const CONTEXT_MEASURED_HOPPER: u64 = 552_402_944;
 
+/// Device memory taken outside PyTorch's allocator when PyTorch 2.11 ran its first kernel (its
+/// kernel module loaded, lazily), the same on an H100 80GB HBM3 and an H200
+/// (`scripts/gpu_probe.py`; docs/gpus.md). The fakes charge it at a device's first kernel.
+pub const MODULE_MEASURED_HOPPER: u64 = 96_468_992;
+/// The same for cards where it was not measured: the Hopper figure, an estimate.
+pub const MODULE_ESTIMATE: u64 = MODULE_MEASURED_HOPPER;
+/// Device memory NCCL 2.28.9 took for one rank (`init_process_group` of one rank and one
+/// `all_reduce`) on the H200: 556 MiB, of which 195 `cuMemCreate` of 2 MiB, the rest its kernels.
+pub const NCCL_MEASURED_H200: u64 = 583_008_256;
+/// The same on the H100 80GB HBM3: 562 MiB.
+pub const NCCL_MEASURED_H100: u64 = 589_299_712;
+/// The same for cards where it was not measured: the H200's figure, an estimate.
+pub const NCCL_ESTIMATE: u64 = NCCL_MEASURED_H200;
+
 /// One simulated card.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpu {
@@ -24,6 +38,15 @@ pub struct Gpu {
     pub sms: u32,
     /// Device memory the CUDA context takes on this card.
     pub context_bytes: u64,
+    /// Device memory the first kernel launch on a device takes (modules loaded).
+    pub module_bytes: u64,
+    /// Device memory each NCCL rank takes for itself on this card.
+    pub nccl_bytes: u64,
+    /// Whether the context, module and NCCL figures were measured on this card.
+    pub measured: bool,
+    /// Whether NVML reports an NVLink fabric (PyTorch then tries fabric handles first, which
+    /// the driver refuses without an IMEX channel: error 800, as on the machines measured).
+    pub fabric: bool,
     /// Where the memory figure comes from, in short.
     pub source: &'static str,
 }
@@ -38,6 +61,11 @@ struct Preset {
     sms: u32,
     /// The context's memory where measured, else [`CONTEXT_ESTIMATE`].
     context_bytes: u64,
+    /// NCCL's memory per rank where measured, else [`NCCL_ESTIMATE`].
+    nccl_bytes: u64,
+    /// Measured on this card (the context, module and NCCL figures); an HGX system whose
+    /// NVML reports a fabric.
+    measured: bool,
     source: &'static str,
 }
 
@@ -50,6 +78,8 @@ const PRESETS: [Preset; 10] = [
         cc: (7, 5),
         sms: 40,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -59,6 +89,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 6),
         sms: 80,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "PyTorch OOM message 22.49 GiB, ±5 MiB",
     },
     Preset {
@@ -68,6 +100,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 9),
         sms: 58,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -77,6 +111,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 9),
         sms: 128,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "PyTorch OOM message 23.65 GiB, ±5 MiB",
     },
     Preset {
@@ -86,6 +122,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 6),
         sms: 82,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "PyTorch OOM message 23.70 GiB, ±5 MiB",
     },
     Preset {
@@ -95,6 +133,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 0),
         sms: 108,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "deviceQuery, exact",
     },
     Preset {
@@ -104,6 +144,8 @@ const PRESETS: [Preset; 10] = [
         cc: (8, 0),
         sms: 108,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "PyTorch OOM message 79.14 GiB, ±5 MiB",
     },
     Preset {
@@ -113,6 +155,8 @@ const PRESETS: [Preset; 10] = [
         cc: (9, 0),
         sms: 132,
         context_bytes: CONTEXT_MEASURED_HOPPER,
+        nccl_bytes: NCCL_MEASURED_H100,
+        measured: true,
         source: "measured: totalGlobalMem and cuMemGetInfo total, driver 580.159.04",
     },
     Preset {
@@ -122,6 +166,8 @@ const PRESETS: [Preset; 10] = [
         cc: (9, 0),
         sms: 114,
         context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
         source: "taken equal to the measured H100 SXM (no figure of its own)",
     },
     Preset {
@@ -131,6 +177,8 @@ const PRESETS: [Preset; 10] = [
         cc: (9, 0),
         sms: 132,
         context_bytes: CONTEXT_MEASURED_HOPPER,
+        nccl_bytes: NCCL_MEASURED_H200,
+        measured: true,
         source: "measured: totalGlobalMem and cuMemGetInfo total, driver 580.159.04",
     },
 ];
@@ -144,6 +192,14 @@ impl Preset {
             cc: self.cc,
             sms: self.sms,
             context_bytes: self.context_bytes,
+            module_bytes: if self.measured {
+                MODULE_MEASURED_HOPPER
+            } else {
+                MODULE_ESTIMATE
+            },
+            nccl_bytes: self.nccl_bytes,
+            measured: self.measured,
+            fabric: self.measured,
             source: self.source,
         }
     }
@@ -170,6 +226,10 @@ pub fn custom(memory: u64) -> Gpu {
         cc: (9, 0),
         sms: 132,
         context_bytes: CONTEXT_ESTIMATE,
+        module_bytes: MODULE_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
+        fabric: false,
         source: "--memory",
     }
 }

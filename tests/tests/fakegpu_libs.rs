@@ -461,7 +461,11 @@ fn cuda_visible_devices_picks_and_orders_the_devices_as_the_driver_does() {
     for (visible, physical, rc) in cases {
         let (code, stdout, stderr) = run_devices(&exe, "visible", 4, *visible, &[]);
         assert_eq!(code, Some(0), "{visible:?}: {stdout}\n{stderr}");
-        assert_eq!(stdout, expect(physical, *rc), "CUDA_VISIBLE_DEVICES={visible:?}");
+        assert_eq!(
+            stdout,
+            expect(physical, *rc),
+            "CUDA_VISIBLE_DEVICES={visible:?}"
+        );
     }
 }
 
@@ -475,8 +479,13 @@ fn the_first_kernel_launch_takes_the_modules_memory() {
     let exe = build_program(&dir, "devices", 13);
     let context = ("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (100 * MIB).to_string());
     let module = |bytes: u64| ("VRAMSHIM_FAKEGPU_MODULE_BYTES", bytes.to_string());
-    let (code, stdout, stderr) =
-        run_devices(&exe, "module", 1, None, &[context.clone(), module(96_468_992)]);
+    let (code, stdout, stderr) = run_devices(
+        &exe,
+        "module",
+        1,
+        None,
+        &[context.clone(), module(96_468_992)],
+    );
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout,

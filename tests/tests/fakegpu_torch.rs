@@ -815,13 +815,20 @@ fn cuda_visible_devices_is_what_torch_counts() {
         &torch,
         "visible",
         1 << 30,
-        &[("VRAMSHIM_FAKEGPU_COUNT", "4"), ("CUDA_VISIBLE_DEVICES", "")],
+        &[
+            ("VRAMSHIM_FAKEGPU_COUNT", "4"),
+            ("CUDA_VISIBLE_DEVICES", ""),
+        ],
         false,
     );
     let r = &run.result;
     assert_eq!(
         (&r["nvml_count"], &r["available"], &r["count"]),
-        (&serde_json::json!(0), &serde_json::json!(false), &serde_json::json!(0)),
+        (
+            &serde_json::json!(0),
+            &serde_json::json!(false),
+            &serde_json::json!(0)
+        ),
         "{r}"
     );
 }
@@ -1429,7 +1436,10 @@ fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
 
 /// `vramshim dryrun --gpus 2 -- torchrun --nproc_per_node=2 ...`: one verdict over both
 /// ranks' logs, a device each, each device's recorded peak equal to its rank's own
-/// `max_memory_reserved()`, and the H100 preset's context on top.
+/// `max_memory_reserved()` plus the libraries' own memory the recorder sees (two cuBLAS
+/// handles, NCCL's 195 buffers of 2 MiB), and the H100 preset's measured context, first
+/// kernel and NCCL rank on top; NCCL's buffers do not make the allocator look like expandable
+/// segments.
 #[test]
 fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
     let Some(torch) = current() else { return };
@@ -1456,26 +1466,101 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
     assert_eq!(v["fits"], true, "{v}");
     assert_eq!(arr(&v["logs"]).len(), 2, "{v}");
     let context = u64_of(&v["gpu"], "context_bytes");
+    // The H100's figures measured with PyTorch 2.11 and NCCL 2.28.9 (docs/gpus.md).
+    assert_eq!(context, 552_402_944);
+    assert_eq!(u64_of(&v["gpu"], "module_bytes"), 96_468_992);
+    assert_eq!(u64_of(&v["gpu"], "nccl_bytes"), 589_299_712);
+    let nccl_buffers = 195 * 2 * MIB;
     let ranks = ddp_ranks(&dir);
     let devices = arr(&v["devices"]);
     assert_eq!(devices.len(), 2, "{v}");
     for (rank, (device, r)) in devices.iter().zip(&ranks).enumerate() {
         assert_eq!(u64_of(device, "device"), rank as u64, "{v}");
         assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
-        // The recorded peak: torch's segments and the rank's two cuBLAS handles.
+        // The recorded peak: torch's segments, the rank's two cuBLAS handles and NCCL's
+        // buffers.
         assert_eq!(
             u64_of(device, "peak_recorded"),
-            u64_of(r, "reserved_peak") + 2 * CUBLAS_HANDLE,
+            u64_of(r, "reserved_peak") + 2 * CUBLAS_HANDLE + nccl_buffers,
             "{v}\n{r}"
         );
         assert_eq!(u64_of(r, "reserved_peak"), 88 * MIB, "{r}");
-        assert_eq!(
-            u64_of(device, "peak_used"),
-            88 * MIB + 2 * CUBLAS_HANDLE + context,
-            "{v}"
-        );
+        // Used: that, the context, the first kernel's module and NCCL's kernels; what torch
+        // read from cudaMemGetInfo after its last step is the same.
+        let used = 88 * MIB + 2 * CUBLAS_HANDLE + context + 96_468_992 + 589_299_712;
+        assert_eq!(u64_of(device, "peak_used"), used, "{v}");
+        let steps = arr(&r["steps"]);
+        assert_eq!(steps.last().and_then(|s| s[1].as_u64()), Some(used), "{r}");
+        assert_eq!(device["allocator"], "native_caching", "{v}");
         assert_eq!(device["failures"], 0, "{v}");
     }
+}
+
+/// On the H100/H200 presets NVML reports an NVLink fabric and the driver refuses a fabric
+/// handle with 800 (CUDA_ERROR_NOT_PERMITTED), as on the machines measured: torch's expandable
+/// segments first try one 2 MiB `cuMemCreate` with a fabric handle, then fall back to file
+/// descriptors. The dry run fits, counts no failure, and `oom` calls it `other_error`.
+#[test]
+fn a_refused_fabric_handle_is_torchs_fallback_not_an_oom() {
+    let Some(torch) = current() else { return };
+    let dir = scratch("torch-fabric");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/torch_fakegpu.py"))
+        .arg("expandable")
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let r: Value = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    // Expandable segments worked after the fallback: 100 MiB grown, nothing left.
+    assert_eq!(r["grown"][0], 100 * MIB, "{r}");
+    assert_eq!(r["num_ooms"], 0, "{r}");
+    assert_eq!(v["fits"], true, "{v}");
+    assert!(v["failure"].is_null(), "{v}");
+    let device = &arr(&v["devices"])[0];
+    assert_eq!(device["failures"], 0, "{v}");
+    assert_eq!(device["allocator"], "expandable_segments", "{v}");
+    let log = arr(&v["logs"])[0].as_str().expect("log").to_string();
+    let dump = dump(Path::new(&log));
+    let events = events(&dump);
+    let failed = select(&events, "alloc_failed", "cuMemCreate");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(
+        (u64_of(failed[0], "size"), u64_of(failed[0], "result")),
+        (2 * MIB, 800)
+    );
+    let created: Vec<u64> = select(&events, "create", "cuMemCreate")
+        .iter()
+        .map(|e| u64_of(e, "size"))
+        .collect();
+    assert_eq!(created, vec![20 * MIB; 5]);
+    let oom = Command::new(vramshim_tool())
+        .args(["oom", "--json", &log])
+        .output()
+        .expect("run vramshim oom");
+    let o: Value = serde_json::from_slice(&oom.stdout).expect("oom json");
+    let failures = arr(&o["failures"]);
+    assert_eq!(failures.len(), 1, "{o}");
+    assert_eq!(failures[0]["verdict"], "other_error", "{o}");
+    assert_eq!(failures[0]["result"], 800, "{o}");
 }
 
 /// torchvision's ResNet-50 (25,557,032 parameters) trained for two steps with SGD and momentum

@@ -18,6 +18,10 @@
 //! two small ones per handle; counted as reserved they made the peak 128.25 MiB above
 //! `reserved_bytes.all.peak`. A device with driver-API allocations only (a program of its own
 //! on the driver API) has them as its reserved bytes: there they are the program's.
+//! VMM physical allocations whose innermost native frame is in one of NVIDIA's libraries are
+//! [`Libraries`] too: NCCL (2.19 and later) makes its buffers with `cuMemCreate` (195 of
+//! 2 MiB for one rank, NCCL 2.28 on an H200), which would otherwise read as expandable
+//! segments. Without native stacks in the log they cannot be told apart.
 
 use std::collections::BTreeMap;
 
@@ -526,16 +530,20 @@ impl DeviceAllocator {
 }
 
 /// Whether a live object counts in the allocator's reserved figure (driver-API allocations
-/// go to [`Libraries`] instead).
-fn counts_as_reserved(live: &Live, family: Family) -> bool {
+/// and NVIDIA libraries' VMM allocations go to [`Libraries`] instead).
+fn counts_as_reserved(live: &Live, family: Family, by_library: bool) -> bool {
     live.device >= 0
+        && !by_library
         && (live.kind == EventKind::Create
             || matches!(family, Family::Runtime | Family::StreamOrdered))
 }
 
-/// Whether a live object is a plain driver-API allocation ([`Libraries`]).
-fn is_driver_allocation(live: &Live, family: Family) -> bool {
-    live.device >= 0 && live.kind != EventKind::Create && family == Family::Driver && live.addr != 0
+/// Whether a live object is a library's own allocation ([`Libraries`]): a plain driver-API
+/// allocation, or a VMM physical allocation an NVIDIA library made.
+fn is_driver_allocation(live: &Live, family: Family, by_library: bool) -> bool {
+    live.device >= 0
+        && (by_library
+            || (live.kind != EventKind::Create && family == Family::Driver && live.addr != 0))
 }
 
 /// Observer building the allocator view of every device (or only `device`).
@@ -547,6 +555,8 @@ pub struct AllocatorView {
     /// Family of each api index, per process.
     families: FamilyCache,
     envs: Vec<Option<AllocEnv>>,
+    /// (process, stack) → whether the stack's innermost native frame is in an NVIDIA library.
+    library_stacks: rustc_hash::FxHashMap<(u32, u32), bool>,
 }
 
 impl AllocatorView {
@@ -557,7 +567,32 @@ impl AllocatorView {
             reservations: Calls::default(),
             families: FamilyCache::default(),
             envs: Vec::new(),
+            library_stacks: rustc_hash::FxHashMap::default(),
         }
+    }
+
+    /// Whether `live` is a VMM physical allocation made inside one of NVIDIA's libraries.
+    fn by_library(&mut self, processes: &[Process], live: &Live) -> bool {
+        if live.kind != EventKind::Create {
+            return false;
+        }
+        *self
+            .library_stacks
+            .entry((live.process, live.stack))
+            .or_insert_with(|| {
+                let Some(process) = processes.get(live.process as usize) else {
+                    return false;
+                };
+                let Some(&innermost) = process.stacks.get(&live.stack).and_then(|f| f.first())
+                else {
+                    return false;
+                };
+                process
+                    .modules
+                    .iter()
+                    .find(|m| m.start <= innermost && innermost < m.end)
+                    .is_some_and(|m| super::apis::is_nvidia_library(&m.path))
+            })
     }
 
     /// Closes open bursts and settles what driver-API allocations are; call once after the
@@ -603,7 +638,8 @@ impl AllocatorView {
 
     fn removed(&mut self, processes: &[Process], process: u32, t_ns: u64, live: &Live) {
         let family = self.families.of(processes, live.process, live.api);
-        let reserved = counts_as_reserved(live, family);
+        let by_library = self.by_library(processes, live);
+        let reserved = counts_as_reserved(live, family, by_library);
         let Some(dev) = self.slot(live.device) else {
             return;
         };
@@ -611,10 +647,10 @@ impl AllocatorView {
             let value = dev.reserved.current.saturating_sub(live.size);
             dev.reserved.set(t_ns, value);
         }
-        if live.kind == EventKind::Create {
+        if live.kind == EventKind::Create && !by_library {
             dev.vmm_release.add(live.size);
             dev.segment_freed(process, t_ns, live.size);
-        } else if is_driver_allocation(live, family) {
+        } else if is_driver_allocation(live, family, by_library) {
             let libraries = &mut dev.libraries;
             let value = libraries.held.current.saturating_sub(live.size);
             libraries.held.set(t_ns, value);
@@ -649,7 +685,8 @@ impl Observer for AllocatorView {
                     Effect::Added(live) => {
                         let family = self.families.of(processes, process, live.api);
                         let env = self.env(processes, process);
-                        let reserved = counts_as_reserved(live, family);
+                        let by_library = self.by_library(processes, live);
+                        let reserved = counts_as_reserved(live, family, by_library);
                         let Some(dev) = self.slot(live.device) else {
                             return;
                         };
@@ -658,7 +695,7 @@ impl Observer for AllocatorView {
                         dev.counts.env.no_caching |= env.no_caching;
                         dev.counts.env.cuda_malloc_async |= env.cuda_malloc_async;
                         dev.counts.env.expandable |= env.expandable;
-                        if live.kind == EventKind::Create {
+                        if live.kind == EventKind::Create && !by_library {
                             dev.counts.vmm_creates += 1;
                             if live.size.is_multiple_of(2 * MIB) {
                                 dev.counts.chunk_sized += 1;
@@ -667,7 +704,7 @@ impl Observer for AllocatorView {
                             dev.sizes.count(live.size);
                         } else {
                             match family {
-                                _ if is_driver_allocation(live, family) => {
+                                _ if is_driver_allocation(live, family, by_library) => {
                                     let libraries = &mut dev.libraries;
                                     libraries.malloc.add(live.size);
                                     libraries.sizes.count(live.size);

@@ -132,3 +132,26 @@ mod tests {
         }
     }
 }
+
+/// File-name prefixes of NVIDIA's libraries that allocate device memory of their own.
+const NVIDIA_LIBRARIES: [&str; 9] = [
+    "libcublas",
+    "libcudnn",
+    "libnccl",
+    "libcufft",
+    "libcusolver",
+    "libcusparse",
+    "libcurand",
+    "libnvshmem",
+    "libcufile",
+];
+
+/// Whether the object at `path` is one of NVIDIA's libraries that allocate device memory for
+/// themselves (cuBLAS, cuDNN, NCCL, ...), by its file name.
+pub fn is_nvidia_library(path: &str) -> bool {
+    let name = std::path::Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    NVIDIA_LIBRARIES.iter().any(|p| name.starts_with(p))
+}

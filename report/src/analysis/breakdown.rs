@@ -68,19 +68,6 @@ impl Category {
 /// Bytes per category, indexed as [`Category::ALL`].
 pub type CategoryBytes = [u64; Category::ALL.len()];
 
-/// File-name prefixes of NVIDIA's libraries that allocate device memory of their own.
-const NVIDIA_LIBRARIES: [&str; 9] = [
-    "libcublas",
-    "libcudnn",
-    "libnccl",
-    "libcufft",
-    "libcusolver",
-    "libcusparse",
-    "libcurand",
-    "libnvshmem",
-    "libcufile",
-];
-
 /// What a stack says about the allocations made under it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Traits {
@@ -90,7 +77,7 @@ struct Traits {
     autograd_engine: bool,
     /// A native `at::` frame that allocates a library workspace (`...Workspace...`).
     workspace: bool,
-    /// The innermost native frame is in one of NVIDIA's libraries ([`NVIDIA_LIBRARIES`]): the
+    /// The innermost native frame is in one of NVIDIA's libraries ([`super::apis::is_nvidia_library`]): the
     /// library allocated for itself (cuBLAS's 64 MiB per handle on an H200), whichever thread
     /// it ran on.
     library: bool,
@@ -149,11 +136,7 @@ impl Classifier {
         let frames = stacks.frames(processes, process, stack);
         let mut traits = Traits::default();
         if let Some(innermost) = frames.iter().find(|f| &*f.module != PYTHON_MODULE) {
-            let name = std::path::Path::new(&*innermost.module)
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            traits.library = NVIDIA_LIBRARIES.iter().any(|p| name.starts_with(p));
+            traits.library = super::apis::is_nvidia_library(&innermost.module);
         }
         for frame in frames.iter() {
             let function = frame.function.as_deref().unwrap_or("");

@@ -183,6 +183,15 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .env(
             "VRAMSHIM_FAKEGPU_CONTEXT_BYTES",
             gpu.context_bytes.to_string(),
+        )
+        .env(
+            "VRAMSHIM_FAKEGPU_MODULE_BYTES",
+            gpu.module_bytes.to_string(),
+        )
+        .env("VRAMSHIM_FAKEGPU_NCCL_BYTES", gpu.nccl_bytes.to_string())
+        .env(
+            "VRAMSHIM_FAKEGPU_FABRIC",
+            if gpu.fabric { "1" } else { "0" },
         );
     if let Some(output) = &args.output {
         command.env("VRAMSHIM_OUTPUT", output);

@@ -17,7 +17,7 @@ use crate::symbols::SymFrame;
 use crate::units::{bytes, counted, seconds};
 
 /// What every verdict says it cannot see.
-pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, and the CUDA context itself, are estimates";
+pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, loaded kernels and the CUDA context itself are figures measured on an H100 and an H200 (estimates on other cards; NCCL measured for one rank only)";
 
 /// Live stacks listed under a failure (text).
 const TOP_STACKS: usize = 5;
@@ -149,6 +149,9 @@ fn gpu_json(gpu: &Gpu) -> Value {
         "compute_capability": format!("{}.{}", gpu.cc.0, gpu.cc.1),
         "sms": gpu.sms,
         "context_bytes": gpu.context_bytes,
+        "module_bytes": gpu.module_bytes,
+        "nccl_bytes": gpu.nccl_bytes,
+        "measured": gpu.measured,
         "source": gpu.source,
     })
 }
@@ -236,14 +239,21 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
     let gpu = report.gpu;
     writeln!(
         out,
-        "\nvramshim dryrun: {} x {} ({} each, compute capability {}.{}, {} SMs; a CUDA context takes {}, estimated)",
+        "\nvramshim dryrun: {} x {} ({} each, compute capability {}.{}, {} SMs; a CUDA context takes {}, the first kernel {}, each NCCL rank {}: {})",
         report.count,
         gpu.name,
         bytes(gpu.memory),
         gpu.cc.0,
         gpu.cc.1,
         gpu.sms,
-        bytes(gpu.context_bytes)
+        bytes(gpu.context_bytes),
+        bytes(gpu.module_bytes),
+        bytes(gpu.nccl_bytes),
+        if gpu.measured {
+            "measured on this card"
+        } else {
+            "estimates"
+        }
     )?;
     writeln!(
         out,
@@ -406,13 +416,13 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
 pub fn list_gpus(out: &mut dyn Write, gpus: &[Gpu]) -> io::Result<()> {
     writeln!(
         out,
-        "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10}  source of the memory figure",
-        "--gpu", "name", "memory (bytes)", "memory", "cc", "SMs", "context"
+        "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10} {:>10}  source of the memory figure",
+        "--gpu", "name", "memory (bytes)", "memory", "cc", "SMs", "context", "NCCL rank"
     )?;
     for gpu in gpus {
         writeln!(
             out,
-            "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10}  {}",
+            "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10} {:>10}  {}",
             gpu.key,
             gpu.name,
             gpu.memory,
@@ -420,11 +430,13 @@ pub fn list_gpus(out: &mut dyn Write, gpus: &[Gpu]) -> io::Result<()> {
             format!("{}.{}", gpu.cc.0, gpu.cc.1),
             gpu.sms,
             bytes(gpu.context_bytes),
+            bytes(gpu.nccl_bytes),
             gpu.source
         )?;
     }
     writeln!(
         out,
-        "h100-sxm is h100. Contexts: measured on the h100 and h200 (driver 580.159.04, CUDA 13), an estimate on the others; docs/gpus.md gives the sources."
+        "h100-sxm is h100. Contexts, the first kernel's {} and NCCL ranks: measured on the h100 and h200 (driver 580.159.04, CUDA 13, PyTorch 2.11, NCCL 2.28.9), estimates on the others; docs/gpus.md gives the sources.",
+        bytes(crate::gpus::MODULE_MEASURED_HOPPER)
     )
 }
