@@ -18,6 +18,10 @@ cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaGetDeviceProperties_v2(void *prop, int device);
 #define cudaGetDeviceProperties cudaGetDeviceProperties_v2
 cudaError_t cudaPointerGetAttributes(void *attributes, const void *p);
+/* The unsuffixed name libcudart.so.12 still exports: the pre-12 structure (CUDA 11.8's
+ * driver_types.h: 728 bytes, the same fields up to reservedSharedMemPerBlock). */
+#define PRE12_PROP_SIZE 728
+cudaError_t pre12_get_device_properties(void *prop, int device) __asm__("cudaGetDeviceProperties");
 #elif CUDA_MAJOR == 13
 #define PROP_SIZE 1008
 #define SM_COUNT_OFFSET 384
@@ -60,6 +64,17 @@ int main(void)
         untouched &= prop[i] == 0xab;
     printf("props rc=%d name=%s total=%zu cc=%d.%d sms=%d after=%s\n", rc, (char *)prop,
            total_global, cc_major, cc_minor, sms, untouched ? "untouched" : "overwritten");
+#if CUDA_MAJOR == 12
+    unsigned char same[PROP_SIZE + 64];
+    memcpy(same, prop, sizeof same);
+    memset(prop, 0xab, sizeof prop);
+    rc = pre12_get_device_properties(prop, 0);
+    untouched = 1;
+    for (size_t i = PRE12_PROP_SIZE; i < sizeof prop; i++)
+        untouched &= prop[i] == 0xab;
+    printf("props-pre12 rc=%d same=%d after=%s\n", rc, !memcmp(prop, same, PRE12_PROP_SIZE),
+           untouched ? "untouched" : "overwritten");
+#endif
 
     void *a = NULL, *b = NULL, *host = NULL, *pooled = NULL;
     size_t free_bytes, total;

@@ -2,8 +2,9 @@
 ctypes: rank 0 makes the unique id, forks ranks 1..N-1, and every rank joins the
 communicator. Host buffers stand for device memory (the fake's device memory is host memory).
 Modes (argv[1]):
-  data N      every collective on N ranks, 300,000 elements per rank (1.2 MB: several rounds
-              through the 1 MiB slots); prints one JSON line per rank with the results' checks
+  data N      every collective and sends/receives on N ranks, 300,000 elements per rank
+              (1.2 MB: several rounds through the 1 MiB slots and 256 KiB mailboxes); prints
+              one JSON line per rank with the results' checks
   exit        rank 1 exits after joining; rank 0's all-reduce must fail
   mismatch    rank 0 calls all-reduce, rank 1 all-gather: both must fail
   late        rank 1 never calls the collective (it sleeps); rank 0 must time out
@@ -149,6 +150,51 @@ def collectives(comm, rank, n):
     checks["split"] = (status, count.value, new_rank.value, list(value)) == (
         0, len(members), sorted(members, key=lambda r: -r).index(rank), [float(sum(members))])
     nccl.ncclCommDestroy(split)
+    checks.update(point_to_point(comm, rank, n, mine))
+    return checks
+
+
+def point_to_point(comm, rank, n, mine):
+    """Sends and receives: a ring in one group (every rank sends to the next and receives from
+    the previous: deadlocks unless the group's operations progress together), a send alone,
+    two messages one way in one group (they arrive in order), and a rank to itself."""
+    checks = {}
+    got, sent = floats([0.0] * COUNT), floats(mine)
+    nccl.ncclGroupStart()
+    s1, _ = call("ncclSend", sent, COUNT, FLOAT32, (rank + 1) % n, comm, None)
+    s2, _ = call("ncclRecv", got, COUNT, FLOAT32, (rank - 1) % n, comm, None)
+    s3, _ = call("ncclGroupEnd")
+    before = (rank - 1) % n
+    checks["send_recv_ring"] = (s1, s2, s3) == (0, 0, 0) and list(got) == [
+        float(before * COUNT + i) for i in range(COUNT)]
+    first, second = floats([0.0] * 3), floats([0.0] * 5)
+    if rank == 0:
+        s1, _ = call("ncclSend", floats([7.0, 8.0, 9.0]), 3, FLOAT32, 1, comm, None)
+        # A group's buffers must live until ncclGroupEnd, as with NCCL.
+        a, b = floats([1.0, 2.0, 3.0]), floats([4.0, 5.0, 6.0, 7.0, 8.0])
+        nccl.ncclGroupStart()
+        call("ncclSend", a, 3, FLOAT32, 1, comm, None)
+        call("ncclSend", b, 5, FLOAT32, 1, comm, None)
+        s2, _ = call("ncclGroupEnd")
+        checks["send_alone_then_two_in_order"] = (s1, s2) == (0, 0)
+    elif rank == 1:
+        alone = floats([0.0] * 3)
+        s1, _ = call("ncclRecv", alone, 3, FLOAT32, 0, comm, None)
+        nccl.ncclGroupStart()
+        call("ncclRecv", first, 3, FLOAT32, 0, comm, None)
+        call("ncclRecv", second, 5, FLOAT32, 0, comm, None)
+        s2, _ = call("ncclGroupEnd")
+        checks["send_alone_then_two_in_order"] = (s1, s2, list(alone), list(first),
+                                                  list(second)) == (
+            0, 0, [7.0, 8.0, 9.0], [1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0, 8.0])
+    else:
+        checks["send_alone_then_two_in_order"] = True
+    mirror, reflected = floats([0.0] * 2), floats([float(rank), 0.5])
+    nccl.ncclGroupStart()
+    call("ncclSend", reflected, 2, FLOAT32, rank, comm, None)
+    call("ncclRecv", mirror, 2, FLOAT32, rank, comm, None)
+    status, _ = call("ncclGroupEnd")
+    checks["send_recv_self"] = (status, list(mirror)) == (0, [float(rank), 0.5])
     return checks
 
 

@@ -35,6 +35,13 @@ scattered = torch.empty(2, device="cuda")
 dist.reduce_scatter_tensor(scattered, (torch.arange(2.0 * world) * (rank + 1)).cuda())
 average = torch.tensor([float(rank)], dtype=torch.float32).cuda()
 dist.all_reduce(average, op=dist.ReduceOp.AVG)
+# Half-precision averages of values copied from the host (a value cast on the device would be a
+# kernel's output, which the fakes do not compute).
+halves = {}
+for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    half = torch.tensor([1.0 + rank, 2.5 - 2.375 * rank], dtype=dtype).cuda()
+    dist.all_reduce(half, op=dist.ReduceOp.AVG)
+    halves[name] = half.tolist()
 maximum = torch.tensor([10 * rank + 7], dtype=torch.int64).cuda()
 dist.all_reduce(maximum, op=dist.ReduceOp.MAX)
 
@@ -67,7 +74,7 @@ result = {
     "rank": rank, "pid": os.getpid(), "device": torch.cuda.current_device(),
     "all_reduce": total.tolist(), "all_gather": gathered.tolist(),
     "broadcast": root_value.tolist(), "reduce_scatter": scattered.tolist(),
-    "average": average.tolist(), "maximum": maximum.tolist(), "steps": steps,
+    "average": average.tolist(), "average_halves": halves, "maximum": maximum.tolist(), "steps": steps,
     "reserved_peak": s.get("reserved_bytes.all.peak", 0),
     "num_device_alloc": s.get("num_device_alloc", 0),
     "num_device_free": s.get("num_device_free", 0),

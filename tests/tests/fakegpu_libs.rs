@@ -75,6 +75,7 @@ fn program_on_the_fake_runtime(major: u32) {
         format!(
             "count rc=0 count=1\n\
              props rc=0 name=Test Card total=1073741824 cc=9.0 sms=132 after=untouched\n\
+             {}\
              malloc rc=0\n\
              malloc rc=0\n\
              info used={} total=1073741824\n\
@@ -88,6 +89,11 @@ fn program_on_the_fake_runtime(major: u32) {
              cublasXtCreate rc=15 rc=15\n\
              entry cuMemAlloc rc=0 status=0 alloc rc=0 free rc=0\n\
              entry cuNoSuchFunction rc=500 status=1\n",
+            if major == 12 {
+                "props-pre12 rc=0 same=1 after=untouched\n"
+            } else {
+                ""
+            },
             context + 8 * MIB,
             if major == 12 {
                 "pointer rc=0 type=2 device=0 same=1 after=untouched\n"

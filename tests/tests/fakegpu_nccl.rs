@@ -47,8 +47,10 @@ fn stderr_lines(output: &Output) -> Vec<String> {
 }
 
 /// Every collective (sum, max in place, int64 product, average, bfloat16 sum, all-gather,
-/// reduce-scatter, broadcast, reduce, all-to-all, split) on 2 and on 3 processes, with
-/// 300,000 floats per rank: more than one round through the 1 MiB slots.
+/// reduce-scatter, broadcast, reduce, all-to-all, split) and point to point (a ring of sends and
+/// receives in one group, a send alone, two messages in order, a rank to itself) on 2 and on 3
+/// processes, with 300,000 floats per rank: more than one round through the 1 MiB slots and
+/// the 256 KiB mailboxes.
 #[test]
 fn collectives_give_every_rank_exactly_what_nccl_defines() {
     for nranks in [2, 3] {
@@ -58,7 +60,7 @@ fn collectives_give_every_rank_exactly_what_nccl_defines() {
             assert_eq!(u64_of(r, "rank"), rank as u64);
             assert_eq!(r["init"], 0, "{r}");
             let results = r["results"].as_object().expect("results");
-            assert_eq!(results.len(), 11, "{r}");
+            assert_eq!(results.len(), 14, "{r}");
             for (name, ok) in results {
                 assert_eq!(ok, true, "{nranks} ranks, rank {rank}: {name}: {r}");
             }

@@ -1323,6 +1323,11 @@ fn replay_device(log: &Path, device: u64) -> (u64, u64, u64) {
 /// The command line of a 2-process run: torchrun (`--standalone`: a free port, so that tests
 /// running at once do not meet) of `tests/python/torch_ddp.py OUT MODE` (`ddp` or `fsdp`).
 fn torchrun_ddp(python: &Path, out: &Path, mode: &str) -> Vec<std::ffi::OsString> {
+    torchrun_script(python, "torch_ddp.py", out, mode)
+}
+
+/// The same for `tests/python/SCRIPT OUT MODE`.
+fn torchrun_script(python: &Path, script: &str, out: &Path, mode: &str) -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = vec![python.into()];
     for arg in [
         "-W",
@@ -1334,7 +1339,7 @@ fn torchrun_ddp(python: &Path, out: &Path, mode: &str) -> Vec<std::ffi::OsString
     ] {
         args.push(arg.into());
     }
-    args.push(repo().join("tests/python/torch_ddp.py").into());
+    args.push(repo().join("tests/python").join(script).into());
     args.push(out.into());
     args.push(mode.into());
     args
@@ -1370,6 +1375,69 @@ fn ddp_with_two_processes_over_the_fake_nccl() {
 fn fsdp_with_two_processes_over_the_fake_nccl() {
     let Some(torch) = current() else { return };
     data_parallel_run(&torch, "fsdp", (8, 0, 100 * MIB));
+}
+
+/// `torchrun --nproc_per_node=2` of a 2-stage pipeline over the fake NCCL's sends and
+/// receives, recorded: `dist.send`/`dist.recv` of different sizes each way and a
+/// `batch_isend_irecv` both ways at once carry the ranks' real data; three steps of two
+/// micro-batches pass activations forward and gradients back; each rank's log replays to its
+/// own `memory_stats()`, and the driver's used bytes are torch's reserved bytes plus the
+/// context and the rank's two cuBLAS handles at every step.
+#[test]
+fn pipeline_with_two_processes_over_the_fake_nccl_send_and_recv() {
+    let Some(torch) = current() else { return };
+    let dir = scratch("torch-pipeline");
+    let args = torchrun_script(&torch.python, "torch_pipeline.py", &dir, "pipeline");
+    let output = Command::new(&args[0])
+        .args(&args[1..])
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), torch.fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_COUNT", "2")
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", CONTEXT.to_string())
+        .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("run torchrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "torchrun failed:\n{stderr}");
+    let ranks = ddp_ranks(&dir);
+    // Rank 0 received rank 1's three values, rank 1 rank 0's six; the batch swapped 10 and 11.
+    assert_eq!(ranks[0]["received"], serde_json::json!([7.0, 8.0, 9.0]));
+    assert_eq!(
+        ranks[1]["received"],
+        serde_json::json!([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    );
+    assert_eq!(
+        ranks[0]["exchanged"],
+        serde_json::json!([11.0, 11.0, 11.0, 11.0])
+    );
+    assert_eq!(
+        ranks[1]["exchanged"],
+        serde_json::json!([10.0, 10.0, 10.0, 10.0])
+    );
+    // Torch's decisions per stage (segments allocated, freed, reserved peak).
+    let expected = [(5, 0, 40 * MIB), (4, 0, 56 * MIB)];
+    for (rank, r) in ranks.iter().enumerate() {
+        assert_eq!(u64_of(r, "device"), rank as u64, "{r}");
+        let steps = pairs(&r["steps"]);
+        assert_eq!(steps.len(), 3, "{r}");
+        for step in &steps {
+            assert_eq!(step[1], step[0] + CONTEXT + 2 * CUBLAS_HANDLE, "{r}");
+        }
+        let log = dir.join(format!("{}.vlog", u64_of(r, "pid")));
+        let (allocs, frees, peak) = replay_device(&log, rank as u64);
+        assert_eq!(allocs, u64_of(r, "num_device_alloc"), "{r}");
+        assert_eq!(frees, u64_of(r, "num_device_free"), "{r}");
+        assert_eq!(peak, u64_of(r, "reserved_peak"), "{r}");
+        assert_eq!((allocs, frees, peak), expected[rank], "rank {rank}: {r}");
+    }
 }
 
 /// Runs `torch_ddp.py` in MODE on 2 processes, recorded, and checks each rank's collectives,
@@ -1416,6 +1484,12 @@ fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
         let scattered = [[0.0, 3.0], [6.0, 9.0]][rank];
         assert_eq!(r["reduce_scatter"], serde_json::json!(scattered), "{r}");
         assert_eq!(r["average"], serde_json::json!([0.5]), "{r}");
+        // (1 + 2) / 2 and (2.5 + 0.125) / 2, exact in both half formats.
+        assert_eq!(
+            r["average_halves"],
+            serde_json::json!({"bf16": [1.5, 1.3125], "fp16": [1.5, 1.3125]}),
+            "{r}"
+        );
         assert_eq!(r["maximum"], serde_json::json!([17]), "{r}");
         // Every step: the driver's used bytes are torch's reserved bytes plus the context
         // and the rank's two cuBLAS handles.

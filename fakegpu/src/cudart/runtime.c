@@ -217,6 +217,20 @@ FG_EXPORT cudaError_t FG_GET_DEVICE_PROPERTIES(struct cudaDeviceProp *p, int dev
     return cudaSuccess;
 }
 
+#if FG_SONAME_MAJOR == 12
+/* The unsuffixed name of libcudart.so.12: the pre-12 structure, no byte past it. */
+FG_EXPORT cudaError_t cudaGetDeviceProperties(void *p, int device)
+{
+    if (!p)
+        return fg_rt_status(cudaErrorInvalidValue);
+    struct cudaDeviceProp full;
+    cudaError_t rc = FG_GET_DEVICE_PROPERTIES(&full, device);
+    if (rc == cudaSuccess)
+        memcpy(p, &full, FG_PRE12_DEVICE_PROP_BYTES);
+    return rc;
+}
+#endif
+
 FG_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *bus_id, int len, int device)
 {
     return fg_rt_status(cuInit(0) ? cudaErrorInitializationError

@@ -160,8 +160,13 @@ _Static_assert(offsetof(struct cudaDeviceProp, multiProcessorCount) == 388, "SM 
 _Static_assert(offsetof(struct cudaDeviceProp, memoryClockRate) == 608, "memoryClockRate at 608");
 _Static_assert(offsetof(struct cudaDeviceProp, l2CacheSize) == 616, "l2CacheSize at 616");
 _Static_assert(offsetof(struct cudaDeviceProp, reserved) == 792, "reserved at 792");
-/* CUDA 12 headers map cudaGetDeviceProperties to this name; the unsuffixed one stays a stub. */
+/* CUDA 12 headers map cudaGetDeviceProperties to this name. The unsuffixed one fills the pre-12
+ * structure: CUDA 11.8's driver_types.h (PyPI nvidia-cuda-runtime-cu11 11.8.89) has the same
+ * fields up to reservedSharedMemPerBlock and ends there, at 728 bytes. */
 #define FG_GET_DEVICE_PROPERTIES cudaGetDeviceProperties_v2
+#define FG_PRE12_DEVICE_PROP_BYTES 728
+_Static_assert(offsetof(struct cudaDeviceProp, hostRegisterSupported) == FG_PRE12_DEVICE_PROP_BYTES,
+               "the pre-12 structure ends where CUDA 12 added hostRegisterSupported");
 #else
 /* struct cudaDeviceProp of CUDA 13 (1008 bytes). */
 struct cudaDeviceProp {

@@ -15,8 +15,12 @@
  * after VRAMSHIM_FAKEGPU_NCCL_TIMEOUT seconds (default 600, PyTorch's own NCCL timeout); the
  * call then fails with one line on stderr, and so do the other ranks' calls. Ranks that call
  * different collectives at the same point fail the same way, naming both.
- * Not supported (ncclInvalidUsage, with a message): point-to-point send/receive between
- * processes, reductions of fp8 data. */
+ * Point to point (ncclSend/ncclRecv, alone or between ncclGroupStart and ncclGroupEnd): each
+ * ordered pair of ranks has a mailbox of P2P_CHUNK bytes in the region; a sender fills it when
+ * it is empty, the receiver empties it, and a group's operations all progress together until
+ * each is done, so the pairings NCCL allows (rank 0 sends then receives while rank 1 receives
+ * then sends, in one group) cannot deadlock. A send and its receive must agree on the size.
+ * Not supported (ncclInvalidUsage, with a message): reductions of fp8 data. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -88,10 +92,22 @@ struct region {
     _Atomic int32_t failed;
     _Atomic uint32_t waiting;    /* ranks at the barrier */
     _Atomic uint32_t generation; /* barriers passed: the futex word */
+    _Atomic uint32_t p2p_changes; /* mailbox fills and emptyings: the futex word of sends */
     _Atomic int32_t pids[MAX_RANKS];
     struct call calls[MAX_RANKS];
 };
 #define HEADER_BYTES 8192
+
+/* One mailbox per ordered pair of ranks, after the collectives' slots. A chunk is in it when
+ * filled == emptied + 1. */
+struct mailbox {
+    _Atomic uint32_t filled, emptied;
+    uint64_t bytes;   /* of this chunk */
+    uint64_t message; /* the whole message's size, which the receive must expect */
+    unsigned char pad[40];
+};
+#define P2P_CHUNK (256u << 10)
+#define MAILBOX_BYTES (sizeof(struct mailbox) + P2P_CHUNK)
 _Static_assert(sizeof(struct region) <= HEADER_BYTES, "region header too large");
 
 struct custom_op {
@@ -261,6 +277,13 @@ static unsigned char *slot(const struct nccl_comm *c, int rank)
     return (unsigned char *)c->region + HEADER_BYTES + (size_t)rank * CHUNK;
 }
 
+/* The mailbox of messages from rank FROM to rank TO; its data follows it. */
+static struct mailbox *mailbox(const struct nccl_comm *c, int from, int to)
+{
+    return (struct mailbox *)(slot(c, c->nranks) +
+                              ((size_t)from * (size_t)c->nranks + (size_t)to) * MAILBOX_BYTES);
+}
+
 FG_EXPORT ncclResult_t ncclGetVersion(int *version)
 {
     if (!version)
@@ -308,7 +331,8 @@ static int region_name(const ncclUniqueId *id, char *name, size_t size)
 /* Joins the region NAME as RANK of NRANKS; every rank waits until all have joined. */
 static ncclResult_t join(struct nccl_comm *c, const char *name)
 {
-    size_t bytes = HEADER_BYTES + (size_t)c->nranks * CHUNK;
+    size_t bytes = HEADER_BYTES + (size_t)c->nranks * CHUNK +
+                   (size_t)c->nranks * (size_t)c->nranks * MAILBOX_BYTES;
     int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
         return fail_loudly(ncclSystemError, "NCCL rank %d: cannot open shared memory %s: %s",
@@ -523,8 +547,6 @@ FG_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *erro
 
 /* Collectives inside a group run when they are called: every rank calls them in the same
  * order, so none waits for one that comes later in its group. */
-FG_EXPORT ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
-FG_EXPORT ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 
 FG_EXPORT const char *ncclGetErrorString(ncclResult_t result)
 {
@@ -1005,26 +1027,188 @@ FG_EXPORT ncclResult_t ncclScatter(const void *s, void *r, size_t n, int t, int 
     return collective(K_SCATTER, s, r, n, t, -1, root, c);
 }
 
-/* Point to point: with one rank only to itself (the matching pair completes); between
- * processes not supported. */
-static ncclResult_t point_to_point(ncclComm_t c, int peer, const char *name)
+/* --- Point to point ------------------------------------------------------------------------ */
+
+/* A send or receive waiting for its group to end (or running alone). */
+struct p2p {
+    ncclComm_t comm;
+    int send, peer;
+    unsigned char *data;
+    size_t bytes, done;
+    int matched; /* one-rank communicators: a receive already paired with this send */
+};
+#define MAX_GROUP_P2P 4096
+static __thread struct p2p group_ops[MAX_GROUP_P2P];
+static __thread int group_count, group_depth, group_overflow;
+
+/* Moves one chunk of OP if its mailbox allows: 1 when it did. */
+static ncclResult_t p2p_step(struct p2p *op, int *moved)
+{
+    struct nccl_comm *c = op->comm;
+    struct region *r = c->region;
+    struct mailbox *box = op->send ? mailbox(c, c->rank, op->peer) : mailbox(c, op->peer, c->rank);
+    unsigned char *data = (unsigned char *)box + sizeof *box;
+    uint32_t filled = atomic_load(&box->filled), emptied = atomic_load(&box->emptied);
+    if (op->send && filled == emptied) {
+        size_t n = op->bytes - op->done < P2P_CHUNK ? op->bytes - op->done : P2P_CHUNK;
+        if (n)
+            memcpy(data, op->data + op->done, n);
+        box->bytes = n;
+        box->message = op->bytes;
+        op->done += n;
+        atomic_store(&box->filled, filled + 1);
+    } else if (!op->send && filled == emptied + 1) {
+        if (box->message != op->bytes)
+            return fail_loudly(ncclInvalidUsage,
+                               "NCCL rank %d of %d: ncclRecv of %zu bytes from rank %d, which "
+                               "sent %llu", c->rank, c->nranks, op->bytes, op->peer,
+                               (unsigned long long)box->message);
+        if (box->bytes)
+            write_changed(op->data + op->done, data, box->bytes);
+        op->done += box->bytes;
+        atomic_store(&box->emptied, emptied + 1);
+    } else
+        return ncclSuccess;
+    *moved = 1;
+    /* A message of 0 bytes still passes one (empty) chunk. */
+    if (op->done == op->bytes)
+        op->done = op->bytes + 1;
+    atomic_fetch_add(&r->p2p_changes, 1);
+    syscall(SYS_futex, &r->p2p_changes, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    return ncclSuccess;
+}
+
+/* Runs OPS (a group) until every one is done: each moves a chunk whenever its mailbox lets
+ * it; with nothing to move, the thread waits (at most 10 ms at a time) for a peer's move. */
+static ncclResult_t p2p_run(struct p2p *ops, int count)
+{
+    /* One-rank communicators: each receive takes the next send of the same communicator. */
+    for (int i = 0; i < count; i++) {
+        if (ops[i].comm->region || ops[i].send)
+            continue;
+        int j = 0;
+        while (j < count && !(ops[j].send && !ops[j].matched && ops[j].comm == ops[i].comm))
+            j++;
+        if (j == count)
+            return fail_loudly(ncclInvalidUsage,
+                               "NCCL: ncclRecv on a one-rank communicator without a send");
+        ops[j].matched = 1;
+        if (ops[j].bytes != ops[i].bytes)
+            return fail_loudly(ncclInvalidUsage, "NCCL: ncclRecv of %zu bytes, ncclSend of %zu",
+                               ops[i].bytes, ops[j].bytes);
+        if (ops[i].bytes && ops[i].data != ops[j].data)
+            memmove(ops[i].data, ops[j].data, ops[i].bytes);
+        ops[i].done = ops[j].done = ops[i].bytes + 1;
+    }
+    double start = now(), next_check = start + 1;
+    for (;;) {
+        int pending = -1, moved = 0;
+        uint32_t seen = 0;
+        for (int i = 0; i < count; i++) {
+            if (ops[i].done > ops[i].bytes)
+                continue;
+            struct region *r = ops[i].comm->region;
+            if (pending < 0) {
+                pending = i;
+                seen = atomic_load(&r->p2p_changes);
+            }
+            if (atomic_load(&r->failed))
+                return fail_loudly(ncclRemoteError, "NCCL rank %d of %d: another rank gave up "
+                                   "(point to point)", ops[i].comm->rank, ops[i].comm->nranks);
+            /* Messages between two ranks one way pass in the order they were posted. */
+            int earlier = 0;
+            for (int j = 0; j < i && !earlier; j++)
+                earlier = ops[j].done <= ops[j].bytes && ops[j].comm == ops[i].comm &&
+                          ops[j].send == ops[i].send && ops[j].peer == ops[i].peer;
+            if (earlier)
+                continue;
+            ncclResult_t result = p2p_step(&ops[i], &moved);
+            if (result)
+                return result;
+        }
+        if (pending < 0)
+            return ncclSuccess;
+        if (moved)
+            continue;
+        struct nccl_comm *c = ops[pending].comm;
+        struct timespec slice = {0, 10 * 1000 * 1000};
+        syscall(SYS_futex, &c->region->p2p_changes, FUTEX_WAIT, seen, &slice, NULL, 0);
+        double t = now();
+        if (t >= next_check) {
+            next_check = t + 1;
+            pid_t pid = atomic_load(&c->region->pids[ops[pending].peer]);
+            if (ops[pending].peer != c->rank && exited(pid)) {
+                atomic_store(&c->region->failed, 1);
+                return fail_loudly(ncclRemoteError,
+                                   "NCCL rank %d of %d: rank %d (pid %d) exited (point to point)",
+                                   c->rank, c->nranks, ops[pending].peer, (int)pid);
+            }
+        }
+        if (t - start > timeout_seconds()) {
+            atomic_store(&c->region->failed, 1);
+            return fail_loudly(ncclSystemError,
+                               "NCCL rank %d of %d: waited %.0f s for rank %d's matching %s; "
+                               "giving up (VRAMSHIM_FAKEGPU_NCCL_TIMEOUT)",
+                               c->rank, c->nranks, timeout_seconds(), ops[pending].peer,
+                               ops[pending].send ? "ncclRecv" : "ncclSend");
+        }
+    }
+}
+
+static ncclResult_t point_to_point(ncclComm_t c, int send, void *data, size_t count, int type,
+                                   int peer)
 {
     if (!c)
         return fail(ncclInvalidArgument, "comm is NULL");
-    if (c->nranks == 1)
-        return ncclSuccess;
-    return fail_loudly(ncclInvalidUsage,
-                       "NCCL rank %d of %d: %s to rank %d: point-to-point between processes "
-                       "is not supported by the fake", c->rank, c->nranks, name, peer);
+    size_t size = type_size(type);
+    if (!size)
+        return fail(ncclInvalidArgument, "unknown data type");
+    if (peer < 0 || peer >= c->nranks)
+        return fail_loudly(ncclInvalidArgument, "NCCL rank %d of %d: peer %d out of range",
+                           c->rank, c->nranks, peer);
+    if (count && !data)
+        return fail(ncclInvalidArgument, "buffer is NULL");
+    struct p2p op = {.comm = c, .send = send, .peer = peer, .data = data, .bytes = count * size};
+    if (group_depth == 0)
+        return p2p_run(&op, 1);
+    if (group_count == MAX_GROUP_P2P) {
+        group_overflow = 1;
+        return fail_loudly(ncclInvalidUsage, "NCCL: more than %d sends and receives in one group",
+                           MAX_GROUP_P2P);
+    }
+    group_ops[group_count++] = op;
+    return ncclSuccess;
 }
+
 FG_EXPORT ncclResult_t ncclSend(const void *s, size_t n, int t, int peer, ncclComm_t c,
                                 void *stream)
 {
-    return point_to_point(c, peer, "ncclSend");
+    return point_to_point(c, 1, (void *)s, n, t, peer);
 }
 FG_EXPORT ncclResult_t ncclRecv(void *r, size_t n, int t, int peer, ncclComm_t c, void *stream)
 {
-    return point_to_point(c, peer, "ncclRecv");
+    return point_to_point(c, 0, r, n, t, peer);
+}
+
+/* Groups defer sends and receives to ncclGroupEnd (collectives run at once: every rank calls
+ * them in the same order). */
+FG_EXPORT ncclResult_t ncclGroupStart(void)
+{
+    group_depth++;
+    return ncclSuccess;
+}
+
+FG_EXPORT ncclResult_t ncclGroupEnd(void)
+{
+    if (group_depth == 0)
+        return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--group_depth > 0)
+        return ncclSuccess;
+    int count = group_count, overflow = group_overflow;
+    group_count = group_overflow = 0;
+    if (overflow)
+        return fail(ncclInvalidUsage, "too many sends and receives in one group");
+    return p2p_run(group_ops, count);
 }
 
 /* A sum of each rank's data times a scalar (host: by value now; device: read at each use). */
