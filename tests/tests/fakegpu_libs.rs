@@ -502,7 +502,7 @@ fn the_first_kernel_launch_takes_the_modules_memory() {
             100 * MIB + 96_468_992
         )
     );
-    let (_, stdout, _) = run_devices(&exe, "module", 1, None, &[context.clone()]);
+    let (_, stdout, _) = run_devices(&exe, "module", 1, None, std::slice::from_ref(&context));
     assert_eq!(
         stdout,
         format!(
