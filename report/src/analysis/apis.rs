@@ -98,6 +98,29 @@ impl FamilyCache {
     }
 }
 
+/// File-name prefixes of NVIDIA's libraries that allocate device memory of their own.
+const NVIDIA_LIBRARIES: [&str; 9] = [
+    "libcublas",
+    "libcudnn",
+    "libnccl",
+    "libcufft",
+    "libcusolver",
+    "libcusparse",
+    "libcurand",
+    "libnvshmem",
+    "libcufile",
+];
+
+/// Whether the object at `path` is one of NVIDIA's libraries that allocate device memory for
+/// themselves (cuBLAS, cuDNN, NCCL, ...), by its file name.
+pub fn is_nvidia_library(path: &str) -> bool {
+    let name = std::path::Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    NVIDIA_LIBRARIES.iter().any(|p| name.starts_with(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Family;
@@ -131,27 +154,4 @@ mod tests {
             assert_eq!(Family::of(api), family, "{api}");
         }
     }
-}
-
-/// File-name prefixes of NVIDIA's libraries that allocate device memory of their own.
-const NVIDIA_LIBRARIES: [&str; 9] = [
-    "libcublas",
-    "libcudnn",
-    "libnccl",
-    "libcufft",
-    "libcusolver",
-    "libcusparse",
-    "libcurand",
-    "libnvshmem",
-    "libcufile",
-];
-
-/// Whether the object at `path` is one of NVIDIA's libraries that allocate device memory for
-/// themselves (cuBLAS, cuDNN, NCCL, ...), by its file name.
-pub fn is_nvidia_library(path: &str) -> bool {
-    let name = std::path::Path::new(path)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("");
-    NVIDIA_LIBRARIES.iter().any(|p| name.starts_with(p))
 }
