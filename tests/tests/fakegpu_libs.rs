@@ -519,3 +519,57 @@ fn the_first_kernel_launch_takes_the_modules_memory() {
         )
     );
 }
+
+/// `vramshim dryrun --gpus 3` of a program run with `CUDA_VISIBLE_DEVICES=2,0`: the program
+/// sees the third card then the first (their bus ids), its 8 MiB on its device 0 land on the
+/// machine's third card (NVML), and the verdict covers the 2 devices it sees, not 3.
+#[test]
+fn dryrun_applies_the_programs_cuda_visible_devices_to_its_cards() {
+    let dir = scratch("fakegpu-dryrun-visible");
+    let exe = build_program(&dir, "devices", 13);
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--gpus", "3", "--memory", "1GiB", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&exe)
+        .arg("visible")
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env("CUDA_VISIBLE_DEVICES", "2,0")
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let program: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("vramshim"))
+        .collect();
+    assert_eq!(
+        program,
+        [
+            "count=2 rc=0",
+            "device 0 bus=00000000:12:00.0",
+            "device 1 bus=00000000:10:00.0",
+            "malloc rc=0",
+            "nvml init=0 count=3 rc=0",
+            &format!("nvml 0 {} used=0", uuid(0)),
+            &format!("nvml 1 {} used=0", uuid(1)),
+            // The context (the custom card's 512 MiB estimate) and the 8 MiB.
+            &format!("nvml 2 {} used={}", uuid(2), (512 + 8) * MIB),
+        ],
+        "{stderr}"
+    );
+    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(verdict["count"], 3, "{verdict}");
+    assert_eq!(verdict["visible_devices"], 2, "{verdict}");
+    let devices = verdict["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 2, "{verdict}");
+    assert_eq!(u64_of(&devices[0], "peak_recorded"), 8 * MIB, "{verdict}");
+    assert_eq!(u64_of(&devices[1], "peak_recorded"), 0, "{verdict}");
+}

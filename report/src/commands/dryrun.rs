@@ -216,9 +216,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    // The program's own CUDA_VISIBLE_DEVICES picks among the simulated cards, as on a node.
+    let visible = visible_devices(
+        args.gpus,
+        std::env::var_os("CUDA_VISIBLE_DEVICES")
+            .map(|v| v.to_string_lossy().into_owned())
+            .as_deref(),
+    );
     match verdict(
         &gpu,
-        args.gpus,
+        (args.gpus, visible),
         &command_line,
         status,
         &logs,
@@ -234,7 +241,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Reads the logs and prints the verdict.
 fn verdict(
     gpu: &Gpu,
-    count: u32,
+    (count, visible): (u32, Option<u32>),
     command: &[String],
     status: ExitStatus,
     logs: &[PathBuf],
@@ -261,7 +268,7 @@ fn verdict(
     // framework's native frames say nothing about which line to change), native ones else.
     let mut stacks = Stacks::new(processes, StackView::Python, false);
 
-    let mut devices: Vec<i32> = (0..count as i32).collect();
+    let mut devices: Vec<i32> = (0..visible.unwrap_or(count) as i32).collect();
     for peak in &peaks.total {
         if peak.device >= 0 && !devices.contains(&peak.device) {
             devices.push(peak.device);
@@ -400,6 +407,7 @@ fn verdict(
     let report = DryrunReport {
         gpu,
         count,
+        visible,
         command,
         status,
         logs,
@@ -517,4 +525,72 @@ fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
         })
         .or_else(|| python().next())
         .cloned()
+}
+
+/// How many of the machine's `count` cards a program sees under `CUDA_VISIBLE_DEVICES`, read as
+/// the fake driver (and the real one) reads it: `None` when the variable is unset; indices
+/// (`"1gpu"` is 1) or `GPU-` UUIDs and unique prefixes of the fakes' UUIDs, the first entry
+/// that is not a device ending the list; a device named twice or an ambiguous prefix: none.
+pub fn visible_devices(count: u32, value: Option<&str>) -> Option<u32> {
+    let value = value?;
+    let uuids = value.trim_start_matches([' ', '\t']).starts_with("GPU-");
+    let mut seen: Vec<u32> = Vec::new();
+    for entry in value.split(',') {
+        let entry = entry.trim_matches([' ', '\t']);
+        let device = if uuids {
+            if entry.len() <= 4 || !entry.starts_with("GPU-") {
+                None
+            } else {
+                let entry = entry.to_ascii_lowercase();
+                let matches: Vec<u32> = (0..count)
+                    .filter(|d| {
+                        format!("gpu-46414b45-4750-5500-0000-0000000000{d:02x}").starts_with(&entry)
+                    })
+                    .collect();
+                if matches.len() > 1 {
+                    return Some(0);
+                }
+                matches.first().copied()
+            }
+        } else {
+            let digits = entry.strip_prefix('+').unwrap_or(entry);
+            let digits: String = digits.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u32>().ok().filter(|&d| d < count)
+        };
+        let Some(device) = device else { break };
+        if seen.contains(&device) {
+            return Some(0);
+        }
+        seen.push(device);
+    }
+    Some(seen.len() as u32)
+}
+
+#[cfg(test)]
+mod visible_tests {
+    use super::visible_devices;
+
+    #[test]
+    fn visible_devices_are_read_as_the_driver_reads_them() {
+        let uuid = |d: u32| format!("GPU-46414b45-4750-5500-0000-0000000000{d:02x}");
+        for (value, seen) in [
+            ("2,0", 2),
+            (" 3 , 1gpu", 2),
+            ("1,7,2", 1),
+            ("1,-1,2", 1),
+            ("0,2,0", 0),
+            ("", 0),
+            ("x", 0),
+            ("GPU-46414b45-4750-5500-0000-00000000000", 0),
+            ("MIG-46414b45", 0),
+        ] {
+            assert_eq!(visible_devices(4, Some(value)), Some(seen), "{value:?}");
+        }
+        assert_eq!(visible_devices(4, Some(&format!("{},1", uuid(2)))), Some(1));
+        assert_eq!(
+            visible_devices(4, Some(&format!("{},{}", uuid(3), uuid(1)))),
+            Some(2)
+        );
+        assert_eq!(visible_devices(4, None), None);
+    }
 }

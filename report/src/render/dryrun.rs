@@ -70,6 +70,8 @@ pub struct FailureVerdict<'a> {
 pub struct DryrunReport<'a> {
     pub gpu: &'a Gpu,
     pub count: u32,
+    /// The cards `CUDA_VISIBLE_DEVICES` leaves the program; `None` when it is unset.
+    pub visible: Option<u32>,
     pub command: &'a [String],
     pub status: ExitStatus,
     pub logs: &'a [PathBuf],
@@ -198,6 +200,7 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
     json!({
         "gpu": gpu_json(report.gpu),
         "count": report.count,
+        "visible_devices": report.visible,
         "command": report.command,
         "exit": exit_json(report.status),
         "fits": report.fits(),
@@ -255,6 +258,13 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
             "estimates"
         }
     )?;
+    if let Some(visible) = report.visible {
+        writeln!(
+            out,
+            "CUDA_VISIBLE_DEVICES leaves the program {visible} of {}",
+            counted(u64::from(report.count), "card")
+        )?;
+    }
     writeln!(
         out,
         "program: {} ({})",
