@@ -30,6 +30,8 @@ CU12=(
     # libnvToolsExt.so.1, which torch 2.4 and older link (12.9's wheel has only NVTX 3's
     # interop library).
     nvidia-nvtx-cu12==12.1.105
+    # cuDNN 8 (libcudnn.so.8), which torch 2.3 and older link: the release torch 2.3 pins.
+    nvidia-cudnn-cu12==8.9.2.26
 )
 # Debian suite holding the newest driver packages.
 DEBIAN_SUITE=${FAKEGPU_DEBIAN_SUITE:-sid}
@@ -124,6 +126,9 @@ PY
 
 wheels cu13 "${CU13[@]}"
 wheels cu12 "${CU12[@]}"
+# cuDNN 8's sub-libraries (libcudnn_cnn_infer.so.8 exports 38,537 C++ symbols) are loaded only
+# by the real libcudnn.so.8; the fake libcudnn.so.8 holds the whole API itself.
+rm -f "$OUT"/cu12/libcudnn_*.so.8.syms
 header_driver
 debs
 say "done: $(ls "$OUT"/*/*.syms | wc -l) libraries under $OUT (downloads kept in $WORK)"

@@ -92,6 +92,32 @@ const CUDA12_OLD: Release = Release {
 
 const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
 
+/// torch 2.3.1+cu121: the newest release built with cuDNN 8 (8.9.2), which it links as
+/// libcudnn.so.8; tested for the cuDNN 8 fake only (its exception names predate the other
+/// tests' scripts).
+const CUDNN8: Release = Release {
+    version: "2.3.1",
+    cuda: "12.1",
+    cudart: "libcudart.so.12",
+    fakes: &[
+        "libcuda.so.1",
+        "libcudart.so.12",
+        "libcublas.so.12",
+        "libcublasLt.so.12",
+        "libcudnn.so.8",
+        "libnccl.so.2",
+        "libnvidia-ml.so.1",
+        "libcusparse.so.12",
+        "libcusolver.so.11",
+        "libcufft.so.11",
+        "libcurand.so.10",
+        "libnvrtc.so.12",
+        "libcupti.so.12",
+        "libnvToolsExt.so.1",
+    ],
+    oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+};
+
 /// An installed release: the venv's python and the fakes to preload.
 struct Torch {
     release: &'static Release,
@@ -886,6 +912,7 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
             .env("VRAMSHIM_FAKEGPU_DIR", fakes)
             .env_remove("LD_PRELOAD")
             .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES")
             .env_remove("VRAMSHIM_STACK")
             .output()
             .expect("run vramshim dryrun");
@@ -1284,6 +1311,49 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     assert_log_is_torchs(&run, (15, 0, 138 * MIB));
 }
 
+/// torch 2.3.1 on the fake cuDNN 8 (libcudnn.so.8, version 8.9.2): the convolution takes the
+/// same 36 MiB workspace through cudnn-frontend's engines as torch 2.15 on cuDNN 9, falls back
+/// on a 52 MiB card with one OOM, and the ResNet-like network trains with Adam, the driver's
+/// used bytes being torch's reserved bytes plus the handles' own memory at every step and the
+/// log replaying to torch's counters.
+#[test]
+fn torch_2_3_trains_through_the_fake_cudnn_8() {
+    let Some(python) = install(&CUDNN8) else {
+        return;
+    };
+    let torch = Torch {
+        release: &CUDNN8,
+        python,
+    };
+    let run = run_cudnn(&torch, "conv_workspace", 80 << 30, &[]);
+    let r = &run.result;
+    assert_eq!(u64_of(r, "before"), 4 * MIB + 147456, "{r}");
+    assert_eq!(u64_of(r, "allocated_bytes_peak"), 44 * MIB + 147456, "{r}");
+    let log = run.log.as_ref().expect("log");
+    assert_eq!(
+        malloc_sizes(log, "alloc"),
+        vec![2 * MIB, 20 * MIB, 36 * MIB],
+        "{r}"
+    );
+    assert_eq!(u64_of(r, "used"), 58 * MIB + CUDNN_HANDLE, "{r}");
+    let run = run_cudnn(&torch, "conv_workspace", 52 * MIB, &[]);
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    assert_eq!(malloc_sizes(log, "alloc_failed"), vec![36 * MIB; 2], "{r}");
+    assert_eq!(u64_of(r, "allocated_bytes_peak"), 8 * MIB + 147456, "{r}");
+    assert_eq!(r["num_ooms"], 1, "{r}");
+
+    let run = run_cudnn(&torch, "resnet", 80 << 30, &[]);
+    let r = &run.result;
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps.len(), 3, "{r}");
+    for step in &steps {
+        assert_eq!(step[1], step[0] + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE), "{r}");
+    }
+    // Torch 2.3's decisions on this workload: 16 segments, 170 MiB reserved.
+    assert_log_is_torchs(&run, (16, 0, 170 * MIB));
+}
+
 /// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend
 /// (torch's cudnn-frontend graph API on the fake engines).
 #[test]
@@ -1458,6 +1528,7 @@ fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
         .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("VRAMSHIM_STACK")
         .env_remove("VRAMSHIM_MODE")
         .output()
@@ -1530,6 +1601,7 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
         .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
         .env_remove("LD_PRELOAD")
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("VRAMSHIM_STACK")
         .output()
         .expect("run vramshim dryrun");

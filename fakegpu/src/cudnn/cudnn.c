@@ -1,4 +1,5 @@
-/* The fake cuDNN 9 (libcudnn.so.9): version queries, handles and their streams, error
+/* The fake cuDNN 9 (libcudnn.so.9), and cuDNN 8 (libcudnn.so.8, the same sources built with
+ * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older): version queries, handles and their streams, error
  * strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
  * compute functions that complete at once in noop.txt. */
 #include <stddef.h>
@@ -17,8 +18,18 @@ enum {
     CUDNN_STATUS_ALLOC_FAILED = 4000,
 };
 
+#if FG_SONAME_MAJOR == 8
+/* cuDNN 8.9.2, the release PyTorch 2.3 is built with (CUDA 12.1): cuDNN 8 numbers its
+ * versions major * 1000 + minor * 100 + patch. */
+#define FG_CUDNN_VERSION 8902
+#define FG_CUDNN_PARTS {8, 9, 2}
+#define FG_CUDNN_CUDART 12010
+#else
 /* cuDNN 9.26.0, the release PyTorch 2.15 is built with: major * 10000 + minor * 100 + patch. */
 #define FG_CUDNN_VERSION 92600
+#define FG_CUDNN_PARTS {9, 26, 0}
+#define FG_CUDNN_CUDART 13020
+#endif
 
 /* What a real handle allocates for itself: 25,344 and 4 bytes of device memory (cuMemAlloc_v2)
  * and 4 bytes of pinned host memory (cuMemHostAlloc). Measured with the recorder on an NVIDIA
@@ -35,12 +46,12 @@ struct cudnn_handle {
 };
 
 FG_EXPORT size_t cudnnGetVersion(void) { return FG_CUDNN_VERSION; }
-FG_EXPORT size_t cudnnGetCudartVersion(void) { return 13020; }
+FG_EXPORT size_t cudnnGetCudartVersion(void) { return FG_CUDNN_CUDART; }
 FG_EXPORT size_t cudnnGetMaxDeviceVersion(void) { return 1200; }
 
 FG_EXPORT cudnnStatus_t cudnnGetProperty(int type, int *value)
 {
-    static const int version[] = {9, 26, 0};
+    static const int version[] = FG_CUDNN_PARTS;
     if (!value)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (type < 0 || type > 2)
