@@ -438,20 +438,20 @@ fn mem_get_info() -> Option<(u64, u64)> {
 }
 
 const MAX_SAMPLED_DEVICES: usize = 64;
-const SAMPLE_INTERVAL_NS: u64 = 1_000_000_000;
 /// Last device memory sample per device (0 = never).
 static LAST_SAMPLE: [AtomicU64; MAX_SAMPLED_DEVICES] =
     [const { AtomicU64::new(0) }; MAX_SAMPLED_DEVICES];
 
-/// Records the device's free/total at its first event and then at most once a second, so
-/// the report can show memory no hook sees (context, modules). Stamped with the event's time
-/// to keep the ring in time order.
+/// Records the device's free/total at its first event and then at most once every
+/// `VRAMSHIM_SAMPLE_MS` (a second by default), so the report can show memory no hook sees
+/// (context, modules). Stamped with the event's time to keep the ring in time order.
 fn sample_mem_info(ring: &Ring, device: i32, now: u64) {
     let Some(last) = LAST_SAMPLE.get(device as usize) else {
         return;
     };
     let previous = last.load(Ordering::Relaxed);
-    if previous != 0 && now.saturating_sub(previous) < SAMPLE_INTERVAL_NS {
+    let interval_ns = process::config().sample_ms.saturating_mul(1_000_000);
+    if previous != 0 && now.saturating_sub(previous) < interval_ns {
         return;
     }
     if last

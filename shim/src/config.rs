@@ -57,6 +57,8 @@ pub struct Config {
     /// Per-thread buffer capacity in events (a power of two).
     pub buffer_events: usize,
     pub flush_ms: u64,
+    /// Least time between two samples of a device's free memory (after its first event's).
+    pub sample_ms: u64,
     pub on_full: OnFull,
     pub mode: Mode,
     pub ring_events: usize,
@@ -78,6 +80,7 @@ impl Config {
             free_stacks: false,
             buffer_events: 8192,
             flush_ms: 50,
+            sample_ms: 1000,
             on_full: OnFull::Wait,
             mode: Mode::Stream,
             ring_events: 1_000_000,
@@ -103,6 +106,7 @@ impl Config {
         config.buffer_events =
             number(BUFFER_EVENTS, config.buffer_events, &mut warnings).next_power_of_two();
         config.flush_ms = number(FLUSH_MS, config.flush_ms as usize, &mut warnings) as u64;
+        config.sample_ms = number(SAMPLE_MS, config.sample_ms as usize, &mut warnings) as u64;
         if let Some(value) = env_str("VRAMSHIM_ON_FULL", &mut warnings) {
             match value.as_str() {
                 "wait" => config.on_full = OnFull::Wait,
@@ -272,6 +276,12 @@ const BUFFER_EVENTS: Range = Range {
 const FLUSH_MS: Range = Range {
     name: "VRAMSHIM_FLUSH_MS",
     min: 1,
+    max: 60_000,
+};
+/// Device memory samples: 0 samples at every event (`vramshim dryrun` asks for that).
+const SAMPLE_MS: Range = Range {
+    name: "VRAMSHIM_SAMPLE_MS",
+    min: 0,
     max: 60_000,
 };
 /// Flight-recorder window: 64 bytes an event, so at most 1 GiB.

@@ -1311,6 +1311,50 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     assert_log_is_torchs(&run, (15, 0, 138 * MIB));
 }
 
+/// `vramshim dryrun --gpu h200` of the ResNet-like training: torch's own `mem_get_info` sees
+/// the H200's measured context and first kernel on top of its reserved bytes and the handles,
+/// and the verdict's peak used is exactly that (the dry run samples memory no hook sees at
+/// every event, so the first kernel, launched late in a short run, is not missed).
+#[test]
+fn dryrun_peak_used_has_the_context_and_the_first_kernel() {
+    let Some(torch) = current() else { return };
+    let dir = scratch("torch-dryrun-kernels");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/torch_cudnn.py"))
+        .arg("resnet")
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let r: Value = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    let (context, kernels) = (552_402_944, 96_468_992);
+    let expected = 138 * MIB + context + kernels + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
+    for step in pairs(&r["steps"]) {
+        assert_eq!(step, vec![138 * MIB, expected], "{r}");
+    }
+    let device = &arr(&v["devices"])[0];
+    assert_eq!(u64_of(device, "peak_used"), expected, "{v}");
+    assert_eq!(v["fits"], true, "{v}");
+}
+
 /// torch 2.3.1 on the fake cuDNN 8 (libcudnn.so.8, version 8.9.2): the convolution takes the
 /// same 36 MiB workspace through cudnn-frontend's engines as torch 2.15 on cuDNN 9, falls back
 /// on a 52 MiB card with one OOM, and the ResNet-like network trains with Adam, the driver's

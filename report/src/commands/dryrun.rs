@@ -175,6 +175,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .env("LD_PRELOAD", launch::preload(&first))
         .env("LD_LIBRARY_PATH", library_path)
         .env("VRAMSHIM_MANIFEST", manifest.path())
+        // Memory no hook sees (the context, loaded kernels, NCCL's) at every event, not once
+        // a second: a short run's first kernel would otherwise fall between two samples.
+        .env("VRAMSHIM_SAMPLE_MS", "0")
         .env("VRAMSHIM_FAKEGPU_COUNT", args.gpus.to_string())
         .env("VRAMSHIM_FAKEGPU_MEMORY", gpu.memory.to_string())
         .env("VRAMSHIM_FAKEGPU_NAME", &gpu.name)
