@@ -1668,6 +1668,31 @@ fn nvtx_ranges_of_real_torch_are_marks_in_the_log() {
                 "torch {version}: {size} B between {open:?} and {close:?}: {allocations:?} {marks:?}"
             );
         }
+        // `vramshim dryrun` names the library too.
+        let dir = scratch(&format!("torch-{version}-nvtx-dryrun"));
+        let log = dir.join("dryrun.vlog");
+        let output = Command::new(vramshim_tool())
+            .arg("dryrun")
+            .arg("-o")
+            .arg(&log)
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/nvtx_ranges.py"))
+            .env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+            .env_remove("LD_PRELOAD")
+            .env_remove("NVTX_INJECTION64_PATH")
+            .env_remove("VRAMSHIM_LIB")
+            .output()
+            .expect("vramshim dryrun python");
+        assert!(output.status.success(), "torch {version}: {output:?}");
+        let dry_marks: Vec<String> = dump(&log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(dry_marks, texts, "torch {version}");
+
         // A profiler's own injection library stays; vramshim's is not loaded then.
         let NvtxRun { stdout, marks, .. } = nvtx_run(
             &torch,
