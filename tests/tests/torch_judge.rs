@@ -782,6 +782,22 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
         assert_eq!(frames[2], "Adam.step (adam.py:239)");
         assert_eq!(frames[3], step);
     }
+    // The caller -> callee tree folds the same frames: the loop's line calls the forward
+    // line directly (unfolded, CPython's and torch's frames come between).
+    let caller = |text: &str| -> String {
+        let tree: Vec<&str> = text
+            .lines()
+            .skip_while(|line| !line.starts_with("  callers -> callees:"))
+            .collect();
+        let at = tree
+            .iter()
+            .position(|line| line.trim_end().ends_with(forward.as_str()))
+            .unwrap_or_else(|| panic!("no {forward} in the tree:\n{text}"));
+        tree[at - 1].trim_start().to_string()
+    };
+    let loop_line = format!("mlp (torch_judge.py:{})", script_line("JUDGE: mlp loop"));
+    assert!(caller(&folded).ends_with(&loop_line), "{folded}");
+    assert!(!caller(&unfolded).ends_with(&loop_line), "{unfolded}");
     // Unfolded, as before: neither line is within any group's first 8 frames.
     assert_eq!(lists(&unfolded, &forward).len(), 0, "{unfolded}");
     assert_eq!(lists(&unfolded, &step).len(), 0, "{unfolded}");

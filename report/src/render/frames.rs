@@ -7,6 +7,7 @@
 
 use std::cell::Cell;
 
+use crate::analysis::groups::TreeNode;
 use crate::python::{EVAL_LOOP, PYTHON_MODULE};
 use crate::symbols::SymFrame;
 
@@ -84,6 +85,35 @@ fn is_start(frame: &SymFrame) -> bool {
                 | "clone3"
         )
     )
+}
+
+/// The children a text tree shows under `node`, largest first: a child that is machinery
+/// (and not a leaf, so every branch still ends in the frame that allocated) gives way to
+/// its own children, recursively. Two folded paths may lead to the same frame, which then
+/// shows twice, each with its own bytes. With `--unfold`, the children as they are.
+pub fn tree_children(node: &TreeNode) -> Vec<&TreeNode> {
+    fn expand<'a>(node: &'a TreeNode, out: &mut Vec<&'a TreeNode>) {
+        for child in &node.children {
+            let folded = !child.children.is_empty()
+                && child
+                    .frame
+                    .as_deref()
+                    .is_some_and(|frame| machinery(frame).is_some());
+            if folded {
+                expand(child, out);
+            } else {
+                out.push(child);
+            }
+        }
+    }
+    if UNFOLD.with(Cell::get) {
+        return node.children.iter().collect();
+    }
+    let mut out = Vec::with_capacity(node.children.len());
+    expand(node, &mut out);
+    // Stable: equal sizes keep the tree's order.
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    out
 }
 
 /// A stack as a text view shows it.

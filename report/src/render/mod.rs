@@ -281,7 +281,8 @@ pub fn write_groups(
     Ok(())
 }
 
-/// Prints the caller → callee tree, hiding branches under `min_share` percent.
+/// Prints the caller → callee tree, hiding branches under `min_share` percent; machinery
+/// frames are folded as in the flat view (see [`frames::tree_children`]).
 pub fn write_tree(
     out: &mut dyn Write,
     node: &TreeNode,
@@ -296,7 +297,7 @@ pub fn write_tree(
         depth: usize,
     ) -> io::Result<()> {
         let mut hidden = (0u64, 0usize);
-        for child in &node.children {
+        for child in frames::tree_children(node) {
             if share(child.bytes, whole) < min_share {
                 hidden.0 = hidden.0.saturating_add(child.bytes);
                 hidden.1 += 1;
