@@ -260,9 +260,13 @@ def build_library(root, outdir, soname, table):
                   [common], headers),
     ]
     target = os.path.join(lib_dir, soname)
-    if stale(target, objs + [mapfile] + ([link_file] if link_args else [])):
+    # This script too: its link flags are inputs.
+    if stale(target, objs + [mapfile, os.path.abspath(__file__)] + ([link_file] if link_args else [])):
+        # RUNPATH $ORIGIN: a fake that needs the fake driver finds it beside itself, so the
+        # wheel's copies resolve among themselves (auditwheel checks that).
         run(["gcc", "-shared", "-o", target + ".tmp", f"-Wl,-soname,{soname}",
-             f"-Wl,--version-script={mapfile}", "-Wl,-z,now", "-Wl,-z,defs", "-Wl,--no-undefined-version"]
+             f"-Wl,--version-script={mapfile}", "-Wl,-z,now", "-Wl,-z,defs", "-Wl,--no-undefined-version",
+             "-Wl,-rpath,$ORIGIN"]
             + objs + [f"-L{lib_dir}"] + link_args + ["-lpthread", "-ldl", "-lc"])
         os.replace(target + ".tmp", target)
     return soname

@@ -3,11 +3,14 @@
 #   - go (Debian's golang-go, with apt-get when missing and run as root): `go tool pprof`;
 #   - a Python venv with duckdb and jsonschema (PyPI, pinned): Parquet queries and
 #     speedscope-schema validation;
-#   - speedscope's published file-format schema, from its npm package (pinned).
+#   - speedscope's published file-format schema, from its npm package (pinned);
+#   - auditwheel (PyPI, pinned, its own venv): the wheel's manylinux tag, for
+#     tests/tests/wheel.rs.
 #
 # Cache: ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/consumers
 #   venv/                      python3 -m venv with duckdb and jsonschema
 #   speedscope-schema.json     package/dist/release/file-format-schema.json of speedscope
+#   auditwheel-venv/           python3 -m venv with auditwheel
 #
 # stdout: one line per consumer, `NAME=VALUE` when it is available and `NAME!=WHY` when not:
 #   go=/path/to/go  python=/cache/venv/bin/python  speedscope_schema=/cache/...json
@@ -17,6 +20,7 @@ set -uo pipefail
 DUCKDB_VERSION=1.1.3
 JSONSCHEMA_VERSION=4.23.0
 SPEEDSCOPE_VERSION=1.25.0
+AUDITWHEEL_VERSION=6.8.2
 
 CACHE_ROOT=${VRAMSHIM_CACHE:-${HOME:-/tmp}/.cache/vramshim}
 DEST=$CACHE_ROOT/consumers
@@ -54,6 +58,7 @@ fi
 if [[ ! -d $DEST ]]; then
     echo "python!=cannot create $DEST"
     echo "speedscope_schema!=cannot create $DEST"
+    echo "auditwheel!=cannot create $DEST"
     exit 0
 fi
 
@@ -72,6 +77,22 @@ if [[ -f $stamp ]]; then
     echo "python=$venv/bin/python"
 else
     echo "python!=pip install duckdb==$DUCKDB_VERSION jsonschema==$JSONSCHEMA_VERSION failed (see $log)"
+fi
+
+# auditwheel in a venv of its own (its pins must not move duckdb's).
+awvenv=$DEST/auditwheel-venv
+awstamp=$awvenv/.vramshim-auditwheel-$AUDITWHEEL_VERSION
+if [[ ! -f $awstamp ]]; then
+    rm -rf "$awvenv"
+    if python3 -m venv "$awvenv" >>"$log" 2>&1 &&
+        "$awvenv/bin/python" -m pip install -q "auditwheel==$AUDITWHEEL_VERSION" >>"$log" 2>&1; then
+        touch "$awstamp"
+    fi
+fi
+if [[ -f $awstamp ]]; then
+    echo "auditwheel=$awvenv/bin/auditwheel"
+else
+    echo "auditwheel!=pip install auditwheel==$AUDITWHEEL_VERSION failed (see $log)"
 fi
 
 # speedscope's file-format schema.

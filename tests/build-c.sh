@@ -94,8 +94,8 @@ done
 for p in runtime interposed demo dryrun_train; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" "${link_cudart[@]}"
 done
-for p in dlsym resolver; do
-    spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" -ldl
+for p in dlsym resolver nvtx_client; do
+    spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" -ldl -lpthread
 done
 # Report scenarios (tests/programs/report_*.c): linked with both runtime and driver.
 for src in "$progs"/report_*.c; do

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
-    CodeDef, Damage, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, Mark, MemInfo,
-    ModuleDef, Note, Record,
+    CodeDef, Damage, DamageKind, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, Mark,
+    MemInfo, ModuleDef, Note, Record,
 };
 
 use crate::python::PyFrame;
@@ -478,9 +478,54 @@ pub struct Replay {
     pub state: State,
     /// Replay time of the last step taken.
     pub end_ns: u64,
+    /// Whether every log was read to its end (not stopped early by a [`Stop`]).
+    pub complete: bool,
+    /// Devices that events or memory samples named, up to where the replay stopped.
+    pub devices: std::collections::BTreeSet<i32>,
+}
+
+/// How the end of a recording is named: "exit", or "end of log" when a log was cut short (it
+/// ends inside a chunk or could not be read to its end), so it does not show the program's
+/// exit. A process killed between two whole flushes leaves no such trace (the log has no exit
+/// record) and is still named "exit".
+pub fn end_name(processes: &[Process]) -> &'static str {
+    let cut = processes.iter().any(|process| {
+        process.damage.iter().any(|damage| {
+            matches!(
+                damage.kind,
+                DamageKind::TornTail { .. } | DamageKind::Io { .. }
+            )
+        })
+    });
+    if cut { "end of log" } else { "exit" }
 }
 
 impl Replay {
+    /// A warning when `device` was asked for but no event or memory sample of the logs (as
+    /// far as the replay read) names it.
+    pub fn device_warning(&self, device: Option<i32>) -> Option<String> {
+        let device = device?;
+        if !self.complete || self.devices.contains(&device) {
+            return None;
+        }
+        let seen: Vec<String> = self.devices.iter().map(i32::to_string).collect();
+        let logs = match self.processes.as_slice() {
+            [one] => one.path.display().to_string(),
+            _ => "the logs".to_string(),
+        };
+        Some(match seen.len() {
+            0 => format!("--device {device}: {logs} has no device events at all"),
+            1 => format!(
+                "--device {device}: nothing in {logs} is on device {device}; its only device is {}",
+                seen[0]
+            ),
+            _ => format!(
+                "--device {device}: nothing in {logs} is on device {device}; its devices are {}",
+                seen.join(", ")
+            ),
+        })
+    }
+
     /// Warnings for the user: damage met, dropped events, several ring-mode dumps.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -592,6 +637,8 @@ pub fn run_view(
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
+    let mut complete = false;
+    let mut devices = std::collections::BTreeSet::new();
     loop {
         // Refill lookahead; definitions are absorbed as they are read.
         for (index, input) in inputs.iter_mut().enumerate() {
@@ -611,7 +658,10 @@ pub fn run_view(
                 }
             }
         }
-        let Some((index, t_ns)) = best else { break };
+        let Some((index, t_ns)) = best else {
+            complete = true;
+            break;
+        };
         let Some(record) = inputs[index].pending.take() else {
             break;
         };
@@ -623,6 +673,7 @@ pub fn run_view(
             {
                 break;
             }
+            devices.insert(event.device);
             if let Some(before) = held.take() {
                 if is_own_segment(&before, index, event) {
                     take_segment(&mut state, &before);
@@ -658,6 +709,7 @@ pub fn run_view(
             }
             match &record {
                 Record::MemInfo(info) => {
+                    devices.insert(info.device);
                     let step = Step::MemInfo {
                         process,
                         t_ns,
@@ -702,6 +754,8 @@ pub fn run_view(
         processes,
         state,
         end_ns,
+        complete,
+        devices,
     })
 }
 

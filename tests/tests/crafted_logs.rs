@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{scratch, vramshim_tool};
 use vramshim_format::{
     ChunkBuilder, CodeDef, Dropped, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header,
-    MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    Mark, MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 
 /// Generous for a loaded 2-core machine and a debug build.
@@ -862,4 +862,378 @@ fn a_log_given_twice_is_warned_about() {
     );
     assert_eq!(diff.code, Some(0), "{}", diff.stderr);
     assert!(!diff.stderr.contains("twice"), "{}", diff.stderr);
+}
+
+/// One device sample and three allocations (1, 2 and 4 MiB on device 0), the first freed;
+/// the 4 MiB one alone in a second chunk.
+fn two_chunk_log(path: &Path) {
+    let mut out = header(500, 0).encode();
+    let mut chunk = ChunkBuilder::new();
+    let mut freed = event(EventKind::Free, CUDA_FREE, 3_000, 0, 0x10_0000, 1 << 20);
+    freed.stack = 0;
+    for record in [
+        Record::MemInfo(MemInfo {
+            t_ns: 500,
+            device: 0,
+            free: 70 << 30,
+            total: 80 << 30,
+        }),
+        Record::Event(event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            1_000,
+            0,
+            0x10_0000,
+            1 << 20,
+        )),
+        Record::Event(event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            2_000,
+            0,
+            0x20_0000,
+            2 << 20,
+        )),
+        Record::Event(freed),
+    ] {
+        chunk.push(&record);
+    }
+    chunk.finish_into(&mut out);
+    chunk.push(&Record::Event(event(
+        EventKind::Alloc,
+        CUDA_MALLOC,
+        4_000,
+        0,
+        0x40_0000,
+        4 << 20,
+    )));
+    chunk.finish_into(&mut out);
+    std::fs::write(path, &out).expect("write crafted log");
+}
+
+/// A log that ends inside a chunk (the recorder was stopped mid-write) shows its end as "end
+/// of log", not the program's exit; whatif says so too.
+#[test]
+fn a_cut_log_ends_at_end_of_log_not_at_exit() {
+    let dir = scratch("crafted-cut");
+    let whole = dir.join("whole.vlog");
+    two_chunk_log(&whole);
+    let cut = dir.join("cut.vlog");
+    let bytes = std::fs::read(&whole).expect("read log");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).expect("write cut log");
+    let torn = format!(
+        "vramshim: warning: {}: log ends in an incomplete chunk at byte ",
+        cut.display()
+    );
+
+    let report = run_bounded(&["report".into(), whole.clone().into()], &dir);
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    assert!(
+        report
+            .stdout
+            .contains("\n  live at exit  6.00 MiB in 2 allocations\n"),
+        "{}",
+        report.stdout
+    );
+    let report = run_bounded(&["report".into(), cut.clone().into()], &dir);
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    assert!(
+        report
+            .stdout
+            .contains("\n  live at end of log  2.00 MiB in 1 allocation\n"),
+        "{}",
+        report.stdout
+    );
+    assert!(report.stderr.contains(&torn), "{}", report.stderr);
+    assert!(!report.stdout.contains("exit"), "{}", report.stdout);
+
+    let leaks = run_bounded(&["leaks".into(), cut.clone().into()], &dir);
+    assert_eq!(leaks.code, Some(0), "{}", leaks.stderr);
+    assert!(
+        leaks
+            .stdout
+            .contains("device 0: still live at end of log (0.000003s) 2.00 MiB in 1 allocation"),
+        "{}",
+        leaks.stdout
+    );
+    let leaks = run_bounded(&["leaks".into(), whole.clone().into()], &dir);
+    assert!(
+        leaks
+            .stdout
+            .contains("device 0: still live at exit (0.000004s) 6.00 MiB in 2 allocations"),
+        "{}",
+        leaks.stdout
+    );
+    let svg = dir.join("leaks.svg");
+    let flame = run_bounded(
+        &[
+            "flamegraph".into(),
+            cut.clone().into(),
+            "--what".into(),
+            "leaks".into(),
+            "-o".into(),
+            svg.clone().into(),
+        ],
+        &dir,
+    );
+    assert_eq!(flame.code, Some(0), "{}", flame.stderr);
+    let picture = std::fs::read_to_string(&svg).expect("flame graph");
+    assert!(picture.contains("still live at end of log"), "{picture}");
+    assert!(!picture.contains("exit"), "{picture}");
+
+    // whatif keeps the warning (its table is the simulation's, the log's end is where it
+    // stopped).
+    let whatif = run_bounded(
+        &[
+            "whatif".into(),
+            cut.clone().into(),
+            "--config".into(),
+            "".into(),
+        ],
+        &dir,
+    );
+    assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
+    assert!(whatif.stderr.contains(&torn), "{}", whatif.stderr);
+    let whatif = run_bounded(
+        &[
+            "whatif".into(),
+            cut.clone().into(),
+            "--config".into(),
+            "".into(),
+            "--json".into(),
+        ],
+        &dir,
+    );
+    assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
+    let document: serde_json::Value = serde_json::from_str(&whatif.stdout).expect("json");
+    let warnings = document["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .is_some_and(|w| w.contains("log ends in an incomplete chunk")),
+        "{warnings:?}"
+    );
+}
+
+/// `--device N` for a device the log never names, and `peak --at` past the end, are warned
+/// about (the views are still printed: empty, and at the end).
+#[test]
+fn a_missing_device_and_a_late_at_are_warned_about() {
+    let dir = scratch("crafted-missing-device");
+    let log = dir.join("one.vlog");
+    two_chunk_log(&log);
+    let missing = format!(
+        "vramshim: warning: --device 3: nothing in {} is on device 3; its only device is 0\n",
+        log.display()
+    );
+    for command in [
+        "report",
+        "peak",
+        "leaks",
+        "oom",
+        "timeline",
+        "allocator",
+        "breakdown",
+    ] {
+        let outcome = run_bounded(
+            &[
+                command.into(),
+                log.clone().into(),
+                "--device".into(),
+                "3".into(),
+            ],
+            &dir,
+        );
+        assert_eq!(outcome.code, Some(0), "{command}: {}", outcome.stderr);
+        assert_eq!(outcome.stderr, missing, "{command}");
+        // The device that is there: no warning.
+        let outcome = run_bounded(
+            &[
+                command.into(),
+                log.clone().into(),
+                "--device".into(),
+                "0".into(),
+            ],
+            &dir,
+        );
+        assert_eq!(outcome.code, Some(0), "{command}: {}", outcome.stderr);
+        assert_eq!(outcome.stderr, "", "{command}");
+    }
+    let json = run_bounded(
+        &[
+            "report".into(),
+            log.clone().into(),
+            "--device".into(),
+            "3".into(),
+            "--json".into(),
+        ],
+        &dir,
+    );
+    let document: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(
+        document["warnings"],
+        serde_json::json!([missing.trim_start_matches("vramshim: warning: ").trim_end()])
+    );
+
+    let late = run_bounded(
+        &[
+            "peak".into(),
+            log.clone().into(),
+            "--at".into(),
+            "10s".into(),
+        ],
+        &dir,
+    );
+    assert_eq!(late.code, Some(0), "{}", late.stderr);
+    assert_eq!(
+        late.stderr,
+        "vramshim: warning: --at 10.000000s: past the end of the log (its last record is at 0.000004s); what was live at its end is shown\n"
+    );
+    assert!(
+        late.stdout
+            .contains("device 0: live at 10.000000s 6.00 MiB in 2 allocations"),
+        "{}",
+        late.stdout
+    );
+    // Within the log: no warning.
+    let within = run_bounded(
+        &[
+            "peak".into(),
+            log.clone().into(),
+            "--at".into(),
+            "2500ns".into(),
+        ],
+        &dir,
+    );
+    assert_eq!(within.code, Some(0), "{}", within.stderr);
+    assert_eq!(within.stderr, "");
+    assert!(
+        within
+            .stdout
+            .contains("device 0: live at 0.000003s 3.00 MiB in 2 allocations"),
+        "{}",
+        within.stdout
+    );
+}
+
+/// Two device samples, a 1 GiB allocation and two marks over one second.
+fn marked_log(path: &Path) {
+    let ms = 1_000_000u64;
+    let sample = |t_ns: u64, used: u64| {
+        Record::MemInfo(MemInfo {
+            t_ns,
+            device: 0,
+            free: (80 << 30) - used,
+            total: 80 << 30,
+        })
+    };
+    let mark = |t_ns: u64, text: &str| {
+        Record::Mark(Mark {
+            t_ns,
+            thread: 7,
+            text: text.into(),
+        })
+    };
+    let mut freed = event(
+        EventKind::Free,
+        CUDA_FREE,
+        900 * ms,
+        0,
+        0x1000_0000,
+        1 << 30,
+    );
+    freed.stack = 0;
+    let records = vec![
+        sample(100 * ms, 10 << 30),
+        Record::Event(event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            200 * ms,
+            0,
+            0x1000_0000,
+            1 << 30,
+        )),
+        mark(250 * ms, "epoch 0"),
+        sample(500 * ms, 12 << 30),
+        mark(600 * ms, "epoch 1"),
+        Record::Event(freed),
+        Record::Event(event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            1_000 * ms,
+            0,
+            0x2000_0000,
+            1 << 20,
+        )),
+    ];
+    write_log(path, &header(600, 0), &records);
+}
+
+/// Marks show on the text and SVG timelines; device-used samples are points with nothing
+/// drawn between them.
+#[test]
+fn timelines_show_marks_and_used_samples_as_points() {
+    let dir = scratch("crafted-marks");
+    let log = dir.join("marked.vlog");
+    marked_log(&log);
+    let text = run_bounded(&["timeline".into(), log.clone().into()], &dir);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    for label in [
+        "    | mark \"epoch 0\" at 0.25 s",
+        "    | mark \"epoch 1\" at 0.6 s",
+    ] {
+        assert!(lines.contains(&label), "no {label:?} in:\n{}", text.stdout);
+    }
+    // The row of markers under the axis: the peak and one bar per mark.
+    let markers = lines
+        .iter()
+        .find(|line| line.trim_start().starts_with('^'))
+        .expect("marker row");
+    assert_eq!(markers.matches('|').count(), 2, "{markers:?}");
+    assert!(
+        markers.find('^') < markers.find('|'),
+        "peak (0.2 s) before the first mark (0.25 s): {markers:?}"
+    );
+    let svg_path = dir.join("timeline.svg");
+    let svg = run_bounded(
+        &[
+            "timeline".into(),
+            log.clone().into(),
+            "--svg".into(),
+            svg_path.clone().into(),
+        ],
+        &dir,
+    );
+    assert_eq!(svg.code, Some(0), "{}", svg.stderr);
+    let picture = std::fs::read_to_string(&svg_path).expect("svg");
+    // A line at each mark's exact time (plot from x=90 to 930 over 1 s), labelled.
+    for (x, label) in [
+        ("300", "mark &quot;epoch 0&quot; at 0.25 s</text>"),
+        ("594", "mark &quot;epoch 1&quot; at 0.6 s</text>"),
+    ] {
+        let line = format!(
+            "<line x1=\"{x}\" y1=\"94\" x2=\"{x}\" y2=\"294\" stroke=\"#2e8b57\" stroke-dasharray=\"6 3\" class=\"mark\"/>"
+        );
+        assert!(picture.contains(&line), "no {line} in:\n{picture}");
+        assert!(picture.contains(label), "no {label} in:\n{picture}");
+    }
+    assert_eq!(picture.matches("class=\"mark\"").count(), 2, "{picture}");
+    assert!(
+        picture.contains(">mark (vramshim.mark)</text>"),
+        "{picture}"
+    );
+    // Used memory: one dot per sample (10 GiB, then 12 GiB, on a 12 GiB axis 200 px high
+    // ending at y=294), no line holding a value between them.
+    assert_eq!(picture.matches("class=\"used\"").count(), 2, "{picture}");
+    assert!(
+        picture.contains("cy=\"127.3\" r=\"2.5\" fill=\"#e07b00\" class=\"used\"/>"),
+        "{picture}"
+    );
+    assert!(
+        picture.contains("cy=\"94\" r=\"2.5\" fill=\"#e07b00\" class=\"used\"/>"),
+        "{picture}"
+    );
+    assert!(!picture.contains("polyline"), "{picture}");
 }

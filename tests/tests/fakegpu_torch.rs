@@ -1853,3 +1853,182 @@ fn torch_compile_of_a_small_model_runs_its_triton_kernels() {
     );
     assert_log_is_torchs(&run, (5, 0, 104 * MIB));
 }
+
+/// What a run of `tests/python/nvtx_ranges.py` printed and logged.
+struct NvtxRun {
+    stdout: String,
+    /// The log's marks, as (t_ns, text).
+    marks: Vec<(u64, String)>,
+    /// Its `cudaMalloc`s, as (t_ns, size).
+    allocations: Vec<(u64, u64)>,
+}
+
+/// `vramshim run -o LOG [env] -- python tests/python/nvtx_ranges.py` with `torch`'s fakes and
+/// caching off.
+fn nvtx_run(torch: &Torch, env: &[(&str, &str)]) -> NvtxRun {
+    let dir = scratch(&format!("torch-{}-nvtx", torch.release.version));
+    let log = dir.join("nvtx.vlog");
+    let mut command = Command::new(vramshim_tool());
+    command
+        .arg("run")
+        .arg("-o")
+        .arg(&log)
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/nvtx_ranges.py"))
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("NVTX_INJECTION64_PATH")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("vramshim run python");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "torch {}: {stdout}\n{}",
+        torch.release.version,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let records = dump(&log);
+    let marks = records
+        .iter()
+        .filter(|r| r["type"] == "mark")
+        .map(|r| {
+            (
+                u64_of(r, "t_ns"),
+                r["text"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let allocations = events(&records)
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && e["api"] == "cudaMalloc")
+        .map(|e| (u64_of(e, "t_ns"), u64_of(e, "size")))
+        .collect();
+    NvtxRun {
+        stdout,
+        marks,
+        allocations,
+    }
+}
+
+/// NVTX ranges and marks of real PyTorch (`torch.cuda.nvtx.range_push/range_pop`, `range`,
+/// `mark`, `range_start/range_end`) reach the log as marks through NVTX's injection interface:
+/// `vramshim run` points NVTX_INJECTION64_PATH at libvramshim_nvtx.so, which NVTX (the nvtx3
+/// code compiled into torch 2.15's and 2.6's libtorch_python.so) loads at the first call.
+/// Each allocation made inside a range lies between its push and pop. A user's own
+/// NVTX_INJECTION64_PATH (a profiler's) is kept, and then no range is recorded.
+/// torch 2.4.1 calls libnvToolsExt.so.1, which on the fake GPU is a no-op fake: not run here.
+#[test]
+fn nvtx_ranges_of_real_torch_are_marks_in_the_log() {
+    let library = target_dir().join("libvramshim_nvtx.so");
+    assert!(library.is_file(), "{} was not built", library.display());
+    for torch in torches()
+        .into_iter()
+        .filter(|t| t.release.version != CUDA12_OLD.version)
+    {
+        let version = torch.release.version;
+        let NvtxRun {
+            stdout,
+            marks,
+            allocations,
+        } = nvtx_run(&torch, &[]);
+        assert_eq!(
+            stdout.lines().collect::<Vec<_>>(),
+            [
+                format!("injection {}", library.display()).as_str(),
+                "push outer 0",
+                "push inner 1",
+                "pop inner 1",
+                "pop outer 0",
+                "pop nothing -1",
+                "done",
+            ],
+            "torch {version}"
+        );
+        let texts: Vec<&str> = marks.iter().map(|(_, text)| text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "nvtx push: outer",
+                "nvtx push: inner",
+                "nvtx pop: inner",
+                "nvtx pop: outer",
+                "nvtx push: step 3",
+                "nvtx pop: step 3",
+                "nvtx mark: checkpoint",
+                "nvtx start: load",
+                "nvtx end: load",
+                "nvtx pop: (no open range)",
+            ],
+            "torch {version}"
+        );
+        let at = |text: &str| marks.iter().find(|(_, t)| t == text).map(|(t_ns, _)| *t_ns);
+        let mib = 1u64 << 20;
+        for (size, (open, close)) in [
+            (4 * mib, ("nvtx push: outer", "nvtx push: inner")),
+            (8 * mib, ("nvtx push: inner", "nvtx pop: inner")),
+            (16 * mib, ("nvtx push: step 3", "nvtx pop: step 3")),
+            (32 * mib, ("nvtx start: load", "nvtx end: load")),
+        ] {
+            let inside: Vec<u64> = allocations
+                .iter()
+                .filter(|(t_ns, s)| {
+                    *s == size
+                        && at(open).is_some_and(|o| o <= *t_ns)
+                        && at(close).is_some_and(|c| *t_ns <= c)
+                })
+                .map(|(t_ns, _)| *t_ns)
+                .collect();
+            assert_eq!(
+                inside.len(),
+                1,
+                "torch {version}: {size} B between {open:?} and {close:?}: {allocations:?} {marks:?}"
+            );
+        }
+        // `vramshim dryrun` names the library too.
+        let dir = scratch(&format!("torch-{version}-nvtx-dryrun"));
+        let log = dir.join("dryrun.vlog");
+        let output = Command::new(vramshim_tool())
+            .arg("dryrun")
+            .arg("-o")
+            .arg(&log)
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/nvtx_ranges.py"))
+            .env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+            .env_remove("LD_PRELOAD")
+            .env_remove("NVTX_INJECTION64_PATH")
+            .env_remove("VRAMSHIM_LIB")
+            .output()
+            .expect("vramshim dryrun python");
+        assert!(output.status.success(), "torch {version}: {output:?}");
+        let dry_marks: Vec<String> = dump(&log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(dry_marks, texts, "torch {version}");
+
+        // A profiler's own injection library stays; vramshim's is not loaded then.
+        let NvtxRun { stdout, marks, .. } = nvtx_run(
+            &torch,
+            &[("NVTX_INJECTION64_PATH", "/nonexistent/libprofiler.so")],
+        );
+        assert!(
+            stdout.starts_with("injection /nonexistent/libprofiler.so\npush outer -"),
+            "torch {version}: {stdout}"
+        );
+        assert_eq!(marks, Vec::new(), "torch {version}");
+    }
+}

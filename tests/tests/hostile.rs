@@ -509,3 +509,70 @@ fn ring_mode_writes_its_dump_at_a_crash() {
     assert_eq!(dump.len() - at - 1, 201);
     assert_eq!(counted(&dump), (100, 100));
 }
+
+/// `nvtx_client ARGS` (an NVTX 3 client, no GPU) with NVTX_INJECTION64_PATH naming
+/// libvramshim_nvtx.so, under the shim (`recorded`) or without it.
+fn nvtx_client(test: &str, args: &[&str], recorded: bool) -> Bounded {
+    let dir = scratch(test);
+    let mut command = if recorded {
+        shim_command(&program("nvtx_client"), &dir)
+    } else {
+        Command::new(program("nvtx_client"))
+    };
+    command.args(args).env(
+        "NVTX_INJECTION64_PATH",
+        target_dir().join("libvramshim_nvtx.so"),
+    );
+    bounded(command, &dir, 2 * MINUTE)
+}
+
+/// NVTX's injection interface, driven as NVTX 3's headers drive it: every core call gets the
+/// return value NVTX specifies and one mark, in order; without the recorder the library
+/// declines (NVTX then makes every call a no-op).
+#[test]
+fn nvtx_calls_become_marks_and_the_library_declines_without_the_recorder() {
+    let plain = nvtx_client("nvtx-plain", &["basic"], false);
+    assert_exited_cleanly(&plain);
+    assert_eq!(plain.stdout, "init 0\n");
+
+    let run = nvtx_client("nvtx-basic", &["basic"], true);
+    assert_exited_cleanly(&run);
+    assert_eq!(
+        run.stdout,
+        "init 1\npush outer 0\npush inner 1\npop 1\npop 0\npop -1\nids 1\n"
+    );
+    let marks: Vec<String> = dump(&run.log())
+        .iter()
+        .filter(|r| r["type"] == "mark")
+        .map(|r| r["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            "nvtx push: outer",
+            "nvtx push: inner ex",
+            "nvtx pop: inner ex",
+            "nvtx pop: outer",
+            "nvtx pop: (no open range)",
+            "nvtx mark: here",
+            "nvtx mark: wide \u{e9}",
+            "nvtx start: load",
+            "nvtx start: save",
+            "nvtx end: load",
+            "nvtx end: save",
+            "nvtx end: (range 12345)",
+        ]
+    );
+}
+
+/// Forks while 8 threads push, pop, start and end NVTX ranges (the start/end table's lock
+/// may be held by a thread that does not exist in the child): every child records its own
+/// ranges and exits; none hangs.
+#[test]
+fn forks_while_threads_record_nvtx_ranges_never_hang_a_child() {
+    let run = nvtx_client("nvtx-fork-storm", &["fork-storm", "8", "100"], true);
+    assert_exited_cleanly(&run);
+    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\n");
+    // The parent's log and one per child (each child's first mark starts its recording).
+    assert_eq!(run.logs().len(), 101, "{}", run.stderr);
+}

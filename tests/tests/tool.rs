@@ -742,3 +742,82 @@ fn run_refuses_an_output_it_cannot_write_before_starting_the_program() {
     assert!(!started.exists(), "the program was started");
     assert_eq!(files_in(&dir), Vec::<String>::new());
 }
+
+/// `scripts/demo.sh DIR` shows the build going on, keeps the log and the pictures in DIR and
+/// ends with the commands that open them.
+#[test]
+fn demo_script_keeps_its_log_and_pictures_and_says_how_to_open_them() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository root")
+        .to_path_buf();
+    let target = target_dir().parent().expect("cargo target").to_path_buf();
+    let dir = scratch("demo-script").join("kept");
+    let output = Command::new("timeout")
+        .arg("900")
+        .arg("bash")
+        .arg(repo.join("scripts/demo.sh"))
+        .arg(&dir)
+        .current_dir(&repo)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("LD_PRELOAD")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .output()
+        .expect("run scripts/demo.sh");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    // Cargo's own progress lines are shown, not hidden by --quiet.
+    assert!(
+        stderr.contains("Finished `dev` profile"),
+        "no build progress in:\n{stderr}"
+    );
+    let vramshim = vramshim_tool();
+    let log = dir.join("demo.vlog");
+    for expected in [
+        format!("The log and the pictures are kept in {}:", dir.display()),
+        format!(
+            "  xdg-open {}/report.html       # the whole report, in a browser (works offline)",
+            dir.display()
+        ),
+        format!(
+            "  xdg-open {}/timeline.svg      # also leaks.svg, oom.svg: SVG opens in any browser",
+            dir.display()
+        ),
+        format!(
+            "  {} report {}   # or peak, leaks, oom, timeline, dump ... on the log",
+            vramshim.display(),
+            log.display()
+        ),
+    ] {
+        assert!(
+            stdout.lines().any(|line| line == expected),
+            "no {expected:?} in:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        files_in(&dir),
+        [
+            "demo.vlog",
+            "leaks.svg",
+            "oom.svg",
+            "report.html",
+            "timeline.svg"
+        ]
+    );
+    // The kept log is the demo's: 5 leaked 16 MiB buffers and the failed 1200 MiB request.
+    let (code, leaks, _) = common::vramshim(&[
+        OsStr::new("leaks"),
+        log.as_os_str(),
+        OsStr::new("--device"),
+        OsStr::new("0"),
+    ]);
+    assert_eq!(code, Some(0));
+    assert!(leaks.contains("device 0: still live at exit"), "{leaks}");
+    assert!(leaks.contains("80.00 MiB in 5 allocations"), "{leaks}");
+    for picture in ["timeline.svg", "leaks.svg", "oom.svg"] {
+        let svg = std::fs::read_to_string(dir.join(picture)).expect("picture");
+        well_formed(&svg);
+    }
+    let page = std::fs::read_to_string(dir.join("report.html")).expect("page");
+    assert!(page.starts_with("<!DOCTYPE html>"), "{}", &page[..100]);
+}

@@ -690,3 +690,119 @@ fn oom_report_on_torchs_own_out_of_memory_error() {
         assert_eq!(u64_of(top, "line"), oom_line, "{failure}");
     }
 }
+
+/// A text view's stack groups: (header line, frame lines) each, up to the tree.
+fn text_groups(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("  callers -> callees:") {
+            break;
+        }
+        let header = line.contains("%  ")
+            && (line.ends_with(" allocation") || line.ends_with(" allocations"));
+        if header {
+            groups.push((line.to_string(), Vec::new()));
+        } else if let Some(frame) = line.strip_prefix("        ")
+            && let Some((_, frames)) = groups.last_mut()
+        {
+            frames.push(frame.to_string());
+        }
+    }
+    groups
+}
+
+/// Text views fold the interpreter's, libstdc++'s and PyTorch's own frames (its C++
+/// allocator, ATen, the dispatcher, `Module.__call__`): on the MLP with caching off, the
+/// forward line shows within `peak`'s default 8 frames. It did not before: `--unfold` shows
+/// the stacks as every text view printed them until then, the first 8 frames all PyTorch's
+/// C++.
+#[test]
+fn text_views_show_the_programs_python_line_within_the_default_frames() {
+    let Some(python) = torch_python() else { return };
+    let run = judge(
+        &python,
+        "frames-mlp",
+        "mlp",
+        8 * GIB,
+        &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")],
+        true,
+    );
+    let log = run.log.as_ref().expect("log");
+    let forward = format!(
+        "Mlp.forward (torch_judge.py:{})",
+        script_line("JUDGE: mlp forward")
+    );
+    let (code, folded, _) = vramshim(&[
+        OsStr::new("peak"),
+        log.as_os_str(),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+    ]);
+    assert_eq!(code, Some(0));
+    let (code, unfolded, _) = vramshim(&[
+        OsStr::new("peak"),
+        log.as_os_str(),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+        OsStr::new("--unfold"),
+    ]);
+    assert_eq!(code, Some(0));
+    let step = format!("mlp (torch_judge.py:{})", script_line("JUDGE: mlp step"));
+    let lists = |text: &str, label: &str| -> Vec<(String, Vec<String>)> {
+        text_groups(text)
+            .into_iter()
+            .filter(|(_, frames)| frames.iter().any(|frame| *frame == label))
+            .collect()
+    };
+    // Folded: the cuBLAS handles made in the forward pass (fake cuBLAS, 3 allocations) name
+    // the line right after cuBLAS and torch's Linear; Adam's two states name the step line.
+    let handles = lists(&folded, &forward);
+    assert_eq!(handles.len(), 1, "{folded}");
+    assert_eq!(handles[0].0, "    64.13 MiB   32.9%  3 allocations");
+    assert_eq!(
+        handles[0].1[..5],
+        [
+            "fg_library_alloc (fakegpu_library_memory.h:50)".to_string(),
+            "cublasCreate_v2 (cublas.c:43)".to_string(),
+            "Linear.forward (linear.py:134)".to_string(),
+            forward.clone(),
+            format!("mlp (torch_judge.py:{})", script_line("JUDGE: mlp loop")),
+        ],
+        "{folded}"
+    );
+    let adam = lists(&folded, &step);
+    assert_eq!(adam.len(), 2, "{folded}");
+    for (header, frames) in &adam {
+        assert_eq!(header, "     8.01 MiB    4.1%  4 allocations");
+        assert_eq!(frames[0], "[21 frames of PyTorch, CPython folded]");
+        assert!(
+            frames[1].starts_with("Adam._init_group (adam.py:"),
+            "{frames:?}"
+        );
+        assert_eq!(frames[2], "Adam.step (adam.py:239)");
+        assert_eq!(frames[3], step);
+    }
+    // The caller -> callee tree folds the same frames: the loop's line calls the forward
+    // line directly (unfolded, CPython's and torch's frames come between).
+    let caller = |text: &str| -> String {
+        let tree: Vec<&str> = text
+            .lines()
+            .skip_while(|line| !line.starts_with("  callers -> callees:"))
+            .collect();
+        let at = tree
+            .iter()
+            .position(|line| line.trim_end().ends_with(forward.as_str()))
+            .unwrap_or_else(|| panic!("no {forward} in the tree:\n{text}"));
+        tree[at - 1].trim_start().to_string()
+    };
+    let loop_line = format!("mlp (torch_judge.py:{})", script_line("JUDGE: mlp loop"));
+    assert!(caller(&folded).ends_with(&loop_line), "{folded}");
+    assert!(!caller(&unfolded).ends_with(&loop_line), "{unfolded}");
+    // Unfolded, as before: neither line is within any group's first 8 frames.
+    assert_eq!(lists(&unfolded, &forward).len(), 0, "{unfolded}");
+    assert_eq!(lists(&unfolded, &step).len(), 0, "{unfolded}");
+    for (_, frames) in text_groups(&unfolded) {
+        assert!(frames.len() <= 9, "{frames:?}");
+        assert!(!frames.iter().any(|f| f.contains("folded")), "{frames:?}");
+    }
+}

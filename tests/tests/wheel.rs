@@ -191,3 +191,130 @@ fn installed_wheel_records_runs_dry_runs_and_marks() {
         "recording False\nmark epoch 1 False\nmark epoch 2 False\nmark free </script> & done False\n"
     );
 }
+
+/// `auditwheel` from `scripts/fetch-consumers.sh`, or why there is none.
+fn auditwheel() -> Result<PathBuf, String> {
+    let output = Command::new("bash")
+        .arg(repo().join("scripts/fetch-consumers.sh"))
+        .output()
+        .map_err(|err| format!("fetch-consumers.sh: {err}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines() {
+        if let Some(path) = line.strip_prefix("auditwheel=") {
+            return Ok(PathBuf::from(path));
+        }
+        if let Some(why) = line.strip_prefix("auditwheel!=") {
+            return Err(why.to_string());
+        }
+    }
+    Err("fetch-consumers.sh said nothing about auditwheel".to_string())
+}
+
+/// The wheel's binaries carry no debug sections (`strip --strip-debug`; a debug build's are
+/// most of its size), it holds the NVTX injection library, and auditwheel finds it consistent
+/// with the manylinux tag in its name: every library a packaged binary needs is in the wheel
+/// (the fakes find the fake driver beside themselves) or one manylinux allows.
+#[test]
+fn wheel_is_stripped_holds_the_nvtx_library_and_auditwheel_agrees_with_its_tag() {
+    let dir = scratch("wheel-audit");
+    let wheels = dir.join("wheels");
+    let built = run_ok(
+        Command::new("bash")
+            .arg(repo().join("scripts/build-wheel.sh"))
+            .arg("--from")
+            .arg(target_dir())
+            .arg("--out")
+            .arg(&wheels),
+        "build-wheel.sh",
+    );
+    let wheel = PathBuf::from(
+        String::from_utf8_lossy(&built.stdout)
+            .lines()
+            .last()
+            .expect("the wheel's path"),
+    );
+    let unpacked = dir.join("unpacked");
+    run_ok(
+        Command::new(machine_python())
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&unpacked),
+        "unzip the wheel",
+    );
+    let bin = unpacked.join("vramshim/_bin");
+    let mut binaries = vec![
+        bin.join("vramshim"),
+        bin.join("libvramshim.so"),
+        bin.join("libvramshim_nvtx.so"),
+    ];
+    for name in files_in(&bin.join("fakegpu/lib")) {
+        binaries.push(bin.join("fakegpu/lib").join(name));
+    }
+    for binary in &binaries {
+        let sections = run_ok(
+            Command::new("readelf").arg("-S").arg("--wide").arg(binary),
+            "readelf -S",
+        );
+        let sections = String::from_utf8_lossy(&sections.stdout);
+        assert!(
+            sections.contains(".symtab"),
+            "{}: {sections}",
+            binary.display()
+        );
+        // (Rust keeps an allocated `.debug_gdb_scripts`: not debug information.)
+        for debug in [".debug_info", ".debug_line", ".debug_str", ".debug_abbrev"] {
+            assert!(
+                !sections.contains(debug),
+                "{}: {sections}",
+                binary.display()
+            );
+        }
+    }
+    // The source was built with them (a debug build): stripping took them out.
+    let source = run_ok(
+        Command::new("readelf")
+            .arg("-S")
+            .arg("--wide")
+            .arg(target_dir().join("libvramshim_nvtx.so")),
+        "readelf -S",
+    );
+    assert!(String::from_utf8_lossy(&source.stdout).contains(".debug_info"));
+    let symbols = run_ok(
+        Command::new("nm")
+            .arg("-D")
+            .arg("--defined-only")
+            .arg(bin.join("libvramshim_nvtx.so")),
+        "nm -D",
+    );
+    assert!(
+        String::from_utf8_lossy(&symbols.stdout)
+            .lines()
+            .any(|line| line.ends_with(" T InitializeInjectionNvtx2")),
+        "{symbols:?}"
+    );
+
+    let auditwheel = match auditwheel() {
+        Ok(path) => path,
+        Err(why) => {
+            skipped(&format!("wheel: auditwheel show: {why}"));
+            return;
+        }
+    };
+    let shown = run_ok(
+        Command::new(auditwheel).arg("show").arg(&wheel),
+        "auditwheel show",
+    );
+    let text = String::from_utf8_lossy(&shown.stdout);
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let name = wheel.file_name().and_then(|n| n.to_str()).expect("name");
+    let tag = name
+        .strip_prefix(&format!("vramshim-{}-py3-none-", env!("CARGO_PKG_VERSION")))
+        .and_then(|rest| rest.strip_suffix(".whl"))
+        .expect("platform tag");
+    assert!(
+        words.contains(&format!(
+            "{name} is consistent with the following platform tag: \"{tag}\""
+        )),
+        "{text}"
+    );
+}

@@ -65,5 +65,7 @@ pub fn with_report<T>(
         retries,
         failures,
     };
-    Ok(then(&report, replay.warnings()))
+    let mut warnings: Vec<String> = replay.device_warning(select.device).into_iter().collect();
+    warnings.extend(replay.warnings());
+    Ok(then(&report, warnings))
 }

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         top: args.top,
         frames: args.frames,
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, select.device, &stacks);
     emit(
         select,
         &warnings,

@@ -124,9 +124,11 @@ pub fn write_file(path: &Path, data: &[u8]) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A replay's warnings followed by those of symbolising its stacks.
-pub fn warnings(replay: &Replay, stacks: &Stacks) -> Vec<String> {
+/// A replay's warnings (with one for a `device` the logs do not have) followed by those of
+/// symbolising its stacks.
+pub fn warnings(replay: &Replay, device: Option<i32>, stacks: &Stacks) -> Vec<String> {
     let mut warnings = repeated_logs(replay);
+    warnings.extend(replay.device_warning(device));
     warnings.extend(replay.warnings());
     warnings.extend(stacks.warnings());
     warnings

@@ -75,7 +75,8 @@ fn measure(
         .copied()
         .collect();
     drop(peak_observer);
-    let mut warnings = replay.warnings();
+    let mut warnings: Vec<String> = replay.device_warning(device).into_iter().collect();
+    warnings.extend(replay.warnings());
     // Only the processes are needed from here on (not the live set at the end).
     let replay::Replay { processes, .. } = replay;
     let mut stacks = Stacks::new(&processes, view, by_thread).with_cache_limit(DIFF_CACHED_FRAMES);

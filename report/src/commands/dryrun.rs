@@ -156,7 +156,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     let fakes = find_fakes()?;
     let lib = fakes.join("lib");
-    let mut first = vec![launch::find_library()?];
+    let library = launch::find_library()?;
+    let nvtx = launch::nvtx_injection(&library);
+    let mut first = vec![library];
     first.extend(fake_libraries(&lib)?);
     let (program, rest) = launch::split_command(&args.command)?;
 
@@ -196,6 +198,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "VRAMSHIM_FAKEGPU_FABRIC",
             if gpu.fabric { "1" } else { "0" },
         );
+    if let Some(nvtx) = nvtx {
+        command.env(launch::NVTX_INJECTION, nvtx);
+    }
     if let Some(output) = &args.output {
         command.env("VRAMSHIM_OUTPUT", output);
     }

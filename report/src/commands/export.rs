@@ -244,7 +244,7 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
     };
     output.commit(&path)?;
 
-    let mut warnings = common::warnings(&replay, &stacks);
+    let mut warnings = common::warnings(&replay, None, &stacks);
     let size = std::fs::metadata(&path).map_or(0, |m| m.len());
     if !args.pickle && size > BROWSER_TEXT_MAX {
         warnings.push(format!(

@@ -80,7 +80,7 @@ fn profiles(args: &Args) -> Result<(), Failure> {
     }
     let mut stacks = Stacks::new(&replay.processes, args.view.stacks, false);
     let samples = profile::samples(&allocated.devices, &inuse, &mut stacks, &replay.processes);
-    for warning in common::warnings(&replay, &stacks) {
+    for warning in common::warnings(&replay, args.device, &stacks) {
         eprintln!("vramshim: warning: {warning}");
     }
     if samples.is_empty() {
@@ -133,7 +133,11 @@ fn chrome_trace(args: &Args, path: &Path) -> Result<(), Failure> {
         .finish(&replay.processes, replay_start_unix_ns(&replay.processes))
         .map_err(|err| output_failure(path, err))?;
     output.commit(path)?;
-    for warning in replay.warnings() {
+    for warning in replay
+        .device_warning(args.device)
+        .into_iter()
+        .chain(replay.warnings())
+    {
         eprintln!("vramshim: warning: {warning}");
     }
     eprintln!("vramshim: wrote {}: {events} trace events", path.display());
@@ -150,7 +154,11 @@ fn parquet(args: &Args, path: &Path) -> Result<(), Failure> {
         .finish()
         .map_err(|err| output_failure(path, err))?;
     output.commit(path)?;
-    for warning in replay.warnings() {
+    for warning in replay
+        .device_warning(args.device)
+        .into_iter()
+        .chain(replay.warnings())
+    {
         eprintln!("vramshim: warning: {warning}");
     }
     eprintln!("vramshim: wrote {}: {rows} events", path.display());

@@ -165,7 +165,7 @@ fn peak(args: &Args) -> Result<Found, Failure> {
         moments,
         empty: "nothing was ever allocated",
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, args.device, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -193,11 +193,15 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
         .collect();
     let view = View {
         parts,
-        title: "still live at exit".to_string(),
-        moments: vec![format!("exit at {}", seconds_label(replay.end_ns))],
+        title: format!("still live at {}", replay::end_name(&replay.processes)),
+        moments: vec![format!(
+            "{} at {}",
+            replay::end_name(&replay.processes),
+            seconds_label(replay.end_ns)
+        )],
         empty: "no leaks: everything allocated was freed",
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, args.device, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -223,7 +227,7 @@ fn allocated(args: &Args) -> Result<Found, Failure> {
         moments: Vec::new(),
         empty: "nothing was allocated",
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, args.device, &stacks);
     Ok((replay, warnings, view))
 }
 
@@ -278,6 +282,6 @@ fn oom(args: &Args) -> Result<Found, Failure> {
         )],
         empty: "nothing was live on the device when the allocation failed",
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, args.device, &stacks);
     Ok((replay, warnings, view))
 }

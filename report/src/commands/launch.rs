@@ -50,6 +50,20 @@ pub fn find_library() -> Result<PathBuf, Failure> {
     )))
 }
 
+/// The environment variable NVTX reads the path of its injection library from.
+pub const NVTX_INJECTION: &str = "NVTX_INJECTION64_PATH";
+
+/// `libvramshim_nvtx.so` beside the recorder `library`, for `NVTX_INJECTION64_PATH`: `None`
+/// when it is missing, or when the user set the variable (their tool, such as Nsight
+/// Systems, keeps it).
+pub fn nvtx_injection(library: &Path) -> Option<PathBuf> {
+    if std::env::var_os(NVTX_INJECTION).is_some_and(|v| !v.is_empty()) {
+        return None;
+    }
+    let path = library.with_file_name("libvramshim_nvtx.so");
+    path.is_file().then_some(path)
+}
+
 /// `LD_PRELOAD` with `first` in order, then whatever the environment already preloads.
 pub fn preload(first: &[PathBuf]) -> OsString {
     let mut parts: Vec<OsString> = first.iter().map(|p| p.as_os_str().to_owned()).collect();

@@ -74,7 +74,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .map(|(file, lines)| FileView::read(file, lines))
         .collect();
     let report = LinesReport { processes, files };
-    let warnings = replay.warnings();
+    let mut warnings: Vec<String> = replay.device_warning(select.device).into_iter().collect();
+    warnings.extend(replay.warnings());
     emit(
         select,
         &warnings,

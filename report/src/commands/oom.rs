@@ -79,6 +79,6 @@ pub fn with_report<T>(
         top: DEFAULT_TOP,
         frames: DEFAULT_FRAMES,
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, select.device, &stacks);
     Ok(then(report, warnings))
 }

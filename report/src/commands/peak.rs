@@ -72,6 +72,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
         Some(At::Mark(text)) => Some(mark_time(select, text)?),
         None => None,
     };
+    let mut late = None;
     let (replay, snapshots, what) = match at {
         Some(at) => {
             let replay = replay::run_view(
@@ -84,6 +85,13 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
                 .into_iter()
                 .map(|device| Snapshot::of(&replay.state, Some(device), at))
                 .collect();
+            if replay.complete && at > replay.end_ns {
+                late = Some(format!(
+                    "--at {}: past the end of the log (its last record is at {}); what was live at its end is shown",
+                    units::seconds(at),
+                    units::seconds(replay.end_ns),
+                ));
+            }
             (replay, snapshots, "at")
         }
         None => {
@@ -92,14 +100,27 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
         }
     };
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
-    render(select, &args.shape, stacks, &replay, snapshots, what)
+    let shown = Shown { what, late };
+    render(select, &args.shape, stacks, &replay, snapshots, shown)
+}
+
+/// Which moment a snapshot view shows, and a warning about it.
+struct Shown {
+    /// "peak", "at" or "leaks".
+    what: &'static str,
+    /// `--at` past the end of the log.
+    late: Option<String>,
 }
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
     let (replay, snapshots) = at_end(select, view(args.segments))?;
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
-    render(select, &args.shape, stacks, &replay, snapshots, "leaks")
+    let shown = Shown {
+        what: "leaks",
+        late: None,
+    };
+    render(select, &args.shape, stacks, &replay, snapshots, shown)
 }
 
 /// A moment given to `--at`.
@@ -158,12 +179,14 @@ pub fn json_document(select: &Select, view: StacksArg, leaks: bool) -> Result<Va
     let what = if leaks { "leaks" } else { "peak" };
     let stacks = Stacks::new(&replay.processes, view.stacks, false);
     let mut document = Vec::new();
+    let shown = Shown { what, late: None };
     with_report(
         &DEFAULT_SHAPE,
+        select.device,
         stacks,
         &replay,
         snapshots,
-        what,
+        shown,
         |report, warnings| snapshot::write_json(&mut document, report, &warnings),
     )
     .and_then(|()| serde_json::from_slice(&document).map_err(std::io::Error::from))
@@ -229,14 +252,15 @@ fn render(
     stacks: Stacks,
     replay: &replay::Replay,
     snapshots: Vec<Snapshot>,
-    what: &'static str,
+    shown: Shown,
 ) -> Result<ExitCode, Failure> {
     with_report(
         shape,
+        select.device,
         stacks,
         replay,
         snapshots,
-        what,
+        shown,
         |report, warnings| {
             emit_streamed(
                 select,
@@ -251,10 +275,11 @@ fn render(
 /// Groups `snapshots` as `stacks` says and hands the report, with the warnings, to `then`.
 fn with_report<T>(
     shape: &Shape,
+    device: Option<i32>,
     mut stacks: Stacks,
     replay: &replay::Replay,
     snapshots: Vec<Snapshot>,
-    what: &'static str,
+    shown: Shown,
     then: impl FnOnce(&SnapshotReport<'_>, Vec<String>) -> T,
 ) -> T {
     let processes: &[Process] = &replay.processes;
@@ -276,13 +301,14 @@ fn with_report<T>(
         .collect();
     let report = SnapshotReport {
         processes,
-        what,
+        what: shown.what,
         by_thread: stacks.by_thread(),
         views,
         top: shape.top,
         frames: shape.frames,
         min_share: shape.min_share,
     };
-    let warnings = common::warnings(replay, &stacks);
+    let mut warnings = common::warnings(replay, device, &stacks);
+    warnings.extend(shown.late);
     then(&report, warnings)
 }

@@ -106,6 +106,6 @@ pub fn with_report<T>(
         total_families: counts.total_families(),
         largest,
     };
-    let warnings = common::warnings(&replay, &stacks);
+    let warnings = common::warnings(&replay, select.device, &stacks);
     Ok(then(&report, warnings))
 }

@@ -41,7 +41,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         launch::remove_stale_log(output);
     }
 
-    let preload = launch::preload(&[library]);
+    let preload = launch::preload(std::slice::from_ref(&library));
     let (program, rest) = launch::split_command(&args.command)?;
     let mut command = Command::new(program);
     command
@@ -53,6 +53,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     if let Some(stack) = &args.stack {
         command.env("VRAMSHIM_STACK", stack);
+    }
+    if let Some(nvtx) = launch::nvtx_injection(&library) {
+        command.env(launch::NVTX_INJECTION, nvtx);
     }
     let status = launch::spawn_and_wait(&mut command, program)?;
     report_logs(&manifest.logs(), args.output.as_deref());

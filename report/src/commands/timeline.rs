@@ -94,5 +94,7 @@ pub fn with_report<T>(
         timeline: &analysis,
         end_ns: replay.end_ns,
     };
-    Ok(then(&report, replay.warnings()))
+    let mut warnings: Vec<String> = replay.device_warning(select.device).into_iter().collect();
+    warnings.extend(replay.warnings());
+    Ok(then(&report, warnings))
 }

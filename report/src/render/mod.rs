@@ -6,6 +6,7 @@ pub mod chrome_trace;
 pub mod diff;
 pub mod dryrun;
 pub mod flamegraph;
+pub mod frames;
 pub mod html;
 pub mod lines;
 pub mod oom;
@@ -196,15 +197,17 @@ fn share_json(part: u64, whole: u64) -> Value {
     Value::from(share(part, whole))
 }
 
-/// The innermost `n` frames on one line: `alloc (a.c:3) <- main (a.c:9)`.
+/// The innermost `n` frames shown (see [`frames::shown`]) on one line: `alloc (a.c:3) <-
+/// main (a.c:9)`.
 pub fn short_stack(frames: &[SymFrame], n: usize) -> String {
     if frames.is_empty() {
         return NO_STACK.to_string();
     }
-    frames
+    frames::shown(frames)
+        .frames
         .iter()
         .take(n)
-        .map(SymFrame::label)
+        .map(|frame| frame.label())
         .collect::<Vec<_>>()
         .join(" <- ")
 }
@@ -251,15 +254,15 @@ pub fn write_groups(
         if group.frames.is_empty() {
             writeln!(out, "        {NO_STACK}")?;
         }
-        for frame in group.frames.iter().take(frames) {
+        let shown = frames::shown(&group.frames);
+        if let Some(line) = shown.leading_line() {
+            writeln!(out, "        {line}")?;
+        }
+        for frame in shown.frames.iter().take(frames) {
             writeln!(out, "        {}", frame.label())?;
         }
-        if group.frames.len() > frames {
-            writeln!(
-                out,
-                "        ... {}",
-                counted((group.frames.len() - frames) as u64, "more frame")
-            )?;
+        if let Some(line) = shown.rest_line(frames) {
+            writeln!(out, "        {line}")?;
         }
     }
     if groups.len() > limit {
@@ -278,7 +281,8 @@ pub fn write_groups(
     Ok(())
 }
 
-/// Prints the caller → callee tree, hiding branches under `min_share` percent.
+/// Prints the caller → callee tree, hiding branches under `min_share` percent; machinery
+/// frames are folded as in the flat view (see [`frames::tree_children`]).
 pub fn write_tree(
     out: &mut dyn Write,
     node: &TreeNode,
@@ -293,7 +297,7 @@ pub fn write_tree(
         depth: usize,
     ) -> io::Result<()> {
         let mut hidden = (0u64, 0usize);
-        for child in &node.children {
+        for child in frames::tree_children(node) {
             if share(child.bytes, whole) < min_share {
                 hidden.0 = hidden.0.saturating_add(child.bytes);
                 hidden.1 += 1;

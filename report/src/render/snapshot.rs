@@ -128,7 +128,11 @@ pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> 
         let plural = if view.count == 1 { "" } else { "s" };
         let moment = match report.what {
             "peak" => format!("peak at {}", seconds(view.t_ns)),
-            "leaks" => format!("still live at exit ({})", seconds(view.t_ns)),
+            "leaks" => format!(
+                "still live at {} ({})",
+                crate::replay::end_name(report.processes),
+                seconds(view.t_ns)
+            ),
             _ => format!("live at {}", seconds(view.t_ns)),
         };
         writeln!(

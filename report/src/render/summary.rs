@@ -161,7 +161,8 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
         )?;
         writeln!(
             out,
-            "  live at exit  {} in {} allocation{}",
+            "  live at {}  {} in {} allocation{}",
+            crate::replay::end_name(report.processes),
             bytes(d.exit_bytes),
             d.exit_count,
             if d.exit_count == 1 { "" } else { "s" }

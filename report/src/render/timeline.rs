@@ -21,6 +21,10 @@ const ROWS: usize = 12;
 const Y_TICKS: usize = 4;
 /// Failures listed by name (text) or labelled (SVG) per device; the rest only get markers.
 const LABELLED_FAILURES: usize = 8;
+/// Marks (`vramshim.mark`) labelled per chart; the rest only get their line.
+const LABELLED_MARKS: usize = 8;
+/// Characters of a mark's text shown on a chart.
+const MARK_TEXT_CHARS: usize = 40;
 /// Partial blocks, by eighths of a row.
 const BLOCKS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
@@ -305,16 +309,7 @@ pub fn json(report: &TimelineReport<'_>) -> Value {
 /// Every process's marks (`vramshim.mark`) in time order: `{t_ns, text, pid, thread}`, times
 /// on the replay's clock.
 fn marks_json(processes: &[Process]) -> Value {
-    let mut marks: Vec<(u64, &Process, &vramshim_format::Mark)> = processes
-        .iter()
-        .flat_map(|p| {
-            p.marks
-                .iter()
-                .map(move |m| (p.start_offset_ns.saturating_add(m.t_ns), p, m))
-        })
-        .collect();
-    marks.sort_by_key(|(t_ns, _, _)| *t_ns);
-    marks
+    marks_in_order(processes)
         .into_iter()
         .map(|(t_ns, process, mark)| {
             json!({
@@ -325,6 +320,29 @@ fn marks_json(processes: &[Process]) -> Value {
             })
         })
         .collect()
+}
+
+/// Every process's marks with their time on the replay's clock, in time order.
+fn marks_in_order(processes: &[Process]) -> Vec<(u64, &Process, &vramshim_format::Mark)> {
+    let mut marks: Vec<(u64, &Process, &vramshim_format::Mark)> = processes
+        .iter()
+        .flat_map(|p| {
+            p.marks
+                .iter()
+                .map(move |m| (p.start_offset_ns.saturating_add(m.t_ns), p, m))
+        })
+        .collect();
+    marks.sort_by_key(|(t_ns, _, _)| *t_ns);
+    marks
+}
+
+/// How a mark is labelled on a chart: `mark "epoch 3" at 1.5 s` (long texts cut).
+fn mark_label(text: &str, t_ns: u64) -> String {
+    let mut shown: String = text.chars().take(MARK_TEXT_CHARS).collect();
+    if text.chars().count() > MARK_TEXT_CHARS {
+        shown.push_str("...");
+    }
+    format!("mark {shown:?} at {}", seconds_label(t_ns))
 }
 
 fn peak_json(peak: Option<PeakPoint>) -> Value {
@@ -468,9 +486,10 @@ fn write_chart(
     }
     writeln!(out, "{:>label_width$} ┼{}", labels[0], "─".repeat(width))?;
 
-    // Markers under the axis: the peak and each failure, at their exact times.
+    // Markers under the axis: the peak, each failure and each mark, at their exact times.
     let column_of = |t_ns: u64| column_of(t_ns, span, width);
-    if series.peak.is_some() || !series.failures.is_empty() {
+    let program_marks = marks_in_order(report.processes);
+    if series.peak.is_some() || !series.failures.is_empty() || !program_marks.is_empty() {
         let mut marks = vec![' '; width];
         if let Some(peak) = series.peak {
             marks[column_of(peak.t_ns)] = '^';
@@ -483,6 +502,12 @@ fn write_chart(
             }
             if marks[at] == ' ' {
                 marks[at] = 'x';
+            }
+        }
+        for (t_ns, _, _) in &program_marks {
+            let at = column_of(*t_ns);
+            if marks[at] == ' ' {
+                marks[at] = '|';
             }
         }
         let marks: String = marks.into_iter().collect();
@@ -539,6 +564,13 @@ fn write_chart(
             "{pad}x ... and {}",
             counted(unlisted, "more failed allocation")
         )?;
+    }
+    for (t_ns, _, mark) in program_marks.iter().take(LABELLED_MARKS) {
+        writeln!(out, "{pad}| {}", mark_label(&mark.text, *t_ns))?;
+    }
+    if program_marks.len() > LABELLED_MARKS {
+        let more = (program_marks.len() - LABELLED_MARKS) as u64;
+        writeln!(out, "{pad}| ... and {}", counted(more, "more mark"))?;
     }
     Ok(())
 }
@@ -654,6 +686,7 @@ const PLOT_HEIGHT: f64 = 200.0;
 const LIVE_COLOUR: &str = "#1f5fa8";
 const USED_COLOUR: &str = "#e07b00";
 const FAILURE_COLOUR: &str = "#d00000";
+const MARK_COLOUR: &str = "#2e8b57";
 /// Split by thread: the thread legend's rows, under a panel's time axis.
 const THREAD_ROW: f64 = 17.0;
 /// Thread series' colours, in order of peak; apart from the live, used and failure colours.
@@ -774,7 +807,12 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
         &[("font-size", "14"), ("font-weight", "bold")],
         &heading(series),
     );
-    legend(svg, top + 42.0, series);
+    legend(
+        svg,
+        top + 42.0,
+        series,
+        !report.processes.iter().all(|p| p.marks.is_empty()),
+    );
 
     // Memory axis: grid, ticks, title.
     for k in 0..=Y_TICKS {
@@ -870,7 +908,8 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
         thread_lines(svg, report, series, top, &x_of, &y_of);
     }
 
-    // Used memory: a dashed step line through the samples, and a dot at each.
+    // Used memory: a dot at each sample and nothing between them (what the device held
+    // between two samples is not known).
     let samples: Vec<(f64, f64)> = series
         .buckets
         .iter()
@@ -881,25 +920,6 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
                 .map(|used| (x_of(index as f64 * bucket_ns), y_of(used)))
         })
         .collect();
-    if samples.len() > 1 {
-        let mut points = Vec::with_capacity(samples.len() * 2);
-        for (i, (x, y)) in samples.iter().enumerate() {
-            if i > 0 {
-                points.push(format!("{},{}", num(*x), num(samples[i - 1].1)));
-            }
-            points.push(format!("{},{}", num(*x), num(*y)));
-        }
-        svg.element(
-            "polyline",
-            &[
-                ("points", &points.join(" ")),
-                ("fill", "none"),
-                ("stroke", USED_COLOUR),
-                ("stroke-dasharray", "4 3"),
-                ("class", "used"),
-            ],
-        );
-    }
     for (x, y) in &samples {
         svg.element(
             "circle",
@@ -908,6 +928,7 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
                 ("cy", &num(*y)),
                 ("r", "2.5"),
                 ("fill", USED_COLOUR),
+                ("class", "used"),
             ],
         );
     }
@@ -982,6 +1003,36 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
                     ("paint-order", "stroke"),
                 ],
                 &failure_label(&failure.api, failure.request, failure.t_ns),
+            );
+        }
+    }
+    // The program's marks: a green line at the exact time, labelled along the top.
+    let program_marks = marks_in_order(report.processes);
+    for (index, (t_ns, _, mark)) in program_marks.iter().enumerate() {
+        let x = x_of(*t_ns as f64);
+        svg.line(
+            (x, plot_top),
+            (x, bottom),
+            &[
+                ("stroke", MARK_COLOUR),
+                ("stroke-dasharray", "6 3"),
+                ("class", "mark"),
+            ],
+        );
+        if index < LABELLED_MARKS {
+            let right_half = x > (PLOT_LEFT + PLOT_RIGHT) / 2.0;
+            svg.text(
+                if right_half { x - 4.0 } else { x + 4.0 },
+                plot_top + 24.0 + 14.0 * (index % 4) as f64,
+                &[
+                    ("text-anchor", if right_half { "end" } else { "start" }),
+                    ("fill", MARK_COLOUR),
+                    ("class", "mark-label"),
+                    ("stroke", "white"),
+                    ("stroke-width", "3"),
+                    ("paint-order", "stroke"),
+                ],
+                &mark_label(&mark.text, *t_ns),
             );
         }
     }
@@ -1076,7 +1127,7 @@ fn thread_lines(
     }
 }
 
-fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline) {
+fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline, marks: bool) {
     let mut x = PLOT_LEFT;
     let entry = |svg: &mut Svg, x: &mut f64, label: &str| {
         svg.text(*x + 16.0, y + 4.0, &[("class", "legend")], label);
@@ -1126,6 +1177,14 @@ fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline) {
             &[("stroke", FAILURE_COLOUR), ("stroke-width", "2")],
         );
         entry(svg, &mut x, "failed allocation");
+    }
+    if marks {
+        svg.line(
+            (x + 6.0, y - 6.0),
+            (x + 6.0, y + 6.0),
+            &[("stroke", MARK_COLOUR), ("stroke-width", "2")],
+        );
+        entry(svg, &mut x, "mark (vramshim.mark)");
     }
 }
 

@@ -1,0 +1,295 @@
+//! How text views show a stack: the program's own frames first. Frames of the machinery
+//! between them (the CPython interpreter, libffi, pybind11, the C++ runtime, PyTorch's C++
+//! allocator, ATen and dispatcher, and PyTorch's own `Module.__call__` wrappers) are folded,
+//! so that `model.py:42 in forward` shows within the first few frames instead of after 30
+//! frames of `c10::`, `at::` and `_PyEval_*`. `--unfold` shows every frame. JSON, flame
+//! graphs and exports always keep every frame.
+
+use std::cell::Cell;
+
+use crate::analysis::groups::TreeNode;
+use crate::python::{EVAL_LOOP, PYTHON_MODULE};
+use crate::symbols::SymFrame;
+
+thread_local! {
+    /// Set once per command from `--unfold` (see [`set_unfold`]).
+    static UNFOLD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether text views show every frame (`--unfold`), for the command now running.
+pub fn set_unfold(unfold: bool) {
+    UNFOLD.with(|cell| cell.set(unfold));
+}
+
+/// What a folded frame belongs to, or `None` for a frame shown.
+pub fn machinery(frame: &SymFrame) -> Option<&'static str> {
+    let function = frame.function.as_deref().unwrap_or("");
+    if &*frame.module == PYTHON_MODULE {
+        let file = frame.file.as_deref().unwrap_or("");
+        let torch_wrapper = (file.ends_with("torch/nn/modules/module.py")
+            && matches!(function, "Module._call_impl" | "Module._wrapped_call_impl"))
+            || file.ends_with("torch/utils/_contextlib.py")
+            || (file.ends_with("torch/optim/optimizer.py")
+                && (function.ends_with(".wrapper") || function.ends_with("._use_grad")));
+        return if torch_wrapper {
+            Some("PyTorch")
+        } else if file.starts_with("<frozen ") {
+            Some("CPython")
+        } else {
+            None
+        };
+    }
+    let module = frame.module.rsplit('/').next().unwrap_or("");
+    if module.starts_with("libpython")
+        || module == "python"
+        || module.starts_with("python2")
+        || module.starts_with("python3")
+        || function == EVAL_LOOP
+    {
+        Some("CPython")
+    } else if module.starts_with("libffi.so") || function.starts_with("ffi_call") {
+        Some("libffi")
+    } else if function.starts_with("pybind11::") {
+        Some("pybind11")
+    } else if function.starts_with("torch::autograd::generated::") && function.contains("Backward")
+    {
+        // The backward of which operation: the frame a user can place.
+        None
+    } else if module.starts_with("libtorch")
+        || module.starts_with("libc10")
+        || frame.module.contains("/torch/lib/")
+        || (module.starts_with("_C.") && frame.module.contains("/torch/"))
+        || ["c10::", "at::", "torch::"]
+            .iter()
+            .any(|prefix| function.starts_with(prefix))
+    {
+        Some("PyTorch")
+    } else if module.starts_with("libstdc++.so") {
+        Some("C++ runtime")
+    } else {
+        None
+    }
+}
+
+/// Where every process or thread begins (libc), never what allocated.
+fn is_start(frame: &SymFrame) -> bool {
+    matches!(
+        frame.function.as_deref(),
+        Some(
+            "_start"
+                | "__libc_start_main"
+                | "__libc_start_main_impl"
+                | "__libc_start_call_main"
+                | "start_thread"
+                | "clone"
+                | "clone3"
+        )
+    )
+}
+
+/// The children a text tree shows under `node`, largest first: a child that is machinery
+/// (and not a leaf, so every branch still ends in the frame that allocated) gives way to
+/// its own children, recursively. Two folded paths may lead to the same frame, which then
+/// shows twice, each with its own bytes. With `--unfold`, the children as they are.
+pub fn tree_children(node: &TreeNode) -> Vec<&TreeNode> {
+    fn expand<'a>(node: &'a TreeNode, out: &mut Vec<&'a TreeNode>) {
+        for child in &node.children {
+            let folded = !child.children.is_empty()
+                && child
+                    .frame
+                    .as_deref()
+                    .is_some_and(|frame| machinery(frame).is_some());
+            if folded {
+                expand(child, out);
+            } else {
+                out.push(child);
+            }
+        }
+    }
+    if UNFOLD.with(Cell::get) {
+        return node.children.iter().collect();
+    }
+    let mut out = Vec::with_capacity(node.children.len());
+    expand(node, &mut out);
+    // Stable: equal sizes keep the tree's order.
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    out
+}
+
+/// A stack as a text view shows it.
+pub struct Shown<'a> {
+    /// Frames folded before the first one shown (the innermost run), and what they belong to.
+    pub leading: (usize, Vec<&'static str>),
+    /// The frames shown, innermost first.
+    pub frames: Vec<&'a SymFrame>,
+    /// Every frame folded, the leading ones included.
+    pub folded: usize,
+}
+
+impl Shown<'_> {
+    /// The line standing for the leading folded frames: `[23 frames of PyTorch, CPython]`.
+    pub fn leading_line(&self) -> Option<String> {
+        let (count, kinds) = &self.leading;
+        (*count > 0).then(|| {
+            let plural = if *count == 1 { "" } else { "s" };
+            format!("[{count} frame{plural} of {} folded]", kinds.join(", "))
+        })
+    }
+
+    /// The line after the first `limit` frames shown: how many more there are and how many
+    /// were folded after the leading run (`... 3 more frames, 40 folded (--unfold shows every
+    /// frame)`), or `None` when nothing is left out.
+    pub fn rest_line(&self, limit: usize) -> Option<String> {
+        let more = self.frames.len().saturating_sub(limit);
+        let folded = self.folded - self.leading.0;
+        let more_text = crate::units::counted(more as u64, "more frame");
+        match (more, folded) {
+            (0, 0) => None,
+            (_, 0) if self.folded == 0 => Some(format!("... {more_text}")),
+            (_, 0) => Some(format!("... {more_text} (--unfold shows every frame)")),
+            (0, _) => Some(format!(
+                "... {folded} frame{} folded (--unfold shows every frame)",
+                if folded == 1 { "" } else { "s" }
+            )),
+            _ => Some(format!(
+                "... {more_text}, {folded} folded (--unfold shows every frame)"
+            )),
+        }
+    }
+}
+
+/// `frames` (innermost first) as text views show them: machinery folded unless `--unfold`
+/// was given, or when nothing else would be left.
+pub fn shown(frames: &[SymFrame]) -> Shown<'_> {
+    let kinds: Vec<Option<&'static str>> = if UNFOLD.with(Cell::get) {
+        vec![None; frames.len()]
+    } else {
+        frames.iter().map(machinery).collect()
+    };
+    // Folding that would leave only where the process or thread began (an autograd thread's
+    // allocation) hides the only frames that say anything: then nothing is folded.
+    let nothing_left = frames
+        .iter()
+        .zip(&kinds)
+        .all(|(frame, kind)| kind.is_some() || is_start(frame));
+    if nothing_left {
+        return Shown {
+            leading: (0, Vec::new()),
+            frames: frames.iter().collect(),
+            folded: 0,
+        };
+    }
+    let mut leading = (0, Vec::new());
+    for kind in kinds.iter().map_while(|kind| *kind) {
+        leading.0 += 1;
+        if !leading.1.contains(&kind) {
+            leading.1.push(kind);
+        }
+    }
+    Shown {
+        leading,
+        frames: frames
+            .iter()
+            .zip(&kinds)
+            .filter(|(_, kind)| kind.is_none())
+            .map(|(frame, _)| frame)
+            .collect(),
+        folded: kinds.iter().filter(|kind| kind.is_some()).count(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(function: &str, module: &str) -> SymFrame {
+        SymFrame {
+            function: Some(function.into()),
+            file: None,
+            line: None,
+            module: module.into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+
+    fn python(function: &str, file: &str, line: u32) -> SymFrame {
+        SymFrame {
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: Some(line),
+            module: PYTHON_MODULE.into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+
+    #[test]
+    fn frames_fold_machinery_and_keep_the_programs_own() {
+        let torch = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
+        let frames = vec![
+            native(
+                "c10::cuda::CUDACachingAllocator::Native::uncached_allocate(unsigned long)",
+                torch,
+            ),
+            native(
+                "at::native::relu(at::Tensor const&)",
+                "/venv/torch/lib/libtorch_cpu.so",
+            ),
+            native(
+                "torch::autograd::THPVariable_relu(_object*, _object*, _object*)",
+                "/venv/torch/lib/libtorch_python.so",
+            ),
+            native("cfunction_call", "/usr/bin/python3.12"),
+            python("Mlp.forward", "/work/model.py", 42),
+            native("_PyEval_EvalFrameDefault", "/usr/lib/libpython3.12.so.1.0"),
+            python(
+                "Module._call_impl",
+                "/venv/torch/nn/modules/module.py",
+                1798,
+            ),
+            python("train", "/work/train.py", 9),
+            native("main", "/usr/bin/python3.12"),
+            native("__libc_start_call_main", "/lib/libc.so.6"),
+        ];
+        set_unfold(false);
+        let shown = shown(&frames);
+        let labels: Vec<String> = shown.frames.iter().map(|f| f.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "Mlp.forward (model.py:42)",
+                "train (train.py:9)",
+                "__libc_start_call_main"
+            ]
+        );
+        assert_eq!(
+            shown.leading_line().as_deref(),
+            Some("[4 frames of PyTorch, CPython folded]")
+        );
+        assert_eq!(shown.folded, 7);
+        assert_eq!(
+            shown.rest_line(2).as_deref(),
+            Some("... 1 more frame, 3 folded (--unfold shows every frame)")
+        );
+        assert_eq!(
+            shown.rest_line(8).as_deref(),
+            Some("... 3 frames folded (--unfold shows every frame)")
+        );
+        set_unfold(true);
+        let all = super::shown(&frames);
+        assert_eq!(all.frames.len(), frames.len());
+        assert_eq!(all.leading_line(), None);
+        assert_eq!(all.rest_line(8).as_deref(), Some("... 2 more frames"));
+        set_unfold(false);
+        // Nothing but machinery, or machinery and where a thread began: every frame shown.
+        let only = super::shown(&frames[..4]);
+        assert_eq!(only.frames.len(), 4);
+        assert_eq!(only.folded, 0);
+        let mut thread = frames[..4].to_vec();
+        thread.push(native("start_thread", "/lib/libc.so.6"));
+        let thread_shown = super::shown(&thread);
+        assert_eq!(thread_shown.frames.len(), 5);
+        assert_eq!(thread_shown.leading_line(), None);
+    }
+}

@@ -1,0 +1,154 @@
+/* An NVTX client as NVTX 3's headers build one (nvtxDetail/nvtxInit.h): at the first call it
+ * dlopens NVTX_INJECTION64_PATH, calls the library's InitializeInjectionNvtx2 with its own
+ * export-table function and then calls through the core function slots the library filled.
+ * For tests/tests/hostile.rs (libvramshim_nvtx.so without a GPU or PyTorch).
+ *
+ *   nvtx_client basic                every core call once; prints each result
+ *   nvtx_client fork-storm T N       T threads push/pop and start/end ranges while the main
+ *                                    thread forks N children that do the same and exit; prints
+ *                                    `forks N`, `hung H` (children still running after 10 s)
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <wchar.h>
+
+typedef void (*slot_t)(void);
+typedef const void *(*get_export_table_t)(uint32_t);
+typedef int (*init_t)(get_export_table_t);
+
+/* NvtxCallbackIdCore: 0 invalid, 1..15 (MarkEx .. NameOsThreadW). */
+enum { MARK_EX = 1, MARK_A, MARK_W, START_EX, START_A, START_W, RANGE_END, PUSH_EX, PUSH_A,
+       PUSH_W, POP, CORE_SIZE = 16 };
+
+static slot_t core_slots[CORE_SIZE];
+static slot_t *core_table[CORE_SIZE];
+
+static int get_module_function_table(int module, slot_t ***out_table, unsigned *out_size) {
+    if (module != 1) return 0;
+    if (out_size) *out_size = CORE_SIZE - 1;
+    if (out_table) *out_table = core_table;
+    return 1;
+}
+
+static struct {
+    size_t struct_size;
+    int (*get_module_function_table)(int, slot_t ***, unsigned *);
+} callbacks = {sizeof(callbacks), get_module_function_table};
+
+static const void *get_export_table(uint32_t id) { return id == 1 ? (const void *)&callbacks : NULL; }
+
+/* nvtxEventAttributes_v2 */
+struct attributes {
+    uint16_t version, size;
+    uint32_t category;
+    int32_t color_type;
+    uint32_t color;
+    int32_t payload_type, reserved0;
+    uint64_t payload;
+    int32_t message_type;
+    const void *message;
+};
+
+static int initialise(void) {
+    for (int i = 1; i < CORE_SIZE; i++) core_table[i] = &core_slots[i];
+    const char *path = getenv("NVTX_INJECTION64_PATH");
+    if (!path) return -1;
+    void *library = dlopen(path, RTLD_LAZY);
+    if (!library) return -2;
+    init_t init = (init_t)dlsym(library, "InitializeInjectionNvtx2");
+    if (!init) return -3;
+    return init(get_export_table);
+}
+
+static int push_a(const char *text) {
+    return core_slots[PUSH_A] ? ((int (*)(const char *))core_slots[PUSH_A])(text) : -2;
+}
+static int pop(void) { return core_slots[POP] ? ((int (*)(void))core_slots[POP])() : -2; }
+static uint64_t start_a(const char *text) {
+    return core_slots[START_A] ? ((uint64_t(*)(const char *))core_slots[START_A])(text) : 0;
+}
+static void range_end(uint64_t id) {
+    if (core_slots[RANGE_END]) ((void (*)(uint64_t))core_slots[RANGE_END])(id);
+}
+
+static void basic(void) {
+    printf("push outer %d\n", push_a("outer"));
+    struct attributes ex = {2, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, "inner ex"};
+    printf("push inner %d\n", ((int (*)(const struct attributes *))core_slots[PUSH_EX])(&ex));
+    printf("pop %d\n", pop());
+    printf("pop %d\n", pop());
+    printf("pop %d\n", pop());
+    ((void (*)(const char *))core_slots[MARK_A])("here");
+    ((void (*)(const wchar_t *))core_slots[MARK_W])(L"wide \u00e9");
+    uint64_t first = start_a("load");
+    uint64_t second = start_a("save");
+    printf("ids %d\n", first != 0 && second != 0 && first != second);
+    range_end(first);
+    range_end(second);
+    range_end(12345);
+}
+
+static volatile int stop;
+
+static void *ranges(void *arg) {
+    (void)arg;
+    while (!stop) {
+        push_a("worker");
+        range_end(start_a("worker range"));
+        pop();
+        /* Every call is a mark: unthrottled, 8 threads write millions of them. */
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void fork_storm(int threads, int forks) {
+    pthread_t tids[64];
+    if (threads > 64) threads = 64;
+    for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, ranges, NULL);
+    int hung = 0;
+    for (int i = 0; i < forks; i++) {
+        pid_t child = fork();
+        if (child == 0) {
+            push_a("child");
+            range_end(start_a("child range"));
+            pop();
+            _exit(0);
+        }
+        int status = 0;
+        struct timespec started, now;
+        clock_gettime(CLOCK_MONOTONIC, &started);
+        for (;;) {
+            if (waitpid(child, &status, WNOHANG) == child) break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - started.tv_sec > 10) {
+                hung++;
+                kill(child, SIGKILL);
+                waitpid(child, &status, 0);
+                break;
+            }
+            usleep(100);
+        }
+    }
+    stop = 1;
+    for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+    printf("forks %d\nhung %d\n", forks, hung);
+}
+
+int main(int argc, char **argv) {
+    int status = initialise();
+    printf("init %d\n", status);
+    if (status != 1) return 0;
+    if (argc >= 2 && strcmp(argv[1], "basic") == 0) basic();
+    else if (argc >= 4 && strcmp(argv[1], "fork-storm") == 0) fork_storm(atoi(argv[2]), atoi(argv[3]));
+    fflush(stdout);
+    return 0;
+}
