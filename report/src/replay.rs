@@ -185,8 +185,20 @@ pub enum View {
 pub struct Segment {
     /// The driver allocation.
     pub live: Live,
-    /// Block start → (size, state).
-    blocks: BTreeMap<u64, (u64, BlockState)>,
+    /// Block start → block.
+    blocks: BTreeMap<u64, Block>,
+}
+
+/// A block of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub size: u64,
+    pub state: BlockState,
+    /// The bytes last asked for from this block, as PyTorch keeps them: a split's remainder
+    /// keeps the split block's, a merged block the freed one's (0 for a new segment).
+    pub requested: u64,
+    /// The stack of the tensor that last took the block (0: none yet).
+    pub stack: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,71 +225,97 @@ impl Segment {
     fn new(live: Live) -> Segment {
         Segment {
             live,
-            blocks: BTreeMap::from([(live.addr, (live.size, BlockState::Free))]),
+            blocks: BTreeMap::from([(
+                live.addr,
+                Block {
+                    size: live.size,
+                    state: BlockState::Free,
+                    requested: 0,
+                    stack: 0,
+                },
+            )]),
         }
     }
 
-    /// The blocks as (address, size, state), by address; they tile the segment.
-    pub fn blocks(&self) -> impl Iterator<Item = (u64, u64, BlockState)> + '_ {
-        self.blocks
-            .iter()
-            .map(|(&addr, &(size, state))| (addr, size, state))
+    /// The blocks as (address, block), by address; they tile the segment.
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        self.blocks.iter().map(|(&addr, &block)| (addr, block))
     }
 
-    /// The block handed out at `addr` for `requested` bytes: its size, if the free block
-    /// starting there can hold it.
-    fn allocate(&mut self, addr: u64, requested: u64) -> Option<u64> {
+    /// The block handed out at `addr` for `requested` bytes (the allocating call's `stack`):
+    /// its size, if the free block starting there can hold it.
+    fn allocate(&mut self, addr: u64, requested: u64, stack: u32) -> Option<u64> {
         let rounded = rounded_request(requested);
-        let &(size, state) = self.blocks.get(&addr)?;
-        if state != BlockState::Free || size < rounded {
+        let &free = self.blocks.get(&addr)?;
+        if free.state != BlockState::Free || free.size < rounded {
             return None;
         }
-        let remaining = size - rounded;
+        let remaining = free.size - rounded;
         let split = if rounded <= SMALL_SIZE {
             remaining >= MIN_BLOCK
         } else {
             remaining > SMALL_SIZE
         };
+        let size = if split { rounded } else { free.size };
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                state: BlockState::Allocated,
+                requested,
+                stack,
+            },
+        );
         if split {
-            self.blocks.insert(addr, (rounded, BlockState::Allocated));
-            self.blocks
-                .insert(addr + rounded, (remaining, BlockState::Free));
-            Some(rounded)
-        } else {
-            self.blocks.insert(addr, (size, BlockState::Allocated));
-            Some(size)
+            self.blocks.insert(
+                addr + rounded,
+                Block {
+                    size: remaining,
+                    ..free
+                },
+            );
         }
+        Some(size)
     }
 
     fn free_requested(&mut self, addr: u64) {
-        if let Some((_, state)) = self.blocks.get_mut(&addr)
-            && *state == BlockState::Allocated
+        if let Some(block) = self.blocks.get_mut(&addr)
+            && block.state == BlockState::Allocated
         {
-            *state = BlockState::Pending;
+            block.state = BlockState::Pending;
         }
     }
 
     /// The block at `addr` back in the pool, merged with free neighbours.
     fn free_completed(&mut self, addr: u64) {
-        let Some(&(mut size, _)) = self.blocks.get(&addr) else {
+        let Some(&freed) = self.blocks.get(&addr) else {
             return;
         };
+        let mut size = freed.size;
         let mut start = addr;
-        if let Some((&next, &(next_size, BlockState::Free))) = self.blocks.range(addr + 1..).next()
+        if let Some((&next, &next_block)) = self.blocks.range(addr + 1..).next()
+            && next_block.state == BlockState::Free
             && next == addr + size
         {
             self.blocks.remove(&next);
-            size += next_size;
+            size += next_block.size;
         }
-        if let Some((&previous, &(previous_size, BlockState::Free))) =
-            self.blocks.range(..addr).next_back()
-            && previous + previous_size == addr
+        if let Some((&previous, &previous_block)) = self.blocks.range(..addr).next_back()
+            && previous_block.state == BlockState::Free
+            && previous + previous_block.size == addr
         {
             self.blocks.remove(&addr);
             start = previous;
-            size += previous_size;
+            size += previous_block.size;
         }
-        self.blocks.insert(start, (size, BlockState::Free));
+        self.blocks.insert(
+            start,
+            Block {
+                size,
+                state: BlockState::Free,
+                ..freed
+            },
+        );
     }
 }
 
@@ -1059,7 +1097,7 @@ fn apply_tensor(
             process.tensor_allocs += 1;
             let block = state
                 .segment_mut(index, event.addr)
-                .and_then(|segment| segment.allocate(event.addr, event.size));
+                .and_then(|segment| segment.allocate(event.addr, event.size, event.stack));
             let size = block.unwrap_or_else(|| {
                 process.unplaced_blocks += 1;
                 rounded_request(event.size)
@@ -1211,19 +1249,27 @@ mod tests {
     fn small_blocks_split_off_any_remainder_and_merge_back() {
         let base = 0x7000_0000_0000;
         let mut small = segment(base, 2 * MIB);
-        assert_eq!(small.allocate(base, 1000), Some(1024));
-        assert_eq!(small.allocate(base + 1024, 1), Some(512));
+        assert_eq!(small.allocate(base, 1000, 0), Some(1024));
+        assert_eq!(small.allocate(base + 1024, 1, 0), Some(512));
         // Not the start of a free block: the model does not place it.
-        assert_eq!(small.allocate(base + 100, 512), None);
+        assert_eq!(small.allocate(base + 100, 512, 0), None);
         small.free_requested(base);
         // Requested, not completed: not reusable, not merged.
-        assert_eq!(small.allocate(base, 512), None);
+        assert_eq!(small.allocate(base, 512, 0), None);
         small.free_completed(base);
         small.free_requested(base + 1024);
         small.free_completed(base + 1024);
         assert_eq!(
-            small.blocks.iter().collect::<Vec<_>>(),
-            vec![(&base, &(2 * MIB, BlockState::Free))]
+            small.blocks().collect::<Vec<_>>(),
+            vec![(
+                base,
+                Block {
+                    size: 2 * MIB,
+                    state: BlockState::Free,
+                    requested: 1,
+                    stack: 0,
+                }
+            )]
         );
     }
 
@@ -1232,11 +1278,14 @@ mod tests {
         let base = 0x7100_0000_0000;
         let mut large = segment(base, 20 * MIB);
         // 20 MiB − 19.5 MiB leaves 0.5 MiB: handed out whole.
-        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2), Some(20 * MIB));
+        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2, 0), Some(20 * MIB));
         let mut large = segment(base, 20 * MIB);
-        assert_eq!(large.allocate(base, 18 * MIB), Some(18 * MIB));
+        assert_eq!(large.allocate(base, 18 * MIB, 0), Some(18 * MIB));
         // The remaining 2 MiB then goes whole to a 1.5 MiB request (0.5 MiB left).
-        assert_eq!(large.allocate(base + 18 * MIB, 3 * MIB / 2), Some(2 * MIB));
+        assert_eq!(
+            large.allocate(base + 18 * MIB, 3 * MIB / 2, 0),
+            Some(2 * MIB)
+        );
         assert_eq!(rounded_request(0), 512);
         assert_eq!(rounded_request(513), 1024);
     }

@@ -681,7 +681,9 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
     let mut expected_outside = libraries.clone();
     expected_outside.sort();
     assert_eq!(outside, expected_outside);
-    type Blocks = Vec<(u64, u64, String)>;
+    // Blocks: address, size, state and requested bytes (as torch keeps them: for an inactive
+    // block, those last asked for from it).
+    type Blocks = Vec<(u64, u64, String, u64)>;
     let mut mine: Vec<(u64, u64, Blocks)> = ours
         .iter()
         .map(|s| {
@@ -692,6 +694,7 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
                         u64_of(b, "address"),
                         u64_of(b, "size"),
                         b["state"].as_str().expect("state").to_owned(),
+                        u64_of(b, "requested_size"),
                     )
                 })
                 .collect();
@@ -709,6 +712,7 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
                         b[0].as_u64().expect("address"),
                         b[1].as_u64().expect("size"),
                         b[2].as_str().expect("state").to_owned(),
+                        b[3].as_u64().expect("requested"),
                     )
                 })
                 .collect();
@@ -725,33 +729,34 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
         segments
             .iter()
             .flat_map(|(_, _, blocks)| blocks)
-            .filter(|(_, _, s)| s == state)
+            .filter(|(_, _, s, _)| s == state)
             .count()
     };
     assert!(states(&theirs, "active_allocated") > 50 && states(&theirs, "inactive") > 5);
     assert_eq!(states(&theirs, "active_pending_free"), 1);
-    // The requested sizes of the live tensors are torch's.
-    let requested = |blocks: Vec<(u64, u64)>| {
-        let mut blocks = blocks;
-        blocks.sort();
-        blocks
-    };
-    let mine_requested = requested(
-        ours.iter()
-            .flat_map(|s| arr(&s["blocks"]))
-            .filter(|b| b["state"] == "active_allocated")
-            .map(|b| (u64_of(b, "address"), u64_of(b, "requested_size")))
-            .collect(),
-    );
-    let theirs_requested = requested(
-        arr(&r["segments"])
-            .iter()
-            .flat_map(|s| arr(&s[2]))
-            .filter(|b| b[2] == "active_allocated")
-            .map(|b| (b[0].as_u64().unwrap(), b[3].as_u64().unwrap()))
-            .collect(),
-    );
-    assert_eq!(mine_requested, theirs_requested);
+    // The pending block (freed by the program, still used on another stream) shows its
+    // tensor's frames: the script's line that made it.
+    let script =
+        std::fs::read_to_string(repo().join("tests/python/torch_fakegpu.py")).expect("script");
+    let pending_line = script
+        .lines()
+        .position(|l| l.trim_start().starts_with("pending = torch.empty("))
+        .expect("the pending tensor's line") as u64
+        + 1;
+    let pending = ours
+        .iter()
+        .flat_map(|s| arr(&s["blocks"]))
+        .find(|b| b["state"] == "active_pending_free")
+        .expect("pending block");
+    let script_frame = arr(&pending["frames"])
+        .iter()
+        .find(|f| {
+            f["filename"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("torch_fakegpu.py"))
+        })
+        .expect("a frame of the script");
+    assert_eq!(u64_of(script_frame, "line"), pending_line, "{pending}");
     // The trace, entry for entry, less the libraries' segment_alloc + alloc pairs.
     let trace: Vec<(String, u64, u64)> = arr(&arr(&snapshot["device_traces"])[0])
         .iter()

@@ -305,11 +305,6 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
 /// as a segment of one block.
 fn live_segments(replay: &replay::Replay, trace: &Trace<Census>) -> Vec<Segment> {
     let state = &replay.state;
-    let tensors: FxHashMap<(u32, u64), &replay::Live> = state
-        .live()
-        .filter(|live| live.kind == EventKind::TensorAlloc)
-        .map(|live| ((live.process, live.addr), live))
-        .collect();
     let pytorch = state
         .segments()
         .filter(|segment| trace.selects(segment.live.device))
@@ -317,21 +312,16 @@ fn live_segments(replay: &replay::Replay, trace: &Trace<Census>) -> Vec<Segment>
             let live = &segment.live;
             let blocks = segment
                 .blocks()
-                .map(|(address, size, block_state)| {
-                    let tensor = tensors.get(&(live.process, address));
-                    let (state, requested, stack) = match block_state {
-                        BlockState::Allocated => (
-                            "active_allocated",
-                            tensor.map_or(size, |t| t.requested),
-                            tensor.map(|t| t.stack),
-                        ),
-                        BlockState::Pending => ("active_pending_free", size, None),
-                        BlockState::Free => ("inactive", 0, None),
+                .map(|(address, block)| {
+                    let (state, stack) = match block.state {
+                        BlockState::Allocated => ("active_allocated", Some(block.stack)),
+                        BlockState::Pending => ("active_pending_free", Some(block.stack)),
+                        BlockState::Free => ("inactive", None),
                     };
                     Block {
                         address,
-                        size,
-                        requested,
+                        size: block.size,
+                        requested: block.requested,
                         state,
                         stack,
                     }

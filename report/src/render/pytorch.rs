@@ -130,7 +130,7 @@ pub struct Segment {
 pub struct Block {
     pub address: u64,
     pub size: u64,
-    /// The tensor's bytes (0 for an inactive block).
+    /// The bytes last asked for from the block, as PyTorch keeps them.
     pub requested: u64,
     /// `active_allocated`, `active_pending_free` or `inactive`, as PyTorch names them.
     pub state: &'static str,
