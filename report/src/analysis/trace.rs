@@ -1,7 +1,9 @@
 //! The allocation trace of PyTorch's memory snapshot (`device_traces`): what each replay step
-//! means as the viewer's trace entries. Every allocation the recorder saw is a segment holding
-//! one block of its full size, so an allocation is `segment_alloc` + `alloc`, its free is
-//! `free_requested` + `free_completed` + `segment_free`, and a failed allocation is `oom`.
+//! means as the viewer's trace entries. In the tensor view, PyTorch's own events are its own
+//! entries (`alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`,
+//! `oom`). Every other allocation the recorder saw is a segment holding one block of its full
+//! size, so an allocation is `segment_alloc` + `alloc`, its free is `free_requested` +
+//! `free_completed` + `segment_free`, and a failed allocation is `oom`.
 //!
 //! Entries go to a [`Sink`] as the replay makes them, numbered per device, so a caller can
 //! count them in one pass and write only the last N of a device in another. A ring-mode log
@@ -262,9 +264,7 @@ impl<S: Sink> Trace<S> {
             self.emit(of_live(action, live, t_ns), processes);
         }
     }
-}
 
-impl<S: Sink> Trace<S> {
     /// Tensor view: PyTorch's own entries, as its allocator reported them (sizes as its
     /// trace gives them); true when the step was one of its events or segments.
     fn tensor_step(

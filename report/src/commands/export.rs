@@ -53,9 +53,10 @@ pub struct Args {
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
     /// Write a memory snapshot for PyTorch's memory viewer (pytorch.org/memory_viz, or
-    /// torch/cuda/_memory_viz.py): every device allocation the recorder saw, NCCL, cuBLAS
-    /// and cudaMallocAsync memory included, is a segment holding one block; failed
-    /// allocations are `oom` entries. -o, --pickle and --max-events shape it.
+    /// torch/cuda/_memory_viz.py): PyTorch's segments, their blocks and its own trace where
+    /// its allocator's tracker recorded them; every other device allocation the recorder saw,
+    /// NCCL, cuBLAS and cudaMallocAsync memory included, is a segment holding one block;
+    /// failed allocations are `oom` entries. -o, --pickle and --max-events shape it.
     #[arg(long)]
     pytorch_snapshot: bool,
     /// Write a pprof profile (gzipped profile.proto) to FILE, for `go tool pprof`: per stack
