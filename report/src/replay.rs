@@ -53,6 +53,8 @@ pub struct Process {
     /// Tensor view: PyTorch blocks whose place in their segment the block model could not
     /// find (their size is then the rounded request, not the block's).
     pub unplaced_blocks: u64,
+    /// Tensor view: PyTorch blocks handed out (`tensor_alloc` events met).
+    pub tensor_allocs: u64,
 }
 
 impl Process {
@@ -157,6 +159,11 @@ pub struct DeviceBytes {
     pub device: i32,
     pub live_bytes: u64,
     pub live_count: u64,
+    /// Tensor view: the part of `live_bytes` that is PyTorch's blocks.
+    pub tensor_bytes: u64,
+    /// Tensor view: PyTorch's segments (not in `live_bytes`), as count and bytes.
+    pub segment_count: u64,
+    pub segment_bytes: u64,
 }
 
 /// Which memory a replay counts.
@@ -178,16 +185,37 @@ pub enum View {
 pub struct Segment {
     /// The driver allocation.
     pub live: Live,
-    /// Block start → (size, state).
-    blocks: BTreeMap<u64, (u64, BlockState)>,
+    /// Block start → block.
+    blocks: BTreeMap<u64, Block>,
+}
+
+/// A block of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub size: u64,
+    pub state: BlockState,
+    /// The bytes last asked for from this block, as PyTorch keeps them: a split's remainder
+    /// keeps the split block's, a merged block the freed one's (0 for a new segment).
+    pub requested: u64,
+    /// The stack of the tensor that last took the block (0: none yet).
+    pub stack: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BlockState {
+pub enum BlockState {
     Allocated,
     /// Freed by the program, not yet reusable (used on other streams).
     Pending,
     Free,
+}
+
+/// What the current step did to PyTorch's segments (tensor view).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentChange {
+    /// The allocator took a driver allocation as a segment.
+    Added(Live),
+    /// A segment went back to the driver.
+    Removed(Live),
 }
 
 const MIN_BLOCK: u64 = 512;
@@ -197,64 +225,97 @@ impl Segment {
     fn new(live: Live) -> Segment {
         Segment {
             live,
-            blocks: BTreeMap::from([(live.addr, (live.size, BlockState::Free))]),
+            blocks: BTreeMap::from([(
+                live.addr,
+                Block {
+                    size: live.size,
+                    state: BlockState::Free,
+                    requested: 0,
+                    stack: 0,
+                },
+            )]),
         }
     }
 
-    /// The block handed out at `addr` for `requested` bytes: its size, if the free block
-    /// starting there can hold it.
-    fn allocate(&mut self, addr: u64, requested: u64) -> Option<u64> {
+    /// The blocks as (address, block), by address; they tile the segment.
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
+        self.blocks.iter().map(|(&addr, &block)| (addr, block))
+    }
+
+    /// The block handed out at `addr` for `requested` bytes (the allocating call's `stack`):
+    /// its size, if the free block starting there can hold it.
+    fn allocate(&mut self, addr: u64, requested: u64, stack: u32) -> Option<u64> {
         let rounded = rounded_request(requested);
-        let &(size, state) = self.blocks.get(&addr)?;
-        if state != BlockState::Free || size < rounded {
+        let &free = self.blocks.get(&addr)?;
+        if free.state != BlockState::Free || free.size < rounded {
             return None;
         }
-        let remaining = size - rounded;
+        let remaining = free.size - rounded;
         let split = if rounded <= SMALL_SIZE {
             remaining >= MIN_BLOCK
         } else {
             remaining > SMALL_SIZE
         };
+        let size = if split { rounded } else { free.size };
+        self.blocks.insert(
+            addr,
+            Block {
+                size,
+                state: BlockState::Allocated,
+                requested,
+                stack,
+            },
+        );
         if split {
-            self.blocks.insert(addr, (rounded, BlockState::Allocated));
-            self.blocks
-                .insert(addr + rounded, (remaining, BlockState::Free));
-            Some(rounded)
-        } else {
-            self.blocks.insert(addr, (size, BlockState::Allocated));
-            Some(size)
+            self.blocks.insert(
+                addr + rounded,
+                Block {
+                    size: remaining,
+                    ..free
+                },
+            );
         }
+        Some(size)
     }
 
     fn free_requested(&mut self, addr: u64) {
-        if let Some((_, state)) = self.blocks.get_mut(&addr)
-            && *state == BlockState::Allocated
+        if let Some(block) = self.blocks.get_mut(&addr)
+            && block.state == BlockState::Allocated
         {
-            *state = BlockState::Pending;
+            block.state = BlockState::Pending;
         }
     }
 
     /// The block at `addr` back in the pool, merged with free neighbours.
     fn free_completed(&mut self, addr: u64) {
-        let Some(&(mut size, _)) = self.blocks.get(&addr) else {
+        let Some(&freed) = self.blocks.get(&addr) else {
             return;
         };
+        let mut size = freed.size;
         let mut start = addr;
-        if let Some((&next, &(next_size, BlockState::Free))) = self.blocks.range(addr + 1..).next()
+        if let Some((&next, &next_block)) = self.blocks.range(addr + 1..).next()
+            && next_block.state == BlockState::Free
             && next == addr + size
         {
             self.blocks.remove(&next);
-            size += next_size;
+            size += next_block.size;
         }
-        if let Some((&previous, &(previous_size, BlockState::Free))) =
-            self.blocks.range(..addr).next_back()
-            && previous + previous_size == addr
+        if let Some((&previous, &previous_block)) = self.blocks.range(..addr).next_back()
+            && previous_block.state == BlockState::Free
+            && previous + previous_block.size == addr
         {
             self.blocks.remove(&addr);
             start = previous;
-            size += previous_size;
+            size += previous_block.size;
         }
-        self.blocks.insert(start, (size, BlockState::Free));
+        self.blocks.insert(
+            start,
+            Block {
+                size,
+                state: BlockState::Free,
+                ..freed
+            },
+        );
     }
 }
 
@@ -278,6 +339,11 @@ pub struct State {
     pub seq: u64,
     /// What the current step's [`Effect::Added`] replaced, if anything.
     replaced: Option<Live>,
+    /// Tensor view: what the current step did to PyTorch's segments, if anything.
+    segment_change: Option<SegmentChange>,
+    /// Tensor view: a driver allocation held back until the next event says whether it is a
+    /// segment (device, bytes); the driver handed it out either way.
+    held: Option<(i32, u64)>,
 }
 
 impl State {
@@ -309,12 +375,89 @@ impl State {
 
     /// Tensor view: PyTorch's segments on `device` now, as (count, bytes).
     pub fn segment_totals(&self, device: i32) -> (u64, u64) {
-        self.segments
-            .values()
-            .filter(|segment| segment.live.device == device)
-            .fold((0, 0), |(count, bytes), segment| {
-                (count + 1, bytes + segment.live.size)
+        self.devices
+            .iter()
+            .find(|d| d.device == device)
+            .map_or((0, 0), |d| (d.segment_count, d.segment_bytes))
+    }
+
+    /// What the driver handed out on `device` now: in the tensor view PyTorch's segments in
+    /// place of its blocks (the driver view's live bytes), else the live bytes.
+    pub fn reserved_bytes(&self, device: i32) -> u64 {
+        self.devices
+            .iter()
+            .find(|d| d.device == device)
+            .map_or(0, |d| {
+                d.live_bytes
+                    .saturating_sub(d.tensor_bytes)
+                    .saturating_add(d.segment_bytes)
             })
+            .saturating_add(
+                self.held
+                    .filter(|(held, _)| *held == device)
+                    .map_or(0, |(_, size)| size),
+            )
+    }
+
+    /// Tensor view: PyTorch's segments now (of every process and device), by process and
+    /// address.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.values()
+    }
+
+    /// Tensor view: what the current step did to PyTorch's segments; None at other steps.
+    pub fn segment_change(&self) -> Option<SegmentChange> {
+        self.segment_change
+    }
+
+    /// Tensor view: files `live` as a segment.
+    fn add_segment(&mut self, live: Live) {
+        if let Some(old) = self
+            .segments
+            .insert((live.process, live.addr), Segment::new(live))
+        {
+            self.count_segment(&old.live, false);
+        }
+        self.count_segment(&live, true);
+        self.segment_change = Some(SegmentChange::Added(live));
+    }
+
+    /// Tensor view: the segment of `process` at `addr` goes back to the driver.
+    fn remove_segment(&mut self, process: u32, addr: u64) -> Option<Live> {
+        let segment = self.segments.remove(&(process, addr))?;
+        self.count_segment(&segment.live, false);
+        self.segment_change = Some(SegmentChange::Removed(segment.live));
+        Some(segment.live)
+    }
+
+    fn count_segment(&mut self, live: &Live, add: bool) {
+        let entry = self.device_entry(live.device);
+        if add {
+            entry.segment_count += 1;
+            entry.segment_bytes = entry.segment_bytes.saturating_add(live.size);
+        } else {
+            entry.segment_count = entry.segment_count.saturating_sub(1);
+            entry.segment_bytes = entry.segment_bytes.saturating_sub(live.size);
+        }
+    }
+
+    /// The totals of `device`, created on first use.
+    fn device_entry(&mut self, device: i32) -> &mut DeviceBytes {
+        let index = match self.devices.iter().position(|d| d.device == device) {
+            Some(index) => index,
+            None => {
+                self.devices.push(DeviceBytes {
+                    device,
+                    ..DeviceBytes::default()
+                });
+                self.devices.sort_by_key(|d| d.device);
+                self.devices
+                    .iter()
+                    .position(|d| d.device == device)
+                    .unwrap_or(0)
+            }
+        };
+        &mut self.devices[index]
     }
 
     /// Tensor view: the segment of `process` holding `addr`.
@@ -370,21 +513,15 @@ impl State {
             }
         }
         let device = live.device;
-        let index = match self.devices.iter().position(|d| d.device == device) {
-            Some(index) => index,
-            None => {
-                self.devices.push(DeviceBytes {
-                    device,
-                    ..DeviceBytes::default()
-                });
-                self.devices.sort_by_key(|d| d.device);
-                self.devices
-                    .iter()
-                    .position(|d| d.device == device)
-                    .unwrap_or(0)
-            }
-        };
-        apply(&mut self.devices[index], live.size, add);
+        let entry = self.device_entry(device);
+        apply(entry, live.size, add);
+        if live.kind == EventKind::TensorAlloc {
+            entry.tensor_bytes = if add {
+                entry.tensor_bytes.saturating_add(live.size)
+            } else {
+                entry.tensor_bytes.saturating_sub(live.size)
+            };
+        }
         let process = live.process;
         let index = match self
             .process_devices
@@ -576,6 +713,23 @@ pub fn run(
     run_view(paths, observers, stop, View::Driver)
 }
 
+/// Whether the log at `path` holds PyTorch's tensors (its allocator's tracker recorded a
+/// block); reads until the first one.
+pub fn has_tensors(path: &std::path::Path) -> Result<bool, Failure> {
+    let mut reader = logfile::open(path)?;
+    for item in reader.by_ref() {
+        if let Item::Record(Record::Event(event)) = item
+            && matches!(
+                event.kind,
+                EventKind::TensorAlloc | EventKind::TensorSegment
+            )
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// A driver allocation held back one step in the tensor view: it may be a PyTorch segment,
 /// which the allocator's `tensor_segment` event right after says.
 struct Held {
@@ -615,6 +769,7 @@ pub fn run_view(
             end_ns: 0,
             events: 0,
             unplaced_blocks: 0,
+            tensor_allocs: 0,
         });
         inputs.push(Input {
             reader,
@@ -675,6 +830,7 @@ pub fn run_view(
             }
             devices.insert(event.device);
             if let Some(before) = held.take() {
+                state.held = None;
                 if is_own_segment(&before, index, event) {
                     take_segment(&mut state, &before);
                 } else {
@@ -691,6 +847,7 @@ pub fn run_view(
                 event: *event,
             };
             if view == View::Tensors && may_be_segment(&processes[index], event) {
+                state.held = Some((event.device, event.size));
                 held = Some(current);
                 continue;
             }
@@ -705,6 +862,7 @@ pub fn run_view(
             if matches!(record, Record::DumpBegin(_))
                 && let Some(before) = held.take()
             {
+                state.held = None;
                 step_event(&mut state, &mut processes, observers, &before);
             }
             match &record {
@@ -746,6 +904,7 @@ pub fn run_view(
         }
     }
     if let Some(before) = held.take() {
+        state.held = None;
         step_event(&mut state, &mut processes, observers, &before);
         end_ns = end_ns.max(before.t_ns);
     }
@@ -773,6 +932,7 @@ fn step_event(
     } = *held;
     let process = index as u32;
     state.replaced = None;
+    state.segment_change = None;
     let effect = apply(state, &mut processes[index], process, t_ns, event);
     processes[index].events += 1;
     let step = Step::Event {
@@ -813,9 +973,7 @@ fn is_own_segment(held: &Held, index: usize, event: &Event) -> bool {
 /// Tensor view: a held driver allocation becomes a segment without ever counting as live.
 fn take_segment(state: &mut State, held: &Held) {
     let live = live_of(held.index as u32, held.t_ns, &held.event, state.seq);
-    state
-        .segments
-        .insert((live.process, live.addr), Segment::new(live));
+    state.add_segment(live);
 }
 
 fn live_of(process: u32, t_ns: u64, event: &Event, seq: u64) -> Live {
@@ -990,9 +1148,10 @@ fn apply_tensor(
     };
     Some(match event.kind {
         EventKind::TensorAlloc => {
+            process.tensor_allocs += 1;
             let block = state
                 .segment_mut(index, event.addr)
-                .and_then(|segment| segment.allocate(event.addr, event.size));
+                .and_then(|segment| segment.allocate(event.addr, event.size, event.stack));
             let size = block.unwrap_or_else(|| {
                 process.unplaced_blocks += 1;
                 rounded_request(event.size)
@@ -1034,15 +1193,19 @@ fn apply_tensor(
             };
             match state.remove(&driver) {
                 Some(live) => {
-                    state
-                        .segments
-                        .insert((index, live.addr), Segment::new(live));
+                    state.add_segment(live);
                     Effect::Removed(live)
                 }
-                None => Effect::None,
+                None => {
+                    // Taken when held back, just before this step: the step says so.
+                    if let Some(segment) = state.segments.get(&(index, event.addr)) {
+                        state.segment_change = Some(SegmentChange::Added(segment.live));
+                    }
+                    Effect::None
+                }
             }
         }
-        EventKind::Free if state.segments.remove(&(index, event.addr)).is_some() => Effect::None,
+        EventKind::Free if state.remove_segment(index, event.addr).is_some() => Effect::None,
         _ => return None,
     })
 }
@@ -1140,19 +1303,27 @@ mod tests {
     fn small_blocks_split_off_any_remainder_and_merge_back() {
         let base = 0x7000_0000_0000;
         let mut small = segment(base, 2 * MIB);
-        assert_eq!(small.allocate(base, 1000), Some(1024));
-        assert_eq!(small.allocate(base + 1024, 1), Some(512));
+        assert_eq!(small.allocate(base, 1000, 0), Some(1024));
+        assert_eq!(small.allocate(base + 1024, 1, 0), Some(512));
         // Not the start of a free block: the model does not place it.
-        assert_eq!(small.allocate(base + 100, 512), None);
+        assert_eq!(small.allocate(base + 100, 512, 0), None);
         small.free_requested(base);
         // Requested, not completed: not reusable, not merged.
-        assert_eq!(small.allocate(base, 512), None);
+        assert_eq!(small.allocate(base, 512, 0), None);
         small.free_completed(base);
         small.free_requested(base + 1024);
         small.free_completed(base + 1024);
         assert_eq!(
-            small.blocks.iter().collect::<Vec<_>>(),
-            vec![(&base, &(2 * MIB, BlockState::Free))]
+            small.blocks().collect::<Vec<_>>(),
+            vec![(
+                base,
+                Block {
+                    size: 2 * MIB,
+                    state: BlockState::Free,
+                    requested: 1,
+                    stack: 0,
+                }
+            )]
         );
     }
 
@@ -1161,11 +1332,14 @@ mod tests {
         let base = 0x7100_0000_0000;
         let mut large = segment(base, 20 * MIB);
         // 20 MiB − 19.5 MiB leaves 0.5 MiB: handed out whole.
-        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2), Some(20 * MIB));
+        assert_eq!(large.allocate(base, 19 * MIB + MIB / 2, 0), Some(20 * MIB));
         let mut large = segment(base, 20 * MIB);
-        assert_eq!(large.allocate(base, 18 * MIB), Some(18 * MIB));
+        assert_eq!(large.allocate(base, 18 * MIB, 0), Some(18 * MIB));
         // The remaining 2 MiB then goes whole to a 1.5 MiB request (0.5 MiB left).
-        assert_eq!(large.allocate(base + 18 * MIB, 3 * MIB / 2), Some(2 * MIB));
+        assert_eq!(
+            large.allocate(base + 18 * MIB, 3 * MIB / 2, 0),
+            Some(2 * MIB)
+        );
         assert_eq!(rounded_request(0), 512);
         assert_eq!(rounded_request(513), 1024);
     }

@@ -196,6 +196,62 @@ def trace():
         **stats())
 
 
+def snapshot():
+    """PyTorch's own snapshot against vramshim's export of the same run: an MLP and a
+    transformer training step under the default allocator with torch's history on, the cache
+    emptied between them, one out-of-memory error (caught) and, last, torch's snapshot: its
+    segments with their blocks, its whole trace, and its counters. It leaves with os._exit
+    right after, so that nothing changes between torch's snapshot and the log's end."""
+    import os
+    torch.manual_seed(0)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                              torch.nn.Linear(2048, 10)).cuda()
+    optimizer = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    for _ in range(2):
+        optimizer.zero_grad()
+        data = torch.randn(256, 512, device="cuda")
+        target = torch.randint(0, 10, (256,), device="cuda")
+        torch.nn.functional.cross_entropy(mlp(data), target).backward()
+        optimizer.step()
+    del mlp, optimizer, data, target
+    torch.cuda.empty_cache()
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    failed = None
+    for length in (64, 384):
+        optimizer.zero_grad(set_to_none=True)
+        x = torch.randn(16, length, 256, device="cuda")
+        model(x).square().mean().backward()
+        optimizer.step()
+        if failed is None:
+            try:
+                torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                failed = {"allocated": torch.cuda.memory_allocated(),
+                          "reserved": torch.cuda.memory_reserved()}
+    kept = torch.empty(3000, device="cuda")  # noqa: F841 (live at the snapshot)
+    pending = torch.empty(5000, device="cuda")
+    side = torch.cuda.Stream()
+    pending.record_stream(side)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+    del pending
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    segments = [[s["address"], s["total_size"],
+                 [[b["address"], b["size"], b["state"], b["requested_size"]] for b in s["blocks"]]]
+                for s in snapshot["segments"] if s["device"] == 0]
+    entries = [[e["action"], e.get("addr", e.get("device_free")), e["size"]]
+               for e in snapshot["device_traces"][0]]
+    say(mode="snapshot", segments=segments, entries=entries, failed=failed,
+        allocated=torch.cuda.memory_allocated(), **stats())
+    os._exit(0)
+
+
 def two_devices():
     """One tensor on device 0, then two threads on each of two devices: 50 tensors per thread,
     every other one freed at once, the rest when the thread's work returns."""
@@ -255,4 +311,4 @@ def visible():
 
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
  "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
- "trace": trace, "two_devices": two_devices, "visible": visible}[sys.argv[1]]()
+ "trace": trace, "two_devices": two_devices, "visible": visible, "snapshot": snapshot}[sys.argv[1]]()

@@ -641,6 +641,317 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
     );
 }
 
+/// An (action, address, size) triple of a snapshot's trace: `device_free` for `oom`.
+fn trace_entry(entry: &Value) -> (String, u64, u64) {
+    let addr = entry.get("addr").unwrap_or(&entry["device_free"]);
+    (
+        entry["action"].as_str().expect("action").to_owned(),
+        addr.as_u64().expect("addr"),
+        u64_of(entry, "size"),
+    )
+}
+
+/// For a default-allocator recording, every report works at tensor level and agrees with
+/// torch's own figures; `export --pytorch-snapshot` writes torch's own snapshot: the same
+/// segments, the same blocks inside them, the same trace (an MLP and a transformer step, the
+/// cache emptied between them, one out-of-memory error, one block freed on another stream
+/// and still pending), with the memory outside torch's allocator (cuBLAS's two handles, 3
+/// allocations each) as extra segments marked as such.
+#[test]
+fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own() {
+    let Some(torch) = current() else { return };
+    let run = run_torch(&torch, "snapshot", 80 << 30, &[], true);
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let handles = 2 * CUBLAS_HANDLE;
+    let (allocated_peak, reserved_peak) = (u64_of(r, "allocated_peak"), u64_of(r, "reserved_peak"));
+    assert_eq!(
+        (r["num_ooms"].as_u64(), r["num_alloc_retries"].as_u64()),
+        (Some(1), Some(1))
+    );
+
+    // The export against torch's snapshot.
+    let dir = log.parent().expect("log dir");
+    let exported = dir.join("vramshim-snapshot.json");
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("export"),
+        log.as_os_str(),
+        OsStr::new("--pytorch-snapshot"),
+        OsStr::new("-o"),
+        exported.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let snapshot: Value =
+        serde_json::from_str(&std::fs::read_to_string(&exported).expect("export")).expect("json");
+    // Memory outside torch's allocator: the log's cuMemAlloc_v2 allocations (by address and
+    // size: a freed address may come back).
+    let libraries: Vec<(u64, u64)> = events(&dump(log))
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && e["api"] == "cuMemAlloc_v2")
+        .map(|e| (u64_of(e, "addr"), u64_of(e, "size")))
+        .collect();
+    assert_eq!(libraries.len(), 6);
+    let (outside, ours): (Vec<&Value>, Vec<&Value>) = arr(&snapshot["segments"])
+        .iter()
+        .partition(|s| s.get("vramshim_outside").is_some());
+    let mut outside: Vec<(u64, u64)> = outside
+        .iter()
+        .map(|s| {
+            assert_eq!(
+                s["vramshim_outside"], "outside PyTorch's allocator: cuMemAlloc_v2",
+                "{s}"
+            );
+            (u64_of(s, "address"), u64_of(s, "total_size"))
+        })
+        .collect();
+    outside.sort();
+    let mut expected_outside = libraries.clone();
+    expected_outside.sort();
+    assert_eq!(outside, expected_outside);
+    // Blocks: address, size, state and requested bytes (as torch keeps them: for an inactive
+    // block, those last asked for from it).
+    type Blocks = Vec<(u64, u64, String, u64)>;
+    let mut mine: Vec<(u64, u64, Blocks)> = ours
+        .iter()
+        .map(|s| {
+            let blocks = arr(&s["blocks"])
+                .iter()
+                .map(|b| {
+                    (
+                        u64_of(b, "address"),
+                        u64_of(b, "size"),
+                        b["state"].as_str().expect("state").to_owned(),
+                        u64_of(b, "requested_size"),
+                    )
+                })
+                .collect();
+            (u64_of(s, "address"), u64_of(s, "total_size"), blocks)
+        })
+        .collect();
+    mine.sort();
+    let mut theirs: Vec<(u64, u64, Blocks)> = arr(&r["segments"])
+        .iter()
+        .map(|s| {
+            let blocks = arr(&s[2])
+                .iter()
+                .map(|b| {
+                    (
+                        b[0].as_u64().expect("address"),
+                        b[1].as_u64().expect("size"),
+                        b[2].as_str().expect("state").to_owned(),
+                        b[3].as_u64().expect("requested"),
+                    )
+                })
+                .collect();
+            (
+                s[0].as_u64().expect("address"),
+                s[1].as_u64().expect("size"),
+                blocks,
+            )
+        })
+        .collect();
+    theirs.sort();
+    assert_eq!(mine, theirs);
+    let states = |segments: &[(u64, u64, Blocks)], state: &str| {
+        segments
+            .iter()
+            .flat_map(|(_, _, blocks)| blocks)
+            .filter(|(_, _, s, _)| s == state)
+            .count()
+    };
+    assert!(states(&theirs, "active_allocated") > 50 && states(&theirs, "inactive") > 5);
+    assert_eq!(states(&theirs, "active_pending_free"), 1);
+    // The pending block (freed by the program, still used on another stream) shows its
+    // tensor's frames: the script's line that made it.
+    let script =
+        std::fs::read_to_string(repo().join("tests/python/torch_fakegpu.py")).expect("script");
+    let pending_line = script
+        .lines()
+        .position(|l| l.trim_start().starts_with("pending = torch.empty("))
+        .expect("the pending tensor's line") as u64
+        + 1;
+    let pending = ours
+        .iter()
+        .flat_map(|s| arr(&s["blocks"]))
+        .find(|b| b["state"] == "active_pending_free")
+        .expect("pending block");
+    let script_frame = arr(&pending["frames"])
+        .iter()
+        .find(|f| {
+            f["filename"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("torch_fakegpu.py"))
+        })
+        .expect("a frame of the script");
+    assert_eq!(u64_of(script_frame, "line"), pending_line, "{pending}");
+    // The trace, entry for entry, less the libraries' segment_alloc + alloc pairs.
+    let trace: Vec<(String, u64, u64)> = arr(&arr(&snapshot["device_traces"])[0])
+        .iter()
+        .map(trace_entry)
+        .filter(|(action, addr, size)| {
+            !(matches!(action.as_str(), "segment_alloc" | "alloc")
+                && libraries.contains(&(*addr, *size)))
+        })
+        .collect();
+    let torch_trace: Vec<(String, u64, u64)> = arr(&r["entries"])
+        .iter()
+        .map(|e| {
+            let e = arr(e);
+            (
+                e[0].as_str().expect("action").to_owned(),
+                e[1].as_u64().expect("addr"),
+                e[2].as_u64().expect("size"),
+            )
+        })
+        .collect();
+    let count = |action: &str| torch_trace.iter().filter(|(a, _, _)| a == action).count();
+    assert_eq!(
+        (count("segment_alloc"), count("segment_free"), count("oom")),
+        (
+            r["num_device_alloc"].as_u64().unwrap() as usize,
+            r["num_device_free"].as_u64().unwrap() as usize,
+            1
+        )
+    );
+    assert!(count("alloc") > 400 && count("free_completed") > 300);
+    assert_eq!(trace, torch_trace);
+
+    // timeline: allocated (tensors + the handles) and reserved (segments + the handles).
+    let timeline = json_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let device = &arr(&timeline["devices"])[0];
+    assert_eq!(
+        u64_of(&device["peak"], "bytes"),
+        allocated_peak + handles,
+        "{timeline}"
+    );
+    assert_eq!(
+        u64_of(&device["reserved_peak"], "bytes"),
+        reserved_peak + handles,
+        "{timeline}"
+    );
+    let series_max = |series: &Value| {
+        arr(series)
+            .iter()
+            .map(|b| u64_of(b, "max_bytes"))
+            .max()
+            .unwrap_or(0)
+    };
+    assert_eq!(series_max(&device["series"]), allocated_peak + handles);
+    assert_eq!(series_max(&device["reserved"]), reserved_peak + handles);
+    assert_eq!(arr(&device["failures"]).len(), 2);
+    let segments_view = json_of(&[
+        OsStr::new("timeline"),
+        OsStr::new("--segments"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    let device = &arr(&segments_view["devices"])[0];
+    assert_eq!(u64_of(&device["peak"], "bytes"), reserved_peak + handles);
+    assert!(device["reserved_peak"].is_null());
+
+    // report: both peaks, the cache at exit apart from what is live.
+    let report = json_of(&[OsStr::new("report"), OsStr::new("--json"), log.as_os_str()]);
+    let device = &arr(&report["devices"])[0];
+    assert_eq!(
+        u64_of(device, "peak_bytes"),
+        allocated_peak + handles,
+        "{report}"
+    );
+    let reserved = &device["reserved_peak"];
+    assert_eq!(
+        u64_of(reserved, "bytes"),
+        reserved_peak + handles,
+        "{report}"
+    );
+    assert_eq!(
+        u64_of(&reserved["pytorch_segments"], "bytes"),
+        reserved_peak
+    );
+    assert_eq!(
+        u64_of(device, "live_at_exit_bytes"),
+        u64_of(r, "allocated") + handles
+    );
+    let cached = &device["pytorch_segments_at_exit"];
+    assert_eq!(u64_of(cached, "bytes"), u64_of(r, "reserved"));
+    assert_eq!(
+        u64_of(cached, "count"),
+        u64_of(r, "num_device_alloc") - u64_of(r, "num_device_free")
+    );
+    assert_eq!(u64_of(device, "failures"), 2);
+    let (_, text, _) = vramshim(&[OsStr::new("report"), log.as_os_str()]);
+    assert!(text.contains("  peak allocated "), "{text}");
+    assert!(text.contains("  peak reserved  "), "{text}");
+
+    // oom: torch's failed cudaMalloc, its retry after releasing the cache, and the block
+    // torch was asked for; what was live is tensors and the handles, the rest the cache.
+    let oom = json_of(&[OsStr::new("oom"), OsStr::new("--json"), log.as_os_str()]);
+    let failures = arr(&oom["failures"]);
+    assert_eq!(failures.len(), 2, "{oom}");
+    let (first, retry) = (&failures[0], &failures[1]);
+    let at_error = &r["failed"];
+    assert_eq!(u64_of(first, "request"), 1 << 40);
+    assert_eq!(first["block_request"], Value::Null);
+    assert_eq!(u64_of(retry, "block_request"), 1 << 40);
+    assert_eq!(retry["is_retry_of"], 0);
+    let segments_then = u64_of(&retry["pytorch_segments"], "bytes");
+    assert_eq!(segments_then, u64_of(at_error, "reserved"));
+    assert_eq!(
+        segments_then - u64_of(&retry["pytorch_segments"], "cached_bytes"),
+        u64_of(at_error, "allocated")
+    );
+    assert_eq!(
+        u64_of(retry, "tracked_bytes"),
+        u64_of(at_error, "allocated") + handles
+    );
+    assert_eq!(
+        u64_of(&first["retry"], "released_bytes"),
+        u64_of(&first["pytorch_segments"], "bytes") - segments_then
+    );
+    assert_eq!(first["retry"]["succeeded"], false);
+    let with_block = failures
+        .iter()
+        .filter(|f| f["block_request"].is_u64())
+        .count() as u64;
+    assert_eq!(with_block, u64_of(r, "num_ooms"));
+
+    // flamegraph: tensors at the allocated peak; segments at the reserved peak.
+    let folded_total = |extra: &[&str]| -> u64 {
+        let mut args = vec![OsStr::new("flamegraph"), OsStr::new("--folded")];
+        args.extend(extra.iter().map(OsStr::new));
+        args.push(log.as_os_str());
+        let (code, stdout, stderr) = vramshim(&args);
+        assert_eq!(code, Some(0), "{stderr}");
+        stdout
+            .lines()
+            .map(|line| {
+                line.rsplit_once(' ')
+                    .and_then(|(_, bytes)| bytes.parse::<u64>().ok())
+                    .expect("folded line")
+            })
+            .sum()
+    };
+    assert_eq!(folded_total(&[]), allocated_peak + handles);
+    assert_eq!(folded_total(&["--segments"]), reserved_peak + handles);
+
+    // diff of the log with itself: tensor peaks.
+    let diff = json_of(&[
+        OsStr::new("diff"),
+        log.as_os_str(),
+        log.as_os_str(),
+        OsStr::new("--json"),
+    ]);
+    assert_eq!(
+        u64_of(&diff["a"], "peak_bytes"),
+        allocated_peak + handles,
+        "{diff}"
+    );
+    assert_eq!(u64_of(&diff["b"], "peak_bytes"), allocated_peak + handles);
+}
+
 #[test]
 fn tensors_on_two_devices_from_four_threads() {
     let Some(torch) = current() else { return };

@@ -4,7 +4,9 @@
 use std::cmp::Reverse;
 
 use super::groups::{IdTotals, totals_by_id};
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use vramshim_format::EventKind;
+
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Failures analysed in full; later ones are only counted (each keeps a live-set summary).
 pub const DETAILED: usize = 50;
@@ -87,6 +89,12 @@ pub struct Failure {
     pub retry: Option<Retry>,
     /// This failure is itself the repeated request of an earlier failure's retry.
     pub is_retry_of: Option<usize>,
+    /// Tensor view: the block PyTorch's allocator was asked for when it gave up (its `oom`
+    /// entry's request), on the last failure of its sequence.
+    pub block_request: Option<u64>,
+    /// Tensor view: PyTorch's segments on the device then (count, bytes) and the part of
+    /// them no tensor held (the allocator's cache).
+    pub segments: Option<(u64, u64, u64)>,
 }
 
 /// A failure waiting to see whether its thread retries.
@@ -140,6 +148,39 @@ impl Observer for Oom {
             .pending
             .iter()
             .position(|p| p.process == *process && p.thread == event.thread);
+        // Tensor view: PyTorch's segments released and taken on this thread.
+        match (state.segment_change(), pending) {
+            (Some(SegmentChange::Removed(segment)), Some(index)) => {
+                self.pending[index].released_bytes = self.pending[index]
+                    .released_bytes
+                    .saturating_add(segment.size);
+                self.pending[index].released_count += 1;
+            }
+            (Some(SegmentChange::Added(segment)), Some(index))
+                if !matches!(effect, Effect::Removed(_)) =>
+            {
+                let waiting = self.pending.swap_remove(index);
+                let failure = &mut self.failures[waiting.failure];
+                if segment.size == failure.request && segment.device == failure.device {
+                    failure.retry = Some(Retry {
+                        released_bytes: waiting.released_bytes,
+                        released_count: waiting.released_count,
+                        succeeded: true,
+                        t_ns: *t_ns,
+                    });
+                }
+                return;
+            }
+            _ => {}
+        }
+        if event.kind == EventKind::TensorOom {
+            if let Some(failure) = self.failures.iter_mut().rev().find(|f| {
+                f.process == *process && f.device == event.device && f.block_request.is_none()
+            }) {
+                failure.block_request = Some(event.size);
+            }
+            return;
+        }
         match effect {
             Effect::Removed(live) => {
                 if let Some(index) = pending {
@@ -201,6 +242,17 @@ impl Observer for Oom {
                     Some(_) => Verdict::FragmentationOrLimit,
                     None => Verdict::Unknown,
                 };
+                let segments = state
+                    .devices()
+                    .iter()
+                    .find(|d| d.device == event.device && d.segment_count > 0)
+                    .map(|d| {
+                        (
+                            d.segment_count,
+                            d.segment_bytes,
+                            d.segment_bytes.saturating_sub(d.tensor_bytes),
+                        )
+                    });
                 let index = self.failures.len();
                 self.failures.push(Failure {
                     process: *process,
@@ -221,6 +273,8 @@ impl Observer for Oom {
                     largest_live,
                     retry: None,
                     is_retry_of,
+                    block_request: None,
+                    segments,
                 });
                 // A failed retry ends the sequence; a first failure may be retried. Another
                 // error's next call is a fallback, not a retry after releasing memory.

@@ -7,7 +7,7 @@
 //! extra memory is bounded by the peak's live set.
 
 use crate::analysis::snapshot::Snapshot;
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// A device's highest live bytes and the first moment they were reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,10 +23,23 @@ pub struct Peak {
     pub segments: (u64, u64),
 }
 
+/// Tensor view: a device's highest reserved bytes (what the driver handed out: PyTorch's
+/// segments and every allocation outside its allocator), first reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservedPeak {
+    pub device: i32,
+    pub bytes: u64,
+    pub t_ns: u64,
+    /// PyTorch's segments then (count, bytes).
+    pub segments: (u64, u64),
+}
+
 /// Peaks over all processes, and per process.
 #[derive(Default)]
 pub struct Peaks {
     pub total: Vec<Peak>,
+    /// Tensor view: the reserved peak of each device that held PyTorch segments, by device.
+    reserved: Vec<ReservedPeak>,
     /// (process, peak of that process alone).
     pub per_process: Vec<(u32, Peak)>,
     /// Per device (same order as `total`): allocations live at the peak, freed since.
@@ -34,6 +47,29 @@ pub struct Peaks {
 }
 
 impl Peaks {
+    /// Tensor view: the reserved peak of `device`, if PyTorch held segments there.
+    pub fn reserved(&self, device: i32) -> Option<ReservedPeak> {
+        self.reserved
+            .iter()
+            .find(|p| p.device == device && p.segments.0 > 0)
+            .copied()
+    }
+
+    /// Tensor view: follows the reserved bytes of `device` after a step that may raise them.
+    fn reserve(&mut self, state: &State, device: i32, t_ns: u64) {
+        let bytes = state.reserved_bytes(device);
+        let candidate = ReservedPeak {
+            device,
+            bytes,
+            t_ns,
+            segments: state.segment_totals(device),
+        };
+        match self.reserved.iter_mut().find(|p| p.device == device) {
+            Some(peak) if peak.bytes >= bytes => {}
+            Some(peak) => *peak = candidate,
+            None => self.reserved.push(candidate),
+        }
+    }
     /// The exact live set at each device's peak (devices in report order), given the state
     /// where the replay ended.
     pub fn snapshots(&self, state: &State, only: Option<i32>) -> Vec<Snapshot> {
@@ -67,6 +103,16 @@ impl Peaks {
 
 impl Observer for Peaks {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
+        if let Step::Event { t_ns, effect, .. } = step {
+            let device = match (state.segment_change(), effect) {
+                (Some(SegmentChange::Added(segment)), _) => Some(segment.device),
+                (_, Effect::Added(live)) => Some(live.device),
+                _ => None,
+            };
+            if let Some(device) = device {
+                self.reserve(state, device, *t_ns);
+            }
+        }
         let (process, t_ns, live) = match step {
             Step::Event {
                 process,

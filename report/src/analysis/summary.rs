@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::apis::{Family, FamilyCache};
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Calls of one API family.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,13 +129,38 @@ impl Observer for Summary {
                 if self.device.is_some_and(|d| d != device) {
                     return;
                 }
-                let family = self.family_cache.of(processes, *process, event.api);
+                // Tensor view: the calls are the driver's (PyTorch's segments, whose
+                // allocation the replay folds into the allocator's word on it); its blocks
+                // count among the largest allocations only.
+                let tensor = event.kind.is_tensor();
+                let api = match state.segment_change() {
+                    Some(SegmentChange::Added(segment) | SegmentChange::Removed(segment)) => {
+                        segment.api
+                    }
+                    None => event.api,
+                };
+                let family = self.family_cache.of(processes, *process, api);
                 let index = Family::ALL.iter().position(|f| *f == family).unwrap_or(0);
                 let counts = &mut self.families[*process as usize][index];
+                match state.segment_change() {
+                    // (Not held back, the allocation already counted as one.)
+                    Some(SegmentChange::Added(segment))
+                        if !matches!(effect, Effect::Removed(_)) =>
+                    {
+                        counts.allocs += 1;
+                        counts.allocated_bytes =
+                            counts.allocated_bytes.saturating_add(segment.size);
+                    }
+                    Some(SegmentChange::Removed(_)) => counts.frees += 1,
+                    _ => {}
+                }
                 match effect {
                     Effect::Added(live) => {
-                        counts.allocs += 1;
-                        counts.allocated_bytes = counts.allocated_bytes.saturating_add(live.size);
+                        if !tensor {
+                            counts.allocs += 1;
+                            counts.allocated_bytes =
+                                counts.allocated_bytes.saturating_add(live.size);
+                        }
                         let key = (live.size, Reverse(state.seq), LiveKey(*live));
                         if self.largest.len() < LARGEST {
                             self.largest.push(Reverse(key));
@@ -144,7 +169,8 @@ impl Observer for Summary {
                             self.largest.push(Reverse(key));
                         }
                     }
-                    Effect::Removed(_) | Effect::Unmatched => counts.frees += 1,
+                    Effect::Removed(_) | Effect::Unmatched if !tensor => counts.frees += 1,
+                    Effect::Removed(_) | Effect::Unmatched => {}
                     Effect::Failed => {
                         counts.failures += 1;
                         match self.failures.iter_mut().find(|(d, _)| *d == event.device) {
@@ -174,7 +200,7 @@ impl Observer for Summary {
                     t_ns: *t_ns,
                     used: info.total.saturating_sub(info.free),
                     total: info.total,
-                    tracked: state.device_bytes(info.device),
+                    tracked: state.reserved_bytes(info.device),
                 });
             }
             Step::Dump { .. } => {}

@@ -13,7 +13,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Buckets per device at most; a long log costs the same memory as a short one.
 pub const MAX_BUCKETS: usize = 2048;
@@ -36,6 +36,9 @@ pub struct LiveRange {
 pub struct Bucket {
     /// None when live bytes did not change in the bucket (the previous level holds).
     pub live: Option<LiveRange>,
+    /// Tensor view: what the driver had handed out (PyTorch's segments in place of its
+    /// tensors), likewise.
+    pub reserved: Option<LiveRange>,
     /// Highest device used memory (total - free) sampled in the bucket.
     pub used: Option<u64>,
 }
@@ -82,11 +85,16 @@ fn record_level(live: &mut Option<LiveRange>, before: u64, after: u64) {
 impl Bucket {
     fn merge(self, later: Bucket) -> Bucket {
         let live = merge_live(self.live, later.live);
+        let reserved = merge_live(self.reserved, later.reserved);
         let used = match (self.used, later.used) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        Bucket { live, used }
+        Bucket {
+            live,
+            reserved,
+            used,
+        }
     }
 }
 
@@ -174,6 +182,13 @@ pub struct DeviceTimeline {
     pub buckets: Vec<Bucket>,
     /// None when nothing was ever allocated on the device.
     pub peak: Option<PeakPoint>,
+    /// Tensor view: the highest reserved bytes; None unless PyTorch held segments on the
+    /// device (then `buckets` carry the reserved series).
+    pub reserved_peak: Option<PeakPoint>,
+    /// Tensor view: whether PyTorch ever held a segment on the device.
+    had_segments: bool,
+    /// Reserved bytes now.
+    reserved_current: u64,
     pub failures: Vec<FailurePoint>,
     /// Failures past [`MAX_FAILURES`].
     pub failures_omitted: u64,
@@ -302,6 +317,7 @@ impl Timeline {
     /// Puts each device's thread series in order, highest peak first, and counts the threads
     /// folded into "other threads". Call once the replay is over.
     pub fn finish(&mut self) {
+        self.drop_plain_reserved();
         for device in &mut self.devices {
             let order: FxHashMap<ThreadKey, usize> = device
                 .threads_by_peak()
@@ -368,6 +384,39 @@ impl Timeline {
         record_level(&mut bucket.live, before, after);
         if series.peak.is_none_or(|p| after > p.bytes) {
             series.peak = Some(PeakPoint { bytes: after, t_ns });
+        }
+    }
+
+    /// Records that `device` now has `after` reserved bytes, `segments` telling whether
+    /// PyTorch holds segments there now.
+    fn reserved_level(&mut self, device: i32, t_ns: u64, after: u64, segments: bool) {
+        let index = self.index(t_ns);
+        let Some(series) = self.series(device) else {
+            return;
+        };
+        series.had_segments |= segments;
+        let before = series.reserved_current;
+        if before == after && series.reserved_peak.is_some() {
+            return;
+        }
+        series.reserved_current = after;
+        let bucket = bucket_at(&mut series.buckets, index);
+        record_level(&mut bucket.reserved, before, after);
+        if series.reserved_peak.is_none_or(|p| after > p.bytes) {
+            series.reserved_peak = Some(PeakPoint { bytes: after, t_ns });
+        }
+    }
+
+    /// Drops the reserved series of devices where PyTorch never held a segment (there they
+    /// equal the live bytes).
+    fn drop_plain_reserved(&mut self) {
+        for device in &mut self.devices {
+            if !device.had_segments {
+                device.reserved_peak = None;
+                for bucket in &mut device.buckets {
+                    bucket.reserved = None;
+                }
+            }
         }
     }
 
@@ -459,43 +508,56 @@ impl Observer for Timeline {
                 t_ns,
                 event,
                 effect,
-            } => match effect {
-                Effect::Added(live) | Effect::Removed(live) => {
-                    self.level(live.device, *t_ns, state.device_bytes(live.device));
-                    if self.by_thread.is_some() {
-                        let added = matches!(effect, Effect::Added(_));
-                        if added && let Some(old) = state.replaced() {
-                            // Its free was lost; it ends here, against its own thread.
-                            self.thread_change(old, *t_ns, false);
+            } => {
+                let device = match (state.segment_change(), effect) {
+                    (Some(SegmentChange::Added(s) | SegmentChange::Removed(s)), _) => {
+                        Some(s.device)
+                    }
+                    (_, Effect::Added(live) | Effect::Removed(live)) => Some(live.device),
+                    _ => None,
+                };
+                if let Some(device) = device {
+                    let segments = state.segment_totals(device).0 > 0;
+                    self.reserved_level(device, *t_ns, state.reserved_bytes(device), segments);
+                }
+                match effect {
+                    Effect::Added(live) | Effect::Removed(live) => {
+                        self.level(live.device, *t_ns, state.device_bytes(live.device));
+                        if self.by_thread.is_some() {
+                            let added = matches!(effect, Effect::Added(_));
+                            if added && let Some(old) = state.replaced() {
+                                // Its free was lost; it ends here, against its own thread.
+                                self.thread_change(old, *t_ns, false);
+                            }
+                            self.thread_change(live, *t_ns, added);
                         }
-                        self.thread_change(live, *t_ns, added);
                     }
+                    Effect::Failed => {
+                        if let Some((free, total)) = event.mem_info {
+                            self.used(event.device, *t_ns, free, total);
+                        }
+                        let Some(info) = processes.get(*process as usize) else {
+                            return;
+                        };
+                        let failure = FailurePoint {
+                            t_ns: *t_ns,
+                            request: event.size,
+                            api: info.api(event.api).into_owned(),
+                            pid: info.header.pid,
+                        };
+                        // Created here too, so a device whose only event is a failure gets a chart.
+                        let Some(series) = self.series(event.device) else {
+                            return;
+                        };
+                        if series.failures.len() < MAX_FAILURES {
+                            series.failures.push(failure);
+                        } else {
+                            series.failures_omitted += 1;
+                        }
+                    }
+                    Effect::Unmatched | Effect::None => {}
                 }
-                Effect::Failed => {
-                    if let Some((free, total)) = event.mem_info {
-                        self.used(event.device, *t_ns, free, total);
-                    }
-                    let Some(info) = processes.get(*process as usize) else {
-                        return;
-                    };
-                    let failure = FailurePoint {
-                        t_ns: *t_ns,
-                        request: event.size,
-                        api: info.api(event.api).into_owned(),
-                        pid: info.header.pid,
-                    };
-                    // Created here too, so a device whose only event is a failure gets a chart.
-                    let Some(series) = self.series(event.device) else {
-                        return;
-                    };
-                    if series.failures.len() < MAX_FAILURES {
-                        series.failures.push(failure);
-                    } else {
-                        series.failures_omitted += 1;
-                    }
-                }
-                Effect::Unmatched | Effect::None => {}
-            },
+            }
             Step::MemInfo { t_ns, info, .. } => {
                 self.used(info.device, *t_ns, info.free, info.total);
             }
@@ -562,11 +624,13 @@ mod tests {
         let a = Bucket {
             live: range(5, 3),
             used: Some(7),
+            ..Bucket::default()
         };
         let empty = Bucket::default();
         let b = Bucket {
             live: range(4, 1),
             used: None,
+            ..Bucket::default()
         };
         assert_eq!(a.merge(b).live, range(5, 1));
         assert_eq!(a.merge(b).used, Some(7));

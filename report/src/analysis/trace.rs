@@ -1,7 +1,9 @@
 //! The allocation trace of PyTorch's memory snapshot (`device_traces`): what each replay step
-//! means as the viewer's trace entries. Every allocation the recorder saw is a segment holding
-//! one block of its full size, so an allocation is `segment_alloc` + `alloc`, its free is
-//! `free_requested` + `free_completed` + `segment_free`, and a failed allocation is `oom`.
+//! means as the viewer's trace entries. In the tensor view, PyTorch's own events are its own
+//! entries (`alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`,
+//! `oom`). Every other allocation the recorder saw is a segment holding one block of its full
+//! size, so an allocation is `segment_alloc` + `alloc`, its free is `free_requested` +
+//! `free_completed` + `segment_free`, and a failed allocation is `oom`.
 //!
 //! Entries go to a [`Sink`] as the replay makes them, numbered per device, so a caller can
 //! count them in one pass and write only the last N of a device in another. A ring-mode log
@@ -10,7 +12,7 @@
 use rustc_hash::FxHashMap;
 use vramshim_format::EventKind;
 
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// What a trace entry records (the viewer's `action`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +101,9 @@ pub struct Trace<S> {
     last_event: Vec<Option<u64>>,
     /// Per process: set while a ring-mode dump repeats what an earlier one gave.
     resume: Vec<Option<Resume>>,
+    /// Tensor view: PyTorch's blocks freed by the program and not yet reusable, by (process,
+    /// address).
+    freeing: FxHashMap<(u32, u64), Live>,
 }
 
 /// A ring-mode dump after earlier events of its process. Its records start with the
@@ -125,6 +130,7 @@ impl<S: Sink> Trace<S> {
             unknown_device_allocations: 0,
             last_event: Vec::new(),
             resume: Vec::new(),
+            freeing: FxHashMap::default(),
         }
     }
 
@@ -258,6 +264,83 @@ impl<S: Sink> Trace<S> {
             self.emit(of_live(action, live, t_ns), processes);
         }
     }
+
+    /// Tensor view: PyTorch's own entries, as its allocator reported them (sizes as its
+    /// trace gives them); true when the step was one of its events or segments.
+    fn tensor_step(
+        &mut self,
+        state: &State,
+        process: u32,
+        t_ns: u64,
+        event: &vramshim_format::Event,
+        effect: &Effect,
+        processes: &[Process],
+    ) -> bool {
+        match state.segment_change() {
+            Some(SegmentChange::Added(segment)) => {
+                // (Not held back, the allocation was traced as an allocation of its own.)
+                if !matches!(effect, Effect::Removed(_)) && self.selects(segment.device) {
+                    self.emit(of_live(Action::SegmentAlloc, &segment, t_ns), processes);
+                }
+                return true;
+            }
+            Some(SegmentChange::Removed(segment)) => {
+                if self.selects(segment.device) {
+                    self.emit(of_live(Action::SegmentFree, &segment, t_ns), processes);
+                }
+                return true;
+            }
+            None => {}
+        }
+        let entry = |action, live: &Live, size| Entry {
+            size,
+            ..of_live(action, live, t_ns)
+        };
+        match (event.kind, effect) {
+            (EventKind::TensorAlloc, Effect::Added(live)) => {
+                if self.selects(live.device) {
+                    self.emit(entry(Action::Alloc, live, live.requested), processes);
+                }
+            }
+            (EventKind::TensorFreeRequested, Effect::Removed(live)) => {
+                if self.selects(live.device) {
+                    self.emit(entry(Action::FreeRequested, live, event.size), processes);
+                }
+                self.freeing.insert((process, live.addr), *live);
+            }
+            (EventKind::TensorFree, _) => {
+                if let Some(live) = self.freeing.remove(&(process, event.addr))
+                    && self.selects(live.device)
+                {
+                    self.emit(entry(Action::FreeCompleted, &live, event.size), processes);
+                }
+            }
+            (EventKind::TensorOom, _) => {
+                if self.selects(event.device) {
+                    let entry = Entry {
+                        action: Action::Oom,
+                        device: event.device,
+                        addr: 0,
+                        size: event.size,
+                        stream: event.stream,
+                        t_ns,
+                        process,
+                        stack: event.stack,
+                        device_free: event.addr,
+                    };
+                    self.emit(entry, processes);
+                }
+            }
+            (kind, _) if kind.is_tensor() => {}
+            // PyTorch's failed segment allocations: its `oom` entry stands for them.
+            (_, Effect::Failed)
+                if processes
+                    .get(process as usize)
+                    .is_some_and(|p| p.tensor_allocs > 0 && p.api(event.api) == "cudaMalloc") => {}
+            _ => return false,
+        }
+        true
+    }
 }
 
 fn of_live(action: Action, live: &Live, t_ns: u64) -> Entry {
@@ -290,6 +373,9 @@ impl<S: Sink> Observer for Trace<S> {
                 let last = &mut self.last_event[index];
                 *last = Some(last.map_or(*t_ns, |t| t.max(*t_ns)));
                 if self.resumed(index, *t_ns, effect, processes) {
+                    return;
+                }
+                if self.tensor_step(state, *process, *t_ns, event, effect, processes) {
                     return;
                 }
                 match effect {

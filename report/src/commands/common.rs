@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::Failure;
 use crate::analysis::groups::Stacks;
 use crate::python::StackView;
-use crate::replay::Replay;
+use crate::replay::{Replay, View};
 
 /// Which recording(s) to read and how to print.
 #[derive(clap::Args, Clone, Debug)]
@@ -43,6 +43,28 @@ pub struct ByThread {
     /// stack) and name their thread (`thread NAME (tid N, pid P)`; JSON: `thread`).
     #[arg(long)]
     pub by_thread: bool,
+}
+
+/// Tensors or segments, for logs of PyTorch's default caching allocator recorded with its
+/// tensors (commands that count live memory flatten this). Logs without tensors read the same
+/// either way.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct SegmentsArg {
+    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
+    /// the tensors inside them (for logs recorded with the allocator's tracker).
+    #[arg(long)]
+    pub segments: bool,
+}
+
+impl SegmentsArg {
+    /// The replay's view: tensors unless `--segments`.
+    pub fn view(self) -> View {
+        if self.segments {
+            View::Driver
+        } else {
+            View::Tensors
+        }
+    }
 }
 
 /// Prints `warnings` on stderr, then the JSON document or the text report on stdout.

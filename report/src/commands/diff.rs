@@ -9,10 +9,10 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Diff, Measure};
 use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{ByThread, Select, StacksArg, emit_streamed};
+use crate::commands::common::{ByThread, SegmentsArg, Select, StacksArg, emit_streamed};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
-use crate::replay::{self, Process, Stop};
+use crate::replay::{self, Process, Stop, View};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -39,6 +39,10 @@ pub struct Args {
     // With it, rows are matched by thread name and stack: thread ids differ between runs.
     #[command(flatten)]
     threads: ByThread,
+    /// Compare PyTorch's caching-allocator segments, as the driver handed them out, instead
+    /// of the tensors inside them (tensors are compared when both logs hold them).
+    #[command(flatten)]
+    segments: SegmentsArg,
 }
 
 /// Frames of symbolised stacks kept for reuse (a few MiB): `diff` asks for each stack about
@@ -62,11 +66,17 @@ fn measure(
     device: Option<i32>,
     view: StackView,
     by_thread: bool,
+    counted: View,
 ) -> Result<(Measured, Vec<Process>, Stacks), Failure> {
     let logs = std::slice::from_ref(path);
     let mut peak_observer = Peaks::default();
     let mut allocated = Allocated::new(device, by_thread);
-    let replay = replay::run(logs, &mut [&mut peak_observer, &mut allocated], Stop::End)?;
+    let replay = replay::run_view(
+        logs,
+        &mut [&mut peak_observer, &mut allocated],
+        Stop::End,
+        counted,
+    )?;
     let snapshots = peak_observer.snapshots(&replay.state, device);
     let peaks: Vec<Peak> = peak_observer
         .total
@@ -121,12 +131,31 @@ fn without_tables(mut processes: Vec<Process>) -> Vec<Process> {
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let by_thread = args.threads.by_thread;
     let view = args.view.stacks;
+    // Tensors only when both sides have them: tensors against segments compare nothing.
+    let mut notes = Vec::new();
+    let counted = if args.segments.segments {
+        View::Driver
+    } else {
+        match (replay::has_tensors(&args.a)?, replay::has_tensors(&args.b)?) {
+            (true, true) => View::Tensors,
+            (false, false) => View::Driver,
+            (a_has, _) => {
+                notes.push(format!(
+                    "only {} holds PyTorch's tensors: both logs are compared at the segment level",
+                    if a_has { "A" } else { "B" }
+                ));
+                View::Driver
+            }
+        }
+    };
     let mut rows = Diff::new();
-    let (a, a_processes, a_stacks) = measure(&args.a, 0, &mut rows, args.device, view, by_thread)?;
+    let (a, a_processes, a_stacks) =
+        measure(&args.a, 0, &mut rows, args.device, view, by_thread, counted)?;
     // A's tables go before B is read: the two replays are never held at once.
     drop(a_stacks);
     let a_processes = without_tables(a_processes);
-    let (b, b_processes, b_stacks) = measure(&args.b, 1, &mut rows, args.device, view, by_thread)?;
+    let (b, b_processes, b_stacks) =
+        measure(&args.b, 1, &mut rows, args.device, view, by_thread, counted)?;
     rows.keep_stacks(1, b_processes, b_stacks);
     // Rows of A only are labelled from A's stack definitions, read again.
     if rows.needs_stacks(0) {
@@ -136,7 +165,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         rows.keep_stacks(0, replay.processes, stacks);
     }
     rows.sort();
-    let mut warnings: Vec<String> = a.warnings.clone();
+    let mut warnings: Vec<String> = notes;
+    warnings.extend(a.warnings.iter().cloned());
     warnings.extend(b.warnings.iter().cloned());
     warnings.dedup();
     let report = DiffReport {

@@ -14,17 +14,18 @@ use std::process::ExitCode;
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
+use vramshim_format::EventKind;
 
 use crate::Failure;
 use crate::analysis::groups::Stacks;
 use crate::analysis::trace::{Census, Entry, Sink, Trace, viewer_addr};
-use crate::commands::common::{self, StacksArg};
+use crate::commands::common::{self, SegmentsArg, StacksArg};
 use crate::commands::export_formats::{self, Inuse};
 use crate::render::pytorch::{
-    JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
+    Block, JsonWriter, PickleWriter, Segment, Setting, SnapshotWriter, write_entry, write_segment,
     write_settings,
 };
-use crate::replay::{self, Process, StackTable, Stop};
+use crate::replay::{self, BlockState, Process, StackTable, Stop};
 use crate::symbols::SymFrame;
 
 /// Trace entries kept per device by default: PyTorch's viewer becomes unusably slow past
@@ -52,9 +53,10 @@ pub struct Args {
     #[arg(required = true, value_name = "LOG")]
     pub logs: Vec<PathBuf>,
     /// Write a memory snapshot for PyTorch's memory viewer (pytorch.org/memory_viz, or
-    /// torch/cuda/_memory_viz.py): every device allocation the recorder saw, NCCL, cuBLAS
-    /// and cudaMallocAsync memory included, is a segment holding one block; failed
-    /// allocations are `oom` entries. -o, --pickle and --max-events shape it.
+    /// torch/cuda/_memory_viz.py): PyTorch's segments, their blocks and its own trace where
+    /// its allocator's tracker recorded them; every other device allocation the recorder saw,
+    /// NCCL, cuBLAS and cudaMallocAsync memory included, is a segment holding one block;
+    /// failed allocations are `oom` entries. -o, --pickle and --max-events shape it.
     #[arg(long)]
     pytorch_snapshot: bool,
     /// Write a pprof profile (gzipped profile.proto) to FILE, for `go tool pprof`: per stack
@@ -96,6 +98,11 @@ pub struct Args {
     pub device: Option<i32>,
     #[command(flatten)]
     pub view: StacksArg,
+    /// For logs recorded with PyTorch's allocator tracker: count its segments, as the driver
+    /// handed them out (each a segment of one block), instead of its tensors (the real
+    /// blocks inside each segment, and PyTorch's own trace entries). Applies to every format.
+    #[command(flatten)]
+    pub segments: SegmentsArg,
     /// Trace entries kept per device: the last N (an allocation is 2 entries, its free 3, a
     /// failure 1); older ones are left out and said so. The viewer becomes unusably slow past
     /// about 600,000 entries. 0 keeps every entry.
@@ -153,7 +160,12 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
 
     // Pass 1: how many entries each device has, and whose.
     let mut census = Trace::new(args.device, Census::default());
-    let mut replay = replay::run(&args.logs, &mut [&mut census], Stop::End)?;
+    let mut replay = replay::run_view(
+        &args.logs,
+        &mut [&mut census],
+        Stop::End,
+        args.segments.view(),
+    )?;
     census.finish(replay.end_ns, &replay.processes);
     let processes = &replay.processes;
     for (device, (_, owners)) in &census.sink.devices {
@@ -173,19 +185,7 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
         }
     }
 
-    let mut segments: Vec<Segment> = replay
-        .state
-        .live()
-        .filter(|live| census.selects(live.device))
-        .map(|live| Segment {
-            device: live.device,
-            address: viewer_addr(live),
-            size: live.size,
-            stream: live.stream,
-            process: live.process,
-            stack: live.stack,
-        })
-        .collect();
+    let mut segments = live_segments(&replay, &census);
     segments.sort_by_key(|s| (s.device, s.address));
 
     let highest = census
@@ -221,9 +221,12 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
     // device passes replay the logs again (with tables of their own).
     let mut segment_frames: SegmentFrames = FxHashMap::default();
     for segment in &plan.segments {
-        segment_frames
-            .entry((segment.process, segment.stack))
-            .or_insert_with(|| stacks.frames(processes, segment.process, segment.stack));
+        let blocks = segment.blocks.iter().filter_map(|block| block.stack);
+        for stack in std::iter::once(segment.stack).chain(blocks) {
+            segment_frames
+                .entry((segment.process, stack))
+                .or_insert_with(|| stacks.frames(processes, segment.process, stack));
+        }
     }
     for process in &mut replay.processes {
         process.stacks = StackTable::default();
@@ -297,6 +300,66 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What is live at the end as the snapshot's segments: in the tensor view PyTorch's segments
+/// with their blocks, and every allocation outside its allocator as a segment of one block
+/// (marked as outside when the process recorded tensors); in the driver view every allocation
+/// as a segment of one block.
+fn live_segments(replay: &replay::Replay, trace: &Trace<Census>) -> Vec<Segment> {
+    let state = &replay.state;
+    let pytorch = state
+        .segments()
+        .filter(|segment| trace.selects(segment.live.device))
+        .map(|segment| {
+            let live = &segment.live;
+            let blocks = segment
+                .blocks()
+                .map(|(address, block)| {
+                    let (state, stack) = match block.state {
+                        BlockState::Allocated => ("active_allocated", Some(block.stack)),
+                        BlockState::Pending => ("active_pending_free", Some(block.stack)),
+                        BlockState::Free => ("inactive", None),
+                    };
+                    Block {
+                        address,
+                        size: block.size,
+                        requested: block.requested,
+                        state,
+                        stack,
+                    }
+                })
+                .collect();
+            Segment {
+                blocks,
+                ..one_block(live, None)
+            }
+        });
+    let others = state
+        .live()
+        .filter(|live| live.kind != EventKind::TensorAlloc && trace.selects(live.device))
+        .map(|live| {
+            let process = replay.processes.get(live.process as usize);
+            let outside = process
+                .filter(|p| p.tensor_allocs > 0)
+                .map(|p| p.api(live.api).into_owned());
+            one_block(live, outside)
+        });
+    pytorch.chain(others).collect()
+}
+
+/// `live` as a segment holding one block of its full size.
+fn one_block(live: &replay::Live, outside: Option<String>) -> Segment {
+    Segment {
+        device: live.device,
+        address: viewer_addr(live),
+        size: live.size,
+        stream: live.stream,
+        process: live.process,
+        stack: live.stack,
+        blocks: Vec::new(),
+        outside,
+    }
+}
+
 /// Frames of the segments' stacks, by (process, stack id).
 type SegmentFrames = FxHashMap<(u32, u32), Rc<[SymFrame]>>;
 
@@ -366,8 +429,13 @@ fn write_snapshot(
                 error: None,
             };
             let mut trace = Trace::new(Some(device as i32), sink);
-            let replay =
-                replay::run(&args.logs, &mut [&mut trace], Stop::End).map_err(Written::Replay)?;
+            let replay = replay::run_view(
+                &args.logs,
+                &mut [&mut trace],
+                Stop::End,
+                args.segments.view(),
+            )
+            .map_err(Written::Replay)?;
             trace.finish(replay.end_ns, &replay.processes);
             if let Some(err) = trace.sink.error {
                 return Err(Written::Io(err));
@@ -381,9 +449,9 @@ fn write_snapshot(
     out.key("segments")?;
     out.begin_list()?;
     for segment in &plan.segments {
-        write_segment(out, segment, &mut || {
+        write_segment(out, segment, &mut |key| {
             segment_frames
-                .get(&(segment.process, segment.stack))
+                .get(&key)
                 .cloned()
                 .unwrap_or_else(|| Rc::from(Vec::new()))
         })?;
@@ -405,9 +473,11 @@ fn write_snapshot(
     settings.push((
         "recorded_by",
         Setting::Text(format!(
-            "vramshim {}: each device allocation the recorder saw (any API: PyTorch, NCCL, \
-             cuBLAS, cudaMallocAsync, VMM) is one segment holding one block; frees show the \
-             allocating call's frames",
+            "vramshim {}: PyTorch's segments with their blocks and its own trace entries where \
+             its allocator's tracker recorded them (unless --segments); every other device \
+             allocation the recorder saw (any API: NCCL, cuBLAS, cudaMallocAsync, VMM) is one \
+             segment holding one block, marked `vramshim_outside` in a log with tensors; \
+             frees show the allocating call's frames",
             env!("CARGO_PKG_VERSION")
         )),
     ));

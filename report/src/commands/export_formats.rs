@@ -60,7 +60,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 fn profiles(args: &Args) -> Result<(), Failure> {
     let mut allocated = Allocated::new(args.device, false);
     let mut peaks = Peaks::default();
-    let replay = replay::run(&args.logs, &mut [&mut allocated, &mut peaks], Stop::End)?;
+    let replay = replay::run_view(
+        &args.logs,
+        &mut [&mut allocated, &mut peaks],
+        Stop::End,
+        args.segments.view(),
+    )?;
     let mut inuse: FxHashMap<i32, IdTotals> = FxHashMap::default();
     match args.inuse {
         Inuse::Peak => {
@@ -127,7 +132,12 @@ fn chrome_trace(args: &Args, path: &Path) -> Result<(), Failure> {
     let mut output = TempFile::create(path)?;
     let writer = output.take_writer(path)?;
     let mut tracks = Tracks::new(args.device, ChromeTraceWriter::new(writer));
-    let replay = replay::run(&args.logs, &mut [&mut tracks], Stop::End)?;
+    let replay = replay::run_view(
+        &args.logs,
+        &mut [&mut tracks],
+        Stop::End,
+        args.segments.view(),
+    )?;
     let events = tracks
         .sink
         .finish(&replay.processes, replay_start_unix_ns(&replay.processes))

@@ -10,7 +10,7 @@ use crate::analysis::groups::{Stacks, by_stack, by_stack_totals};
 use crate::analysis::oom::Oom;
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::SnapshotsAt;
-use crate::commands::common::{self, ByThread, StacksArg};
+use crate::commands::common::{self, ByThread, SegmentsArg, StacksArg};
 use crate::render::flamegraph::{self, DeviceStacks};
 use crate::render::timeline::{seconds_label, subject};
 use crate::render::{device_name, device_order};
@@ -68,6 +68,11 @@ pub struct Args {
     // With it, a `thread NAME (TID)` frame right under each device frame.
     #[command(flatten)]
     threads: ByThread,
+    /// Weigh PyTorch's caching-allocator segments, as the driver handed them out (the peak is
+    /// then the reserved peak), instead of the tensors inside them (for logs recorded with
+    /// the allocator's tracker).
+    #[command(flatten)]
+    segments: SegmentsArg,
 }
 
 /// The stacks to draw and what to call them.
@@ -140,7 +145,12 @@ type Found = (replay::Replay, Vec<String>, View);
 
 fn peak(args: &Args) -> Result<Found, Failure> {
     let mut peaks = Peaks::default();
-    let replay = replay::run(&args.logs, &mut [&mut peaks], Stop::End)?;
+    let replay = replay::run_view(
+        &args.logs,
+        &mut [&mut peaks],
+        Stop::End,
+        args.segments.view(),
+    )?;
     let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let mut parts = Vec::new();
     let mut moments = Vec::new();
@@ -170,7 +180,7 @@ fn peak(args: &Args) -> Result<Found, Failure> {
 }
 
 fn leaks(args: &Args) -> Result<Found, Failure> {
-    let replay = replay::run(&args.logs, &mut [], Stop::End)?;
+    let replay = replay::run_view(&args.logs, &mut [], Stop::End, args.segments.view())?;
     let mut devices: Vec<i32> = replay
         .state
         .devices()
@@ -207,7 +217,12 @@ fn leaks(args: &Args) -> Result<Found, Failure> {
 
 fn allocated(args: &Args) -> Result<Found, Failure> {
     let mut totals = Allocated::new(args.device, args.threads.by_thread);
-    let replay = replay::run(&args.logs, &mut [&mut totals], Stop::End)?;
+    let replay = replay::run_view(
+        &args.logs,
+        &mut [&mut totals],
+        Stop::End,
+        args.segments.view(),
+    )?;
     let mut devices: Vec<i32> = totals.devices.keys().copied().collect();
     devices.sort_by_key(|d| device_order(*d));
     let mut stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
@@ -233,7 +248,12 @@ fn allocated(args: &Args) -> Result<Found, Failure> {
 
 fn oom(args: &Args) -> Result<Found, Failure> {
     let mut analysis = Oom::new(args.device, args.threads.by_thread);
-    let replay = replay::run(&args.logs, &mut [&mut analysis], Stop::End)?;
+    let replay = replay::run_view(
+        &args.logs,
+        &mut [&mut analysis],
+        Stop::End,
+        args.segments.view(),
+    )?;
     let count = analysis.failures.len();
     let on = args
         .device
@@ -258,7 +278,12 @@ fn oom(args: &Args) -> Result<Found, Failure> {
             // Past the failures analysed in full: replay again up to this one.
             let mut at = SnapshotsAt::new(vec![(failure.seq, failure.device)]);
             if let Some(last) = at.last_seq() {
-                replay::run(&args.logs, &mut [&mut at], Stop::AfterSeq(last))?;
+                replay::run_view(
+                    &args.logs,
+                    &mut [&mut at],
+                    Stop::AfterSeq(last),
+                    args.segments.view(),
+                )?;
             }
             let allocations = at.taken.first().map_or(&[][..], |s| &s.allocations[..]);
             by_stack(allocations, &mut stacks, &replay.processes)

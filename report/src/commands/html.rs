@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use serde_json::{Map, Value};
 
 use crate::Failure;
-use crate::commands::common::{ByThread, Select, StacksArg, write_file};
+use crate::commands::common::{ByThread, SegmentsArg, Select, StacksArg, write_file};
 use crate::commands::{allocator, oom, peak, report, timeline, whatif};
 use crate::render;
 
@@ -52,13 +52,17 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     keep(
         "summary",
-        report::with_report(&select, args.view, threads, |report, w| {
-            (render::summary::json(report), w)
-        })?,
+        report::with_report(
+            &select,
+            args.view,
+            threads,
+            SegmentsArg::default(),
+            |report, w| (render::summary::json(report), w),
+        )?,
     );
     keep(
         "timeline",
-        timeline::with_report(&select, None, |report, w| {
+        timeline::with_report(&select, None, SegmentsArg::default(), |report, w| {
             (render::timeline::json(report), w)
         })?,
     );
@@ -68,9 +72,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     );
     keep(
         "oom",
-        oom::with_report(&select, args.view, threads, |report, w| {
-            (render::oom::json(&report), w)
-        })?,
+        oom::with_report(
+            &select,
+            args.view,
+            threads,
+            SegmentsArg::default(),
+            |report, w| (render::oom::json(&report), w),
+        )?,
     );
     for (name, leaks) in [("peak", false), ("leaks", true)] {
         let mut view = peak::json_document(&select, args.view, leaks)?;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack_totals};
 use crate::analysis::oom::Oom;
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit};
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
@@ -28,20 +28,28 @@ pub struct Args {
     /// Frames printed per stack (text only).
     #[arg(long, default_value_t = DEFAULT_FRAMES)]
     frames: usize,
+    #[command(flatten)]
+    segments: SegmentsArg,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    with_report(select, args.view, args.threads, |mut report, warnings| {
-        report.top = args.top;
-        report.frames = args.frames;
-        emit(
-            select,
-            &warnings,
-            || oom::json(&report),
-            |out| oom::text(out, &report),
-        )
-    })?
+    with_report(
+        select,
+        args.view,
+        args.threads,
+        args.segments,
+        |mut report, warnings| {
+            report.top = args.top;
+            report.frames = args.frames;
+            emit(
+                select,
+                &warnings,
+                || oom::json(&report),
+                |out| oom::text(out, &report),
+            )
+        },
+    )?
 }
 
 /// Builds the post-mortem of every failed allocation in `select`'s logs and hands it, with
@@ -50,11 +58,17 @@ pub fn with_report<T>(
     select: &Select,
     view: StacksArg,
     threads: ByThread,
+    segments: SegmentsArg,
     then: impl FnOnce(OomReport<'_>, Vec<String>) -> T,
 ) -> Result<T, Failure> {
     let by_thread = threads.by_thread;
     let mut analysis = Oom::new(select.device, by_thread);
-    let replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+    let replay = replay::run_view(
+        &select.logs,
+        &mut [&mut analysis],
+        Stop::End,
+        segments.view(),
+    )?;
     let processes = &replay.processes;
     let mut stacks = Stacks::new(processes, view.stacks, by_thread);
     let failures = analysis

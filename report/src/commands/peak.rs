@@ -9,7 +9,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit_streamed};
+use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit_streamed};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop, View};
 use crate::units;
@@ -36,10 +36,8 @@ pub struct PeakArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
-    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
-    /// the tensors inside them (for logs recorded with the allocator's tracker).
-    #[arg(long)]
-    segments: bool,
+    #[command(flatten)]
+    segments: SegmentsArg,
     /// Show what was live at this time instead of at the peak (since the start: `1.5`,
     /// `1.5s`, `250ms`, `40us`, `1200ns`), or at the program's first mark of that text
     /// (`mark:epoch 3`, written by `vramshim.mark`).
@@ -57,10 +55,8 @@ pub struct LeaksArgs {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
-    /// Count PyTorch's caching-allocator segments, as the driver handed them out, instead of
-    /// the tensors inside them (for logs recorded with the allocator's tracker).
-    #[arg(long)]
-    segments: bool,
+    #[command(flatten)]
+    segments: SegmentsArg,
     #[command(flatten)]
     shape: Shape,
 }
@@ -79,7 +75,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
                 &select.logs,
                 &mut [],
                 Stop::AfterTime(at),
-                view(args.segments),
+                args.segments.view(),
             )?;
             let snapshots = devices_of(&replay.state, select.device)
                 .into_iter()
@@ -95,7 +91,7 @@ pub fn peak(args: PeakArgs) -> Result<ExitCode, Failure> {
             (replay, snapshots, "at")
         }
         None => {
-            let (replay, snapshots) = at_peaks(select, view(args.segments))?;
+            let (replay, snapshots) = at_peaks(select, args.segments.view())?;
             (replay, snapshots, "peak")
         }
     };
@@ -114,7 +110,7 @@ struct Shown {
 
 pub fn leaks(args: LeaksArgs) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let (replay, snapshots) = at_end(select, view(args.segments))?;
+    let (replay, snapshots) = at_end(select, args.segments.view())?;
     let stacks = Stacks::new(&replay.processes, args.view.stacks, args.threads.by_thread);
     let shown = Shown {
         what: "leaks",
@@ -219,15 +215,6 @@ fn at_end(select: &Select, view: View) -> Result<(replay::Replay, Vec<Snapshot>)
         .map(|device| Snapshot::of(&replay.state, Some(device), replay.end_ns))
         .collect();
     Ok((replay, snapshots))
-}
-
-/// The replay's view: tensors unless `--segments`.
-fn view(segments: bool) -> View {
-    if segments {
-        View::Driver
-    } else {
-        View::Tensors
-    }
 }
 
 /// Devices with something live (PyTorch's cached segments included), narrowed to `only`.

@@ -6,7 +6,7 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit};
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -18,18 +18,26 @@ pub struct Args {
     view: StacksArg,
     #[command(flatten)]
     threads: ByThread,
+    #[command(flatten)]
+    segments: SegmentsArg,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    with_report(select, args.view, args.threads, |report, warnings| {
-        emit(
-            select,
-            &warnings,
-            || summary::json(report),
-            |out| summary::text(out, report),
-        )
-    })?
+    with_report(
+        select,
+        args.view,
+        args.threads,
+        args.segments,
+        |report, warnings| {
+            emit(
+                select,
+                &warnings,
+                || summary::json(report),
+                |out| summary::text(out, report),
+            )
+        },
+    )?
 }
 
 /// Builds the overview of `select`'s logs and hands it, with the warnings, to `then` (the
@@ -38,12 +46,18 @@ pub fn with_report<T>(
     select: &Select,
     view: StacksArg,
     threads: ByThread,
+    segments: SegmentsArg,
     then: impl FnOnce(&SummaryReport<'_>, Vec<String>) -> T,
 ) -> Result<T, Failure> {
     // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);
-    let replay = replay::run(&select.logs, &mut [&mut peaks, &mut counts], Stop::End)?;
+    let replay = replay::run_view(
+        &select.logs,
+        &mut [&mut peaks, &mut counts],
+        Stop::End,
+        segments.view(),
+    )?;
     let wanted: Vec<_> = peaks
         .total
         .iter()
@@ -70,6 +84,8 @@ pub fn with_report<T>(
             DeviceSummary {
                 device: peak.device,
                 peak: *peak,
+                reserved: peaks.reserved(peak.device),
+                exit_segments: replay.state.segment_totals(peak.device),
                 peak_groups,
                 exit_bytes: exit.live_bytes,
                 exit_count: exit.live_count,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use crate::Failure;
 use crate::analysis::timeline::{DEFAULT_THREAD_SERIES, Timeline};
-use crate::commands::common::{Select, emit, write_file, write_stdout};
+use crate::commands::common::{SegmentsArg, Select, emit, write_file, write_stdout};
 use crate::render::timeline::{self, TimelineReport};
 use crate::replay::{self, Stop};
 
@@ -37,12 +37,18 @@ pub struct Args {
         value_parser = clap::value_parser!(u16).range(1..=256)
     )]
     top_threads: u16,
+    /// Count PyTorch's caching-allocator segments as the live bytes, as the driver handed
+    /// them out, with no separate reserved series (for logs recorded with the allocator's
+    /// tracker; by default the live bytes are its tensors and the segments are the
+    /// reserved series).
+    #[command(flatten)]
+    segments: SegmentsArg,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
     let top_threads = args.by_thread.then_some(usize::from(args.top_threads));
-    with_report(select, top_threads, |report, warnings| {
+    with_report(select, top_threads, args.segments, |report, warnings| {
         if let Some(path) = &args.svg {
             let picture = timeline::svg(report);
             if path.as_os_str() == "-" {
@@ -72,13 +78,19 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 pub fn with_report<T>(
     select: &Select,
     top_threads: Option<usize>,
+    segments: SegmentsArg,
     then: impl FnOnce(&TimelineReport<'_>, Vec<String>) -> T,
 ) -> Result<T, Failure> {
     let mut analysis = match top_threads {
         Some(top_threads) => Timeline::by_thread(select.device, top_threads, None),
         None => Timeline::new(select.device),
     };
-    let mut replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+    let mut replay = replay::run_view(
+        &select.logs,
+        &mut [&mut analysis],
+        Stop::End,
+        segments.view(),
+    )?;
     // More allocating threads on a device than series: now that their peaks are known, a
     // second replay draws the chosen ones.
     if let Some(top_threads) = top_threads
@@ -86,7 +98,12 @@ pub fn with_report<T>(
     {
         drop(replay);
         analysis = Timeline::by_thread(select.device, top_threads, Some(chosen));
-        replay = replay::run(&select.logs, &mut [&mut analysis], Stop::End)?;
+        replay = replay::run_view(
+            &select.logs,
+            &mut [&mut analysis],
+            Stop::End,
+            segments.view(),
+        )?;
     }
     analysis.finish();
     let report = TimelineReport {

@@ -55,6 +55,11 @@ pub fn explain(failure: &Failure) -> String {
     }
 }
 
+/// Tensor view: the bytes PyTorch's allocator held free inside its segments at the failure.
+fn cached(failure: &Failure) -> u64 {
+    failure.segments.map_or(0, |(_, _, cached)| cached)
+}
+
 fn retry_text(view: &FailureView<'_>) -> Option<String> {
     let retry = view.failure.retry?;
     Some(format!(
@@ -93,7 +98,13 @@ pub fn json(report: &OomReport<'_>) -> Value {
                 "used": f.mem_info.map(|(free, total)| total.saturating_sub(free)),
                 "tracked_bytes": f.tracked_bytes,
                 "tracked_count": f.tracked_count,
-                "untracked_bytes": f.mem_info.map(|(free, total)| total.saturating_sub(free).saturating_sub(f.tracked_bytes)),
+                "untracked_bytes": f.mem_info.map(|(free, total)| total.saturating_sub(free).saturating_sub(f.tracked_bytes).saturating_sub(cached(f))),
+                "block_request": f.block_request,
+                "pytorch_segments": f.segments.map(|(count, bytes, cached)| json!({
+                    "count": count,
+                    "bytes": bytes,
+                    "cached_bytes": cached,
+                })),
                 "verdict": f.verdict.name(),
                 "explanation": explain(f),
                 "frames": view.frames.iter().map(super::frame_json).collect::<Vec<_>>(),
@@ -140,17 +151,48 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
         for frame in view.frames.iter().take(report.frames) {
             writeln!(out, "    {}", frame.label())?;
         }
-        if let Some((free, total)) = f.mem_info {
-            let used = total.saturating_sub(free);
+        if let Some(block) = f.block_request {
             writeln!(
                 out,
-                "  device: {} free of {}; {} used, of which {} tracked in {} and {} untracked (context, modules, other processes)",
+                "  PyTorch's allocator gave up on a block of {} (the tensor's request)",
+                bytes(block)
+            )?;
+        }
+        if let Some((count, reserved, cached)) = f.segments {
+            writeln!(
+                out,
+                "  PyTorch's allocator held {} ({}), {} of it cached: free inside its segments, not tensors",
+                counted(count, "segment"),
+                bytes(reserved),
+                bytes(cached)
+            )?;
+        }
+        if let Some((free, total)) = f.mem_info {
+            let used = total.saturating_sub(free);
+            let what = if f.segments.is_some() {
+                format!(
+                    "{} live (tensors and memory outside PyTorch's allocator) in {}, {} cached by the allocator",
+                    bytes(f.tracked_bytes),
+                    counted(f.tracked_count, "allocation"),
+                    bytes(cached(f))
+                )
+            } else {
+                format!(
+                    "{} tracked in {}",
+                    bytes(f.tracked_bytes),
+                    counted(f.tracked_count, "allocation")
+                )
+            };
+            writeln!(
+                out,
+                "  device: {} free of {}; {} used, of which {what} and {} untracked (context, modules, other processes)",
                 bytes(free),
                 bytes(total),
                 bytes(used),
-                bytes(f.tracked_bytes),
-                counted(f.tracked_count, "allocation"),
-                bytes(used.saturating_sub(f.tracked_bytes))
+                bytes(
+                    used.saturating_sub(f.tracked_bytes)
+                        .saturating_sub(cached(f))
+                )
             )?;
         } else {
             writeln!(

@@ -108,8 +108,9 @@ pub fn write_entry(
     out.end_dict()
 }
 
-/// One allocation live at the end, as a segment holding one active block of its full size.
-#[derive(Clone, Copy, Debug)]
+/// A segment live at the end: one of PyTorch's, with its blocks, or any other allocation as
+/// a segment holding one active block of its full size.
+#[derive(Clone, Debug)]
 pub struct Segment {
     pub device: i32,
     pub address: u64,
@@ -117,59 +118,111 @@ pub struct Segment {
     pub stream: u64,
     pub process: u32,
     pub stack: u32,
+    /// PyTorch's blocks, by address (they tile the segment); empty: one block, all of it.
+    pub blocks: Vec<Block>,
+    /// Memory outside PyTorch's allocator in a log that has its tensors: the API that
+    /// allocated it (cuBLAS's handles, NCCL...), written as the segment's `vramshim_outside`.
+    pub outside: Option<String>,
+}
+
+/// A block of one of PyTorch's segments.
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    /// The bytes last asked for from the block, as PyTorch keeps them.
+    pub requested: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`, as PyTorch names them.
+    pub state: &'static str,
+    /// The allocating call's stack, for an active block.
+    pub stack: Option<u32>,
 }
 
 /// Segments larger than this are PyTorch's "large" pool; the rest "small".
 const SMALL_SEGMENT_MAX: u64 = 1 << 20;
+/// PyTorch's small pool takes segments of exactly this size.
+const SMALL_POOL_SEGMENT: u64 = 2 << 20;
 
+/// Writes one segment; `resolve` gives the frames of a stack.
 pub fn write_segment(
     out: &mut dyn SnapshotWriter,
     segment: &Segment,
-    resolve: &mut dyn FnMut() -> Rc<[SymFrame]>,
+    resolve: &mut dyn FnMut(StackKey) -> Rc<[SymFrame]>,
 ) -> io::Result<()> {
     let key = (segment.process, segment.stack);
+    let whole = [Block {
+        address: segment.address,
+        size: segment.size,
+        requested: segment.size,
+        state: "active_allocated",
+        stack: Some(segment.stack),
+    }];
+    let (blocks, small) = if segment.blocks.is_empty() {
+        (&whole[..], segment.size <= SMALL_SEGMENT_MAX)
+    } else {
+        (&segment.blocks[..], segment.size == SMALL_POOL_SEGMENT)
+    };
+    let sum = |active_only: bool, allocated_only: bool, requested: bool| -> u64 {
+        blocks
+            .iter()
+            .filter(|b| {
+                if allocated_only {
+                    b.state == "active_allocated"
+                } else {
+                    !active_only || b.state != "inactive"
+                }
+            })
+            .map(|b| if requested { b.requested } else { b.size })
+            .sum()
+    };
     out.begin_dict()?;
     out.key("device")?;
     out.uint(u64::try_from(segment.device).unwrap_or(0))?;
     out.key("address")?;
     out.uint(segment.address)?;
-    for key in [
-        "total_size",
-        "allocated_size",
-        "active_size",
-        "requested_size",
-    ] {
-        out.key(key)?;
-        out.uint(segment.size)?;
-    }
+    out.key("total_size")?;
+    out.uint(segment.size)?;
+    out.key("allocated_size")?;
+    out.uint(sum(true, true, false))?;
+    out.key("active_size")?;
+    out.uint(sum(true, false, false))?;
+    out.key("requested_size")?;
+    out.uint(sum(true, false, true))?;
     out.key("stream")?;
     out.uint(segment.stream)?;
     out.key("segment_type")?;
-    out.word(if segment.size > SMALL_SEGMENT_MAX {
-        "large"
-    } else {
-        "small"
-    })?;
+    out.word(if small { "small" } else { "large" })?;
     out.key("segment_pool_id")?;
     out.pair(0, 0)?;
     out.key("is_expandable")?;
     out.bool(false)?;
+    if let Some(api) = &segment.outside {
+        out.key("vramshim_outside")?;
+        out.str(&format!("outside PyTorch's allocator: {api}"))?;
+    }
     out.key("frames")?;
-    out.frames(key, resolve)?;
+    out.frames(key, &mut || resolve(key))?;
     out.key("blocks")?;
     out.begin_list()?;
-    out.begin_dict()?;
-    out.key("address")?;
-    out.uint(segment.address)?;
-    out.key("size")?;
-    out.uint(segment.size)?;
-    out.key("requested_size")?;
-    out.uint(segment.size)?;
-    out.key("state")?;
-    out.word("active_allocated")?;
-    out.key("frames")?;
-    out.frames(key, resolve)?;
-    out.end_dict()?;
+    for block in blocks {
+        out.begin_dict()?;
+        out.key("address")?;
+        out.uint(block.address)?;
+        out.key("size")?;
+        out.uint(block.size)?;
+        out.key("requested_size")?;
+        out.uint(block.requested)?;
+        out.key("state")?;
+        out.word(block.state)?;
+        out.key("frames")?;
+        // An inactive block has no frames of its own: stack 0 is no stack.
+        let key = (segment.process, block.stack.unwrap_or(0));
+        out.frames(key, &mut || match block.stack {
+            Some(_) => resolve(key),
+            None => Rc::from(Vec::new()),
+        })?;
+        out.end_dict()?;
+    }
     out.end_list()?;
     out.end_dict()
 }

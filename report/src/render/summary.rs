@@ -11,7 +11,7 @@ use super::{
 };
 use crate::analysis::apis::Family;
 use crate::analysis::groups::StackGroup;
-use crate::analysis::peaks::Peak;
+use crate::analysis::peaks::{Peak, ReservedPeak};
 use crate::analysis::summary::{FamilyCounts, MemorySample};
 use crate::replay::{Live, Process};
 use crate::symbols::SymFrame;
@@ -23,8 +23,13 @@ pub const TOP_STACKS: usize = 10;
 /// One device (or pinned host memory) in the summary.
 pub struct DeviceSummary {
     pub device: i32,
+    /// Tensor view: live bytes count PyTorch's tensors in place of its segments.
     pub peak: Peak,
+    /// Tensor view: the peak of what the driver handed out (segments, not tensors).
+    pub reserved: Option<ReservedPeak>,
     pub peak_groups: Vec<StackGroup>,
+    /// Tensor view: PyTorch's segments still cached at exit (count, bytes).
+    pub exit_segments: (u64, u64),
     pub exit_bytes: u64,
     pub exit_count: u64,
     pub failures: u64,
@@ -88,7 +93,7 @@ pub fn json(report: &SummaryReport<'_>) -> Value {
         .iter()
         .map(|d| {
             let notable = notable_samples(&d.samples);
-            json!({
+            let mut device = json!({
                 "device": d.device,
                 "peak_bytes": d.peak.bytes,
                 "peak_count": d.peak.count,
@@ -107,7 +112,22 @@ pub fn json(report: &SummaryReport<'_>) -> Value {
                     "peak_bytes": peak.bytes,
                     "peak_t_ns": peak.t_ns,
                 })).collect::<Vec<_>>(),
-            })
+            });
+            if let (Some(reserved), Value::Object(map)) = (d.reserved, &mut device) {
+                map.insert(
+                    "reserved_peak".into(),
+                    json!({
+                        "bytes": reserved.bytes,
+                        "t_ns": reserved.t_ns,
+                        "pytorch_segments": {"count": reserved.segments.0, "bytes": reserved.segments.1},
+                    }),
+                );
+                map.insert(
+                    "pytorch_segments_at_exit".into(),
+                    json!({"count": d.exit_segments.0, "bytes": d.exit_segments.1}),
+                );
+            }
+            device
         })
         .collect();
     let (device_entries, host): (Vec<_>, Vec<_>) = report
@@ -151,22 +171,52 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
     }
     for d in &report.devices {
         writeln!(out, "\n{}", device_name(d.device))?;
+        let end = crate::replay::end_name(report.processes);
+        let (peak, exit) = if d.reserved.is_some() {
+            ("peak allocated", format!("live at {end}   "))
+        } else {
+            ("peak", format!("live at {end}  "))
+        };
         writeln!(
             out,
-            "  peak          {} at {} ({} allocation{} live)",
+            "  {peak:<13} {} at {} ({} allocation{} live{})",
             bytes(d.peak.bytes),
             seconds(d.peak.t_ns),
             d.peak.count,
-            if d.peak.count == 1 { "" } else { "s" }
+            if d.peak.count == 1 { "" } else { "s" },
+            if d.reserved.is_some() {
+                ": PyTorch's tensors and memory outside its allocator"
+            } else {
+                ""
+            }
         )?;
+        if let Some(reserved) = d.reserved {
+            writeln!(
+                out,
+                "  peak reserved  {} at {} (PyTorch's {} segment{}, {}, and memory outside its allocator)",
+                bytes(reserved.bytes),
+                seconds(reserved.t_ns),
+                reserved.segments.0,
+                if reserved.segments.0 == 1 { "" } else { "s" },
+                bytes(reserved.segments.1)
+            )?;
+        }
         writeln!(
             out,
-            "  live at {}  {} in {} allocation{}",
-            crate::replay::end_name(report.processes),
+            "  {exit}{} in {} allocation{}",
             bytes(d.exit_bytes),
             d.exit_count,
             if d.exit_count == 1 { "" } else { "s" }
         )?;
+        if d.reserved.is_some() && d.exit_segments.0 > 0 {
+            writeln!(
+                out,
+                "  cached at {end} {} in {} segment{} of PyTorch's allocator (the allocator's, not leaks)",
+                bytes(d.exit_segments.1),
+                d.exit_segments.0,
+                if d.exit_segments.0 == 1 { "" } else { "s" }
+            )?;
+        }
         if d.failures > 0 {
             writeln!(out, "  failed allocations  {}", d.failures)?;
         }

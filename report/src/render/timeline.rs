@@ -152,6 +152,7 @@ impl MemoryAxis {
         let top = series
             .peak
             .map_or(0, |p| p.bytes)
+            .max(series.reserved_peak.map_or(0, |p| p.bytes))
             .max(series.used_max().unwrap_or(0))
             .max(1);
         let (unit, unit_bytes) = memory_unit(top);
@@ -272,6 +273,12 @@ pub fn json(report: &TimelineReport<'_>) -> Value {
                 "total_bytes": series.total_bytes,
                 "used_max_bytes": series.used_max(),
                 "series": series_json(series.buckets.iter().map(|b| b.live), bucket_ns),
+                "reserved_peak": peak_json(series.reserved_peak),
+                "reserved": if series.reserved_peak.is_some() {
+                    series_json(series.buckets.iter().map(|b| b.reserved), bucket_ns)
+                } else {
+                    Value::Null
+                },
                 "used": series.buckets.iter().enumerate().filter_map(|(i, b)| b.used.map(|used| json!({
                     "t_ns": i as u64 * bucket_ns,
                     "bytes": used,
@@ -426,8 +433,20 @@ fn failure_count(series: &DeviceTimeline) -> u64 {
 fn heading(series: &DeviceTimeline) -> String {
     let mut text = chart_name(series.device);
     match series.peak {
+        Some(peak) if series.reserved_peak.is_some() => {
+            text.push_str(&format!(
+                ": allocated {}",
+                peak_label(peak.bytes, peak.t_ns)
+            ));
+        }
         Some(peak) => text.push_str(&format!(": {}", peak_label(peak.bytes, peak.t_ns))),
         None => text.push_str(": nothing allocated"),
+    }
+    if let Some(reserved) = series.reserved_peak {
+        text.push_str(&format!(
+            ", reserved {}",
+            peak_label(reserved.bytes, reserved.t_ns)
+        ));
     }
     let failures = failure_count(series);
     if failures > 0 {
@@ -451,6 +470,15 @@ fn write_chart(
     } = ChartLayout::new(series, columns);
     let span = report.span_ns();
     let (live, used) = columns_of(report, series, width);
+    let reserved = series.reserved_peak.map(|peak| {
+        live_columns(
+            series.buckets.iter().map(|b| b.reserved),
+            Some(peak),
+            report.timeline.bucket_ns,
+            span,
+            width,
+        )
+    });
     let max_bytes = axis.max_bytes();
     let eighths = |value: u64| -> usize {
         let scaled = (value as f64 / max_bytes * (ROWS * 8) as f64).round() as usize;
@@ -472,6 +500,13 @@ fn write_chart(
         for column in 0..width {
             let filled = eighths(live[column]).saturating_sub(row * 8).min(8);
             let mut cell = BLOCKS[filled];
+            if cell == ' '
+                && let Some(value) = reserved.as_ref().map(|r| r[column])
+                && value > 0
+                && ((value as f64 / max_bytes * ROWS as f64) as usize).min(ROWS - 1) == row
+            {
+                cell = '─';
+            }
             if cell == ' '
                 && let Some(value) = used[column]
             {
@@ -533,7 +568,14 @@ fn write_chart(
     writeln!(out, "{pad}{}", ticks.trim_end())?;
     writeln!(out, "{pad}{:>width$}", "time (s)")?;
 
-    let mut legend = vec!["█ live bytes (hooked allocations)"];
+    let mut legend = vec![if series.reserved_peak.is_some() {
+        "█ allocated (PyTorch's tensors and memory outside its allocator)"
+    } else {
+        "█ live bytes (hooked allocations)"
+    }];
+    if series.reserved_peak.is_some() {
+        legend.push("─ reserved (PyTorch's segments in place of its tensors)");
+    }
     if series.used_max().is_some() {
         legend.push("• device used memory (total - free, sampled)");
     }
@@ -548,6 +590,13 @@ fn write_chart(
     }
     if let Some(peak) = series.peak {
         writeln!(out, "{pad}^ {}", peak_label(peak.bytes, peak.t_ns))?;
+    }
+    if let Some(reserved) = series.reserved_peak {
+        writeln!(
+            out,
+            "{pad}  reserved {}",
+            peak_label(reserved.bytes, reserved.t_ns)
+        )?;
     }
     for failure in series.failures.iter().take(LABELLED_FAILURES) {
         writeln!(
@@ -685,6 +734,8 @@ const PLOT_OFFSET: f64 = 60.0;
 const PLOT_HEIGHT: f64 = 200.0;
 const LIVE_COLOUR: &str = "#1f5fa8";
 const USED_COLOUR: &str = "#e07b00";
+/// Tensor view: PyTorch's reserved bytes (its segments).
+const RESERVED_COLOUR: &str = "#2e8b57";
 const FAILURE_COLOUR: &str = "#d00000";
 const MARK_COLOUR: &str = "#2e8b57";
 /// Split by thread: the thread legend's rows, under a panel's time axis.
@@ -904,6 +955,34 @@ fn panel(svg: &mut Svg, report: &TimelineReport<'_>, series: &DeviceTimeline, to
             ("class", "live"),
         ],
     );
+    if series.reserved_peak.is_some() {
+        let mut d = format!("M{} {}", num(PLOT_LEFT), num(bottom));
+        let mut level = 0;
+        for (index, bucket) in series.buckets.iter().enumerate() {
+            let Some(reserved) = bucket.reserved else {
+                continue;
+            };
+            let x = num(x_of(index as f64 * bucket_ns));
+            d.push_str(&format!(
+                " L{x} {} L{x} {} L{x} {}",
+                num(y_of(level)),
+                num(y_of(reserved.max)),
+                num(y_of(reserved.last))
+            ));
+            level = reserved.last;
+        }
+        d.push_str(&format!(" L{} {}", num(PLOT_RIGHT), num(y_of(level))));
+        svg.element(
+            "path",
+            &[
+                ("d", &d),
+                ("fill", "none"),
+                ("stroke", RESERVED_COLOUR),
+                ("stroke-width", "1.5"),
+                ("class", "reserved"),
+            ],
+        );
+    }
     if thread_legend_rows(report, series) > 0 {
         thread_lines(svg, report, series, top, &x_of, &y_of);
     }
@@ -1138,7 +1217,21 @@ fn legend(svg: &mut Svg, y: f64, series: &DeviceTimeline, marks: bool) {
         (x + 12.0, y),
         &[("stroke", LIVE_COLOUR), ("stroke-width", "3")],
     );
-    entry(svg, &mut x, "live bytes (hooked allocations)");
+    if series.reserved_peak.is_some() {
+        entry(
+            svg,
+            &mut x,
+            "allocated (PyTorch's tensors and memory outside its allocator)",
+        );
+        svg.line(
+            (x, y),
+            (x + 12.0, y),
+            &[("stroke", RESERVED_COLOUR), ("stroke-width", "3")],
+        );
+        entry(svg, &mut x, "reserved (its segments)");
+    } else {
+        entry(svg, &mut x, "live bytes (hooked allocations)");
+    }
     if series.used_max().is_some() {
         svg.element(
             "circle",
