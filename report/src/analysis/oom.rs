@@ -70,14 +70,17 @@ pub struct Retry {
 
 /// Whether the program got past `failures[index]`: its retry succeeded, or its retry was
 /// `max_split_size_mb`'s uncounted step and the counted retry after it succeeded.
-pub fn recovered(failures: &[Failure], index: usize) -> bool {
-    match failures.get(index).and_then(|f| f.retry) {
-        Some(retry) if retry.succeeded => true,
-        Some(retry) if retry.oversize => failures
-            .iter()
-            .position(|f| f.is_retry_of == Some(index))
-            .is_some_and(|next| recovered(failures, next)),
-        _ => false,
+pub fn recovered(failures: &[Failure], mut index: usize) -> bool {
+    // Each step goes to a later failure, so this ends.
+    loop {
+        let Some(failure) = failures.get(index) else {
+            return false;
+        };
+        match (failure.retry, failure.retried_by) {
+            (Some(retry), _) if retry.succeeded => return true,
+            (Some(retry), Some(next)) if retry.oversize && next > index => index = next,
+            _ => return false,
+        }
     }
 }
 
@@ -109,6 +112,8 @@ pub struct Failure {
     pub retry: Option<Retry>,
     /// This failure is itself the repeated request of an earlier failure's retry.
     pub is_retry_of: Option<usize>,
+    /// The failure that is this one's repeated request (the inverse of `is_retry_of`).
+    pub retried_by: Option<usize>,
 }
 
 /// A failure waiting to see whether its thread retries.
@@ -144,9 +149,7 @@ impl Oom {
             ..Oom::default()
         }
     }
-}
 
-impl Oom {
     fn max_split_of(&mut self, processes: &[Process], process: u32) -> Option<u64> {
         let p = process as usize;
         if self.max_split.len() <= p {
@@ -284,7 +287,11 @@ impl Observer for Oom {
                     largest_live,
                     retry: None,
                     is_retry_of,
+                    retried_by: None,
                 });
+                if let Some(first) = is_retry_of {
+                    self.failures[first].retried_by = Some(index);
+                }
                 // A failed retry ends the sequence (but max_split_size_mb's step's); a first
                 // failure may be retried. Another error's next call is a fallback, not a
                 // retry after releasing memory.
