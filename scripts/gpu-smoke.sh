@@ -24,7 +24,7 @@
 # nocache"; nocache needs default's figures), PYSTACKS (default 1; 0 skips the Python-stack
 # check on the async run), WHATIF (default 1; 0 skips the what-if check at
 # the end: `vramshim whatif` on the async log against the default and expandable runs), JUDGE
-# (default 1; 0 skips the judge: scripts/gpu_judge.py, exact checks on four more modes).
+# (default 1; 0 skips the judge: scripts/gpu_judge.py, issue 11's exact checks 1-5).
 # Exit status 1 if any mode fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -209,9 +209,10 @@ PY
     fi
 fi
 
-# Issue 11's judge (JUDGE=0 skips it): the fake-GPU suite's checks 1 and 2 on this GPU,
-# exact (tests/python/torch_judge.py per allocator mode; scripts/gpu_judge.py compares each
-# log and whatif prediction with torch's figures and prints every difference).
+# Issue 11's judge (JUDGE=0 skips it): the fake-GPU suite's checks 1-5 on this GPU, exact
+# (tests/python/torch_judge.py per allocator mode, and DDP where there are two GPUs;
+# scripts/gpu_judge.py compares each log, whatif prediction, Python stack, snapshot export
+# and OOM report with torch's own figures and prints every difference).
 if [ "${JUDGE:-1}" = 1 ]; then
     echo
     echo "== judge: memory_stats() vs the logs, whatif vs each native mode (0 bytes)"

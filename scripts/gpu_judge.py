@@ -1,19 +1,35 @@
-"""Issue 11's checks 1 and 2 on any device: torch's own figures against vramshim's.
+"""Issue 11's judge on any device: torch's own figures against vramshim's, every difference
+printed. The same checks tests/tests/torch_judge.rs makes on the fake GPU.
 
-Runs tests/python/torch_judge.py (MLP, transformer with varying lengths, inference loop with
-empty_cache) once per allocator mode under the recorder, then:
-  1. each native mode's log (`vramshim allocator --json`): peak reserved, cudaMalloc and
-     cudaFree counts, retries and failed cudaMallocs equal reserved_bytes.all.peak,
-     num_device_alloc, num_device_free, num_alloc_retries (+ num_ooms); expandable segments:
-     the mapped peak only (their num_device_alloc counts mapped ranges);
-  2. `vramshim whatif` on the cudaMallocAsync recording, at the device's total memory,
-     predicts each mode's max_memory_reserved(), allocated and requested peaks and counters:
-     0 bytes of difference allowed.
+Runs tests/python/torch_judge.py under the recorder (one process per allocator mode, or
+`torchrun --nproc_per_node=2` per mode for DDP), then:
+  1. each native mode's log (`vramshim allocator --json`; per rank for DDP): peak reserved,
+     cudaMalloc and cudaFree counts, retries and failed cudaMallocs equal
+     reserved_bytes.all.peak, num_device_alloc, num_device_free, num_alloc_retries
+     (+ num_ooms); expandable segments: the mapped peak only (their num_device_alloc counts
+     mapped ranges);
+  2. `vramshim whatif` on the cudaMallocAsync recording (each rank's own for DDP), at the
+     device's total memory, predicts each mode's max_memory_reserved(), allocated and
+     requested peaks and counters: 0 bytes of difference allowed;
+  3. Python stacks of the MLP with caching off (one cudaMalloc per tensor): ReLU's output
+     under Mlp.forward's line under the loop's line; backward allocations on pt_autograd_*
+     with a ...Backward0::apply frame (but the bias gradients' reduce_grad sums); Adam's state
+     under the loop's optimizer.step() line and Adam.step;
+  4. `export --pytorch-snapshot` of that run against torch's own `_snapshot()` of the same
+     workload under the default allocator (with caching off torch records nothing): the same
+     allocations in the same order, each with its size and Python frames (cuBLAS's own
+     driver-API allocations, which torch never sees, are taken out by address and size);
+  5. torch's real OOM (the MLP, then half the card held and half asked for): `vramshim oom`
+     gives the failed request, verdict exceeded_free_memory, torch's one retry (failed, after
+     releasing the cached segments: the bytes and count by which torch's reserved bytes and
+     num_device_free moved) and the script's line.
 Prints every comparison and its difference; exit status 1 if any differs.
 
-usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR]
-With --fake the fake GPU libraries are preloaded too (how CI-less machines check the script:
-the same comparisons tests/tests/torch_judge.rs makes)."""
+usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5]
+                    [--workloads mlp,transformer,inference,resnet|none] [--no-ddp]
+With --fake the fake GPU libraries are preloaded too (how machines without a GPU check the
+script; the fakes of torch's CUDA major are chosen from torch.version.cuda). DDP needs two
+devices: on a machine with one GPU it is skipped, and says so."""
 import json
 import os
 import subprocess
@@ -21,36 +37,78 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests/python/torch_judge.py")
-FAKES = ["libcuda.so.1", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13",
-         "libcudnn.so.9", "libnccl.so.2", "libnvidia-ml.so.1", "libcusparse.so.12",
-         "libcusolver.so.12", "libcufft.so.12", "libcurand.so.10", "libnvrtc.so.13",
-         "libnvJitLink.so.13", "libcupti.so.13", "libcufile.so.0", "libnvshmem_host.so.3",
-         "libcusparseLt.so.0"]
+FAKES = {
+    "13": ["libcuda.so.1", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13",
+           "libcudnn.so.9", "libnccl.so.2", "libnvidia-ml.so.1", "libcusparse.so.12",
+           "libcusolver.so.12", "libcufft.so.12", "libcurand.so.10", "libnvrtc.so.13",
+           "libnvJitLink.so.13", "libcupti.so.13", "libcufile.so.0", "libnvshmem_host.so.3",
+           "libcusparseLt.so.0"],
+    "12": ["libcuda.so.1", "libcudart.so.12", "libcublas.so.12", "libcublasLt.so.12",
+           "libcudnn.so.9", "libnccl.so.2", "libnvidia-ml.so.1", "libcusparse.so.12",
+           "libcusolver.so.11", "libcufft.so.11", "libcurand.so.10", "libnvrtc.so.12",
+           "libcupti.so.12", "libcusparseLt.so.0"],
+}
 MODES = [("default", ""), ("expandable", "expandable_segments:True"),
          ("max-split", "max_split_size_mb:64"), ("roundup", "roundup_power2_divisions:4")]
+FAKE_MEMORY = 8 << 30
 
 vramshim, shim, out_dir = sys.argv[1:4]
-fake = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "--fake" else None
+options = sys.argv[4:]
+
+
+def option(name, default=None):
+    return options[options.index(name) + 1] if name in options else default
+
+
+fake = option("--fake")
+checks = {int(c) for c in option("--checks", "1,2,3,4,5").split(",")}
+workloads = option("--workloads", "mlp,transformer,inference,resnet")
 bad = 0
+compared = 0
 
 
-def run(name, env):
-    """One recorded judge process: (torch's figures, its log)."""
-    logs = os.path.join(out_dir, name)
-    os.makedirs(logs, exist_ok=True)
-    preload = [shim] + ([os.path.join(fake, f) for f in FAKES] if fake else [])
+def torch_cuda_major():
+    """torch.version.cuda's major, read from torch/version.py (importing torch needs the
+    CUDA libraries the fakes stand in for)."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as f:
+        for line in f:
+            if line.startswith("cuda"):
+                return line.split("=")[1].strip().strip("'\"").split(".")[0]
+    raise SystemExit("torch/version.py names no CUDA version")
+
+
+preload = [shim]
+if fake:
+    preload += [os.path.join(fake, f) for f in FAKES[torch_cuda_major()]]
+
+
+def environment(logs, env, devices=1):
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("PYTORCH_", "JUDGE_", "VRAMSHIM_")) and k != "LD_PRELOAD"}
     full.update(LD_PRELOAD=":".join(preload), VRAMSHIM_OUTPUT=os.path.join(logs, "%p.vlog"),
                 **env)
     if fake:
-        full.update(LD_LIBRARY_PATH=fake, VRAMSHIM_FAKEGPU_MEMORY=str(8 << 30))
-    out = subprocess.run([sys.executable, "-W", "ignore", SCRIPT, "mlp,transformer,inference"],
-                         env=full, capture_output=True, text=True)
+        full.update(LD_LIBRARY_PATH=fake, VRAMSHIM_FAKEGPU_MEMORY=str(FAKE_MEMORY),
+                    VRAMSHIM_FAKEGPU_COUNT=str(devices), VRAMSHIM_FAKEGPU_NCCL_TIMEOUT="120")
+    return full
+
+
+def fail_run(name, out, logs):
     with open(os.path.join(logs, "stderr.txt"), "w") as f:
         f.write(out.stderr)
     if out.returncode != 0:
         raise SystemExit(f"{name}: exit {out.returncode}\n{out.stderr[-2000:]}")
+
+
+def run(name, env, work=None):
+    """One recorded judge process: (torch's figures, its log)."""
+    logs = os.path.join(out_dir, name)
+    os.makedirs(logs, exist_ok=True)
+    out = subprocess.run([sys.executable, "-W", "ignore", SCRIPT, work or workloads],
+                         env=environment(logs, env), capture_output=True, text=True)
+    fail_run(name, out, logs)
     torch = json.loads(out.stdout.strip().splitlines()[-1])
     log = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
     if len(log) != 1:
@@ -58,41 +116,76 @@ def run(name, env):
     return torch, log[0]
 
 
+def run_ddp(name, env):
+    """One recorded `torchrun --nproc_per_node=2` of the ddp workload: [(figures, log)] by
+    rank."""
+    logs = os.path.join(out_dir, name)
+    os.makedirs(logs, exist_ok=True)
+    # TORCH_DIST_USE_NCCL2=0: torch 2.15's default NCCL process group ("nccl2") takes a
+    # snapshot of the allocator when it is made, which backend:cudaMallocAsync refuses (an
+    # exception, then std::terminate in its destructor); the stock one, in every mode alike.
+    full = environment(logs, dict(env, JUDGE_RANK_DIR=logs, TORCH_DIST_USE_NCCL2="0"),
+                       devices=2)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "torch.distributed.run",
+                          "--standalone", "--nproc_per_node=2", SCRIPT, "ddp"],
+                         env=full, capture_output=True, text=True)
+    fail_run(name, out, logs)
+    ranks = []
+    for rank in range(2):
+        with open(os.path.join(logs, f"rank{rank}.json")) as f:
+            torch = json.load(f)
+        ranks.append((torch, os.path.join(logs, f"{torch['pid']}.vlog")))
+    return ranks
+
+
 def tool(*args):
-    out = subprocess.run([vramshim, *args], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    out = subprocess.run([vramshim, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"vramshim {' '.join(args)}: exit {out.returncode}\n{out.stderr}")
+    return out.stdout
+
+
+def tool_json(*args):
+    return json.loads(tool(*args))
+
+
+def events(log):
+    return [json.loads(line) for line in tool("dump", "--json", log).splitlines()]
 
 
 def compare(label, pairs):
-    global bad
+    """Prints each (what, vramshim's, torch's) and whether they are equal."""
+    global bad, compared
     for what, got, want in pairs:
         ok = got == want
+        compared += 1
         bad += 0 if ok else 1
-        print(f"  {label:11} {what:32} vramshim {got:>12}  torch {want:>12}  "
-              f"diff {got - want:+d}  {'PASS' if ok else 'FAIL'}")
+        if isinstance(got, int) and isinstance(want, int):
+            print(f"  {label:15} {what:32} vramshim {got:>12}  torch {want:>12}  "
+                  f"diff {got - want:+d}  {'PASS' if ok else 'FAIL'}")
+        else:
+            print(f"  {label:15} {what:32} vramshim {got!r}  torch {want!r}  "
+                  f"{'PASS' if ok else 'FAIL'}")
 
 
-recording, async_log = run("async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
-runs = {label: run(label, {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
-        for label, conf in MODES}
-device_total = None
-for event in subprocess.run([vramshim, "dump", "--json", async_log], capture_output=True,
-                            text=True, check=True).stdout.splitlines():
-    entry = json.loads(event)
-    if entry.get("type") == "mem_info" and entry.get("device") == 0:
-        device_total = entry["total"]
-        break
+def device_total(log, device):
+    for entry in events(log):
+        if entry.get("type") == "mem_info" and entry.get("device") == device:
+            return entry["total"]
+    raise SystemExit(f"{log}: no device total for device {device}")
 
-print("== check 1: each native mode's log against torch.cuda.memory_stats()")
-for label, (torch, log) in runs.items():
-    view = next(d for d in tool("allocator", "--json", log)["devices"] if d["device"] == 0)
+
+def check_1(label, torch, log, device=0):
+    """The log's segments against memory_stats()."""
+    view = next(d for d in tool_json("allocator", "--json", log)["devices"]
+                if d["device"] == device)
     libraries = view.get("libraries") or {}
     if libraries.get("alloc", {}).get("count"):
         # Not compared: torch's counters never see the libraries' own memory.
-        print(f"  {label:11} libraries (driver-API, not torch's): "
+        print(f"  {label:15} libraries (driver-API, not torch's): "
               f"{libraries['alloc']['count']} allocations, peak {libraries['peak']} bytes")
     pairs = [("peak reserved", view["reserved"]["peak"], torch["reserved_bytes.all.peak"])]
-    if label != "expandable":
+    if "expandable" not in label:
         pairs += [
             ("cudaMalloc count", view["cuda_malloc"]["count"], torch["num_device_alloc"]),
             ("cudaFree count", view["cuda_free"]["count"], torch["num_device_free"]),
@@ -102,14 +195,9 @@ for label, (torch, log) in runs.items():
         ]
     compare(label, pairs)
 
-print(f"== check 2: whatif on the cudaMallocAsync recording at {device_total} bytes")
-args = ["whatif", "--json", async_log, "--capacity", f"{device_total // 1024}KiB"]
-for _, conf in MODES:
-    args += ["--config", conf]
-rows = {row["conf"]: row for row in tool(*args)["configs"]}
-for label, conf in MODES:
-    torch, _ = runs[label]
-    row = rows[conf]
+
+def check_2(label, row, torch):
+    """whatif's row against the native run's figures."""
     compare(label, [
         ("peak reserved", row["peak_reserved"], torch["max_memory_reserved"]),
         ("peak allocated", row["peak_allocated"], torch["allocated_bytes.all.peak"]),
@@ -119,5 +207,209 @@ for label, conf in MODES:
         ("num_alloc_retries", row["num_alloc_retries"], torch["num_alloc_retries"]),
         ("num_ooms", row["num_ooms"], torch["num_ooms"]),
     ])
-print(f"gpu_judge: {bad} difference(s); logs under {out_dir}")
+
+
+def whatif_rows(log, capacity):
+    args = ["whatif", "--json", log, "--capacity", f"{capacity // 1024}KiB"]
+    for _, conf in MODES:
+        args += ["--config", conf]
+    return {row["conf"]: row for row in tool_json(*args)["configs"]}
+
+
+def checks_1_and_2():
+    print(f"== workloads {workloads}: one process per allocator mode")
+    _, async_log = run("async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    runs = {label: run(label, {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
+            for label, conf in MODES}
+    if 1 in checks:
+        print("== check 1: each native mode's log against torch.cuda.memory_stats()")
+        for label, (torch, log) in runs.items():
+            check_1(label, torch, log)
+    if 2 in checks:
+        total = device_total(async_log, 0)
+        print(f"== check 2: whatif on the cudaMallocAsync recording at {total} bytes")
+        rows = whatif_rows(async_log, total)
+        for label, conf in MODES:
+            check_2(label, rows[conf], runs[label][0])
+
+
+def ddp_checks():
+    if not fake:
+        count = subprocess.run([sys.executable, "-c",
+                                "import torch; print(torch.cuda.device_count())"],
+                               capture_output=True, text=True).stdout.strip()
+        if count in ("", "0", "1"):
+            print(f"== ddp: skipped (needs 2 devices, this machine has {count or 'no'})")
+            return
+    print("== ddp: torchrun --nproc_per_node=2 per allocator mode, each rank its own device")
+    async_ranks = run_ddp("ddp-async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    runs = {label: run_ddp(f"ddp-{label}", {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
+            for label, conf in MODES}
+    for rank, (async_torch, async_log) in enumerate(async_ranks):
+        device = async_torch["device"]
+        if 1 in checks:
+            print(f"== check 1, rank {rank} (device {device})")
+            for label, ranks in runs.items():
+                torch, log = ranks[rank]
+                check_1(f"ddp{rank}-{label}", torch, log, torch["device"])
+        if 2 in checks:
+            total = device_total(async_log, device)
+            print(f"== check 2, rank {rank}: whatif on its cudaMallocAsync recording at "
+                  f"{total} bytes")
+            args = ["whatif", "--json", async_log, "--device", str(device), "--capacity",
+                    f"{total // 1024}KiB"]
+            for _, conf in MODES:
+                args += ["--config", conf]
+            rows = {row["conf"]: row for row in tool_json(*args)["configs"]}
+            for label, conf in MODES:
+                check_2(f"ddp{rank}-{label}", rows[conf], runs[label][rank][0])
+
+
+def script_line(marker):
+    with open(SCRIPT) as f:
+        lines = [n for n, line in enumerate(f, 1) if marker in line]
+    assert len(lines) == 1, marker
+    return lines[0]
+
+
+def folded_by_thread(log):
+    out = tool("flamegraph", "--what", "allocated", "--by-thread", "--stacks", "mixed",
+               "--folded", log)
+    rows = []
+    for line in out.splitlines():
+        stack, _, weight = line.rpartition(" ")
+        rows.append((stack.split(";"), int(weight)))
+    return rows
+
+
+def check_3(log):
+    """Python stacks of the no-caching MLP run."""
+    name = os.path.basename(SCRIPT)
+    loop = f"mlp ({name}:{script_line('# JUDGE: mlp loop')})"
+    forward = f"Mlp.forward ({name}:{script_line('# JUDGE: mlp forward')})"
+    step = f"mlp ({name}:{script_line('# JUDGE: mlp step')})"
+    relu = backward = reduce_grad = adam_state = 0
+    misplaced = []
+    for frames, weight in folded_by_thread(log):
+        thread = frames[1] if len(frames) > 1 else ""
+        if thread.startswith("thread pt_autograd_"):
+            if any("Backward0::apply(" in f for f in frames):
+                backward += weight
+            elif any("InputMetadata::reduce_grad" in f for f in frames):
+                reduce_grad += weight
+            else:
+                misplaced.append((frames, weight))
+            continue
+        if loop in frames and forward in frames:
+            outer, inner = frames.index(loop), frames.index(forward)
+            if outer > inner:
+                misplaced.append((frames, weight))
+            elif not any(".py:" in f and not f.startswith("Mlp.forward")
+                         for f in frames[inner:]):
+                relu += weight
+        adam = next((i for i, f in enumerate(frames) if f.startswith("Adam._init_group (")),
+                    None)
+        if step in frames and adam is not None:
+            outer = frames.index(step)
+            if outer < adam and any(f.startswith("Adam.step (") for f in frames[outer:adam]):
+                adam_state += weight
+            else:
+                misplaced.append((frames, weight))
+    parameters = (512 * 2048 + 2048 + 2048 * 512 + 512) * 4
+    compare("stacks", [
+        (f"ReLU output under {forward} under {loop}", relu, 3 * 256 * 2048 * 4),
+        (f"Adam state under {step} > Adam.step", adam_state, 2 * parameters),
+        ("bias sums (reduce_grad) on pt_autograd_*", reduce_grad, 3 * (2048 + 512) * 4),
+        ("pt_autograd_* bytes elsewhere", sum(w for _, w in misplaced), 0),
+        ("pt_autograd_* under ...Backward0 > 0", backward > 0, True),
+    ])
+    for frames, weight in misplaced[:5]:
+        print(f"    misplaced {weight} bytes: {';'.join(frames)}")
+
+
+def check_4(log, reference_path):
+    """The export of the no-caching run against torch's snapshot of the default run."""
+    exported = os.path.join(out_dir, "vramshim-snapshot.json")
+    tool("export", log, "--pytorch-snapshot", "--stacks", "python", "-o", exported)
+    with open(exported) as f:
+        snapshot = json.load(f)
+    with open(reference_path) as f:
+        theirs = json.load(f)
+    libraries = {(e["addr"], e["size"]) for e in events(log)
+                 if e.get("event") == "alloc" and e.get("api") == "cuMemAlloc_v2"}
+    allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    ours = [e for e in allocs if (e["addr"], e["size"]) not in libraries]
+    compare("snapshot", [
+        ("libraries' allocations taken out", len(allocs) - len(ours), len(libraries)),
+        ("allocations", len(ours), len(theirs)),
+    ])
+    differ = 0
+    for index, (mine, reference) in enumerate(zip(ours, theirs)):
+        frames = [(f["filename"], f["line"], f["name"].rsplit(".", 1)[-1])
+                  for f in mine["frames"] if f["filename"].endswith(".py")]
+        want = [(f["filename"], f["line"], f["name"]) for f in reference["frames"]]
+        if mine["size"] != reference["size"] or frames != want:
+            differ += 1
+            if differ <= 5:
+                print(f"    allocation {index}: vramshim {mine['size']} {frames}\n"
+                      f"                   torch {reference['size']} {want}")
+    compare("snapshot", [("allocations whose size or frames differ", differ, 0)])
+
+
+def checks_3_and_4():
+    snapshots = os.path.join(out_dir, "snapshots")
+    os.makedirs(snapshots, exist_ok=True)
+    nocache_snapshot = os.path.join(snapshots, "nocache.pickle")
+    _, log = run("nocache-mlp", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+                                 "JUDGE_SNAPSHOT": nocache_snapshot}, "mlp")
+    if 3 in checks:
+        print("== check 3: Python stacks of the MLP with caching off")
+        check_3(log)
+    if 4 in checks:
+        print("== check 4: export --pytorch-snapshot against torch's own snapshot")
+        with open(nocache_snapshot + ".json") as f:
+            compare("snapshot", [("torch's history with caching off", len(json.load(f)), 0)])
+        reference = os.path.join(snapshots, "default.pickle")
+        run("default-mlp-snapshot", {"JUDGE_SNAPSHOT": reference}, "mlp")
+        check_4(log, reference + ".json")
+
+
+def check_5():
+    print("== check 5: vramshim oom on torch's own OutOfMemoryError")
+    torch, log = run("oom", {"JUDGE_OOM": "1"}, "mlp")
+    compare("oom", [("torch: retries, OOMs", (torch.get("oom_retries"), torch.get("oom_count")),
+                     (1, 1))])
+    failures = tool_json("oom", "--json", "--stacks", "python", log)["failures"]
+    failures = [f for f in failures if f["verdict"] != "other_error"]
+    total = device_total(log, 0)
+    # torch asks for total // 2 bytes, rounded up to its 2 MiB segment granularity.
+    request = -(-(total // 2) // (2 << 20)) * (2 << 20)
+    compare("oom", [("failed allocations", len(failures), 2)])
+    if len(failures) != 2:
+        return
+    first, retry = failures
+    retried = first.get("retry") or {}
+    line = script_line("# JUDGE: oom")
+    compare("oom", [
+        ("request", first["request"], request),
+        ("verdict", first["verdict"], "exceeded_free_memory"),
+        ("retry succeeded", retried.get("succeeded"), False),
+        ("retry released bytes", retried.get("released_bytes"), torch["oom_released_bytes"]),
+        ("retry released segments", retried.get("released_count"),
+         torch["oom_released_count"]),
+        ("second failure is the retry", retry.get("is_retry_of"), 0),
+        ("retry verdict", retry["verdict"], "exceeded_free_memory"),
+    ] + [(f"failure {i} line", (f["frames"][0]["file"], f["frames"][0]["line"]),
+          (SCRIPT, line)) for i, f in enumerate(failures)])
+
+
+if (1 in checks or 2 in checks) and workloads != "none":
+    checks_1_and_2()
+if (1 in checks or 2 in checks) and "--no-ddp" not in options:
+    ddp_checks()
+if 3 in checks or 4 in checks:
+    checks_3_and_4()
+if 5 in checks:
+    check_5()
+print(f"gpu_judge: {bad} difference(s) in {compared} comparisons; logs under {out_dir}")
 sys.exit(1 if bad else 0)

@@ -100,6 +100,8 @@ pub struct AllocEnv {
     pub cuda_malloc_async: bool,
     /// `expandable_segments:True` in either configuration variable.
     pub expandable: bool,
+    /// `max_split_size_mb:N`, in bytes (PyTorch reads N as whole MiB).
+    pub max_split_size: Option<u64>,
 }
 
 impl AllocEnv {
@@ -127,6 +129,10 @@ impl AllocEnv {
                         env.cuda_malloc_async = value.eq_ignore_ascii_case("cudaMallocAsync")
                     }
                     "expandable_segments" => env.expandable = value == "True" || value == "true",
+                    "max_split_size_mb" => {
+                        env.max_split_size =
+                            value.parse::<u64>().ok().and_then(|mb| mb.checked_mul(MIB))
+                    }
                     _ => {}
                 }
             }

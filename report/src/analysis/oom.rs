@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 
+use super::allocator::AllocEnv;
 use super::groups::{IdTotals, totals_by_id};
 use vramshim_format::EventKind;
 
@@ -59,6 +60,30 @@ pub struct Retry {
     /// Whether the repeated request succeeded.
     pub succeeded: bool,
     pub t_ns: u64,
+    /// The release was `max_split_size_mb`'s first step, not the retry PyTorch counts: after a
+    /// failed `cudaMalloc` its caching allocator releases cached blocks of at least the
+    /// maximum split size (the largest first, until they cover the request) and calls
+    /// `cudaMalloc` again without counting a retry (`num_alloc_retries`); only when that fails
+    /// too does it release every cached block and retry, counted. Told from the log: the
+    /// process set `max_split_size_mb`, the request is a large-pool segment (not 2 MiB),
+    /// every block released is at least that size and together they cover the request.
+    pub oversize: bool,
+}
+
+/// Whether the program got past `failures[index]`: its retry succeeded, or its retry was
+/// `max_split_size_mb`'s uncounted step and the counted retry after it succeeded.
+pub fn recovered(failures: &[Failure], mut index: usize) -> bool {
+    // Each step goes to a later failure, so this ends.
+    loop {
+        let Some(failure) = failures.get(index) else {
+            return false;
+        };
+        match (failure.retry, failure.retried_by) {
+            (Some(retry), _) if retry.succeeded => return true,
+            (Some(retry), Some(next)) if retry.oversize && next > index => index = next,
+            _ => return false,
+        }
+    }
 }
 
 /// One failed allocation.
@@ -95,6 +120,8 @@ pub struct Failure {
     /// Tensor view: PyTorch's segments on the device then (count, bytes) and the part of
     /// them no tensor held (the allocator's cache).
     pub segments: Option<(u64, u64, u64)>,
+    /// The failure that is this one's repeated request (the inverse of `is_retry_of`).
+    pub retried_by: Option<usize>,
 }
 
 /// A failure waiting to see whether its thread retries.
@@ -104,6 +131,8 @@ struct Pending {
     failure: usize,
     released_bytes: u64,
     released_count: u64,
+    /// Every block released so far is at least the process's `max_split_size_mb`.
+    only_oversize: bool,
 }
 
 /// Observer collecting every failed allocation.
@@ -114,6 +143,8 @@ pub struct Oom {
     by_thread: bool,
     pub failures: Vec<Failure>,
     pending: Vec<Pending>,
+    /// `max_split_size_mb` of each process (by index), once read.
+    max_split: Vec<Option<Option<u64>>>,
 }
 
 impl Oom {
@@ -126,10 +157,35 @@ impl Oom {
             ..Oom::default()
         }
     }
+
+    fn max_split_of(&mut self, processes: &[Process], process: u32) -> Option<u64> {
+        let p = process as usize;
+        if self.max_split.len() <= p {
+            self.max_split.resize(p + 1, None);
+        }
+        *self.max_split[p].get_or_insert_with(|| {
+            processes
+                .get(p)
+                .and_then(|process| AllocEnv::of(process).max_split_size)
+        })
+    }
+
+    /// Whether the release before a repeated request of `request` bytes was
+    /// `max_split_size_mb`'s uncounted step ([`Retry::oversize`]).
+    fn oversize_release(&mut self, processes: &[Process], waiting: &Pending, request: u64) -> bool {
+        const SMALL_POOL_SEGMENT: u64 = 2 << 20;
+        self.max_split_of(processes, waiting.process)
+            .is_some_and(|limit| {
+                request != SMALL_POOL_SEGMENT
+                    && waiting.released_count > 0
+                    && waiting.only_oversize
+                    && waiting.released_bytes >= limit.max(request)
+            })
+    }
 }
 
 impl Observer for Oom {
-    fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
         let (process, t_ns, event, effect) = match step {
             Step::Event {
                 process,
@@ -151,22 +207,25 @@ impl Observer for Oom {
         // Tensor view: PyTorch's segments released and taken on this thread.
         match (state.segment_change(), pending) {
             (Some(SegmentChange::Removed(segment)), Some(index)) => {
-                self.pending[index].released_bytes = self.pending[index]
-                    .released_bytes
-                    .saturating_add(segment.size);
-                self.pending[index].released_count += 1;
+                let limit = self.max_split_of(processes, *process);
+                let waiting = &mut self.pending[index];
+                waiting.released_bytes = waiting.released_bytes.saturating_add(segment.size);
+                waiting.released_count += 1;
+                waiting.only_oversize &= limit.is_some_and(|limit| segment.size >= limit);
             }
             (Some(SegmentChange::Added(segment)), Some(index))
                 if !matches!(effect, Effect::Removed(_)) =>
             {
                 let waiting = self.pending.swap_remove(index);
-                let failure = &mut self.failures[waiting.failure];
+                let failure = &self.failures[waiting.failure];
                 if segment.size == failure.request && segment.device == failure.device {
-                    failure.retry = Some(Retry {
+                    let oversize = self.oversize_release(processes, &waiting, segment.size);
+                    self.failures[waiting.failure].retry = Some(Retry {
                         released_bytes: waiting.released_bytes,
                         released_count: waiting.released_count,
                         succeeded: true,
                         t_ns: *t_ns,
+                        oversize,
                     });
                 }
                 return;
@@ -184,21 +243,25 @@ impl Observer for Oom {
         match effect {
             Effect::Removed(live) => {
                 if let Some(index) = pending {
-                    self.pending[index].released_bytes =
-                        self.pending[index].released_bytes.saturating_add(live.size);
-                    self.pending[index].released_count += 1;
+                    let limit = self.max_split_of(processes, *process);
+                    let waiting = &mut self.pending[index];
+                    waiting.released_bytes = waiting.released_bytes.saturating_add(live.size);
+                    waiting.released_count += 1;
+                    waiting.only_oversize &= limit.is_some_and(|limit| live.size >= limit);
                 }
             }
             Effect::Added(live) => {
                 if let Some(index) = pending {
                     let waiting = self.pending.swap_remove(index);
-                    let failure = &mut self.failures[waiting.failure];
+                    let failure = &self.failures[waiting.failure];
                     if live.size == failure.request && live.device == failure.device {
-                        failure.retry = Some(Retry {
+                        let oversize = self.oversize_release(processes, &waiting, live.size);
+                        self.failures[waiting.failure].retry = Some(Retry {
                             released_bytes: waiting.released_bytes,
                             released_count: waiting.released_count,
                             succeeded: true,
                             t_ns: *t_ns,
+                            oversize,
                         });
                     }
                 }
@@ -208,17 +271,23 @@ impl Observer for Oom {
                     return;
                 }
                 let mut is_retry_of = None;
+                // The repeated request failed after max_split_size_mb's uncounted step:
+                // PyTorch goes on to release everything and retry, counted.
+                let mut retried_again = false;
                 if let Some(index) = pending {
                     let waiting = self.pending.swap_remove(index);
-                    let failure = &mut self.failures[waiting.failure];
+                    let failure = &self.failures[waiting.failure];
                     if event.size == failure.request && event.device == failure.device {
-                        failure.retry = Some(Retry {
+                        let oversize = self.oversize_release(processes, &waiting, event.size);
+                        self.failures[waiting.failure].retry = Some(Retry {
                             released_bytes: waiting.released_bytes,
                             released_count: waiting.released_count,
                             succeeded: false,
                             t_ns: *t_ns,
+                            oversize,
                         });
                         is_retry_of = Some(waiting.failure);
+                        retried_again = oversize;
                     }
                 }
                 let detailed = self.failures.len() < DETAILED;
@@ -275,16 +344,22 @@ impl Observer for Oom {
                     is_retry_of,
                     block_request: None,
                     segments,
+                    retried_by: None,
                 });
-                // A failed retry ends the sequence; a first failure may be retried. Another
-                // error's next call is a fallback, not a retry after releasing memory.
-                if is_retry_of.is_none() && verdict != Verdict::OtherError {
+                if let Some(first) = is_retry_of {
+                    self.failures[first].retried_by = Some(index);
+                }
+                // A failed retry ends the sequence (but max_split_size_mb's step's); a first
+                // failure may be retried. Another error's next call is a fallback, not a
+                // retry after releasing memory.
+                if (is_retry_of.is_none() || retried_again) && verdict != Verdict::OtherError {
                     self.pending.push(Pending {
                         process: *process,
                         thread: event.thread,
                         failure: index,
                         released_bytes: 0,
                         released_count: 0,
+                        only_oversize: true,
                     });
                 }
             }

@@ -36,10 +36,12 @@ pub fn with_report<T>(
     let mut oom = Oom::new(select.device, false);
     let replay = replay::run(&select.logs, &mut [&mut view, &mut oom], Stop::End)?;
     view.finish();
-    let retries = oom
+    // Every release-and-ask-again; PyTorch counts in num_alloc_retries all but
+    // max_split_size_mb's first step (the failure after it has the counted retry).
+    let (oversize_releases, retries) = oom
         .failures
         .iter()
-        .filter(|f| f.is_retry_of.is_none() && f.device >= 0)
+        .filter(|f| f.device >= 0)
         .filter_map(|f| {
             f.retry.map(|retry| RetryView {
                 process: f.process,
@@ -49,7 +51,7 @@ pub fn with_report<T>(
                 retry,
             })
         })
-        .collect();
+        .partition(|r| r.retry.oversize);
     let failures: Vec<(i32, u64)> = view
         .devices
         .iter()
@@ -63,6 +65,7 @@ pub fn with_report<T>(
         duration_ns: replay.end_ns,
         view: &view,
         retries,
+        oversize_releases,
         failures,
     };
     let mut warnings: Vec<String> = replay.device_warning(select.device).into_iter().collect();

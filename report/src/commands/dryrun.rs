@@ -13,7 +13,7 @@ use vramshim_sim::Config;
 use crate::Failure;
 use crate::analysis::allocator::AllocatorView;
 use crate::analysis::groups::{Stacks, by_stack_totals};
-use crate::analysis::oom::Oom;
+use crate::analysis::oom::{Oom, recovered};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::requests::WhatIf;
 use crate::analysis::summary::Summary;
@@ -331,12 +331,11 @@ fn verdict(
         .collect();
 
     // The first failure the program did not recover from (PyTorch's retry did not save it).
-    let first = oom.failures.iter().position(|f| {
-        f.device >= 0
-            && f.is_out_of_memory()
-            && f.is_retry_of.is_none()
-            && !f.retry.is_some_and(|r| r.succeeded)
-    });
+    let first = oom
+        .failures
+        .iter()
+        .position(|f| f.device >= 0 && f.is_out_of_memory() && f.is_retry_of.is_none())
+        .filter(|index| !recovered(&oom.failures, *index));
     let recovered = oom
         .failures
         .iter()

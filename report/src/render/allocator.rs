@@ -28,7 +28,10 @@ pub struct AllocatorReport<'a> {
     pub processes: &'a [Process],
     pub duration_ns: u64,
     pub view: &'a AllocatorView,
+    /// PyTorch's release-and-retry sequences it counts (`num_alloc_retries`).
     pub retries: Vec<RetryView>,
+    /// `max_split_size_mb`'s uncounted first step ([`Retry::oversize`]).
+    pub oversize_releases: Vec<RetryView>,
     /// Failed allocations per device.
     pub failures: Vec<(i32, u64)>,
 }
@@ -101,15 +104,8 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             })).collect::<Vec<_>>(),
         },
         "failed_allocations": report.failures.iter().find(|(dev, _)| *dev == d.device).map_or(0, |(_, n)| *n),
-        "oom_retries": report.retries.iter().filter(|r| r.device == d.device).map(|r| json!({
-            "pid": pid(r.process),
-            "t_ns": r.t_ns,
-            "request": r.request,
-            "released_bytes": r.retry.released_bytes,
-            "released_count": r.retry.released_count,
-            "succeeded": r.retry.succeeded,
-            "retry_t_ns": r.retry.t_ns,
-        })).collect::<Vec<_>>(),
+        "oom_retries": retries_json(&report.retries, d.device, pid),
+        "oversize_releases": retries_json(&report.oversize_releases, d.device, pid),
         "libraries": libraries_json(&d.libraries),
         "outside_allocator": d.outside.map(|o| json!({
             "samples": o.samples,
@@ -120,6 +116,25 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
             "device_total": o.total,
         })),
     })
+}
+
+fn retries_json(retries: &[RetryView], device: i32, pid: impl Fn(u32) -> Option<u32>) -> Value {
+    retries
+        .iter()
+        .filter(|r| r.device == device)
+        .map(|r| {
+            json!({
+                "pid": pid(r.process),
+                "t_ns": r.t_ns,
+                "request": r.request,
+                "released_bytes": r.retry.released_bytes,
+                "released_count": r.retry.released_count,
+                "succeeded": r.retry.succeeded,
+                "retry_t_ns": r.retry.t_ns,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// Driver-API allocations kept out of the reserved bytes (all zero when there were none, or
@@ -307,7 +322,19 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
             .iter()
             .filter(|r| r.device == d.device)
             .collect();
+        let oversize = report
+            .oversize_releases
+            .iter()
+            .filter(|r| r.device == d.device)
+            .count();
         writeln!(out, "  OOM retries: {}", retries.len())?;
+        if oversize > 0 {
+            writeln!(
+                out,
+                "    (and {} of blocks over max_split_size_mb first, which PyTorch does not count as retries)",
+                counted(oversize as u64, "release")
+            )?;
+        }
         for r in retries {
             writeln!(
                 out,

@@ -191,6 +191,7 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
                 "released_count": r.released_count,
                 "succeeded": r.succeeded,
                 "t_ns": r.t_ns,
+                "oversize": r.oversize,
             })),
             "largest_live": f.largest_live.iter().map(|l| live_json(l, processes)).collect::<Vec<_>>(),
             "live_by_stack": verdict.view.live_groups.iter().map(|g| group_json(g, f.tracked_bytes, processes)).collect::<Vec<_>>(),

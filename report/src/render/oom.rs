@@ -63,8 +63,13 @@ fn cached(failure: &Failure) -> u64 {
 fn retry_text(view: &FailureView<'_>) -> Option<String> {
     let retry = view.failure.retry?;
     Some(format!(
-        "retried like PyTorch's caching allocator: released {} in {} free{} on the same thread, then asked again at {}: {}",
+        "retried like PyTorch's caching allocator: released {}{} in {} free{} on the same thread, then asked again at {}: {}",
         bytes(retry.released_bytes),
+        if retry.oversize {
+            " of blocks over max_split_size_mb (PyTorch's first step, not counted in num_alloc_retries)"
+        } else {
+            ""
+        },
         retry.released_count,
         if retry.released_count == 1 { "" } else { "s" },
         seconds(retry.t_ns),
@@ -113,6 +118,7 @@ pub fn json(report: &OomReport<'_>) -> Value {
                     "released_count": r.released_count,
                     "succeeded": r.succeeded,
                     "t_ns": r.t_ns,
+                    "oversize": r.oversize,
                 })),
                 "is_retry_of": f.is_retry_of,
                 "largest_live": f.largest_live.iter().zip(&view.largest_frames).map(|(l, frames)| {

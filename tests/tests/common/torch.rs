@@ -72,15 +72,7 @@ pub fn torch_python() -> Option<PathBuf> {
 
 /// `LD_PRELOAD` for the fakes, in [`TORCH_FAKES`] order.
 pub fn fake_preload() -> String {
-    TORCH_FAKES
-        .iter()
-        .map(|soname| {
-            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
-            assert!(path.is_file(), "{} was not built", path.display());
-            path.display().to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(":")
+    preload_of(TORCH_FAKES)
 }
 
 /// Live bytes of device 0's stream-ordered allocations, each rounded up to `granularity`, at
@@ -106,4 +98,61 @@ pub fn rounded_async_peak(log: &Path, granularity: u64) -> u64 {
         }
     }
     peak
+}
+
+/// The fakes torch 2.6.0 (PyPI's build for CUDA 12.4) loads, by SONAME.
+pub const TORCH_FAKES_CUDA12: &[&str] = &[
+    "libcuda.so.1",
+    "libcudart.so.12",
+    "libcublas.so.12",
+    "libcublasLt.so.12",
+    "libcudnn.so.9",
+    "libnccl.so.2",
+    "libnvidia-ml.so.1",
+    "libcusparse.so.12",
+    "libcusolver.so.11",
+    "libcufft.so.11",
+    "libcurand.so.10",
+    "libnvrtc.so.12",
+    "libcupti.so.12",
+    "libcusparseLt.so.0",
+];
+
+/// The venv's python of torch `version` (`scripts/fetch-torch.sh VERSION`), or `None` (with
+/// a loud note) when it cannot be installed.
+pub fn torch_python_of(version: &str) -> Option<PathBuf> {
+    let output = Command::new("bash")
+        .arg(repo().join("scripts/fetch-torch.sh"))
+        .arg(version)
+        .output()
+        .expect("run fetch-torch.sh");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.code() == Some(3) && std::env::var_os("VRAMSHIM_REQUIRE_TORCH").is_none() {
+        skipped(&format!(
+            "torch {version} tests: {} (set VRAMSHIM_REQUIRE_TORCH=1 to make this a failure)",
+            stderr.trim()
+        ));
+        return None;
+    }
+    assert!(
+        output.status.success(),
+        "fetch-torch.sh {version} failed: {stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Some(PathBuf::from(
+        stdout.lines().last().expect("python path").trim(),
+    ))
+}
+
+/// `LD_PRELOAD` for `fakes`, in their order.
+pub fn preload_of(fakes: &[&str]) -> String {
+    fakes
+        .iter()
+        .map(|soname| {
+            let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
+            assert!(path.is_file(), "{} was not built", path.display());
+            path.display().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(":")
 }
