@@ -1008,9 +1008,9 @@ fn text_groups(text: &str) -> Vec<(String, Vec<String>)> {
 /// C++.
 #[test]
 fn text_views_show_the_programs_python_line_within_the_default_frames() {
-    let Some(python) = torch_python() else { return };
+    let Some(torch) = current() else { return };
     let run = judge(
-        &python,
+        &torch,
         "frames-mlp",
         "mlp",
         8 * GIB,
