@@ -49,6 +49,12 @@ enum Command {
     /// The program's own source lines that allocated, beside their text: bytes allocated,
     /// count, net live change, bytes live at the peak.
     Lines(commands::lines::Args),
+    /// Training steps (where the optimizer's step ends): peak and live bytes per step, and
+    /// growth across steps with the training loop's lines that never free.
+    Steps(commands::steps::Args),
+    /// Ranked suggestions, each with its evidence and the bytes it would free: checkpointing,
+    /// optimizer state, allocator settings, leaks, evaluation without no_grad, autocast.
+    Advise(commands::advise::Args),
     /// Live bytes over time per device, with used memory, the peak and failures: a terminal
     /// chart, JSON, or an SVG picture.
     Timeline(commands::timeline::Args),
@@ -131,6 +137,8 @@ where
         Command::Oom(args) => commands::oom::run(args),
         Command::Breakdown(args) => commands::breakdown::run(args),
         Command::Lines(args) => commands::lines::run(args),
+        Command::Steps(args) => commands::steps::run(args),
+        Command::Advise(args) => commands::advise::run(args),
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Diff(args) => commands::diff::run(args),

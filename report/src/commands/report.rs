@@ -6,7 +6,11 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{self, ByThread, Select, StacksArg, emit};
+use crate::commands::{
+    self,
+    common::{self, ByThread, Select, StacksArg, emit},
+};
+use crate::render::breakdown;
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -22,12 +26,21 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
+    // What fills each device, in a framework user's terms (`vramshim breakdown` has stacks).
+    let categories = commands::breakdown::devices(&select.logs, select.device)?;
     with_report(select, args.view, args.threads, |report, warnings| {
         emit(
             select,
             &warnings,
-            || summary::json(report),
-            |out| summary::text(out, report),
+            || {
+                let mut value = summary::json(report);
+                value["breakdown"] = breakdown::json_section(&categories);
+                value
+            },
+            |out| {
+                summary::text(out, report)?;
+                breakdown::text_section(out, &categories)
+            },
         )
     })?
 }
