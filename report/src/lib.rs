@@ -43,8 +43,9 @@ enum Command {
     /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
     Oom(commands::oom::Args),
     /// What fills each device at its peak and over time, in a framework user's terms:
-    /// parameters, gradients, optimizer state, activations, temporaries, workspaces, other
-    /// (from a per-tensor recording), with the top stacks of each.
+    /// parameters, gradients, optimizer state, activations, temporaries, workspaces (by
+    /// library), communication, other, the allocator's cache and the context (from a
+    /// tensor-level recording), with the top stacks of each.
     Breakdown(commands::breakdown::Args),
     /// The program's own source lines that allocated, beside their text: bytes allocated,
     /// count, net live change, bytes live at the peak.

@@ -95,11 +95,11 @@ pub fn cache_worth_asking(device: &DeviceBreakdown) -> bool {
         .is_some_and(|cache| share_of(cache, held(device)) >= CACHE_SHARE)
 }
 
-fn mib(bytes: u64) -> String {
+fn size(bytes: u64) -> String {
     crate::units::bytes(bytes)
 }
 
-/// Every suggestion, most bytes first. `pids` maps the steps' process indices.
+/// Every suggestion, most bytes first. `steps` come with their process ids.
 pub fn suggest(
     devices: &[DeviceBreakdown],
     steps: &[(u32, ProcessSteps)],
@@ -114,7 +114,6 @@ pub fn suggest(
         let Some(leak) = process.leaks.first() else {
             continue;
         };
-        let total: u64 = growth.iter().skip(1).map(|d| d.unsigned_abs()).sum();
         found.push(Suggestion {
             kind: Kind::Growth,
             device: None,
@@ -123,21 +122,21 @@ pub fn suggest(
                 "free what {}:{} keeps each step (a tensor still attached to its graph: `.item()` or `.detach()` what is accumulated); {} more are held after every step",
                 leak.file,
                 leak.line,
-                mib(leak.per_step.last().copied().unwrap_or(0))
+                size(leak.per_step.last().copied().unwrap_or(0))
             ),
             evidence: vec![
                 format!(
-                    "live bytes at the end of each step grow by {} (steps 2 to {})",
+                    "live bytes at the end of each step change by {} (steps 2 to {})",
                     growth
                         .iter()
-                        .map(|d| mib(d.unsigned_abs()))
+                        .map(|d| size(d.unsigned_abs()))
                         .collect::<Vec<_>>()
                         .join(", "),
                     process.steps.len()
                 ),
                 format!(
                     "{} in {} allocations made by {}:{} ({}) in steps 2 to {} are still live at the end of step {}",
-                    mib(leak.bytes),
+                    size(leak.bytes),
                     leak.count,
                     leak.file,
                     leak.line,
@@ -145,7 +144,6 @@ pub fn suggest(
                     process.steps.len() - 1,
                     process.steps.len()
                 ),
-                format!("growth from step 2 on: {} in all", mib(total)),
             ],
             line: Some((leak.file.clone(), leak.line)),
             pid: Some(*pid),
@@ -161,14 +159,14 @@ pub fn suggest(
                 bytes: unused,
                 action: format!(
                     "run evaluation under torch.no_grad() or torch.inference_mode(): frees up to {} that autograd saves for a backward pass that never runs",
-                    mib(unused)
+                    size(unused)
                 ),
                 evidence: vec![format!(
                     "{} of activations allocated in forward passes were freed without a backward pass, at most {} live at once ({:.1}% of the {} held at the peak)",
-                    mib(device.unused_activations_allocated),
-                    mib(unused),
+                    size(device.unused_activations_allocated),
+                    size(unused),
                     share_of(unused, whole) * 100.0,
-                    mib(whole)
+                    size(whole)
                 )],
                 line: None,
                 pid: None,
@@ -184,13 +182,13 @@ pub fn suggest(
                 bytes: activations,
                 action: format!(
                     "activation checkpointing (torch.utils.checkpoint) of the largest blocks would free up to {}; halving the batch about {}",
-                    mib(activations),
-                    mib(activations / 2)
+                    size(activations),
+                    size(activations / 2)
                 ),
                 evidence: vec![format!(
                     "activations at their highest: {} against {} held at the peak ({:.1}%)",
-                    mib(activations),
-                    mib(whole),
+                    size(activations),
+                    size(whole),
                     share_of(activations, whole) * 100.0
                 )],
                 line: None,
@@ -207,15 +205,15 @@ pub fn suggest(
                 bytes: state - state / 4,
                 action: format!(
                     "an 8-bit optimizer (bitsandbytes) would free about {} (a quarter of the bytes per state value); sharding the state over N ranks (ZeRO / FSDP) frees (N-1)/N of {}; a fused optimizer (fused=True) avoids its per-step temporaries",
-                    mib(state - state / 4),
-                    mib(state)
+                    size(state - state / 4),
+                    size(state)
                 ),
                 evidence: vec![format!(
                     "optimizer state {} ({:.2}x the parameters' {}) of {} held at the peak ({:.1}%)",
-                    mib(state),
+                    size(state),
                     share_of(state, parameters.max(1)),
-                    mib(parameters),
-                    mib(whole),
+                    size(parameters),
+                    size(whole),
                     share_of(state, whole) * 100.0
                 )],
                 line: None,
@@ -234,13 +232,13 @@ pub fn suggest(
                 action: format!(
                     "PYTORCH_CUDA_ALLOC_CONF={} lowers the simulated peak reserved from {} to {}",
                     evidence.best_conf,
-                    mib(evidence.default_peak_reserved),
-                    mib(evidence.best_peak_reserved)
+                    size(evidence.default_peak_reserved),
+                    size(evidence.best_peak_reserved)
                 ),
                 evidence: vec![format!(
                     "allocator cache {} of {} held at the peak ({:.1}%); vramshim whatif ranks the settings",
-                    mib(cache),
-                    mib(whole),
+                    size(cache),
+                    size(whole),
                     share_of(cache, whole) * 100.0
                 )],
                 line: None,
@@ -248,6 +246,6 @@ pub fn suggest(
             });
         }
     }
-    found.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    found.sort_by_key(|s| std::cmp::Reverse(s.bytes));
     found
 }

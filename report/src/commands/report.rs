@@ -26,9 +26,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    // What fills each device, in a framework user's terms (`vramshim breakdown` has stacks).
-    let categories = commands::breakdown::devices(&select.logs, select.device)?;
     with_report(select, args.view, args.threads, |report, warnings| {
+        // What fills each device, in a framework user's terms (`vramshim breakdown` has the
+        // stacks): for programs with Python frames only, as it replays the logs twice more.
+        let categories = if report.processes.iter().any(|p| !p.codes.is_empty()) {
+            commands::breakdown::devices(&select.logs, select.device)?
+        } else {
+            Vec::new()
+        };
         emit(
             select,
             &warnings,

@@ -190,9 +190,11 @@ pub fn json(report: &BreakdownReport<'_>) -> Value {
     })
 }
 
-/// `report`'s breakdown section (text): each device's table, no stacks.
+/// `report`'s breakdown section (text): each device's table, no stacks (pinned host memory
+/// left out).
 pub fn text_section(out: &mut dyn Write, devices: &[DeviceBreakdown]) -> io::Result<()> {
-    if devices.is_empty() {
+    let mut devices = devices.iter().filter(|d| d.device >= 0).peekable();
+    if devices.peek().is_none() {
         return Ok(());
     }
     writeln!(out, "\nbreakdown (stacks: vramshim breakdown)")?;
@@ -202,7 +204,13 @@ pub fn text_section(out: &mut dyn Write, devices: &[DeviceBreakdown]) -> io::Res
     Ok(())
 }
 
-/// `report`'s breakdown section (JSON).
+/// `report`'s breakdown section (JSON), pinned host memory left out.
 pub fn json_section(devices: &[DeviceBreakdown]) -> Value {
-    Value::from(devices.iter().map(device_json).collect::<Vec<_>>())
+    Value::from(
+        devices
+            .iter()
+            .filter(|d| d.device >= 0)
+            .map(device_json)
+            .collect::<Vec<_>>(),
+    )
 }
