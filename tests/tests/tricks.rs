@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::torch::{CUBLAS_HANDLE, fake_preload, repo, torch_python};
+use common::torch::{CUBLAS_HANDLE, CUDNN_HANDLE, fake_preload, repo, torch_python};
 use common::*;
 use serde_json::Value;
 
@@ -119,10 +119,11 @@ fn breakdown_shares_add_up_to_the_devices_used_memory() {
     // The probe is the peak of allocated bytes: torch says so.
     assert_eq!(u64_of(probe, "allocated"), u64_of(probe, "max_allocated"));
     let device = device0(&log);
-    // Allocations at the peak: torch's tensors plus the two cuBLAS handles' own memory.
+    // Allocations at the peak: torch's tensors plus the cuBLAS and cuDNN handles' own
+    // memory.
     assert_eq!(
         u64_of(&device, "peak_bytes"),
-        u64_of(probe, "allocated") + 2 * CUBLAS_HANDLE
+        u64_of(probe, "allocated") + 2 * CUBLAS_HANDLE + CUDNN_HANDLE
     );
     // The cache: torch's reserved less allocated at that moment.
     assert_eq!(
@@ -147,15 +148,22 @@ fn breakdown_shares_add_up_to_the_devices_used_memory() {
         + device["allocator_cache_share"].as_f64().unwrap_or(0.0)
         + device["context_share"].as_f64().unwrap_or(0.0);
     assert!((shares - 100.0).abs() < 1e-6, "{shares}");
-    // Library workspaces split by library: cuBLAS's handles (torch's own 32 MiB cuBLAS
-    // workspace is in the caching allocator's blocks, freed before the probe).
+    // Library workspaces split by library: cuBLAS's two handles (torch's own 32 MiB cuBLAS
+    // workspace, freed before the probe, counts at its highest) and the convolution's cuDNN
+    // handle.
     let libraries = arr(&device["workspaces_by_library"]);
-    assert_eq!(libraries.len(), 1, "{device}");
+    assert_eq!(libraries.len(), 2, "{device}");
     assert_eq!(libraries[0]["library"], "cublas");
     assert_eq!(u64_of(&libraries[0], "at_peak_bytes"), 2 * CUBLAS_HANDLE);
     assert_eq!(
         u64_of(&libraries[0], "max_bytes"),
         2 * CUBLAS_HANDLE + (32 << 20)
+    );
+    assert_eq!(libraries[1]["library"], "cudnn");
+    assert_eq!(u64_of(&libraries[1], "at_peak_bytes"), CUDNN_HANDLE);
+    assert_eq!(
+        category(&device, "workspaces").0,
+        2 * CUBLAS_HANDLE + CUDNN_HANDLE
     );
     assert_eq!(category(&device, "communication"), (0, 0, 0));
     // Adam: twice the parameters (the caching allocator's 512-byte blocks).

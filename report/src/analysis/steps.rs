@@ -278,3 +278,31 @@ impl Observer for Steps {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ending(ends: &[u64]) -> ProcessSteps {
+        ProcessSteps {
+            steps: ends
+                .iter()
+                .map(|&end_bytes| StepFigures {
+                    end_bytes,
+                    ..StepFigures::default()
+                })
+                .collect(),
+            ..ProcessSteps::default()
+        }
+    }
+
+    #[test]
+    fn growth_needs_three_steps_each_ending_above_the_one_before_from_the_third_on() {
+        assert_eq!(ending(&[10, 30, 25]).growth(), vec![20, -5]);
+        // The second step's end is not compared with the first's (setup, optimizer state).
+        assert!(ending(&[100, 10, 20, 30]).grows());
+        assert!(!ending(&[10, 20, 30, 30]).grows());
+        assert!(!ending(&[10, 20]).grows());
+        assert!(!ending(&[]).grows());
+    }
+}
