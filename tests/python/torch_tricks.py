@@ -7,6 +7,7 @@ which variant runs:
   grad_eval   evaluation without `torch.no_grad()` (its activations are saved, then dropped)
   checkpoint  the hidden block under `torch.utils.checkpoint`
   inplace     `ReLU(inplace=True)`
+  autocast    the training forward under `torch.autocast` (bfloat16)
 
 Prints, as its last line, torch's own figures: parameter bytes, `memory_allocated()` at the
 end of each step (after `optimizer.step()`), `max_memory_allocated()` and
@@ -59,9 +60,13 @@ def main():
     val_total = 0.0
     step_ends = []
     eval_kept = []
+    forward_kept = []
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = criterion(model(data), target)
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            loss = criterion(model(data), target)
+        forward_kept.append(torch.cuda.memory_allocated() - before)
         loss.backward()
         optimizer.step()
         torch.cuda.synchronize()
@@ -101,7 +106,7 @@ def main():
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     print(json.dumps({"mode": mode, "steps": steps, "parameter_bytes": parameters,
                       "step_end_allocated": step_ends, "at_probe": at_probe,
-                      "eval_kept": eval_kept,
+                      "eval_kept": eval_kept, "forward_kept": forward_kept,
                       "max_allocated": torch.cuda.max_memory_allocated(),
                       "max_reserved": torch.cuda.max_memory_reserved()}), flush=True)
 

@@ -3,7 +3,8 @@
 //! step, recorded through the default allocator's tracker). `breakdown`'s cache, context and
 //! used memory against torch's own figures; `steps` finding the `+= loss` leak with its line
 //! and torch's per-step growth; the memory tricks as pairs, each with the category change
-//! and `advise` flagging the variant without the trick.
+//! and `advise` flagging the variant without the trick (checkpointing, evaluation without
+//! `no_grad`, autocast; inplace ReLU has no advice).
 
 mod common;
 
@@ -302,4 +303,24 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
     );
     assert!(kinds(&advice(&log)).contains(&"evaluation_without_no_grad".to_string()));
     assert!(!plain_advice.contains(&"evaluation_without_no_grad".to_string()));
+
+    // Autocast (bfloat16) for the training forward: its allocations pass through
+    // `at::autocast::`, activations at their highest drop (the hidden ones are 16-bit; the
+    // recording has no dtype, so only the direction is checked here), and only the fp32 run
+    // is told that autocast would halve its activations' bytes.
+    let (_, log) = recorded(&python, "autocast", false);
+    let autocast = device0(&log);
+    assert_eq!(plain["autocast_seen"], false);
+    assert_eq!(autocast["autocast_seen"], true);
+    assert!(category(&autocast, "activations").1 < category(&plain, "activations").1);
+    let suggestions = advice(&plain_log);
+    let halve = suggestions
+        .iter()
+        .find(|s| s["kind"] == "autocast")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    assert_eq!(
+        u64_of(halve, "bytes"),
+        category(&plain, "activations").1 / 2
+    );
+    assert!(!kinds(&advice(&log)).contains(&"autocast".to_string()));
 }

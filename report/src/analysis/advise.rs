@@ -14,6 +14,8 @@ pub const OPTIMIZER_SHARE: f64 = 0.20;
 /// Activations saved for no backward pass worth `no_grad`: this share of what the device
 /// held.
 pub const EVALUATION_SHARE: f64 = 0.05;
+/// Activations worth halving with autocast: this share of what the device held.
+pub const AUTOCAST_SHARE: f64 = 0.10;
 /// A cache worth simulating allocator settings for: this share of what the device held.
 pub const CACHE_SHARE: f64 = 0.10;
 
@@ -39,6 +41,8 @@ pub enum Kind {
     AllocatorCache,
     /// Activations saved in a forward that no backward used (evaluation with autograd on).
     Evaluation,
+    /// No allocation went through autocast: activations in fp32.
+    Autocast,
 }
 
 impl Kind {
@@ -49,6 +53,7 @@ impl Kind {
             Kind::OptimizerState => "optimizer_state",
             Kind::AllocatorCache => "allocator_cache",
             Kind::Evaluation => "evaluation_without_no_grad",
+            Kind::Autocast => "autocast",
         }
     }
 }
@@ -191,6 +196,29 @@ pub fn suggest(
                     size(whole),
                     share_of(activations, whole) * 100.0
                 )],
+                line: None,
+                pid: None,
+            });
+        }
+        if !device.autocast && share_of(activations, whole) >= AUTOCAST_SHARE {
+            found.push(Suggestion {
+                kind: Kind::Autocast,
+                device: Some(device.device),
+                bytes: activations / 2,
+                action: format!(
+                    "run the forward pass under torch.autocast (bfloat16 or float16): 16-bit activations take half the bytes, about {} of {}",
+                    size(activations / 2),
+                    size(activations)
+                ),
+                evidence: vec![
+                    "no allocation on this device went through torch.autocast (no at::autocast frame)".to_string(),
+                    format!(
+                        "activations at their highest: {} ({:.1}% of the {} held at the peak)",
+                        size(activations),
+                        share_of(activations, whole) * 100.0,
+                        size(whole)
+                    ),
+                ],
                 line: None,
                 pid: None,
             });

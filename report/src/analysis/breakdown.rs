@@ -114,6 +114,8 @@ struct Traits {
     library: Option<u8>,
     /// The innermost native frame is in NCCL.
     communication: bool,
+    /// A native `at::autocast::` frame: made under `torch.autocast`.
+    autocast: bool,
     /// A Python frame in `torch/optim/`.
     optimizer: bool,
     /// A Python frame of module construction or placement: `Module._apply`, `Module.to`,
@@ -157,6 +159,8 @@ pub struct Classifier {
     pending: FxHashMap<(u32, u32), Vec<Live>>,
     /// Activations freed without a backward pass, by sequence number.
     unused: FxHashSet<u64>,
+    /// Devices with an allocation made under `torch.autocast`.
+    autocast_devices: FxHashSet<i32>,
 }
 
 /// How an allocation ended, as the classifier sees it.
@@ -220,6 +224,7 @@ impl Classifier {
                     traits.workspace = true;
                 }
                 names_cudnn |= function.contains("cudnn") || function.contains("Cudnn");
+                traits.autocast |= function.starts_with("at::autocast::");
                 names_blas |= function.contains("Blas") || function.contains("cublas");
             }
         }
@@ -345,6 +350,7 @@ impl Classifier {
             by_seq: self.categories,
             libraries: self.libraries,
             unused: self.unused,
+            autocast_devices: self.autocast_devices,
         }
     }
 
@@ -386,6 +392,9 @@ impl Observer for Classifier {
                         self.ended(processes, &replaced, None);
                     }
                     let traits = self.traits(processes, live.process, live.stack);
+                    if traits.autocast {
+                        self.autocast_devices.insert(live.device);
+                    }
                     if let Some(pending) = self.pending.remove(&(live.process, live.thread)) {
                         for ended in &pending {
                             let made = self.traits(processes, ended.process, ended.stack);
@@ -426,6 +435,7 @@ pub struct Categories {
     libraries: Vec<u8>,
     /// Activations freed without a backward pass (saved during evaluation).
     unused: FxHashSet<u64>,
+    autocast_devices: FxHashSet<i32>,
 }
 
 impl Categories {
@@ -466,6 +476,8 @@ pub struct DeviceBreakdown {
     pub unused_activations_max: u64,
     pub unused_activations_allocated: u64,
     unused_activations: u64,
+    /// Some allocation on the device was made under `torch.autocast`.
+    pub autocast: bool,
     /// Workspaces per library at the peak, and each library's own highest.
     pub libraries_at_peak: LibraryBytes,
     pub libraries_max: LibraryBytes,
@@ -643,6 +655,7 @@ impl<'a> Tally<'a> {
             self.settle(process, None);
         }
         for device in &mut self.devices {
+            device.autocast = self.categories.autocast_devices.contains(&device.device);
             let before = device
                 .samples
                 .iter()

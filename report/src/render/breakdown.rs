@@ -143,6 +143,7 @@ pub fn device_json(device: &DeviceBreakdown) -> Value {
         "context_bytes": device.context,
         "context_share": device.context.map(|context| share(context, whole)),
         "held_bytes": device.held_bytes(),
+        "autocast_seen": device.autocast,
         "activations_without_backward": {
             "max_bytes": device.unused_activations_max,
             "allocated_bytes": device.unused_activations_allocated,
