@@ -8,6 +8,8 @@ which variant runs:
   checkpoint  the hidden block under `torch.utils.checkpoint`
   inplace     `ReLU(inplace=True)`
   autocast    the training forward under `torch.autocast` (bfloat16)
+  eval_leak   no training: an evaluation loop summing `criterion(...)` (graphs kept)
+  eval_item   no training: the same loop summing `.item()`
 
 Prints, as its last line, torch's own figures: parameter bytes, `memory_allocated()` at the
 end of each step (after `optimizer.step()`), `max_memory_allocated()` and
@@ -61,6 +63,18 @@ def main():
     step_ends = []
     eval_kept = []
     forward_kept = []
+    if mode in ("eval_leak", "eval_item"):
+        # An evaluation loop alone: no optimizer, so steps are the model's calls.
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            step_ends.append(torch.cuda.memory_allocated())
+            if mode == "eval_leak":
+                val_total += criterion(model(val_data), val_target)
+            else:
+                val_total += criterion(model(val_data), val_target).item()
+        print(json.dumps({"mode": mode, "steps": steps, "step_end_allocated": step_ends}),
+              flush=True)
+        return
     for _ in range(steps):
         optimizer.zero_grad()
         before = torch.cuda.memory_allocated()

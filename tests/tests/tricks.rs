@@ -21,14 +21,19 @@ const CONTEXT: u64 = 500 << 20;
 const ACTIVATION: u64 = 8192 * 1024 * 4;
 const STEPS: usize = 4;
 
-/// Runs `torch_tricks.py MODE` under the recorder; returns its figures and the log.
+/// Runs `torch_tricks.py MODE` for [`STEPS`] steps under the recorder; returns its figures
+/// and the log.
 fn recorded(python: &Path, mode: &str, probe: bool) -> (Value, PathBuf) {
+    recorded_steps(python, mode, STEPS, probe)
+}
+
+fn recorded_steps(python: &Path, mode: &str, steps: usize, probe: bool) -> (Value, PathBuf) {
     let dir = scratch(&format!("tricks-{mode}-{probe}"));
     let mut command = Command::new(python);
     command
         .args(["-W", "ignore"])
         .arg(repo().join("tests/python/torch_tricks.py"))
-        .args([mode, &STEPS.to_string()]);
+        .args([mode, &steps.to_string()]);
     if probe {
         command.arg("probe");
     }
@@ -99,13 +104,13 @@ fn kinds(suggestions: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// The line of `torch_tricks.py` (1-based) that contains `text`.
+/// The line of `torch_tricks.py` (1-based) that is `text` (indentation included).
 fn script_line(text: &str) -> u64 {
     let source = std::fs::read_to_string(repo().join("tests/python/torch_tricks.py"))
         .expect("torch_tricks.py");
     source
         .lines()
-        .position(|line| line.contains(text))
+        .position(|line| line == text)
         .unwrap_or_else(|| panic!("no line with {text}")) as u64
         + 1
 }
@@ -202,7 +207,7 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
     let Some(python) = torch_python() else {
         return;
     };
-    let leak_line = script_line("val_total += criterion(model(val_data), val_target)");
+    let leak_line = script_line("            val_total += criterion(model(val_data), val_target)");
     for mode in ["leak", "item"] {
         let (figures, log) = recorded(&python, mode, false);
         let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
@@ -251,6 +256,60 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
             assert_eq!(found[0]["grows"], false);
             assert!(arr(&found[0]["leaks"]).is_empty());
             assert!(!kinds(&advice).contains(&"growth_per_step".to_string()));
+        }
+    }
+
+    // An evaluation loop alone (no optimizer): steps are the model's calls, cut where the
+    // loop's call starts again, so 5 iterations give 4 steps whose ends are torch's
+    // allocated before the next call, plus the main thread's cuBLAS handle.
+    let eval_line =
+        script_line("                val_total += criterion(model(val_data), val_target)");
+    for mode in ["eval_leak", "eval_item"] {
+        let (figures, log) = recorded_steps(&python, mode, 5, false);
+        let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+        let found = &arr(&report["steps"])[0];
+        let split = &found["split_by"]["model_call"];
+        assert_eq!(
+            u64_of(split, "line"),
+            if mode == "eval_leak" {
+                eval_line
+            } else {
+                eval_line + 2
+            },
+            "{report}"
+        );
+        let torch_ends: Vec<u64> = arr(&figures["step_end_allocated"])
+            .iter()
+            .map(|v| v.as_u64().expect("bytes"))
+            .collect();
+        let ends: Vec<u64> = arr(&found["steps"])
+            .iter()
+            .map(|s| u64_of(s, "end_bytes"))
+            .collect();
+        assert_eq!(
+            ends,
+            torch_ends[1..]
+                .iter()
+                .map(|b| b + CUBLAS_HANDLE)
+                .collect::<Vec<_>>(),
+            "{mode}"
+        );
+        if mode == "eval_leak" {
+            assert_eq!(found["grows"], true);
+            let leaks = arr(&found["leaks"]);
+            assert_eq!(leaks.len(), 1, "{report}");
+            assert_eq!(u64_of(&leaks[0], "line"), eval_line);
+            let per_step: Vec<u64> = arr(&leaks[0]["per_step_bytes"])
+                .iter()
+                .map(|v| v.as_u64().expect("bytes"))
+                .collect();
+            assert_eq!(
+                per_step,
+                vec![torch_ends[2] - torch_ends[1], torch_ends[3] - torch_ends[2]]
+            );
+        } else {
+            assert_eq!(found["grows"], false);
+            assert!(arr(&found["leaks"]).is_empty());
         }
     }
 }

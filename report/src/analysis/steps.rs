@@ -1,5 +1,8 @@
 //! Training iterations found in a recording: a step ends where the optimizer's `step` ends
-//! (a run of allocations under a Python frame in `torch/optim/`, then one that is not).
+//! (a run of allocations under a Python frame in `torch/optim/`, then one that is not). A
+//! process without an optimizer (an evaluation or inference loop) is split where its most
+//! repeated model call starts (the line calling the outermost `Module._call_impl`), found
+//! by a first replay and applied in a second.
 //! Per step: the highest live bytes within it and the bytes live at its end. Live bytes
 //! that grow at the end of every step are growth, charged to the lines of the training loop
 //! (the function that calls the optimizer) whose allocations are never freed.
@@ -40,6 +43,8 @@ pub struct Leak {
 #[derive(Clone, Debug, Default)]
 pub struct ProcessSteps {
     pub process: u32,
+    /// Split at a model call's starts (file, line) instead of the optimizer's steps.
+    pub by_call: Option<(Rc<str>, u32)>,
     pub steps: Vec<StepFigures>,
     /// Lines leaking, most bytes first (filled by [`Steps::finish`]).
     pub leaks: Vec<Leak>,
@@ -72,10 +77,27 @@ impl ProcessSteps {
 #[derive(Clone, Debug, Default)]
 struct Origin {
     optimizer: bool,
+    /// (code, line) that called the outermost `Module._call_impl`: the model call.
+    call_site: Option<(u32, u32)>,
     /// The user's innermost Python frame: (code, line).
     user: Option<(u32, u32)>,
     /// (code, line) of every Python frame, innermost first.
     frames: Vec<(u32, u32)>,
+}
+
+impl Tracker {
+    /// Ends the current step before the allocation at `t_ns`.
+    fn close(&mut self, t_ns: u64) {
+        self.current.end_t_ns = t_ns;
+        self.current.end_bytes = self.live_bytes;
+        self.steps.push(self.current);
+        self.current = StepFigures {
+            start_t_ns: t_ns,
+            peak_bytes: self.live_bytes,
+            ..StepFigures::default()
+        };
+        self.at_last_end = self.survivors.values().copied().collect();
+    }
 }
 
 #[derive(Default)]
@@ -90,6 +112,15 @@ struct Tracker {
     survivors: FxHashMap<u64, (u32, u64, usize)>,
     /// Survivors at the last step end: (stack, size, step index).
     at_last_end: Vec<(u32, u64, usize)>,
+    /// Thread → the model call of its latest allocation.
+    thread_call: FxHashMap<u32, Option<(u32, u32)>>,
+    /// Model call site → calls started.
+    calls: FxHashMap<(u32, u32), u32>,
+    /// Model call site → the stack of its current call's first allocation, and allocations
+    /// since.
+    call_first: FxHashMap<(u32, u32), (u32, u32)>,
+    /// Calls started at the site the process is split by.
+    split_calls: u32,
 }
 
 /// Observer finding steps per process.
@@ -98,6 +129,8 @@ pub struct Steps {
     files: UserFiles,
     origins: FxHashMap<(u32, u32), Rc<Origin>>,
     processes: FxHashMap<u32, Tracker>,
+    /// Process → the model call site that splits it (second replay).
+    split: FxHashMap<u32, (u32, u32)>,
 }
 
 impl Steps {
@@ -108,7 +141,32 @@ impl Steps {
             files: UserFiles::Default,
             origins: FxHashMap::default(),
             processes: FxHashMap::default(),
+            split: FxHashMap::default(),
         }
+    }
+
+    /// Steps of the processes in `split`, each cut where its model call site starts a call.
+    pub fn by_calls(device: Option<i32>, split: FxHashMap<u32, (u32, u32)>) -> Steps {
+        Steps {
+            split,
+            ..Steps::new(device)
+        }
+    }
+
+    /// After a replay: for each process without an optimizer step, its most repeated model
+    /// call site, if called at least three times.
+    pub fn call_split(&self) -> FxHashMap<u32, (u32, u32)> {
+        self.processes
+            .iter()
+            .filter(|(_, tracker)| tracker.steps.is_empty() && tracker.loop_code.is_none())
+            .filter_map(|(&process, tracker)| {
+                let (&site, &calls) = tracker
+                    .calls
+                    .iter()
+                    .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+                (calls >= 3).then_some((process, site))
+            })
+            .collect()
     }
 
     fn counts(&self, device: i32) -> bool {
@@ -126,12 +184,18 @@ impl Steps {
         if let Some(info) = processes.get(process as usize)
             && let Some(frames) = info.python_stacks.get(&stack)
         {
+            let mut outermost_call = None;
             for frame in frames {
                 let Some(code) = info.codes.get(&frame.code) else {
                     continue;
                 };
                 let line = python::line_of(code, frame.offset).unwrap_or(0);
                 origin.frames.push((frame.code, line));
+                if code.filename.ends_with("/torch/nn/modules/module.py")
+                    && code.qualname.ends_with("_call_impl")
+                {
+                    outermost_call = Some(origin.frames.len());
+                }
                 if code.filename.contains("/torch/optim/") {
                     origin.optimizer = true;
                 }
@@ -139,6 +203,7 @@ impl Steps {
                     origin.user = Some((frame.code, line));
                 }
             }
+            origin.call_site = outermost_call.and_then(|index| origin.frames.get(index).copied());
         }
         let origin = Rc::new(origin);
         self.origins.insert((process, stack), origin.clone());
@@ -147,8 +212,31 @@ impl Steps {
 
     fn added(&mut self, processes: &[Process], t_ns: u64, live: &Live) {
         let origin = self.origin(processes, live.process, live.stack);
+        let split = self.split.get(&live.process).copied();
         let tracker = self.processes.entry(live.process).or_default();
-        if origin.optimizer {
+        let previous = tracker.thread_call.insert(live.thread, origin.call_site);
+        let mut call_start = false;
+        if let Some(site) = origin.call_site {
+            // A call starts when the thread comes from outside it, or when the call's first
+            // stack comes again (calls made back to back: the repeating stack pattern).
+            let first = tracker.call_first.entry(site).or_insert((live.stack, 0));
+            call_start = previous.flatten() != Some(site) || (first.0 == live.stack && first.1 > 0);
+            if call_start {
+                *first = (live.stack, 0);
+                *tracker.calls.entry(site).or_default() += 1;
+            } else {
+                first.1 += 1;
+            }
+        }
+        if let Some(site) = split {
+            tracker.loop_code = Some(site.0);
+            if call_start && origin.call_site == Some(site) {
+                tracker.split_calls += 1;
+                if tracker.split_calls > 1 {
+                    tracker.close(t_ns);
+                }
+            }
+        } else if origin.optimizer {
             if tracker.loop_code.is_none() {
                 tracker.loop_code = origin.user.map(|(code, _)| code);
             }
@@ -156,15 +244,7 @@ impl Steps {
         } else if tracker.in_optimizer {
             // The optimizer's step is over: so is the training step.
             tracker.in_optimizer = false;
-            tracker.current.end_t_ns = t_ns;
-            tracker.current.end_bytes = tracker.live_bytes;
-            tracker.steps.push(tracker.current);
-            tracker.current = StepFigures {
-                start_t_ns: t_ns,
-                peak_bytes: tracker.live_bytes,
-                ..StepFigures::default()
-            };
-            tracker.at_last_end = tracker.survivors.values().copied().collect();
+            tracker.close(t_ns);
         }
         tracker.live_bytes = tracker.live_bytes.saturating_add(live.size);
         tracker.current.peak_bytes = tracker.current.peak_bytes.max(tracker.live_bytes);
@@ -194,8 +274,13 @@ impl Steps {
             if tracker.steps.is_empty() {
                 continue;
             }
+            let by_call = self.split.get(&process).and_then(|&(code, line)| {
+                let code = processes.get(process as usize)?.codes.get(&code)?;
+                Some((Rc::from(code.filename.as_str()), line))
+            });
             let mut result = ProcessSteps {
                 process,
+                by_call,
                 steps: tracker.steps,
                 leaks: Vec::new(),
             };

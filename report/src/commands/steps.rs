@@ -19,11 +19,9 @@ pub struct Args {
 /// Each process's steps in `logs` (tensor view), on `device` or every device, with the
 /// process's id.
 pub fn find(logs: &[PathBuf], device: Option<i32>) -> Result<Vec<(u32, ProcessSteps)>, Failure> {
-    let mut analysis = Steps::new(device);
-    let replay = replay::run_view(logs, &mut [&mut analysis], Stop::End, View::Tensors)?;
+    let (replay, found) = replayed(logs, device)?;
     let processes = &replay.processes;
-    Ok(analysis
-        .finish(processes)
+    Ok(found
         .into_iter()
         .map(|steps| {
             let pid = processes
@@ -34,12 +32,33 @@ pub fn find(logs: &[PathBuf], device: Option<i32>) -> Result<Vec<(u32, ProcessSt
         .collect())
 }
 
+/// Steps by the optimizer; then, for processes without one, a second replay split at their
+/// most repeated model call. Processes in order.
+fn replayed(
+    logs: &[PathBuf],
+    device: Option<i32>,
+) -> Result<(replay::Replay, Vec<ProcessSteps>), Failure> {
+    let mut analysis = Steps::new(device);
+    let replay = replay::run_view(logs, &mut [&mut analysis], Stop::End, View::Tensors)?;
+    let split = analysis.call_split();
+    let mut found = analysis.finish(&replay.processes);
+    if split.is_empty() {
+        return Ok((replay, found));
+    }
+    drop(replay);
+    let mut by_calls = Steps::by_calls(device, split);
+    let replay = replay::run_view(logs, &mut [&mut by_calls], Stop::End, View::Tensors)?;
+    let split_found = by_calls.finish(&replay.processes);
+    found.retain(|steps| split_found.iter().all(|s| s.process != steps.process));
+    found.extend(split_found.into_iter().filter(|s| s.by_call.is_some()));
+    found.sort_by_key(|steps| steps.process);
+    Ok((replay, found))
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let mut analysis = Steps::new(select.device);
-    let replay = replay::run_view(&select.logs, &mut [&mut analysis], Stop::End, View::Tensors)?;
+    let (replay, found) = replayed(&select.logs, select.device)?;
     let processes = &replay.processes;
-    let found = analysis.finish(processes);
     let report = StepsReport {
         processes,
         steps: &found,

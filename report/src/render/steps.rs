@@ -38,7 +38,7 @@ pub fn text(out: &mut dyn Write, report: &StepsReport<'_>) -> io::Result<()> {
     if report.steps.is_empty() {
         writeln!(
             out,
-            "\nno training steps found (no allocations under a torch/optim/ frame)"
+            "\nno steps found (no allocation under a torch/optim/ frame, and no model call made three times)"
         )?;
     }
     for found in report.steps {
@@ -46,11 +46,18 @@ pub fn text(out: &mut dyn Write, report: &StepsReport<'_>) -> io::Result<()> {
             .processes
             .get(found.process as usize)
             .map_or(0, |p| p.header.pid);
-        writeln!(
-            out,
-            "\nprocess {pid}: {} steps (each ends where the optimizer's step ends)",
-            found.steps.len()
-        )?;
+        match &found.by_call {
+            Some((file, line)) => writeln!(
+                out,
+                "\nprocess {pid}: {} steps (no optimizer; each ends where the model call at {file}:{line} starts again)",
+                found.steps.len()
+            )?,
+            None => writeln!(
+                out,
+                "\nprocess {pid}: {} steps (each ends where the optimizer's step ends)",
+                found.steps.len()
+            )?,
+        }
         writeln!(
             out,
             "  {:>5} {:>11} {:>11} {:>11} {:>11} {:>12}",
@@ -129,6 +136,10 @@ pub fn json(report: &StepsReport<'_>) -> Value {
             json!({
                 "pid": report.processes.get(found.process as usize).map(|p| p.header.pid),
                 "grows": found.grows(),
+                "split_by": match &found.by_call {
+                    Some((file, line)) => json!({"model_call": {"file": &**file, "line": line}}),
+                    None => json!("optimizer_step"),
+                },
                 "steps": found.steps.iter().enumerate().map(|(index, step)| json!({
                     "step": index + 1,
                     "start_t_ns": step.start_t_ns,
