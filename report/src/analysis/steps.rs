@@ -55,7 +55,10 @@ impl ProcessSteps {
     pub fn growth(&self) -> Vec<i64> {
         self.steps
             .windows(2)
-            .map(|pair| pair[1].end_bytes as i64 - pair[0].end_bytes as i64)
+            .map(|pair| {
+                (i128::from(pair[1].end_bytes) - i128::from(pair[0].end_bytes))
+                    .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+            })
             .collect()
     }
 
@@ -223,15 +226,16 @@ impl Steps {
             call_start = previous.flatten() != Some(site) || (first.0 == live.stack && first.1 > 0);
             if call_start {
                 *first = (live.stack, 0);
-                *tracker.calls.entry(site).or_default() += 1;
+                let calls = tracker.calls.entry(site).or_default();
+                *calls = calls.saturating_add(1);
             } else {
-                first.1 += 1;
+                first.1 = first.1.saturating_add(1);
             }
         }
         if let Some(site) = split {
             tracker.loop_code = Some(site.0);
             if call_start && origin.call_site == Some(site) {
-                tracker.split_calls += 1;
+                tracker.split_calls = tracker.split_calls.saturating_add(1);
                 if tracker.split_calls > 1 {
                     tracker.close(t_ns);
                 }
@@ -304,10 +308,10 @@ impl Steps {
                     let entry = by_line
                         .entry(line)
                         .or_insert_with(|| (0, 0, vec![0; last - 2]));
-                    entry.0 += size;
+                    entry.0 = entry.0.saturating_add(size);
                     entry.1 += 1;
                     if let Some(slot) = entry.2.get_mut(step - 1) {
-                        *slot += size;
+                        *slot = slot.saturating_add(size);
                     }
                 }
                 let info = processes.get(process as usize);
