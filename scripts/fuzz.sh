@@ -14,7 +14,8 @@
 #                  i32::MIN/MAX devices, times jumping and going backwards, frees without
 #                  allocations, stacks of up to 256 frames, unknown ids, bogus module maps),
 #                  encoded as a well-formed log and read by one report command (report, peak,
-#                  leaks, oom, timeline, flamegraph, diff, html or export); no panic, hang (10 s) or
+#                  leaks, oom, timeline, flamegraph, diff, html, export, breakdown, steps or
+#                  advise); no panic, hang (10 s) or
 #                  more than 2 GiB.
 #
 # Installs cargo-fuzz into ~/.cargo/bin when it is missing. cargo-fuzz needs unstable rustc

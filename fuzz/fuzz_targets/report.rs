@@ -247,7 +247,7 @@ fuzz_target!(|data: &[u8]| {
         .expect("write the crafted log");
     let log = log.to_string_lossy().into_owned();
     let out = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let args: Vec<String> = match command % 11 {
+    let args: Vec<String> = match command % 14 {
         0 => vec!["report".into(), log, "--json".into()],
         1 => vec!["report".into(), log],
         2 => vec!["peak".into(), log, "--by-thread".into()],
@@ -265,6 +265,9 @@ fuzz_target!(|data: &[u8]| {
         7 => vec!["flamegraph".into(), log, "--folded".into()],
         8 => vec!["diff".into(), log.clone(), log, "--json".into()],
         9 => vec!["html".into(), log, "-o".into(), out("report.html")],
+        10 => vec!["breakdown".into(), log, "--json".into()],
+        11 => vec!["steps".into(), log],
+        12 => vec!["advise".into(), log, "--json".into()],
         _ => vec![
             "export".into(),
             log,

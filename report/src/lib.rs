@@ -49,12 +49,19 @@ enum Command {
     /// Post-mortem of each failed allocation: request, free memory, live set, verdict, retries.
     Oom(commands::oom::Args),
     /// What fills each device at its peak and over time, in a framework user's terms:
-    /// parameters, gradients, optimizer state, activations, temporaries, workspaces, other
-    /// (from a per-tensor recording), with the top stacks of each.
+    /// parameters, gradients, optimizer state, activations, temporaries, workspaces (by
+    /// library), communication, other, the allocator's cache and the context (from a
+    /// tensor-level recording), with the top stacks of each.
     Breakdown(commands::breakdown::Args),
     /// The program's own source lines that allocated, beside their text: bytes allocated,
     /// count, net live change, bytes live at the peak.
     Lines(commands::lines::Args),
+    /// Training steps (where the optimizer's step ends): peak and live bytes per step, and
+    /// growth across steps with the training loop's lines that never free.
+    Steps(commands::steps::Args),
+    /// Ranked suggestions, each with its evidence and the bytes it would free: checkpointing,
+    /// optimizer state, allocator settings, leaks, evaluation without no_grad, autocast.
+    Advise(commands::advise::Args),
     /// Live bytes over time per device, with used memory, the peak and failures: a terminal
     /// chart, JSON, or an SVG picture.
     Timeline(commands::timeline::Args),
@@ -138,6 +145,8 @@ where
         Command::Oom(args) => commands::oom::run(args),
         Command::Breakdown(args) => commands::breakdown::run(args),
         Command::Lines(args) => commands::lines::run(args),
+        Command::Steps(args) => commands::steps::run(args),
+        Command::Advise(args) => commands::advise::run(args),
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Diff(args) => commands::diff::run(args),

@@ -6,15 +6,19 @@
 //! number; the second ([`Tally`]) sums live bytes per category over time and at each
 //! device's peak.
 //!
-//! Meant for per-tensor recordings (one event per tensor: PyTorch with
-//! `PYTORCH_NO_CUDA_MEMORY_CACHING=1` or `backend:cudaMallocAsync`); on a recording of the
-//! caching allocator's segments most bytes fall under "other".
+//! Meant for tensor-level recordings (the default allocator through its tracker, or one event
+//! per tensor: `PYTORCH_NO_CUDA_MEMORY_CACHING=1`, `backend:cudaMallocAsync`); on a recording
+//! of the caching allocator's segments alone most bytes fall under "other". Beside the
+//! categories, the tally knows the allocator's cache (its segments less the tensors in them)
+//! and the memory no hook sees (the device's sampled used bytes less what was recorded: the
+//! context and loaded modules).
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::analysis::groups::Stacks;
 use crate::python::{self, PYTHON_MODULE, StackView};
 use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use vramshim_format::EventKind;
 
 /// What an allocation holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -25,18 +29,20 @@ pub enum Category {
     Activations,
     Temporaries,
     Workspaces,
+    Communication,
     Other,
 }
 
 impl Category {
     /// Every category, in report order.
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; 8] = [
         Category::Parameters,
         Category::Gradients,
         Category::OptimizerState,
         Category::Activations,
         Category::Temporaries,
         Category::Workspaces,
+        Category::Communication,
         Category::Other,
     ];
 
@@ -49,6 +55,7 @@ impl Category {
             Category::Activations => "activations",
             Category::Temporaries => "temporaries",
             Category::Workspaces => "workspaces",
+            Category::Communication => "communication",
             Category::Other => "other",
         }
     }
@@ -68,6 +75,30 @@ impl Category {
 /// Bytes per category, indexed as [`Category::ALL`].
 pub type CategoryBytes = [u64; Category::ALL.len()];
 
+/// Bytes per library workspace, indexed as [`LIBRARIES`].
+pub type LibraryBytes = [u64; LIBRARIES.len()];
+
+/// The libraries whose workspaces are told apart: (name in reports, file-name prefix of the
+/// library's module). The last, `other`, has no module: a workspace frame of PyTorch's that
+/// names neither cuBLAS nor cuDNN.
+pub const LIBRARIES: [(&str, &str); 9] = [
+    ("cublas", "libcublas"),
+    ("cudnn", "libcudnn"),
+    ("cufft", "libcufft"),
+    ("cusolver", "libcusolver"),
+    ("cusparse", "libcusparse"),
+    ("curand", "libcurand"),
+    ("nvshmem", "libnvshmem"),
+    ("cufile", "libcufile"),
+    ("other", ""),
+];
+const CUBLAS: u8 = 0;
+const CUDNN: u8 = 1;
+const OTHER_LIBRARY: u8 = LIBRARIES.len() as u8 - 1;
+
+/// NCCL's module prefix: its own memory is communication buffers.
+const NCCL: &str = "libnccl";
+
 /// What a stack says about the allocations made under it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Traits {
@@ -77,10 +108,14 @@ struct Traits {
     autograd_engine: bool,
     /// A native `at::` frame that allocates a library workspace (`...Workspace...`).
     workspace: bool,
-    /// The innermost native frame is in one of NVIDIA's libraries ([`super::apis::is_nvidia_library`]): the
+    /// The innermost native frame is in one of NVIDIA's libraries ([`LIBRARIES`]): the
     /// library allocated for itself (cuBLAS's 64 MiB per handle on an H200), whichever thread
-    /// it ran on.
-    library: bool,
+    /// it ran on. Also set, from the frames' names, for a `workspace`.
+    library: Option<u8>,
+    /// The innermost native frame is in NCCL.
+    communication: bool,
+    /// A native `at::autocast::` frame: made under `torch.autocast`.
+    autocast: bool,
     /// A Python frame in `torch/optim/`.
     optimizer: bool,
     /// A Python frame of module construction or placement: `Module._apply`, `Module.to`,
@@ -88,6 +123,9 @@ struct Traits {
     parameter_setup: bool,
     /// The operation: the innermost Python frame's (code, line), else the stack itself.
     op: OpKey,
+    /// Made in a module's forward: the (code, line) that called the outermost
+    /// `Module._call_impl` (the call of the model).
+    forward_call: Option<(u32, u32)>,
 }
 
 /// Which operation a thread is in, as far as its allocations tell.
@@ -113,6 +151,16 @@ pub struct Classifier {
     autograd_threads: FxHashSet<(u32, u32)>,
     /// Category by allocation sequence number (`Category::ALL` index).
     categories: Vec<u8>,
+    /// Library by allocation sequence number ([`LIBRARIES`] index), for workspaces.
+    libraries: Vec<u8>,
+    /// (process, thread) → forward allocations freed by that thread, decided at the thread's
+    /// next allocation: freed while the same model call went on (temporaries) or after it
+    /// had finished without a backward pass (activations saved for nothing).
+    pending: FxHashMap<(u32, u32), Vec<Live>>,
+    /// Activations freed without a backward pass, by sequence number.
+    unused: FxHashSet<u64>,
+    /// Devices with an allocation made under `torch.autocast`.
+    autocast_devices: FxHashSet<i32>,
 }
 
 /// How an allocation ended, as the classifier sees it.
@@ -136,8 +184,18 @@ impl Classifier {
         let frames = stacks.frames(processes, process, stack);
         let mut traits = Traits::default();
         if let Some(innermost) = frames.iter().find(|f| &*f.module != PYTHON_MODULE) {
-            traits.library = super::apis::is_nvidia_library(&innermost.module);
+            let name = std::path::Path::new(&*innermost.module)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            traits.library = LIBRARIES
+                .iter()
+                .position(|(_, prefix)| !prefix.is_empty() && name.starts_with(prefix))
+                .map(|index| index as u8);
+            traits.communication = name.starts_with(NCCL);
         }
+        let mut names_cudnn = false;
+        let mut names_blas = false;
         for frame in frames.iter() {
             let function = frame.function.as_deref().unwrap_or("");
             if &*frame.module == PYTHON_MODULE {
@@ -165,8 +223,36 @@ impl Classifier {
                 if function.starts_with("at::") && function.contains("Workspace") {
                     traits.workspace = true;
                 }
+                names_cudnn |= function.contains("cudnn") || function.contains("Cudnn");
+                traits.autocast |= function.starts_with("at::autocast::");
+                names_blas |= function.contains("Blas") || function.contains("cublas");
             }
         }
+        if traits.workspace && traits.library.is_none() {
+            traits.library = Some(if names_cudnn {
+                CUDNN
+            } else if names_blas {
+                CUBLAS
+            } else {
+                OTHER_LIBRARY
+            });
+        }
+        traits.forward_call = processes.get(process as usize).and_then(|info| {
+            let frames = info.python_stacks.get(&stack)?;
+            let outermost = frames.iter().rposition(|frame| {
+                info.codes.get(&frame.code).is_some_and(|code| {
+                    code.filename.ends_with("/torch/nn/modules/module.py")
+                        && code.qualname.ends_with("_call_impl")
+                })
+            })?;
+            let caller = frames.get(outermost + 1)?;
+            let line = info
+                .codes
+                .get(&caller.code)
+                .and_then(|code| python::line_of(code, caller.offset))
+                .unwrap_or(0);
+            Some((caller.code, line))
+        });
         traits.op = processes
             .get(process as usize)
             .and_then(|info| {
@@ -199,7 +285,7 @@ impl Classifier {
             })
     }
 
-    fn file(&mut self, live: &Live, category: Category) {
+    fn file(&mut self, processes: &[Process], live: &Live, category: Category) {
         let Ok(seq) = usize::try_from(live.seq) else {
             return;
         };
@@ -207,6 +293,16 @@ impl Classifier {
             self.categories.resize(seq + 1, Category::Other as u8);
         }
         self.categories[seq] = category as u8;
+        if category == Category::Workspaces {
+            let library = self
+                .traits(processes, live.process, live.stack)
+                .library
+                .unwrap_or(OTHER_LIBRARY);
+            if self.libraries.len() <= seq {
+                self.libraries.resize(seq + 1, OTHER_LIBRARY);
+            }
+            self.libraries[seq] = library;
+        }
     }
 
     fn classify(&mut self, processes: &[Process], live: &Live, ending: Option<Ending>) -> Category {
@@ -214,7 +310,9 @@ impl Classifier {
         let allocated_in_backward =
             traits.autograd_engine || self.is_autograd_thread(processes, live.process, live.thread);
         let in_same_op = ending.is_some_and(|e| e.in_same_op);
-        if traits.workspace || traits.library {
+        if traits.communication {
+            Category::Communication
+        } else if traits.workspace || traits.library.is_some() {
             Category::Workspaces
         } else if traits.accumulate_grad
             || (allocated_in_backward && ending.is_none_or(|e| !e.same_thread))
@@ -238,13 +336,21 @@ impl Classifier {
     /// Files what is still live where the replay ended (never freed) and returns the
     /// categories by sequence number.
     pub fn finish(mut self, processes: &[Process], state: &State) -> Categories {
+        let pending: Vec<Live> = self.pending.drain().flat_map(|(_, lives)| lives).collect();
+        for live in &pending {
+            self.unused.insert(live.seq);
+            self.file(processes, live, Category::Activations);
+        }
         let live: Vec<Live> = state.live().copied().collect();
         for live in &live {
             let category = self.classify(processes, live, None);
-            self.file(live, category);
+            self.file(processes, live, category);
         }
         Categories {
             by_seq: self.categories,
+            libraries: self.libraries,
+            unused: self.unused,
+            autocast_devices: self.autocast_devices,
         }
     }
 
@@ -261,7 +367,19 @@ impl Classifier {
             }
         });
         let category = self.classify(processes, live, ending);
-        self.file(live, category);
+        let traits = self.traits(processes, live.process, live.stack);
+        if traits.forward_call.is_some()
+            && matches!(category, Category::Other)
+            && ending.is_some_and(|e| e.same_thread && !e.on_autograd_thread)
+        {
+            // Freed by the thread that made it in a forward: mid-forward or after it?
+            self.pending
+                .entry((live.process, live.thread))
+                .or_default()
+                .push(*live);
+            return;
+        }
+        self.file(processes, live, category);
     }
 }
 
@@ -274,6 +392,23 @@ impl Observer for Classifier {
                         self.ended(processes, &replaced, None);
                     }
                     let traits = self.traits(processes, live.process, live.stack);
+                    if traits.autocast {
+                        self.autocast_devices.insert(live.device);
+                    }
+                    if let Some(pending) = self.pending.remove(&(live.process, live.thread)) {
+                        for ended in &pending {
+                            let made = self.traits(processes, ended.process, ended.stack);
+                            let category = if traits.forward_call.is_some()
+                                && traits.forward_call == made.forward_call
+                            {
+                                Category::Temporaries
+                            } else {
+                                self.unused.insert(ended.seq);
+                                Category::Activations
+                            };
+                            self.file(processes, ended, category);
+                        }
+                    }
                     if traits.autograd_engine {
                         self.autograd_threads.insert((live.process, live.thread));
                     }
@@ -297,6 +432,10 @@ impl Observer for Classifier {
 #[derive(Default)]
 pub struct Categories {
     by_seq: Vec<u8>,
+    libraries: Vec<u8>,
+    /// Activations freed without a backward pass (saved during evaluation).
+    unused: FxHashSet<u64>,
+    autocast_devices: FxHashSet<i32>,
 }
 
 impl Categories {
@@ -306,6 +445,14 @@ impl Categories {
             .ok()
             .and_then(|seq| self.by_seq.get(seq))
             .map_or(Category::Other, |&index| Category::from_index(index))
+    }
+
+    /// The library ([`LIBRARIES`] index) of the workspace made by event `seq`.
+    pub fn library_of(&self, seq: u64) -> usize {
+        usize::try_from(seq)
+            .ok()
+            .and_then(|seq| self.libraries.get(seq))
+            .map_or(usize::from(OTHER_LIBRARY), |&index| usize::from(index))
     }
 }
 
@@ -322,8 +469,59 @@ pub struct DeviceBreakdown {
     /// Each category's own highest live bytes over the run, and when first reached.
     pub max: CategoryBytes,
     pub max_t_ns: [u64; Category::ALL.len()],
+    /// Bytes each category allocated over the run.
+    pub allocated: CategoryBytes,
+    /// Activations freed without a backward pass (kept by a graph nobody differentiated:
+    /// evaluation without `no_grad`): highest live bytes, and bytes allocated.
+    pub unused_activations_max: u64,
+    pub unused_activations_allocated: u64,
+    unused_activations: u64,
+    /// Some allocation on the device was made under `torch.autocast`.
+    pub autocast: bool,
+    /// Workspaces per library at the peak, and each library's own highest.
+    pub libraries_at_peak: LibraryBytes,
+    pub libraries_max: LibraryBytes,
+    /// The allocator's cache (its segments less the tensors in them) at the peak, and its
+    /// own highest; None where the log has no segments (a per-tensor recording).
+    pub cache_at_peak: Option<u64>,
+    pub cache_max: u64,
+    /// The device's used memory less what was recorded (allocations and cache), from the
+    /// memory sample nearest before the peak (else the first after); None without samples.
+    pub context: Option<u64>,
     /// Bytes per category now (where the replay is).
     current: CategoryBytes,
+    libraries_current: LibraryBytes,
+    /// Tensors (tracker's blocks) and segments live now.
+    tensor_bytes: u64,
+    segment_bytes: u64,
+    has_segments: bool,
+    /// (time, used − recorded) at each memory sample.
+    samples: Vec<(u64, u64)>,
+}
+
+impl DeviceBreakdown {
+    /// The cache now.
+    fn cache(&self) -> u64 {
+        self.segment_bytes.saturating_sub(self.tensor_bytes)
+    }
+
+    /// Allocations and cache at the peak: what the recording saw the device hold.
+    pub fn held_bytes(&self) -> u64 {
+        self.peak_bytes
+            .saturating_add(self.cache_at_peak.unwrap_or(0))
+    }
+
+    /// The device's used memory at the peak, where the log has memory samples: what was
+    /// held plus the context.
+    pub fn used_bytes(&self) -> Option<u64> {
+        self.context
+            .map(|context| self.held_bytes().saturating_add(context))
+    }
+
+    /// What shares are of: the used memory where known, else what was held.
+    pub fn whole(&self) -> u64 {
+        self.used_bytes().unwrap_or_else(|| self.held_bytes())
+    }
 }
 
 /// Second replay: live bytes per category and device, at each device's peak and over time.
@@ -331,6 +529,10 @@ pub struct Tally<'a> {
     categories: &'a Categories,
     device: Option<i32>,
     pub devices: Vec<DeviceBreakdown>,
+    /// Memory samples waiting for their process's next event: (process, device, time, used,
+    /// recorded). A sample is taken inside the `cudaMalloc` that made a segment, before the
+    /// allocator's tracker names it one, so that segment is added if the next event does.
+    pending: Vec<(u32, i32, u64, u64, u64)>,
 }
 
 impl<'a> Tally<'a> {
@@ -340,6 +542,7 @@ impl<'a> Tally<'a> {
             categories,
             device,
             devices: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
@@ -367,9 +570,99 @@ impl<'a> Tally<'a> {
         if self.device.is_some_and(|d| d != live.device) {
             return;
         }
-        let category = self.categories.of(live.seq).index();
+        let category = self.categories.of(live.seq);
+        let library = self.categories.library_of(live.seq);
+        let unused = self.categories.unused.contains(&live.seq);
         let entry = self.entry(live.device);
-        entry.current[category] = entry.current[category].saturating_sub(live.size);
+        let index = category.index();
+        entry.current[index] = entry.current[index].saturating_sub(live.size);
+        if category == Category::Workspaces {
+            entry.libraries_current[library] =
+                entry.libraries_current[library].saturating_sub(live.size);
+        }
+        if live.kind == EventKind::TensorAlloc {
+            entry.tensor_bytes = entry.tensor_bytes.saturating_sub(live.size);
+        }
+        if unused {
+            entry.unused_activations = entry.unused_activations.saturating_sub(live.size);
+        }
+    }
+
+    fn added(&mut self, state: &State, t_ns: u64, live: &Live) {
+        let category = self.categories.of(live.seq);
+        let library = self.categories.library_of(live.seq);
+        let device_bytes = state.device_bytes(live.device);
+        let seq = state.seq;
+        let unused = self.categories.unused.contains(&live.seq);
+        let entry = self.entry(live.device);
+        if unused {
+            entry.unused_activations = entry.unused_activations.saturating_add(live.size);
+            entry.unused_activations_allocated =
+                entry.unused_activations_allocated.saturating_add(live.size);
+            entry.unused_activations_max =
+                entry.unused_activations_max.max(entry.unused_activations);
+        }
+        let index = category.index();
+        entry.current[index] = entry.current[index].saturating_add(live.size);
+        entry.allocated[index] = entry.allocated[index].saturating_add(live.size);
+        if entry.current[index] > entry.max[index] {
+            entry.max[index] = entry.current[index];
+            entry.max_t_ns[index] = t_ns;
+        }
+        if category == Category::Workspaces {
+            entry.libraries_current[library] =
+                entry.libraries_current[library].saturating_add(live.size);
+            entry.libraries_max[library] =
+                entry.libraries_max[library].max(entry.libraries_current[library]);
+        }
+        if live.kind == EventKind::TensorAlloc {
+            entry.tensor_bytes = entry.tensor_bytes.saturating_add(live.size);
+        }
+        entry.cache_max = entry.cache_max.max(entry.cache());
+        if device_bytes > entry.peak_bytes {
+            entry.peak_bytes = device_bytes;
+            entry.peak_t_ns = t_ns;
+            entry.peak_seq = seq;
+            entry.at_peak = entry.current;
+            entry.libraries_at_peak = entry.libraries_current;
+            entry.cache_at_peak = entry.has_segments.then(|| entry.cache());
+        }
+    }
+
+    fn settle(&mut self, process: u32, segment: Option<(i32, u64)>) {
+        let mut index = 0;
+        while index < self.pending.len() {
+            let (pending_process, device, t_ns, used, mut recorded) = self.pending[index];
+            if pending_process != process {
+                index += 1;
+                continue;
+            }
+            self.pending.swap_remove(index);
+            if let Some((segment_device, size)) = segment
+                && segment_device == device
+            {
+                recorded = recorded.saturating_add(size);
+            }
+            self.entry(device)
+                .samples
+                .push((t_ns, used.saturating_sub(recorded)));
+        }
+    }
+
+    /// Picks each device's context from its samples; call once the replay ended.
+    pub fn finish(&mut self) {
+        for (process, ..) in self.pending.clone() {
+            self.settle(process, None);
+        }
+        for device in &mut self.devices {
+            device.autocast = self.categories.autocast_devices.contains(&device.device);
+            let before = device
+                .samples
+                .iter()
+                .rev()
+                .find(|(t_ns, _)| *t_ns <= device.peak_t_ns);
+            device.context = before.or(device.samples.first()).map(|(_, bytes)| *bytes);
+        }
     }
 }
 
@@ -377,42 +670,59 @@ impl Observer for Tally<'_> {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         match step {
             Step::Event {
+                process,
                 t_ns,
-                effect: Effect::Added(live),
-                ..
+                event,
+                effect,
             } => {
-                if let Some(replaced) = state.replaced().copied() {
-                    self.ended(&replaced);
+                if !self.pending.is_empty() {
+                    let segment = (event.kind == EventKind::TensorSegment)
+                        .then_some((event.device, event.size));
+                    self.settle(*process, segment);
                 }
-                if self.device.is_some_and(|d| d != live.device) {
-                    return;
+                match effect {
+                    Effect::Added(live) => {
+                        if let Some(replaced) = state.replaced().copied() {
+                            self.ended(&replaced);
+                        }
+                        if self.device.is_none_or(|d| d == live.device) {
+                            self.added(state, *t_ns, live);
+                        }
+                    }
+                    Effect::Removed(live) => self.ended(live),
+                    _ => {}
                 }
-                let category = self.categories.of(live.seq).index();
-                let device_bytes = state.device_bytes(live.device);
-                let seq = state.seq;
-                let entry = self.entry(live.device);
-                entry.current[category] = entry.current[category].saturating_add(live.size);
-                if entry.current[category] > entry.max[category] {
-                    entry.max[category] = entry.current[category];
-                    entry.max_t_ns[category] = *t_ns;
-                }
-                if device_bytes > entry.peak_bytes {
-                    entry.peak_bytes = device_bytes;
-                    entry.peak_t_ns = *t_ns;
-                    entry.peak_seq = seq;
-                    entry.at_peak = entry.current;
+                // A segment made or given back: the tensor view keeps them apart.
+                if matches!(event.kind, EventKind::TensorSegment | EventKind::Free)
+                    && self.device.is_none_or(|d| d == event.device)
+                    && event.device >= 0
+                {
+                    let (count, bytes) = state.segment_totals(event.device);
+                    let entry = self.entry(event.device);
+                    entry.segment_bytes = bytes;
+                    entry.has_segments |= count > 0;
+                    entry.cache_max = entry.cache_max.max(entry.cache());
                 }
             }
-            Step::Event {
-                effect: Effect::Removed(live),
-                ..
-            } => self.ended(live),
+            Step::MemInfo {
+                process,
+                t_ns,
+                info,
+            } => {
+                if self.device.is_some_and(|d| d != info.device) || info.total == 0 {
+                    return;
+                }
+                let used = info.total.saturating_sub(info.free);
+                let held = state.device_bytes(info.device);
+                let recorded = held.saturating_add(self.entry(info.device).cache());
+                self.pending
+                    .push((*process, info.device, *t_ns, used, recorded));
+            }
             Step::Dump { cleared, .. } => {
                 for live in cleared.iter() {
                     self.ended(live);
                 }
             }
-            _ => {}
         }
     }
 }

@@ -36,7 +36,7 @@ pub enum UserFiles {
 }
 
 impl UserFiles {
-    fn is_user(&self, file: &str) -> bool {
+    pub fn is_user(&self, file: &str) -> bool {
         match self {
             UserFiles::Default => {
                 !file.starts_with('<')

@@ -1,6 +1,7 @@
 //! Analyses: observers of the replay and the data they produce. Nothing here reads files or
 //! formats output.
 
+pub mod advise;
 pub mod allocated;
 pub mod allocator;
 pub mod apis;
@@ -14,6 +15,7 @@ pub mod peaks;
 pub mod profile;
 pub mod requests;
 pub mod snapshot;
+pub mod steps;
 pub mod summary;
 pub mod timeline;
 pub mod trace;

@@ -1,10 +1,11 @@
 //! `vramshim breakdown LOG...`: what fills each device at its peak and over time, in a
 //! framework user's terms (parameters, gradients, optimizer state, activations, ...).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::Failure;
-use crate::analysis::breakdown::{Category, Classifier, Tally};
+use crate::analysis::breakdown::{Categories, Category, Classifier, DeviceBreakdown, Tally};
 use crate::analysis::groups::{IdTotals, Stacks, add_total, by_stack_totals};
 use crate::analysis::peaks::Peaks;
 use crate::commands::common::{self, Select, StacksArg, emit};
@@ -30,18 +31,25 @@ pub struct Args {
     frames: usize,
 }
 
+/// First pass: every allocation's lifetime decides its category.
+pub fn classify(logs: &[PathBuf]) -> Result<Categories, Failure> {
+    let mut classifier = Classifier::default();
+    let first = replay::run_view(logs, &mut [&mut classifier], Stop::End, View::Tensors)?;
+    Ok(classifier.finish(&first.processes, &first.state))
+}
+
+/// Each device's breakdown (no stacks): for `report` and `advise`.
+pub fn devices(logs: &[PathBuf], device: Option<i32>) -> Result<Vec<DeviceBreakdown>, Failure> {
+    let categories = classify(logs)?;
+    let mut tally = Tally::new(&categories, device);
+    replay::run_view(logs, &mut [&mut tally], Stop::End, View::Tensors)?;
+    tally.finish();
+    Ok(tally.devices)
+}
+
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    // First pass: every allocation's lifetime decides its category.
-    let mut classifier = Classifier::default();
-    let first = replay::run_view(
-        &select.logs,
-        &mut [&mut classifier],
-        Stop::End,
-        View::Tensors,
-    )?;
-    let categories = classifier.finish(&first.processes, &first.state);
-    drop(first);
+    let categories = classify(&select.logs)?;
     // Second pass: bytes per category over time and at each peak, and the peak's live set.
     let mut tally = Tally::new(&categories, select.device);
     let mut peaks = Peaks::default();
@@ -51,6 +59,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         Stop::End,
         View::Tensors,
     )?;
+    tally.finish();
     let processes = &replay.processes;
     let mut stacks = Stacks::new(processes, args.view.stacks, false);
     let snapshots = peaks.snapshots(&replay.state, select.device);

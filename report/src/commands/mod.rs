@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod advise;
 pub mod allocator;
 pub mod breakdown;
 pub mod common;
@@ -16,5 +17,6 @@ pub mod oom;
 pub mod peak;
 pub mod report;
 pub mod run;
+pub mod steps;
 pub mod timeline;
 pub mod whatif;

@@ -6,7 +6,11 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
-use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit};
+use crate::commands::{
+    self,
+    common::{self, ByThread, SegmentsArg, Select, StacksArg, emit},
+};
+use crate::render::breakdown;
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
 
@@ -24,20 +28,28 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    with_report(
-        select,
-        args.view,
-        args.threads,
-        args.segments,
-        |report, warnings| {
-            emit(
-                select,
-                &warnings,
-                || summary::json(report),
-                |out| summary::text(out, report),
-            )
-        },
-    )?
+    with_report(select, args.view, args.threads, args.segments, |report, warnings| {
+        // What fills each device, in a framework user's terms (`vramshim breakdown` has the
+        // stacks): for programs with Python frames only, as it replays the logs twice more.
+        let categories = if report.processes.iter().any(|p| !p.codes.is_empty()) {
+            commands::breakdown::devices(&select.logs, select.device)?
+        } else {
+            Vec::new()
+        };
+        emit(
+            select,
+            &warnings,
+            || {
+                let mut value = summary::json(report);
+                value["breakdown"] = breakdown::json_section(&categories);
+                value
+            },
+            |out| {
+                summary::text(out, report)?;
+                breakdown::text_section(out, &categories)
+            },
+        )
+    })?
 }
 
 /// Builds the overview of `select`'s logs and hands it, with the warnings, to `then` (the

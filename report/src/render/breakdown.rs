@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 
 use super::{device_name, group_json, processes_json, share, write_groups, write_processes};
-use crate::analysis::breakdown::{Category, DeviceBreakdown};
+use crate::analysis::breakdown::{Category, DeviceBreakdown, LIBRARIES};
 use crate::analysis::groups::StackGroup;
 use crate::replay::Process;
 use crate::units::{bytes, seconds};
@@ -33,44 +33,143 @@ pub fn text(out: &mut dyn Write, report: &BreakdownReport<'_>) -> io::Result<()>
     }
     for view in &report.devices {
         let device = view.breakdown;
-        writeln!(
-            out,
-            "\n{}: peak {} at {}",
-            device_name(device.device),
-            bytes(device.peak_bytes),
-            seconds(device.peak_t_ns)
-        )?;
-        writeln!(
-            out,
-            "  {:<16} {:>11} {:>7}  {:>11} (at)",
-            "category", "at peak", "share", "own max"
-        )?;
-        for category in Category::ALL {
-            let index = category as usize;
-            writeln!(
-                out,
-                "  {:<16} {:>11} {:>6.1}%  {:>11} ({})",
-                category.name(),
-                bytes(device.at_peak[index]),
-                share(device.at_peak[index], device.peak_bytes),
-                bytes(device.max[index]),
-                seconds(device.max_t_ns[index])
-            )?;
-        }
-        writeln!(
-            out,
-            "  allocator cache: not known (a per-tensor recording has no reserved bytes)"
-        )?;
+        write_table(out, device)?;
         for category in Category::ALL {
             let groups = &view.stacks[category as usize];
             if groups.is_empty() {
                 continue;
             }
             writeln!(out, "  {} at the peak, by stack:", category.name())?;
-            write_groups(out, groups, device.peak_bytes, report.top, report.frames)?;
+            write_groups(out, groups, device.whole(), report.top, report.frames)?;
         }
     }
     Ok(())
+}
+
+/// The categories of one device, with cache, context and used memory, as text.
+pub fn write_table(out: &mut dyn Write, device: &DeviceBreakdown) -> io::Result<()> {
+    let whole = device.whole();
+    writeln!(
+        out,
+        "\n{}: peak {} of allocations at {}",
+        device_name(device.device),
+        bytes(device.peak_bytes),
+        seconds(device.peak_t_ns)
+    )?;
+    writeln!(
+        out,
+        "  {:<20} {:>11} {:>7}  {:>11} {:>12} {:>11}",
+        "category", "at peak", "share", "own max", "at", "allocated"
+    )?;
+    for category in Category::ALL {
+        let index = category as usize;
+        writeln!(
+            out,
+            "  {:<20} {:>11} {:>6.1}%  {:>11} {:>12} {:>11}",
+            category.name(),
+            bytes(device.at_peak[index]),
+            share(device.at_peak[index], whole),
+            bytes(device.max[index]),
+            seconds(device.max_t_ns[index]),
+            bytes(device.allocated[index])
+        )?;
+        if category == Category::Workspaces {
+            for (library, (name, _)) in LIBRARIES.iter().enumerate() {
+                if device.libraries_max[library] == 0 {
+                    continue;
+                }
+                writeln!(
+                    out,
+                    "    {:<18} {:>11} {:>6.1}%  {:>11}",
+                    name,
+                    bytes(device.libraries_at_peak[library]),
+                    share(device.libraries_at_peak[library], whole),
+                    bytes(device.libraries_max[library]),
+                )?;
+            }
+        }
+    }
+    if device.unused_activations_allocated > 0 {
+        writeln!(
+            out,
+            "  of the activations, freed without a backward pass: {} allocated, at most {} live",
+            bytes(device.unused_activations_allocated),
+            bytes(device.unused_activations_max)
+        )?;
+    }
+    match device.cache_at_peak {
+        Some(cache) => writeln!(
+            out,
+            "  {:<20} {:>11} {:>6.1}%  {:>11}",
+            "allocator_cache",
+            bytes(cache),
+            share(cache, whole),
+            bytes(device.cache_max)
+        )?,
+        None => writeln!(
+            out,
+            "  allocator_cache      not known (the log has no allocator segments)"
+        )?,
+    }
+    match device.context {
+        Some(context) => writeln!(
+            out,
+            "  {:<20} {:>11} {:>6.1}%  (device used less recorded, sampled)",
+            "context_and_modules",
+            bytes(context),
+            share(context, whole)
+        )?,
+        None => writeln!(
+            out,
+            "  context_and_modules  not known (the log has no device memory samples)"
+        )?,
+    }
+    match device.used_bytes() {
+        Some(used) => writeln!(out, "  {:<20} {:>11}", "device used", bytes(used)),
+        None => writeln!(out, "  {:<20} {:>11}", "held", bytes(device.held_bytes())),
+    }
+}
+
+/// One device's figures as JSON, without stacks.
+pub fn device_json(device: &DeviceBreakdown) -> Value {
+    let whole = device.whole();
+    json!({
+        "device": device.device,
+        "peak_bytes": device.peak_bytes,
+        "peak_t_ns": device.peak_t_ns,
+        "allocator_cache_bytes": device.cache_at_peak,
+        "allocator_cache_share": device.cache_at_peak.map(|cache| share(cache, whole)),
+        "allocator_cache_max_bytes": device.cache_at_peak.map(|_| device.cache_max),
+        "context_bytes": device.context,
+        "context_share": device.context.map(|context| share(context, whole)),
+        "held_bytes": device.held_bytes(),
+        "autocast_seen": device.autocast,
+        "activations_without_backward": {
+            "max_bytes": device.unused_activations_max,
+            "allocated_bytes": device.unused_activations_allocated,
+        },
+        "used_bytes": device.used_bytes(),
+        "workspaces_by_library": LIBRARIES.iter().enumerate()
+            .filter(|(library, _)| device.libraries_max[*library] > 0)
+            .map(|(library, (name, _))| json!({
+                "library": name,
+                "at_peak_bytes": device.libraries_at_peak[library],
+                "at_peak_share": share(device.libraries_at_peak[library], whole),
+                "max_bytes": device.libraries_max[library],
+            }))
+            .collect::<Vec<_>>(),
+        "categories": Category::ALL.iter().map(|&category| {
+            let index = category as usize;
+            json!({
+                "category": category.name(),
+                "at_peak_bytes": device.at_peak[index],
+                "at_peak_share": share(device.at_peak[index], whole),
+                "max_bytes": device.max[index],
+                "max_t_ns": device.max_t_ns[index],
+                "allocated_bytes": device.allocated[index],
+            })
+        }).collect::<Vec<_>>(),
+    })
 }
 
 pub fn json(report: &BreakdownReport<'_>) -> Value {
@@ -78,26 +177,41 @@ pub fn json(report: &BreakdownReport<'_>) -> Value {
         "processes": processes_json(report.processes),
         "devices": report.devices.iter().map(|view| {
             let device = view.breakdown;
-            json!({
-                "device": device.device,
-                "peak_bytes": device.peak_bytes,
-                "peak_t_ns": device.peak_t_ns,
-                "allocator_cache_bytes": Value::Null,
-                "categories": Category::ALL.iter().map(|&category| {
-                    let index = category as usize;
-                    json!({
-                        "category": category.name(),
-                        "at_peak_bytes": device.at_peak[index],
-                        "at_peak_share": share(device.at_peak[index], device.peak_bytes),
-                        "max_bytes": device.max[index],
-                        "max_t_ns": device.max_t_ns[index],
-                        "stacks": view.stacks[category as usize]
-                            .iter()
-                            .map(|group| group_json(group, device.peak_bytes, report.processes))
-                            .collect::<Vec<_>>(),
-                    })
-                }).collect::<Vec<_>>(),
-            })
+            let mut value = device_json(device);
+            if let Some(categories) = value["categories"].as_array_mut() {
+                for (category, stacks) in categories.iter_mut().zip(&view.stacks) {
+                    category["stacks"] = stacks
+                        .iter()
+                        .map(|group| group_json(group, device.whole(), report.processes))
+                        .collect();
+                }
+            }
+            value
         }).collect::<Vec<_>>(),
     })
+}
+
+/// `report`'s breakdown section (text): each device's table, no stacks (pinned host memory
+/// left out).
+pub fn text_section(out: &mut dyn Write, devices: &[DeviceBreakdown]) -> io::Result<()> {
+    let mut devices = devices.iter().filter(|d| d.device >= 0).peekable();
+    if devices.peek().is_none() {
+        return Ok(());
+    }
+    writeln!(out, "\nbreakdown (stacks: vramshim breakdown)")?;
+    for device in devices {
+        write_table(out, device)?;
+    }
+    Ok(())
+}
+
+/// `report`'s breakdown section (JSON), pinned host memory left out.
+pub fn json_section(devices: &[DeviceBreakdown]) -> Value {
+    Value::from(
+        devices
+            .iter()
+            .filter(|d| d.device >= 0)
+            .map(device_json)
+            .collect::<Vec<_>>(),
+    )
 }

@@ -1,5 +1,6 @@
 //! Renderers: text and JSON from analysis results. Nothing here reads logs.
 
+pub mod advise;
 pub mod allocator;
 pub mod breakdown;
 pub mod chrome_trace;
@@ -15,6 +16,7 @@ pub mod pprof;
 pub mod pytorch;
 pub mod snapshot;
 pub mod speedscope;
+pub mod steps;
 pub mod summary;
 pub mod svg;
 pub mod timeline;

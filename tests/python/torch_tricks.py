@@ -1,0 +1,129 @@
+"""Memory tricks as pairs of workloads on the fake GPU (tests/tests/tricks.rs): a small MLP
+trained with Adam for a few steps, each step followed by an evaluation batch. The mode says
+which variant runs:
+
+  item        evaluation loss summed with `.item()` under `torch.no_grad()` (the tricks on)
+  leak        `val_total += criterion(model(x), y)`: every evaluation graph stays alive
+  grad_eval   evaluation without `torch.no_grad()` (its activations are saved, then dropped)
+  checkpoint  the hidden block under `torch.utils.checkpoint`
+  inplace     `ReLU(inplace=True)`
+  autocast    the training forward under `torch.autocast` (bfloat16)
+  eval_leak   no training: an evaluation loop summing `criterion(...)` (graphs kept)
+  eval_item   no training: the same loop summing `.item()`
+
+Prints, as its last line, torch's own figures: parameter bytes, `memory_allocated()` at the
+end of each step (after `optimizer.step()`), `max_memory_allocated()` and
+`max_memory_reserved()`, with a third argument `probe`, at the end, at a block allocated to be the peak:
+allocated, reserved and the device's used memory."""
+import json
+import sys
+
+import torch
+import torch.utils.checkpoint
+
+PROBE_BYTES = 512 << 20
+# Activations large beside cuBLAS's 2 x 64 MiB handles and its 32 MiB workspace.
+BATCH = 8192
+WIDTH = 1024
+
+
+class Net(torch.nn.Module):
+    def __init__(self, inplace, checkpoint):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.first = torch.nn.Linear(256, WIDTH)
+        self.hidden = torch.nn.Sequential(
+            torch.nn.ReLU(inplace=inplace), torch.nn.Linear(WIDTH, WIDTH),
+            torch.nn.ReLU(inplace=inplace), torch.nn.Linear(WIDTH, WIDTH),
+            torch.nn.ReLU(inplace=inplace))
+        self.last = torch.nn.Linear(WIDTH, 10)
+
+    def forward(self, x):
+        x = self.first(x)
+        if self.checkpoint:
+            x = torch.utils.checkpoint.checkpoint(self.hidden, x, use_reentrant=False)
+        else:
+            x = self.hidden(x)
+        return self.last(x)
+
+
+def main():
+    mode = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    probe = len(sys.argv) > 3 and sys.argv[3] == "probe"
+    torch.manual_seed(0)
+    model = Net(mode == "inplace", mode == "checkpoint").cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    criterion = torch.nn.CrossEntropyLoss()
+    data = torch.randn(BATCH, 256, device="cuda")
+    target = torch.randint(0, 10, (BATCH,), device="cuda")
+    val_data = torch.randn(BATCH, 256, device="cuda")
+    val_target = torch.randint(0, 10, (BATCH,), device="cuda")
+    val_total = 0.0
+    step_ends = []
+    eval_kept = []
+    forward_kept = []
+    if mode in ("eval_leak", "eval_item"):
+        # An evaluation loop alone: no optimizer, so steps are the model's calls.
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            step_ends.append(torch.cuda.memory_allocated())
+            if mode == "eval_leak":
+                val_total += criterion(model(val_data), val_target)
+            else:
+                val_total += criterion(model(val_data), val_target).item()
+        print(json.dumps({"mode": mode, "steps": steps, "step_end_allocated": step_ends}),
+              flush=True)
+        return
+    for _ in range(steps):
+        optimizer.zero_grad()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            loss = criterion(model(data), target)
+        forward_kept.append(torch.cuda.memory_allocated() - before)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        step_ends.append(torch.cuda.memory_allocated())
+        if mode == "leak":
+            val_total += criterion(model(val_data), val_target)
+        elif mode == "grad_eval":
+            before = torch.cuda.memory_allocated()
+            out = criterion(model(val_data), val_target)
+            eval_kept.append(torch.cuda.memory_allocated() - before)
+            val_total += out.item()
+            del out
+        else:
+            with torch.no_grad():
+                before = torch.cuda.memory_allocated()
+                out = criterion(model(val_data), val_target)
+                eval_kept.append(torch.cuda.memory_allocated() - before)
+                val_total += out.item()
+                del out
+    torch.cuda.synchronize()
+    # The peak of allocated bytes, at a moment torch can be asked about: a block larger than
+    # anything before, taken while the model, its gradients and Adam's state are live.
+    at_probe = None
+    if probe:
+        # One small convolution: cuDNN's handle takes memory of its own.
+        image = torch.randn(1, 3, 16, 16, device="cuda")
+        torch.nn.functional.conv2d(image, torch.randn(4, 3, 3, 3, device="cuda"))
+        torch.cuda.synchronize()
+        del image
+        block = torch.empty(PROBE_BYTES // 4, device="cuda")
+        torch.cuda.synchronize()
+        at_probe = {"allocated": torch.cuda.memory_allocated(),
+                    "max_allocated": torch.cuda.max_memory_allocated(),
+                    "reserved": torch.cuda.memory_reserved(),
+                    "used": (lambda free, total: total - free)(*torch.cuda.mem_get_info())}
+        del block
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(json.dumps({"mode": mode, "steps": steps, "parameter_bytes": parameters,
+                      "step_end_allocated": step_ends, "at_probe": at_probe,
+                      "eval_kept": eval_kept, "forward_kept": forward_kept,
+                      "max_allocated": torch.cuda.max_memory_allocated(),
+                      "max_reserved": torch.cuda.max_memory_reserved()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

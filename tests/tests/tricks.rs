@@ -1,0 +1,385 @@
+//! Answers in a PyTorch user's terms, judged by real PyTorch on the fake GPU
+//! (`tests/python/torch_tricks.py`: an MLP trained with Adam, an evaluation batch after each
+//! step, recorded through the default allocator's tracker). `breakdown`'s cache, context and
+//! used memory against torch's own figures; `steps` finding the `+= loss` leak with its line
+//! and torch's per-step growth; the memory tricks as pairs, each with the category change
+//! and `advise` flagging the variant without the trick (checkpointing, evaluation without
+//! `no_grad`, autocast; inplace ReLU has no advice).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::torch::{CUBLAS_HANDLE, CUDNN_HANDLE, fake_preload, repo, torch_python};
+use common::*;
+use serde_json::Value;
+
+/// The fake device's context (VRAMSHIM_FAKEGPU_CONTEXT_BYTES).
+const CONTEXT: u64 = 500 << 20;
+/// The script's batch × width × 4 bytes: one fp32 hidden activation.
+const ACTIVATION: u64 = 8192 * 1024 * 4;
+const STEPS: usize = 4;
+
+/// Runs `torch_tricks.py MODE` for [`STEPS`] steps under the recorder; returns its figures
+/// and the log.
+fn recorded(python: &Path, mode: &str, probe: bool) -> (Value, PathBuf) {
+    recorded_steps(python, mode, STEPS, probe)
+}
+
+fn recorded_steps(python: &Path, mode: &str, steps: usize, probe: bool) -> (Value, PathBuf) {
+    let dir = scratch(&format!("tricks-{mode}-{probe}"));
+    let mut command = Command::new(python);
+    command
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/torch_tricks.py"))
+        .args([mode, &steps.to_string()]);
+    if probe {
+        command.arg("probe");
+    }
+    command
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (8u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", CONTEXT.to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_STACK", "mixed");
+    for key in [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "VRAMSHIM_MODE",
+    ] {
+        command.env_remove(key);
+    }
+    let output = command.output().expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{mode} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let last = stdout.lines().last().expect("the script's figures");
+    let figures: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    let log = Run { output, dir }.log();
+    (figures, log)
+}
+
+fn device0(log: &Path) -> Value {
+    let report = json_of(&[
+        "breakdown".as_ref(),
+        log.as_os_str(),
+        "--device".as_ref(),
+        "0".as_ref(),
+        "--json".as_ref(),
+    ]);
+    arr(&report["devices"])[0].clone()
+}
+
+/// (at peak, own max, allocated) of a category.
+fn category(device: &Value, name: &str) -> (u64, u64, u64) {
+    let found = arr(&device["categories"])
+        .iter()
+        .find(|c| c["category"] == name)
+        .unwrap_or_else(|| panic!("no category {name}: {device}"));
+    (
+        u64_of(found, "at_peak_bytes"),
+        u64_of(found, "max_bytes"),
+        u64_of(found, "allocated_bytes"),
+    )
+}
+
+fn advice(log: &Path) -> Vec<Value> {
+    let report = json_of(&["advise".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    arr(&report["suggestions"]).to_vec()
+}
+
+fn kinds(suggestions: &[Value]) -> Vec<String> {
+    suggestions
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The line of `torch_tricks.py` (1-based) that is `text` (indentation included).
+fn script_line(text: &str) -> u64 {
+    let source = std::fs::read_to_string(repo().join("tests/python/torch_tricks.py"))
+        .expect("torch_tricks.py");
+    source
+        .lines()
+        .position(|line| line == text)
+        .unwrap_or_else(|| panic!("no line with {text}")) as u64
+        + 1
+}
+
+#[test]
+fn breakdown_shares_add_up_to_the_devices_used_memory() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (figures, log) = recorded(&python, "item", true);
+    let probe = &figures["at_probe"];
+    // The probe is the peak of allocated bytes: torch says so.
+    assert_eq!(u64_of(probe, "allocated"), u64_of(probe, "max_allocated"));
+    let device = device0(&log);
+    // Allocations at the peak: torch's tensors plus the cuBLAS and cuDNN handles' own
+    // memory.
+    assert_eq!(
+        u64_of(&device, "peak_bytes"),
+        u64_of(probe, "allocated") + 2 * CUBLAS_HANDLE + CUDNN_HANDLE
+    );
+    // The cache: torch's reserved less allocated at that moment.
+    assert_eq!(
+        u64_of(&device, "allocator_cache_bytes"),
+        u64_of(probe, "reserved") - u64_of(probe, "allocated")
+    );
+    assert_eq!(u64_of(&device, "context_bytes"), CONTEXT);
+    // Used: what torch's mem_get_info says at the peak.
+    assert_eq!(u64_of(&device, "used_bytes"), u64_of(probe, "used"));
+    let categories: u64 = arr(&device["categories"])
+        .iter()
+        .map(|c| u64_of(c, "at_peak_bytes"))
+        .sum();
+    assert_eq!(
+        categories + u64_of(&device, "allocator_cache_bytes") + CONTEXT,
+        u64_of(probe, "used")
+    );
+    let shares: f64 = arr(&device["categories"])
+        .iter()
+        .map(|c| c["at_peak_share"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        + device["allocator_cache_share"].as_f64().unwrap_or(0.0)
+        + device["context_share"].as_f64().unwrap_or(0.0);
+    assert!((shares - 100.0).abs() < 1e-6, "{shares}");
+    // Library workspaces split by library: cuBLAS's two handles (torch's own 32 MiB cuBLAS
+    // workspace, freed before the probe, counts at its highest) and the convolution's cuDNN
+    // handle.
+    let libraries = arr(&device["workspaces_by_library"]);
+    assert_eq!(libraries.len(), 2, "{device}");
+    assert_eq!(libraries[0]["library"], "cublas");
+    assert_eq!(u64_of(&libraries[0], "at_peak_bytes"), 2 * CUBLAS_HANDLE);
+    assert_eq!(
+        u64_of(&libraries[0], "max_bytes"),
+        2 * CUBLAS_HANDLE + (32 << 20)
+    );
+    assert_eq!(libraries[1]["library"], "cudnn");
+    assert_eq!(u64_of(&libraries[1], "at_peak_bytes"), CUDNN_HANDLE);
+    assert_eq!(
+        category(&device, "workspaces").0,
+        2 * CUBLAS_HANDLE + CUDNN_HANDLE
+    );
+    assert_eq!(category(&device, "communication"), (0, 0, 0));
+    // Adam: twice the parameters (the caching allocator's 512-byte blocks).
+    assert_eq!(
+        category(&device, "optimizer_state").0,
+        2 * category(&device, "parameters").0
+    );
+
+    // `report` has the same section.
+    let report = json_of(&["report".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let section = arr(&report["breakdown"])
+        .iter()
+        .find(|d| d["device"] == 0)
+        .cloned()
+        .expect("report's breakdown");
+    assert_eq!(section["used_bytes"], device["used_bytes"]);
+    assert_eq!(section["categories"], {
+        let mut categories = device["categories"].clone();
+        for c in categories.as_array_mut().expect("categories") {
+            c.as_object_mut().expect("category").remove("stacks");
+        }
+        categories
+    });
+    let (code, text, stderr) = vramshim(&["report".as_ref(), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("context_and_modules") && l.contains("500.00 MiB")),
+        "{text}"
+    );
+}
+
+#[test]
+fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let leak_line = script_line("            val_total += criterion(model(val_data), val_target)");
+    for mode in ["leak", "item"] {
+        let (figures, log) = recorded(&python, mode, false);
+        let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+        let found = arr(&report["steps"]);
+        assert_eq!(found.len(), 1, "{report}");
+        let steps = arr(&found[0]["steps"]);
+        assert_eq!(steps.len(), STEPS, "{mode}: {report}");
+        // Live at each step's end: torch's allocated after optimizer.step(), plus the two
+        // cuBLAS handles.
+        let torch_ends: Vec<u64> = arr(&figures["step_end_allocated"])
+            .iter()
+            .map(|v| v.as_u64().expect("bytes"))
+            .collect();
+        let ends: Vec<u64> = steps.iter().map(|s| u64_of(s, "end_bytes")).collect();
+        assert_eq!(
+            ends,
+            torch_ends
+                .iter()
+                .map(|b| b + 2 * CUBLAS_HANDLE)
+                .collect::<Vec<_>>(),
+            "{mode}"
+        );
+        let advice = advice(&log);
+        if mode == "leak" {
+            assert_eq!(found[0]["grows"], true);
+            let leaks = arr(&found[0]["leaks"]);
+            assert_eq!(leaks.len(), 1, "{report}");
+            assert_eq!(u64_of(&leaks[0], "line"), leak_line);
+            // Per step: exactly what torch's allocated grew by (steps 2 and 3 made what is
+            // still live at the end of step 4).
+            let per_step: Vec<u64> = arr(&leaks[0]["per_step_bytes"])
+                .iter()
+                .map(|v| v.as_u64().expect("bytes"))
+                .collect();
+            assert_eq!(
+                per_step,
+                vec![torch_ends[1] - torch_ends[0], torch_ends[2] - torch_ends[1]]
+            );
+            let growth = advice
+                .iter()
+                .find(|s| s["kind"] == "growth_per_step")
+                .unwrap_or_else(|| panic!("{advice:?}"));
+            assert_eq!(u64_of(growth, "line"), leak_line);
+            assert_eq!(u64_of(growth, "bytes"), per_step.iter().sum::<u64>());
+        } else {
+            assert_eq!(found[0]["grows"], false);
+            assert!(arr(&found[0]["leaks"]).is_empty());
+            assert!(!kinds(&advice).contains(&"growth_per_step".to_string()));
+        }
+    }
+
+    // An evaluation loop alone (no optimizer): steps are the model's calls, cut where the
+    // loop's call starts again, so 5 iterations give 4 steps whose ends are torch's
+    // allocated before the next call, plus the main thread's cuBLAS handle.
+    let eval_line =
+        script_line("                val_total += criterion(model(val_data), val_target)");
+    for mode in ["eval_leak", "eval_item"] {
+        let (figures, log) = recorded_steps(&python, mode, 5, false);
+        let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+        let found = &arr(&report["steps"])[0];
+        let split = &found["split_by"]["model_call"];
+        assert_eq!(
+            u64_of(split, "line"),
+            if mode == "eval_leak" {
+                eval_line
+            } else {
+                eval_line + 2
+            },
+            "{report}"
+        );
+        let torch_ends: Vec<u64> = arr(&figures["step_end_allocated"])
+            .iter()
+            .map(|v| v.as_u64().expect("bytes"))
+            .collect();
+        let ends: Vec<u64> = arr(&found["steps"])
+            .iter()
+            .map(|s| u64_of(s, "end_bytes"))
+            .collect();
+        assert_eq!(
+            ends,
+            torch_ends[1..]
+                .iter()
+                .map(|b| b + CUBLAS_HANDLE)
+                .collect::<Vec<_>>(),
+            "{mode}"
+        );
+        if mode == "eval_leak" {
+            assert_eq!(found["grows"], true);
+            let leaks = arr(&found["leaks"]);
+            assert_eq!(leaks.len(), 1, "{report}");
+            assert_eq!(u64_of(&leaks[0], "line"), eval_line);
+            let per_step: Vec<u64> = arr(&leaks[0]["per_step_bytes"])
+                .iter()
+                .map(|v| v.as_u64().expect("bytes"))
+                .collect();
+            assert_eq!(
+                per_step,
+                vec![torch_ends[2] - torch_ends[1], torch_ends[3] - torch_ends[2]]
+            );
+        } else {
+            assert_eq!(found["grows"], false);
+            assert!(arr(&found["leaks"]).is_empty());
+        }
+    }
+}
+
+#[test]
+fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (plain_figures, plain_log) = recorded(&python, "item", false);
+    let plain = device0(&plain_log);
+    let plain_advice = kinds(&advice(&plain_log));
+
+    // Checkpointing the hidden block: one hidden activation fewer at the activations'
+    // highest; advise asks for checkpointing without it, not with it.
+    let (_, log) = recorded(&python, "checkpoint", false);
+    let checkpointed = device0(&log);
+    assert_eq!(
+        category(&plain, "activations").1 - category(&checkpointed, "activations").1,
+        ACTIVATION
+    );
+    assert!(
+        plain_advice.contains(&"activations".to_string()),
+        "{plain_advice:?}"
+    );
+    assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
+
+    // Inplace ReLU: three ReLU outputs fewer per forward pass (a training and an evaluation
+    // forward per step), all temporaries; activations unchanged.
+    let (_, log) = recorded(&python, "inplace", false);
+    let inplace = device0(&log);
+    assert_eq!(
+        category(&plain, "temporaries").2 - category(&inplace, "temporaries").2,
+        3 * ACTIVATION * 2 * STEPS as u64
+    );
+    assert_eq!(
+        category(&plain, "activations"),
+        category(&inplace, "activations")
+    );
+
+    // Evaluation without no_grad: the activations its graph saves are freed without a
+    // backward pass; at most exactly what torch saw the forward keep beyond no_grad's.
+    let (figures, log) = recorded(&python, "grad_eval", false);
+    let with_grad = device0(&log);
+    let kept = |figures: &Value| figures["eval_kept"][0].as_u64().expect("eval_kept");
+    let max = |device: &Value| u64_of(&device["activations_without_backward"], "max_bytes");
+    assert_eq!(
+        max(&with_grad) - max(&plain),
+        kept(&figures) - kept(&plain_figures)
+    );
+    assert!(kinds(&advice(&log)).contains(&"evaluation_without_no_grad".to_string()));
+    assert!(!plain_advice.contains(&"evaluation_without_no_grad".to_string()));
+
+    // Autocast (bfloat16) for the training forward: its allocations pass through
+    // `at::autocast::`, activations at their highest drop (the hidden ones are 16-bit; the
+    // recording has no dtype, so only the direction is checked here), and only the fp32 run
+    // is told that autocast would halve its activations' bytes.
+    let (_, log) = recorded(&python, "autocast", false);
+    let autocast = device0(&log);
+    assert_eq!(plain["autocast_seen"], false);
+    assert_eq!(autocast["autocast_seen"], true);
+    assert!(category(&autocast, "activations").1 < category(&plain, "activations").1);
+    let suggestions = advice(&plain_log);
+    let halve = suggestions
+        .iter()
+        .find(|s| s["kind"] == "autocast")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    assert_eq!(
+        u64_of(halve, "bytes"),
+        category(&plain, "activations").1 / 2
+    );
+    assert!(!kinds(&advice(&log)).contains(&"autocast".to_string()));
+}
