@@ -44,6 +44,8 @@ pub fn machinery(frame: &SymFrame) -> Option<&'static str> {
         || module == "python"
         || module.starts_with("python2")
         || module.starts_with("python3")
+        // ctypes' extension module (its call into libffi).
+        || module.starts_with("_ctypes")
         || function == EVAL_LOOP
     {
         Some("CPython")
@@ -112,7 +114,7 @@ pub fn tree_children(node: &TreeNode) -> Vec<&TreeNode> {
     let mut out = Vec::with_capacity(node.children.len());
     expand(node, &mut out);
     // Stable: equal sizes keep the tree's order.
-    out.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    out.sort_by_key(|node| std::cmp::Reverse(node.bytes));
     out
 }
 
