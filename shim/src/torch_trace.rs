@@ -6,10 +6,11 @@
 //! libstdc++ `std::function<void(const TraceEntry&)>` built by hand, whose invoker records
 //! each block as an event through [`capture::record_reported`].
 //!
-//! When: at a `cudaMalloc` once `libc10_cuda.so` is loaded, its allocator is the native one
-//! (vtable check) and initialised (`initialized()`, which takes no lock). Attaching takes each
+//! When: at a `cudaMalloc` (or a `cuMemMap`: with `expandable_segments:True` segments are
+//! mapped pages) once `libc10_cuda.so` is loaded, its allocator is the native one (vtable
+//! check) and initialised (`initialized()`, which takes no lock). Attaching takes each
 //! device allocator's recursive mutex in turn, possibly while this thread holds one of them
-//! (it is inside that allocator's segment `cudaMalloc`): that one is recursive; for the others,
+//! (it is inside that allocator's segment `cudaMalloc` or `cuMemMap`): that one is recursive; for the others,
 //! PyTorch never holds two device mutexes at once and never waits for the GIL while holding
 //! one (it unlocks before calling its OOM observers), so every holder leaves without waiting
 //! for this thread. Only one thread attaches; the others pass by without waiting. While it
@@ -18,7 +19,8 @@
 //! the whole buffer with new events during that one allocation).
 //!
 //! Trust: `TraceEntry`'s layout is not an ABI. Until the first `segment_alloc` entry matches
-//! the `cudaMalloc` this thread has just recorded (address, size, device), every entry is
+//! the `cudaMalloc` this thread has just recorded (address, size, device), or the first
+//! `segment_map` the range its `cuMemMap` calls have just mapped back to back, every entry is
 //! ignored; on a mismatch the tracker stays attached but inert, with one note and one warning.
 //! Any failure to find or check the allocator leaves tensors unrecorded, with one note and one
 //! warning, never a crash.
@@ -429,7 +431,7 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
         return;
     }
     let generation = unsafe { (*data)[0] };
-    // Layout (PyTorch 2.1 – 2.15): action i32 @0, device @4 (its low byte), addr @8,
+    // Layout (PyTorch 2.4.1, 2.6 and 2.15, checked against their own history): action i32 @0, device @4 (its low byte), addr @8,
     // context (shared_ptr) @16, stream @32, size @40.
     let field = |at: usize| unsafe { std::ptr::read_unaligned(entry.add(at) as *const u64) };
     let action = unsafe { std::ptr::read_unaligned(entry as *const i32) };
