@@ -1449,6 +1449,108 @@ mod tests {
         assert_eq!(state.segment_totals(0), (0, 0));
     }
 
+    /// A log of `events` (api names `apis`) in a fresh file.
+    fn log_of(name: &str, apis: &[&str], events: &[Event]) -> PathBuf {
+        let header = Header {
+            version: vramshim_format::FORMAT_VERSION,
+            pid: 1,
+            ppid: 0,
+            argv: vec!["crafted".into()],
+            start_unix_ns: 1,
+            start_mono_ns: 1,
+            hostname: "h".into(),
+            env: Vec::new(),
+            apis: apis.iter().map(|s| s.to_string()).collect(),
+            stack_mode: "none".into(),
+            mode: "stream".into(),
+            recorder: "test".into(),
+        };
+        let mut out = header.encode();
+        let mut chunk = vramshim_format::ChunkBuilder::new();
+        for event in events {
+            chunk.push(&Record::Event(*event));
+        }
+        chunk.finish_into(&mut out);
+        let path = std::env::temp_dir().join(format!("{name}-{}.vlog", std::process::id()));
+        std::fs::write(&path, out).expect("write log");
+        path
+    }
+
+    /// Records every step's device-0 bytes.
+    struct Bytes(Vec<u64>);
+
+    impl Observer for Bytes {
+        fn step(&mut self, state: &State, _: &[Process], step: &Step<'_>) {
+            if let Step::Event { .. } = step {
+                self.0.push(state.device_bytes(0));
+            }
+        }
+    }
+
+    #[test]
+    fn expandable_pages_become_the_segments_whether_or_not_another_thread_came_between() {
+        let apis = [
+            "cuMemCreate",
+            "cuMemMap",
+            "cuMemUnmap",
+            "cuMemRelease",
+            "cuMemAlloc_v2",
+            "torch.CUDACachingAllocator",
+        ];
+        let base = 0x7300_0000_0000;
+        let event = |kind, api, t_ns, thread, addr, size, handle| Event {
+            kind,
+            api,
+            t_ns,
+            thread,
+            addr,
+            size,
+            handle,
+            ..Event::default()
+        };
+        for interleaved in [false, true] {
+            let mut events = vec![
+                event(EventKind::Create, 0, 10, 1, 0, 2 * MIB, 0x51),
+                event(EventKind::Create, 0, 11, 1, 0, 2 * MIB, 0x52),
+                event(EventKind::Map, 1, 12, 1, base, 2 * MIB, 0x51),
+                event(EventKind::Map, 1, 13, 1, base + 2 * MIB, 2 * MIB, 0x52),
+                event(EventKind::TensorSegmentMap, 5, 14, 1, base, 4 * MIB, 0),
+                event(EventKind::TensorAlloc, 5, 15, 1, base, 3 * MIB, 0),
+                event(EventKind::TensorFreeRequested, 5, 16, 1, base, 3 * MIB, 0),
+                event(EventKind::TensorFree, 5, 16, 1, base, 3 * MIB, 0),
+                event(EventKind::Unmap, 2, 17, 1, base, 2 * MIB, 0),
+                event(EventKind::Release, 3, 17, 1, 0, 0, 0x51),
+                event(EventKind::TensorSegmentUnmap, 5, 18, 1, base, 2 * MIB, 0),
+            ];
+            if interleaved {
+                // Another thread's allocation between the pages and PyTorch's word on them.
+                events.insert(2, event(EventKind::Alloc, 4, 11, 2, 0x1000, 1024, 0));
+            }
+            let path = log_of("expandable", &apis, &events);
+            let mut bytes = Bytes(Vec::new());
+            let replay = run_view(
+                std::slice::from_ref(&path),
+                &mut [&mut bytes],
+                Stop::End,
+                View::Tensors,
+            );
+            let _ = std::fs::remove_file(&path);
+            let Ok(replay) = replay else {
+                panic!("the crafted log did not replay");
+            };
+            let other = if interleaved { 1024 } else { 0 };
+            // The 3 MiB block, then the other thread's KiB; the pages themselves only when
+            // another thread came between (until the segment_map).
+            let peak = bytes.0.iter().copied().max().unwrap_or(0);
+            let pages = if interleaved { 4 * MIB } else { 0 };
+            assert_eq!(peak, (3 * MIB + other).max(pages + other), "{:?}", bytes.0);
+            assert_eq!(replay.state.device_bytes(0), other);
+            assert_eq!(replay.state.segment_totals(0), (1, 2 * MIB));
+            assert_eq!(replay.processes[0].unmatched_frees, 0);
+            assert_eq!(replay.processes[0].unplaced_blocks, 0);
+        }
+    }
+
     #[test]
     fn large_blocks_split_only_a_remainder_over_1_mib() {
         let base = 0x7100_0000_0000;
