@@ -237,11 +237,13 @@ impl Segment {
         };
         if let Some((&previous, &(previous_size, BlockState::Free))) =
             self.blocks.range(..addr).next_back()
-            && previous + previous_size == addr
+            && previous.checked_add(previous_size) == Some(addr)
         {
             self.blocks.remove(&addr);
-            self.blocks
-                .insert(previous, (previous_size + size, BlockState::Free));
+            self.blocks.insert(
+                previous,
+                (previous_size.saturating_add(size), BlockState::Free),
+            );
         }
     }
 
@@ -249,14 +251,15 @@ impl Segment {
     /// that straddles `at`.
     fn split_off(&mut self, at: u64) -> Segment {
         if let Some((&start, &(size, state))) = self.blocks.range(..at).next_back()
-            && start + size > at
+            && start.saturating_add(size) > at
         {
             self.blocks.insert(start, (at - start, state));
-            self.blocks.insert(at, (start + size - at, state));
+            self.blocks
+                .insert(at, (start.saturating_add(size) - at, state));
         }
         let blocks = self.blocks.split_off(&at);
-        let tail_size = self.end() - at;
-        self.live.size = at - self.live.addr;
+        let tail_size = self.end().saturating_sub(at);
+        self.live.size = at.saturating_sub(self.live.addr);
         Segment {
             live: Live {
                 addr: at,
@@ -285,7 +288,7 @@ impl Segment {
         if split {
             self.blocks.insert(addr, (rounded, BlockState::Allocated));
             self.blocks
-                .insert(addr + rounded, (remaining, BlockState::Free));
+                .insert(addr.saturating_add(rounded), (remaining, BlockState::Free));
             Some(rounded)
         } else {
             self.blocks.insert(addr, (size, BlockState::Allocated));
@@ -307,19 +310,21 @@ impl Segment {
             return;
         };
         let mut start = addr;
-        if let Some((&next, &(next_size, BlockState::Free))) = self.blocks.range(addr + 1..).next()
-            && next == addr + size
+        // Checked sums: a damaged or crafted log may hold blocks at the top of the range.
+        if let Some(after) = addr.checked_add(1)
+            && let Some((&next, &(next_size, BlockState::Free))) = self.blocks.range(after..).next()
+            && addr.checked_add(size) == Some(next)
         {
             self.blocks.remove(&next);
-            size += next_size;
+            size = size.saturating_add(next_size);
         }
         if let Some((&previous, &(previous_size, BlockState::Free))) =
             self.blocks.range(..addr).next_back()
-            && previous + previous_size == addr
+            && previous.checked_add(previous_size) == Some(addr)
         {
             self.blocks.remove(&addr);
             start = previous;
-            size += previous_size;
+            size = size.saturating_add(previous_size);
         }
         self.blocks.insert(start, (size, BlockState::Free));
     }
@@ -327,7 +332,10 @@ impl Segment {
 
 /// PyTorch's `round_size` with default settings.
 pub fn rounded_request(requested: u64) -> u64 {
-    requested.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
+    requested
+        .max(1)
+        .div_ceil(MIN_BLOCK)
+        .saturating_mul(MIN_BLOCK)
 }
 
 /// Everything live at the current step.
