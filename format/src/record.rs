@@ -43,11 +43,18 @@ pub enum EventKind {
     /// PyTorch's caching allocator took the driver allocation at `addr` (`size` bytes), just
     /// recorded on the same thread, as one of its segments.
     TensorSegment = 14,
+    /// PyTorch's caching allocator (`expandable_segments:True`) took the range at `addr`
+    /// (`size` bytes), just mapped by the same thread's `cuMemMap` calls, into one of its
+    /// expandable segments.
+    TensorSegmentMap = 15,
+    /// PyTorch's caching allocator (`expandable_segments:True`) gave the range at `addr`
+    /// (`size` bytes) of one of its expandable segments back; its `cuMemUnmap` calls follow.
+    TensorSegmentUnmap = 16,
 }
 
 impl EventKind {
     /// Every kind, in code order.
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::Alloc,
         EventKind::Free,
         EventKind::AllocFailed,
@@ -63,6 +70,8 @@ impl EventKind {
         EventKind::TensorFree,
         EventKind::TensorOom,
         EventKind::TensorSegment,
+        EventKind::TensorSegmentMap,
+        EventKind::TensorSegmentUnmap,
     ];
 
     /// The name used in text and JSON output.
@@ -83,6 +92,8 @@ impl EventKind {
             EventKind::TensorFree => "tensor_free",
             EventKind::TensorOom => "tensor_oom",
             EventKind::TensorSegment => "tensor_segment",
+            EventKind::TensorSegmentMap => "tensor_segment_map",
+            EventKind::TensorSegmentUnmap => "tensor_segment_unmap",
         }
     }
 
@@ -102,6 +113,7 @@ impl EventKind {
                 | EventKind::Unreserve
                 | EventKind::TensorFreeRequested
                 | EventKind::TensorFree
+                | EventKind::TensorSegmentUnmap
         )
     }
 
@@ -115,6 +127,8 @@ impl EventKind {
                 | EventKind::TensorFree
                 | EventKind::TensorOom
                 | EventKind::TensorSegment
+                | EventKind::TensorSegmentMap
+                | EventKind::TensorSegmentUnmap
         )
     }
 }

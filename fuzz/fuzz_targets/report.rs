@@ -59,18 +59,8 @@ const ADDRESSES: [u64; 6] = [
 const SIZES: [u64; 6] = [0, 1, 512, 2 << 20, u64::MAX / 2, u64::MAX];
 const STACK_IDS: [u32; 6] = [0, 1, 2, 3, 999, u32::MAX];
 const CODE_IDS: [u32; 4] = [1, 2, 77, u32::MAX];
-const KINDS: [EventKind; 10] = [
-    EventKind::Alloc,
-    EventKind::Free,
-    EventKind::AllocFailed,
-    EventKind::Create,
-    EventKind::Release,
-    EventKind::Map,
-    EventKind::Unmap,
-    EventKind::Reserve,
-    EventKind::Unreserve,
-    EventKind::Trim,
-];
+// Every kind, PyTorch's tensor events included (the tensor view's block model).
+const KINDS: [EventKind; 17] = EventKind::ALL;
 const APIS: [&str; 8] = [
     "cudaMalloc",
     "cudaFree",

@@ -6,7 +6,7 @@
 //! Several logs (one per process of a job) are merged in time order, so totals across
 //! processes are exact at every moment. Times are nanoseconds since the earliest start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -180,13 +180,18 @@ pub enum View {
 
 /// A segment of PyTorch's caching allocator (tensor view), and its blocks as the allocator
 /// splits and merges them (default settings: 512-byte rounding, small requests ≤ 1 MiB split
-/// off any remainder ≥ 512 B, large ones only a remainder > 1 MiB).
+/// off any remainder ≥ 512 B, large ones only a remainder > 1 MiB; in expandable segments
+/// every remainder ≥ 512 B).
 #[derive(Clone, Debug)]
 pub struct Segment {
-    /// The driver allocation.
+    /// The driver allocation; for an expandable segment, the mapped range (`size` grows and
+    /// shrinks as PyTorch maps and unmaps its pages).
     pub live: Live,
     /// Block start → block.
     blocks: BTreeMap<u64, Block>,
+    /// Part of an expandable segment (`expandable_segments:True`): mapped pages, not a
+    /// `cudaMalloc`.
+    expandable: bool,
 }
 
 /// A block of a segment.
@@ -234,6 +239,88 @@ impl Segment {
                     stack: 0,
                 },
             )]),
+            expandable: false,
+        }
+    }
+
+    /// A range PyTorch mapped into one of its expandable segments: one free block.
+    fn mapped(live: Live) -> Segment {
+        Segment {
+            expandable: true,
+            ..Segment::new(live)
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.live.addr.saturating_add(self.live.size)
+    }
+
+    /// Appends `next`, which starts where this segment ends; free blocks that meet merge.
+    fn append(&mut self, next: Segment) {
+        self.live.size = self.live.size.saturating_add(next.live.size);
+        for (addr, block) in next.blocks {
+            self.blocks.insert(addr, block);
+            if block.state == BlockState::Free {
+                self.merge_free_before(addr);
+            }
+        }
+    }
+
+    /// Merges the free block at `addr` into a free block ending there, if any.
+    fn merge_free_before(&mut self, addr: u64) {
+        let Some(&block) = self.blocks.get(&addr) else {
+            return;
+        };
+        if block.state != BlockState::Free {
+            return;
+        }
+        if let Some((&previous, &previous_block)) = self.blocks.range(..addr).next_back()
+            && previous_block.state == BlockState::Free
+            && previous.checked_add(previous_block.size) == Some(addr)
+        {
+            self.blocks.remove(&addr);
+            self.blocks.insert(
+                previous,
+                Block {
+                    size: previous_block.size.saturating_add(block.size),
+                    ..previous_block
+                },
+            );
+        }
+    }
+
+    /// Splits off the part of the segment from `at` on (`at` inside it), cutting a block
+    /// that straddles `at`.
+    fn split_off(&mut self, at: u64) -> Segment {
+        if let Some((&start, &block)) = self.blocks.range(..at).next_back()
+            && start.saturating_add(block.size) > at
+        {
+            self.blocks.insert(
+                start,
+                Block {
+                    size: at - start,
+                    ..block
+                },
+            );
+            self.blocks.insert(
+                at,
+                Block {
+                    size: start.saturating_add(block.size) - at,
+                    ..block
+                },
+            );
+        }
+        let blocks = self.blocks.split_off(&at);
+        let tail_size = self.end().saturating_sub(at);
+        self.live.size = at.saturating_sub(self.live.addr);
+        Segment {
+            live: Live {
+                addr: at,
+                size: tail_size,
+                ..self.live
+            },
+            blocks,
+            expandable: self.expandable,
         }
     }
 
@@ -251,7 +338,7 @@ impl Segment {
             return None;
         }
         let remaining = free.size - rounded;
-        let split = if rounded <= SMALL_SIZE {
+        let split = if rounded <= SMALL_SIZE || self.expandable {
             remaining >= MIN_BLOCK
         } else {
             remaining > SMALL_SIZE
@@ -268,7 +355,7 @@ impl Segment {
         );
         if split {
             self.blocks.insert(
-                addr + rounded,
+                addr.saturating_add(rounded),
                 Block {
                     size: remaining,
                     ..free
@@ -293,20 +380,22 @@ impl Segment {
         };
         let mut size = freed.size;
         let mut start = addr;
-        if let Some((&next, &next_block)) = self.blocks.range(addr + 1..).next()
+        // Checked sums: a damaged or crafted log may hold blocks at the top of the range.
+        if let Some(after) = addr.checked_add(1)
+            && let Some((&next, &next_block)) = self.blocks.range(after..).next()
             && next_block.state == BlockState::Free
-            && next == addr + size
+            && addr.checked_add(size) == Some(next)
         {
             self.blocks.remove(&next);
-            size += next_block.size;
+            size = size.saturating_add(next_block.size);
         }
         if let Some((&previous, &previous_block)) = self.blocks.range(..addr).next_back()
             && previous_block.state == BlockState::Free
-            && previous + previous_block.size == addr
+            && previous.checked_add(previous_block.size) == Some(addr)
         {
             self.blocks.remove(&addr);
             start = previous;
-            size += previous_block.size;
+            size = size.saturating_add(previous_block.size);
         }
         self.blocks.insert(
             start,
@@ -321,7 +410,10 @@ impl Segment {
 
 /// PyTorch's `round_size` with default settings.
 pub fn rounded_request(requested: u64) -> u64 {
-    requested.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
+    requested
+        .max(1)
+        .div_ceil(MIN_BLOCK)
+        .saturating_mul(MIN_BLOCK)
 }
 
 /// Everything live at the current step.
@@ -331,6 +423,11 @@ pub struct State {
     view: View,
     /// Tensor view: PyTorch's segments, by (process, address).
     segments: BTreeMap<(u32, u64), Segment>,
+    /// Tensor view: each process's mapped VMM ranges, by (process, address): (size, handle).
+    vmm_maps: BTreeMap<(u32, u64), (u64, u64)>,
+    /// Tensor view: physical allocations (process, handle) PyTorch mapped into its
+    /// expandable segments: the segments count them, and their release ends nothing live.
+    segment_handles: HashSet<(u32, u64)>,
     /// Per device, summed over processes; few devices, so a vector beats a map.
     devices: Vec<DeviceBytes>,
     /// Per (process, device).
@@ -341,9 +438,9 @@ pub struct State {
     replaced: Option<Live>,
     /// Tensor view: what the current step did to PyTorch's segments, if anything.
     segment_change: Option<SegmentChange>,
-    /// Tensor view: a driver allocation held back until the next event says whether it is a
-    /// segment (device, bytes); the driver handed it out either way.
-    held: Option<(i32, u64)>,
+    /// Tensor view: driver allocations held back until the next events say whether they are
+    /// a segment, summed per device (device, bytes); the driver handed them out either way.
+    held: Vec<(i32, u64)>,
 }
 
 impl State {
@@ -394,9 +491,45 @@ impl State {
             })
             .saturating_add(
                 self.held
+                    .iter()
                     .filter(|(held, _)| *held == device)
-                    .map_or(0, |(_, size)| size),
+                    .map(|(_, size)| size)
+                    .sum(),
             )
+    }
+
+    /// Tensor view: notes the driver allocations now held back (`cudaMalloc`, `cuMemCreate`;
+    /// a mapping takes no memory of its own).
+    fn set_held(&mut self, held: &[Held]) {
+        self.held.clear();
+        for h in held {
+            if !matches!(h.event.kind, EventKind::Alloc | EventKind::Create) {
+                continue;
+            }
+            match self
+                .held
+                .iter_mut()
+                .find(|(device, _)| *device == h.event.device)
+            {
+                Some((_, bytes)) => *bytes = bytes.saturating_add(h.event.size),
+                None => self.held.push((h.event.device, h.event.size)),
+            }
+        }
+    }
+
+    /// Tensor view: recounts `device`'s segments after an expandable segment grew, joined,
+    /// shrank or split (rare next to block events: a scan is cheap enough).
+    fn recount_segments(&mut self, device: i32) {
+        let (count, bytes) = self
+            .segments
+            .values()
+            .filter(|segment| segment.live.device == device)
+            .fold((0u64, 0u64), |(count, bytes), segment| {
+                (count + 1, bytes.saturating_add(segment.live.size))
+            });
+        let entry = self.device_entry(device);
+        entry.segment_count = count;
+        entry.segment_bytes = bytes;
     }
 
     /// Tensor view: PyTorch's segments now (of every process and device), by process and
@@ -467,6 +600,79 @@ impl State {
             .range_mut((process, 0)..=(process, addr))
             .next_back()?;
         (addr < segment.live.addr.saturating_add(segment.live.size)).then_some(segment)
+    }
+
+    /// Tensor view: PyTorch mapped `segment`'s range into an expandable segment. The range
+    /// joins the process's segments (continuing those it touches); the physical allocations
+    /// mapped there become the segment's. Returns those that were live until now.
+    fn map_segment(&mut self, segment: Segment) -> Vec<Live> {
+        let (process, addr, end) = (segment.live.process, segment.live.addr, segment.end());
+        let handles: Vec<u64> = self
+            .vmm_maps
+            .range((process, addr)..(process, end))
+            .map(|(_, &(_, handle))| handle)
+            .collect();
+        let mut ended = Vec::new();
+        for handle in handles {
+            if self.segment_handles.insert((process, handle))
+                && let Some(live) = self.remove(&Key {
+                    process,
+                    class: 1,
+                    value: handle,
+                })
+            {
+                ended.push(live);
+            }
+        }
+        let device = segment.live.device;
+        let continues = |other: &Segment| other.expandable && other.live.device == device;
+        let start = match self.segments.range_mut(..(process, addr)).next_back() {
+            Some((&key, previous))
+                if key.0 == process && previous.end() == addr && continues(previous) =>
+            {
+                previous.append(segment);
+                key
+            }
+            _ => {
+                self.segments.insert((process, addr), segment);
+                (process, addr)
+            }
+        };
+        if self.segments.get(&(process, end)).is_some_and(continues)
+            && let Some(next) = self.segments.remove(&(process, end))
+            && let Some(joined) = self.segments.get_mut(&start)
+        {
+            joined.append(next);
+        }
+        self.recount_segments(device);
+        ended
+    }
+
+    /// Tensor view: PyTorch unmapped `addr..addr+size` of its expandable segments on
+    /// `device`.
+    fn unmap_segment(&mut self, process: u32, device: i32, addr: u64, size: u64) {
+        let end = addr.saturating_add(size);
+        while let Some((&key, segment)) = self.segments.range(..(process, end)).next_back()
+            && key.0 == process
+            && segment.expandable
+            && segment.end() > addr
+        {
+            let Some(mut segment) = self.segments.remove(&key) else {
+                break;
+            };
+            let mut cut = if addr > segment.live.addr {
+                let cut = segment.split_off(addr);
+                self.segments.insert(key, segment);
+                cut
+            } else {
+                segment
+            };
+            if end < cut.end() {
+                let rest = cut.split_off(end);
+                self.segments.insert((process, end), rest);
+            }
+        }
+        self.recount_segments(device);
     }
 
     /// The live object that the current step's [`Effect::Added`] ended: the same address
@@ -788,7 +994,9 @@ pub fn run_view(
         view,
         ..State::default()
     };
-    let mut held: Option<Held> = None;
+    // Tensor view: driver events held back while they may be PyTorch's new segment, which
+    // the allocator's word right after them says.
+    let mut held: Vec<Held> = Vec::new();
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
@@ -829,41 +1037,59 @@ pub fn run_view(
                 break;
             }
             devices.insert(event.device);
-            if let Some(before) = held.take() {
-                state.held = None;
-                if is_own_segment(&before, index, event) {
-                    take_segment(&mut state, &before);
-                } else {
-                    let seq = step_event(&mut state, &mut processes, observers, &before);
-                    end_ns = end_ns.max(before.t_ns);
-                    if stop == Stop::AfterSeq(seq) {
-                        break;
-                    }
-                }
-            }
             let current = Held {
                 index,
                 t_ns,
                 event: *event,
             };
+            if !held.is_empty() {
+                if extends_hold(&held, &current) {
+                    held.push(current);
+                    state.set_held(&held);
+                    continue;
+                }
+                let to_step = if is_own_segment(&held, index, event) {
+                    take_segment(&mut state, &held[0]);
+                    held.clear();
+                    Vec::new()
+                } else if is_own_mapping(&held, &current) {
+                    take_mapping(&mut state, &mut held, &current)
+                } else {
+                    std::mem::take(&mut held)
+                };
+                state.set_held(&held);
+                let mut stopped = false;
+                for before in &to_step {
+                    let seqs = step_event(&mut state, &mut processes, observers, before);
+                    end_ns = end_ns.max(before.t_ns);
+                    if stops(stop, &seqs) {
+                        stopped = true;
+                        break;
+                    }
+                }
+                if stopped {
+                    break;
+                }
+            }
             if view == View::Tensors && may_be_segment(&processes[index], event) {
-                state.held = Some((event.device, event.size));
-                held = Some(current);
+                held.push(current);
+                state.set_held(&held);
                 continue;
             }
-            let seq = step_event(&mut state, &mut processes, observers, &current);
+            let seqs = step_event(&mut state, &mut processes, observers, &current);
             end_ns = end_ns.max(t_ns);
-            if stop == Stop::AfterSeq(seq) {
+            if stops(stop, &seqs) {
                 break;
             }
         } else {
             // A dump restarts the live set: what came before it goes first. (Memory samples
             // and notes may come between a segment's allocation and PyTorch's word on it.)
-            if matches!(record, Record::DumpBegin(_))
-                && let Some(before) = held.take()
-            {
-                state.held = None;
-                step_event(&mut state, &mut processes, observers, &before);
+            if matches!(record, Record::DumpBegin(_)) {
+                let before_dump = std::mem::take(&mut held);
+                state.set_held(&held);
+                for before in before_dump {
+                    step_event(&mut state, &mut processes, observers, &before);
+                }
             }
             match &record {
                 Record::MemInfo(info) => {
@@ -903,10 +1129,14 @@ pub fn run_view(
             progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
         }
     }
-    if let Some(before) = held.take() {
-        state.held = None;
-        step_event(&mut state, &mut processes, observers, &before);
+    let after_end = std::mem::take(&mut held);
+    state.set_held(&held);
+    for before in after_end {
+        let seqs = step_event(&mut state, &mut processes, observers, &before);
         end_ns = end_ns.max(before.t_ns);
+        if stops(stop, &seqs) {
+            break;
+        }
     }
     progress.finish();
     Ok(Replay {
@@ -918,23 +1148,57 @@ pub fn run_view(
     })
 }
 
-/// Applies one event and shows it to the observers; returns its sequence number.
+/// Whether the replay stops after the steps `seqs`.
+fn stops(stop: Stop, seqs: &std::ops::Range<u64>) -> bool {
+    matches!(stop, Stop::AfterSeq(seq) if seqs.contains(&seq))
+}
+
+/// Applies one event and shows it to the observers; returns the sequence numbers of its steps
+/// (one, or more when PyTorch's mapping ends several live physical allocations at once).
 fn step_event(
     state: &mut State,
     processes: &mut [Process],
     observers: &mut [&mut dyn Observer],
     held: &Held,
-) -> u64 {
+) -> std::ops::Range<u64> {
     let Held {
         index,
         t_ns,
         ref event,
     } = *held;
     let process = index as u32;
+    let first = state.seq;
+    state.segment_change = None;
+    if state.view == View::Tensors && event.kind == EventKind::TensorSegmentMap && event.result == 0
+    {
+        let segment = Segment::mapped(live_of(process, t_ns, event, state.seq));
+        for live in state.map_segment(segment) {
+            state.replaced = None;
+            show(state, processes, observers, held, Effect::Removed(live));
+        }
+    }
     state.replaced = None;
     state.segment_change = None;
     let effect = apply(state, &mut processes[index], process, t_ns, event);
     processes[index].events += 1;
+    show(state, processes, observers, held, effect);
+    first..state.seq
+}
+
+/// Shows one step of `held`'s event to the observers.
+fn show(
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut [&mut dyn Observer],
+    held: &Held,
+    effect: Effect,
+) {
+    let Held {
+        index,
+        t_ns,
+        ref event,
+    } = *held;
+    let process = index as u32;
     let step = Step::Event {
         process,
         t_ns,
@@ -944,25 +1208,43 @@ fn step_event(
     for observer in observers.iter_mut() {
         observer.step(state, processes, &step);
     }
-    let seq = state.seq;
     state.seq += 1;
     processes[index].end_ns = processes[index]
         .end_ns
         .max(t_ns.saturating_sub(processes[index].start_offset_ns));
-    seq
 }
 
-/// Whether `event` may be one of PyTorch's segments (which it obtains with `cudaMalloc`).
+/// Whether `event` may begin one of PyTorch's segments: a `cudaMalloc`, or the first
+/// physical allocation of a range an expandable segment maps.
 fn may_be_segment(process: &Process, event: &Event) -> bool {
-    event.kind == EventKind::Alloc
-        && event.result == 0
-        && event.addr != 0
+    event.result == 0
         && event.device >= 0
-        && process.api(event.api) == "cudaMalloc"
+        && match event.kind {
+            EventKind::Alloc => event.addr != 0 && process.api(event.api) == "cudaMalloc",
+            EventKind::Create => true,
+            _ => false,
+        }
 }
 
-/// Whether `event` is PyTorch taking the held allocation as its segment.
-fn is_own_segment(held: &Held, index: usize, event: &Event) -> bool {
+/// Events held back at most (an expandable segment maps a range page by page).
+const MAX_HELD: usize = 256;
+
+/// Whether `current` continues the held physical allocations and mappings of one thread.
+fn extends_hold(held: &[Held], current: &Held) -> bool {
+    let Some(first) = held.first() else {
+        return false;
+    };
+    first.event.kind == EventKind::Create
+        && held.len() < MAX_HELD
+        && current.index == first.index
+        && current.event.thread == first.event.thread
+        && current.event.result == 0
+        && matches!(current.event.kind, EventKind::Create | EventKind::Map)
+}
+
+/// Whether `event` is PyTorch taking the one held allocation as its segment.
+fn is_own_segment(held: &[Held], index: usize, event: &Event) -> bool {
+    let [held] = held else { return false };
     event.kind == EventKind::TensorSegment
         && index == held.index
         && event.thread == held.event.thread
@@ -970,7 +1252,52 @@ fn is_own_segment(held: &Held, index: usize, event: &Event) -> bool {
         && event.size == held.event.size
 }
 
-/// Tensor view: a held driver allocation becomes a segment without ever counting as live.
+/// Whether `current` is PyTorch mapping the range of the held mappings into an expandable
+/// segment.
+fn is_own_mapping(held: &[Held], current: &Held) -> bool {
+    held.first().is_some_and(|first| {
+        first.event.kind == EventKind::Create
+            && current.event.kind == EventKind::TensorSegmentMap
+            && current.index == first.index
+            && current.event.thread == first.event.thread
+    })
+}
+
+/// Tensor view: the held physical allocations mapped inside the range `map` reports become
+/// the segment's without ever counting as live; returns the other held events, to step.
+fn take_mapping(state: &mut State, held: &mut Vec<Held>, map: &Held) -> Vec<Held> {
+    let process = map.index as u32;
+    let (start, end) = (
+        map.event.addr,
+        map.event.addr.saturating_add(map.event.size),
+    );
+    let inside = |event: &Event| {
+        event.kind == EventKind::Map
+            && start <= event.addr
+            && event.addr.saturating_add(event.size) <= end
+    };
+    let handles: HashSet<u64> = held
+        .iter()
+        .filter(|h| inside(&h.event))
+        .map(|h| h.event.handle)
+        .collect();
+    let mut rest = Vec::new();
+    for before in held.drain(..) {
+        let event = &before.event;
+        if inside(event) {
+            state
+                .vmm_maps
+                .insert((process, event.addr), (event.size, event.handle));
+        } else if event.kind == EventKind::Create && handles.contains(&event.handle) {
+            state.segment_handles.insert((process, event.handle));
+        } else {
+            rest.push(before);
+        }
+    }
+    rest
+}
+
+/// Tensor view: a held `cudaMalloc` becomes a segment without ever counting as live.
 fn take_segment(state: &mut State, held: &Held) {
     let live = live_of(held.index as u32, held.t_ns, &held.event, state.seq);
     state.add_segment(live);
@@ -1206,6 +1533,31 @@ fn apply_tensor(
             }
         }
         EventKind::Free if state.remove_segment(index, event.addr).is_some() => Effect::None,
+        // Expandable segments: what is mapped where, for PyTorch's word on it.
+        EventKind::Map => {
+            state
+                .vmm_maps
+                .insert((index, event.addr), (event.size, event.handle));
+            return None;
+        }
+        EventKind::Unmap => {
+            state.vmm_maps.remove(&(index, event.addr));
+            return None;
+        }
+        EventKind::Release if state.segment_handles.remove(&(index, event.handle)) => Effect::None,
+        // The range joined the segments before this step ([`step_event`]).
+        EventKind::TensorSegmentMap => {
+            state.segment_change =
+                Some(SegmentChange::Added(live_of(index, t_ns, event, state.seq)));
+            Effect::None
+        }
+        EventKind::TensorSegmentUnmap => {
+            state.unmap_segment(index, event.device, event.addr, event.size);
+            state.segment_change = Some(SegmentChange::Removed(live_of(
+                index, t_ns, event, state.seq,
+            )));
+            Effect::None
+        }
         _ => return None,
     })
 }
@@ -1325,6 +1677,181 @@ mod tests {
                 }
             )]
         );
+    }
+
+    fn live(kind: EventKind, addr: u64, handle: u64, size: u64) -> Live {
+        Live {
+            kind,
+            addr,
+            handle,
+            size,
+            requested: size,
+            ..segment(addr, size).live
+        }
+    }
+
+    #[test]
+    fn expandable_ranges_join_split_every_remainder_and_part_when_unmapped() {
+        let base = 0x7200_0000_0000;
+        let mut state = State {
+            view: View::Tensors,
+            ..State::default()
+        };
+        let map = |state: &mut State, addr: u64| {
+            state.map_segment(Segment::mapped(live(
+                EventKind::TensorSegmentMap,
+                addr,
+                0,
+                2 * MIB,
+            )))
+        };
+        // A physical allocation mapped there leaves the live set for the segment.
+        let create = live(EventKind::Create, 0, 0x55, 2 * MIB);
+        let key = Key {
+            process: 0,
+            class: 1,
+            value: 0x55,
+        };
+        state.add(key, create);
+        state.vmm_maps.insert((0, base), (2 * MIB, 0x55));
+        assert_eq!(state.device_bytes(0), 2 * MIB);
+        assert_eq!(map(&mut state, base), vec![create]);
+        assert_eq!(state.device_bytes(0), 0);
+        assert!(state.segment_handles.contains(&(0, 0x55)));
+        assert!(map(&mut state, base + 4 * MIB).is_empty());
+        assert_eq!(state.segment_totals(0), (2, 4 * MIB));
+        // The range between continues both: one segment.
+        map(&mut state, base + 2 * MIB);
+        assert_eq!(state.segment_totals(0), (1, 6 * MIB));
+        let segment = state.segment_mut(0, base + 5 * MIB).expect("joined");
+        // Blocks span the ranges; any remainder of 512 B or more is split off.
+        assert_eq!(segment.allocate(base, 3 * MIB, 0), Some(3 * MIB));
+        assert_eq!(
+            segment.allocate(base + 3 * MIB, 3 * MIB - 512, 0),
+            Some(3 * MIB - 512)
+        );
+        assert_eq!(segment.allocate(base + 6 * MIB - 512, 1, 0), Some(512));
+        for addr in [base, base + 3 * MIB, base + 6 * MIB - 512] {
+            segment.free_requested(addr);
+            segment.free_completed(addr);
+        }
+        // Unmapping the middle leaves two segments, each one free block.
+        state.unmap_segment(0, 0, base + 2 * MIB, 2 * MIB);
+        assert_eq!(state.segment_totals(0), (2, 4 * MIB));
+        for start in [base, base + 4 * MIB] {
+            let segment = &state.segments[&(0, start)];
+            assert_eq!(
+                segment
+                    .blocks()
+                    .map(|(addr, block)| (addr, block.size, block.state))
+                    .collect::<Vec<_>>(),
+                vec![(start, 2 * MIB, BlockState::Free)]
+            );
+        }
+        state.unmap_segment(0, 0, base, 6 * MIB);
+        assert_eq!(state.segment_totals(0), (0, 0));
+    }
+
+    /// A log of `events` (api names `apis`) in a fresh file.
+    fn log_of(name: &str, apis: &[&str], events: &[Event]) -> PathBuf {
+        let header = Header {
+            version: vramshim_format::FORMAT_VERSION,
+            pid: 1,
+            ppid: 0,
+            argv: vec!["crafted".into()],
+            start_unix_ns: 1,
+            start_mono_ns: 1,
+            hostname: "h".into(),
+            env: Vec::new(),
+            apis: apis.iter().map(|s| s.to_string()).collect(),
+            stack_mode: "none".into(),
+            mode: "stream".into(),
+            recorder: "test".into(),
+        };
+        let mut out = header.encode();
+        let mut chunk = vramshim_format::ChunkBuilder::new();
+        for event in events {
+            chunk.push(&Record::Event(*event));
+        }
+        chunk.finish_into(&mut out);
+        let path = std::env::temp_dir().join(format!("{name}-{}.vlog", std::process::id()));
+        std::fs::write(&path, out).expect("write log");
+        path
+    }
+
+    /// Records every step's device-0 bytes.
+    struct Bytes(Vec<u64>);
+
+    impl Observer for Bytes {
+        fn step(&mut self, state: &State, _: &[Process], step: &Step<'_>) {
+            if let Step::Event { .. } = step {
+                self.0.push(state.device_bytes(0));
+            }
+        }
+    }
+
+    #[test]
+    fn expandable_pages_become_the_segments_whether_or_not_another_thread_came_between() {
+        let apis = [
+            "cuMemCreate",
+            "cuMemMap",
+            "cuMemUnmap",
+            "cuMemRelease",
+            "cuMemAlloc_v2",
+            "torch.CUDACachingAllocator",
+        ];
+        let base = 0x7300_0000_0000;
+        let event = |kind, api, t_ns, thread, addr, size, handle| Event {
+            kind,
+            api,
+            t_ns,
+            thread,
+            addr,
+            size,
+            handle,
+            ..Event::default()
+        };
+        for interleaved in [false, true] {
+            let mut events = vec![
+                event(EventKind::Create, 0, 10, 1, 0, 2 * MIB, 0x51),
+                event(EventKind::Create, 0, 11, 1, 0, 2 * MIB, 0x52),
+                event(EventKind::Map, 1, 12, 1, base, 2 * MIB, 0x51),
+                event(EventKind::Map, 1, 13, 1, base + 2 * MIB, 2 * MIB, 0x52),
+                event(EventKind::TensorSegmentMap, 5, 14, 1, base, 4 * MIB, 0),
+                event(EventKind::TensorAlloc, 5, 15, 1, base, 3 * MIB, 0),
+                event(EventKind::TensorFreeRequested, 5, 16, 1, base, 3 * MIB, 0),
+                event(EventKind::TensorFree, 5, 16, 1, base, 3 * MIB, 0),
+                event(EventKind::Unmap, 2, 17, 1, base, 2 * MIB, 0),
+                event(EventKind::Release, 3, 17, 1, 0, 0, 0x51),
+                event(EventKind::TensorSegmentUnmap, 5, 18, 1, base, 2 * MIB, 0),
+            ];
+            if interleaved {
+                // Another thread's allocation between the pages and PyTorch's word on them.
+                events.insert(2, event(EventKind::Alloc, 4, 11, 2, 0x1000, 1024, 0));
+            }
+            let path = log_of("expandable", &apis, &events);
+            let mut bytes = Bytes(Vec::new());
+            let replay = run_view(
+                std::slice::from_ref(&path),
+                &mut [&mut bytes],
+                Stop::End,
+                View::Tensors,
+            );
+            let _ = std::fs::remove_file(&path);
+            let Ok(replay) = replay else {
+                panic!("the crafted log did not replay");
+            };
+            let other = if interleaved { 1024 } else { 0 };
+            // The 3 MiB block, then the other thread's KiB; the pages themselves only when
+            // another thread came between (until the segment_map).
+            let peak = bytes.0.iter().copied().max().unwrap_or(0);
+            let pages = if interleaved { 4 * MIB } else { 0 };
+            assert_eq!(peak, (3 * MIB + other).max(pages + other), "{:?}", bytes.0);
+            assert_eq!(replay.state.device_bytes(0), other);
+            assert_eq!(replay.state.segment_totals(0), (1, 2 * MIB));
+            assert_eq!(replay.processes[0].unmatched_frees, 0);
+            assert_eq!(replay.processes[0].unplaced_blocks, 0);
+        }
     }
 
     #[test]

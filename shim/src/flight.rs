@@ -239,7 +239,9 @@ fn identity(event: &Event) -> Option<(u8, u64, bool)> {
         | EventKind::Trim
         | EventKind::TensorFreeRequested
         | EventKind::TensorOom
-        | EventKind::TensorSegment => return None,
+        | EventKind::TensorSegment
+        | EventKind::TensorSegmentMap
+        | EventKind::TensorSegmentUnmap => return None,
     })
 }
 

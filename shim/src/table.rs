@@ -128,7 +128,10 @@ hooks! {
     Driver fn cuMemRelease(handle: u64) =>
         |r| Some(Spec::new(EventKind::Release, 0, 0).handle(handle));
     Driver fn cuMemMap(ptr: CuDevicePtr, size: usize, offset: usize, handle: u64, flags: u64) =>
-        |r| Some(Spec::new(EventKind::Map, ptr, size as u64).handle(handle));
+        |r| {
+            torch_trace::after_mem_map(HOOK_COUNT as u16, r, ptr, size as u64);
+            Some(Spec::new(EventKind::Map, ptr, size as u64).handle(handle))
+        };
     Driver fn cuMemUnmap(ptr: CuDevicePtr, size: usize) =>
         |r| Some(Spec::new(EventKind::Unmap, ptr, size as u64));
     // Driver: arrays (opaque handles, no device address).

@@ -6,10 +6,11 @@
 //! libstdc++ `std::function<void(const TraceEntry&)>` built by hand, whose invoker records
 //! each block as an event through [`capture::record_reported`].
 //!
-//! When: at a `cudaMalloc` once `libc10_cuda.so` is loaded, its allocator is the native one
-//! (vtable check) and initialised (`initialized()`, which takes no lock). Attaching takes each
+//! When: at a `cudaMalloc` (or a `cuMemMap`: with `expandable_segments:True` segments are
+//! mapped pages) once `libc10_cuda.so` is loaded, its allocator is the native one (vtable
+//! check) and initialised (`initialized()`, which takes no lock). Attaching takes each
 //! device allocator's recursive mutex in turn, possibly while this thread holds one of them
-//! (it is inside that allocator's segment `cudaMalloc`): that one is recursive; for the others,
+//! (it is inside that allocator's segment `cudaMalloc` or `cuMemMap`): that one is recursive; for the others,
 //! PyTorch never holds two device mutexes at once and never waits for the GIL while holding
 //! one (it unlocks before calling its OOM observers), so every holder leaves without waiting
 //! for this thread. Only one thread attaches; the others pass by without waiting. While it
@@ -18,7 +19,8 @@
 //! the whole buffer with new events during that one allocation).
 //!
 //! Trust: `TraceEntry`'s layout is not an ABI. Until the first `segment_alloc` entry matches
-//! the `cudaMalloc` this thread has just recorded (address, size, device), every entry is
+//! the `cudaMalloc` this thread has just recorded (address, size, device), or the first
+//! `segment_map` the range its `cuMemMap` calls have just mapped back to back, every entry is
 //! ignored; on a mismatch the tracker stays attached but inert, with one note and one warning.
 //! Any failure to find or check the allocator leaves tensors unrecorded, with one note and one
 //! warning, never a crash.
@@ -79,6 +81,8 @@ const ACTION_ALLOC: i32 = 0;
 const ACTION_FREE_REQUESTED: i32 = 1;
 const ACTION_FREE_COMPLETED: i32 = 2;
 const ACTION_SEGMENT_ALLOC: i32 = 3;
+const ACTION_SEGMENT_MAP: i32 = 5;
+const ACTION_SEGMENT_UNMAP: i32 = 6;
 const ACTION_OOM: i32 = 8;
 
 type InitializedFn = unsafe extern "C" fn(*mut c_void) -> bool;
@@ -101,6 +105,9 @@ unsafe impl Sync for Symbols {}
 thread_local! {
     /// The last successful `cudaMalloc` of this thread (address, size), for the layout check.
     static LAST_MALLOC: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The range this thread's last successful `cuMemMap` calls mapped back to back (start,
+    /// end): expandable segments map one range page by page, then report it whole.
+    static LAST_MAP: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Called by the `cudaMalloc` hook after the real call (inside the hook: nothing it does is
@@ -109,6 +116,12 @@ pub fn after_cuda_malloc(api: u16, result: c_int, addr: u64, size: u64) {
     if result == 0 {
         let _ = LAST_MALLOC.try_with(|last| last.set((addr, size)));
     }
+    after_segment_call(api, result);
+}
+
+/// A call that may have made one of PyTorch's segments: look for the allocator, or attach to
+/// a device's allocator created since.
+fn after_segment_call(api: u16, result: c_int) {
     match STATE.load(Ordering::Relaxed) {
         SEARCHING => {
             TENSOR_API.store(api, Ordering::Relaxed);
@@ -119,6 +132,22 @@ pub fn after_cuda_malloc(api: u16, result: c_int, addr: u64, size: u64) {
         }
         _ => {}
     }
+}
+
+/// Called by the `cuMemMap` hook after the real call, as [`after_cuda_malloc`]: with
+/// `expandable_segments:True` PyTorch's segments are mapped ranges, never `cudaMalloc`s.
+pub fn after_mem_map(api: u16, result: c_int, addr: u64, size: u64) {
+    if result == 0 {
+        let _ = LAST_MAP.try_with(|last| {
+            let (start, end) = last.get();
+            if end == addr && start != 0 {
+                last.set((start, addr.wrapping_add(size)));
+            } else {
+                last.set((addr, addr.wrapping_add(size)));
+            }
+        });
+    }
+    after_segment_call(api, result);
 }
 
 #[cold]
@@ -402,7 +431,7 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
         return;
     }
     let generation = unsafe { (*data)[0] };
-    // Layout (PyTorch 2.1 – 2.15): action i32 @0, device @4 (its low byte), addr @8,
+    // Layout (PyTorch 2.4.1, 2.6 and 2.15, checked against their own history): action i32 @0, device @4 (its low byte), addr @8,
     // context (shared_ptr) @16, stream @32, size @40.
     let field = |at: usize| unsafe { std::ptr::read_unaligned(entry.add(at) as *const u64) };
     let action = unsafe { std::ptr::read_unaligned(entry as *const i32) };
@@ -423,10 +452,10 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
         return;
     }
     if state == UNVERIFIED {
-        if action != ACTION_SEGMENT_ALLOC {
+        if action != ACTION_SEGMENT_ALLOC && action != ACTION_SEGMENT_MAP {
             return;
         }
-        crate::guard((), || verify(device, addr, size));
+        crate::guard((), || verify(action, device, addr, size));
         // The checked segment is recorded too once the layout is trusted.
         if STATE.load(Ordering::Acquire) != RECORDING {
             return;
@@ -438,6 +467,8 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
         ACTION_FREE_COMPLETED => EventKind::TensorFree,
         ACTION_OOM => EventKind::TensorOom,
         ACTION_SEGMENT_ALLOC => EventKind::TensorSegment,
+        ACTION_SEGMENT_MAP => EventKind::TensorSegmentMap,
+        ACTION_SEGMENT_UNMAP => EventKind::TensorSegmentUnmap,
         _ => return,
     };
     let mut spec = Spec::new(kind, addr, size).device(device);
@@ -445,29 +476,43 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     capture::record_reported(api(), spec);
 }
 
-/// The first `segment_alloc` entry against the `cudaMalloc` this thread has just recorded.
-fn verify(device: i32, addr: u64, size: u64) {
-    let (malloc_addr, malloc_size) = LAST_MALLOC.try_with(Cell::get).unwrap_or((0, 0));
+/// The first `segment_alloc` entry against the `cudaMalloc` this thread has just recorded, or
+/// the first `segment_map` against the range its `cuMemMap` calls have just mapped.
+fn verify(action: i32, device: i32, addr: u64, size: u64) {
+    let (call, (call_addr, call_size)) = if action == ACTION_SEGMENT_MAP {
+        let (start, end) = LAST_MAP.try_with(Cell::get).unwrap_or((0, 0));
+        ("cuMemMap", (start, end.wrapping_sub(start)))
+    } else {
+        (
+            "cudaMalloc",
+            LAST_MALLOC.try_with(Cell::get).unwrap_or((0, 0)),
+        )
+    };
+    let entry = if action == ACTION_SEGMENT_MAP {
+        "segment_map"
+    } else {
+        "segment_alloc"
+    };
     let current = capture::current_device(Layer::Runtime);
     // Tests: a layout that does not match, to prove the tracker steps aside cleanly.
     let broken = std::env::var_os("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK").is_some_and(|v| v == "1");
     let read_size = if broken { size ^ 1 } else { size };
-    if malloc_addr != 0 && (addr, read_size, device) == (malloc_addr, malloc_size, current) {
+    if call_addr != 0 && (addr, read_size, device) == (call_addr, call_size, current) {
         if STATE
             .compare_exchange(UNVERIFIED, RECORDING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             note(format!(
-                "torch: recording tensors: PyTorch's segment_alloc of {size} bytes at {addr:#x} \
-                 on device {device} matches the cudaMalloc recorded"
+                "torch: recording tensors: PyTorch's {entry} of {size} bytes at {addr:#x} \
+                 on device {device} matches the {call} recorded"
             ));
         }
     } else {
         step_aside(
             &format!(
-                "PyTorch's TraceEntry layout is not the one known: its first segment_alloc \
-                 reads ({addr:#x}, {read_size} bytes, device {device}), the cudaMalloc was \
-                 ({malloc_addr:#x}, {malloc_size} bytes, device {current})"
+                "PyTorch's TraceEntry layout is not the one known: its first {entry} reads \
+                 ({addr:#x}, {read_size} bytes, device {device}), the {call} was \
+                 ({call_addr:#x}, {call_size} bytes, device {current})"
             ),
             true,
         );

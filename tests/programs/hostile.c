@@ -11,6 +11,11 @@
  *                              (dl_iterate_phdr) all the time, and each child makes one
  *                              allocation and one free before _exit(0): its log is opened in
  *                              the child. Prints forks= hung= pairs=.
+ *   fork-map THREADS FORKS     like fork-walk, but every "pair" is a VMM cycle (reserve 2 MiB,
+ *                              create, map, unmap, release, unreserve), as PyTorch's
+ *                              expandable segments map, and each child waits 60 ms before its
+ *                              cycle (so that its cuMemMap looks for PyTorch's allocator in
+ *                              the child). Prints forks= hung= pairs=.
  *   double-free N              N allocations, then a double free that glibc aborts on with
  *                              the heap's lock held.
  *   exit-in-handler N USEC     one pair, then forever a pair and a failed 1 PiB allocation;
@@ -78,7 +83,35 @@ static void pairs(long n)
 /* ---- fork-storm ---- */
 
 static volatile int g_stop;
-static int g_walk, g_child_allocates;
+static int g_walk, g_child_allocates, g_map;
+
+/* One VMM cycle of 2 MiB on device 0: reserve, create, map, unmap, release, unreserve. */
+static void map_cycle(void)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    EXPECT_RC(cuMemAddressReserve(&va, 2 * MiB, 2 * MiB, 0, 0), CUDA_SUCCESS,
+              "cuMemAddressReserve");
+    EXPECT_RC(cuMemCreate(&handle, 2 * MiB, &prop, 0), CUDA_SUCCESS, "cuMemCreate");
+    EXPECT_RC(cuMemMap(va, 2 * MiB, 0, handle, 0), CUDA_SUCCESS, "cuMemMap");
+    EXPECT_RC(cuMemUnmap(va, 2 * MiB), CUDA_SUCCESS, "cuMemUnmap");
+    EXPECT_RC(cuMemRelease(handle), CUDA_SUCCESS, "cuMemRelease");
+    EXPECT_RC(cuMemAddressFree(va, 2 * MiB), CUDA_SUCCESS, "cuMemAddressFree");
+}
+
+/* One allocation and its free: a VMM cycle under fork-map. */
+static void one_pair(void)
+{
+    if (g_map)
+        map_cycle();
+    else
+        free1(alloc1());
+}
 
 static int count_object(struct dl_phdr_info *info, size_t size, void *data)
 {
@@ -93,7 +126,7 @@ static void *allocating_thread(void *arg)
     long *count = arg;
     setup();
     while (!g_stop) {
-        free1(alloc1());
+        one_pair();
         (*count)++;
         if (g_walk) {
             int objects = 0;
@@ -118,12 +151,14 @@ static int fork_storm(int threads, int forks)
         if (child < 0)
             die("fork");
         if (child == 0) {
+            if (g_map)
+                usleep(60000);
             if (g_child_allocates)
-                free1(alloc1());
+                one_pair();
             _exit(0);
         }
         int status = 0, waited = 0;
-        /* Up to 5 s: a child that only calls _exit takes microseconds. */
+        /* Up to 5 s: a child that only calls _exit takes microseconds (fork-map: 60 ms). */
         for (int i = 0; i < 5000 && !waited; i++) {
             pid_t r = waitpid(child, &status, WNOHANG);
             if (r == child)
@@ -380,6 +415,11 @@ int main(int argc, char **argv)
     if (strcmp(mode, "fork-walk") == 0) {
         setup();
         g_walk = g_child_allocates = 1;
+        return fork_storm(a, b);
+    }
+    if (strcmp(mode, "fork-map") == 0) {
+        setup();
+        g_walk = g_child_allocates = g_map = 1;
         return fork_storm(a, b);
     }
     if (strcmp(mode, "double-free") == 0) {

@@ -161,9 +161,10 @@ def transformer():
 
 
 def trace():
-    """PyTorch's own memory history over an MLP and a transformer training step, for the
-    tensors recorded beside it: its alloc / free_requested / free_completed / segment_alloc
-    entries (action, address, size), the allocated peak, and tensors of known sizes."""
+    """PyTorch's own memory history over an MLP, empty_cache() and a transformer training step,
+    for the tensors recorded beside it: its alloc / free_requested / free_completed /
+    segment_alloc / segment_map / segment_unmap entries (action, address, size), the allocated
+    peak, and tensors of known sizes."""
     torch.manual_seed(0)
     torch.backends.cuda.enable_cudnn_sdp(False)
     torch.cuda.memory._record_memory_history(max_entries=10_000_000)
@@ -178,6 +179,9 @@ def trace():
         target = torch.randint(0, 10, (256,), device="cuda")
         torch.nn.functional.cross_entropy(mlp(data), target).backward()
         optimizer.step()
+    # Segments go back to the driver (segment_free, or segment_unmap when expandable).
+    del mlp, optimizer, data, target
+    torch.cuda.empty_cache()
     layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
                                              dropout=0.0, batch_first=True)
     model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).cuda()
@@ -191,9 +195,17 @@ def trace():
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     entries = [[e["action"], e["addr"], e["size"]] for e in snapshot["device_traces"][0]
-               if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc")]
-    say(mode="trace", entries=entries, known=[[t.data_ptr(), t.nbytes] for t in known],
-        **stats())
+               if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc",
+                                  "segment_map", "segment_unmap")]
+    known = [[t.data_ptr(), t.nbytes] for t in known]
+    segments = [[s["address"], s["total_size"]] for s in snapshot["segments"]]
+    figures = stats()
+    # What is still allocated once the program's own tensors are gone: what torch itself
+    # keeps to its exit (2.6 and older never free their cuBLAS workspaces).
+    del model, layer, optimizer, x
+    s = torch.cuda.memory_stats()
+    say(mode="trace", entries=entries, known=known, segments=segments, **figures,
+        kept=[s["allocation.all.current"], s["allocated_bytes.all.current"]])
 
 
 def snapshot():

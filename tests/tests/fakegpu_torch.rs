@@ -478,22 +478,43 @@ fn torch_action(event: &str) -> Option<&'static str> {
         "tensor_free_requested" => "free_requested",
         "tensor_free" => "free_completed",
         "tensor_segment" => "segment_alloc",
+        "tensor_segment_map" => "segment_map",
+        "tensor_segment_unmap" => "segment_unmap",
         _ => return None,
     })
 }
 
 #[test]
 fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
-    let Some(torch) = current() else { return };
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        tensors_equal_torchs_own_history(&torch, false);
+    }
+}
+
+/// With `expandable_segments:True` the segments are ranges mapped page by page (`cuMemCreate`
+/// + `cuMemMap`), never a `cudaMalloc`; the tracker checks its layout against those.
+#[test]
+fn tensors_in_expandable_segments_equal_torchs_own_history() {
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        tensors_equal_torchs_own_history(&torch, true);
+    }
+}
+
+fn tensors_equal_torchs_own_history(torch: &Torch, expandable: bool) {
     // No stacks: the peak's JSON tree of deep torch stacks nests past serde_json's limit.
-    let run = run_torch(
-        &torch,
-        "trace",
-        80 << 30,
-        &[("VRAMSHIM_STACK", "none")],
-        true,
-    );
+    let mut env = vec![("VRAMSHIM_STACK", "none")];
+    if expandable {
+        env.push(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"));
+    }
+    let run = run_torch(torch, "trace", 80 << 30, &env, true);
     let r = &run.result;
+    let (segment_call, segment_alloc, segment_free) = if expandable {
+        ("cuMemMap", "segment_map", "segment_unmap")
+    } else {
+        ("cudaMalloc", "segment_alloc", "segment_free")
+    };
     let stderr = String::from_utf8_lossy(&run.output.stderr);
     assert!(!stderr.contains("vramshim:"), "{stderr}");
     let log = run.log.as_ref().expect("log");
@@ -503,10 +524,12 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         .filter(|v| v["type"] == "note")
         .filter_map(|v| v["text"].as_str())
         .collect();
+    let verified = format!("torch: recording tensors: PyTorch's {segment_alloc} of ");
     assert!(
         notes
             .iter()
-            .any(|n| n.starts_with("torch: recording tensors: PyTorch's segment_alloc")),
+            .any(|n| n.starts_with(&verified)
+                && n.ends_with(&format!("the {segment_call} recorded"))),
         "{notes:?}"
     );
     let events = events(&dump);
@@ -538,10 +561,15 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         "{}",
         torch.len()
     );
-    assert_eq!(
-        count("segment_alloc") as u64,
-        r["num_device_alloc"].as_u64().unwrap()
-    );
+    // Torch counts each mapped range as a device allocation, each unmapped one as a free.
+    assert_eq!(count(segment_alloc) as u64, u64_of(r, "num_device_alloc"));
+    if expandable {
+        assert_eq!(count("segment_alloc"), 0);
+        assert_eq!(count(segment_free) as u64, u64_of(r, "num_device_free"));
+    } else {
+        assert_eq!(count("segment_map") + count("segment_unmap"), 0);
+    }
+    assert!(u64_of(r, "num_device_free") > 0, "{r}");
     assert!(recorded.len() >= torch.len());
     assert_eq!(recorded[..torch.len()], torch[..]);
     // Requested sizes are the tensors' sizes.
@@ -553,26 +581,38 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
             .expect("the known tensor's block");
         assert_eq!(first.2, bytes, "tensor at {addr:#x}");
     }
-    // Every block lies inside a segment cudaMalloc returned and that is still held.
-    let mut segments: HashMap<u64, u64> = HashMap::new();
+    // Every block lies inside a segment cudaMalloc returned and that is still held, or
+    // (expandable) inside pages mapped back to back and still mapped.
+    let mut segments: std::collections::BTreeMap<u64, u64> = Default::default();
     for event in &events {
         let (addr, size) = (u64_of(event, "addr"), u64_of(event, "size"));
         match (event["event"].as_str(), event["api"].as_str()) {
-            (Some("alloc"), Some("cudaMalloc")) => {
+            (Some("alloc"), Some("cudaMalloc")) | (Some("map"), Some("cuMemMap")) => {
                 segments.insert(addr, size);
             }
-            (Some("free"), Some("cudaFree")) => {
+            (Some("free"), Some("cudaFree")) | (Some("unmap"), Some("cuMemUnmap")) => {
                 segments.remove(&addr);
             }
-            (Some("tensor_alloc"), _) => assert!(
-                segments
-                    .iter()
-                    .any(|(&base, &len)| base <= addr && addr + size.max(1) <= base + len),
-                "block {addr:#x}+{size} in no segment"
-            ),
+            (Some("tensor_alloc"), _) => {
+                // Walk the segments (pages) from the block's start to its end.
+                let (mut at, end) = (addr, addr + size.max(1));
+                while at < end {
+                    let next = segments
+                        .range(..=at)
+                        .next_back()
+                        .filter(|&(&base, &len)| at < base + len)
+                        .map(|(&base, &len)| base + len);
+                    at = next
+                        .unwrap_or_else(|| panic!("block {addr:#x}+{size}: {at:#x} in no segment"));
+                    if !expandable {
+                        assert!(end <= at, "block {addr:#x}+{size} past its segment");
+                    }
+                }
+            }
             _ => {}
         }
     }
+    assert!(!segments.is_empty(), "no {segment_call} recorded");
     // The tensor view's peak is torch's allocated peak (block sizes, splits and merges
     // modelled) and the two cuBLAS handles' own memory; the driver view's is its reserved
     // peak and the same handles.
@@ -609,9 +649,13 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
         u64_of(r, "reserved_peak") + 2 * CUBLAS_HANDLE,
         "{driver}"
     );
-    // At exit every tensor was freed (Python's finalisation); what remains is the
-    // allocator's cache, shown as such: every segment (the run never emptied it). The two
-    // cuBLAS handles are never destroyed: their 6 allocations are the leaks.
+    // At exit the program's tensors were freed (Python's finalisation); what remains is the
+    // allocator's cache, shown as such: the segments of torch's snapshot (nothing was
+    // emptied after it; an expandable segment is one however many ranges it mapped). The two
+    // cuBLAS handles are never destroyed: their 6 allocations are leaks, and so are the
+    // blocks torch itself still held once the program's tensors were gone (none in 2.15;
+    // 2.6 and 2.4.1 keep their two cuBLAS workspaces to the end).
+    let kept: Vec<u64> = arr(&r["kept"]).iter().filter_map(Value::as_u64).collect();
     let leaks = json_of(&[OsStr::new("leaks"), OsStr::new("--json"), log.as_os_str()]);
     let device = &arr(&leaks["devices"])[0];
     assert_eq!(
@@ -620,11 +664,19 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
             device["count"].as_u64(),
             device["bytes"].as_u64()
         ),
-        (Some(0), Some(6), Some(2 * CUBLAS_HANDLE)),
+        (
+            Some(0),
+            Some(6 + kept[0]),
+            Some(2 * CUBLAS_HANDLE + kept[1])
+        ),
         "{leaks}"
     );
+    let torch_segments = pairs(&r["segments"]);
+    let torch_segment_bytes: u64 = torch_segments.iter().map(|s| s[1]).sum();
+    assert_eq!(torch_segment_bytes, u64_of(r, "reserved"));
     assert_eq!(
-        device["pytorch_segments"]["count"], r["num_device_alloc"],
+        device["pytorch_segments"]["count"].as_u64(),
+        Some(torch_segments.len() as u64),
         "{leaks}"
     );
     assert_eq!(
@@ -635,7 +687,7 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
     assert!(
         text.contains(&format!(
             "PyTorch's caching allocator held {} segments",
-            r["num_device_alloc"]
+            torch_segments.len()
         )),
         "{text}"
     );
@@ -952,14 +1004,26 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
     assert_eq!(u64_of(&diff["b"], "peak_bytes"), allocated_peak + handles);
 }
 
+/// Under both segment kinds: `cudaMalloc` and expandable (mapped pages).
 #[test]
 fn tensors_on_two_devices_from_four_threads() {
     let Some(torch) = current() else { return };
+    for conf in ["", "expandable_segments:True"] {
+        eprintln!("PYTORCH_CUDA_ALLOC_CONF={conf}");
+        tensors_on_two_devices(&torch, conf);
+    }
+}
+
+fn tensors_on_two_devices(torch: &Torch, conf: &str) {
     let run = run_torch(
-        &torch,
+        torch,
         "two_devices",
         80 << 30,
-        &[("VRAMSHIM_FAKEGPU_COUNT", "2"), ("VRAMSHIM_STACK", "none")],
+        &[
+            ("VRAMSHIM_FAKEGPU_COUNT", "2"),
+            ("VRAMSHIM_STACK", "none"),
+            ("PYTORCH_CUDA_ALLOC_CONF", conf),
+        ],
         true,
     );
     let r = &run.result;
@@ -995,14 +1059,30 @@ fn tensors_on_two_devices_from_four_threads() {
     }
 }
 
+/// Checked against a `cudaMalloc` and, under expandable segments, against mapped pages.
 #[test]
 fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning() {
     let Some(torch) = current() else { return };
+    for expandable in [false, true] {
+        eprintln!("expandable: {expandable}");
+        layout_that_does_not_match(&torch, expandable);
+    }
+}
+
+fn layout_that_does_not_match(torch: &Torch, expandable: bool) {
+    let conf = if expandable {
+        "expandable_segments:True"
+    } else {
+        ""
+    };
     let run = run_torch(
-        &torch,
+        torch,
         "train",
         80 << 30,
-        &[("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK", "1")],
+        &[
+            ("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK", "1"),
+            ("PYTORCH_CUDA_ALLOC_CONF", conf),
+        ],
         true,
     );
     // The program ran as usual (run_torch checks its exit status and its JSON line).
@@ -1013,10 +1093,16 @@ fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning
         .filter(|l| l.starts_with("vramshim:"))
         .collect();
     assert_eq!(warnings.len(), 1, "{stderr}");
+    let (entry, call) = if expandable {
+        ("segment_map", "cuMemMap")
+    } else {
+        ("segment_alloc", "cudaMalloc")
+    };
     assert!(
-        warnings[0].starts_with("vramshim: PyTorch tensors not recorded (PyTorch's TraceEntry layout is not the one known"),
+        warnings[0].starts_with(&format!("vramshim: PyTorch tensors not recorded (PyTorch's TraceEntry layout is not the one known: its first {entry} reads")),
         "{stderr}"
     );
+    assert!(warnings[0].contains(&format!("the {call} was")), "{stderr}");
     let dump = dump(run.log.as_ref().expect("log"));
     let notes: Vec<&str> = dump
         .iter()
@@ -1032,11 +1118,20 @@ fn a_tensor_layout_that_does_not_match_steps_aside_with_one_note_and_one_warning
             .unwrap_or_default()
             .starts_with("tensor_")
     }));
-    // The segments are still recorded: torch's three cudaMallocs.
-    assert_eq!(
-        select(&events, "alloc", "cudaMalloc").len() as u64,
-        run.result["num_device_alloc"].as_u64().unwrap()
-    );
+    // The segments are still recorded: torch's three cudaMallocs, or its mapped ranges'
+    // pages.
+    if expandable {
+        assert!(
+            select(&events, "map", "cuMemMap").len() as u64
+                >= u64_of(&run.result, "num_device_alloc")
+        );
+        assert!(select(&events, "alloc", "cudaMalloc").is_empty());
+    } else {
+        assert_eq!(
+            select(&events, "alloc", "cudaMalloc").len() as u64,
+            run.result["num_device_alloc"].as_u64().unwrap()
+        );
+    }
 }
 
 #[test]

@@ -200,6 +200,57 @@ fn fork_children_that_record_while_the_parent_walks_the_loader_never_hang() {
     assert_eq!(parent, 1);
 }
 
+/// Each `cuMemMap` may look for PyTorch's allocator (`dlopen(RTLD_NOLOAD)` at most every
+/// 50 ms), as expandable segments map their pages: in fork children too (each waits 60 ms
+/// first, so it looks), while the parent's threads map and walk the loader's list.
+#[test]
+fn fork_children_that_map_vmm_pages_while_the_parent_maps_and_walks_never_hang() {
+    let run = hostile(
+        "fork-map",
+        &["fork-map", "4", "100"],
+        &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
+        5 * MINUTE,
+    );
+    assert_exited_cleanly(&run);
+    assert_eq!((run.value("forks"), run.value("hung")), (100, 0));
+    let cycles = run.value("pairs") as usize;
+    assert!(cycles > 0);
+    let logs = run.logs();
+    assert_eq!(logs.len(), 101, "the parent's log and one per child");
+    let mut parent = 0;
+    for log in &logs {
+        let dump = dump(log);
+        let counts = tally(&events(&dump));
+        let count = |event: &str, api: &str| {
+            counts
+                .get(&(event.to_owned(), api.to_owned()))
+                .copied()
+                .unwrap_or(0)
+        };
+        let vmm = [
+            count("reserve", "cuMemAddressReserve"),
+            count("create", "cuMemCreate"),
+            count("map", "cuMemMap"),
+            count("unmap", "cuMemUnmap"),
+            count("release", "cuMemRelease"),
+            count("unreserve", "cuMemAddressFree"),
+        ];
+        assert_eq!(
+            counts.values().sum::<usize>(),
+            vmm.iter().sum::<usize>(),
+            "{counts:?}"
+        );
+        // Every child says it was forked; the parent has no note.
+        if notes(&dump).is_empty() {
+            assert_eq!(vmm, [cycles; 6], "the parent's log");
+            parent += 1;
+        } else {
+            assert_eq!(vmm, [1; 6], "{log:?}");
+        }
+    }
+    assert_eq!(parent, 1);
+}
+
 #[test]
 fn python_fork_workers_never_hang_and_each_writes_its_own_log() {
     let dir = scratch("py-fork-workers");

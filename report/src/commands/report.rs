@@ -28,28 +28,34 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    with_report(select, args.view, args.threads, args.segments, |report, warnings| {
-        // What fills each device, in a framework user's terms (`vramshim breakdown` has the
-        // stacks): for programs with Python frames only, as it replays the logs twice more.
-        let categories = if report.processes.iter().any(|p| !p.codes.is_empty()) {
-            commands::breakdown::devices(&select.logs, select.device)?
-        } else {
-            Vec::new()
-        };
-        emit(
-            select,
-            &warnings,
-            || {
-                let mut value = summary::json(report);
-                value["breakdown"] = breakdown::json_section(&categories);
-                value
-            },
-            |out| {
-                summary::text(out, report)?;
-                breakdown::text_section(out, &categories)
-            },
-        )
-    })?
+    with_report(
+        select,
+        args.view,
+        args.threads,
+        args.segments,
+        |report, warnings| {
+            // What fills each device, in a framework user's terms (`vramshim breakdown` has the
+            // stacks): for programs with Python frames only, as it replays the logs twice more.
+            let categories = if report.processes.iter().any(|p| !p.codes.is_empty()) {
+                commands::breakdown::devices(&select.logs, select.device)?
+            } else {
+                Vec::new()
+            };
+            emit(
+                select,
+                &warnings,
+                || {
+                    let mut value = summary::json(report);
+                    value["breakdown"] = breakdown::json_section(&categories);
+                    value
+                },
+                |out| {
+                    summary::text(out, report)?;
+                    breakdown::text_section(out, &categories)
+                },
+            )
+        },
+    )?
 }
 
 /// Builds the overview of `select`'s logs and hands it, with the warnings, to `then` (the
