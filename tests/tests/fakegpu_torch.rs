@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::torch::{CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, repo, rounded_async_peak};
+use common::torch::{
+    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, repo, rounded_async_peak,
+};
 use common::*;
 use serde_json::Value;
 
@@ -46,22 +48,7 @@ const CUDA12: Release = Release {
     version: "2.6.0",
     cuda: "12.4",
     cudart: "libcudart.so.12",
-    fakes: &[
-        "libcuda.so.1",
-        "libcudart.so.12",
-        "libcublas.so.12",
-        "libcublasLt.so.12",
-        "libcudnn.so.9",
-        "libnccl.so.2",
-        "libnvidia-ml.so.1",
-        "libcusparse.so.12",
-        "libcusolver.so.11",
-        "libcufft.so.11",
-        "libcurand.so.10",
-        "libnvrtc.so.12",
-        "libcupti.so.12",
-        "libcusparseLt.so.0",
-    ],
+    fakes: TORCH_FAKES_CUDA12,
     oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
 };
 
@@ -1717,6 +1704,49 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     assert_log_is_torchs(&run, (15, 0, 138 * MIB));
 }
 
+/// `vramshim dryrun --gpu h200 --json` of `tests/python/SCRIPT MODE` (allocator settings
+/// cleared, then `env` set): the verdict, and torch's own figures (the script's JSON line on
+/// stderr).
+fn dryrun_h200(
+    torch: &Torch,
+    name: &str,
+    script: &str,
+    mode: &str,
+    env: &[(&str, &str)],
+) -> (Value, Value) {
+    let dir = scratch(name);
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let mut command = Command::new(vramshim_tool());
+    command
+        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python").join(script))
+        .arg(mode)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let verdict: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let figures: Value = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    (verdict, figures)
+}
+
 /// `vramshim dryrun --gpu h200` of the ResNet-like training: torch's own `mem_get_info` sees
 /// the H200's measured context and first kernel on top of its reserved bytes and the handles,
 /// and the verdict's peak used is exactly that (the dry run samples memory no hook sees at
@@ -1724,33 +1754,13 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
 #[test]
 fn dryrun_peak_used_has_the_context_and_the_first_kernel() {
     let Some(torch) = current() else { return };
-    let dir = scratch("torch-dryrun-kernels");
-    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-        .parent()
-        .expect("fakegpu dir");
-    let output = Command::new(vramshim_tool())
-        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
-        .arg(dir.join("%p.vlog"))
-        .arg("--")
-        .arg(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("tests/python/torch_cudnn.py"))
-        .arg("resnet")
-        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-        .env_remove("LD_PRELOAD")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("VRAMSHIM_STACK")
-        .output()
-        .expect("run vramshim dryrun");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let v: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
-    let r: Value = stderr
-        .lines()
-        .find_map(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    let (v, r) = dryrun_h200(
+        &torch,
+        "torch-dryrun-kernels",
+        "torch_cudnn.py",
+        "resnet",
+        &[],
+    );
     let (context, kernels) = (552_402_944, 96_468_992);
     let expected = 138 * MIB + context + kernels + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
     for step in pairs(&r["steps"]) {
@@ -2099,33 +2109,13 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
 #[test]
 fn a_refused_fabric_handle_is_torchs_fallback_not_an_oom() {
     let Some(torch) = current() else { return };
-    let dir = scratch("torch-fabric");
-    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-        .parent()
-        .expect("fakegpu dir");
-    let output = Command::new(vramshim_tool())
-        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
-        .arg(dir.join("%p.vlog"))
-        .arg("--")
-        .arg(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("tests/python/torch_fakegpu.py"))
-        .arg("expandable")
-        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        .env_remove("LD_PRELOAD")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("VRAMSHIM_STACK")
-        .output()
-        .expect("run vramshim dryrun");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let v: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
-    let r: Value = stderr
-        .lines()
-        .find_map(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    let (v, r) = dryrun_h200(
+        &torch,
+        "torch-fabric",
+        "torch_fakegpu.py",
+        "expandable",
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+    );
     // Expandable segments worked after the fallback: 100 MiB grown, nothing left.
     assert_eq!(r["grown"][0], 100 * MIB, "{r}");
     assert_eq!(r["num_ooms"], 0, "{r}");

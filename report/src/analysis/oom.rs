@@ -182,6 +182,33 @@ impl Oom {
                     && waiting.released_bytes >= limit.max(request)
             })
     }
+
+    /// The waiting failure at `index` saw its thread release `released` (a segment, or a
+    /// driver allocation in the driver view).
+    fn note_release(&mut self, processes: &[Process], index: usize, released: &Live) {
+        let limit = self.max_split_of(processes, self.pending[index].process);
+        let waiting = &mut self.pending[index];
+        waiting.released_bytes = waiting.released_bytes.saturating_add(released.size);
+        waiting.released_count += 1;
+        waiting.only_oversize &= limit.is_some_and(|limit| released.size >= limit);
+    }
+
+    /// The waiting failure at `index` saw its thread get `taken`: the retry succeeded when it
+    /// is the same request on the same device. The failure no longer waits either way.
+    fn note_taken(&mut self, processes: &[Process], index: usize, taken: &Live, t_ns: u64) {
+        let waiting = self.pending.swap_remove(index);
+        let failure = &self.failures[waiting.failure];
+        if taken.size == failure.request && taken.device == failure.device {
+            let oversize = self.oversize_release(processes, &waiting, taken.size);
+            self.failures[waiting.failure].retry = Some(Retry {
+                released_bytes: waiting.released_bytes,
+                released_count: waiting.released_count,
+                succeeded: true,
+                t_ns,
+                oversize,
+            });
+        }
+    }
 }
 
 impl Observer for Oom {
@@ -207,27 +234,12 @@ impl Observer for Oom {
         // Tensor view: PyTorch's segments released and taken on this thread.
         match (state.segment_change(), pending) {
             (Some(SegmentChange::Removed(segment)), Some(index)) => {
-                let limit = self.max_split_of(processes, *process);
-                let waiting = &mut self.pending[index];
-                waiting.released_bytes = waiting.released_bytes.saturating_add(segment.size);
-                waiting.released_count += 1;
-                waiting.only_oversize &= limit.is_some_and(|limit| segment.size >= limit);
+                self.note_release(processes, index, &segment);
             }
             (Some(SegmentChange::Added(segment)), Some(index))
                 if !matches!(effect, Effect::Removed(_)) =>
             {
-                let waiting = self.pending.swap_remove(index);
-                let failure = &self.failures[waiting.failure];
-                if segment.size == failure.request && segment.device == failure.device {
-                    let oversize = self.oversize_release(processes, &waiting, segment.size);
-                    self.failures[waiting.failure].retry = Some(Retry {
-                        released_bytes: waiting.released_bytes,
-                        released_count: waiting.released_count,
-                        succeeded: true,
-                        t_ns: *t_ns,
-                        oversize,
-                    });
-                }
+                self.note_taken(processes, index, &segment, *t_ns);
                 return;
             }
             _ => {}
@@ -243,27 +255,12 @@ impl Observer for Oom {
         match effect {
             Effect::Removed(live) => {
                 if let Some(index) = pending {
-                    let limit = self.max_split_of(processes, *process);
-                    let waiting = &mut self.pending[index];
-                    waiting.released_bytes = waiting.released_bytes.saturating_add(live.size);
-                    waiting.released_count += 1;
-                    waiting.only_oversize &= limit.is_some_and(|limit| live.size >= limit);
+                    self.note_release(processes, index, live);
                 }
             }
             Effect::Added(live) => {
                 if let Some(index) = pending {
-                    let waiting = self.pending.swap_remove(index);
-                    let failure = &self.failures[waiting.failure];
-                    if live.size == failure.request && live.device == failure.device {
-                        let oversize = self.oversize_release(processes, &waiting, live.size);
-                        self.failures[waiting.failure].retry = Some(Retry {
-                            released_bytes: waiting.released_bytes,
-                            released_count: waiting.released_count,
-                            succeeded: true,
-                            t_ns: *t_ns,
-                            oversize,
-                        });
-                    }
+                    self.note_taken(processes, index, live, *t_ns);
                 }
             }
             Effect::Failed => {
