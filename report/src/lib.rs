@@ -23,12 +23,6 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Text views: show every frame of each stack. By default the interpreter's, libffi's,
-    /// pybind11's, the C++ runtime's and PyTorch's own frames (its C++ allocator, ATen,
-    /// dispatcher and `Module.__call__` wrappers) are folded so the program's frames come
-    /// first.
-    #[arg(long, global = true)]
-    unfold: bool,
 }
 
 #[derive(Subcommand)]
@@ -135,7 +129,6 @@ where
             error.exit()
         }
     };
-    render::frames::set_unfold(cli.unfold);
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Dryrun(args) => commands::dryrun::run(args),

@@ -762,6 +762,159 @@ fn diff_labels_rows_of_either_log_alone() {
     );
 }
 
+/// A log whose stacks run from an application (`/nonexistent/app`) through PyTorch's C++
+/// library (`/nonexistent/libtorch_cpu.so`, folded in text views): `(stack id, frame
+/// addresses, bytes allocated)`; the library spans 0x1000..0x10_0000, the application
+/// 0x10_0000..0x20_0000 (each from offset 0).
+fn torch_stacks_records(stacks: &[(u32, Vec<u64>, u64)]) -> Vec<Record> {
+    let mut records = vec![
+        Record::Module(ModuleDef {
+            path: "/nonexistent/libtorch_cpu.so".into(),
+            load_bias: 0x1000,
+            start: 0x1000,
+            end: 0x10_0000,
+            build_id: Vec::new(),
+        }),
+        Record::Module(ModuleDef {
+            path: "/nonexistent/app".into(),
+            load_bias: 0x10_0000,
+            start: 0x10_0000,
+            end: 0x20_0000,
+            build_id: Vec::new(),
+        }),
+    ];
+    for (i, (id, frames, bytes)) in stacks.iter().enumerate() {
+        records.push(Record::Stack(StackDef {
+            id: *id,
+            frames: frames.iter().map(|&ip| Frame::Native(ip)).collect(),
+        }));
+        let mut alloc = event(
+            EventKind::Alloc,
+            CUDA_MALLOC,
+            10 * (i as u64 + 1),
+            0,
+            0x100_0000 * (i as u64 + 1),
+            *bytes,
+        );
+        alloc.stack = *id;
+        records.push(Record::Event(alloc));
+    }
+    records
+}
+
+#[test]
+fn diff_text_folds_the_frameworks_frames_and_json_keeps_them() {
+    // PyTorch's frames innermost, the application's outside: the text shows the
+    // application's first (as `peak` does), `--unfold` every frame, JSON every frame.
+    let dir = scratch("crafted-diff-fold");
+    let (log_a, log_b) = (dir.join("a.vlog"), dir.join("b.vlog"));
+    let through_two = vec![0x1100, 0x1200, 0x10_0100, 0x10_0200];
+    let through_one = vec![0x1300, 0x10_0300, 0x10_0200];
+    let a = torch_stacks_records(&[(1, through_two.clone(), 1000)]);
+    let b = torch_stacks_records(&[(3, through_two, 1500), (4, through_one, 700)]);
+    write_log(&log_a, &header(100, 0), &a);
+    write_log(&log_b, &header(200, 0), &b);
+    let run = |extra: &[&str]| -> String {
+        let mut args: Vec<OsString> =
+            vec!["diff".into(), log_a.clone().into(), log_b.clone().into()];
+        args.extend(extra.iter().map(OsString::from));
+        let outcome = run_bounded(&args, &dir);
+        assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+        outcome.stdout
+    };
+    // The table's rows, columns compared word by word.
+    let rows = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|line| line.contains("+0x"))
+            .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(
+        rows(&run(&["--frames", "2"])),
+        [
+            "0 B 700 B +700 B 0 B 700 B +700 B app+0x300 <- app+0x200",
+            "1000 B 1.46 KiB +500 B 1000 B 1.46 KiB +500 B app+0x100 <- app+0x200",
+        ]
+    );
+    assert_eq!(
+        rows(&run(&["--frames", "2", "--unfold"])),
+        [
+            "0 B 700 B +700 B 0 B 700 B +700 B libtorch_cpu.so+0x300 <- app+0x300",
+            "1000 B 1.46 KiB +500 B 1000 B 1.46 KiB +500 B libtorch_cpu.so+0x100 <- libtorch_cpu.so+0x200",
+        ]
+    );
+    let doc: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("diff --json");
+    let frames: Vec<Vec<&str>> = doc["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(|row| {
+            row["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .map(|f| f.as_str().expect("label"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        frames,
+        [
+            vec!["libtorch_cpu.so+0x300", "app+0x300", "app+0x200"],
+            vec![
+                "libtorch_cpu.so+0x100",
+                "libtorch_cpu.so+0x200",
+                "app+0x100",
+                "app+0x200"
+            ],
+        ]
+    );
+}
+
+#[test]
+fn oom_text_folds_the_failed_calls_stack() {
+    let dir = scratch("crafted-oom-fold");
+    let log = dir.join("oom.vlog");
+    let stack = vec![0x1100, 0x1200, 0x10_0100, 0x10_0200];
+    let mut records = torch_stacks_records(&[(1, stack, 1000)]);
+    let mut failed = event(EventKind::AllocFailed, CUDA_MALLOC, 20, 0, 0, 1 << 40);
+    failed.result = OUT_OF_MEMORY;
+    records.push(Record::Event(failed));
+    write_log(&log, &header(100, 0), &records);
+    // The lines after the failure's own line, up to the next line about it.
+    let stack_lines = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<OsString> = vec!["oom".into(), log.clone().into()];
+        args.extend(extra.iter().map(OsString::from));
+        let outcome = run_bounded(&args, &dir);
+        assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+        outcome
+            .stdout
+            .lines()
+            .skip_while(|line| !line.starts_with("failure 1:"))
+            .skip(1)
+            .take_while(|line| line.starts_with("    "))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(
+        stack_lines(&[]),
+        [
+            "    [2 frames of PyTorch folded]",
+            "    app+0x100",
+            "    app+0x200"
+        ]
+    );
+    assert_eq!(
+        stack_lines(&["--unfold", "--frames", "3"]),
+        [
+            "    libtorch_cpu.so+0x100",
+            "    libtorch_cpu.so+0x200",
+            "    app+0x100",
+            "    ... 1 more frame"
+        ]
+    );
+}
+
 #[test]
 fn counts_of_one_are_singular() {
     // One allocation on a 5-frame stack (one more than `report` shows) and one device sample.

@@ -419,6 +419,57 @@ fn run_without_the_double_dash_suggests_it() {
 }
 
 #[test]
+fn unfold_is_an_option_of_the_commands_that_print_stacks_only() {
+    let dir = scratch("unfold-option");
+    let help = |command: &str| -> String {
+        let (output, _) = vramshim(&[OsStr::new(command), OsStr::new("--help")], &[], &dir);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        text(&output.stdout)
+    };
+    for command in [
+        "report",
+        "peak",
+        "leaks",
+        "oom",
+        "breakdown",
+        "diff",
+        "dryrun",
+    ] {
+        assert!(help(command).contains("--unfold"), "{command}");
+    }
+    for command in [
+        "run",
+        "lines",
+        "steps",
+        "advise",
+        "timeline",
+        "flamegraph",
+        "html",
+        "allocator",
+        "whatif",
+        "export",
+        "dump",
+    ] {
+        assert!(!help(command).contains("--unfold"), "{command}");
+    }
+    // Not an option of the tool as a whole (it was, as a global flag, once).
+    let (output, _) = vramshim(
+        &[
+            OsStr::new("timeline"),
+            OsStr::new("--unfold"),
+            OsStr::new("x.vlog"),
+        ],
+        &[],
+        &dir,
+    );
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        text(&output.stderr).contains("unexpected argument '--unfold'"),
+        "{output:?}"
+    );
+}
+
+#[test]
 fn run_of_a_missing_program_exits_127() {
     let dir = scratch("run-missing-program");
     let missing = dir.join("no-such-program");

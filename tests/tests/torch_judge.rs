@@ -1001,6 +1001,42 @@ fn text_groups(text: &str) -> Vec<(String, Vec<String>)> {
     groups
 }
 
+/// The children of the first node of the `callers -> callees` tree whose label starts with
+/// `parent`, each as `BYTES SHARE LABEL` (one space apart).
+fn tree_children(text: &str, parent: &str) -> Vec<String> {
+    // `  <bytes> <share>% <indent><label>`: the label's indent after the share column.
+    let split = |line: &str| -> Option<(usize, String, String)> {
+        let (amounts, rest) = line.split_once("% ")?;
+        let label = rest.trim_start();
+        let amounts = amounts.split_whitespace().collect::<Vec<_>>().join(" ");
+        Some((
+            rest.len() - label.len(),
+            format!("{amounts}%"),
+            label.to_string(),
+        ))
+    };
+    let tree: Vec<(usize, String, String)> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("  callers -> callees:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(split)
+        .collect();
+    let Some(at) = tree
+        .iter()
+        .position(|(_, _, label)| label.starts_with(parent))
+    else {
+        panic!("no {parent} in the tree:\n{text}");
+    };
+    let depth = tree[at].0;
+    tree[at + 1..]
+        .iter()
+        .take_while(|(indent, _, _)| *indent > depth)
+        .filter(|(indent, _, _)| *indent == depth + 2)
+        .map(|(_, amounts, label)| format!("{amounts} {label}"))
+        .collect()
+}
+
 /// Text views fold the interpreter's, libstdc++'s and PyTorch's own frames (its C++
 /// allocator, ATen, the dispatcher, `Module.__call__`): on the MLP with caching off, the
 /// forward line shows within `peak`'s default 8 frames. It did not before: `--unfold` shows
@@ -1088,6 +1124,60 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
     let loop_line = format!("mlp (torch_judge.py:{})", script_line("JUDGE: mlp loop"));
     assert!(caller(&folded).ends_with(&loop_line), "{folded}");
     assert!(!caller(&unfolded).ends_with(&loop_line), "{unfolded}");
+    // After folding, one frame reached through two folded paths is one node: autograd's
+    // addmm backward reaches the allocator through two ATen paths (32 MiB and 8 MiB, the
+    // weights' and the input's gradients), and the tree shows one 40 MiB node beside cuBLAS.
+    let backward = "torch::autograd::generated::AddmmBackward0_apply_functional(";
+    let allocator = "c10::cuda::CUDACachingAllocator::Native::uncached_allocate(unsigned long)";
+    assert_eq!(
+        tree_children(&folded, backward),
+        [
+            "64.13 MiB 32.9% cublasCreate_v2 (cublas.c:43)".to_string(),
+            format!("40.00 MiB 20.5% {allocator}"),
+        ],
+        "{folded}"
+    );
+    // Unfolded, the two paths stay apart, each with its own bytes.
+    let unfolded_allocations: Vec<String> = unfolded
+        .lines()
+        .skip_while(|line| !line.starts_with("  callers -> callees:"))
+        .filter(|line| line.ends_with(allocator))
+        .map(|line| {
+            line.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert!(
+        unfolded_allocations.contains(&"32.00 MiB 16.4%".to_string()),
+        "{unfolded}"
+    );
+    assert!(
+        unfolded_allocations.contains(&"8.00 MiB 4.1%".to_string()),
+        "{unfolded}"
+    );
+    // `diff` folds its stacks the same way (this recording against itself: no change).
+    let (code, diffed, _) = vramshim(&[
+        OsStr::new("diff"),
+        log.as_os_str(),
+        log.as_os_str(),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+    ]);
+    assert_eq!(code, Some(0));
+    let adam_rows: Vec<String> = diffed
+        .lines()
+        .filter(|line| line.contains("Adam._init_group"))
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        adam_rows,
+        [179, 183].map(|line| format!(
+            "8.01 MiB 8.01 MiB 0 8.01 MiB 8.01 MiB 0 Adam._init_group (adam.py:{line}) <- Adam.step (adam.py:239) <- {step}"
+        )),
+        "{diffed}"
+    );
     // Unfolded, as before: neither line is within any group's first 8 frames.
     assert_eq!(lists(&unfolded, &forward).len(), 0, "{unfolded}");
     assert_eq!(lists(&unfolded, &step).len(), 0, "{unfolded}");

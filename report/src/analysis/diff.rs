@@ -450,9 +450,9 @@ impl Labels {
         self.frames.iter().map(SymFrame::label)
     }
 
-    /// Whether no stack was recorded.
-    pub fn is_empty(&self) -> bool {
-        self.frames.is_empty()
+    /// The frames, innermost first.
+    pub fn frames(&self) -> &[SymFrame] {
+        &self.frames
     }
 }
 

@@ -411,7 +411,7 @@ pub fn no_stack_frame() -> SymFrame {
 /// and code offset only when nothing else is known: (function, file, line, module, offset).
 type PlaceRef<'a> = (Option<&'a str>, Option<&'a str>, Option<u32>, &'a str, u64);
 
-fn place(frame: &SymFrame) -> PlaceRef<'_> {
+pub(crate) fn place(frame: &SymFrame) -> PlaceRef<'_> {
     let known = frame.function.is_some() || frame.line.is_some();
     (
         frame.function.as_deref(),

@@ -8,7 +8,7 @@ use crate::Failure;
 use crate::analysis::breakdown::{Categories, Category, Classifier, DeviceBreakdown, Tally};
 use crate::analysis::groups::{IdTotals, Stacks, add_total, by_stack_totals};
 use crate::analysis::peaks::Peaks;
-use crate::commands::common::{self, Select, StacksArg, emit};
+use crate::commands::common::{self, Select, StacksArg, UnfoldArg, emit};
 use crate::render::breakdown::{self, BreakdownReport, DeviceView};
 use crate::replay::{self, Stop, View};
 
@@ -29,6 +29,8 @@ pub struct Args {
     /// Frames printed per stack (text only).
     #[arg(long, default_value_t = DEFAULT_FRAMES)]
     frames: usize,
+    #[command(flatten)]
+    unfold: UnfoldArg,
 }
 
 /// First pass: every allocation's lifetime decides its category.
@@ -88,6 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         devices,
         top: args.top,
         frames: args.frames,
+        fold: args.unfold.fold(),
     };
     let warnings = common::warnings(&replay, select.device, &stacks);
     emit(

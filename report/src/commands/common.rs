@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::Failure;
 use crate::analysis::groups::Stacks;
 use crate::python::StackView;
+use crate::render::frames::Fold;
 use crate::replay::{Replay, View};
 
 /// Which recording(s) to read and how to print.
@@ -33,6 +34,29 @@ pub struct StacksArg {
     /// only (native ones where a stack has none); native: native frames only.
     #[arg(long, value_enum, default_value_t = StackView::Mixed)]
     pub stacks: StackView,
+}
+
+/// Whether text views fold the machinery's frames (commands that print stacks as text flatten
+/// this; JSON always has every frame).
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct UnfoldArg {
+    /// Text: show every frame of each stack. By default the interpreter's, libffi's,
+    /// pybind11's, the C++ runtime's and PyTorch's own frames (its C++ allocator, ATen,
+    /// dispatcher and `Module.__call__` wrappers) are folded so the program's frames come
+    /// first.
+    #[arg(long)]
+    pub unfold: bool,
+}
+
+impl UnfoldArg {
+    /// What the text views fold.
+    pub fn fold(self) -> Fold {
+        if self.unfold {
+            Fold::Nothing
+        } else {
+            Fold::Machinery
+        }
+    }
 }
 
 /// Whether views that group by stack also split by thread (commands that group by stack

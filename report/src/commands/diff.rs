@@ -9,7 +9,7 @@ use crate::analysis::allocated::Allocated;
 use crate::analysis::diff::{Diff, Measure};
 use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
-use crate::commands::common::{ByThread, SegmentsArg, Select, StacksArg, emit_streamed};
+use crate::commands::common::{ByThread, SegmentsArg, Select, StacksArg, UnfoldArg, emit_streamed};
 use crate::python::StackView;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Process, Stop, View};
@@ -34,6 +34,8 @@ pub struct Args {
     /// Frames printed per stack (text only).
     #[arg(long, default_value_t = 3)]
     frames: usize,
+    #[command(flatten)]
+    unfold: UnfoldArg,
     #[command(flatten)]
     view: StacksArg,
     // With it, rows are matched by thread name and stack: thread ids differ between runs.
@@ -185,6 +187,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         rows: &rows,
         top: args.top,
         frames: args.frames,
+        fold: args.unfold.fold(),
     };
     // `emit` reads only `json` from the selection.
     let select = Select {

@@ -17,12 +17,13 @@ use crate::analysis::oom::{Oom, recovered};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::requests::WhatIf;
 use crate::analysis::summary::Summary;
-use crate::commands::common::finish_stdout;
+use crate::commands::common::{UnfoldArg, finish_stdout};
 use crate::commands::launch;
 use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
 use crate::gpus::{self, Gpu};
 use crate::python::{PYTHON_MODULE, StackView};
 use crate::render::dryrun::{self as render, DeviceVerdict, DryrunReport, FailureVerdict};
+use crate::render::frames::Fold;
 use crate::render::oom::FailureView;
 use crate::render::whatif::Row;
 use crate::replay::{self, Stop};
@@ -49,6 +50,8 @@ pub struct Args {
     /// The verdict as one JSON document on stdout (the program's own stdout goes to stderr).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    unfold: UnfoldArg,
     /// Print the simulated cards and exit.
     #[arg(long, exclusive = true)]
     list_gpus: bool,
@@ -238,7 +241,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         status,
         &logs,
         &lib,
-        args.json,
+        (args.json, args.unfold.fold()),
     ) {
         Ok(()) => {}
         Err(failure) => eprintln!("vramshim: {}", failure.message),
@@ -254,7 +257,7 @@ fn verdict(
     status: ExitStatus,
     logs: &[PathBuf],
     fakes_lib: &Path,
-    json: bool,
+    (json, fold): (bool, Fold),
 ) -> Result<(), Failure> {
     let mut peaks = Peaks::default();
     let mut summary = Summary::new(logs.len(), None);
@@ -425,6 +428,7 @@ fn verdict(
         needed,
         smallest,
         whatif,
+        fold,
     };
     for warning in &warnings {
         eprintln!("vramshim: warning: {warning}");

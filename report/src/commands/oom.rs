@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack_totals};
 use crate::analysis::oom::Oom;
-use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit};
+use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, UnfoldArg, emit};
+use crate::render::frames::Fold;
 use crate::render::oom::{self, FailureView, OomReport};
 use crate::replay::{self, Stop};
 
@@ -29,6 +30,8 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_FRAMES)]
     frames: usize,
     #[command(flatten)]
+    unfold: UnfoldArg,
+    #[command(flatten)]
     segments: SegmentsArg,
 }
 
@@ -42,6 +45,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         |mut report, warnings| {
             report.top = args.top;
             report.frames = args.frames;
+            report.fold = args.unfold.fold();
             emit(
                 select,
                 &warnings,
@@ -92,6 +96,7 @@ pub fn with_report<T>(
         failures,
         top: DEFAULT_TOP,
         frames: DEFAULT_FRAMES,
+        fold: Fold::default(),
     };
     let warnings = common::warnings(&replay, select.device, &stacks);
     Ok(then(report, warnings))

@@ -9,7 +9,9 @@ use crate::Failure;
 use crate::analysis::groups::{Stacks, by_stack, tree};
 use crate::analysis::peaks::Peaks;
 use crate::analysis::snapshot::Snapshot;
-use crate::commands::common::{self, ByThread, SegmentsArg, Select, StacksArg, emit_streamed};
+use crate::commands::common::{
+    self, ByThread, SegmentsArg, Select, StacksArg, UnfoldArg, emit_streamed,
+};
 use crate::render::snapshot::{self, SnapshotReport, SnapshotView};
 use crate::replay::{self, Process, Stop, View};
 use crate::units;
@@ -26,6 +28,8 @@ pub struct Shape {
     /// Fold tree branches holding less than this percentage (text only).
     #[arg(long, default_value_t = DEFAULT_SHAPE.min_share)]
     min_share: f64,
+    #[command(flatten)]
+    unfold: UnfoldArg,
 }
 
 #[derive(clap::Args)]
@@ -197,6 +201,7 @@ const DEFAULT_SHAPE: Shape = Shape {
     top: 20,
     frames: 8,
     min_share: 1.0,
+    unfold: UnfoldArg { unfold: false },
 };
 
 /// The replay of `select`'s logs in `view` and the live set at each device's peak.
@@ -294,6 +299,7 @@ fn with_report<T>(
         top: shape.top,
         frames: shape.frames,
         min_share: shape.min_share,
+        fold: shape.unfold.fold(),
     };
     let mut warnings = common::warnings(replay, device, &stacks);
     warnings.extend(shown.late);

@@ -8,7 +8,7 @@ use crate::analysis::peaks::Peaks;
 use crate::analysis::summary::Summary;
 use crate::commands::{
     self,
-    common::{self, ByThread, SegmentsArg, Select, StacksArg, emit},
+    common::{self, ByThread, SegmentsArg, Select, StacksArg, UnfoldArg, emit},
 };
 use crate::render::breakdown;
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
@@ -24,6 +24,8 @@ pub struct Args {
     threads: ByThread,
     #[command(flatten)]
     segments: SegmentsArg,
+    #[command(flatten)]
+    unfold: UnfoldArg,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -50,7 +52,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                     value
                 },
                 |out| {
-                    summary::text(out, report)?;
+                    summary::text(out, report, args.unfold.fold())?;
                     breakdown::text_section(out, &categories)
                 },
             )

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
+use super::frames::Fold;
 use super::{device_name, group_json, processes_json, share, write_groups, write_processes};
 use crate::analysis::breakdown::{Category, DeviceBreakdown, LIBRARIES};
 use crate::analysis::groups::StackGroup;
@@ -24,6 +25,8 @@ pub struct BreakdownReport<'a> {
     /// Stacks and frames per category in text.
     pub top: usize,
     pub frames: usize,
+    /// Which frames the text shows.
+    pub fold: Fold,
 }
 
 pub fn text(out: &mut dyn Write, report: &BreakdownReport<'_>) -> io::Result<()> {
@@ -40,7 +43,14 @@ pub fn text(out: &mut dyn Write, report: &BreakdownReport<'_>) -> io::Result<()>
                 continue;
             }
             writeln!(out, "  {} at the peak, by stack:", category.name())?;
-            write_groups(out, groups, device.whole(), report.top, report.frames)?;
+            write_groups(
+                out,
+                groups,
+                device.whole(),
+                report.top,
+                report.frames,
+                report.fold,
+            )?;
         }
     }
     Ok(())

@@ -5,9 +5,9 @@ use std::io::{self, Write};
 use serde_core::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
-use super::{SeqJson, device_name, processes_json};
-use crate::analysis::diff::{Diff, Labels, StackDiff};
-use crate::analysis::groups::NO_STACK;
+use super::frames::Fold;
+use super::{SeqJson, device_name, processes_json, short_stack};
+use crate::analysis::diff::{Diff, StackDiff};
 use crate::analysis::peaks::Peak;
 use crate::replay::Process;
 use crate::units::{bytes, counted, seconds};
@@ -44,6 +44,8 @@ pub struct DiffReport<'a> {
     pub top: usize,
     /// Frames per stack in text.
     pub frames: usize,
+    /// Which frames the text shows (JSON rows keep every frame).
+    pub fold: Fold,
 }
 
 /// B − A as JSON; exact for any two sizes a log can hold.
@@ -145,14 +147,6 @@ impl Serialize for RowJson<'_> {
     }
 }
 
-/// The first `n` labels of a stack, innermost first (as `render::short_stack` shows frames).
-fn short_stack(labels: &Labels, n: usize) -> String {
-    if labels.is_empty() {
-        return NO_STACK.to_string();
-    }
-    labels.iter().take(n).collect::<Vec<_>>().join(" <- ")
-}
-
 fn describe(out: &mut dyn Write, name: &str, side: &SideView<'_>) -> io::Result<()> {
     let logs: Vec<String> = side
         .processes
@@ -231,9 +225,9 @@ pub fn text(out: &mut dyn Write, report: &DiffReport<'_>) -> io::Result<()> {
             &match row.thread {
                 Some(thread) => format!(
                     "thread {thread}: {}",
-                    short_stack(&row.labels, report.frames)
+                    short_stack(row.labels.frames(), report.frames, report.fold)
                 ),
-                None => short_stack(&row.labels, report.frames),
+                None => short_stack(row.labels.frames(), report.frames, report.fold),
             },
         )?;
     }

@@ -7,6 +7,7 @@ use std::process::ExitStatus;
 
 use serde_json::{Value, json};
 
+use super::frames::Fold;
 use super::oom::{FailureView, explain};
 use super::whatif::Row;
 use super::{device_name, frame_json, group_json, live_json, short_stack, write_groups};
@@ -86,6 +87,8 @@ pub struct DryrunReport<'a> {
     pub smallest: Option<Gpu>,
     /// The best allocator setting for a per-tensor log that failed.
     pub whatif: Option<Row>,
+    /// Which frames the text shows.
+    pub fold: Fold,
 }
 
 impl DryrunReport<'_> {
@@ -365,7 +368,7 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
                     bytes(live.size),
                     process.api(live.api),
                     seconds(live.t_ns),
-                    short_stack(frames, 2)
+                    short_stack(frames, 2, report.fold)
                 )?;
             }
         }
@@ -377,6 +380,7 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
                 f.tracked_bytes,
                 TOP_STACKS,
                 FRAMES,
+                report.fold,
             )?;
         }
     }

@@ -5,20 +5,20 @@
 //! frames of `c10::`, `at::` and `_PyEval_*`. `--unfold` shows every frame. JSON, flame
 //! graphs and exports always keep every frame.
 
-use std::cell::Cell;
+use rustc_hash::FxHashMap;
 
-use crate::analysis::groups::TreeNode;
+use crate::analysis::groups::{GroupThread, TreeNode, place};
 use crate::python::{EVAL_LOOP, PYTHON_MODULE};
 use crate::symbols::SymFrame;
 
-thread_local! {
-    /// Set once per command from `--unfold` (see [`set_unfold`]).
-    static UNFOLD: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether text views show every frame (`--unfold`), for the command now running.
-pub fn set_unfold(unfold: bool) {
-    UNFOLD.with(|cell| cell.set(unfold));
+/// Which frames a text view shows: the commands that print stacks take it from `--unfold`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fold {
+    /// The machinery's frames folded (the default).
+    #[default]
+    Machinery,
+    /// Every frame shown (`--unfold`).
+    Nothing,
 }
 
 /// What a folded frame belongs to, or `None` for a frame shown.
@@ -89,33 +89,88 @@ fn is_start(frame: &SymFrame) -> bool {
     )
 }
 
-/// The children a text tree shows under `node`, largest first: a child that is machinery
-/// (and not a leaf, so every branch still ends in the frame that allocated) gives way to
-/// its own children, recursively. Two folded paths may lead to the same frame, which then
-/// shows twice, each with its own bytes. With `--unfold`, the children as they are.
-pub fn tree_children(node: &TreeNode) -> Vec<&TreeNode> {
-    fn expand<'a>(node: &'a TreeNode, out: &mut Vec<&'a TreeNode>) {
-        for child in &node.children {
-            let folded = !child.children.is_empty()
-                && child
-                    .frame
-                    .as_deref()
-                    .is_some_and(|frame| machinery(frame).is_some());
-            if folded {
-                expand(child, out);
-            } else {
-                out.push(child);
-            }
+/// A node of the caller → callee tree as a text view shows it: the recorded tree's nodes that
+/// folding brings to one place under one parent (one node when nothing is folded on the way).
+/// Two folded paths to the same frame (`forward` → [PyTorch] → `alloc` twice, through other
+/// ATen functions) show as one node, with the bytes and counts of both.
+pub struct ShownNode<'a> {
+    /// The same place (or the same thread node) each; never empty.
+    nodes: Vec<&'a TreeNode>,
+    pub bytes: u64,
+    pub count: u64,
+}
+
+impl<'a> ShownNode<'a> {
+    /// One recorded node as it is (a tree's root, or a child nothing was merged with).
+    pub fn root(node: &'a TreeNode) -> ShownNode<'a> {
+        ShownNode {
+            nodes: vec![node],
+            bytes: node.bytes,
+            count: node.count,
         }
     }
-    if UNFOLD.with(Cell::get) {
-        return node.children.iter().collect();
+
+    /// The node's frame; `None` at the root and at thread nodes.
+    pub fn frame(&self) -> Option<&'a SymFrame> {
+        self.nodes[0].frame.as_deref()
     }
-    let mut out = Vec::with_capacity(node.children.len());
-    expand(node, &mut out);
-    // Stable: equal sizes keep the tree's order.
-    out.sort_by_key(|node| std::cmp::Reverse(node.bytes));
-    out
+
+    /// The thread of a thread node (top level, when groups are split by thread).
+    pub fn thread(&self) -> Option<&'a GroupThread> {
+        self.nodes[0].thread.as_deref()
+    }
+
+    /// The children a text tree shows under this node, largest first. With `Fold::Machinery`
+    /// a child that is machinery (and not a leaf, so every branch still ends in the frame that
+    /// allocated) gives way to its own children, recursively, and the children then at the
+    /// same place are one. With `Fold::Nothing`, the recorded children.
+    pub fn children(&self, fold: Fold) -> Vec<ShownNode<'a>> {
+        fn expand<'a>(node: &'a TreeNode, fold: Fold, out: &mut Vec<&'a TreeNode>) {
+            for child in &node.children {
+                let folded = fold == Fold::Machinery
+                    && !child.children.is_empty()
+                    && child
+                        .frame
+                        .as_deref()
+                        .is_some_and(|frame| machinery(frame).is_some());
+                if folded {
+                    expand(child, fold, out);
+                } else {
+                    out.push(child);
+                }
+            }
+        }
+        let mut reached = Vec::new();
+        for node in &self.nodes {
+            expand(node, fold, &mut reached);
+        }
+        let mut shown: Vec<ShownNode<'a>> = Vec::with_capacity(reached.len());
+        // Thread nodes (no frame) are each their own: the tree made one per thread.
+        let mut at_place = FxHashMap::default();
+        for node in reached {
+            let same = node
+                .frame
+                .as_deref()
+                .and_then(|frame| at_place.get(&place(frame)).copied());
+            match same {
+                Some(index) => {
+                    let merged: &mut ShownNode<'a> = &mut shown[index];
+                    merged.nodes.push(node);
+                    merged.bytes = merged.bytes.saturating_add(node.bytes);
+                    merged.count = merged.count.saturating_add(node.count);
+                }
+                None => {
+                    if let Some(frame) = node.frame.as_deref() {
+                        at_place.insert(place(frame), shown.len());
+                    }
+                    shown.push(ShownNode::root(node));
+                }
+            }
+        }
+        // Stable: equal sizes keep the tree's order.
+        shown.sort_by_key(|node| std::cmp::Reverse(node.bytes));
+        shown
+    }
 }
 
 /// A stack as a text view shows it.
@@ -160,10 +215,10 @@ impl Shown<'_> {
     }
 }
 
-/// `frames` (innermost first) as text views show them: machinery folded unless `--unfold`
-/// was given, or when nothing else would be left.
-pub fn shown(frames: &[SymFrame]) -> Shown<'_> {
-    let kinds: Vec<Option<&'static str>> = if UNFOLD.with(Cell::get) {
+/// `frames` (innermost first) as text views show them: machinery folded unless `fold` is
+/// `Fold::Nothing` (`--unfold`), or when nothing else would be left.
+pub fn shown(frames: &[SymFrame], fold: Fold) -> Shown<'_> {
+    let kinds: Vec<Option<&'static str>> = if fold == Fold::Nothing {
         vec![None; frames.len()]
     } else {
         frames.iter().map(machinery).collect()
@@ -254,8 +309,7 @@ mod tests {
             native("main", "/usr/bin/python3.12"),
             native("__libc_start_call_main", "/lib/libc.so.6"),
         ];
-        set_unfold(false);
-        let shown = shown(&frames);
+        let shown = shown(&frames, Fold::Machinery);
         let labels: Vec<String> = shown.frames.iter().map(|f| f.label()).collect();
         assert_eq!(
             labels,
@@ -278,20 +332,74 @@ mod tests {
             shown.rest_line(8).as_deref(),
             Some("... 3 frames folded (--unfold shows every frame)")
         );
-        set_unfold(true);
-        let all = super::shown(&frames);
+        let all = super::shown(&frames, Fold::Nothing);
         assert_eq!(all.frames.len(), frames.len());
         assert_eq!(all.leading_line(), None);
         assert_eq!(all.rest_line(8).as_deref(), Some("... 2 more frames"));
-        set_unfold(false);
         // Nothing but machinery, or machinery and where a thread began: every frame shown.
-        let only = super::shown(&frames[..4]);
+        let only = super::shown(&frames[..4], Fold::Machinery);
         assert_eq!(only.frames.len(), 4);
         assert_eq!(only.folded, 0);
         let mut thread = frames[..4].to_vec();
         thread.push(native("start_thread", "/lib/libc.so.6"));
-        let thread_shown = super::shown(&thread);
+        let thread_shown = super::shown(&thread, Fold::Machinery);
         assert_eq!(thread_shown.frames.len(), 5);
         assert_eq!(thread_shown.leading_line(), None);
+    }
+
+    #[test]
+    fn tree_nodes_that_folding_brings_to_one_place_are_one() {
+        use crate::analysis::groups::{StackGroup, tree};
+        let aten = "/venv/torch/lib/libtorch_cpu.so";
+        let alloc = native("alloc", "/work/app");
+        let forward = python("Mlp.forward", "/work/model.py", 42);
+        let group = |frames: Vec<SymFrame>, bytes: u64| StackGroup {
+            frames: frames.into(),
+            bytes,
+            count: 1,
+            processes: vec![0],
+            thread: None,
+        };
+        // `forward` reaches `alloc` through two ATen paths, and a third time directly.
+        let groups = [
+            group(
+                vec![alloc.clone(), native("at::relu", aten), forward.clone()],
+                300,
+            ),
+            group(
+                vec![alloc.clone(), native("at::mm", aten), forward.clone()],
+                200,
+            ),
+            group(vec![alloc.clone(), forward.clone()], 50),
+            group(vec![native("other", "/work/app"), forward.clone()], 400),
+        ];
+        let root = tree(&groups);
+        let shown = |fold: Fold| -> Vec<(String, u64, u64)> {
+            let forward = &ShownNode::root(&root).children(fold)[0];
+            forward
+                .children(fold)
+                .iter()
+                .map(|child| {
+                    (
+                        child.frame().map(SymFrame::label).unwrap_or_default(),
+                        child.bytes,
+                        child.count,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            shown(Fold::Machinery),
+            [("alloc".to_string(), 550, 3), ("other".to_string(), 400, 1)]
+        );
+        assert_eq!(
+            shown(Fold::Nothing),
+            [
+                ("other".to_string(), 400, 1),
+                ("at::relu".to_string(), 300, 1),
+                ("at::mm".to_string(), 200, 1),
+                ("alloc".to_string(), 50, 1),
+            ]
+        );
     }
 }

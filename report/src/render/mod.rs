@@ -32,6 +32,7 @@ use crate::analysis::groups::{GroupThread, NO_STACK, StackGroup, TreeNode};
 use crate::replay::{Live, Process};
 use crate::symbols::SymFrame;
 use crate::units::{bytes, counted, seconds};
+use frames::{Fold, ShownNode};
 
 /// Tree levels indented; deeper ones line up with the last.
 const MAX_INDENT: usize = 24;
@@ -201,11 +202,11 @@ fn share_json(part: u64, whole: u64) -> Value {
 
 /// The innermost `n` frames shown (see [`frames::shown`]) on one line: `alloc (a.c:3) <-
 /// main (a.c:9)`.
-pub fn short_stack(frames: &[SymFrame], n: usize) -> String {
+pub fn short_stack(frames: &[SymFrame], n: usize, fold: Fold) -> String {
     if frames.is_empty() {
         return NO_STACK.to_string();
     }
-    frames::shown(frames)
+    frames::shown(frames, fold)
         .frames
         .iter()
         .take(n)
@@ -232,6 +233,31 @@ pub fn live_json(live: &Live, processes: &[Process]) -> Value {
     })
 }
 
+/// Prints a stack one frame a line after `indent`: up to `limit` frames shown (see
+/// [`frames::shown`]), with the lines that stand for the folded ones.
+pub fn write_stack(
+    out: &mut dyn Write,
+    stack: &[SymFrame],
+    limit: usize,
+    fold: Fold,
+    indent: &str,
+) -> io::Result<()> {
+    if stack.is_empty() {
+        return writeln!(out, "{indent}{NO_STACK}");
+    }
+    let shown = frames::shown(stack, fold);
+    if let Some(line) = shown.leading_line() {
+        writeln!(out, "{indent}{line}")?;
+    }
+    for frame in shown.frames.iter().take(limit) {
+        writeln!(out, "{indent}{}", frame.label())?;
+    }
+    if let Some(line) = shown.rest_line(limit) {
+        writeln!(out, "{indent}{line}")?;
+    }
+    Ok(())
+}
+
 /// Prints the largest groups with up to `frames` frames each (and the thread of each group
 /// split by thread).
 pub fn write_groups(
@@ -240,6 +266,7 @@ pub fn write_groups(
     whole: u64,
     limit: usize,
     frames: usize,
+    fold: Fold,
 ) -> io::Result<()> {
     for group in groups.iter().take(limit) {
         writeln!(
@@ -253,19 +280,7 @@ pub fn write_groups(
         if let Some(thread) = &group.thread {
             writeln!(out, "        {}", thread.label())?;
         }
-        if group.frames.is_empty() {
-            writeln!(out, "        {NO_STACK}")?;
-        }
-        let shown = frames::shown(&group.frames);
-        if let Some(line) = shown.leading_line() {
-            writeln!(out, "        {line}")?;
-        }
-        for frame in shown.frames.iter().take(frames) {
-            writeln!(out, "        {}", frame.label())?;
-        }
-        if let Some(line) = shown.rest_line(frames) {
-            writeln!(out, "        {line}")?;
-        }
+        write_stack(out, &group.frames, frames, fold, "        ")?;
     }
     if groups.len() > limit {
         let rest: u64 = groups[limit..]
@@ -284,28 +299,31 @@ pub fn write_groups(
 }
 
 /// Prints the caller → callee tree, hiding branches under `min_share` percent; machinery
-/// frames are folded as in the flat view (see [`frames::tree_children`]).
+/// frames are folded as in the flat view unless `fold` says not to (see
+/// [`ShownNode::children`]).
 pub fn write_tree(
     out: &mut dyn Write,
     node: &TreeNode,
     whole: u64,
     min_share: f64,
+    fold: Fold,
 ) -> io::Result<()> {
     fn walk(
         out: &mut dyn Write,
-        node: &TreeNode,
+        node: &ShownNode<'_>,
         whole: u64,
         min_share: f64,
+        fold: Fold,
         depth: usize,
     ) -> io::Result<()> {
         let mut hidden = (0u64, 0usize);
-        for child in frames::tree_children(node) {
+        for child in node.children(fold) {
             if share(child.bytes, whole) < min_share {
                 hidden.0 = hidden.0.saturating_add(child.bytes);
                 hidden.1 += 1;
                 continue;
             }
-            let label = match (&child.frame, &child.thread) {
+            let label = match (child.frame(), child.thread()) {
                 (Some(frame), _) => frame.label(),
                 (None, Some(thread)) => thread.label(),
                 (None, None) => String::new(),
@@ -319,7 +337,14 @@ pub fn write_tree(
                 label
             )?;
             // Deep stacks stop indenting at some point rather than run off the screen.
-            walk(out, child, whole, min_share, (depth + 1).min(MAX_INDENT))?;
+            walk(
+                out,
+                &child,
+                whole,
+                min_share,
+                fold,
+                (depth + 1).min(MAX_INDENT),
+            )?;
         }
         if hidden.1 > 0 {
             writeln!(
@@ -334,7 +359,7 @@ pub fn write_tree(
         }
         Ok(())
     }
-    walk(out, node, whole, min_share, 0)
+    walk(out, &ShownNode::root(node), whole, min_share, fold, 0)
 }
 
 /// Text header naming each process of the replay.

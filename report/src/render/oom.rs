@@ -4,7 +4,10 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
-use super::{device_name, group_json, live_json, processes_json, write_groups, write_processes};
+use super::frames::Fold;
+use super::{
+    device_name, group_json, live_json, processes_json, write_groups, write_processes, write_stack,
+};
 use crate::analysis::groups::StackGroup;
 use crate::analysis::oom::{Failure, Verdict};
 use crate::replay::Process;
@@ -26,6 +29,8 @@ pub struct OomReport<'a> {
     pub failures: Vec<FailureView<'a>>,
     pub top: usize,
     pub frames: usize,
+    /// Which frames the text shows.
+    pub fold: Fold,
 }
 
 /// The verdict in words.
@@ -154,9 +159,7 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
             process.thread_name(f.thread),
             f.result
         )?;
-        for frame in view.frames.iter().take(report.frames) {
-            writeln!(out, "    {}", frame.label())?;
-        }
+        write_stack(out, &view.frames, report.frames, report.fold, "    ")?;
         if let Some(block) = f.block_request {
             writeln!(
                 out,
@@ -228,7 +231,7 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
                     bytes(live.size),
                     process.api(live.api),
                     seconds(live.t_ns),
-                    super::short_stack(frames, 2)
+                    super::short_stack(frames, 2, report.fold)
                 )?;
             }
         }
@@ -240,6 +243,7 @@ pub fn text(out: &mut dyn Write, report: &OomReport<'_>) -> io::Result<()> {
                 f.tracked_bytes,
                 report.top,
                 report.frames,
+                report.fold,
             )?;
         }
     }

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 
 use serde_core::ser::{Serialize, SerializeMap, Serializer};
 
+use super::frames::Fold;
 use super::{
     GroupJson, SeqJson, TreeJson, device_name, processes_json, write_groups, write_processes,
     write_tree,
@@ -39,6 +40,8 @@ pub struct SnapshotReport<'a> {
     pub frames: usize,
     /// Tree branches below this share (percent) are folded in text.
     pub min_share: f64,
+    /// Which frames the text shows.
+    pub fold: Fold,
 }
 
 /// The JSON document, with `warnings`, written as it is serialised (a peak's tree can hold
@@ -161,9 +164,16 @@ pub fn text(out: &mut dyn Write, report: &SnapshotReport<'_>) -> io::Result<()> 
         } else {
             writeln!(out, "  by stack:")?;
         }
-        write_groups(out, &view.groups, view.bytes, report.top, report.frames)?;
+        write_groups(
+            out,
+            &view.groups,
+            view.bytes,
+            report.top,
+            report.frames,
+            report.fold,
+        )?;
         writeln!(out, "  callers -> callees:")?;
-        write_tree(out, &view.tree, view.bytes, report.min_share)?;
+        write_tree(out, &view.tree, view.bytes, report.min_share, report.fold)?;
     }
     Ok(())
 }

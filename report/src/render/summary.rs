@@ -5,6 +5,7 @@ use std::rc::Rc;
 
 use serde_json::{Value, json};
 
+use super::frames::Fold;
 use super::{
     device_name, frame_json, group_json, live_json, processes_json, short_stack, write_groups,
     write_processes,
@@ -155,7 +156,8 @@ pub fn json(report: &SummaryReport<'_>) -> Value {
     })
 }
 
-pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
+/// The overview as text, stacks' frames folded as `fold` says.
+pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>, fold: Fold) -> io::Result<()> {
     let processes = report.processes;
     write_processes(out, processes)?;
     if processes.len() > 1 {
@@ -251,7 +253,7 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
         }
         if !d.peak_groups.is_empty() {
             writeln!(out, "  stacks holding most at the peak:")?;
-            write_groups(out, &d.peak_groups, d.peak.bytes, TOP_STACKS, 4)?;
+            write_groups(out, &d.peak_groups, d.peak.bytes, TOP_STACKS, 4, fold)?;
         }
     }
     writeln!(out, "\ncalls by API family")?;
@@ -285,7 +287,7 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>) -> io::Result<()> {
                 process.api(live.api),
                 device_name(live.device),
                 seconds(live.t_ns),
-                short_stack(frames, 2)
+                short_stack(frames, 2, fold)
             )?;
         }
     }
