@@ -275,8 +275,8 @@ impl<R: Read> LogReader<R> {
             return Err("compressed chunk's records length implausible");
         }
         self.chunk.clear();
-        // Decompressed in one call into exactly the room the chunk says it needs: a frame
-        // that would write more fails instead.
+        // Decompressed in one call into the room the chunk says it needs (the buffer may keep
+        // more from an earlier chunk): a frame that holds more bytes than that is damage too.
         self.chunk.reserve_exact(len);
         if self.decompressor.is_none() {
             self.decompressor = zstd_safe::DCtx::try_create();
