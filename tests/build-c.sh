@@ -97,6 +97,7 @@ done
 for p in dlsym resolver nvtx_client; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" -ldl -lpthread
 done
+spawn "$bin/own_zstd" "$progs/own_zstd.c" -- "${testflags[@]}" "${link_cuda[@]}" -ldl
 # Report scenarios (tests/programs/report_*.c): linked with both runtime and driver.
 for src in "$progs"/report_*.c; do
     [ -e "$src" ] || continue

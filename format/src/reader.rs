@@ -114,7 +114,8 @@ pub struct LogReader<R: Read> {
     chunk: Vec<u8>,
     /// A compressed chunk's payload, kept to reuse its memory.
     compressed: Vec<u8>,
-    decompressor: Option<ruzstd::decoding::FrameDecoder>,
+    /// The zstd decompression context, created by the first compressed chunk and reused.
+    decompressor: Option<zstd_safe::DCtx<'static>>,
     chunk_offset: u64,
     chunk_pos: usize,
     delta: DeltaState,
@@ -274,24 +275,19 @@ impl<R: Read> LogReader<R> {
             return Err("compressed chunk's records length implausible");
         }
         self.chunk.clear();
-        self.chunk.resize(len, 0);
-        let decompressor = self
-            .decompressor
-            .get_or_insert_with(ruzstd::decoding::FrameDecoder::new);
-        // The checksum matched, so only a crafted frame gets here undecodable; should the
-        // decompressor fail on one by panicking, that is damage too, not the end of the read.
-        let chunk = &mut self.chunk;
-        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            decompressor.decode_all(frame, chunk)
-        }));
-        match decoded {
-            Ok(Ok(written)) if written == len => Ok(()),
-            Ok(Ok(_)) => Err("compressed chunk holds fewer bytes than it says"),
-            Ok(Err(_)) => Err("compressed chunk does not decompress"),
-            Err(_) => {
-                self.decompressor = None;
-                Err("compressed chunk does not decompress")
-            }
+        // Decompressed in one call into the room the chunk says it needs (the buffer may keep
+        // more from an earlier chunk): a frame that holds more bytes than that is damage too.
+        self.chunk.reserve_exact(len);
+        if self.decompressor.is_none() {
+            self.decompressor = zstd_safe::DCtx::try_create();
+        }
+        let Some(decompressor) = self.decompressor.as_mut() else {
+            return Err("no memory to decompress a chunk");
+        };
+        match decompressor.decompress(&mut self.chunk, frame) {
+            Ok(written) if written == len => Ok(()),
+            Ok(_) => Err("compressed chunk's records length does not match its frame"),
+            Err(_) => Err("compressed chunk does not decompress"),
         }
     }
 
