@@ -255,6 +255,16 @@ impl Segment {
         self.live.addr.saturating_add(self.live.size)
     }
 
+    /// A `cudaMalloc`ed segment with no block in use: what `torch.cuda.empty_cache()` gives
+    /// back whole (an expandable segment's pages are unmapped page by page instead).
+    pub fn is_unused(&self) -> bool {
+        !self.expandable
+            && self
+                .blocks
+                .values()
+                .all(|block| block.state == BlockState::Free)
+    }
+
     /// Appends `next`, which starts where this segment ends; free blocks that meet merge.
     fn append(&mut self, next: Segment) {
         self.live.size = self.live.size.saturating_add(next.live.size);
@@ -536,6 +546,15 @@ impl State {
     /// address.
     pub fn segments(&self) -> impl Iterator<Item = &Segment> {
         self.segments.values()
+    }
+
+    /// Tensor view: the segment of `process` that holds `addr`, if any.
+    pub fn segment_holding(&self, process: u32, addr: u64) -> Option<&Segment> {
+        let (_, segment) = self
+            .segments
+            .range((process, 0)..=(process, addr))
+            .next_back()?;
+        (addr < segment.end()).then_some(segment)
     }
 
     /// Tensor view: what the current step did to PyTorch's segments; None at other steps.

@@ -10,11 +10,16 @@ which variant runs:
   autocast    the training forward under `torch.autocast` (bfloat16)
   eval_leak   no training: an evaluation loop summing `criterion(...)` (graphs kept)
   eval_item   no training: the same loop summing `.item()`
+  accumulate  gradient accumulation: each step's batch as MICRO_BATCHES micro-batches, each
+              loss scaled and back-propagated before the next forward
+  release     as `item`, and with `probe`, `del` of the data and `torch.cuda.empty_cache()`
+              before the probe
 
 Prints, as its last line, torch's own figures: parameter bytes, `memory_allocated()` at the
 end of each step (after `optimizer.step()`), `max_memory_allocated()` and
 `max_memory_reserved()`, with a third argument `probe`, at the end, at a block allocated to be the peak:
-allocated, reserved and the device's used memory."""
+allocated, reserved, the device's used memory and the bytes of segments with no tensor in
+them (torch's snapshot)."""
 import json
 import sys
 
@@ -25,6 +30,7 @@ PROBE_BYTES = 512 << 20
 # Activations large beside cuBLAS's 2 x 64 MiB handles and its 32 MiB workspace.
 BATCH = 8192
 WIDTH = 1024
+MICRO_BATCHES = 4
 
 
 class Net(torch.nn.Module):
@@ -77,11 +83,20 @@ def main():
         return
     for _ in range(steps):
         optimizer.zero_grad()
-        before = torch.cuda.memory_allocated()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
-            loss = criterion(model(data), target)
-        forward_kept.append(torch.cuda.memory_allocated() - before)
-        loss.backward()
+        if mode == "accumulate":
+            micro = BATCH // MICRO_BATCHES
+            for index in range(MICRO_BATCHES):
+                part = slice(index * micro, (index + 1) * micro)
+                before = torch.cuda.memory_allocated()
+                loss = criterion(model(data[part]), target[part]) / MICRO_BATCHES
+                forward_kept.append(torch.cuda.memory_allocated() - before)
+                loss.backward()
+        else:
+            before = torch.cuda.memory_allocated()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+                loss = criterion(model(data), target)
+            forward_kept.append(torch.cuda.memory_allocated() - before)
+            loss.backward()
         optimizer.step()
         torch.cuda.synchronize()
         step_ends.append(torch.cuda.memory_allocated())
@@ -110,11 +125,19 @@ def main():
         torch.nn.functional.conv2d(image, torch.randn(4, 3, 3, 3, device="cuda"))
         torch.cuda.synchronize()
         del image
+        if mode == "release":
+            # What training needed and evaluation does not, and the cache given back.
+            del data, target
+            torch.cuda.empty_cache()
         block = torch.empty(PROBE_BYTES // 4, device="cuda")
         torch.cuda.synchronize()
         at_probe = {"allocated": torch.cuda.memory_allocated(),
                     "max_allocated": torch.cuda.max_memory_allocated(),
                     "reserved": torch.cuda.memory_reserved(),
+                    # Segments with no tensor in them: what empty_cache() would give back.
+                    "free_segments": sum(segment["total_size"]
+                                         for segment in torch.cuda.memory_snapshot()
+                                         if segment["allocated_size"] == 0),
                     "used": (lambda free, total: total - free)(*torch.cuda.mem_get_info())}
         del block
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())

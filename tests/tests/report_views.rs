@@ -599,6 +599,8 @@ fn diff_gives_exact_changes_growth_first() {
     assert_eq!(totals["allocated_b"].as_u64(), Some(sum(&sizes_b, &all)));
     assert_eq!(totals["allocated_change"].as_i64(), Some(22 * MIB as i64));
     assert_eq!(diff["a"]["peak_bytes"], totals["peak_a"]);
+    // No Python frames in either log: no per-category section.
+    assert!(diff.get("categories").is_none(), "{diff}");
 
     // Text: the same order, signed changes, a totals line.
     let text = stdout_of(&[OsStr::new("diff"), log_a.as_os_str(), log_b.as_os_str()]);

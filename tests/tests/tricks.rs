@@ -4,7 +4,8 @@
 //! used memory against torch's own figures; `steps` finding the `+= loss` leak with its line
 //! and torch's per-step growth; the memory tricks as pairs, each with the category change
 //! and `advise` flagging the variant without the trick (checkpointing, evaluation without
-//! `no_grad`, autocast; inplace ReLU has no advice).
+//! `no_grad`, autocast, gradient accumulation, `del` + `empty_cache()`; inplace ReLU has no
+//! advice), and `diff`'s per-category section giving the same changes.
 
 mod common;
 
@@ -336,6 +337,18 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
         "{plain_advice:?}"
     );
     assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
+    // `diff` says the same, with both sides' figures.
+    let rows = category_diff(&plain_log, &log);
+    let activations = row(&rows, "activations");
+    assert_eq!(
+        u64_of(activations, "max_a"),
+        category(&plain, "activations").1
+    );
+    assert_eq!(
+        u64_of(activations, "max_b"),
+        category(&checkpointed, "activations").1
+    );
+    assert_eq!(signed(activations, "max_change"), -(ACTIVATION as i64));
 
     // Inplace ReLU: three ReLU outputs fewer per forward pass (a training and an evaluation
     // forward per step), all temporaries; activations unchanged.
@@ -349,6 +362,20 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
         category(&plain, "activations"),
         category(&inplace, "activations")
     );
+    let rows = category_diff(&plain_log, &log);
+    let temporaries = row(&rows, "temporaries");
+    assert_eq!(
+        u64_of(temporaries, "allocated_a"),
+        category(&plain, "temporaries").2
+    );
+    assert_eq!(
+        signed(temporaries, "allocated_change"),
+        -((3 * ACTIVATION * 2 * STEPS as u64) as i64)
+    );
+    let activations = row(&rows, "activations");
+    for key in ["at_peak_change", "max_change", "allocated_change"] {
+        assert_eq!(signed(activations, key), 0, "{key}");
+    }
 
     // Evaluation without no_grad: the activations its graph saves are freed without a
     // backward pass; at most exactly what torch saw the forward keep beyond no_grad's.
@@ -361,6 +388,13 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
         kept(&figures) - kept(&plain_figures)
     );
     assert!(kinds(&advice(&log)).contains(&"evaluation_without_no_grad".to_string()));
+    let rows = category_diff(&plain_log, &log);
+    let unused = row(&rows, "activations_without_backward");
+    assert_eq!(u64_of(unused, "max_a"), max(&plain));
+    assert_eq!(
+        signed(unused, "max_change"),
+        (kept(&figures) - kept(&plain_figures)) as i64
+    );
     assert!(!plain_advice.contains(&"evaluation_without_no_grad".to_string()));
 
     // Autocast (bfloat16) for the training forward: its allocations pass through
@@ -372,6 +406,11 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
     assert_eq!(plain["autocast_seen"], false);
     assert_eq!(autocast["autocast_seen"], true);
     assert!(category(&autocast, "activations").1 < category(&plain, "activations").1);
+    let rows = category_diff(&plain_log, &log);
+    assert_eq!(
+        signed(row(&rows, "activations"), "max_change"),
+        category(&autocast, "activations").1 as i64 - category(&plain, "activations").1 as i64
+    );
     let suggestions = advice(&plain_log);
     let halve = suggestions
         .iter()
@@ -382,4 +421,153 @@ fn memory_tricks_change_their_category_and_advise_flags_the_variant_without() {
         category(&plain, "activations").1 / 2
     );
     assert!(!kinds(&advice(&log)).contains(&"autocast".to_string()));
+}
+
+/// `diff --json A B`'s per-category rows of device 0.
+fn category_diff(a: &Path, b: &Path) -> Vec<Value> {
+    let report = json_of(&[
+        "diff".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--device".as_ref(),
+        "0".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let devices = arr(&report["categories"]);
+    assert_eq!(devices.len(), 1, "{report}");
+    assert_eq!(devices[0]["device"], 0);
+    arr(&devices[0]["categories"]).to_vec()
+}
+
+/// One row of [`category_diff`].
+fn row<'a>(rows: &'a [Value], name: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["category"] == name)
+        .unwrap_or_else(|| panic!("no row {name}: {rows:?}"))
+}
+
+fn signed(value: &Value, key: &str) -> i64 {
+    value[key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no {key}: {value}"))
+}
+
+fn figure(figures: &Value, key: &str) -> u64 {
+    figures[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key}: {figures}"))
+}
+
+#[test]
+fn gradient_accumulation_and_empty_cache_show_in_breakdown_diff_and_advise() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    // Gradient accumulation: each step's 8192 samples as 4 micro-batches of 2048. What a
+    // forward pass keeps (torch's allocated after the forward less before, a steady step's)
+    // shrinks fourfold; the activations' highest is that plus the logits' first gradient
+    // (batch x 10 classes x 4 bytes) at the start of the backward pass, and, with
+    // accumulation, the gradient of the loss's scaling (one 512-byte block).
+    let (plain_figures, plain_log) = recorded(&python, "item", false);
+    let (figures, log) = recorded(&python, "accumulate", false);
+    let kept = |figures: &Value| {
+        let kept = arr(&figures["forward_kept"]);
+        kept[kept.len() - 1].as_u64().expect("forward_kept")
+    };
+    let (plain_kept, micro_kept) = (kept(&plain_figures), kept(&figures));
+    let plain = device0(&plain_log);
+    let accumulated = device0(&log);
+    assert_eq!(category(&plain, "activations").1, plain_kept + 8192 * 40);
+    assert_eq!(
+        category(&accumulated, "activations").1,
+        micro_kept + 2048 * 40 + 512
+    );
+    let rows = category_diff(&plain_log, &log);
+    let activations = row(&rows, "activations");
+    assert_eq!(
+        u64_of(activations, "max_a"),
+        category(&plain, "activations").1
+    );
+    assert_eq!(
+        u64_of(activations, "max_b"),
+        category(&accumulated, "activations").1
+    );
+    assert_eq!(
+        signed(activations, "max_change"),
+        micro_kept as i64 + 2048 * 40 + 512 - (plain_kept as i64 + 8192 * 40)
+    );
+    // Parameters, gradients and Adam's state do not change.
+    for name in ["parameters", "gradients", "optimizer_state"] {
+        assert_eq!(signed(row(&rows, name), "max_change"), 0, "{name}");
+    }
+    // Only the full batch is told to checkpoint (or shrink its batch).
+    assert!(kinds(&advice(&plain_log)).contains(&"activations".to_string()));
+    assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
+
+    // `del` of the training data and `torch.cuda.empty_cache()` before the probe (the peak):
+    // the cache at the peak is torch's reserved less allocated in both runs; the change in
+    // reserved memory is exactly the bytes of segments with no tensor in them (torch's
+    // snapshot) in the run without the trick; the data leaves `other`.
+    let (plain_figures, plain_log) = recorded(&python, "item", true);
+    let (figures, log) = recorded(&python, "release", true);
+    let (plain_probe, probe) = (&plain_figures["at_probe"], &figures["at_probe"]);
+    let cache = |probe: &Value| figure(probe, "reserved") - figure(probe, "allocated");
+    let plain = device0(&plain_log);
+    let released = device0(&log);
+    assert_eq!(u64_of(&plain, "allocator_cache_bytes"), cache(plain_probe));
+    assert_eq!(u64_of(&released, "allocator_cache_bytes"), cache(probe));
+    assert_eq!(
+        figure(plain_probe, "reserved") - figure(probe, "reserved"),
+        figure(plain_probe, "free_segments")
+    );
+    assert_eq!(figure(probe, "free_segments"), 0);
+    let rows = category_diff(&plain_log, &log);
+    let cached = row(&rows, "allocator_cache");
+    assert_eq!(u64_of(cached, "at_peak_a"), cache(plain_probe));
+    assert_eq!(u64_of(cached, "at_peak_b"), cache(probe));
+    assert_eq!(
+        signed(cached, "at_peak_change"),
+        cache(probe) as i64 - cache(plain_probe) as i64
+    );
+    // The deleted data (8192 x 256 fp32 and 8192 int64 targets, in 512-byte blocks).
+    let freed = figure(plain_probe, "allocated") - figure(probe, "allocated");
+    assert_eq!(freed, 8192 * 256 * 4 + 8192 * 8);
+    assert_eq!(
+        signed(row(&rows, "other"), "at_peak_change"),
+        -(freed as i64)
+    );
+    let at_peak_total: i64 = rows
+        .iter()
+        .take(8)
+        .map(|r| signed(r, "at_peak_change"))
+        .sum();
+    assert_eq!(at_peak_total, -(freed as i64));
+    // Of the cache at the peak, the segments with no tensor in them: torch's snapshot's.
+    let unused = |device: &Value| u64_of(device, "allocator_cache_unused_segments_bytes");
+    assert_eq!(unused(&plain), figure(plain_probe, "free_segments"));
+    assert_eq!(unused(&released), 0);
+    assert_eq!(
+        signed(
+            row(&rows, "allocator_cache_unused_segments"),
+            "at_peak_change"
+        ),
+        -(figure(plain_probe, "free_segments") as i64)
+    );
+    // The run that keeps its cache is told to give it back, with what empty_cache() would
+    // have returned (torch's reserved memory lower by exactly that in the run that did), and
+    // about the allocator setting whatif finds best; the one that gave it back is told
+    // neither.
+    let suggestions = advice(&plain_log);
+    let empty = suggestions
+        .iter()
+        .find(|s| s["kind"] == "empty_cache")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    assert_eq!(
+        u64_of(empty, "bytes"),
+        figure(plain_probe, "reserved") - figure(probe, "reserved")
+    );
+    assert!(kinds(&suggestions).contains(&"allocator_cache".to_string()));
+    let released_advice = kinds(&advice(&log));
+    assert!(!released_advice.contains(&"empty_cache".to_string()));
+    assert!(!released_advice.contains(&"allocator_cache".to_string()));
 }

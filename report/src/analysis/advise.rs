@@ -43,6 +43,8 @@ pub enum Kind {
     Evaluation,
     /// No allocation went through autocast: activations in fp32.
     Autocast,
+    /// Whole segments of the cache hold no tensor at the peak: `empty_cache()` returns them.
+    EmptyCache,
 }
 
 impl Kind {
@@ -54,6 +56,7 @@ impl Kind {
             Kind::AllocatorCache => "allocator_cache",
             Kind::Evaluation => "evaluation_without_no_grad",
             Kind::Autocast => "autocast",
+            Kind::EmptyCache => "empty_cache",
         }
     }
 }
@@ -243,6 +246,28 @@ pub fn suggest(
                     size(parameters),
                     size(whole),
                     share_of(state, whole) * 100.0
+                )],
+                line: None,
+                pid: None,
+            });
+        }
+        if let Some(unused) = device.unused_segments_at_peak
+            && share_of(unused, whole) >= CACHE_SHARE
+        {
+            found.push(Suggestion {
+                kind: Kind::EmptyCache,
+                device: Some(device.device),
+                bytes: unused,
+                action: format!(
+                    "`del` what is no longer needed and call torch.cuda.empty_cache() before the phase that reaches the peak: the device's reserved (and used) memory at the peak would be {} lower; the program's own allocations do not change",
+                    size(unused)
+                ),
+                evidence: vec![format!(
+                    "at the peak, {} of the allocator's segments hold no tensor ({:.1}% of the {} held; the whole cache is {})",
+                    size(unused),
+                    share_of(unused, whole) * 100.0,
+                    size(whole),
+                    size(device.cache_at_peak.unwrap_or(0))
                 )],
                 line: None,
                 pid: None,

@@ -17,7 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::analysis::groups::Stacks;
 use crate::python::{self, PYTHON_MODULE, StackView};
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 use vramshim_format::EventKind;
 
 /// What an allocation holds.
@@ -485,6 +485,11 @@ pub struct DeviceBreakdown {
     /// own highest; None where the log has no segments (a per-tensor recording).
     pub cache_at_peak: Option<u64>,
     pub cache_max: u64,
+    /// Of the cache at the peak, the segments with no tensor in them: what
+    /// `torch.cuda.empty_cache()` just before would have given back (None without segments).
+    pub unused_segments_at_peak: Option<u64>,
+    /// The unused segments' bytes now.
+    unused_segment_bytes: u64,
     /// The device's used memory less what was recorded (allocations and cache), from the
     /// memory sample nearest before the peak (else the first after); None without samples.
     pub context: Option<u64>,
@@ -533,6 +538,8 @@ pub struct Tally<'a> {
     /// recorded). A sample is taken inside the `cudaMalloc` that made a segment, before the
     /// allocator's tracker names it one, so that segment is added if the next event does.
     pending: Vec<(u32, i32, u64, u64, u64)>,
+    /// Segments with no block in use, by (process, address): their device and bytes.
+    unused_segments: FxHashMap<(u32, u64), (i32, u64)>,
 }
 
 impl<'a> Tally<'a> {
@@ -543,6 +550,35 @@ impl<'a> Tally<'a> {
             device,
             devices: Vec::new(),
             pending: Vec::new(),
+            unused_segments: FxHashMap::default(),
+        }
+    }
+
+    /// Files the segment of `process` holding `addr` as unused or not, as it is now.
+    fn refresh_segment(&mut self, state: &State, process: u32, addr: u64) {
+        let Some(segment) = state.segment_holding(process, addr) else {
+            return;
+        };
+        let (device, size) = (segment.live.device, segment.live.size);
+        if self.device.is_some_and(|d| d != device) {
+            return;
+        }
+        let key = (process, segment.live.addr);
+        let unused = segment.is_unused();
+        let filed = self.unused_segments.contains_key(&key);
+        if unused && !filed {
+            self.unused_segments.insert(key, (device, size));
+            let entry = self.entry(device);
+            entry.unused_segment_bytes = entry.unused_segment_bytes.saturating_add(size);
+        } else if !unused && filed {
+            self.forget_segment(key);
+        }
+    }
+
+    fn forget_segment(&mut self, key: (u32, u64)) {
+        if let Some((device, size)) = self.unused_segments.remove(&key) {
+            let entry = self.entry(device);
+            entry.unused_segment_bytes = entry.unused_segment_bytes.saturating_sub(size);
         }
     }
 
@@ -626,6 +662,8 @@ impl<'a> Tally<'a> {
             entry.at_peak = entry.current;
             entry.libraries_at_peak = entry.libraries_current;
             entry.cache_at_peak = entry.has_segments.then(|| entry.cache());
+            entry.unused_segments_at_peak =
+                entry.has_segments.then_some(entry.unused_segment_bytes);
         }
     }
 
@@ -680,6 +718,28 @@ impl Observer for Tally<'_> {
                         .then_some((event.device, event.size));
                     self.settle(*process, segment);
                 }
+                // Segments whose use this step changed, before a new peak is taken.
+                match state.segment_change() {
+                    Some(SegmentChange::Added(segment)) => {
+                        self.refresh_segment(state, segment.process, segment.addr)
+                    }
+                    Some(SegmentChange::Removed(segment)) => {
+                        self.forget_segment((segment.process, segment.addr))
+                    }
+                    None => {}
+                }
+                for live in [effect_live(effect), state.replaced()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if live.kind == EventKind::TensorAlloc {
+                        self.refresh_segment(state, live.process, live.addr);
+                    }
+                }
+                // A freed block is back in the pool when the free completes, not when asked.
+                if event.kind == EventKind::TensorFree {
+                    self.refresh_segment(state, *process, event.addr);
+                }
                 match effect {
                     Effect::Added(live) => {
                         if let Some(replaced) = state.replaced().copied() {
@@ -724,5 +784,94 @@ impl Observer for Tally<'_> {
                 }
             }
         }
+    }
+}
+
+/// One row of `diff`'s per-category section: a category (or the allocator's cache, the
+/// context, activations without a backward pass) in two recordings; None where a side does
+/// not know the figure (no such device, no segments, no memory samples).
+#[derive(Clone, Debug)]
+pub struct CategoryChange {
+    pub name: &'static str,
+    /// Live bytes at each recording's own peak.
+    pub at_peak: [Option<u64>; 2],
+    /// The row's own highest live bytes over each run.
+    pub max: [Option<u64>; 2],
+    /// Bytes allocated over each run.
+    pub allocated: [Option<u64>; 2],
+}
+
+/// One device's categories in two recordings (either may lack the device).
+#[derive(Clone, Debug)]
+pub struct DeviceChange {
+    pub device: i32,
+    pub peak_bytes: [Option<u64>; 2],
+    pub rows: Vec<CategoryChange>,
+}
+
+/// Each device of `a` and `b` (A's order, then B's own), its categories side by side.
+pub fn changes(a: &[DeviceBreakdown], b: &[DeviceBreakdown]) -> Vec<DeviceChange> {
+    let mut ordinals: Vec<i32> = a.iter().map(|d| d.device).collect();
+    for device in b {
+        if !ordinals.contains(&device.device) {
+            ordinals.push(device.device);
+        }
+    }
+    ordinals
+        .into_iter()
+        .map(|ordinal| {
+            let sides = [a, b].map(|side| side.iter().find(|d| d.device == ordinal));
+            let pick =
+                |f: &dyn Fn(&DeviceBreakdown) -> Option<u64>| sides.map(|side| side.and_then(f));
+            let mut rows: Vec<CategoryChange> = Category::ALL
+                .iter()
+                .map(|&category| {
+                    let index = category.index();
+                    CategoryChange {
+                        name: category.name(),
+                        at_peak: pick(&|d| Some(d.at_peak[index])),
+                        max: pick(&|d| Some(d.max[index])),
+                        allocated: pick(&|d| Some(d.allocated[index])),
+                    }
+                })
+                .collect();
+            rows.push(CategoryChange {
+                name: "allocator_cache",
+                at_peak: pick(&|d| d.cache_at_peak),
+                max: pick(&|d| d.cache_at_peak.map(|_| d.cache_max)),
+                allocated: [None, None],
+            });
+            rows.push(CategoryChange {
+                name: "allocator_cache_unused_segments",
+                at_peak: pick(&|d| d.unused_segments_at_peak),
+                max: [None, None],
+                allocated: [None, None],
+            });
+            rows.push(CategoryChange {
+                name: "context_and_modules",
+                at_peak: pick(&|d| d.context),
+                max: [None, None],
+                allocated: [None, None],
+            });
+            rows.push(CategoryChange {
+                name: "activations_without_backward",
+                at_peak: [None, None],
+                max: pick(&|d| Some(d.unused_activations_max)),
+                allocated: pick(&|d| Some(d.unused_activations_allocated)),
+            });
+            DeviceChange {
+                device: ordinal,
+                peak_bytes: pick(&|d| Some(d.peak_bytes)),
+                rows,
+            }
+        })
+        .collect()
+}
+
+/// The allocation a step added or removed, if any.
+fn effect_live(effect: &Effect) -> Option<&Live> {
+    match effect {
+        Effect::Added(live) | Effect::Removed(live) => Some(live),
+        _ => None,
     }
 }

@@ -6,11 +6,14 @@ use std::process::ExitCode;
 
 use crate::Failure;
 use crate::analysis::allocated::Allocated;
+use crate::analysis::breakdown::changes;
 use crate::analysis::diff::{Diff, Measure};
 use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
+use crate::commands::breakdown;
 use crate::commands::common::{ByThread, SegmentsArg, Select, StacksArg, UnfoldArg, emit_streamed};
 use crate::python::StackView;
+use crate::render::breakdown as render_breakdown;
 use crate::render::diff::{self, DiffReport, SideView};
 use crate::replay::{self, Process, Stop, View};
 
@@ -155,9 +158,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         measure(&args.a, 0, &mut rows, args.device, view, by_thread, counted)?;
     // A's tables go before B is read: the two replays are never held at once.
     drop(a_stacks);
+    let a_python = a_processes.iter().any(|p| !p.codes.is_empty());
     let a_processes = without_tables(a_processes);
     let (b, b_processes, b_stacks) =
         measure(&args.b, 1, &mut rows, args.device, view, by_thread, counted)?;
+    let b_python = b_processes.iter().any(|p| !p.codes.is_empty());
     rows.keep_stacks(1, b_processes, b_stacks);
     // Rows of A only are labelled from A's stack definitions, read again.
     if rows.needs_stacks(0) {
@@ -167,6 +172,15 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         rows.keep_stacks(0, replay.processes, stacks);
     }
     rows.sort();
+    // What changed in a framework user's terms (`breakdown`'s categories): for programs with
+    // Python frames only, as it replays each log twice more.
+    let categories = if a_python && b_python {
+        let a_devices = breakdown::devices(std::slice::from_ref(&args.a), args.device)?;
+        let b_devices = breakdown::devices(std::slice::from_ref(&args.b), args.device)?;
+        Some(changes(&a_devices, &b_devices))
+    } else {
+        None
+    };
     let mut warnings: Vec<String> = notes;
     warnings.extend(a.warnings.iter().cloned());
     warnings.extend(b.warnings.iter().cloned());
@@ -188,6 +202,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         top: args.top,
         frames: args.frames,
         fold: args.unfold.fold(),
+        categories: categories
+            .as_deref()
+            .map(render_breakdown::diff_json_section),
     };
     // `emit` reads only `json` from the selection.
     let select = Select {
@@ -199,6 +216,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         &select,
         &warnings,
         |out, warnings| diff::write_json(out, &report, warnings),
-        |out| diff::text(out, &report),
+        |out| {
+            diff::text(out, &report)?;
+            match &categories {
+                Some(devices) => render_breakdown::diff_text_section(out, devices),
+                None => Ok(()),
+            }
+        },
     )
 }

@@ -5,9 +5,10 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
+use super::diff::signed_bytes;
 use super::frames::Fold;
 use super::{device_name, group_json, processes_json, share, write_groups, write_processes};
-use crate::analysis::breakdown::{Category, DeviceBreakdown, LIBRARIES};
+use crate::analysis::breakdown::{Category, DeviceBreakdown, DeviceChange, LIBRARIES};
 use crate::analysis::groups::StackGroup;
 use crate::replay::Process;
 use crate::units::{bytes, seconds};
@@ -121,6 +122,15 @@ pub fn write_table(out: &mut dyn Write, device: &DeviceBreakdown) -> io::Result<
             "  allocator_cache      not known (the log has no allocator segments)"
         )?,
     }
+    if let Some(unused) = device.unused_segments_at_peak.filter(|&unused| unused > 0) {
+        writeln!(
+            out,
+            "    {:<18} {:>11} {:>6.1}%  (segments with no tensor in them: empty_cache() gives them back)",
+            "unused segments",
+            bytes(unused),
+            share(unused, whole)
+        )?;
+    }
     match device.context {
         Some(context) => writeln!(
             out,
@@ -150,6 +160,7 @@ pub fn device_json(device: &DeviceBreakdown) -> Value {
         "allocator_cache_bytes": device.cache_at_peak,
         "allocator_cache_share": device.cache_at_peak.map(|cache| share(cache, whole)),
         "allocator_cache_max_bytes": device.cache_at_peak.map(|_| device.cache_max),
+        "allocator_cache_unused_segments_bytes": device.unused_segments_at_peak,
         "context_bytes": device.context,
         "context_share": device.context.map(|context| share(context, whole)),
         "held_bytes": device.held_bytes(),
@@ -222,6 +233,103 @@ pub fn json_section(devices: &[DeviceBreakdown]) -> Value {
             .iter()
             .filter(|d| d.device >= 0)
             .map(device_json)
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// B − A where both sides know the figure.
+fn side_change(sides: [Option<u64>; 2]) -> Option<i128> {
+    match sides {
+        [Some(a), Some(b)] => Some(i128::from(b) - i128::from(a)),
+        _ => None,
+    }
+}
+
+/// `diff`'s per-category section (text): each device's categories at each run's peak and
+/// at their own highest, A, B and the change (pinned host memory left out).
+pub fn diff_text_section(out: &mut dyn Write, devices: &[DeviceChange]) -> io::Result<()> {
+    let mut devices = devices.iter().filter(|d| d.device >= 0).peekable();
+    if devices.peek().is_none() {
+        return Ok(());
+    }
+    let known = |figure: Option<u64>| figure.map_or_else(|| "-".to_string(), bytes);
+    let changed =
+        |sides: [Option<u64>; 2]| side_change(sides).map_or_else(|| "-".to_string(), signed_bytes);
+    writeln!(
+        out,
+        "\nper category (at each run's own peak, and each category's own highest; vramshim breakdown for stacks):"
+    )?;
+    for device in devices {
+        writeln!(
+            out,
+            "{}: peak A {}, B {} ({})",
+            device_name(device.device),
+            known(device.peak_bytes[0]),
+            known(device.peak_bytes[1]),
+            changed(device.peak_bytes)
+        )?;
+        writeln!(
+            out,
+            "  {:<32} {:>11} {:>11} {:>12}  {:>11} {:>11} {:>12}",
+            "category", "at peak A", "at peak B", "change", "max A", "max B", "change"
+        )?;
+        for row in &device.rows {
+            writeln!(
+                out,
+                "  {:<32} {:>11} {:>11} {:>12}  {:>11} {:>11} {:>12}",
+                row.name,
+                known(row.at_peak[0]),
+                known(row.at_peak[1]),
+                changed(row.at_peak),
+                known(row.max[0]),
+                known(row.max[1]),
+                changed(row.max)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `diff`'s per-category section (JSON), pinned host memory left out; a figure a side does
+/// not know (and its change) is null.
+pub fn diff_json_section(devices: &[DeviceChange]) -> Value {
+    let pair =
+        |prefix: &str, sides: [Option<u64>; 2], value: &mut serde_json::Map<String, Value>| {
+            value.insert(format!("{prefix}_a"), json!(sides[0]));
+            value.insert(format!("{prefix}_b"), json!(sides[1]));
+            value.insert(
+                format!("{prefix}_change"),
+                json!(
+                    side_change(sides)
+                        .map(|c| c.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
+                ),
+            );
+        };
+    Value::from(
+        devices
+            .iter()
+            .filter(|d| d.device >= 0)
+            .map(|device| {
+                let mut value = serde_json::Map::new();
+                value.insert("device".to_string(), json!(device.device));
+                pair("peak", device.peak_bytes, &mut value);
+                value.insert(
+                    "categories".to_string(),
+                    device
+                        .rows
+                        .iter()
+                        .map(|row| {
+                            let mut value = serde_json::Map::new();
+                            value.insert("category".to_string(), json!(row.name));
+                            pair("at_peak", row.at_peak, &mut value);
+                            pair("max", row.max, &mut value);
+                            pair("allocated", row.allocated, &mut value);
+                            Value::Object(value)
+                        })
+                        .collect(),
+                );
+                Value::Object(value)
+            })
             .collect::<Vec<_>>(),
     )
 }

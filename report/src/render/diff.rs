@@ -46,6 +46,9 @@ pub struct DiffReport<'a> {
     pub frames: usize,
     /// Which frames the text shows (JSON rows keep every frame).
     pub fold: Fold,
+    /// The per-category section (`render::breakdown::diff_json_section`), where both logs
+    /// have Python frames.
+    pub categories: Option<Value>,
 }
 
 /// B − A as JSON; exact for any two sizes a log can hold.
@@ -98,9 +101,12 @@ impl Serialize for Document<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let report = self.report;
         let (a, b) = (&report.a, &report.b);
-        let mut map = serializer.serialize_map(Some(6))?;
+        let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("a", &side_json(a))?;
         map.serialize_entry("b", &side_json(b))?;
+        if let Some(categories) = &report.categories {
+            map.serialize_entry("categories", categories)?;
+        }
         map.serialize_entry("device", &report.device)?;
         map.serialize_entry("stacks", &SeqJson(report.rows.rows().map(RowJson)))?;
         map.serialize_entry(
