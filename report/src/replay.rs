@@ -1069,16 +1069,18 @@ pub fn run_view(
                 t_ns,
                 event: *event,
             };
-            // A hold whose thread has said nothing for HOLD_NS is no segment being named:
-            // its events are stepped as they are. So is a hold of a process whose PyTorch has
-            // not handed out a tensor yet (a program without PyTorch above all) once another
-            // thread's event comes: steps then stay in time order, as every observer expects.
+            // A hold whose thread has said nothing for HOLD_NS while others spoke is no segment
+            // being named:
+            // its events are stepped as they are. So is a hold of a process without PyTorch's
+            // tracker (a program without PyTorch above all) once another thread's event comes: steps then stay in time order, as every observer expects.
             let mut stopped = false;
             while let Some(stale) = holds.iter().position(|hold| {
                 let first = &hold[0];
                 let other_thread = first.index != index || first.event.thread != event.thread;
-                t_ns.saturating_sub(first.t_ns) > HOLD_NS
-                    || (other_thread && processes[first.index].tensor_allocs == 0)
+                // The hold's own thread decides below, however long it took.
+                other_thread
+                    && (t_ns.saturating_sub(first.t_ns) > HOLD_NS
+                        || !pytorch_tracked(&processes[first.index]))
             }) {
                 let mut hold = holds.swap_remove(stale);
                 state.set_held(holds.iter().flatten());
@@ -1218,6 +1220,16 @@ pub fn run_view(
         complete,
         devices,
     })
+}
+
+/// Whether PyTorch's allocator tracker is in `process`: it said so in a note when it attached
+/// (inside the first `cudaMalloc`, before that call's event), or it handed out a tensor.
+fn pytorch_tracked(process: &Process) -> bool {
+    process.tensor_allocs > 0
+        || process
+            .notes
+            .iter()
+            .any(|note| note.text.starts_with("torch: tracker attached"))
 }
 
 /// How long (log time) a held driver event waits for PyTorch's word on its thread: the
