@@ -510,7 +510,7 @@ impl State {
 
     /// Tensor view: notes the driver allocations now held back (`cudaMalloc`, `cuMemCreate`;
     /// a mapping takes no memory of its own).
-    fn set_held<'a>(&mut self, held: impl Iterator<Item = &'a Held>) {
+    fn set_held(&mut self, held: &[Held]) {
         self.held.clear();
         for h in held {
             if !matches!(h.event.kind, EventKind::Alloc | EventKind::Create) {
@@ -1014,12 +1014,8 @@ pub fn run_view(
         ..State::default()
     };
     // Tensor view: driver events held back while they may be PyTorch's new segment, which
-    // the allocator's word right after them on the same thread says: one hold per thread
-    // (other threads' events, on other devices above all, may come between).
-    let mut holds: Vec<Vec<Held>> = Vec::new();
-    // Emptied holds, kept so that holding a `cudaMalloc` allocates nothing.
-    let mut spare: Vec<Vec<Held>> = Vec::new();
-    let mut last_device: Option<i32> = None;
+    // the allocator's word right after them says.
+    let mut held: Vec<Held> = Vec::new();
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
@@ -1059,79 +1055,35 @@ pub fn run_view(
             {
                 break;
             }
-            // Most events name the device the last one named: skip the set then.
-            if last_device != Some(event.device) {
-                devices.insert(event.device);
-                last_device = Some(event.device);
-            }
+            devices.insert(event.device);
             let current = Held {
                 index,
                 t_ns,
                 event: *event,
             };
-            // A hold whose thread has said nothing for HOLD_NS while others spoke is no segment
-            // being named:
-            // its events are stepped as they are. So is a hold of a process without PyTorch's
-            // tracker (a program without PyTorch above all) once another thread's event comes: steps then stay in time order, as every observer expects.
-            let mut stopped = false;
-            while let Some(stale) = holds.iter().position(|hold| {
-                let first = &hold[0];
-                let other_thread = first.index != index || first.event.thread != event.thread;
-                // The hold's own thread decides below, however long it took.
-                other_thread
-                    && (t_ns.saturating_sub(first.t_ns) > HOLD_NS
-                        || !pytorch_tracked(&processes[first.index]))
-            }) {
-                let mut hold = holds.swap_remove(stale);
-                state.set_held(holds.iter().flatten());
-                stopped = step_all(
-                    &mut state,
-                    &mut processes,
-                    observers,
-                    stop,
-                    &hold,
-                    &mut end_ns,
-                );
-                hold.clear();
-                spare.push(hold);
-                if stopped {
-                    break;
-                }
-            }
-            if stopped {
-                break;
-            }
-            if let Some(own) = holds
-                .iter()
-                .position(|hold| hold[0].index == index && hold[0].event.thread == event.thread)
-            {
-                if extends_hold(&holds[own], &current) {
-                    holds[own].push(current);
-                    state.set_held(holds.iter().flatten());
+            if !held.is_empty() {
+                if extends_hold(&held, &current) {
+                    held.push(current);
+                    state.set_held(&held);
                     continue;
                 }
-                let mut hold = holds.swap_remove(own);
-                let mut to_step = std::mem::take(&mut hold);
-                if is_own_segment(&to_step, index, event) {
-                    take_segment(&mut state, &to_step[0]);
-                    to_step.clear();
-                } else if is_own_mapping(&to_step, &current) {
-                    hold = to_step;
-                    to_step = take_mapping(&mut state, &mut hold, &current);
-                }
-                state.set_held(holds.iter().flatten());
-                let stopped = step_all(
-                    &mut state,
-                    &mut processes,
-                    observers,
-                    stop,
-                    &to_step,
-                    &mut end_ns,
-                );
-                for mut emptied in [hold, to_step] {
-                    if emptied.capacity() > 0 {
-                        emptied.clear();
-                        spare.push(emptied);
+                let to_step = if is_own_segment(&held, index, event) {
+                    take_segment(&mut state, &held[0]);
+                    held.clear();
+                    Vec::new()
+                } else if is_own_mapping(&held, &current) {
+                    take_mapping(&mut state, &mut held, &current)
+                } else {
+                    std::mem::take(&mut held)
+                };
+                state.set_held(&held);
+                let mut stopped = false;
+                for before in &to_step {
+                    let seqs = step_event(&mut state, &mut processes, observers, before);
+                    end_ns = end_ns.max(before.t_ns);
+                    if stops(stop, &seqs) {
+                        stopped = true;
+                        break;
                     }
                 }
                 if stopped {
@@ -1139,10 +1091,8 @@ pub fn run_view(
                 }
             }
             if view == View::Tensors && may_be_segment(&processes[index], event) {
-                let mut hold = spare.pop().unwrap_or_default();
-                hold.push(current);
-                holds.push(hold);
-                state.set_held(holds.iter().flatten());
+                held.push(current);
+                state.set_held(&held);
                 continue;
             }
             let seqs = step_event(&mut state, &mut processes, observers, &current);
@@ -1154,10 +1104,10 @@ pub fn run_view(
             // A dump restarts the live set: what came before it goes first. (Memory samples
             // and notes may come between a segment's allocation and PyTorch's word on it.)
             if matches!(record, Record::DumpBegin(_)) {
-                let before_dump = std::mem::take(&mut holds);
-                state.set_held(holds.iter().flatten());
-                for before in before_dump.iter().flatten() {
-                    step_event(&mut state, &mut processes, observers, before);
+                let before_dump = std::mem::take(&mut held);
+                state.set_held(&held);
+                for before in before_dump {
+                    step_event(&mut state, &mut processes, observers, &before);
                 }
             }
             match &record {
@@ -1198,17 +1148,12 @@ pub fn run_view(
             progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
         }
     }
-    let after_end = std::mem::take(&mut holds);
-    state.set_held(holds.iter().flatten());
-    for hold in &after_end {
-        if step_all(
-            &mut state,
-            &mut processes,
-            observers,
-            stop,
-            hold,
-            &mut end_ns,
-        ) {
+    let after_end = std::mem::take(&mut held);
+    state.set_held(&held);
+    for before in after_end {
+        let seqs = step_event(&mut state, &mut processes, observers, &before);
+        end_ns = end_ns.max(before.t_ns);
+        if stops(stop, &seqs) {
             break;
         }
     }
@@ -1220,39 +1165,6 @@ pub fn run_view(
         complete,
         devices,
     })
-}
-
-/// Whether PyTorch's allocator tracker is in `process`: it said so in a note when it attached
-/// (inside the first `cudaMalloc`, before that call's event), or it handed out a tensor.
-fn pytorch_tracked(process: &Process) -> bool {
-    process.tensor_allocs > 0
-        || process
-            .notes
-            .iter()
-            .any(|note| note.text.starts_with("torch: tracker attached"))
-}
-
-/// How long (log time) a held driver event waits for PyTorch's word on its thread: the
-/// allocator names its segment right after the `cudaMalloc` returns, microseconds later.
-const HOLD_NS: u64 = 2_000_000;
-
-/// Steps `events` in order; whether the replay stops there.
-fn step_all(
-    state: &mut State,
-    processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
-    stop: Stop,
-    events: &[Held],
-    end_ns: &mut u64,
-) -> bool {
-    for before in events {
-        let seqs = step_event(state, processes, observers, before);
-        *end_ns = (*end_ns).max(before.t_ns);
-        if stops(stop, &seqs) {
-            return true;
-        }
-    }
-    false
 }
 
 /// Whether the replay stops after the steps `seqs`.
@@ -1950,9 +1862,7 @@ mod tests {
             };
             let other = if interleaved { 1024 } else { 0 };
             // The 3 MiB block, then the other thread's KiB; the pages themselves only when
-            // another thread came between (until the segment_map): this process has handed
-            // out no tensor before, so its holds end at any other thread's event (once it
-            // has, each thread keeps its own: fakegpu_torch's two-device test).
+            // another thread came between (until the segment_map).
             let peak = bytes.0.iter().copied().max().unwrap_or(0);
             let pages = if interleaved { 4 * MIB } else { 0 };
             assert_eq!(peak, (3 * MIB + other).max(pages + other), "{:?}", bytes.0);
