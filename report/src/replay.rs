@@ -510,7 +510,7 @@ impl State {
 
     /// Tensor view: notes the driver allocations now held back (`cudaMalloc`, `cuMemCreate`;
     /// a mapping takes no memory of its own).
-    fn set_held(&mut self, held: &[Held]) {
+    fn set_held<'a>(&mut self, held: impl Iterator<Item = &'a Held>) {
         self.held.clear();
         for h in held {
             if !matches!(h.event.kind, EventKind::Alloc | EventKind::Create) {
@@ -1014,8 +1014,12 @@ pub fn run_view(
         ..State::default()
     };
     // Tensor view: driver events held back while they may be PyTorch's new segment, which
-    // the allocator's word right after them says.
-    let mut held: Vec<Held> = Vec::new();
+    // the allocator's word right after them on the same thread says: one hold per thread
+    // (other threads' events, on other devices above all, may come between).
+    let mut holds: Vec<Vec<Held>> = Vec::new();
+    // Emptied holds, kept so that holding a `cudaMalloc` allocates nothing.
+    let mut spare: Vec<Vec<Held>> = Vec::new();
+    let mut last_device: Option<i32> = None;
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
@@ -1055,35 +1059,85 @@ pub fn run_view(
             {
                 break;
             }
-            devices.insert(event.device);
+            // Most events name the device the last one named: skip the set then.
+            if last_device != Some(event.device) {
+                devices.insert(event.device);
+                last_device = Some(event.device);
+            }
             let current = Held {
                 index,
                 t_ns,
                 event: *event,
             };
-            if !held.is_empty() {
-                if extends_hold(&held, &current) {
-                    held.push(current);
-                    state.set_held(&held);
+            // Another thread's event ends a hold (its events are stepped first, as they came)
+            // when the hold cannot be a segment still to be named: its thread said nothing for
+            // HOLD_NS; or its process has no PyTorch tracker (a program without PyTorch: steps
+            // then stay in time order, as every observer expects); or the event is on the
+            // hold's device in its process (PyTorch names a segment under the device's
+            // allocator lock, so no other thread of its allocates there in between: in the
+            // no-caching mode, where PyTorch names none, the autograd thread's first call
+            // ends the main thread's hold); or it touches the held memory. The hold's own
+            // thread decides below, however long it took.
+            let mut stopped = false;
+            while let Some(stale) = holds.iter().position(|hold| {
+                let first = &hold[0];
+                let other_thread = first.index != index || first.event.thread != event.thread;
+                other_thread
+                    && (t_ns.saturating_sub(first.t_ns) > HOLD_NS
+                        || !pytorch_tracked(&processes[first.index])
+                        || (first.index == index
+                            && (first.event.device == event.device || touches_hold(hold, event))))
+            }) {
+                let mut hold = holds.swap_remove(stale);
+                state.set_held(holds.iter().flatten());
+                stopped = step_all(
+                    &mut state,
+                    &mut processes,
+                    observers,
+                    stop,
+                    &hold,
+                    &mut end_ns,
+                );
+                hold.clear();
+                spare.push(hold);
+                if stopped {
+                    break;
+                }
+            }
+            if stopped {
+                break;
+            }
+            if let Some(own) = holds
+                .iter()
+                .position(|hold| hold[0].index == index && hold[0].event.thread == event.thread)
+            {
+                if extends_hold(&holds[own], &current) {
+                    holds[own].push(current);
+                    state.set_held(holds.iter().flatten());
                     continue;
                 }
-                let to_step = if is_own_segment(&held, index, event) {
-                    take_segment(&mut state, &held[0]);
-                    held.clear();
-                    Vec::new()
-                } else if is_own_mapping(&held, &current) {
-                    take_mapping(&mut state, &mut held, &current)
-                } else {
-                    std::mem::take(&mut held)
-                };
-                state.set_held(&held);
-                let mut stopped = false;
-                for before in &to_step {
-                    let seqs = step_event(&mut state, &mut processes, observers, before);
-                    end_ns = end_ns.max(before.t_ns);
-                    if stops(stop, &seqs) {
-                        stopped = true;
-                        break;
+                let mut hold = holds.swap_remove(own);
+                let mut to_step = std::mem::take(&mut hold);
+                if is_own_segment(&to_step, index, event) {
+                    take_segment(&mut state, &to_step[0]);
+                    to_step.clear();
+                } else if is_own_mapping(&to_step, &current) {
+                    hold = to_step;
+                    to_step = take_mapping(&mut state, &mut hold, &current);
+                }
+                state.set_held(holds.iter().flatten());
+                let stopped = step_all(
+                    &mut state,
+                    &mut processes,
+                    observers,
+                    stop,
+                    &to_step,
+                    &mut end_ns,
+                );
+                for mut emptied in [hold, to_step] {
+                    if emptied.capacity() > 0 {
+                        emptied.clear();
+                        spare.push(emptied);
                     }
                 }
                 if stopped {
@@ -1091,8 +1145,10 @@ pub fn run_view(
                 }
             }
             if view == View::Tensors && may_be_segment(&processes[index], event) {
-                held.push(current);
-                state.set_held(&held);
+                let mut hold = spare.pop().unwrap_or_default();
+                hold.push(current);
+                holds.push(hold);
+                state.set_held(holds.iter().flatten());
                 continue;
             }
             let seqs = step_event(&mut state, &mut processes, observers, &current);
@@ -1104,10 +1160,10 @@ pub fn run_view(
             // A dump restarts the live set: what came before it goes first. (Memory samples
             // and notes may come between a segment's allocation and PyTorch's word on it.)
             if matches!(record, Record::DumpBegin(_)) {
-                let before_dump = std::mem::take(&mut held);
-                state.set_held(&held);
-                for before in before_dump {
-                    step_event(&mut state, &mut processes, observers, &before);
+                let before_dump = std::mem::take(&mut holds);
+                state.set_held(holds.iter().flatten());
+                for before in before_dump.iter().flatten() {
+                    step_event(&mut state, &mut processes, observers, before);
                 }
             }
             match &record {
@@ -1148,12 +1204,17 @@ pub fn run_view(
             progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
         }
     }
-    let after_end = std::mem::take(&mut held);
-    state.set_held(&held);
-    for before in after_end {
-        let seqs = step_event(&mut state, &mut processes, observers, &before);
-        end_ns = end_ns.max(before.t_ns);
-        if stops(stop, &seqs) {
+    let after_end = std::mem::take(&mut holds);
+    state.set_held(holds.iter().flatten());
+    for hold in &after_end {
+        if step_all(
+            &mut state,
+            &mut processes,
+            observers,
+            stop,
+            hold,
+            &mut end_ns,
+        ) {
             break;
         }
     }
@@ -1165,6 +1226,53 @@ pub fn run_view(
         complete,
         devices,
     })
+}
+
+/// Whether PyTorch's allocator tracker is in `process`: it said so in a note when it attached
+/// (inside the first `cudaMalloc`, before that call's event), or it handed out a tensor.
+fn pytorch_tracked(process: &Process) -> bool {
+    process.tensor_allocs > 0
+        || process
+            .notes
+            .iter()
+            .any(|note| note.text.starts_with("torch: tracker attached"))
+}
+
+/// Whether `event` (of the hold's process, another thread) concerns memory held back: an
+/// address inside a held allocation or mapping, or a held physical allocation's handle.
+fn touches_hold(hold: &[Held], event: &Event) -> bool {
+    hold.iter().any(|held| {
+        let held = &held.event;
+        let inside = event.addr != 0
+            && held.addr != 0
+            && held.addr <= event.addr
+            && event.addr < held.addr.saturating_add(held.size.max(1));
+        inside
+            || (event.handle != 0 && held.kind == EventKind::Create && event.handle == held.handle)
+    })
+}
+
+/// How long (log time) a held driver event waits for PyTorch's word on its thread: the
+/// allocator names its segment right after the `cudaMalloc` returns, microseconds later.
+const HOLD_NS: u64 = 2_000_000;
+
+/// Steps `events` in order; whether the replay stops there.
+fn step_all(
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut [&mut dyn Observer],
+    stop: Stop,
+    events: &[Held],
+    end_ns: &mut u64,
+) -> bool {
+    for before in events {
+        let seqs = step_event(state, processes, observers, before);
+        *end_ns = (*end_ns).max(before.t_ns);
+        if stops(stop, &seqs) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether the replay stops after the steps `seqs`.
@@ -1773,6 +1881,12 @@ mod tests {
 
     /// A log of `events` (api names `apis`) in a fresh file.
     fn log_of(name: &str, apis: &[&str], events: &[Event]) -> PathBuf {
+        let records: Vec<Record> = events.iter().map(|e| Record::Event(*e)).collect();
+        log_of_records(name, apis, &records)
+    }
+
+    /// A log of `records` (api names `apis`) in a fresh file.
+    fn log_of_records(name: &str, apis: &[&str], records: &[Record]) -> PathBuf {
         let header = Header {
             version: vramshim_format::FORMAT_VERSION,
             pid: 1,
@@ -1789,8 +1903,8 @@ mod tests {
         };
         let mut out = header.encode();
         let mut chunk = vramshim_format::ChunkBuilder::new();
-        for event in events {
-            chunk.push(&Record::Event(*event));
+        for record in records {
+            chunk.push(record);
         }
         chunk.finish_into(&mut out);
         let path = std::env::temp_dir().join(format!("{name}-{}.vlog", std::process::id()));
@@ -1862,7 +1976,9 @@ mod tests {
             };
             let other = if interleaved { 1024 } else { 0 };
             // The 3 MiB block, then the other thread's KiB; the pages themselves only when
-            // another thread came between (until the segment_map).
+            // another thread came between (until the segment_map): this process has handed
+            // out no tensor before, so its holds end at any other thread's event (once it
+            // has, each thread keeps its own: fakegpu_torch's two-device test).
             let peak = bytes.0.iter().copied().max().unwrap_or(0);
             let pages = if interleaved { 4 * MIB } else { 0 };
             assert_eq!(peak, (3 * MIB + other).max(pages + other), "{:?}", bytes.0);
@@ -1871,6 +1987,112 @@ mod tests {
             assert_eq!(replay.processes[0].unmatched_frees, 0);
             assert_eq!(replay.processes[0].unplaced_blocks, 0);
         }
+    }
+
+    /// Every step's device-0 bytes and log time.
+    struct Steps(Vec<(u64, u64)>);
+
+    impl Observer for Steps {
+        fn step(&mut self, state: &State, _: &[Process], step: &Step<'_>) {
+            if let Step::Event { t_ns, .. } = step {
+                self.0.push((state.device_bytes(0), *t_ns));
+            }
+        }
+    }
+
+    #[test]
+    fn a_segment_waits_for_its_own_threads_word_unless_its_device_speaks() {
+        let apis = ["cudaMalloc", "cuMemAlloc_v2", "torch.CUDACachingAllocator"];
+        let (base, other) = (0x7400_0000_0000, 0x7500_0000_0000);
+        let event = |kind, api, t_ns, thread, device, addr, size| Event {
+            kind,
+            api,
+            t_ns,
+            thread,
+            device,
+            addr,
+            size,
+            ..Event::default()
+        };
+        let attached = Record::Note(vramshim_format::Note {
+            t_ns: 1,
+            text: "torch: tracker attached (test)".into(),
+        });
+        // A tracked process (PyTorch's word on a segment is stepped, its `cudaMalloc` not):
+        // thread 1's second segment is named after thread 2 spoke, on
+        // device 1 (the hold waits: the pages never count) or on device 0 (it ends the hold:
+        // PyTorch's lock on device 0 means it was no segment being named).
+        for other_device in [1, 0] {
+            let records = vec![
+                attached.clone(),
+                Record::Event(event(EventKind::Alloc, 0, 10, 1, 0, base, 2 * MIB)),
+                Record::Event(event(EventKind::TensorSegment, 2, 11, 1, 0, base, 2 * MIB)),
+                Record::Event(event(EventKind::TensorAlloc, 2, 12, 1, 0, base, MIB)),
+                Record::Event(event(
+                    EventKind::Alloc,
+                    0,
+                    13,
+                    1,
+                    0,
+                    base + 2 * MIB,
+                    2 * MIB,
+                )),
+                Record::Event(event(EventKind::Alloc, 1, 14, 2, other_device, other, 1024)),
+                Record::Event(event(
+                    EventKind::TensorSegment,
+                    2,
+                    15,
+                    1,
+                    0,
+                    base + 2 * MIB,
+                    2 * MIB,
+                )),
+            ];
+            let path = log_of_records("own-thread-hold", &apis, &records);
+            let mut steps = Steps(Vec::new());
+            let replay = run_view(
+                std::slice::from_ref(&path),
+                &mut [&mut steps],
+                Stop::End,
+                View::Tensors,
+            );
+            let _ = std::fs::remove_file(&path);
+            assert!(replay.is_ok(), "the crafted log did not replay");
+            let peak = steps.0.iter().map(|&(bytes, _)| bytes).max().unwrap_or(0);
+            let (expected_peak, expected_times) = if other_device == 1 {
+                (MIB, vec![11, 12, 14, 15])
+            } else {
+                (MIB + 2 * MIB + 1024, vec![11, 12, 13, 14, 15])
+            };
+            assert_eq!(peak, expected_peak, "{:?}", steps.0);
+            let times: Vec<u64> = steps.0.iter().map(|&(_, t_ns)| t_ns).collect();
+            assert_eq!(times, expected_times, "{:?}", steps.0);
+        }
+        // PyTorch's no-caching mode: the tracker attached but names no segment; the autograd
+        // thread's first call on the device ends the main thread's hold, so steps keep the
+        // order they came in (the snapshot export's order is torch's).
+        let records = vec![
+            attached,
+            Record::Event(event(EventKind::Alloc, 0, 10, 1, 0, base, 4)),
+            Record::Event(event(EventKind::Alloc, 0, 11, 2, 0, other, 1024)),
+            Record::Event(event(EventKind::Free, 0, 12, 2, 0, other, 0)),
+            Record::Event(event(EventKind::Free, 0, 13, 1, 0, base, 0)),
+        ];
+        let path = log_of_records("no-caching-hold", &apis, &records);
+        let mut steps = Steps(Vec::new());
+        let replay = run_view(
+            std::slice::from_ref(&path),
+            &mut [&mut steps],
+            Stop::End,
+            View::Tensors,
+        );
+        let _ = std::fs::remove_file(&path);
+        assert!(replay.is_ok(), "the crafted log did not replay");
+        assert_eq!(
+            steps.0,
+            vec![(4, 10), (1028, 11), (4, 12), (0, 13)],
+            "steps in time order"
+        );
     }
 
     #[test]
