@@ -80,8 +80,8 @@ const CUDA12_OLD: Release = Release {
 const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
 
 /// torch 2.3.1+cu121: the newest release built with cuDNN 8 (8.9.2), which it links as
-/// libcudnn.so.8; tested for the cuDNN 8 fake only (its exception names predate the other
-/// tests' scripts).
+/// libcudnn.so.8; tested for the cuDNN 8 fake and the tensor history (its exception names
+/// predate the other tests' scripts).
 const CUDNN8: Release = Release {
     version: "2.3.1",
     cuda: "12.1",
@@ -471,9 +471,20 @@ fn torch_action(event: &str) -> Option<&'static str> {
     })
 }
 
+/// The releases whose tensor history is compared: every release of [`torches`] and 2.3.1
+/// (its allocator's tracker and TraceEntry are those of the later releases).
+fn tracker_torches() -> Vec<Torch> {
+    let mut all = torches();
+    all.extend(install(&CUDNN8).map(|python| Torch {
+        release: &CUDNN8,
+        python,
+    }));
+    all
+}
+
 #[test]
 fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
-    for torch in torches() {
+    for torch in tracker_torches() {
         eprintln!("torch {}", torch.release.version);
         tensors_equal_torchs_own_history(&torch, false);
     }
@@ -483,7 +494,7 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
 /// + `cuMemMap`), never a `cudaMalloc`; the tracker checks its layout against those.
 #[test]
 fn tensors_in_expandable_segments_equal_torchs_own_history() {
-    for torch in torches() {
+    for torch in tracker_torches() {
         eprintln!("torch {}", torch.release.version);
         tensors_equal_torchs_own_history(&torch, true);
     }
