@@ -56,8 +56,8 @@ class Block(nn.Module):
         return torch.relu(self.body(x) + self.shortcut(x))
 
 
-def resnet():
-    """A ResNet-18-like network (stem, two stages of two blocks) trained with Adam for three
+def resnet_steps(count):
+    """A ResNet-18-like network (stem, two stages of two blocks) trained with Adam for `count`
     steps on 16 images of 3x112x112: after each step torch's reserved bytes and the driver's
     used bytes."""
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def resnet():
     images = torch.randn(16, 3, 112, 112, device="cuda")
     labels = torch.randint(0, 1000, (16,), device="cuda")
     steps = []
-    for _ in range(3):
+    for _ in range(count):
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(images), labels)
         loss.backward()
@@ -78,7 +78,26 @@ def resnet():
         loss.item()
         torch.cuda.synchronize()
         steps.append((torch.cuda.memory_reserved(), used()))
-    print(json.dumps({"mode": "resnet", "steps": steps, **stats()}))
+    return steps
+
+
+def resnet():
+    """Three ResNet training steps."""
+    print(json.dumps({"mode": "resnet", "steps": resnet_steps(3), **stats()}))
+
+
+def resnet_trace():
+    """Two ResNet training steps under PyTorch's own memory history: its alloc /
+    free_requested / free_completed / segment_alloc entries (action, address, size), for the
+    tensors recorded beside it."""
+    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+    resnet_steps(2)
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    entries = [[e["action"], e["addr"], e["size"]] for e in snapshot["device_traces"][0]
+               if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc",
+                                  "segment_free")]
+    print(json.dumps({"mode": "resnet_trace", "entries": entries, **stats()}))
 
 
 def attention():
@@ -93,7 +112,8 @@ def attention():
                       "grad": list(q.grad.shape), **stats()}), flush=True)
 
 
-{"conv_workspace": conv_workspace, "resnet": resnet, "attention": attention}[sys.argv[1]]()
+{"conv_workspace": conv_workspace, "resnet": resnet, "resnet_trace": resnet_trace,
+ "attention": attention}[sys.argv[1]]()
 # Every mode leaves without finalising the interpreter: otherwise the autograd thread may still
 # be dropping the last backward's GraphTask, whose thread-local state holds a Python object;
 # its decref then meets the finalising interpreter, which ends the thread with pthread_exit

@@ -1715,6 +1715,55 @@ fn resnet_training_with_adam_through_the_fake_cudnn() {
     assert_log_is_torchs(&run, (15, 0, 138 * MIB));
 }
 
+/// Two ResNet training steps (convolutions and their workspaces through the fake cuDNN,
+/// batch norm, Adam): the tensor events recorded are torch's own memory history, entry for
+/// entry (action, address, size), and the tensor view's peak is torch's allocated peak plus
+/// the libraries' own memory (a cuBLAS and a cuDNN handle on each of the two threads).
+#[test]
+fn resnet_tensors_equal_torchs_own_history() {
+    let Some(torch) = current() else { return };
+    let run = run_torch_script(
+        &torch,
+        "torch_cudnn.py",
+        "resnet_trace",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    let log = run.log.as_ref().expect("log");
+    let recorded: Vec<(String, u64, u64)> = events(&dump(log))
+        .iter()
+        .filter_map(|e| {
+            let action = torch_action(e["event"].as_str()?)?;
+            Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
+        })
+        .collect();
+    let theirs: Vec<(String, u64, u64)> = arr(&r["entries"])
+        .iter()
+        .map(|entry| {
+            let entry = arr(entry);
+            (
+                entry[0].as_str().expect("action").to_owned(),
+                entry[1].as_u64().expect("addr"),
+                entry[2].as_u64().expect("size"),
+            )
+        })
+        .collect();
+    let count = |action: &str| theirs.iter().filter(|(a, _, _)| a == action).count();
+    assert!(count("alloc") > 200, "{}", theirs.len());
+    assert_eq!(count("segment_alloc") as u64, u64_of(r, "num_device_alloc"));
+    assert!(recorded.len() >= theirs.len());
+    assert_eq!(recorded[..theirs.len()], theirs[..]);
+    let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
+    let device = &arr(&peak["devices"])[0];
+    assert_eq!(
+        u64_of(device, "bytes"),
+        u64_of(r, "allocated_bytes_peak") + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE),
+        "{peak}"
+    );
+}
+
 /// `vramshim dryrun --gpu h200 --json` of `tests/python/SCRIPT MODE` (allocator settings
 /// cleared, then `env` set): the verdict, and torch's own figures (the script's JSON line on
 /// stderr).
