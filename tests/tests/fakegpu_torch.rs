@@ -2159,6 +2159,37 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
         assert_eq!(steps.last().and_then(|s| s[1].as_u64()), Some(used), "{r}");
         assert_eq!(device["allocator"], "native_caching", "{v}");
         assert_eq!(device["failures"], 0, "{v}");
+        // `breakdown` of the rank's log, in the user's terms: NCCL's buffers are its
+        // communication, whole at the peak; the context, the first kernel's module and
+        // NCCL's kernels (no hook sees them) are context_and_modules; used is the verdict's.
+        let log = dir.join(format!("{}.vlog", u64_of(r, "pid")));
+        let breakdown = json_of(&[
+            OsStr::new("breakdown"),
+            OsStr::new("--json"),
+            OsStr::new("--device"),
+            OsStr::new(&rank.to_string()),
+            log.as_os_str(),
+        ]);
+        let at_device = &arr(&breakdown["devices"])[0];
+        let communication = arr(&at_device["categories"])
+            .iter()
+            .find(|c| c["category"] == "communication")
+            .cloned()
+            .unwrap_or_else(|| panic!("no communication: {breakdown}"));
+        assert_eq!(
+            (
+                u64_of(&communication, "at_peak_bytes"),
+                u64_of(&communication, "allocated_bytes")
+            ),
+            (nccl_buffers, nccl_buffers),
+            "{breakdown}"
+        );
+        assert_eq!(
+            u64_of(at_device, "context_bytes"),
+            context + 96_468_992 + (589_299_712 - nccl_buffers),
+            "{breakdown}"
+        );
+        assert_eq!(u64_of(at_device, "used_bytes"), used, "{breakdown}");
     }
 }
 
