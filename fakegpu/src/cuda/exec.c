@@ -1,6 +1,7 @@
 /* Work submission, all of which completes at once (kernels do nothing): streams, events,
- * modules and libraries (loaded images are only kept as handles), launches, occupancy, graphs.
- * Synchronising calls are where stream-ordered pools give memory back (pool.c). */
+ * modules and libraries (loaded images are only kept as handles), launches, occupancy; stream
+ * capture, where work on a capturing stream becomes graph nodes instead, done at each graph
+ * launch. Synchronising calls are where stream-ordered pools give memory back (pool.c). */
 #include "driver.h"
 
 #include <stdlib.h>

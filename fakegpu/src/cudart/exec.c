@@ -1,5 +1,6 @@
 /* The runtime's streams, events, kernel registration and launches, graphs, libraries and
- * user objects. Kernels do nothing; everything completes at once. */
+ * user objects. Kernels do nothing; work completes at once, or on a capturing stream becomes a
+ * graph node (the driver's capture, exec.c of libcuda). */
 #include "runtime.h"
 
 #include <stdlib.h>
@@ -535,8 +536,8 @@ FG_EXPORT cudaError_t cudaUserObjectRelease(struct user_object *object, unsigned
     return cudaSuccess;
 }
 
-/* A graph that only completes keeps nothing alive: the references it would take are
- * released at once. */
+/* Graphs keep no user objects: the references a graph would take are released at once (its
+ * nodes hold nothing a destructor could free). */
 FG_EXPORT cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, struct user_object *object,
                                                 unsigned int count, unsigned int flags)
 {
