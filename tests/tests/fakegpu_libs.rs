@@ -573,3 +573,74 @@ fn dryrun_applies_the_programs_cuda_visible_devices_to_its_cards() {
     assert_eq!(u64_of(&devices[0], "peak_recorded"), 8 * MIB, "{verdict}");
     assert_eq!(u64_of(&devices[1], "peak_recorded"), 0, "{verdict}");
 }
+
+/// Stream capture and graphs (`tests/fakegpu/graphs.c`), for CUDA 13 and 12 (whose
+/// cudaStreamGetCaptureInfo generations differ), under the recorder: captured copies and fills
+/// (on the origin stream and on a stream joined through an event) are not done until the graph
+/// launches, and each launch copies the host data of that moment; the real API's errors, and
+/// synchronising during a capture invalidates it.
+#[test]
+fn captured_work_is_done_at_each_graph_launch_and_not_before() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let dir = scratch(&format!("fakegpu-graphs-{major}"));
+        let exe = build_program(&dir, "graphs", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (300 * MIB).to_string())
+            .env("VRAMSHIM_FAKEGPU_MODULE_BYTES", (7 * MIB).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run graphs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            stdout,
+            "setup malloc=0 streams=0 events=0 zero=0\n\
+             legacy=900\n\
+             begin before=0 rc=0 again=401 after=1\n\
+             info empty rc=0 status=1 id=set graph=set deps=0 same=1\n\
+             capture memset=0 copy=0 record=0\n\
+             info captured rc=0 status=1 id=set graph=set deps=1+node same=1\n\
+             fork before=0 wait=0 after=1 memset=0 record=0 end-on-side=903 join=0 kernel=0 copy=0\n\
+             during eeee eeee eeee eeee\n\
+             used 307 MiB + 4096\n\
+             end rc=0 graph=set origin=0 side=0 again=401\n\
+             device=0\n\
+             device 0000 0000 0000 0000\n\
+             nodes rc=0 count=5 types=2,1,2,0,1\n\
+             launch instantiate=0 launch=0 sync=0\n\
+             first a1a1 5555 7777 0000\n\
+             launch launch=0 sync=0\n\
+             second b2b2 5555 7777 0000\n\
+             destroy exec=0 graph=0\n\
+             sync-stream begin=0 sync=900 status=2 copy=901 end=901 graph=null\n\
+             sync-device begin=0 sync=900 end=901 graph=null\n\
+             relaxed-thread begin=0 exchange=0 old=0 sync=0 restore=0 end=0\n\
+             nodes rc=0 count=0 types=\n\
+             relaxed-capture destroy=0 begin=0 sync=0 end=0 destroy=0\n\
+             teardown events=0 streams=0 free=0\n"
+        );
+        // The recorder saw the one buffer.
+        let run = Run {
+            output,
+            dir: dir.clone(),
+        };
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let malloc = select(&events, "alloc", "cudaMalloc");
+        assert_eq!(
+            malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            vec![4096]
+        );
+        assert_eq!(select(&events, "free", "cudaFree").len(), 1);
+    }
+}

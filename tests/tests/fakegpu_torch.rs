@@ -2519,3 +2519,83 @@ fn nvtx_ranges_of_real_torch_are_marks_in_the_log() {
         assert_eq!(marks, Vec::new(), "torch {version}");
     }
 }
+
+/// torch.cuda.graph on the fakes (`tests/python/torch_graphs.py graph`), every release: the
+/// capture after a warm-up on a side stream works (the streams report themselves capturing;
+/// before, torch failed "Stream should be actively capturing"), is not empty (torch warns "The
+/// CUDA Graph is empty" for a capture of nothing, checked too), captures a copy without doing
+/// it, and each replay copies the static input of that moment. The graph's memory (its private
+/// pool) is in the log: torch's counters after the capture and replays replay from it.
+#[test]
+fn cuda_graph_capture_and_replay_of_a_small_model() {
+    for torch in torches() {
+        let version = torch.release.version;
+        eprintln!("torch {version}");
+        let run = run_torch_script(&torch, "torch_graphs.py", "graph", 80 << 30, &[], true);
+        let r = &run.result;
+        assert_eq!(r["empty_warnings"], 0, "{r}");
+        assert_eq!(r["empty_capture_warnings"], 1, "{r}");
+        // arange(1024) sums to 523776: the copy was recorded, not done, at the capture.
+        assert_eq!(r["copy_after_capture"], 0.0, "{r}");
+        assert_eq!(r["replays"], serde_json::json!([2048.0, 3072.0]), "{r}");
+        assert_eq!(r["out_shape"], serde_json::json!([16, 32]), "{r}");
+        // torch 2.15 keeps the graph (keep_graph=True): cudaGraphGetNodes counts ReLU's kernel
+        // and the copy (the fake cuBLAS's GEMMs launch no kernel).
+        let nodes = if version == "2.15.0" {
+            serde_json::json!([0, 2])
+        } else {
+            Value::Null
+        };
+        assert_eq!(r["nodes"], nodes, "{r}");
+        // Replays take no memory: the figures after the capture are the final ones.
+        for key in ["num_device_alloc", "num_device_free", "reserved_bytes_peak"] {
+            assert_eq!(r["after_capture"][key], r[key], "{key}: {r}");
+        }
+        // CUDA 12 releases (2.6, 2.4) also give the capture stream its own 32 MiB cuBLAS
+        // workspace from the allocator.
+        let expected = if version == "2.15.0" {
+            (3, 1, 4 * MIB)
+        } else {
+            (6, 1, 70 * MIB)
+        };
+        assert_log_is_torchs(&run, expected);
+        assert_eq!(u64_of(r, "segment_current"), expected.0 - expected.1, "{r}");
+    }
+}
+
+/// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's
+/// CUDA graph trees record one graph and replay it, and the log replays to torch's counters.
+#[test]
+fn torch_compile_reduce_overhead_records_and_replays_a_cuda_graph() {
+    let Some(torch) = current_with_extras() else {
+        return;
+    };
+    let caches = scratch("torch-reduce-overhead-caches");
+    let run = run_torch_script(
+        &torch,
+        "torch_graphs.py",
+        "reduce-overhead",
+        80 << 30,
+        &[
+            (
+                "TRITON_CACHE_DIR",
+                caches.join("triton").to_str().expect("utf-8 path"),
+            ),
+            (
+                "TORCHINDUCTOR_CACHE_DIR",
+                caches.join("inductor").to_str().expect("utf-8 path"),
+            ),
+            ("TORCHINDUCTOR_COMPILE_THREADS", "1"),
+        ],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["graphs"], 1, "{r}");
+    assert_eq!(r["recorded_graphs"], 1, "{r}");
+    assert_eq!(r["replays"], 3, "{r}");
+    assert_eq!(r["out_shape"], serde_json::json!([32, 10]), "{r}");
+    // Five segments (one given back), 84 MiB at the peak, as torch counts them (fresh caches:
+    // compiling allocates too).
+    assert_log_is_torchs(&run, (5, 1, 84 * MIB));
+    assert_eq!(r["segment_current"], 4, "{r}");
+}

@@ -434,6 +434,8 @@ FG_EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = fg_current_device(&d);
     if (rc)
         return rc;
+    if ((rc = fg_capture_forbids()))
+        return rc;
     fg_pools_sync();
     return CUDA_SUCCESS;
 }
@@ -538,6 +540,11 @@ CUresult fg_kernel_launch(void)
 /* For the fake runtime and libraries, which load kernels through the driver. Not NVIDIA
  * symbols. */
 FG_EXPORT int vramshim_fakegpu_kernel_launch(void) { return fg_kernel_launch(); }
+/* The runtime's launches: on STREAM, so that a capturing stream records them. */
+FG_EXPORT CUresult vramshim_fakegpu_kernel_launch_on(CUstream stream)
+{
+    return fg_kernel_launch_on(stream);
+}
 
 FG_EXPORT int vramshim_fakegpu_load_kernels(int dev, const char *name, unsigned long long bytes)
 {

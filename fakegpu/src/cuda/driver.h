@@ -111,3 +111,27 @@ bool fg_pools_trim_device(int dev);
 CUresult cuCtxGetCurrent(CUcontext *ctx);
 CUresult cuCtxGetDevice(CUdevice *dev);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
+
+/* Copies and fills as the memory API does them (memory.c): what a graph launch runs. */
+CUresult fg_copy(uint64_t dst, uint64_t src, size_t n);
+CUresult fg_set(uint64_t dst, unsigned value, size_t element, size_t count);
+
+/* Stream capture (exec.c). An operation work on a stream stands for: done at once, or recorded
+ * as a graph node while the stream captures. */
+enum fg_op_type { FG_OP_KERNEL, FG_OP_COPY, FG_OP_SET, FG_OP_HOST, FG_OP_EMPTY };
+struct fg_op {
+    enum fg_op_type type;
+    uint64_t dst, src;
+    size_t bytes;             /* FG_OP_COPY */
+    unsigned value;           /* FG_OP_SET: COUNT elements of ELEMENT bytes */
+    size_t element, count;
+    void (*host_fn)(void *);  /* FG_OP_HOST */
+    void *host_data;
+};
+/* True when STREAM is capturing: OP became a node (or *RC says why not); false: do it now. */
+bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc);
+/* CUDA_SUCCESS, or the error a call the driver forbids during captures (synchronising the
+ * device) gets, invalidating the captures it would break. */
+CUresult fg_capture_forbids(void);
+/* A kernel launch on STREAM (fg_kernel_launch, then a node if STREAM captures). */
+CUresult fg_kernel_launch_on(CUstream stream);

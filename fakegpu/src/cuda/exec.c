@@ -1,6 +1,7 @@
 /* Work submission, all of which completes at once (kernels do nothing): streams, events,
- * modules and libraries (loaded images are only kept as handles), launches, occupancy, graphs.
- * Synchronising calls are where stream-ordered pools give memory back (pool.c). */
+ * modules and libraries (loaded images are only kept as handles), launches, occupancy; stream
+ * capture, where work on a capturing stream becomes graph nodes instead, done at each graph
+ * launch. Synchronising calls are where stream-ordered pools give memory back (pool.c). */
 #include "driver.h"
 
 #include <stdlib.h>
@@ -12,11 +13,18 @@ struct CUstream_st {
     unsigned flags;
     int priority;
     unsigned long long id;
+    /* The capture this stream takes part in (0: none; one that has ended is cleared at the next
+     * look), and the last node captured on it: what the next node depends on. */
+    unsigned long long capture_id;
+    CUgraphNode last;
 };
 
 struct CUevent_st {
     unsigned flags;
     double recorded_ms; /* CLOCK_MONOTONIC at the last record */
+    /* Recorded on a capturing stream: waiting on it joins the waiting stream to that capture. */
+    unsigned long long capture_id;
+    CUgraphNode node;
 };
 
 struct CUmod_st {
@@ -28,13 +36,44 @@ struct CUfunc_st {
     char name[];
 };
 
+/* A graph is its nodes in the order they were added (captured); an executable graph is a copy
+ * of their operations, done in that order at each launch. */
+struct CUgraphNode_st {
+    struct fg_op op;
+};
+
 struct CUgraph_st {
-    int nodes;
+    CUgraphNode *nodes;
+    size_t count, capacity;
 };
 
 struct CUgraphExec_st {
-    CUgraph graph;
+    struct fg_op *ops;
+    size_t count;
 };
+
+/* An active stream capture. Captures live in one list under capture_lock; streams and events
+ * refer to them by id, so a capture that ends leaves nothing dangling. */
+struct capture {
+    unsigned long long id;
+    CUgraph graph;
+    bool owns_graph; /* false for cuStreamBeginCaptureToGraph */
+    int mode;        /* CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed */
+    CUstream origin;
+    pthread_t thread;
+    bool invalidated;
+    struct capture *next;
+};
+
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct capture *captures;
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph graph);
+static unsigned long long next_capture_id = 1;
+/* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static __thread int thread_capture_mode;
+/* cudaStreamPerThread's state in each thread (the legacy stream 0/1 never captures). */
+static __thread struct CUstream_st per_thread_stream;
 
 static unsigned long long next_stream_id = 1;
 
@@ -79,20 +118,56 @@ FG_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
     return CUDA_SUCCESS;
 }
 
+static CUresult capture_forbids_stream(CUstream stream);
+
 FG_EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     CUresult rc = need_context();
+    if (!rc)
+        rc = capture_forbids_stream(stream);
     if (!rc)
         fg_pools_sync();
     return rc;
 }
 
-FG_EXPORT CUresult cuStreamQuery(CUstream stream) { return need_context(); }
+FG_EXPORT CUresult cuStreamQuery(CUstream stream)
+{
+    CUresult rc = need_context();
+    return rc ? rc : capture_forbids_stream(stream);
+}
 
+static struct CUstream_st *capture_stream(CUstream stream);
+static struct capture *capture_of(struct CUstream_st *stream);
+static struct capture *capture_by_id(unsigned long long id);
+
+/* Waiting on an event recorded during a capture joins the waiting stream to that capture
+ * (how work forks onto side streams), depending on the event's node. */
 FG_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
 {
     CUresult rc = need_context();
-    return rc ? rc : event ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (rc)
+        return rc;
+    if (!event)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!__atomic_load_n(&event->capture_id, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    struct CUstream_st *s = capture_stream(stream);
+    pthread_mutex_lock(&capture_lock);
+    struct capture *joining = capture_by_id(event->capture_id);
+    struct capture *current = capture_of(s);
+    if (!joining) {
+        event->capture_id = 0; /* its capture has ended: an ordinary event now */
+    } else if (!s) {
+        joining->invalidated = true; /* the legacy stream cannot join a capture */
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    } else if (current && current != joining) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    } else {
+        s->last = event->node ? event->node : s->last;
+        __atomic_store_n(&s->capture_id, joining->id, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
 }
 
 FG_EXPORT CUresult cuStreamGetPriority(CUstream stream, int *priority)
@@ -141,11 +216,243 @@ FG_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *device)
     return cuCtxGetDevice(device);
 }
 
+/* ---------------------------------------------------------------- stream capture */
+/* The stream whose capture state a handle names: NULL for the legacy stream (0 or 1). */
+static struct CUstream_st *capture_stream(CUstream stream)
+{
+    if ((uintptr_t)stream == 2) /* CU_STREAM_PER_THREAD */
+        return &per_thread_stream;
+    return (uintptr_t)stream > 2 ? stream : NULL;
+}
+
+/* The active capture STREAM takes part in, or NULL (clearing an ended one). capture_lock held. */
+static struct capture *capture_of(struct CUstream_st *stream)
+{
+    if (!stream || !stream->capture_id)
+        return NULL;
+    for (struct capture *c = captures; c; c = c->next)
+        if (c->id == stream->capture_id)
+            return c;
+    stream->capture_id = 0;
+    stream->last = NULL;
+    return NULL;
+}
+
+static struct capture *capture_by_id(unsigned long long id)
+{
+    for (struct capture *c = id ? captures : NULL; c; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *added)
+{
+    if (graph->count == graph->capacity) {
+        size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
+        CUgraphNode *nodes = realloc(graph->nodes, capacity * sizeof *nodes);
+        if (!nodes)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        graph->nodes = nodes;
+        graph->capacity = capacity;
+    }
+    CUgraphNode node = malloc(sizeof *node);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->op = *op;
+    graph->nodes[graph->count++] = node;
+    if (added)
+        *added = node;
+    return CUDA_SUCCESS;
+}
+
+bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    /* The common case, no capture on this stream, takes no lock. */
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (c)
+        *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                             : graph_add(c->graph, op, &s->last);
+    pthread_mutex_unlock(&capture_lock);
+    return c != NULL;
+}
+
+/* A call the real driver forbids during captures ("potentially unsafe" ones, such as
+ * synchronising the device): it fails, and invalidates every capture it would have broken:
+ * global-mode captures of any thread and thread-local ones of the calling thread, unless the
+ * calling thread's mode is relaxed. */
+CUresult fg_capture_forbids(void)
+{
+    if (thread_capture_mode == 2 || !__atomic_load_n(&captures, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    for (struct capture *c = captures; c; c = c->next)
+        if (c->mode == 0 || (c->mode == 1 && pthread_equal(c->thread, pthread_self()))) {
+            c->invalidated = true;
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* Synchronising a capturing stream: not allowed, and the capture is invalidated. */
+static CUresult capture_forbids_stream(CUstream stream)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s) /* the legacy stream: as synchronising the device */
+        return fg_capture_forbids();
+    if (!__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (c)
+        c->invalidated = true;
+    pthread_mutex_unlock(&capture_lock);
+    return c ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+static CUresult begin_capture(CUstream stream, CUgraph into, int mode)
+{
+    CUresult rc = need_context();
+    if (rc)
+        return rc;
+    if (mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    struct capture *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (into) {
+        c->graph = into;
+    } else if ((rc = cuGraphCreate(&c->graph, 0))) {
+        free(c);
+        return rc;
+    }
+    c->owns_graph = !into;
+    c->mode = mode;
+    c->origin = s;
+    c->thread = pthread_self();
+    pthread_mutex_lock(&capture_lock);
+    if (capture_of(s)) {
+        pthread_mutex_unlock(&capture_lock);
+        if (c->owns_graph)
+            cuGraphDestroy(c->graph);
+        free(c);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    c->id = next_capture_id++;
+    c->next = captures;
+    __atomic_store_n(&captures, c, __ATOMIC_RELEASE);
+    s->last = into && into->count ? into->nodes[into->count - 1] : NULL;
+    __atomic_store_n(&s->capture_id, c->id, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    return begin_capture(stream, NULL, mode);
+}
+
+/* CUDA 10.0's entry point had no mode argument; its captures forbade no other call. */
+FG_EXPORT CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture(stream, NULL, 2); }
+
+FG_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
+                                               const CUgraphNode *deps, const void *edges,
+                                               size_t count, int mode)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(stream, graph, mode);
+}
+
+FG_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
+{
+    CUresult rc = need_context();
+    if (rc)
+        return rc;
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = capture_stream(stream);
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (!c)
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    else if (c->origin != s)
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    else if (c->mode == 1 && !pthread_equal(c->thread, pthread_self()))
+        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    if (rc) {
+        pthread_mutex_unlock(&capture_lock);
+        return rc;
+    }
+    /* Ends the capture for every stream that joined it: they find its id gone. */
+    for (struct capture **p = &captures; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    s->capture_id = 0;
+    s->last = NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (c->invalidated) {
+        *graph = NULL;
+        if (c->owns_graph)
+            cuGraphDestroy(c->graph);
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else {
+        *graph = c->graph;
+    }
+    free(c);
+    return rc;
+}
+
 FG_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    struct CUstream_st *s = capture_stream(stream);
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                 : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Every generation of cuStreamGetCaptureInfo: the status, and while a capture is active its
+ * id, graph and the stream's current dependency (the last node captured on it). */
+CUresult fg_capture_info(CUstream stream, int *status, unsigned long long *id, CUgraph *graph,
+                         const CUgraphNode **deps, const void **edges, size_t *count)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = capture_stream(stream);
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                 : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    bool active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id && active)
+        *id = c->id;
+    if (graph)
+        *graph = active ? c->graph : NULL;
+    if (deps)
+        *deps = active && s->last ? (const CUgraphNode *)&s->last : NULL;
+    if (edges)
+        *edges = NULL; /* default edges only */
+    if (count)
+        *count = active && s->last ? 1 : 0;
+    pthread_mutex_unlock(&capture_lock);
     return CUDA_SUCCESS;
 }
 
@@ -153,29 +460,27 @@ FG_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsig
                                              CUgraph *graph, const CUgraphNode **deps,
                                              const void **edges, size_t *count)
 {
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CUDA_SUCCESS;
+    return fg_capture_info(stream, status, id, graph, deps, edges, count);
 }
 
 FG_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, unsigned long long *id,
                                              CUgraph *graph, const CUgraphNode **deps,
                                              size_t *count)
 {
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CUDA_SUCCESS;
+    return fg_capture_info(stream, status, id, graph, deps, NULL, count);
+}
+
+FG_EXPORT CUresult cuStreamGetCaptureInfo(CUstream stream, int *status, unsigned long long *id)
+{
+    return fg_capture_info(stream, status, id, NULL, NULL, NULL, NULL);
 }
 
 FG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 {
-    if (!mode)
+    if (!mode || *mode < 0 || *mode > 2)
         return CUDA_ERROR_INVALID_VALUE;
-    static __thread int thread_mode;
-    int old = thread_mode;
-    thread_mode = *mode;
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
     *mode = old;
     return CUDA_SUCCESS;
 }
@@ -211,10 +516,22 @@ FG_EXPORT CUresult cuEventDestroy_v2(CUevent event)
     return CUDA_SUCCESS;
 }
 
+/* A record on a capturing stream marks the stream's place in the capture instead. */
 FG_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
 {
     if (!event)
         return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *s = capture_stream(stream);
+    if (s && __atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&capture_lock);
+        struct capture *c = capture_of(s);
+        event->capture_id = c ? c->id : 0;
+        event->node = c ? s->last : NULL;
+        pthread_mutex_unlock(&capture_lock);
+        if (c)
+            return c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    }
+    __atomic_store_n(&event->capture_id, 0, __ATOMIC_RELEASE);
     event->recorded_ms = now_ms();
     return CUDA_SUCCESS;
 }
@@ -436,7 +753,19 @@ FG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    return fg_kernel_launch();
+    return fg_kernel_launch_on(stream);
+}
+
+/* A launch on STREAM: loads the module now (a capture too: the real driver loads it when the
+ * launch is captured) and, on a capturing stream, becomes a kernel node. */
+CUresult fg_kernel_launch_on(CUstream stream)
+{
+    CUresult rc = fg_kernel_launch();
+    if (rc)
+        return rc;
+    struct fg_op op = {.type = FG_OP_KERNEL};
+    fg_capture_op(stream, &op, &rc);
+    return rc;
 }
 
 typedef struct {
@@ -471,8 +800,10 @@ FG_EXPORT CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *d
         return rc;
     if (!fn)
         return CUDA_ERROR_INVALID_VALUE;
-    fn(data);
-    return CUDA_SUCCESS;
+    struct fg_op op = {.type = FG_OP_HOST, .host_fn = fn, .host_data = data};
+    if (!fg_capture_op(stream, &op, &rc))
+        fn(data);
+    return rc;
 }
 
 FG_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction f,
@@ -503,10 +834,10 @@ FG_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_si
     return CUDA_SUCCESS;
 }
 
-/* ---------------------------------------------------------------- graphs (complete at once) */
+/* ---------------------------------------------------------------- graphs */
 FG_EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
 {
-    if (!graph)
+    if (!graph || flags)
         return CUDA_ERROR_INVALID_VALUE;
     *graph = calloc(1, sizeof **graph);
     return *graph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -516,10 +847,26 @@ FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
 {
     if (!graph)
         return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < graph->count; i++)
+        free(graph->nodes[i]);
+    free(graph->nodes);
     free(graph);
     return CUDA_SUCCESS;
 }
 
+FG_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph,
+                                       const CUgraphNode *deps, size_t count)
+{
+    if (!node || !graph || (count && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_op op = {.type = FG_OP_EMPTY};
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = graph_add(graph, &op, node);
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* The instantiated graph copies the operations: later changes to the graph do not reach it. */
 FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
                                                unsigned long long flags)
 {
@@ -528,14 +875,56 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    e->graph = graph;
+    pthread_mutex_lock(&capture_lock);
+    e->ops = graph->count ? malloc(graph->count * sizeof *e->ops) : NULL;
+    if (e->ops || !graph->count) {
+        for (size_t i = 0; i < graph->count; i++)
+            e->ops[i] = graph->nodes[i]->op;
+        e->count = graph->count;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (graph->count && !e->ops) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *exec = e;
     return CUDA_SUCCESS;
 }
 
+/* CUDA 11's entry point, with an error node and a log buffer (nothing to say here). */
+FG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                                         char *log, size_t log_size)
+{
+    if (error_node)
+        *error_node = NULL;
+    if (log && log_size)
+        log[0] = 0;
+    return cuGraphInstantiateWithFlags(exec, graph, 0);
+}
+
+static CUresult run_op(const struct fg_op *op)
+{
+    switch (op->type) {
+    case FG_OP_COPY: return fg_copy(op->dst, op->src, op->bytes);
+    case FG_OP_SET: return fg_set(op->dst, op->value, op->element, op->count);
+    case FG_OP_HOST: op->host_fn(op->host_data); return CUDA_SUCCESS;
+    default: return CUDA_SUCCESS; /* kernels do nothing */
+    }
+}
+
+/* A launch does the recorded operations in order, at once; launched on a capturing stream, the
+ * graph's operations join that capture instead. */
 FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
-    return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = need_context();
+    if (rc)
+        return rc;
+    if (!exec)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < exec->count && !rc; i++)
+        if (!fg_capture_op(stream, &exec->ops[i], &rc))
+            rc = run_op(&exec->ops[i]);
+    return rc;
 }
 
 FG_EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
@@ -547,14 +936,32 @@ FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    free(exec->ops);
     free(exec);
     return CUDA_SUCCESS;
 }
 
+/* NODES NULL: the count only; else up to *COUNT nodes, the rest of the array NULL, and the
+ * graph's node count. */
 FG_EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
 {
     if (!graph || !count)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = 0;
+    pthread_mutex_lock(&capture_lock);
+    if (nodes)
+        for (size_t i = 0; i < *count; i++)
+            nodes[i] = i < graph->count ? graph->nodes[i] : NULL;
+    *count = graph->count;
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
+{
+    if (!node || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    static const int types[] = {[FG_OP_KERNEL] = 0, [FG_OP_COPY] = 1, [FG_OP_SET] = 2,
+                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5};
+    *type = types[node->op.type];
     return CUDA_SUCCESS;
 }

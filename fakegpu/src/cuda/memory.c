@@ -520,9 +520,25 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n)
 }
 
 FG_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(dst, src, n); }
+/* A copy on a stream: at once, or a node of the stream's capture (its ranges checked now). */
+static CUresult copy_on(uint64_t dst, uint64_t src, size_t n, CUstream s)
+{
+    struct fg_op op = {.type = FG_OP_COPY, .dst = dst, .src = src, .bytes = n};
+    CUresult rc = fg_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    if (!rc)
+        rc = check_range(dst, n);
+    if (!rc)
+        rc = check_range(src, n);
+    if (rc || fg_capture_op(s, &op, &rc))
+        return rc;
+    return copy(dst, src, n);
+}
+
+CUresult fg_copy(uint64_t dst, uint64_t src, size_t n) { return copy(dst, src, n); }
+
 FG_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return copy(dst, src, n);
+    return copy_on(dst, src, n, s);
 }
 FG_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
@@ -538,15 +554,15 @@ FG_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 }
 FG_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    return copy(dst, (uint64_t)src, n);
+    return copy_on(dst, (uint64_t)src, n, s);
 }
 FG_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return copy((uint64_t)dst, src, n);
+    return copy_on((uint64_t)dst, src, n, s);
 }
 FG_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return copy(dst, src, n);
+    return copy_on(dst, src, n, s);
 }
 FG_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc,
                                 size_t n)
@@ -556,7 +572,7 @@ FG_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, 
 FG_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc,
                                      size_t n, CUstream s)
 {
-    return copy(dst, src, n);
+    return copy_on(dst, src, n, s);
 }
 
 /* Zero fills of whole pages give the pages back instead of writing them, so a large memset
@@ -605,17 +621,35 @@ static CUresult set(uint64_t dst, unsigned value, size_t elem, size_t count)
 FG_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return set(d, v, 1, n); }
 FG_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return set(d, v, 2, n); }
 FG_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return set(d, v, 4, n); }
+CUresult fg_set(uint64_t dst, unsigned value, size_t element, size_t count)
+{
+    return set(dst, value, element, count);
+}
+
+/* A fill on a stream: at once, or a node of the stream's capture (its range checked now). */
+static CUresult set_on(uint64_t dst, unsigned value, size_t element, size_t count, CUstream s)
+{
+    struct fg_op op = {.type = FG_OP_SET, .dst = dst, .value = value, .element = element,
+                       .count = count};
+    CUresult rc = fg_initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    if (!rc)
+        rc = check_range(dst, element * count);
+    if (rc || fg_capture_op(s, &op, &rc))
+        return rc;
+    return set(dst, value, element, count);
+}
+
 FG_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
-    return set(d, v, 1, n);
+    return set_on(d, v, 1, n, s);
 }
 FG_EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s)
 {
-    return set(d, v, 2, n);
+    return set_on(d, v, 2, n, s);
 }
 FG_EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s)
 {
-    return set(d, v, 4, n);
+    return set_on(d, v, 4, n, s);
 }
 
 FG_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc,

@@ -1,5 +1,6 @@
 /* The runtime's streams, events, kernel registration and launches, graphs, libraries and
- * user objects. Kernels do nothing; everything completes at once. */
+ * user objects. Kernels do nothing; work completes at once, or on a capturing stream becomes a
+ * graph node (the driver's capture, exec.c of libcuda). */
 #include "runtime.h"
 
 #include <stdlib.h>
@@ -77,41 +78,23 @@ FG_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t s,
 FG_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, void (*fn)(void *), void *data)
 {
     READY();
-    if (!fn)
-        return fg_rt_status(cudaErrorInvalidValue);
-    fn(data);
-    return cudaSuccess;
+    return fg_rt_status(cuLaunchHostFunc(s, fn, data));
 }
 
-/* Stream capture: a capture makes an empty graph; streams never report themselves capturing. */
+/* Stream capture: the driver's (work on a capturing stream becomes graph nodes). */
 FG_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, int *status)
 {
     READY();
-    if (!status)
-        return fg_rt_status(cudaErrorInvalidValue);
-    *status = 0;
-    return cudaSuccess;
+    return fg_rt_status(cuStreamIsCapturing(s, status));
 }
 
 /* CUDA 13's cudaStreamGetCaptureInfo, CUDA 12's cudaStreamGetCaptureInfo_v3 (edge data). */
-static cudaError_t capture_info(int *status, unsigned long long *id, cudaGraph_t *graph,
-                                const void **deps, const void **edges, size_t *count)
+static cudaError_t capture_info(cudaStream_t s, int *status, unsigned long long *id,
+                                cudaGraph_t *graph, const CUgraphNode **deps, const void **edges,
+                                size_t *count)
 {
     READY();
-    if (!status)
-        return fg_rt_status(cudaErrorInvalidValue);
-    *status = 0;
-    if (id)
-        *id = 0;
-    if (graph)
-        *graph = NULL;
-    if (deps)
-        *deps = NULL;
-    if (edges)
-        *edges = NULL;
-    if (count)
-        *count = 0;
-    return cudaSuccess;
+    return fg_rt_status(cuStreamGetCaptureInfo_v3(s, status, id, graph, deps, edges, count));
 }
 
 #if FG_SONAME_MAJOR == 12
@@ -120,53 +103,51 @@ static cudaError_t capture_info(int *status, unsigned long long *id, cudaGraph_t
 FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
                                                unsigned long long *id)
 {
-    return capture_info(status, id, NULL, NULL, NULL, NULL);
+    return capture_info(s, status, id, NULL, NULL, NULL, NULL);
 }
 
 FG_EXPORT cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t s, int *status,
                                                   unsigned long long *id, cudaGraph_t *graph,
-                                                  const void **deps, size_t *count)
+                                                  const CUgraphNode **deps, size_t *count)
 {
-    return capture_info(status, id, graph, deps, NULL, count);
+    return capture_info(s, status, id, graph, deps, NULL, count);
 }
 
 FG_EXPORT cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t s, int *status,
                                                   unsigned long long *id, cudaGraph_t *graph,
-                                                  const void **deps, const void **edges,
+                                                  const CUgraphNode **deps, const void **edges,
                                                   size_t *count)
 {
-    return capture_info(status, id, graph, deps, edges, count);
+    return capture_info(s, status, id, graph, deps, edges, count);
 }
 #else
 FG_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, int *status,
                                                unsigned long long *id, cudaGraph_t *graph,
-                                               const void **deps, const void **edges,
+                                               const CUgraphNode **deps, const void **edges,
                                                size_t *count)
 {
-    return capture_info(status, id, graph, deps, edges, count);
+    return capture_info(s, status, id, graph, deps, edges, count);
 }
 #endif
 
 FG_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode)
 {
     READY();
-    return cudaSuccess;
+    return fg_rt_status(cuStreamBeginCapture_v2(s, mode));
 }
 
 FG_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t graph,
-                                                    const void *deps, const void *edges,
+                                                    const CUgraphNode *deps, const void *edges,
                                                     size_t count, int mode)
 {
     READY();
-    return graph ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+    return fg_rt_status(cuStreamBeginCaptureToGraph(s, graph, deps, edges, count, mode));
 }
 
 FG_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
 {
     READY();
-    if (!graph)
-        return fg_rt_status(cudaErrorInvalidValue);
-    return fg_rt_status(cuGraphCreate(graph, 0));
+    return fg_rt_status(cuStreamEndCapture(s, graph));
 }
 
 #if FG_SONAME_MAJOR == 12
@@ -331,7 +312,7 @@ FG_EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t
     return cudaSuccess;
 }
 
-static cudaError_t launch(const void *function, dim3 grid, dim3 block)
+static cudaError_t launch(const void *function, dim3 grid, dim3 block, cudaStream_t s)
 {
     READY();
     if (!function)
@@ -340,19 +321,20 @@ static cudaError_t launch(const void *function, dim3 grid, dim3 block)
         (unsigned long long)block.x * block.y * block.z > 1024)
         return fg_rt_status(9); /* cudaErrorInvalidConfiguration */
     /* The first launch loads the module (lazily, as CUDA does): it may not fit. */
-    return vramshim_fakegpu_kernel_launch() ? fg_rt_status(cudaErrorMemoryAllocation) : cudaSuccess;
+    CUresult rc = vramshim_fakegpu_kernel_launch_on(s);
+    return fg_rt_status(rc == CUDA_ERROR_OUT_OF_MEMORY ? cudaErrorMemoryAllocation : rc);
 }
 
 FG_EXPORT cudaError_t cudaLaunchKernel(const void *function, dim3 grid, dim3 block, void **args,
                                        size_t shared, cudaStream_t s)
 {
-    return launch(function, grid, block);
+    return launch(function, grid, block, s);
 }
 
 FG_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *function, dim3 grid, dim3 block,
                                                   void **args, size_t shared, cudaStream_t s)
 {
-    return launch(function, grid, block);
+    return launch(function, grid, block, s);
 }
 
 FG_EXPORT cudaError_t __cudaGetKernel(void **kernel, const void *function)
@@ -366,7 +348,7 @@ FG_EXPORT cudaError_t __cudaGetKernel(void **kernel, const void *function)
 FG_EXPORT cudaError_t __cudaLaunchKernel(void *kernel, dim3 grid, dim3 block, void **args,
                                          size_t shared, cudaStream_t s)
 {
-    return launch(kernel, grid, block);
+    return launch(kernel, grid, block, s);
 }
 
 struct launch_config {
@@ -382,7 +364,7 @@ FG_EXPORT cudaError_t cudaLaunchKernelExC(const struct launch_config *config, co
 {
     if (!config)
         return fg_rt_status(cudaErrorInvalidValue);
-    return launch(function, config->grid, config->block);
+    return launch(function, config->grid, config->block, config->stream);
 }
 
 FG_EXPORT cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, const void *function)
@@ -501,6 +483,25 @@ FG_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, CUgraphNode *nodes, s
     return fg_rt_status(cuGraphGetNodes(graph, nodes, count));
 }
 
+FG_EXPORT cudaError_t cudaGraphNodeGetType(CUgraphNode node, int *type)
+{
+    READY();
+    return fg_rt_status(cuGraphNodeGetType(node, type));
+}
+
+FG_EXPORT cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t s)
+{
+    READY();
+    return fg_rt_status(cuGraphUpload(exec, s));
+}
+
+FG_EXPORT cudaError_t cudaGraphAddEmptyNode(CUgraphNode *node, cudaGraph_t graph,
+                                            const CUgraphNode *deps, size_t count)
+{
+    READY();
+    return fg_rt_status(cuGraphAddEmptyNode(node, graph, deps, count));
+}
+
 /* User objects: a reference count and a destructor, run when the count reaches zero. */
 struct user_object {
     void *data;
@@ -535,8 +536,8 @@ FG_EXPORT cudaError_t cudaUserObjectRelease(struct user_object *object, unsigned
     return cudaSuccess;
 }
 
-/* A graph that only completes keeps nothing alive: the references it would take are
- * released at once. */
+/* Graphs keep no user objects: the references a graph would take are released at once (its
+ * nodes hold nothing a destructor could free). */
 FG_EXPORT cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, struct user_object *object,
                                                 unsigned int count, unsigned int flags)
 {

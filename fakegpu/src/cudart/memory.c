@@ -92,13 +92,14 @@ FG_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
 FG_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind,
                                       cudaStream_t stream)
 {
-    return cudaMemcpy(dst, src, n, kind);
+    READY();
+    return fg_rt_status(cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, stream));
 }
 
 FG_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_device, const void *src,
                                           int src_device, size_t n, cudaStream_t stream)
 {
-    return cudaMemcpy(dst, src, n, 4);
+    return cudaMemcpyAsync(dst, src, n, 4, stream);
 }
 
 FG_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dst_device, const void *src, int src_device,
@@ -126,7 +127,16 @@ FG_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *sr
                                         size_t width, size_t height, int kind,
                                         cudaStream_t stream)
 {
-    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+    READY();
+    if (width > dpitch || width > spitch)
+        return fg_rt_status(cudaErrorInvalidValue);
+    for (size_t row = 0; row < height; row++) {
+        CUresult rc = cuMemcpyAsync((CUdeviceptr)dst + row * dpitch,
+                                    (CUdeviceptr)src + row * spitch, width, stream);
+        if (rc)
+            return fg_rt_status(rc);
+    }
+    return cudaSuccess;
 }
 
 FG_EXPORT cudaError_t cudaMemset(void *p, int value, size_t n)
@@ -137,7 +147,8 @@ FG_EXPORT cudaError_t cudaMemset(void *p, int value, size_t n)
 
 FG_EXPORT cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream)
 {
-    return cudaMemset(p, value, n);
+    READY();
+    return fg_rt_status(cuMemsetD8Async((CUdeviceptr)p, (unsigned char)value, n, stream));
 }
 
 /* __constant__ and __device__ variables: their host shadows stand for them. */

@@ -303,6 +303,8 @@ CUresult cuInit(unsigned int flags);
 /* The fake driver's: the first launch on a device loads the program's module (non-zero: it
  * did not fit). */
 int vramshim_fakegpu_kernel_launch(void);
+/* The same for a launch on STREAM, which a capturing stream records as a graph node. */
+CUresult vramshim_fakegpu_kernel_launch_on(CUstream stream);
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
@@ -372,6 +374,21 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuGraphNodeGetType(CUgraphNode node, int *type);
+CUresult cuGraphUpload(CUgraphExec exec, CUstream stream);
+CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                             size_t count);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream stream);
+CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data);
+CUresult cuStreamIsCapturing(CUstream stream, int *status);
+CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
+                                   CUgraph *graph, const CUgraphNode **deps, const void **edges,
+                                   size_t *count);
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edges, size_t count, int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options,
                            void **jit_values, unsigned int jit_count, void *library_options,
                            void **library_values, unsigned int library_count);

@@ -1,0 +1,119 @@
+"""CUDA graphs of real PyTorch on the fake GPU (tests/tests/fakegpu_torch.rs). One mode per run
+(argv[1]); prints one JSON object as its last line.
+
+graph: a small model captured with torch.cuda.graph after a warm-up on a side stream, and a
+copy of a static input into a static output captured with it; the output read back after the
+capture and after each replay (the fakes compute nothing, but they copy: a replay copies the
+input of that moment), torch's memory figures and the captured graph's node count.
+reduce-overhead: torch.compile(mode="reduce-overhead") of a small model, run until its CUDA
+graph replays; with inductor's counters."""
+import ctypes
+import json
+import os
+import sys
+import warnings
+
+import torch
+from torch import nn
+
+
+def stats():
+    s = torch.cuda.memory_stats()
+    return {key.replace(".all", "").replace(".", "_"): s.get(key, 0) for key in (
+        "num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak",
+        "reserved_bytes.all.current", "allocated_bytes.all.current", "segment.all.current",
+        "num_device_alloc", "num_device_free")}
+
+
+def used():
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def graph_nodes(graph):
+    """cudaGraphGetNodes of the captured graph, through the runtime torch loaded."""
+    runtime = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+    count = ctypes.c_size_t(0)
+    rc = runtime.cudaGraphGetNodes(ctypes.c_void_p(graph), None, ctypes.byref(count))
+    return rc, count.value
+
+
+def captured():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).cuda()
+    static_x = torch.randn(16, 64).cuda()
+    static_in = torch.arange(1024, dtype=torch.float32).cuda()
+    static_copy = torch.zeros(1024).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    before = stats()
+    try:
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        kept = True
+    except TypeError:
+        graph = torch.cuda.CUDAGraph()
+        kept = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(graph):
+            static_out = model(static_x)
+            static_copy.copy_(static_in)
+    empty_warnings = sum("empty" in str(w.message) for w in caught)
+    # The same warning counted for a capture of nothing: it says "The CUDA Graph is empty".
+    with warnings.catch_warnings(record=True) as caught_nothing:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    empty_capture_warnings = sum("empty" in str(w.message) for w in caught_nothing)
+    after_capture = stats()
+    nodes = graph_nodes(graph.raw_cuda_graph()) if kept else None
+    copy_after_capture = static_copy.cpu().sum().item()
+    replays = []
+    for value in (2.0, 3.0):
+        static_in.copy_(torch.full((1024,), value))
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(static_copy.cpu().sum().item())
+    print(json.dumps({"mode": "graph", "nodes": nodes, "empty_warnings": empty_warnings,
+                      "empty_capture_warnings": empty_capture_warnings,
+                      "copy_after_capture": copy_after_capture, "replays": replays,
+                      "out_shape": list(static_out.shape), "before": before,
+                      "after_capture": after_capture, "used": used(), **stats()}))
+
+
+def reduce_overhead():
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+    replays = [0]
+    replay = torch.cuda.CUDAGraph.replay
+
+    def counted_replay(graph):
+        replays[0] += 1
+        return replay(graph)
+
+    torch.cuda.CUDAGraph.replay = counted_replay
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 10)).cuda()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    inputs = torch.randn(32, 256).cuda()
+    with torch.no_grad():
+        for _ in range(4):
+            out = compiled(inputs)
+    torch.cuda.synchronize()
+    manager = cudagraph_trees.get_manager(0, create_if_none_exists=False)
+    recorded = sum(len(nodes) for nodes in manager.roots.values()) if manager else 0
+    print(json.dumps({"mode": "reduce-overhead", "out_shape": list(out.shape),
+                      "recorded_graphs": recorded, "replays": replays[0],
+                      "graphs": counters["stats"]["unique_graphs"],
+                      "inductor": {k: v for k, v in counters["inductor"].items()
+                                   if "cudagraph" in k},
+                      "used": used(), **stats()}))
+
+
+{"graph": captured, "reduce-overhead": reduce_overhead}[sys.argv[1]]()
+sys.stdout.flush()
+os._exit(0)
