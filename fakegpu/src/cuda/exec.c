@@ -527,9 +527,10 @@ FG_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         struct capture *c = capture_of(s);
         event->capture_id = c ? c->id : 0;
         event->node = c ? s->last : NULL;
+        CUresult rc = c && c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
         pthread_mutex_unlock(&capture_lock);
         if (c)
-            return c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+            return rc;
     }
     __atomic_store_n(&event->capture_id, 0, __ATOMIC_RELEASE);
     event->recorded_ms = now_ms();
