@@ -14,6 +14,9 @@ which variant runs:
               loss scaled and back-propagated before the next forward
   release     as `item`, and with `probe`, `del` of the data and `torch.cuda.empty_cache()`
               before the probe
+  lines       no model: a loop of lines whose allocations torch measures one by one (for
+              `vramshim lines`); prints, per line, what each execution added to
+              `memory_allocated()` and the peak above it within the line
 
 Prints, as its last line, torch's own figures: parameter bytes, `memory_allocated()` at the
 end of each step (after `optimizer.step()`), `max_memory_allocated()` and
@@ -31,6 +34,48 @@ PROBE_BYTES = 512 << 20
 BATCH = 8192
 WIDTH = 1024
 MICRO_BATCHES = 4
+# The `lines` mode's tensors: distinct sizes, each a multiple of torch's 512-byte rounding.
+KEPT_BYTES = 2 << 20
+PAIR_BYTES = 3 << 20
+SCRATCH_BYTES = 5 << 20
+AFTER_BYTES = 1 << 20
+
+
+def lines_mode(steps):
+    """Each line below runs once per step; between two executions of one line the others
+    allocate. The scratch tensor is dropped after the next line has allocated."""
+    kept = []
+    figures = {"kept": [], "pair": [], "scratch": [], "after": []}
+
+    def measure(name, before):
+        torch.cuda.synchronize()
+        figures[name].append({"added": torch.cuda.memory_allocated() - before,
+                              "peak_above": torch.cuda.max_memory_allocated() - before})
+
+    for _ in range(steps):
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        kept.append(torch.empty(KEPT_BYTES // 4, device="cuda"))
+        measure("kept", before)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        kept.append(torch.ones(PAIR_BYTES // 4, device="cuda") * 2)
+        measure("pair", before)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        scratch = torch.ones(SCRATCH_BYTES // 4, device="cuda")
+        measure("scratch", before)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        kept.append(torch.zeros(AFTER_BYTES // 4, device="cuda"))
+        measure("after", before)
+        del scratch
+    # One more line allocates: it ends the loop's last execution (`vramshim lines` takes a
+    # line's execution as over when its thread allocates on another line; frees before that,
+    # at exit too, would count as the last execution's own).
+    done = torch.empty(128, device="cuda")
+    del done
+    print(json.dumps({"mode": "lines", "steps": steps, "lines": figures}), flush=True)
 
 
 class Net(torch.nn.Module):
@@ -57,6 +102,9 @@ def main():
     mode = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     probe = len(sys.argv) > 3 and sys.argv[3] == "probe"
+    if mode == "lines":
+        lines_mode(steps)
+        return
     torch.manual_seed(0)
     model = Net(mode == "inplace", mode == "checkpoint").cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

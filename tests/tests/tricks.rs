@@ -571,3 +571,115 @@ fn gradient_accumulation_and_empty_cache_show_in_breakdown_diff_and_advise() {
     assert!(!released_advice.contains(&"empty_cache".to_string()));
     assert!(!released_advice.contains(&"allocator_cache".to_string()));
 }
+
+/// `lines`' executions and net change per line against torch's own `memory_allocated()`
+/// measured around each line of a known loop (`torch_tricks.py lines`): a line that keeps
+/// one tensor, one that makes a temporary and keeps its result, one whose tensor another
+/// line drops later, one more that keeps one.
+#[test]
+fn lines_net_change_per_execution_is_torchs_allocated_change_across_the_line() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (figures, log) = recorded(&python, "lines", false);
+    let report = json_of(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "torch_tricks.py".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let files = arr(&report["files"]);
+    assert_eq!(files.len(), 1, "{report}");
+    let lines = arr(&files[0]["lines"]);
+    let steps = STEPS as u64;
+    let mut rows = Vec::new();
+    for (name, text, allocations_per_execution) in [
+        (
+            "kept",
+            "        kept.append(torch.empty(KEPT_BYTES // 4, device=\"cuda\"))",
+            1,
+        ),
+        (
+            "pair",
+            "        kept.append(torch.ones(PAIR_BYTES // 4, device=\"cuda\") * 2)",
+            2,
+        ),
+        (
+            "scratch",
+            "        scratch = torch.ones(SCRATCH_BYTES // 4, device=\"cuda\")",
+            1,
+        ),
+        (
+            "after",
+            "        kept.append(torch.zeros(AFTER_BYTES // 4, device=\"cuda\"))",
+            1,
+        ),
+    ] {
+        let line = script_line(text);
+        let found = lines
+            .iter()
+            .find(|l| u64_of(l, "line") == line)
+            .unwrap_or_else(|| panic!("line {line} ({name}) missing: {report}"));
+        let measured = arr(&figures["lines"][name]);
+        assert_eq!(measured.len() as u64, steps, "{figures}");
+        // torch: what each execution added, and the peak above the start within it (the
+        // temporary and the result together on the `pair` line). Executions differ: a freed
+        // block within 1 MiB of the request's size is handed out whole (the `kept` line gets
+        // the `pair` line's freed 3 MiB temporary from the second step on).
+        let added: u64 = measured.iter().map(|m| u64_of(m, "added")).sum();
+        let peak_above: u64 = measured.iter().map(|m| u64_of(m, "peak_above")).sum();
+        assert_eq!(u64_of(found, "executions"), steps, "{name}: {found}");
+        assert_eq!(
+            u64_of(found, "count"),
+            steps * allocations_per_execution,
+            "{name}: {found}"
+        );
+        assert_eq!(
+            u64_of(found, "allocated_bytes"),
+            peak_above,
+            "{name}: {found}"
+        );
+        assert_eq!(u64_of(found, "net_bytes"), added, "{name}: {found}");
+        assert_eq!(
+            u64_of(found, "net_per_execution_bytes"),
+            added / steps,
+            "{name}: {found}"
+        );
+        rows.push((line, u64_of(found, "allocated_bytes"), added));
+    }
+    assert_eq!(rows.len(), 4);
+    // What was kept is more than the temporaries' share: the figures are not all equal.
+    assert!(rows[1].1 > rows[1].2, "{rows:?}");
+    // The text view prints the same columns: line, allocated, count, executions, net live,
+    // net per execution.
+    let text = lines_text(&log);
+    let mib = |n: u64| format!("{:.2} MiB", n as f64 / f64::from(1u32 << 20));
+    for (index, (line, allocated, net)) in rows.iter().enumerate() {
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{line} ")))
+            .unwrap_or_else(|| panic!("no row for line {line}:\n{text}"));
+        let per_line = if index == 1 { 2 * steps } else { steps };
+        let expected = format!(
+            "{line} {} {per_line} {steps} {} {}",
+            mib(*allocated),
+            mib(*net),
+            mib(net / steps)
+        );
+        let printed = row.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(printed.starts_with(&expected), "{printed}\n{expected}");
+    }
+}
+
+/// `vramshim lines LOG --file torch_tricks.py` as text.
+fn lines_text(log: &Path) -> String {
+    let (code, stdout, stderr) = vramshim(&[
+        "lines".as_ref(),
+        log.as_os_str(),
+        "--file".as_ref(),
+        "torch_tricks.py".as_ref(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    stdout
+}

@@ -1,10 +1,12 @@
 //! What fills device memory in a framework user's terms: parameters, gradients, optimizer
 //! state, activations, temporaries, library workspaces, other. Each allocation is classified
 //! once, from its stack (Python and native frames) and its lifetime (which thread freed it,
-//! and whether its thread was still in the same operation), so it takes two replays: the
-//! first ([`Classifier`]) sees every allocation end and files its category by sequence
-//! number; the second ([`Tally`]) sums live bytes per category over time and at each
-//! device's peak.
+//! and whether its thread was still in the same operation), so a category is known only once
+//! the run is over. Both observers ride one replay ([`Breakdown`], or beside other observers,
+//! as `diff` does): [`Classifier`] sees every allocation end and files its category by
+//! sequence number; [`Tally`] takes each device's peak, cache and context as they happen and
+//! keeps the allocations' comings and goings (32 bytes each), which its `finish` sums per
+//! category, over time and at each device's peak, once the categories are known.
 //!
 //! Meant for tensor-level recordings (the default allocator through its tracker, or one event
 //! per tensor: `PYTORCH_NO_CUDA_MEMORY_CACHING=1`, `backend:cudaMallocAsync`); on a recording
@@ -493,7 +495,9 @@ pub struct DeviceBreakdown {
     /// The device's used memory less what was recorded (allocations and cache), from the
     /// memory sample nearest before the peak (else the first after); None without samples.
     pub context: Option<u64>,
-    /// Bytes per category now (where the replay is).
+    /// The index in the tally's changes of the allocation that made the peak.
+    peak_change: Option<usize>,
+    /// Bytes per category now (where the tally's sweep is).
     current: CategoryBytes,
     libraries_current: LibraryBytes,
     /// Tensors (tracker's blocks) and segments live now.
@@ -529,9 +533,19 @@ impl DeviceBreakdown {
     }
 }
 
-/// Second replay: live bytes per category and device, at each device's peak and over time.
-pub struct Tally<'a> {
-    categories: &'a Categories,
+/// An allocation made or ended on a tallied device, kept until the categories are known.
+#[derive(Clone, Copy, Debug)]
+struct Change {
+    seq: u64,
+    size: u64,
+    t_ns: u64,
+    device: i32,
+    added: bool,
+}
+
+/// Live bytes per category and device, at each device's peak and over time: what does not
+/// depend on the categories as the replay goes, the rest in [`Tally::finish`].
+pub struct Tally {
     device: Option<i32>,
     pub devices: Vec<DeviceBreakdown>,
     /// Memory samples waiting for their process's next event: (process, device, time, used,
@@ -540,17 +554,19 @@ pub struct Tally<'a> {
     pending: Vec<(u32, i32, u64, u64, u64)>,
     /// Segments with no block in use, by (process, address): their device and bytes.
     unused_segments: FxHashMap<(u32, u64), (i32, u64)>,
+    /// Allocations made and ended, in replay order.
+    changes: Vec<Change>,
 }
 
-impl<'a> Tally<'a> {
+impl Tally {
     /// Tallies every device, or only `device`.
-    pub fn new(categories: &'a Categories, device: Option<i32>) -> Tally<'a> {
+    pub fn new(device: Option<i32>) -> Tally {
         Tally {
-            categories,
             device,
             devices: Vec::new(),
             pending: Vec::new(),
             unused_segments: FxHashMap::default(),
+            changes: Vec::new(),
         }
     }
 
@@ -606,51 +622,24 @@ impl<'a> Tally<'a> {
         if self.device.is_some_and(|d| d != live.device) {
             return;
         }
-        let category = self.categories.of(live.seq);
-        let library = self.categories.library_of(live.seq);
-        let unused = self.categories.unused.contains(&live.seq);
         let entry = self.entry(live.device);
-        let index = category.index();
-        entry.current[index] = entry.current[index].saturating_sub(live.size);
-        if category == Category::Workspaces {
-            entry.libraries_current[library] =
-                entry.libraries_current[library].saturating_sub(live.size);
-        }
         if live.kind == EventKind::TensorAlloc {
             entry.tensor_bytes = entry.tensor_bytes.saturating_sub(live.size);
         }
-        if unused {
-            entry.unused_activations = entry.unused_activations.saturating_sub(live.size);
-        }
+        self.changes.push(Change {
+            seq: live.seq,
+            size: live.size,
+            t_ns: 0,
+            device: live.device,
+            added: false,
+        });
     }
 
     fn added(&mut self, state: &State, t_ns: u64, live: &Live) {
-        let category = self.categories.of(live.seq);
-        let library = self.categories.library_of(live.seq);
         let device_bytes = state.device_bytes(live.device);
         let seq = state.seq;
-        let unused = self.categories.unused.contains(&live.seq);
+        let change = self.changes.len();
         let entry = self.entry(live.device);
-        if unused {
-            entry.unused_activations = entry.unused_activations.saturating_add(live.size);
-            entry.unused_activations_allocated =
-                entry.unused_activations_allocated.saturating_add(live.size);
-            entry.unused_activations_max =
-                entry.unused_activations_max.max(entry.unused_activations);
-        }
-        let index = category.index();
-        entry.current[index] = entry.current[index].saturating_add(live.size);
-        entry.allocated[index] = entry.allocated[index].saturating_add(live.size);
-        if entry.current[index] > entry.max[index] {
-            entry.max[index] = entry.current[index];
-            entry.max_t_ns[index] = t_ns;
-        }
-        if category == Category::Workspaces {
-            entry.libraries_current[library] =
-                entry.libraries_current[library].saturating_add(live.size);
-            entry.libraries_max[library] =
-                entry.libraries_max[library].max(entry.libraries_current[library]);
-        }
         if live.kind == EventKind::TensorAlloc {
             entry.tensor_bytes = entry.tensor_bytes.saturating_add(live.size);
         }
@@ -659,11 +648,66 @@ impl<'a> Tally<'a> {
             entry.peak_bytes = device_bytes;
             entry.peak_t_ns = t_ns;
             entry.peak_seq = seq;
-            entry.at_peak = entry.current;
-            entry.libraries_at_peak = entry.libraries_current;
+            entry.peak_change = Some(change);
             entry.cache_at_peak = entry.has_segments.then(|| entry.cache());
             entry.unused_segments_at_peak =
                 entry.has_segments.then_some(entry.unused_segment_bytes);
+        }
+        self.changes.push(Change {
+            seq: live.seq,
+            size: live.size,
+            t_ns,
+            device: live.device,
+            added: true,
+        });
+    }
+
+    /// Sums the kept changes per category, now that `categories` are known.
+    fn sweep(&mut self, categories: &Categories) {
+        let changes = std::mem::take(&mut self.changes);
+        for (index, change) in changes.iter().enumerate() {
+            let Some(entry) = self.devices.iter_mut().find(|d| d.device == change.device) else {
+                continue;
+            };
+            let category = categories.of(change.seq);
+            let library = categories.library_of(change.seq);
+            let unused = categories.unused.contains(&change.seq);
+            let slot = category.index();
+            if change.added {
+                if unused {
+                    entry.unused_activations = entry.unused_activations.saturating_add(change.size);
+                    entry.unused_activations_allocated = entry
+                        .unused_activations_allocated
+                        .saturating_add(change.size);
+                    entry.unused_activations_max =
+                        entry.unused_activations_max.max(entry.unused_activations);
+                }
+                entry.current[slot] = entry.current[slot].saturating_add(change.size);
+                entry.allocated[slot] = entry.allocated[slot].saturating_add(change.size);
+                if entry.current[slot] > entry.max[slot] {
+                    entry.max[slot] = entry.current[slot];
+                    entry.max_t_ns[slot] = change.t_ns;
+                }
+                if category == Category::Workspaces {
+                    entry.libraries_current[library] =
+                        entry.libraries_current[library].saturating_add(change.size);
+                    entry.libraries_max[library] =
+                        entry.libraries_max[library].max(entry.libraries_current[library]);
+                }
+                if entry.peak_change == Some(index) {
+                    entry.at_peak = entry.current;
+                    entry.libraries_at_peak = entry.libraries_current;
+                }
+            } else {
+                entry.current[slot] = entry.current[slot].saturating_sub(change.size);
+                if category == Category::Workspaces {
+                    entry.libraries_current[library] =
+                        entry.libraries_current[library].saturating_sub(change.size);
+                }
+                if unused {
+                    entry.unused_activations = entry.unused_activations.saturating_sub(change.size);
+                }
+            }
         }
     }
 
@@ -687,13 +731,15 @@ impl<'a> Tally<'a> {
         }
     }
 
-    /// Picks each device's context from its samples; call once the replay ended.
-    pub fn finish(&mut self) {
+    /// Sums bytes per category with `categories` and picks each device's context from its
+    /// samples; call once the replay ended.
+    pub fn finish(&mut self, categories: &Categories) {
         for (process, ..) in self.pending.clone() {
             self.settle(process, None);
         }
+        self.sweep(categories);
         for device in &mut self.devices {
-            device.autocast = self.categories.autocast_devices.contains(&device.device);
+            device.autocast = categories.autocast_devices.contains(&device.device);
             let before = device
                 .samples
                 .iter()
@@ -704,7 +750,7 @@ impl<'a> Tally<'a> {
     }
 }
 
-impl Observer for Tally<'_> {
+impl Observer for Tally {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         match step {
             Step::Event {
@@ -784,6 +830,41 @@ impl Observer for Tally<'_> {
                 }
             }
         }
+    }
+}
+
+/// The classifier and the tally on one replay.
+pub struct Breakdown {
+    classifier: Classifier,
+    tally: Tally,
+}
+
+impl Breakdown {
+    /// Breaks down every device, or only `device`.
+    pub fn new(device: Option<i32>) -> Breakdown {
+        Breakdown {
+            classifier: Classifier::default(),
+            tally: Tally::new(device),
+        }
+    }
+
+    /// Every allocation's category and each device's breakdown; call once the replay ended.
+    pub fn finish(
+        self,
+        processes: &[Process],
+        state: &State,
+    ) -> (Categories, Vec<DeviceBreakdown>) {
+        let categories = self.classifier.finish(processes, state);
+        let mut tally = self.tally;
+        tally.finish(&categories);
+        (categories, tally.devices)
+    }
+}
+
+impl Observer for Breakdown {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        self.classifier.step(state, processes, step);
+        self.tally.step(state, processes, step);
     }
 }
 

@@ -19,10 +19,38 @@ pub struct LineStats {
     pub allocated_bytes: u64,
     pub count: u64,
     /// Bytes of the line's allocations freed before the recording ended (the rest were
-    /// still live at its end).
+    /// still live at its end). A free is charged to the line that made the allocation.
     pub freed_bytes: u64,
+    /// Times the line ran and allocated: runs of its allocations on one thread, each ended
+    /// by an allocation of another user line on that thread.
+    pub executions: u64,
+    /// Bytes of the line's allocations freed within the execution that made them (on its
+    /// thread, before the thread's next allocation of another line): its temporaries.
+    pub freed_in_execution_bytes: u64,
     /// Bytes live at the device's peak that the line allocated.
     pub at_peak_bytes: u64,
+}
+
+impl LineStats {
+    /// Bytes still live when the recording ended (allocated less every free of the line's
+    /// allocations; a process that exits normally frees everything, so mostly 0).
+    pub fn live_at_end_bytes(&self) -> u64 {
+        self.allocated_bytes.saturating_sub(self.freed_bytes)
+    }
+
+    /// What the line's executions added to live memory, summed over the run: bytes
+    /// allocated less the frees of those same allocations within the execution that made
+    /// them (what `memory_allocated()` gains across the line, when the line frees nothing
+    /// else).
+    pub fn net_bytes(&self) -> u64 {
+        self.allocated_bytes
+            .saturating_sub(self.freed_in_execution_bytes)
+    }
+
+    /// [`LineStats::net_bytes`] per execution, rounded down (0 with no execution).
+    pub fn net_per_execution_bytes(&self) -> u64 {
+        self.net_bytes().checked_div(self.executions).unwrap_or(0)
+    }
 }
 
 /// Which files are the user's.
@@ -62,6 +90,13 @@ pub struct Lines {
     line_of_stack: FxHashMap<(u32, u32), Option<LineKey>>,
     /// Interned file names.
     names: FxHashMap<String, Rc<str>>,
+    /// (process, thread) → the user line of the thread's latest allocation that had one,
+    /// and that execution's number.
+    running: FxHashMap<(u32, u32), (LineKey, u64)>,
+    /// Executions numbered so far.
+    executions: u64,
+    /// Sequence number of a live allocation charged to a line → its execution's number.
+    execution_of: FxHashMap<u64, u64>,
     pub lines: FxHashMap<LineKey, LineStats>,
 }
 
@@ -73,6 +108,9 @@ impl Lines {
             device,
             line_of_stack: FxHashMap::default(),
             names: FxHashMap::default(),
+            running: FxHashMap::default(),
+            executions: 0,
+            execution_of: FxHashMap::default(),
             lines: FxHashMap::default(),
         }
     }
@@ -111,13 +149,26 @@ impl Lines {
         found
     }
 
-    fn ended(&mut self, processes: &[Process], live: &Live) {
+    /// `live` ended; `thread` freed it (None: it went without a free of the program's).
+    fn ended(&mut self, processes: &[Process], live: &Live, thread: Option<u32>) {
         if !self.counts(live.device) {
             return;
         }
+        let execution = self.execution_of.remove(&live.seq);
         if let Some(key) = self.line(processes, live) {
+            let in_execution = thread == Some(live.thread)
+                && execution.is_some()
+                && self
+                    .running
+                    .get(&(live.process, live.thread))
+                    .map(|(_, running)| *running)
+                    == execution;
             let stats = self.lines.entry(key).or_default();
             stats.freed_bytes = stats.freed_bytes.saturating_add(live.size);
+            if in_execution {
+                stats.freed_in_execution_bytes =
+                    stats.freed_in_execution_bytes.saturating_add(live.size);
+            }
         }
     }
 }
@@ -125,26 +176,36 @@ impl Lines {
 impl Observer for Lines {
     fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
         match step {
-            Step::Event { effect, .. } => match effect {
+            Step::Event { event, effect, .. } => match effect {
                 Effect::Added(live) => {
                     if let Some(replaced) = state.replaced().copied() {
-                        self.ended(processes, &replaced);
+                        self.ended(processes, &replaced, None);
                     }
                     if !self.counts(live.device) {
                         return;
                     }
                     if let Some(key) = self.line(processes, live) {
+                        // A new execution unless the thread's last allocating line was this
+                        // one (an execution that allocates several times counts once).
+                        let thread = (live.process, live.thread);
+                        let again = self.running.get(&thread).is_none_or(|(k, _)| *k != key);
+                        if again {
+                            self.executions += 1;
+                            self.running.insert(thread, (key.clone(), self.executions));
+                        }
+                        self.execution_of.insert(live.seq, self.executions);
                         let stats = self.lines.entry(key).or_default();
                         stats.allocated_bytes = stats.allocated_bytes.saturating_add(live.size);
                         stats.count += 1;
+                        stats.executions += u64::from(again);
                     }
                 }
-                Effect::Removed(live) => self.ended(processes, live),
+                Effect::Removed(live) => self.ended(processes, live, Some(event.thread)),
                 _ => {}
             },
             Step::Dump { cleared, .. } => {
                 for live in cleared.iter() {
-                    self.ended(processes, live);
+                    self.ended(processes, live, None);
                 }
             }
             Step::MemInfo { .. } => {}

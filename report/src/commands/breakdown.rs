@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::Failure;
-use crate::analysis::breakdown::{Categories, Category, Classifier, DeviceBreakdown, Tally};
+use crate::analysis::breakdown::{Breakdown, Category, DeviceBreakdown};
 use crate::analysis::groups::{IdTotals, Stacks, add_total, by_stack_totals};
 use crate::analysis::peaks::Peaks;
 use crate::commands::common::{self, Select, StacksArg, UnfoldArg, emit};
@@ -33,40 +33,30 @@ pub struct Args {
     unfold: UnfoldArg,
 }
 
-/// First pass: every allocation's lifetime decides its category.
-pub fn classify(logs: &[PathBuf]) -> Result<Categories, Failure> {
-    let mut classifier = Classifier::default();
-    let first = replay::run_view(logs, &mut [&mut classifier], Stop::End, View::Tensors)?;
-    Ok(classifier.finish(&first.processes, &first.state))
-}
-
 /// Each device's breakdown (no stacks): for `report` and `advise`.
 pub fn devices(logs: &[PathBuf], device: Option<i32>) -> Result<Vec<DeviceBreakdown>, Failure> {
-    let categories = classify(logs)?;
-    let mut tally = Tally::new(&categories, device);
-    replay::run_view(logs, &mut [&mut tally], Stop::End, View::Tensors)?;
-    tally.finish();
-    Ok(tally.devices)
+    let mut observer = Breakdown::new(device);
+    let replay = replay::run_view(logs, &mut [&mut observer], Stop::End, View::Tensors)?;
+    Ok(observer.finish(&replay.processes, &replay.state).1)
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let select = &args.select;
-    let categories = classify(&select.logs)?;
-    // Second pass: bytes per category over time and at each peak, and the peak's live set.
-    let mut tally = Tally::new(&categories, select.device);
+    // One replay: categories by lifetime, bytes per category over time and at each peak, and
+    // the peak's live set.
+    let mut observer = Breakdown::new(select.device);
     let mut peaks = Peaks::default();
     let replay = replay::run_view(
         &select.logs,
-        &mut [&mut tally, &mut peaks],
+        &mut [&mut observer, &mut peaks],
         Stop::End,
         View::Tensors,
     )?;
-    tally.finish();
+    let (categories, breakdowns) = observer.finish(&replay.processes, &replay.state);
     let processes = &replay.processes;
     let mut stacks = Stacks::new(processes, args.view.stacks, false);
     let snapshots = peaks.snapshots(&replay.state, select.device);
-    let devices = tally
-        .devices
+    let devices = breakdowns
         .iter()
         .map(|device| {
             let mut totals: Vec<IdTotals> =

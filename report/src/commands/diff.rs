@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use crate::Failure;
 use crate::analysis::allocated::Allocated;
-use crate::analysis::breakdown::changes;
+use crate::analysis::breakdown::{Breakdown, DeviceBreakdown, changes};
 use crate::analysis::diff::{Diff, Measure};
 use crate::analysis::groups::{Stacks, totals_by_id};
 use crate::analysis::peaks::{Peak, Peaks};
@@ -59,11 +59,14 @@ struct Measured {
     peaks: Vec<Peak>,
     allocated_bytes: u64,
     warnings: Vec<String>,
+    /// Each device's breakdown, taken on the same replay (tensor view only).
+    breakdown: Option<Vec<DeviceBreakdown>>,
 }
 
 /// Replays `path` and adds its stacks to `table` as `side` (0 = A, 1 = B). Only what the
 /// report shows of the replay is kept: its processes (with their stack tables, which the
-/// caller drops or keeps for the rows' labels) and the stacks symbolised from them.
+/// caller drops or keeps for the rows' labels) and the stacks symbolised from them. In the
+/// tensor view the same replay also breaks the recording down by category (`breakdown`).
 fn measure(
     path: &PathBuf,
     side: usize,
@@ -76,12 +79,26 @@ fn measure(
     let logs = std::slice::from_ref(path);
     let mut peak_observer = Peaks::default();
     let mut allocated = Allocated::new(device, by_thread);
-    let replay = replay::run_view(
-        logs,
-        &mut [&mut peak_observer, &mut allocated],
-        Stop::End,
-        counted,
-    )?;
+    let mut categories = (counted == View::Tensors).then(|| Breakdown::new(device));
+    let replay = match categories.as_mut() {
+        Some(categories) => replay::run_view(
+            logs,
+            &mut [&mut peak_observer, &mut allocated, categories],
+            Stop::End,
+            counted,
+        )?,
+        None => replay::run_view(
+            logs,
+            &mut [&mut peak_observer, &mut allocated],
+            Stop::End,
+            counted,
+        )?,
+    };
+    // Only programs with Python frames get the section: its rules read Python frames.
+    let python = replay.processes.iter().any(|p| !p.codes.is_empty());
+    let breakdown = categories
+        .filter(|_| python)
+        .map(|categories| categories.finish(&replay.processes, &replay.state).1);
     let snapshots = peak_observer.snapshots(&replay.state, device);
     let peaks: Vec<Peak> = peak_observer
         .total
@@ -118,6 +135,7 @@ fn measure(
         peaks,
         allocated_bytes,
         warnings,
+        breakdown,
     };
     Ok((measured, processes, stacks))
 }
@@ -172,14 +190,17 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         rows.keep_stacks(0, replay.processes, stacks);
     }
     rows.sort();
-    // What changed in a framework user's terms (`breakdown`'s categories): for programs with
-    // Python frames only, as it replays each log twice more.
-    let categories = if a_python && b_python {
-        let a_devices = breakdown::devices(std::slice::from_ref(&args.a), args.device)?;
-        let b_devices = breakdown::devices(std::slice::from_ref(&args.b), args.device)?;
-        Some(changes(&a_devices, &b_devices))
-    } else {
-        None
+    // What changed in a framework user's terms (`breakdown`'s categories), for programs with
+    // Python frames only: taken on each side's own replay in the tensor view; compared at the
+    // segment level, the categories still want the tensors, so each log is replayed once more.
+    let categories = match (&a.breakdown, &b.breakdown) {
+        _ if !(a_python && b_python) => None,
+        (Some(a_devices), Some(b_devices)) => Some(changes(a_devices, b_devices)),
+        _ => {
+            let a_devices = breakdown::devices(std::slice::from_ref(&args.a), args.device)?;
+            let b_devices = breakdown::devices(std::slice::from_ref(&args.b), args.device)?;
+            Some(changes(&a_devices, &b_devices))
+        }
     };
     let mut warnings: Vec<String> = notes;
     warnings.extend(a.warnings.iter().cloned());

@@ -70,18 +70,21 @@ pub fn text(out: &mut dyn Write, report: &LinesReport<'_>) -> io::Result<()> {
         }
         writeln!(
             out,
-            "  {:>6} {:>11} {:>6} {:>11} {:>11}  source",
-            "line", "allocated", "count", "at peak", "live at end"
+            "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11}  source",
+            "line", "allocated", "count", "execs", "net live", "net/exec", "at peak", "live at end"
         )?;
         for (line, stats, text) in &file.lines {
             writeln!(
                 out,
-                "  {:>6} {:>11} {:>6} {:>11} {:>11}  {}",
+                "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11}  {}",
                 line,
                 bytes(stats.allocated_bytes),
                 stats.count,
+                stats.executions,
+                bytes(stats.net_bytes()),
+                bytes(stats.net_per_execution_bytes()),
                 bytes(stats.at_peak_bytes),
-                bytes(stats.allocated_bytes.saturating_sub(stats.freed_bytes)),
+                bytes(stats.live_at_end_bytes()),
                 text.as_deref().unwrap_or("")
             )?;
         }
@@ -101,7 +104,10 @@ pub fn json(report: &LinesReport<'_>) -> Value {
                 "allocated_bytes": stats.allocated_bytes,
                 "count": stats.count,
                 "freed_bytes": stats.freed_bytes,
-                "live_at_end_bytes": stats.allocated_bytes.saturating_sub(stats.freed_bytes),
+                "live_at_end_bytes": stats.live_at_end_bytes(),
+                "executions": stats.executions,
+                "net_bytes": stats.net_bytes(),
+                "net_per_execution_bytes": stats.net_per_execution_bytes(),
                 "at_peak_bytes": stats.at_peak_bytes,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
