@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{scratch, vramshim_tool};
 use vramshim_format::{
-    ChunkBuilder, CodeDef, Dropped, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header,
-    Mark, MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    ChunkBuilder, CodeDef, Dropped, Event, EventKind, Exit, FORMAT_VERSION, Frame, HOST_DEVICE,
+    Header, Mark, MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 
 /// Generous for a loaded 2-core machine and a debug build.
@@ -1018,8 +1018,8 @@ fn a_log_given_twice_is_warned_about() {
 }
 
 /// One device sample and three allocations (1, 2 and 4 MiB on device 0), the first freed;
-/// the 4 MiB one alone in a second chunk.
-fn two_chunk_log(path: &Path) {
+/// the 4 MiB one alone in a second chunk, then the exit record when `exited`.
+fn two_chunk_log(path: &Path, exited: bool) {
     let mut out = header(500, 0).encode();
     let mut chunk = ChunkBuilder::new();
     let mut freed = event(EventKind::Free, CUDA_FREE, 3_000, 0, 0x10_0000, 1 << 20);
@@ -1060,6 +1060,9 @@ fn two_chunk_log(path: &Path) {
         0x40_0000,
         4 << 20,
     )));
+    if exited {
+        chunk.push(&Record::Exit(Exit { t_ns: 5_000 }));
+    }
     chunk.finish_into(&mut out);
     std::fs::write(path, &out).expect("write crafted log");
 }
@@ -1070,7 +1073,7 @@ fn two_chunk_log(path: &Path) {
 fn a_cut_log_ends_at_end_of_log_not_at_exit() {
     let dir = scratch("crafted-cut");
     let whole = dir.join("whole.vlog");
-    two_chunk_log(&whole);
+    two_chunk_log(&whole, true);
     let cut = dir.join("cut.vlog");
     let bytes = std::fs::read(&whole).expect("read log");
     std::fs::write(&cut, &bytes[..bytes.len() - 3]).expect("write cut log");
@@ -1117,6 +1120,20 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
         "{}",
         leaks.stdout
     );
+    // The same log whole but with no exit record (killed between two flushes, `_exit`, or a
+    // recorder older than the record): "end of log" too, with no warning (nothing is cut).
+    let killed = dir.join("killed.vlog");
+    two_chunk_log(&killed, false);
+    let report = run_bounded(&["report".into(), killed.clone().into()], &dir);
+    assert_eq!((report.code, report.stderr.as_str()), (Some(0), ""));
+    assert!(
+        report
+            .stdout
+            .contains("\n  live at end of log  6.00 MiB in 2 allocations\n"),
+        "{}",
+        report.stdout
+    );
+    assert!(!report.stdout.contains("exit"), "{}", report.stdout);
     let svg = dir.join("leaks.svg");
     let flame = run_bounded(
         &[
@@ -1175,7 +1192,7 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
 fn a_missing_device_and_a_late_at_are_warned_about() {
     let dir = scratch("crafted-missing-device");
     let log = dir.join("one.vlog");
-    two_chunk_log(&log);
+    two_chunk_log(&log, true);
     let missing = format!(
         "vramshim: warning: --device 3: nothing in {} is on device 3; its only device is 0\n",
         log.display()

@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -519,12 +520,83 @@ fn vfork_and_posix_spawn_children_leave_the_parents_log_alone() {
             "{scenario}"
         );
         assert_eq!(notes(&dump), Vec::<String>::new(), "{scenario}");
+        // The child's `_exit` wrote nothing: the one exit record is the parent's, last.
+        assert_eq!(exit_records(&dump), [dump.len() - 1], "{scenario}");
         let pid = u64_of(&dump[0], "pid");
         assert!(
             events(&dump).iter().all(|e| u64_of(e, "thread") == pid),
             "{scenario}: events of another thread"
         );
     }
+}
+
+/// Where the exit records of a dump are.
+fn exit_records(dump: &[Value]) -> Vec<usize> {
+    dump.iter()
+        .enumerate()
+        .filter(|(_, record)| record["type"] == "exit")
+        .map(|(at, _)| at)
+        .collect()
+}
+
+/// `vramshim report LOG`'s stdout (it must succeed).
+fn report_text(log: &Path) -> String {
+    let (code, stdout, stderr) = vramshim(&[OsStr::new("report"), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    stdout
+}
+
+#[test]
+fn exit_from_a_thread_while_four_others_allocate_writes_one_exit_record() {
+    for round in 0..5 {
+        let run = hostile(
+            "exit-thread",
+            &["exit-thread", "4", "5"],
+            &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
+            MINUTE,
+        );
+        assert_eq!(
+            ending(run.status()),
+            (Some(5), None, false),
+            "round {round}: {}",
+            run.stderr
+        );
+        assert_eq!(run.stderr, "", "round {round}");
+        let dump = dump(&run.log());
+        assert!(dump.iter().all(|r| r["type"] != "damage"), "round {round}");
+        assert_eq!(exit_records(&dump).len(), 1, "round {round}");
+        // Each thread made at least 100 pairs and holds at most one allocation at the end.
+        let (allocs, frees) = counted(&dump);
+        assert!(
+            frees >= 400 && allocs - frees <= 4,
+            "round {round}: {allocs} {frees}"
+        );
+        assert!(
+            report_text(&run.log()).contains("\n  live at exit  "),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn exit_called_inside_an_atexit_handler_writes_one_exit_record_after_its_events() {
+    let run = hostile("exit-in-atexit", &["exit-in-atexit", "3", "7"], &[], MINUTE);
+    assert_eq!(
+        ending(run.status()),
+        (Some(7), None, false),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr, "");
+    let dump = dump(&run.log());
+    // The handler's pair is in the log too, before the exit record, which is last.
+    assert_eq!(counted(&dump), (4, 4));
+    assert_eq!(exit_records(&dump), [dump.len() - 1]);
+    let report = report_text(&run.log());
+    assert!(
+        report.contains("\n  live at exit  0 B in 0 allocations\n"),
+        "{report}"
+    );
 }
 
 #[test]
