@@ -1,8 +1,8 @@
 //! NVTX through NVIDIA's real NVTX 2 library, `libnvToolsExt.so.1` (from PyPI's
 //! nvidia-nvtx-cu12 wheel, `scripts/fetch-torch.sh --nvtx`), which loads libvramshim_nvtx.so
 //! through NVTX_INJECTION64_PATH as `vramshim run` sets it: torch 2.4.1's ranges and marks
-//! (torch 2.4 and older call NVTX through that library). Without the wheel (no network) the
-//! tests are skipped, and `scripts/test.sh`'s summary says so.
+//! (torch 2.4 and older call NVTX through that library), and named domains from C. Without
+//! the wheel (no network) both are skipped, and `scripts/test.sh`'s summary says so.
 
 mod common;
 
@@ -198,4 +198,57 @@ fn torch_2_4_1_ranges_through_the_real_libnvtoolsext_are_marks() {
     let fake = Path::new(vramshim_fakegpu::LIB_DIR).join("libnvToolsExt.so.1");
     let (_, marks, _) = torch_nvtx_run(&python, &fake, "nvtx-torch-2.4.1-fake");
     assert_eq!(marks, []);
+}
+
+/// Named NVTX domains through the real library (`nvtxDomainCreateA`, `nvtxDomainRangePushEx`,
+/// `nvtxDomainRangePop`, `nvtxDomainMarkEx`, `nvtxDomainRangeStartEx/End`, a registered
+/// string): each mark carries its domain as `DOMAIN: NAME`; ranges nest per domain (the core
+/// push between them has its own level); the default domain (a null handle) has no prefix.
+#[test]
+fn nvtx_domain_calls_are_marks_with_their_domain() {
+    let Some(nvtx) = real_nvtx_library() else {
+        return;
+    };
+    let dir = scratch("nvtx-domains");
+    let log = dir.join("domains.vlog");
+    let output = Command::new(vramshim_tool())
+        .arg("run")
+        .arg("-o")
+        .arg(&log)
+        .arg("--")
+        .arg(program("nvtx_domains"))
+        .arg(&nvtx)
+        .env_remove("NVTX_INJECTION64_PATH")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .output()
+        .expect("vramshim run nvtx_domains");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stdout,
+        "domains 1\npush outer 0\npush core 0\npush inner 1\npop inner 1\npop core 0\npop outer 0\npop nothing -1\ndone\n"
+    );
+    let texts: Vec<String> = marks(&log).into_iter().map(|(_, text)| text).collect();
+    assert_eq!(
+        texts,
+        [
+            "nvtx push: vramshim.test: outer",
+            "nvtx push: core",
+            "nvtx push: vramshim.test: inner",
+            "nvtx mark: other: checkpoint",
+            "nvtx pop: vramshim.test: inner",
+            "nvtx pop: core",
+            "nvtx pop: vramshim.test: outer",
+            "nvtx pop: vramshim.test: (no open range)",
+            "nvtx mark: vramshim.test: registered step",
+            "nvtx start: other: load",
+            "nvtx end: other: load",
+            "nvtx mark: global",
+        ]
+    );
 }
