@@ -415,6 +415,32 @@ fn run_bounded(args: &[OsString], cwd: &Path) -> Outcome {
     }
 }
 
+/// `vramshim ARGS --json`'s document: the command must succeed and print one JSON value.
+fn json_document(args: &[OsString], cwd: &Path) -> serde_json::Value {
+    let outcome = run_bounded(args, cwd);
+    assert_eq!(outcome.code, Some(0), "{args:?}: {}", outcome.stderr);
+    serde_json::from_str(&outcome.stdout)
+        .unwrap_or_else(|err| panic!("{args:?}: not JSON ({err}):\n{}", outcome.stdout))
+}
+
+/// A `diff --json` document's rows: each stack's frame labels, innermost first.
+fn diff_frames(doc: &serde_json::Value) -> Vec<Vec<String>> {
+    let labels = |row: &serde_json::Value| -> Vec<String> {
+        row["frames"]
+            .as_array()
+            .expect("frames")
+            .iter()
+            .map(|f| f.as_str().expect("label").to_string())
+            .collect()
+    };
+    doc["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(labels)
+        .collect()
+}
+
 /// Every report command on `log` (diff: against itself and against `other`), text and JSON.
 fn commands(log: &Path, other: &Path, out_dir: &Path) -> Vec<Vec<OsString>> {
     let log: OsString = log.into();
@@ -709,21 +735,13 @@ fn diff_labels_rows_of_either_log_alone() {
         args.extend(extra.iter().map(OsString::from));
         args
     };
-    let json = run_bounded(&args(&["--json"]), &dir);
-    assert_eq!(json.code, Some(0), "{}", json.stderr);
-    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("diff --json");
-    let rows: Vec<(Vec<String>, u64, u64, i64, u64, u64)> = doc["stacks"]
-        .as_array()
-        .expect("stacks")
-        .iter()
-        .map(|row| {
+    let doc = json_document(&args(&["--json"]), &dir);
+    let rows: Vec<(Vec<String>, u64, u64, i64, u64, u64)> = diff_frames(&doc)
+        .into_iter()
+        .zip(doc["stacks"].as_array().expect("stacks"))
+        .map(|(frames, row)| {
             (
-                row["frames"]
-                    .as_array()
-                    .expect("frames")
-                    .iter()
-                    .map(|f| f.as_str().expect("label").to_string())
-                    .collect(),
+                frames,
                 row["peak_a"].as_u64().expect("peak_a"),
                 row["peak_b"].as_u64().expect("peak_b"),
                 row["peak_change"].as_i64().expect("peak_change"),
@@ -843,22 +861,10 @@ fn diff_text_folds_the_frameworks_frames_and_json_keeps_them() {
             "1000 B 1.46 KiB +500 B 1000 B 1.46 KiB +500 B libtorch_cpu.so+0x100 <- libtorch_cpu.so+0x200",
         ]
     );
-    let doc: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("diff --json");
-    let frames: Vec<Vec<&str>> = doc["stacks"]
-        .as_array()
-        .expect("stacks")
-        .iter()
-        .map(|row| {
-            row["frames"]
-                .as_array()
-                .expect("frames")
-                .iter()
-                .map(|f| f.as_str().expect("label"))
-                .collect()
-        })
-        .collect();
+    let mut args: Vec<OsString> = vec!["diff".into(), log_a.clone().into(), log_b.clone().into()];
+    args.push("--json".into());
     assert_eq!(
-        frames,
+        diff_frames(&json_document(&args, &dir)),
         [
             vec!["libtorch_cpu.so+0x300", "app+0x300", "app+0x200"],
             vec![
@@ -1164,7 +1170,7 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
     );
     assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
     assert!(whatif.stderr.contains(&torn), "{}", whatif.stderr);
-    let whatif = run_bounded(
+    let document = json_document(
         &[
             "whatif".into(),
             cut.clone().into(),
@@ -1174,8 +1180,6 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
         ],
         &dir,
     );
-    assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
-    let document: serde_json::Value = serde_json::from_str(&whatif.stdout).expect("json");
     let warnings = document["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
@@ -1230,7 +1234,7 @@ fn a_missing_device_and_a_late_at_are_warned_about() {
         assert_eq!(outcome.code, Some(0), "{command}: {}", outcome.stderr);
         assert_eq!(outcome.stderr, "", "{command}");
     }
-    let json = run_bounded(
+    let document = json_document(
         &[
             "report".into(),
             log.clone().into(),
@@ -1240,7 +1244,6 @@ fn a_missing_device_and_a_late_at_are_warned_about() {
         ],
         &dir,
     );
-    let document: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
     assert_eq!(
         document["warnings"],
         serde_json::json!([missing.trim_start_matches("vramshim: warning: ").trim_end()])
