@@ -14,7 +14,63 @@
 #        inside is written last: its presence marks a complete install).
 # stdout: the venv's python, as the last (only) line. Everything else goes to stderr.
 # Exit 3 with a one-line message on stderr when torch cannot be installed (no network, ...).
+#
+# usage: fetch-torch.sh --nvtx
+# NVIDIA's real NVTX 2 library, libnvToolsExt.so.1 (what torch 2.4 and older link; the fake GPU
+# has a no-op fake of it), from PyPI's nvidia-nvtx-cu12 wheel (checked against its sha256),
+# unpacked once into ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/nvtx-cu12-<version>/ (the file
+# VERSION inside is written last). stdout: the library's path, as the last line; exit 3 when
+# it cannot be fetched.
 set -euo pipefail
+
+NVTX_WHEEL_VERSION=12.1.105
+NVTX_WHEEL_SHA256=dc21cf308ca5691e7c04d962e213f8a4aa9bbfa23d95412f452254c2caeb09e5
+
+if [[ ${1:-} == --nvtx ]]; then
+    [[ $# -eq 1 ]] || { echo "usage: scripts/fetch-torch.sh --nvtx" >&2; exit 2; }
+    CACHE_ROOT=${VRAMSHIM_CACHE:-${HOME:-/tmp}/.cache/vramshim}
+    NVTX_DIR=$CACHE_ROOT/nvtx-cu12-$NVTX_WHEEL_VERSION
+    NVTX_LIB=$NVTX_DIR/nvidia/nvtx/lib/libnvToolsExt.so.1
+    nvtx_unavailable() {
+        printf 'fetch-torch: libnvToolsExt.so.1 unavailable: %s\n' "$*" >&2
+        exit 3
+    }
+    if [[ ! -f $NVTX_DIR/VERSION ]]; then
+        mkdir -p "$CACHE_ROOT" || nvtx_unavailable "cannot create $CACHE_ROOT"
+        if command -v flock >/dev/null 2>&1; then
+            exec 9>"$NVTX_DIR.lock"
+            flock 9
+        fi
+    fi
+    if [[ ! -f $NVTX_DIR/VERSION ]]; then
+        command -v python3 >/dev/null 2>&1 || nvtx_unavailable "python3 not found"
+        rm -rf "$NVTX_DIR"
+        mkdir -p "$NVTX_DIR/wheel"
+        printf 'fetch-torch: downloading nvidia-nvtx-cu12==%s (100 kB)\n' "$NVTX_WHEEL_VERSION" >&2
+        python3 -m pip --disable-pip-version-check --no-input download --no-deps \
+            --only-binary=:all: --platform manylinux1_x86_64 --python-version 3 \
+            --retries 2 --timeout 60 -d "$NVTX_DIR/wheel" \
+            "nvidia-nvtx-cu12==$NVTX_WHEEL_VERSION" >"$NVTX_DIR.pip.log" 2>&1 || {
+            tail -n 3 "$NVTX_DIR.pip.log" >&2
+            rm -rf "$NVTX_DIR"
+            nvtx_unavailable "pip download of nvidia-nvtx-cu12==$NVTX_WHEEL_VERSION failed"
+        }
+        python3 - "$NVTX_DIR" "$NVTX_WHEEL_SHA256" <<'PY' || { rm -rf "$NVTX_DIR"; nvtx_unavailable "the wheel is not the expected one"; }
+import glob, hashlib, sys, zipfile
+root, expected = sys.argv[1], sys.argv[2]
+(wheel,) = glob.glob(root + "/wheel/*.whl")
+digest = hashlib.sha256(open(wheel, "rb").read()).hexdigest()
+if digest != expected:
+    sys.exit(f"fetch-torch: {wheel}: sha256 {digest}, expected {expected}")
+zipfile.ZipFile(wheel).extract("nvidia/nvtx/lib/libnvToolsExt.so.1", root)
+PY
+        printf 'nvidia-nvtx-cu12==%s sha256 %s\n' "$NVTX_WHEEL_VERSION" "$NVTX_WHEEL_SHA256" \
+            >"$NVTX_DIR/VERSION"
+    fi
+    [[ -f $NVTX_LIB ]] || nvtx_unavailable "$NVTX_LIB missing"
+    printf '%s\n' "$NVTX_LIB"
+    exit 0
+fi
 
 EXTRAS=0
 if [[ ${1:-} == --extras ]]; then

@@ -94,7 +94,7 @@ done
 for p in runtime interposed demo dryrun_train; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" "${link_cudart[@]}"
 done
-for p in dlsym resolver nvtx_client; do
+for p in dlsym resolver nvtx_client nvtx_domains; do
     spawn "$bin/$p" "$progs/$p.c" -- "${testflags[@]}" -ldl -lpthread
 done
 spawn "$bin/own_zstd" "$progs/own_zstd.c" -- "${testflags[@]}" "${link_cuda[@]}" -ldl

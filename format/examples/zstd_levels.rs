@@ -16,6 +16,8 @@ use vramshim_format::{ChunkBuilder, Item, LogReader};
 
 const CHUNK_BYTES: usize = 256 << 10;
 const CHUNK_HEADER_LEN: usize = 12;
+/// Timed rounds per encoder; the fastest counts.
+const ROUNDS: usize = 5;
 
 fn main() -> ExitCode {
     let Some(path) = std::env::args().nth(1) else {
@@ -60,28 +62,20 @@ fn main() -> ExitCode {
         payloads.len(),
         raw as f64 / records as f64
     );
-    let rounds = 5;
-    let mut out = Vec::with_capacity(zstd_safe::compress_bound(CHUNK_BYTES * 2));
     for level in 1..=3 {
         let mut ctx = zstd_safe::CCtx::create();
         let _ = ctx.set_parameter(zstd_safe::CParameter::CompressionLevel(level));
-        let mut best = f64::MAX;
-        let mut bytes = 0;
-        for _ in 0..rounds {
-            bytes = 0;
-            let started = Instant::now();
-            for payload in &payloads {
+        let mut out = Vec::with_capacity(zstd_safe::compress_bound(CHUNK_BYTES * 2));
+        measure(
+            &format!("zstd level {level}"),
+            &payloads,
+            records,
+            |payload| {
                 out.clear();
                 out.reserve(zstd_safe::compress_bound(payload.len()));
                 let _ = ctx.compress2(&mut out, payload);
-                bytes += out.len();
-            }
-            best = best.min(started.elapsed().as_secs_f64());
-        }
-        println!(
-            "zstd level {level}: {:.1} ns/record, {:.3} bytes/record",
-            best * 1e9 / records as f64,
-            bytes as f64 / records as f64
+                out.len()
+            },
         );
     }
     // As the recorder used it: owned buffers lent and taken back (the copy of each payload
@@ -92,25 +86,39 @@ fn main() -> ExitCode {
         ruzstd::encoding::MatchGeneratorDriver,
     > = ruzstd::encoding::FrameCompressor::new(ruzstd::encoding::CompressionLevel::Fastest);
     let mut drain = Vec::new();
+    measure("ruzstd fastest", &payloads, records, |payload| {
+        drain.clear();
+        compressor.set_source(std::io::Cursor::new(payload.to_vec()));
+        compressor.set_drain(std::mem::take(&mut drain));
+        compressor.compress();
+        drain = compressor.take_drain().unwrap_or_default();
+        drain.len()
+    });
+    ExitCode::SUCCESS
+}
+
+/// Compresses every payload with `compress` (which returns the compressed size) in each of
+/// `ROUNDS` rounds, and prints the fastest round's CPU ns per record and the compressed bytes
+/// per record.
+fn measure(
+    name: &str,
+    payloads: &[&[u8]],
+    records: usize,
+    mut compress: impl FnMut(&[u8]) -> usize,
+) {
     let mut best = f64::MAX;
     let mut bytes = 0;
-    for _ in 0..rounds {
-        bytes = 0;
+    for _ in 0..ROUNDS {
         let started = Instant::now();
-        for payload in &payloads {
-            drain.clear();
-            compressor.set_source(std::io::Cursor::new(payload.to_vec()));
-            compressor.set_drain(std::mem::take(&mut drain));
-            compressor.compress();
-            drain = compressor.take_drain().unwrap_or_default();
-            bytes += drain.len();
-        }
+        bytes = payloads
+            .iter()
+            .map(|payload| compress(payload))
+            .sum::<usize>();
         best = best.min(started.elapsed().as_secs_f64());
     }
     println!(
-        "ruzstd fastest: {:.1} ns/record, {:.3} bytes/record",
+        "{name}: {:.1} ns/record, {:.3} bytes/record",
         best * 1e9 / records as f64,
         bytes as f64 / records as f64
     );
-    ExitCode::SUCCESS
 }

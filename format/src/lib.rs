@@ -25,8 +25,8 @@ mod varint;
 
 pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
 pub use record::{
-    CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Frame, HOST_DEVICE, Mark, MemInfo,
-    ModuleDef, Note, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Exit, Frame, HOST_DEVICE, Mark,
+    MemInfo, ModuleDef, Note, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 pub use varint::{Cursor, DecodeError};
 

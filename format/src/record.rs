@@ -267,6 +267,16 @@ pub struct DumpBegin {
     pub window_count: u64,
 }
 
+/// The process ended normally: `exit()` or a return from `main`, after every `atexit` handler
+/// (the recorder writes it from its own destructor, in a chunk of its own). `_exit`, exec and
+/// signals leave none, so a log without it ends "at end of log", whatever cut it. Logs of
+/// recorders before this record never have it: they read as cut (the report cannot tell a
+/// normal exit from a kill between two flushes in them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Exit {
+    pub t_ns: u64,
+}
+
 /// Anything a chunk can hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -280,6 +290,7 @@ pub enum Record {
     DumpBegin(DumpBegin),
     Code(CodeDef),
     Mark(Mark),
+    Exit(Exit),
 }
 
 // Record tags. Events use 0x10 + kind so the kind costs no extra byte.
@@ -296,6 +307,8 @@ const TAG_MARK: u8 = 0x09;
 /// [`DeltaState`]'s recent events; only its time delta follows (format version 2). Loops that
 /// allocate and free the same buffers then cost two or three bytes per event, and decode fast.
 const TAG_REPEAT: u8 = 0x0a;
+/// The one tag left between the repeats and the events.
+const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
 const RECENT: usize = 4;
 
@@ -403,6 +416,10 @@ impl DeltaState {
                 put_u64(out, mark.t_ns);
                 put_u64(out, u64::from(mark.thread));
                 put_bytes(out, mark.text.as_bytes());
+            }
+            Record::Exit(exit) => {
+                out.push(TAG_EXIT);
+                put_u64(out, exit.t_ns);
             }
             Record::DumpBegin(dump) => {
                 out.push(TAG_DUMP_BEGIN);
@@ -596,6 +613,9 @@ impl DeltaState {
                 t_ns: cursor.u64()?,
                 thread: cursor.u32()?,
                 text: cursor.string()?,
+            }),
+            TAG_EXIT => Record::Exit(Exit {
+                t_ns: cursor.u64()?,
             }),
             TAG_DUMP_BEGIN => Record::DumpBegin(DumpBegin {
                 t_ns: cursor.u64()?,

@@ -81,6 +81,7 @@ fn sample_records() -> Vec<Record> {
             thread: 4242,
             text: "epoch 3".into(),
         }),
+        Record::Exit(Exit { t_ns: 10 }),
         Record::DumpBegin(DumpBegin {
             t_ns: 8,
             reason: "SIGUSR2".into(),

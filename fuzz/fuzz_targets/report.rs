@@ -15,7 +15,7 @@ use std::sync::Once;
 
 use libfuzzer_sys::fuzz_target;
 use vramshim_format::{
-    ChunkBuilder, CodeDef, Dropped, DumpBegin, Event, EventKind, FORMAT_VERSION, Frame, Header,
+    ChunkBuilder, CodeDef, Dropped, DumpBegin, Event, EventKind, Exit, FORMAT_VERSION, Frame, Header,
     Mark, MemInfo, ModuleDef, Note, Record, StackDef, ThreadName,
 };
 
@@ -151,6 +151,7 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
                 .pick(&["epoch 3", "", "</script>", "a\u{2028}b"])
                 .to_owned(),
         }),
+        9 => Record::Exit(Exit { t_ns }),
         _ => {
             let kind = bytes.pick(&KINDS);
             let failed = kind == EventKind::AllocFailed;

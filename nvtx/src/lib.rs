@@ -9,8 +9,12 @@
 //! the preloaded recorder exports: `nvtxRangePush*` → `nvtx push: NAME`, `nvtxRangePop` →
 //! `nvtx pop: NAME` (the name of the range it closes, kept per thread), `nvtxMark*` → `nvtx
 //! mark: NAME`, `nvtxRangeStart*` / `nvtxRangeEnd` → `nvtx start: NAME` / `nvtx end: NAME`.
-//! Domain calls (NVTX's `CORE2` module: the C++ `nvtx3::` API, CCCL's internal ranges) are
-//! not taken. Without the recorder in the process, initialisation fails (returns 0), and NVTX
+//! Domain calls (NVTX's `CORE2` module: `nvtxDomainCreateA/W`, `nvtxDomainMarkEx`,
+//! `nvtxDomainRangePushEx/Pop`, `nvtxDomainRangeStartEx/End`, and the C++ `nvtx3::` API) are
+//! the same marks with the domain's name before the message (`nvtx push: DOMAIN: NAME`); the
+//! default domain (a null handle) has no prefix, as the core calls. Ranges nest per thread
+//! and per domain. Strings registered with `nvtxDomainRegisterStringA/W` are shown as their
+//! text. Without the recorder in the process, initialisation fails (returns 0), and NVTX
 //! turns every call into a no-op, as with no tool at all.
 //!
 //! A separate library rather than the recorder itself: NVTX `dlopen`s the path it is given,
@@ -40,6 +44,8 @@ type MarkFn = unsafe extern "C" fn(*const c_char) -> c_int;
 const EXPORT_TABLE_CALLBACKS: u32 = 1;
 /// `NVTX_CB_MODULE_CORE`.
 const MODULE_CORE: c_int = 1;
+/// `NVTX_CB_MODULE_CORE2`: the domain calls.
+const MODULE_CORE2: c_int = 5;
 /// `nvtxMessageType_t` values of an event's message.
 const MESSAGE_ASCII: i32 = 1;
 const MESSAGE_UNICODE: i32 = 2;
@@ -139,14 +145,75 @@ unsafe fn message(attributes: *const EventAttributes) -> String {
     match attributes.message_type {
         MESSAGE_ASCII => unsafe { narrow(attributes.message.cast()) },
         MESSAGE_UNICODE => unsafe { wide(attributes.message.cast()) },
-        MESSAGE_REGISTERED => "(registered string)".to_string(),
+        MESSAGE_REGISTERED => lock_names()
+            .and_then(|names| names.strings.get(&(attributes.message as usize)).cloned())
+            .unwrap_or_else(|| "(registered string)".to_string()),
         _ => String::new(),
     }
 }
 
+/// Domain handles and registered-string handles handed out, by handle: small integers
+/// (never dereferenced, by NVTX or by anyone), one per distinct name.
+#[derive(Default)]
+struct Names {
+    domains: HashMap<usize, String>,
+    strings: HashMap<usize, String>,
+    next: usize,
+}
+
+impl Names {
+    /// The handle of `text` in `table` (the same one for the same text).
+    fn handle(&mut self, strings: bool, text: String) -> usize {
+        let table = if strings {
+            &self.strings
+        } else {
+            &self.domains
+        };
+        if let Some((&handle, _)) = table.iter().find(|(_, known)| **known == text) {
+            return handle;
+        }
+        self.next += 1;
+        let handle = self.next;
+        if strings {
+            self.strings.insert(handle, text);
+        } else {
+            self.domains.insert(handle, text);
+        }
+        handle
+    }
+}
+
+/// The handles, if their lock comes free within about 10 ms (see [`lock_started`]).
+fn lock_names() -> Option<std::sync::MutexGuard<'static, Names>> {
+    static NAMES: OnceLock<Mutex<Names>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| Mutex::new(Names::default()));
+    for _ in 0..1000 {
+        match names.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_micros(10));
+            }
+        }
+    }
+    None
+}
+
+/// `DOMAIN: ` for a domain handle; nothing for the default domain (null).
+fn domain_prefix(domain: *const c_void) -> String {
+    if domain.is_null() {
+        return String::new();
+    }
+    let name = lock_names()
+        .and_then(|names| names.domains.get(&(domain as usize)).cloned())
+        .unwrap_or_else(|| format!("(domain {})", domain as usize));
+    format!("{name}: ")
+}
+
 thread_local! {
-    /// The names of this thread's open `nvtxRangePush` ranges, innermost last.
-    static PUSHED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// This thread's open push ranges, innermost last: (domain handle, 0 for the default
+    /// domain; the name as marked, prefix included).
+    static PUSHED: RefCell<Vec<(usize, String)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `nvtxRangeStart` ranges not yet ended, by id.
@@ -176,16 +243,44 @@ fn guarded<T>(fallback: T, handler: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(handler)).unwrap_or(fallback)
 }
 
-fn push(name: String) -> c_int {
+/// Opens a push range of `domain` (0: the default one); returns its 0-based level among the
+/// domain's open ranges on this thread.
+fn push(domain: usize, name: String) -> c_int {
     let level = PUSHED
         .try_with(|pushed| {
             let mut pushed = pushed.borrow_mut();
-            pushed.push(name.clone());
-            pushed.len() - 1
+            let level = pushed.iter().filter(|(d, _)| *d == domain).count();
+            pushed.push((domain, name.clone()));
+            level
         })
         .unwrap_or(0);
     mark(format!("nvtx push: {name}"));
     c_int::try_from(level).unwrap_or(c_int::MAX)
+}
+
+/// Closes this thread's innermost push range of `domain`; returns its 0-based level, or -1
+/// when none is open (NVTX's error value), as NVTX specifies.
+fn pop(domain: usize, prefix: &str) -> c_int {
+    let popped = PUSHED
+        .try_with(|pushed| {
+            let mut pushed = pushed.borrow_mut();
+            let at = pushed.iter().rposition(|(d, _)| *d == domain)?;
+            let (_, name) = pushed.remove(at);
+            let level = pushed.iter().filter(|(d, _)| *d == domain).count();
+            Some((name, level))
+        })
+        .ok()
+        .flatten();
+    match popped {
+        Some((name, level)) => {
+            mark(format!("nvtx pop: {name}"));
+            c_int::try_from(level).unwrap_or(c_int::MAX)
+        }
+        None => {
+            mark(format!("nvtx pop: {prefix}(no open range)"));
+            -1
+        }
+    }
 }
 
 fn start(name: String) -> RangeId {
@@ -215,39 +310,20 @@ unsafe extern "C" fn mark_ex(attributes: *const EventAttributes) {
 }
 
 unsafe extern "C" fn range_push_a(text: *const c_char) -> c_int {
-    guarded(-1, || push(unsafe { narrow(text) }))
+    guarded(-1, || push(0, unsafe { narrow(text) }))
 }
 
 unsafe extern "C" fn range_push_w(text: *const libc::wchar_t) -> c_int {
-    guarded(-1, || push(unsafe { wide(text) }))
+    guarded(-1, || push(0, unsafe { wide(text) }))
 }
 
 unsafe extern "C" fn range_push_ex(attributes: *const EventAttributes) -> c_int {
-    guarded(-1, || push(unsafe { message(attributes) }))
+    guarded(-1, || push(0, unsafe { message(attributes) }))
 }
 
-/// Closes this thread's innermost pushed range; returns its 0-based level, or -1 when none is
-/// open (NVTX's error value), as NVTX specifies.
+/// Closes this thread's innermost pushed range of the default domain.
 unsafe extern "C" fn range_pop() -> c_int {
-    guarded(-1, || {
-        let popped = PUSHED
-            .try_with(|pushed| {
-                let mut pushed = pushed.borrow_mut();
-                pushed.pop().map(|name| (name, pushed.len()))
-            })
-            .ok()
-            .flatten();
-        match popped {
-            Some((name, level)) => {
-                mark(format!("nvtx pop: {name}"));
-                c_int::try_from(level).unwrap_or(c_int::MAX)
-            }
-            None => {
-                mark("nvtx pop: (no open range)".to_string());
-                -1
-            }
-        }
-    })
+    guarded(-1, || pop(0, ""))
 }
 
 unsafe extern "C" fn range_start_a(text: *const c_char) -> RangeId {
@@ -269,6 +345,120 @@ unsafe extern "C" fn range_end(id: RangeId) {
             .unwrap_or_else(|| format!("(range {id})"));
         mark(format!("nvtx end: {name}"));
     });
+}
+
+unsafe extern "C" fn domain_create_a(name: *const c_char) -> *const c_void {
+    guarded(std::ptr::null(), || {
+        let name = unsafe { narrow(name) };
+        lock_names().map_or(std::ptr::null(), |mut names| {
+            names.handle(false, name) as *const c_void
+        })
+    })
+}
+
+unsafe extern "C" fn domain_create_w(name: *const libc::wchar_t) -> *const c_void {
+    guarded(std::ptr::null(), || {
+        let name = unsafe { wide(name) };
+        lock_names().map_or(std::ptr::null(), |mut names| {
+            names.handle(false, name) as *const c_void
+        })
+    })
+}
+
+/// Keeps the name: a range of the domain still open may end after it.
+unsafe extern "C" fn domain_destroy(_domain: *const c_void) {}
+
+unsafe extern "C" fn domain_register_string_a(
+    _domain: *const c_void,
+    text: *const c_char,
+) -> *const c_void {
+    guarded(std::ptr::null(), || {
+        let text = unsafe { narrow(text) };
+        lock_names().map_or(std::ptr::null(), |mut names| {
+            names.handle(true, text) as *const c_void
+        })
+    })
+}
+
+unsafe extern "C" fn domain_register_string_w(
+    _domain: *const c_void,
+    text: *const libc::wchar_t,
+) -> *const c_void {
+    guarded(std::ptr::null(), || {
+        let text = unsafe { wide(text) };
+        lock_names().map_or(std::ptr::null(), |mut names| {
+            names.handle(true, text) as *const c_void
+        })
+    })
+}
+
+unsafe extern "C" fn domain_mark_ex(domain: *const c_void, attributes: *const EventAttributes) {
+    guarded((), || {
+        mark(format!("nvtx mark: {}{}", domain_prefix(domain), unsafe {
+            message(attributes)
+        }))
+    });
+}
+
+unsafe extern "C" fn domain_range_start_ex(
+    domain: *const c_void,
+    attributes: *const EventAttributes,
+) -> RangeId {
+    guarded(0, || {
+        start(format!("{}{}", domain_prefix(domain), unsafe {
+            message(attributes)
+        }))
+    })
+}
+
+/// Range ids are unique over every domain: the id alone finds the range.
+unsafe extern "C" fn domain_range_end(_domain: *const c_void, id: RangeId) {
+    unsafe { range_end(id) }
+}
+
+unsafe extern "C" fn domain_range_push_ex(
+    domain: *const c_void,
+    attributes: *const EventAttributes,
+) -> c_int {
+    guarded(-1, || {
+        push(
+            domain as usize,
+            format!("{}{}", domain_prefix(domain), unsafe {
+                message(attributes)
+            }),
+        )
+    })
+}
+
+unsafe extern "C" fn domain_range_pop(domain: *const c_void) -> c_int {
+    guarded(-1, || pop(domain as usize, &domain_prefix(domain)))
+}
+
+/// Fills the slots `handlers` names in NVTX's table of `module`; whether NVTX gave the table.
+///
+/// # Safety
+/// `get_module` is NVTX's; each handler has the signature of its slot.
+unsafe fn install(
+    get_module: GetModuleFunctionTable,
+    module: c_int,
+    handlers: &[(u32, unsafe extern "C" fn())],
+) -> bool {
+    let mut slots: *mut *mut Slot = std::ptr::null_mut();
+    let mut last: u32 = 0;
+    if unsafe { get_module(module, &mut slots, &mut last) } == 0 || slots.is_null() {
+        return false;
+    }
+    for &(id, handler) in handlers {
+        if id > last {
+            continue;
+        }
+        // The table's entries point at NVTX's own function-pointer slots (entry 0 none).
+        let slot = unsafe { *slots.add(id as usize) };
+        if !slot.is_null() {
+            unsafe { *slot = Some(handler) };
+        }
+    }
+    true
 }
 
 /// NVTX's entry point into an injection library: takes NVTX's core functions. Returns 1 when
@@ -298,11 +488,6 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(
             return 0;
         };
         if table.struct_size < std::mem::size_of::<ExportTableCallbacks>() {
-            return 0;
-        }
-        let mut slots: *mut *mut Slot = std::ptr::null_mut();
-        let mut last: u32 = 0;
-        if unsafe { get_module(MODULE_CORE, &mut slots, &mut last) } == 0 || slots.is_null() {
             return 0;
         }
         // SAFETY (each cast): the handler has the signature NVTX's slot of that id expects
@@ -376,16 +561,70 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(
                 ),
             ]
         };
-        for (id, handler) in handlers {
-            if id > last {
-                continue;
-            }
-            // The table's entries point at NVTX's own function-pointer slots (entry 0 none).
-            let slot = unsafe { *slots.add(id as usize) };
-            if !slot.is_null() {
-                unsafe { *slot = Some(handler) };
-            }
+        if !unsafe { install(get_module, MODULE_CORE, &handlers) } {
+            return 0;
         }
+        type Handle = *const c_void;
+        type Attributes = *const EventAttributes;
+        type Generic = unsafe extern "C" fn();
+        // SAFETY (each cast): as above, for `NvtxCallbackIdCore2`.
+        let domain_handlers: [(u32, unsafe extern "C" fn()); 10] = unsafe {
+            use std::mem::transmute as cast;
+            [
+                (
+                    1,
+                    cast::<unsafe extern "C" fn(Handle, Attributes), Generic>(domain_mark_ex),
+                ),
+                (
+                    2,
+                    cast::<unsafe extern "C" fn(Handle, Attributes) -> RangeId, Generic>(
+                        domain_range_start_ex,
+                    ),
+                ),
+                (
+                    3,
+                    cast::<unsafe extern "C" fn(Handle, RangeId), Generic>(domain_range_end),
+                ),
+                (
+                    4,
+                    cast::<unsafe extern "C" fn(Handle, Attributes) -> c_int, Generic>(
+                        domain_range_push_ex,
+                    ),
+                ),
+                (
+                    5,
+                    cast::<unsafe extern "C" fn(Handle) -> c_int, Generic>(domain_range_pop),
+                ),
+                (
+                    10,
+                    cast::<unsafe extern "C" fn(Handle, *const c_char) -> Handle, Generic>(
+                        domain_register_string_a,
+                    ),
+                ),
+                (
+                    11,
+                    cast::<unsafe extern "C" fn(Handle, *const libc::wchar_t) -> Handle, Generic>(
+                        domain_register_string_w,
+                    ),
+                ),
+                (
+                    12,
+                    cast::<unsafe extern "C" fn(*const c_char) -> Handle, Generic>(domain_create_a),
+                ),
+                (
+                    13,
+                    cast::<unsafe extern "C" fn(*const libc::wchar_t) -> Handle, Generic>(
+                        domain_create_w,
+                    ),
+                ),
+                (
+                    14,
+                    cast::<unsafe extern "C" fn(Handle), Generic>(domain_destroy),
+                ),
+            ]
+        };
+        // Without the domain module the core calls are still recorded.
+        unsafe { install(get_module, MODULE_CORE2, &domain_handlers) };
         1
     })
 }

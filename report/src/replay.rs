@@ -55,6 +55,8 @@ pub struct Process {
     pub unplaced_blocks: u64,
     /// Tensor view: PyTorch blocks handed out (`tensor_alloc` events met).
     pub tensor_allocs: u64,
+    /// The log holds the recorder's exit record: the process ended normally.
+    pub exited: bool,
 }
 
 impl Process {
@@ -846,18 +848,18 @@ pub struct Replay {
     pub devices: std::collections::BTreeSet<i32>,
 }
 
-/// How the end of a recording is named: "exit", or "end of log" when a log was cut short (it
-/// ends inside a chunk or could not be read to its end), so it does not show the program's
-/// exit. A process killed between two whole flushes leaves no such trace (the log has no exit
-/// record) and is still named "exit".
+/// How the end of a recording is named: "exit" when every log holds its process's exit
+/// record (a normal exit) and was read to its end, else "end of log": a process killed,
+/// ended by `_exit` or exec, a log cut short, or a log of a recorder older than the record.
 pub fn end_name(processes: &[Process]) -> &'static str {
     let cut = processes.iter().any(|process| {
-        process.damage.iter().any(|damage| {
-            matches!(
-                damage.kind,
-                DamageKind::TornTail { .. } | DamageKind::Io { .. }
-            )
-        })
+        !process.exited
+            || process.damage.iter().any(|damage| {
+                matches!(
+                    damage.kind,
+                    DamageKind::TornTail { .. } | DamageKind::Io { .. }
+                )
+            })
     });
     if cut { "end of log" } else { "exit" }
 }
@@ -988,6 +990,7 @@ pub fn run_view(
             damage: Vec::new(),
             notes: Vec::new(),
             marks: Vec::new(),
+            exited: false,
             dropped: 0,
             dumps: Vec::new(),
             unmatched_frees: 0,
@@ -1517,6 +1520,7 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                 // definitions of its next flush, possibly before events older than it, so
                 // it must not move the replay's clock.
                 Record::Mark(mark) => process.marks.push(mark),
+                Record::Exit(_) => process.exited = true,
                 other => return Some(other),
             },
         }
@@ -1534,7 +1538,8 @@ fn record_time(record: &Record) -> u64 {
         | Record::Module(_)
         | Record::ThreadName(_)
         | Record::Code(_)
-        | Record::Mark(_) => 0,
+        | Record::Mark(_)
+        | Record::Exit(_) => 0,
     }
 }
 

@@ -435,12 +435,19 @@ pub fn final_flush() {
     }
 }
 
-/// Runs after every `atexit` handler (frameworks free CUDA memory there): the last flush.
+/// Runs after every `atexit` handler (frameworks free CUDA memory there), on `exit` and on a
+/// return from `main` only (`_exit` skips destructors): the last flush, then the exit record
+/// that tells the report the process ended normally.
 extern "C" fn at_fini() {
     if in_vfork_child() {
         return;
     }
-    final_flush();
+    if process::is_on() && !writer::busy_on_this_thread() {
+        crate::guard((), || {
+            capture::reread_own_name();
+            writer::exit_record()
+        });
+    }
     FINISHED.store(true, Ordering::Release);
 }
 

@@ -4,7 +4,7 @@
 use std::ffi::{CString, OsString, c_int};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vramshim_format::{ChunkBuilder, Dropped, Event, EventKind, Mark, MemInfo, Record, ThreadName};
@@ -57,6 +57,8 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 static LOG_FD: AtomicI32 = AtomicI32::new(-1);
 /// The open log's start on the monotonic clock, for records stamped outside the writer.
 static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
+/// The exit record is written (or being written): never twice.
+static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 /// Longer mark texts are cut to this many bytes.
 const MARK_TEXT_MAX: usize = 4096;
 /// Chunks are closed at this payload size.
@@ -523,6 +525,22 @@ pub fn final_note(text: &str) {
     }
 }
 
+/// Writes everything buffered, then the exit record stamped now, in a chunk of its own (a
+/// reader older than the record loses that chunk only). Once per process: `exit` called
+/// again from an `atexit` handler, or from two threads, writes one record.
+pub fn exit_record() {
+    if busy_on_this_thread() || EXIT_WRITTEN.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    flush(FlushKind::Final);
+    let mut guard = OUTPUT.lock();
+    if let Some(output) = guard.as_mut() {
+        let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
+        push_record(output, &Record::Exit(vramshim_format::Exit { t_ns }));
+        finish_chunk(output);
+    }
+}
+
 /// In a fork child: forgets the parent's log, rings and queued definitions (the parent
 /// writes those). The parent's buffers are leaked, not freed: a thread that vanished with the
 /// fork may have been changing them. Plain stores and `close`: async-signal-safe.
@@ -540,6 +558,7 @@ pub unsafe fn reset_in_fork_child() {
         DEFS.reset_in_fork_child(Vec::new());
     }
     DROPPED.store(0, Ordering::Relaxed);
+    EXIT_WRITTEN.store(false, Ordering::Release);
     crate::ring::clear_writer_thread();
 }
 

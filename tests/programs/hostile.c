@@ -39,6 +39,11 @@
  *   vfork-exit N / vfork-exec N / spawn N
  *                              N allocations, a child by vfork()+_exit(3), vfork()+execve
  *                              ("/bin/true"), or posix_spawn("/bin/true"), then N frees.
+ *   exit-thread THREADS CODE   THREADS threads allocate and free (ignoring results) until the
+ *                              process ends; once each has made 100 pairs, another thread
+ *                              calls exit(CODE) while they go on.
+ *   exit-in-atexit N CODE      N pairs, then returns from main; an atexit handler makes one
+ *                              more pair and calls exit(CODE) from inside exit.
  */
 #include "common.h"
 #include "cuda.h"
@@ -400,6 +405,64 @@ static int child_then_free(const char *how, int n)
     return 0;
 }
 
+/* ---- exit while others allocate, exit inside exit ---- */
+
+static volatile long g_exit_pairs[64];
+
+static void *careless_thread(void *arg)
+{
+    volatile long *count = arg;
+    setup();
+    for (;;) {
+        CUdeviceptr p = 0;
+        /* Results ignored: the fake driver may already be torn down by the exiting thread. */
+        if (cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS)
+            cuMemFree_v2(p);
+        ++*count;
+    }
+    return NULL;
+}
+
+static void *exiting_thread(void *arg)
+{
+    exit(*(int *)arg);
+}
+
+__attribute__((noreturn)) static int exit_thread(int threads, int code)
+{
+    static int g_code;
+    pthread_t tid;
+    if (threads > 64)
+        die("at most 64 threads");
+    g_code = code;
+    for (int t = 0; t < threads; t++)
+        if (pthread_create(&tid, NULL, careless_thread, (void *)&g_exit_pairs[t]) != 0)
+            die("pthread_create");
+    for (int t = 0; t < threads; t++)
+        while (g_exit_pairs[t] < 100)
+            usleep(1000);
+    if (pthread_create(&tid, NULL, exiting_thread, &g_code) != 0)
+        die("pthread_create");
+    for (;;)
+        pause();
+}
+
+static int g_atexit_code;
+
+static void exit_again(void)
+{
+    pairs(1);
+    exit(g_atexit_code);
+}
+
+static int exit_in_atexit(int n, int code)
+{
+    g_atexit_code = code;
+    pairs(n);
+    atexit(exit_again);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     g_prog = "hostile";
@@ -450,6 +513,14 @@ int main(int argc, char **argv)
         strcmp(mode, "spawn") == 0) {
         setup();
         return child_then_free(mode, a);
+    }
+    if (strcmp(mode, "exit-thread") == 0) {
+        setup();
+        return exit_thread(a, b);
+    }
+    if (strcmp(mode, "exit-in-atexit") == 0) {
+        setup();
+        return exit_in_atexit(a, b);
     }
     die("unknown scenario %s", mode);
 }

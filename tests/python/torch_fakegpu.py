@@ -31,6 +31,60 @@ def stats():
     }
 
 
+def mlp():
+    """The small MLP of train, trace and snapshot, on the device."""
+    return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 10)).cuda()
+
+
+def encoder(num_layers):
+    """A TransformerEncoder of `num_layers` copies of one layer, on the device: (layer, model)."""
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                             dropout=0.0, batch_first=True)
+    return layer, torch.nn.TransformerEncoder(layer, num_layers=num_layers,
+                                              enable_nested_tensor=False).cuda()
+
+
+def seeded():
+    """Seed 0, and attention on torch's own (flash) kernels, the path the figures of the
+    transformer modes were taken on."""
+    torch.manual_seed(0)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def start_history():
+    """The set-up of the modes that compare with torch's own memory history: seeded, the
+    history recorded."""
+    seeded()
+    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+
+
+def mlp_then_transformer(after_step=lambda: None):
+    """The workload of trace and snapshot: two Adam steps of the MLP, its memory given back to
+    the driver (segment_free, or segment_unmap when expandable), then two steps of a 2-layer
+    transformer (sequence lengths 64 and 384), `after_step()` after each. Returns what stays
+    live, for the caller to keep: (model, layer, optimizer, x)."""
+    net = mlp()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(2):
+        optimizer.zero_grad()
+        data = torch.randn(256, 512, device="cuda")
+        target = torch.randint(0, 10, (256,), device="cuda")
+        torch.nn.functional.cross_entropy(net(data), target).backward()
+        optimizer.step()
+    del net, optimizer, data, target
+    torch.cuda.empty_cache()
+    layer, model = encoder(2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for length in (64, 384):
+        optimizer.zero_grad(set_to_none=True)
+        x = torch.randn(16, length, 256, device="cuda")
+        model(x).square().mean().backward()
+        optimizer.step()
+        after_step()
+    return model, layer, optimizer, x
+
+
 def caching():
     """The native caching allocator: small (2 MiB), large (20 MiB) and oversize segments,
     then empty_cache; at each step torch's reserved bytes against the driver's used bytes."""
@@ -84,8 +138,7 @@ def malloc_async():
 
 def train():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 10)).cuda()
+    model = mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.randn(256, 512, device="cuda")
     target = torch.randint(0, 10, (256,), device="cuda")
@@ -119,12 +172,8 @@ def transformer():
     classic fragmentation case), in fp32 then under bf16 autocast, then an inference loop that
     empties the cache after each batch. At every step: torch's reserved bytes and the driver's
     used bytes (their difference is what is not torch's: the context)."""
-    torch.manual_seed(0)
-    # Attention takes torch's own (flash) kernels, the path the figures below were taken on.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
-                                             dropout=0.0, batch_first=True)
-    model = torch.nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False).cuda()
+    seeded()
+    layer, model = encoder(3)
     head = torch.nn.Linear(256, 1000).cuda()
     params = list(model.parameters()) + list(head.parameters())
     optimizer = torch.optim.Adam(params, lr=1e-4)
@@ -165,32 +214,10 @@ def trace():
     for the tensors recorded beside it: its alloc / free_requested / free_completed /
     segment_alloc / segment_map / segment_unmap entries (action, address, size), the allocated
     peak, and tensors of known sizes."""
-    torch.manual_seed(0)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+    start_history()
     known = [torch.empty(1000, 3, device="cuda"), torch.empty(7, dtype=torch.uint8, device="cuda"),
              torch.empty(3 << 20, device="cuda")]
-    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
-                              torch.nn.Linear(2048, 10)).cuda()
-    optimizer = torch.optim.Adam(mlp.parameters(), lr=1e-3)
-    for _ in range(2):
-        optimizer.zero_grad()
-        data = torch.randn(256, 512, device="cuda")
-        target = torch.randint(0, 10, (256,), device="cuda")
-        torch.nn.functional.cross_entropy(mlp(data), target).backward()
-        optimizer.step()
-    # Segments go back to the driver (segment_free, or segment_unmap when expandable).
-    del mlp, optimizer, data, target
-    torch.cuda.empty_cache()
-    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
-                                             dropout=0.0, batch_first=True)
-    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    for length in (64, 384):
-        optimizer.zero_grad(set_to_none=True)
-        x = torch.randn(16, length, 256, device="cuda")
-        model(x).square().mean().backward()
-        optimizer.step()
+    model, layer, optimizer, x = mlp_then_transformer()
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -215,36 +242,19 @@ def snapshot():
     segments with their blocks, its whole trace, and its counters. It leaves with os._exit
     right after, so that nothing changes between torch's snapshot and the log's end."""
     import os
-    torch.manual_seed(0)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.cuda.memory._record_memory_history(max_entries=10_000_000)
-    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
-                              torch.nn.Linear(2048, 10)).cuda()
-    optimizer = torch.optim.Adam(mlp.parameters(), lr=1e-3)
-    for _ in range(2):
-        optimizer.zero_grad()
-        data = torch.randn(256, 512, device="cuda")
-        target = torch.randint(0, 10, (256,), device="cuda")
-        torch.nn.functional.cross_entropy(mlp(data), target).backward()
-        optimizer.step()
-    del mlp, optimizer, data, target
-    torch.cuda.empty_cache()
-    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
-                                             dropout=0.0, batch_first=True)
-    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    failed = None
-    for length in (64, 384):
-        optimizer.zero_grad(set_to_none=True)
-        x = torch.randn(16, length, 256, device="cuda")
-        model(x).square().mean().backward()
-        optimizer.step()
-        if failed is None:
+    start_history()
+    failed = {}
+
+    def fail_once():
+        if not failed:
             try:
                 torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
             except torch.OutOfMemoryError:
-                failed = {"allocated": torch.cuda.memory_allocated(),
-                          "reserved": torch.cuda.memory_reserved()}
+                failed.update(allocated=torch.cuda.memory_allocated(),
+                              reserved=torch.cuda.memory_reserved())
+
+    # Live at the snapshot, as the program's own tensors.
+    model, layer, optimizer, x = mlp_then_transformer(after_step=fail_once)  # noqa: F841
     kept = torch.empty(3000, device="cuda")  # noqa: F841 (live at the snapshot)
     pending = torch.empty(5000, device="cuda")
     side = torch.cuda.Stream()
@@ -259,7 +269,7 @@ def snapshot():
                 for s in snapshot["segments"] if s["device"] == 0]
     entries = [[e["action"], e.get("addr", e.get("device_free")), e["size"]]
                for e in snapshot["device_traces"][0]]
-    say(mode="snapshot", segments=segments, entries=entries, failed=failed,
+    say(mode="snapshot", segments=segments, entries=entries, failed=failed or None,
         allocated=torch.cuda.memory_allocated(), **stats())
     os._exit(0)
 

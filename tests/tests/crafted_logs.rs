@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{scratch, vramshim_tool};
 use vramshim_format::{
-    ChunkBuilder, CodeDef, Dropped, Event, EventKind, FORMAT_VERSION, Frame, HOST_DEVICE, Header,
-    Mark, MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
+    ChunkBuilder, CodeDef, Dropped, Event, EventKind, Exit, FORMAT_VERSION, Frame, HOST_DEVICE,
+    Header, Mark, MemInfo, ModuleDef, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 
 /// Generous for a loaded 2-core machine and a debug build.
@@ -415,6 +415,32 @@ fn run_bounded(args: &[OsString], cwd: &Path) -> Outcome {
     }
 }
 
+/// `vramshim ARGS --json`'s document: the command must succeed and print one JSON value.
+fn json_document(args: &[OsString], cwd: &Path) -> serde_json::Value {
+    let outcome = run_bounded(args, cwd);
+    assert_eq!(outcome.code, Some(0), "{args:?}: {}", outcome.stderr);
+    serde_json::from_str(&outcome.stdout)
+        .unwrap_or_else(|err| panic!("{args:?}: not JSON ({err}):\n{}", outcome.stdout))
+}
+
+/// A `diff --json` document's rows: each stack's frame labels, innermost first.
+fn diff_frames(doc: &serde_json::Value) -> Vec<Vec<String>> {
+    let labels = |row: &serde_json::Value| -> Vec<String> {
+        row["frames"]
+            .as_array()
+            .expect("frames")
+            .iter()
+            .map(|f| f.as_str().expect("label").to_string())
+            .collect()
+    };
+    doc["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(labels)
+        .collect()
+}
+
 /// Every report command on `log` (diff: against itself and against `other`), text and JSON.
 fn commands(log: &Path, other: &Path, out_dir: &Path) -> Vec<Vec<OsString>> {
     let log: OsString = log.into();
@@ -709,21 +735,13 @@ fn diff_labels_rows_of_either_log_alone() {
         args.extend(extra.iter().map(OsString::from));
         args
     };
-    let json = run_bounded(&args(&["--json"]), &dir);
-    assert_eq!(json.code, Some(0), "{}", json.stderr);
-    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("diff --json");
-    let rows: Vec<(Vec<String>, u64, u64, i64, u64, u64)> = doc["stacks"]
-        .as_array()
-        .expect("stacks")
-        .iter()
-        .map(|row| {
+    let doc = json_document(&args(&["--json"]), &dir);
+    let rows: Vec<(Vec<String>, u64, u64, i64, u64, u64)> = diff_frames(&doc)
+        .into_iter()
+        .zip(doc["stacks"].as_array().expect("stacks"))
+        .map(|(frames, row)| {
             (
-                row["frames"]
-                    .as_array()
-                    .expect("frames")
-                    .iter()
-                    .map(|f| f.as_str().expect("label").to_string())
-                    .collect(),
+                frames,
                 row["peak_a"].as_u64().expect("peak_a"),
                 row["peak_b"].as_u64().expect("peak_b"),
                 row["peak_change"].as_i64().expect("peak_change"),
@@ -843,22 +861,10 @@ fn diff_text_folds_the_frameworks_frames_and_json_keeps_them() {
             "1000 B 1.46 KiB +500 B 1000 B 1.46 KiB +500 B libtorch_cpu.so+0x100 <- libtorch_cpu.so+0x200",
         ]
     );
-    let doc: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("diff --json");
-    let frames: Vec<Vec<&str>> = doc["stacks"]
-        .as_array()
-        .expect("stacks")
-        .iter()
-        .map(|row| {
-            row["frames"]
-                .as_array()
-                .expect("frames")
-                .iter()
-                .map(|f| f.as_str().expect("label"))
-                .collect()
-        })
-        .collect();
+    let mut args: Vec<OsString> = vec!["diff".into(), log_a.clone().into(), log_b.clone().into()];
+    args.push("--json".into());
     assert_eq!(
-        frames,
+        diff_frames(&json_document(&args, &dir)),
         [
             vec!["libtorch_cpu.so+0x300", "app+0x300", "app+0x200"],
             vec![
@@ -1018,8 +1024,8 @@ fn a_log_given_twice_is_warned_about() {
 }
 
 /// One device sample and three allocations (1, 2 and 4 MiB on device 0), the first freed;
-/// the 4 MiB one alone in a second chunk.
-fn two_chunk_log(path: &Path) {
+/// the 4 MiB one alone in a second chunk, then the exit record when `exited`.
+fn two_chunk_log(path: &Path, exited: bool) {
     let mut out = header(500, 0).encode();
     let mut chunk = ChunkBuilder::new();
     let mut freed = event(EventKind::Free, CUDA_FREE, 3_000, 0, 0x10_0000, 1 << 20);
@@ -1060,6 +1066,9 @@ fn two_chunk_log(path: &Path) {
         0x40_0000,
         4 << 20,
     )));
+    if exited {
+        chunk.push(&Record::Exit(Exit { t_ns: 5_000 }));
+    }
     chunk.finish_into(&mut out);
     std::fs::write(path, &out).expect("write crafted log");
 }
@@ -1070,7 +1079,7 @@ fn two_chunk_log(path: &Path) {
 fn a_cut_log_ends_at_end_of_log_not_at_exit() {
     let dir = scratch("crafted-cut");
     let whole = dir.join("whole.vlog");
-    two_chunk_log(&whole);
+    two_chunk_log(&whole, true);
     let cut = dir.join("cut.vlog");
     let bytes = std::fs::read(&whole).expect("read log");
     std::fs::write(&cut, &bytes[..bytes.len() - 3]).expect("write cut log");
@@ -1117,6 +1126,20 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
         "{}",
         leaks.stdout
     );
+    // The same log whole but with no exit record (killed between two flushes, `_exit`, or a
+    // recorder older than the record): "end of log" too, with no warning (nothing is cut).
+    let killed = dir.join("killed.vlog");
+    two_chunk_log(&killed, false);
+    let report = run_bounded(&["report".into(), killed.clone().into()], &dir);
+    assert_eq!((report.code, report.stderr.as_str()), (Some(0), ""));
+    assert!(
+        report
+            .stdout
+            .contains("\n  live at end of log  6.00 MiB in 2 allocations\n"),
+        "{}",
+        report.stdout
+    );
+    assert!(!report.stdout.contains("exit"), "{}", report.stdout);
     let svg = dir.join("leaks.svg");
     let flame = run_bounded(
         &[
@@ -1147,7 +1170,7 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
     );
     assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
     assert!(whatif.stderr.contains(&torn), "{}", whatif.stderr);
-    let whatif = run_bounded(
+    let document = json_document(
         &[
             "whatif".into(),
             cut.clone().into(),
@@ -1157,8 +1180,6 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
         ],
         &dir,
     );
-    assert_eq!(whatif.code, Some(0), "{}", whatif.stderr);
-    let document: serde_json::Value = serde_json::from_str(&whatif.stdout).expect("json");
     let warnings = document["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
@@ -1175,7 +1196,7 @@ fn a_cut_log_ends_at_end_of_log_not_at_exit() {
 fn a_missing_device_and_a_late_at_are_warned_about() {
     let dir = scratch("crafted-missing-device");
     let log = dir.join("one.vlog");
-    two_chunk_log(&log);
+    two_chunk_log(&log, true);
     let missing = format!(
         "vramshim: warning: --device 3: nothing in {} is on device 3; its only device is 0\n",
         log.display()
@@ -1213,7 +1234,7 @@ fn a_missing_device_and_a_late_at_are_warned_about() {
         assert_eq!(outcome.code, Some(0), "{command}: {}", outcome.stderr);
         assert_eq!(outcome.stderr, "", "{command}");
     }
-    let json = run_bounded(
+    let document = json_document(
         &[
             "report".into(),
             log.clone().into(),
@@ -1223,7 +1244,6 @@ fn a_missing_device_and_a_late_at_are_warned_about() {
         ],
         &dir,
     );
-    let document: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
     assert_eq!(
         document["warnings"],
         serde_json::json!([missing.trim_start_matches("vramshim: warning: ").trim_end()])

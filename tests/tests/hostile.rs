@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -519,12 +520,83 @@ fn vfork_and_posix_spawn_children_leave_the_parents_log_alone() {
             "{scenario}"
         );
         assert_eq!(notes(&dump), Vec::<String>::new(), "{scenario}");
+        // The child's `_exit` wrote nothing: the one exit record is the parent's, last.
+        assert_eq!(exit_records(&dump), [dump.len() - 1], "{scenario}");
         let pid = u64_of(&dump[0], "pid");
         assert!(
             events(&dump).iter().all(|e| u64_of(e, "thread") == pid),
             "{scenario}: events of another thread"
         );
     }
+}
+
+/// Where the exit records of a dump are.
+fn exit_records(dump: &[Value]) -> Vec<usize> {
+    dump.iter()
+        .enumerate()
+        .filter(|(_, record)| record["type"] == "exit")
+        .map(|(at, _)| at)
+        .collect()
+}
+
+/// `vramshim report LOG`'s stdout (it must succeed).
+fn report_text(log: &Path) -> String {
+    let (code, stdout, stderr) = vramshim(&[OsStr::new("report"), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    stdout
+}
+
+#[test]
+fn exit_from_a_thread_while_four_others_allocate_writes_one_exit_record() {
+    for round in 0..5 {
+        let run = hostile(
+            "exit-thread",
+            &["exit-thread", "4", "5"],
+            &[("VRAMSHIM_BUFFER_EVENTS", "64"), ("VRAMSHIM_FLUSH_MS", "1")],
+            MINUTE,
+        );
+        assert_eq!(
+            ending(run.status()),
+            (Some(5), None, false),
+            "round {round}: {}",
+            run.stderr
+        );
+        assert_eq!(run.stderr, "", "round {round}");
+        let dump = dump(&run.log());
+        assert!(dump.iter().all(|r| r["type"] != "damage"), "round {round}");
+        assert_eq!(exit_records(&dump).len(), 1, "round {round}");
+        // Each thread made at least 100 pairs and holds at most one allocation at the end.
+        let (allocs, frees) = counted(&dump);
+        assert!(
+            frees >= 400 && allocs - frees <= 4,
+            "round {round}: {allocs} {frees}"
+        );
+        assert!(
+            report_text(&run.log()).contains("\n  live at exit  "),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn exit_called_inside_an_atexit_handler_writes_one_exit_record_after_its_events() {
+    let run = hostile("exit-in-atexit", &["exit-in-atexit", "3", "7"], &[], MINUTE);
+    assert_eq!(
+        ending(run.status()),
+        (Some(7), None, false),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr, "");
+    let dump = dump(&run.log());
+    // The handler's pair is in the log too, before the exit record, which is last.
+    assert_eq!(counted(&dump), (4, 4));
+    assert_eq!(exit_records(&dump), [dump.len() - 1]);
+    let report = report_text(&run.log());
+    assert!(
+        report.contains("\n  live at exit  0 B in 0 allocations\n"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -616,14 +688,56 @@ fn nvtx_calls_become_marks_and_the_library_declines_without_the_recorder() {
     );
 }
 
-/// Forks while 8 threads push, pop, start and end NVTX ranges (the start/end table's lock
-/// may be held by a thread that does not exist in the child): every child records its own
-/// ranges and exits; none hangs.
+/// Forks while 8 threads push, pop, start and end NVTX ranges and create a domain and push and
+/// pop in it (the start/end table's and the domain table's locks may be held by a thread that
+/// does not exist in the child): every child records its own ranges, domain ones included, and
+/// exits 0; none hangs.
 #[test]
 fn forks_while_threads_record_nvtx_ranges_never_hang_a_child() {
     let run = nvtx_client("nvtx-fork-storm", &["fork-storm", "8", "100"], true);
     assert_exited_cleanly(&run);
-    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\n");
+    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\nfailed 0\n");
     // The parent's log and one per child (each child's first mark starts its recording).
-    assert_eq!(run.logs().len(), 101, "{}", run.stderr);
+    let logs = run.logs();
+    assert_eq!(logs.len(), 101, "{}", run.stderr);
+    // Each child's domain range is named by its domain, or, when a thread of the parent held
+    // the domain table at the fork (the child gives up on it after 10 ms), is the default
+    // domain's.
+    let (mut named, mut fallback) = (0, 0);
+    for log in &logs {
+        let marks: Vec<String> = dump(log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        let child: Vec<&str> = marks
+            .iter()
+            .map(String::as_str)
+            .filter(|m| m.contains("child"))
+            .collect();
+        if child.is_empty() {
+            continue;
+        }
+        let core = [
+            "nvtx push: child",
+            "nvtx start: child range",
+            "nvtx end: child range",
+            "nvtx pop: child",
+        ];
+        if child[4..] == ["nvtx push: children: child", "nvtx pop: children: child"] {
+            named += 1;
+        } else {
+            assert_eq!(
+                child[4..],
+                ["nvtx push: child", "nvtx pop: child"],
+                "{}",
+                log.display()
+            );
+            fallback += 1;
+        }
+        assert_eq!(child[..4], core, "{}", log.display());
+    }
+    assert_eq!(named + fallback, 100);
+    eprintln!("domain ranges named in {named} children, default domain in {fallback}");
+    assert!(named > 0);
 }

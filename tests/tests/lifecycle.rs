@@ -507,6 +507,38 @@ fn abort_flushes_every_allocation_from_the_signal_handler() {
     assert!(events.iter().all(|e| u64_of(e, "size") == MIB));
 }
 
+/// `vramshim leaks LOG`'s stdout (it must succeed).
+fn leaks_text(log: &Path) -> String {
+    let (code, stdout, stderr) = vramshim(&[OsStr::new("leaks"), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    stdout
+}
+
+/// A return from `main` leaves the exit record last in the log, and reports name the end
+/// "exit".
+#[test]
+fn a_normal_exit_ends_the_log_with_its_exit_record() {
+    let run = run_under_shim("normal-exit", "report_leaks", &[], &[]);
+    assert_ok(&run, "report_leaks");
+    let (dump, stderr) = dump_with_stderr(&run.log());
+    assert_eq!(stderr, "");
+    let exits: Vec<usize> = (0..dump.len())
+        .filter(|&at| dump[at]["type"] == "exit")
+        .collect();
+    assert_eq!(exits, [dump.len() - 1]);
+    // Exit is stamped after every event.
+    let last_event = events(&dump).iter().map(|e| u64_of(e, "t_ns")).max();
+    assert!(Some(u64_of(&dump[dump.len() - 1], "t_ns")) >= last_event);
+    let leaks = leaks_text(&run.log());
+    // report_leaks leaves 8 MiB x3 + 4 + 2 MiB on device 0 (report_leaks.c).
+    assert!(
+        leaks.contains("device 0: still live at exit (")
+            && leaks.contains(") 30.00 MiB in 5 allocations"),
+        "{leaks}"
+    );
+    assert!(!leaks.contains("end of log"), "{leaks}");
+}
+
 #[test]
 fn sigkill_leaves_a_readable_log_of_what_was_flushed() {
     let run = run_under_shim("sigkill", "sigkill", &[], &[]);
@@ -540,6 +572,17 @@ fn sigkill_leaves_a_readable_log_of_what_was_flushed() {
             .collect::<Vec<_>>(),
         vec![MIB; 5]
     );
+    // No exit record: every report names the end "end of log", the live memory exactly
+    // what the recorded allocations hold (nothing freed: 1 MiB each, then 2 MiB each).
+    assert!(dump.iter().all(|r| r["type"] != "exit"));
+    let live = 5 * MIB + (events.len() as u64 - 5) * 2 * MIB;
+    let leaks = leaks_text(&run.log());
+    let expected = format!(") {}.00 MiB in {} allocations", live / MIB, events.len());
+    assert!(
+        leaks.contains("device 0: still live at end of log (") && leaks.contains(&expected),
+        "{leaks}"
+    );
+    assert!(!leaks.contains("exit"), "{leaks}");
     // Damage, if any, is only a torn tail: the last record, one warning.
     let damage: Vec<usize> = dump
         .iter()
@@ -812,12 +855,10 @@ fn ring_mode_dumps_the_live_set_and_the_last_events_at_exit() {
         u64_of(begin, "events_discarded") as usize,
         history.len() - window_count
     );
-    let rest = &dump[at + 1..];
-    assert_eq!(
-        rest.len(),
-        live_count + window_count,
-        "the dump is the last thing in the log"
-    );
+    // The dump is the last thing in the log but the exit record, written after it.
+    assert_eq!(dump[dump.len() - 1]["type"], "exit");
+    let rest = &dump[at + 1..dump.len() - 1];
+    assert_eq!(rest.len(), live_count + window_count);
     let (live, window) = rest.split_at(live_count);
     assert!(
         live.iter()

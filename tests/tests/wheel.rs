@@ -8,18 +8,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
+use common::torch::repo;
 use common::*;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repository root")
-        .to_path_buf()
-}
 
 fn run_ok(command: &mut Command, what: &str) -> Output {
     let output = command
@@ -35,29 +30,37 @@ fn run_ok(command: &mut Command, what: &str) -> Output {
     output
 }
 
-/// The wheel built from this build's outputs, installed into a fresh venv under `dir`; the
-/// venv's `bin/`.
+/// The wheel built from this build's outputs (`scripts/build-wheel.sh --from target/debug`),
+/// once per test binary; its name checked.
+fn wheel() -> &'static Path {
+    static WHEEL: OnceLock<PathBuf> = OnceLock::new();
+    WHEEL.get_or_init(|| {
+        let wheels = scratch("wheel-build").join("wheels");
+        let built = run_ok(
+            Command::new("bash")
+                .arg(repo().join("scripts/build-wheel.sh"))
+                .arg("--from")
+                .arg(target_dir())
+                .arg("--out")
+                .arg(&wheels),
+            "build-wheel.sh",
+        );
+        let stdout = String::from_utf8_lossy(&built.stdout);
+        let wheel = PathBuf::from(stdout.lines().last().expect("the wheel's path"));
+        let name = wheel.file_name().and_then(|n| n.to_str()).expect("name");
+        assert!(
+            name.starts_with(&format!(
+                "vramshim-{}-py3-none-manylinux_2_",
+                env!("CARGO_PKG_VERSION")
+            )) && name.ends_with("_x86_64.whl"),
+            "{name}"
+        );
+        wheel
+    })
+}
+
+/// [`wheel`] installed into a fresh venv under `dir`; the venv's `bin/`.
 fn install_wheel(dir: &Path) -> PathBuf {
-    let wheels = dir.join("wheels");
-    let built = run_ok(
-        Command::new("bash")
-            .arg(repo().join("scripts/build-wheel.sh"))
-            .arg("--from")
-            .arg(target_dir())
-            .arg("--out")
-            .arg(&wheels),
-        "build-wheel.sh",
-    );
-    let stdout = String::from_utf8_lossy(&built.stdout);
-    let wheel = PathBuf::from(stdout.lines().last().expect("the wheel's path"));
-    let name = wheel.file_name().and_then(|n| n.to_str()).expect("name");
-    assert!(
-        name.starts_with(&format!(
-            "vramshim-{}-py3-none-manylinux_2_",
-            env!("CARGO_PKG_VERSION")
-        )) && name.ends_with("_x86_64.whl"),
-        "{name}"
-    );
     let venv = dir.join("venv");
     run_ok(
         Command::new(machine_python())
@@ -77,7 +80,7 @@ fn install_wheel(dir: &Path) -> PathBuf {
                 "--no-index",
                 "--disable-pip-version-check",
             ])
-            .arg(&wheel),
+            .arg(wheel()),
         "pip install",
     );
     bin
@@ -217,27 +220,12 @@ fn auditwheel() -> Result<PathBuf, String> {
 #[test]
 fn wheel_is_stripped_holds_the_nvtx_library_and_auditwheel_agrees_with_its_tag() {
     let dir = scratch("wheel-audit");
-    let wheels = dir.join("wheels");
-    let built = run_ok(
-        Command::new("bash")
-            .arg(repo().join("scripts/build-wheel.sh"))
-            .arg("--from")
-            .arg(target_dir())
-            .arg("--out")
-            .arg(&wheels),
-        "build-wheel.sh",
-    );
-    let wheel = PathBuf::from(
-        String::from_utf8_lossy(&built.stdout)
-            .lines()
-            .last()
-            .expect("the wheel's path"),
-    );
+    let wheel = wheel();
     let unpacked = dir.join("unpacked");
     run_ok(
         Command::new(machine_python())
             .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
+            .arg(wheel)
             .arg(&unpacked),
         "unzip the wheel",
     );
@@ -301,7 +289,7 @@ fn wheel_is_stripped_holds_the_nvtx_library_and_auditwheel_agrees_with_its_tag()
         }
     };
     let shown = run_ok(
-        Command::new(auditwheel).arg("show").arg(&wheel),
+        Command::new(auditwheel).arg("show").arg(wheel),
         "auditwheel show",
     );
     let text = String::from_utf8_lossy(&shown.stdout);

@@ -140,6 +140,7 @@ pub fn record_json(header: &Header, record: &Record) -> Value {
         Record::Mark(mark) => json!({
             "type": "mark", "t_ns": mark.t_ns, "thread": mark.thread, "text": mark.text,
         }),
+        Record::Exit(exit) => json!({"type": "exit", "t_ns": exit.t_ns}),
         Record::DumpBegin(dump) => json!({
             "type": "dump_begin", "t_ns": dump.t_ns, "reason": dump.reason,
             "events_discarded": dump.events_discarded, "live_count": dump.live_count,
@@ -271,6 +272,7 @@ fn write_record_text(out: &mut impl Write, header: &Header, record: &Record) -> 
             m.text,
             m.thread
         ),
+        Record::Exit(e) => writeln!(out, "{:>14} EXIT (normal)", seconds(e.t_ns)),
         Record::DumpBegin(d) => writeln!(
             out,
             "{:>14} flight-recorder dump ({}): {} live allocations, {} recent records, {} older events not kept",
