@@ -308,6 +308,7 @@ pub fn release_thread_caches() {
         if !cache.is_null() {
             drop(unsafe { Box::from_raw(cache) });
         }
+        python::release_thread_memo();
         let last = thread.last_key.replace(std::ptr::null_mut());
         if !last.is_null() {
             drop(unsafe { Box::from_raw(last) });
