@@ -186,7 +186,9 @@ fn enter() -> Option<Entry> {
             // this thread's next event is newer than a time it read earlier.
             ring_ref.in_progress.store(ENTERING, Ordering::SeqCst);
             let t0 = now_ns();
-            ring_ref.in_progress.store(t0, Ordering::SeqCst);
+            // Release is enough here (a plain store, where SeqCst is a full fence): a writer
+            // that still sees ENTERING only waits, one that sees `t0` has a true lower bound.
+            ring_ref.in_progress.store(t0, Ordering::Release);
             if t0.wrapping_sub(thread.name_read_ns.get()) >= NAME_CHECK_NS {
                 reread_name(thread, ring_ref.tid, t0);
             }

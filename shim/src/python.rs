@@ -4,7 +4,8 @@
 //! the thread's frame chain directly instead: while the hook runs the chain is frozen (this
 //! thread is executing the hook) and every code object on it is kept alive by its frame. No
 //! GIL, no Python lock, no Python code, no allocation (except the first time a code object is
-//! seen, when its definition is written to the log).
+//! seen, when its definition is written to the log, and a thread's first walk, which makes
+//! room to remember it: a walk whose frames all read as the last one's copies its result).
 //!
 //! Struct offsets come from the interpreter itself on 3.13 and later (`_Py_DebugOffsets`, at the
 //! start of the exported `_PyRuntime`), and from a table per minor version before that (derived
@@ -652,6 +653,17 @@ pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
         let _ = STATE.compare_exchange(UNVERIFIED, ON, Ordering::AcqRel, Ordering::Acquire);
     }
     let max = (out.len() / WORDS_PER_FRAME).min(MAX_PY_FRAMES);
+    let memo = thread_memo();
+    if let Some(memo) = unsafe { memo.as_ref() }
+        && let Some(count) = memo.replay(l, frame, out, max)
+    {
+        return count;
+    }
+    let mut memo = unsafe { memo.as_mut() };
+    if let Some(memo) = memo.as_deref_mut() {
+        memo.valid = false;
+    }
+    let mut visited = 0usize;
     let mut count = 0usize;
     let mut steps = 0usize;
     // Marks the frame recorded last as the outermost one of its eval-loop call.
@@ -666,6 +678,12 @@ pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
         if !frame.is_multiple_of(8) {
             break;
         }
+        if let Some(memo) = memo.as_deref_mut()
+            && visited < MEMO_FRAMES
+        {
+            memo.frames[visited] = unsafe { frame_words(l, frame) };
+        }
+        visited += 1;
         let previous = unsafe { word(frame + l.frame_previous as u64) };
         let owner = l.frame_owner.map(|at| unsafe { byte(frame + at as u64) });
         if owner.zip(l.owner_cstack).is_some_and(|(o, c)| o >= c) {
@@ -728,7 +746,124 @@ pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
     }
     // The outermost frame always ends a group.
     end_group(out, count);
+    // Remembered only when the walk reached the end of the chain (not a limit or a check).
+    if let Some(memo) = memo
+        && frame == 0
+        && visited <= MEMO_FRAMES
+    {
+        let words = count * WORDS_PER_FRAME;
+        for (kept, word) in memo.out[..words].iter_mut().zip(&out[..words]) {
+            // SAFETY: the words of the `count` frames recorded are written.
+            *kept = unsafe { word.assume_init() };
+        }
+        memo.visited = visited;
+        memo.count = count;
+        memo.valid = true;
+    }
     count
+}
+
+/// Frames one remembered walk may have visited (deeper stacks are walked every time).
+const MEMO_FRAMES: usize = 128;
+
+/// What a walk reads of one frame and its result depends on: the frame's address, its
+/// caller, its code, the word holding its instruction, and the word holding its owner and
+/// entry flags (3.9 / 3.10: its type).
+type FrameWords = [u64; 5];
+
+unsafe fn frame_words(l: &Layout, frame: u64) -> FrameWords {
+    let aligned = |at: usize| unsafe { word((frame + at as u64) & !7) };
+    [
+        frame,
+        unsafe { word(frame + l.frame_previous as u64) },
+        unsafe { word(frame + l.frame_code as u64) },
+        aligned(l.frame_instr),
+        l.frame_owner
+            .or(l.frame_is_entry)
+            .map_or_else(|| aligned(OB_TYPE), aligned),
+    ]
+}
+
+/// A thread's last complete walk: the words it read of every frame it visited, and what it
+/// wrote. Between two allocations at a hot site most frames stay where they are, running the
+/// same instruction; if every visited frame reads the same, the walk finds the same frames,
+/// and reading five words a frame is cheaper than walking it (which also reads each code
+/// object). A frame at the same place with the same code pointer runs that code object: a
+/// live frame keeps its code alive (a code object freed and another built at its address,
+/// run by a new frame at the same place and instruction, would pass unseen).
+struct LastWalk {
+    valid: bool,
+    visited: usize,
+    frames: [FrameWords; MEMO_FRAMES],
+    count: usize,
+    out: [u64; MEMO_FRAMES * WORDS_PER_FRAME],
+}
+
+impl LastWalk {
+    /// The frame count, with the frames written to `out`, if a walk from `frame` would find
+    /// what the last one found.
+    fn replay(
+        &self,
+        l: &Layout,
+        mut frame: u64,
+        out: &mut [MaybeUninit<u64>],
+        max: usize,
+    ) -> Option<usize> {
+        if !self.valid || self.count > max {
+            return None;
+        }
+        for visited in &self.frames[..self.visited] {
+            // The same address as a frame visited before: non-null and aligned.
+            if frame != visited[0] {
+                return None;
+            }
+            let words = unsafe { frame_words(l, frame) };
+            if words != *visited {
+                return None;
+            }
+            frame = words[1];
+        }
+        if frame != 0 {
+            return None;
+        }
+        let words = self.count * WORDS_PER_FRAME;
+        for (slot, &word) in out[..words].iter_mut().zip(&self.out[..words]) {
+            slot.write(word);
+        }
+        Some(self.count)
+    }
+}
+
+thread_local! {
+    /// This thread's last complete walk (allocated on first use, freed at thread exit).
+    static MEMO: std::cell::Cell<*mut LastWalk> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// This thread's [`LastWalk`], allocated the first time (null if thread-local storage is gone).
+fn thread_memo() -> *mut LastWalk {
+    MEMO.try_with(|memo| {
+        if memo.get().is_null() {
+            memo.set(Box::into_raw(Box::new(LastWalk {
+                valid: false,
+                visited: 0,
+                frames: [[0; 5]; MEMO_FRAMES],
+                count: 0,
+                out: [0; MEMO_FRAMES * WORDS_PER_FRAME],
+            })));
+        }
+        memo.get()
+    })
+    .unwrap_or(std::ptr::null_mut())
+}
+
+/// Frees this thread's last walk (at thread exit).
+pub fn release_thread_memo() {
+    let _ = MEMO.try_with(|memo| {
+        let last = memo.replace(std::ptr::null_mut());
+        if !last.is_null() {
+            drop(unsafe { Box::from_raw(last) });
+        }
+    });
 }
 
 /// Guards against a code object's address being reused by another one.

@@ -107,7 +107,60 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
     if count == 0 {
         return 0;
     }
-    intern(written(&key, count))
+    let key = written(&key, count);
+    if let Some(id) = repeated(key) {
+        return id;
+    }
+    let id = intern(key);
+    remember(key, id);
+    id
+}
+
+/// A thread's last captured stack key and its id: a hot allocation site captures the same
+/// stack event after event, and comparing the words is a few vector loads where hashing them
+/// is a serial multiply per word.
+struct LastKey {
+    words: Box<[u64]>,
+    count: usize,
+    id: u32,
+    /// [`GENERATION`] when `id` was given (a fork child must define its stacks again).
+    generation: u32,
+}
+
+/// The id of `key` if it is this thread's last captured key.
+fn repeated(key: &[u64]) -> Option<u32> {
+    THREAD
+        .try_with(|thread| {
+            let last = unsafe { thread.last_key.get().as_ref() }?;
+            (last.count == key.len()
+                && last.generation == GENERATION.load(Ordering::Relaxed)
+                && last.words[..last.count] == *key)
+                .then_some(last.id)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Keeps `key` (of id `id`) as this thread's last captured key.
+fn remember(key: &[u64], id: u32) {
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let _ = THREAD.try_with(|thread| {
+        let mut last = thread.last_key.get();
+        if last.is_null() {
+            last = Box::into_raw(Box::new(LastKey {
+                words: vec![0; KEY_WORDS].into_boxed_slice(),
+                count: 0,
+                id: 0,
+                generation: 0,
+            }));
+            thread.last_key.set(last);
+        }
+        let last = unsafe { &mut *last };
+        last.words[..key.len()].copy_from_slice(key);
+        last.count = key.len();
+        last.id = id;
+        last.generation = generation;
+    });
 }
 
 /// Writes the thread's Python frames and their tag word into `key` (which has room for
@@ -206,11 +259,21 @@ fn shim_range() -> (u64, u64) {
 }
 
 fn hash_frames(frames: &[u64]) -> u64 {
-    // FxHash-style mixing; frames are already well-distributed addresses.
-    let mut hash = frames.len() as u64;
-    for &ip in frames {
-        hash = (hash.rotate_left(5) ^ ip).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    // FxHash-style mixing; frames are already well-distributed addresses. Four independent
+    // lanes: one serial chain of multiplies was most of a capture's own time.
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    let mix = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut lanes = [frames.len() as u64, 1, 2, 3];
+    let mut chunks = frames.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &word) in lanes.iter_mut().zip(chunk) {
+            *lane = mix(*lane, word);
+        }
     }
+    for (lane, &word) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane = mix(*lane, word);
+    }
+    let hash = lanes.iter().fold(0, |hash, &lane| mix(hash, lane));
     hash | 1
 }
 
@@ -223,6 +286,8 @@ struct ThreadStacks {
     unwind_cache: Cell<*mut crate::unwind::ThreadCache>,
     /// This thread's stack range (0, 0 = not known yet).
     stack_bounds: Cell<(u64, u64)>,
+    /// This thread's last captured stack (allocated on first use, freed at thread exit).
+    last_key: Cell<*mut LastKey>,
 }
 
 thread_local! {
@@ -231,16 +296,22 @@ thread_local! {
             stack_cache: UnsafeCell::new(ThreadCache::new()),
             unwind_cache: Cell::new(std::ptr::null_mut()),
             stack_bounds: Cell::new((0, 0)),
+            last_key: Cell::new(std::ptr::null_mut()),
         }
     };
 }
 
-/// Frees this thread's unwind cache (at thread exit).
+/// Frees this thread's unwind cache and last stack (at thread exit).
 pub fn release_thread_caches() {
     let _ = THREAD.try_with(|thread| {
         let cache = thread.unwind_cache.replace(std::ptr::null_mut());
         if !cache.is_null() {
             drop(unsafe { Box::from_raw(cache) });
+        }
+        python::release_thread_memo();
+        let last = thread.last_key.replace(std::ptr::null_mut());
+        if !last.is_null() {
+            drop(unsafe { Box::from_raw(last) });
         }
     });
 }
