@@ -3,6 +3,7 @@
 
 mod analysis;
 mod commands;
+mod debug_prefix;
 mod gpus;
 mod logfile;
 mod python;

@@ -18,7 +18,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use addr2line::Loader;
+use crate::debug_prefix::ObjectLoader;
 use rustc_hash::FxHashMap;
 use vramshim_format::ModuleDef;
 
@@ -103,7 +103,7 @@ struct ObjectFile {
     /// Build id and code ranges read from the file's headers.
     elf: ElfInfo,
     /// Symbol lookup order: a separate debug file (if found) first, then the file itself.
-    loaders: Vec<Loader>,
+    loaders: Vec<ObjectLoader>,
     /// Whether `loaders[0]` has DWARF.
     has_dwarf: bool,
     /// Whether the user was already warned about this file (one warning per file).
@@ -371,7 +371,7 @@ impl Symbolizer {
                 return None;
             }
         };
-        let loader = match loader_for(&file, Path::new(path)) {
+        let loader = match ObjectLoader::open(file, Path::new(path)) {
             Ok(loader) => loader,
             Err(error) => {
                 self.warn(format!(
@@ -381,7 +381,7 @@ impl Symbolizer {
             }
         };
         let mut loaders = vec![loader];
-        let mut has_dwarf = has_dwarf(&loaders[0]);
+        let mut has_dwarf = loaders[0].has_dwarf();
         if !has_dwarf && let Some(debug) = self.separate_debug_file(&elf.build_id) {
             loaders.insert(0, debug);
             has_dwarf = true;
@@ -397,7 +397,7 @@ impl Symbolizer {
     }
 
     /// The separate debug file for `build_id` under a debug root, if one with DWARF exists.
-    fn separate_debug_file(&self, build_id: &[u8]) -> Option<Loader> {
+    fn separate_debug_file(&self, build_id: &[u8]) -> Option<ObjectLoader> {
         // The first byte names a directory; fewer than two bytes cannot form a name.
         let (first, rest) = build_id
             .split_first()
@@ -406,8 +406,8 @@ impl Symbolizer {
         self.debug_roots.iter().find_map(|root| {
             let candidate = root.join(&relative);
             let file = open_regular(&candidate).ok()?;
-            let loader = loader_for(&file, &candidate).ok()?;
-            has_dwarf(&loader).then_some(loader)
+            let loader = ObjectLoader::open(file, &candidate).ok()?;
+            loader.has_dwarf().then_some(loader)
         })
     }
 
@@ -420,48 +420,27 @@ impl Symbolizer {
 
 /// The DWARF frames at file address `probe`, innermost first; `bare` gives module and offset.
 fn dwarf_frames(
-    loader: &Loader,
+    loader: &ObjectLoader,
     probe: u64,
     bare: &SymFrame,
 ) -> Result<Vec<SymFrame>, Box<dyn std::error::Error>> {
-    let mut iter = loader.find_frames(probe)?;
-    let mut frames: Vec<SymFrame> = Vec::new();
-    while let Some(frame) = iter.next()? {
-        let function = frame
-            .function
-            .as_ref()
-            .and_then(|name| name.demangle().ok())
-            .map(|name| Rc::from(&*name));
-        let (file, line) = match &frame.location {
-            Some(location) => (
-                location.file.map(Rc::from),
-                // Line 0 means "no line" in DWARF.
-                location.line.filter(|&line| line != 0),
-            ),
-            None => (None, None),
-        };
-        frames.push(SymFrame {
-            function,
-            file,
-            line,
+    let mut frames: Vec<SymFrame> = loader
+        .frames(probe)?
+        .into_iter()
+        .map(|frame| SymFrame {
+            function: frame.function.map(Rc::from),
+            file: frame.file.map(Rc::from),
+            // Line 0 means "no line" in DWARF.
+            line: frame.line.filter(|&line| line != 0),
             inlined: true,
             ..bare.clone()
-        });
-    }
+        })
+        .collect();
     // Every frame but the outermost was inlined into the one after it.
     if let Some(outer) = frames.last_mut() {
         outer.inlined = false;
     }
     Ok(frames)
-}
-
-/// Whether the loader's file carries DWARF (plain or GNU-compressed sections).
-fn has_dwarf(loader: &Loader) -> bool {
-    [&b".debug_info"[..], b".zdebug_info"].iter().any(|name| {
-        loader
-            .get_section_range(name)
-            .is_some_and(|range| range.end > range.begin)
-    })
 }
 
 /// A symbol-table name demangled as Rust, else C++, else kept as is.
@@ -705,19 +684,6 @@ fn refuse_special(metadata: &std::fs::Metadata) -> io::Result<()> {
         io::ErrorKind::InvalidInput,
         format!("not a regular file ({what})"),
     ))
-}
-
-/// A loader for `file`, opened from `path` by [`open_regular`]. It maps the file through its
-/// descriptor (`/proc/self/fd/N`), so it reads the very file that was checked, even if `path`
-/// has been replaced since; without `/proc`, through `path`.
-fn loader_for(file: &File, path: &Path) -> Result<Loader, Box<dyn std::error::Error>> {
-    use std::os::fd::AsRawFd;
-    let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    if by_descriptor.exists() {
-        Ok(Loader::new(&by_descriptor)?)
-    } else {
-        Ok(Loader::new(path)?)
-    }
 }
 
 /// Bounds-checked reads of an ELF file of either class and byte order.

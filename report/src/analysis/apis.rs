@@ -75,7 +75,22 @@ pub struct FamilyCache {
 
 impl FamilyCache {
     /// The family of api `api` of process `process`.
+    #[inline]
     pub fn of(&mut self, processes: &[crate::replay::Process], process: u32, api: u16) -> Family {
+        // Every event asks: the cached answer first, without touching the cache's shape.
+        match self
+            .per_process
+            .get(process as usize)
+            .and_then(|cache| cache.get(usize::from(api)))
+        {
+            Some(&family) => family,
+            None => self.fill(processes, process, api),
+        }
+    }
+
+    /// [`FamilyCache::of`] for a process not cached yet (or an api index beyond its table).
+    #[cold]
+    fn fill(&mut self, processes: &[crate::replay::Process], process: u32, api: u16) -> Family {
         let index = process as usize;
         if self.per_process.len() <= index {
             self.per_process.resize(index + 1, Vec::new());

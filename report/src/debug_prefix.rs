@@ -1,0 +1,483 @@
+//! One object file's symbols and DWARF, read only as far as the addresses asked for need.
+//!
+//! `addr2line::Loader` inflates every DWARF section and parses the header of every unit when it
+//! opens a file: for libc's separate debug file that is ~250 M instructions, spent even for a log
+//! whose stacks touch two libc functions. Here `.debug_aranges` says which units hold an address;
+//! `.debug_info` is inflated only up to the end of those units (more later if later addresses need
+//! it) and `addr2line`'s context is built on that prefix. Location lists and macros, which
+//! symbolising never reads, are not loaded at all.
+//!
+//! The answers are the full loader's: whenever the prefix cannot answer exactly the full
+//! `addr2line::Loader` is opened and asked instead (address not in `.debug_aranges`, a
+//! reference into a unit beyond the prefix, split DWARF, any error). The one assumption is
+//! DWARF's own: a unit listed in `.debug_aranges` lists all of its code there, so no unit
+//! beyond the prefix (none that `.debug_aranges` names for the address) holds it.
+
+use std::cell::{OnceCell, RefCell};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use addr2line::{Context, FrameIter, Loader, LookupResult};
+use gimli::{EndianRcSlice, RunTimeEndian, SectionId};
+use memmap2::Mmap;
+use object::{CompressionFormat, Object, ObjectSection};
+
+type Reader = EndianRcSlice<RunTimeEndian>;
+type BoxError = Box<dyn std::error::Error>;
+
+/// One opened object file (the file itself or its separate debug file).
+pub(crate) struct ObjectLoader {
+    /// Kept open: the full loader reopens the same file through `/proc/self/fd`.
+    file: File,
+    /// The path to open when `/proc` is not mounted.
+    path: PathBuf,
+    map: Mmap,
+    has_dwarf: bool,
+    /// `addr2line`'s loader over the whole file, opened on first need.
+    full: OnceCell<Result<Loader, String>>,
+    /// The DWARF prefix, set up on first lookup (`None` inside: the file has no usable
+    /// `.debug_aranges`, every lookup goes to the full loader).
+    prefix: OnceCell<Option<RefCell<Prefix>>>,
+    /// The symbol table, read on first need.
+    symbols: OnceCell<Symbols>,
+}
+
+/// A file's symbol table as `addr2line::Loader` reads it (`object`'s symbol map), names kept
+/// as places in the mapped file.
+struct Symbols {
+    /// (address, size, name start in the map, name length), sorted by address.
+    entries: Vec<(u64, u64, usize, usize)>,
+}
+
+impl ObjectLoader {
+    /// Maps `file` and checks that it is an object file; reads nothing else yet.
+    pub(crate) fn open(file: File, path: &Path) -> Result<ObjectLoader, BoxError> {
+        // SAFETY: the mapping is only read; the file is a regular file opened by us (a
+        // concurrent writer can change what we read, as with any read, but not memory safety
+        // beyond what addr2line's own loader, which maps files the same way, accepts).
+        let map = unsafe { Mmap::map(&file)? };
+        let object = object::File::parse(&*map)?;
+        let has_dwarf = [&b".debug_info"[..], b".zdebug_info"].iter().any(|name| {
+            object
+                .section_by_name_bytes(name)
+                .is_some_and(|section| section.size() > 0)
+        });
+        Ok(ObjectLoader {
+            file,
+            path: path.to_owned(),
+            map,
+            has_dwarf,
+            full: OnceCell::new(),
+            prefix: OnceCell::new(),
+            symbols: OnceCell::new(),
+        })
+    }
+
+    /// Whether the file carries DWARF (plain or GNU-compressed sections).
+    pub(crate) fn has_dwarf(&self) -> bool {
+        self.has_dwarf
+    }
+
+    /// The symbol-table name of the function holding `probe` (what
+    /// `addr2line::Loader::find_symbol` answers, without loading any DWARF).
+    pub(crate) fn find_symbol(&self, probe: u64) -> Option<&str> {
+        let symbols = self.symbols.get_or_init(|| self.read_symbols());
+        let index = match symbols
+            .entries
+            .binary_search_by_key(&probe, |&(address, ..)| address)
+        {
+            Ok(index) => index,
+            Err(index) => index.checked_sub(1)?,
+        };
+        let &(address, size, start, len) = symbols.entries.get(index)?;
+        if size != 0 && probe.wrapping_sub(address) >= size {
+            return None;
+        }
+        std::str::from_utf8(self.map.get(start..start.checked_add(len)?)?).ok()
+    }
+
+    fn read_symbols(&self) -> Symbols {
+        let Ok(object) = object::File::parse(&*self.map) else {
+            return Symbols {
+                entries: Vec::new(),
+            };
+        };
+        let base = self.map.as_ptr() as usize;
+        let entries = object
+            .symbol_map()
+            .symbols()
+            .iter()
+            .map(|symbol| {
+                let name = symbol.name();
+                let start = (name.as_ptr() as usize).wrapping_sub(base);
+                (symbol.address(), symbol.size(), start, name.len())
+            })
+            .collect();
+        Symbols { entries }
+    }
+
+    /// The frames (innermost first) of `probe`, exactly as `addr2line::Loader::find_frames`
+    /// gives them.
+    pub(crate) fn frames(&self, probe: u64) -> Result<Vec<DwarfFrame>, BoxError> {
+        // Once the full loader had to be opened, it answers everything: it costs no more.
+        if let Some(Ok(full)) = self.full.get() {
+            return collect_frames(full.find_frames(probe)?);
+        }
+        if let Some(prefix) = self.prefix.get_or_init(|| self.start_prefix())
+            && let Some(found) = prefix.borrow_mut().frames(probe, &self.map)
+        {
+            return Ok(found);
+        }
+        let full = self.full().map_err(|error| -> BoxError { error.into() })?;
+        collect_frames(full.find_frames(probe)?)
+    }
+
+    fn full(&self) -> Result<&Loader, &str> {
+        self.full
+            .get_or_init(|| {
+                use std::os::fd::AsRawFd;
+                let by_descriptor =
+                    PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+                let path = if by_descriptor.exists() {
+                    &by_descriptor
+                } else {
+                    &self.path
+                };
+                Loader::new(path).map_err(|error| error.to_string())
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    fn start_prefix(&self) -> Option<RefCell<Prefix>> {
+        if !self.has_dwarf {
+            return None;
+        }
+        Prefix::new(&self.map).ok().flatten().map(RefCell::new)
+    }
+}
+
+/// One frame as DWARF gives it.
+pub(crate) struct DwarfFrame {
+    /// Demangled function name.
+    pub(crate) function: Option<String>,
+    pub(crate) file: Option<String>,
+    pub(crate) line: Option<u32>,
+}
+
+fn collect_frames<R: gimli::Reader>(
+    mut iter: FrameIter<'_, R>,
+) -> Result<Vec<DwarfFrame>, BoxError> {
+    let mut frames = Vec::new();
+    while let Some(frame) = iter.next()? {
+        let function = frame
+            .function
+            .as_ref()
+            .and_then(|name| name.demangle().ok())
+            .map(|name| name.into_owned());
+        let (file, line) = match &frame.location {
+            Some(location) => (location.file.map(str::to_owned), location.line),
+            None => (None, None),
+        };
+        frames.push(DwarfFrame {
+            function,
+            file,
+            line,
+        });
+    }
+    Ok(frames)
+}
+
+/// The sections but `.debug_info`, loaded whole, and `.debug_info` up to a unit boundary.
+struct Prefix {
+    endian: RunTimeEndian,
+    /// Every section symbolising reads, `.debug_info` left empty.
+    sections: Vec<(SectionId, Reader)>,
+    /// `.debug_aranges` entries: (begin, end, offset of the unit in `.debug_info`).
+    aranges: Vec<(u64, u64, u64)>,
+    info: InfoBytes,
+    /// Bytes of `.debug_info` the context covers (a unit boundary).
+    covered: usize,
+    context: Option<Context<Reader>>,
+}
+
+impl Prefix {
+    /// `None` when the file has no `.debug_aranges` (or an empty one): nothing to steer by.
+    fn new(map: &Mmap) -> Result<Option<Prefix>, BoxError> {
+        let object = object::File::parse(&**map)?;
+        let endian = if object.is_little_endian() {
+            RunTimeEndian::Little
+        } else {
+            RunTimeEndian::Big
+        };
+        let mut sections = Vec::new();
+        for id in NEEDED {
+            let data = match section_named(&object, id) {
+                Some(section) => section.uncompressed_data()?.into_owned(),
+                None => Vec::new(),
+            };
+            sections.push((id, Reader::new(Rc::from(data), endian)));
+        }
+        let aranges_data = sections
+            .iter()
+            .find(|(id, _)| *id == SectionId::DebugAranges)
+            .map(|(_, data)| data.clone())
+            .unwrap_or_else(|| Reader::new(Rc::from(Vec::new()), endian));
+        let mut aranges = Vec::new();
+        let mut headers = gimli::DebugAranges::from(aranges_data).headers();
+        while let Some(header) = headers.next()? {
+            let unit = header.debug_info_offset().0 as u64;
+            let mut entries = header.entries();
+            while let Some(entry) = entries.next()? {
+                let range = entry.range();
+                if range.begin < range.end {
+                    aranges.push((range.begin, range.end, unit));
+                }
+            }
+        }
+        if aranges.is_empty() {
+            return Ok(None);
+        }
+        let Some(info) = section_named(&object, SectionId::DebugInfo) else {
+            return Ok(None);
+        };
+        let info = InfoBytes::new(info.compressed_data()?, map, endian)?;
+        Ok(Some(Prefix {
+            endian,
+            sections,
+            aranges,
+            info,
+            covered: 0,
+            context: None,
+        }))
+    }
+
+    /// The frames of `probe` from the prefix, or `None` when only the full loader can say.
+    fn frames(&mut self, probe: u64, map: &Mmap) -> Option<Vec<DwarfFrame>> {
+        // Every unit .debug_aranges names for the address must lie inside the prefix.
+        let mut needed: Option<usize> = None;
+        for &(begin, end, unit) in &self.aranges {
+            if begin <= probe && probe < end {
+                let unit_end = self.info.unit_end(usize::try_from(unit).ok()?, map)?;
+                needed = Some(needed.map_or(unit_end, |n| n.max(unit_end)));
+            }
+        }
+        let needed = needed?;
+        if needed > self.covered || self.context.is_none() {
+            self.extend(needed, map)?;
+        }
+        let context = self.context.as_ref()?;
+        let iter = match context.find_frames(probe) {
+            LookupResult::Output(Ok(iter)) => iter,
+            // Split DWARF or an error (a reference beyond the prefix): the full loader decides.
+            _ => return None,
+        };
+        collect_frames(iter).ok()
+    }
+
+    /// Inflates `.debug_info` to at least `needed` bytes and rebuilds the context on it. Each
+    /// build parses every unit header of the prefix again, so the second build takes the whole
+    /// section (as does a first one past its middle): at most one and a half times the parsing of
+    /// the whole, usually a small part of it once.
+    fn extend(&mut self, needed: usize, map: &Mmap) -> Option<()> {
+        let target = if self.context.is_none() && needed <= self.info.total / 2 {
+            needed
+        } else {
+            self.info.total
+        };
+        let bytes = self.info.inflate_to(target, map)?;
+        // The last unit boundary the bytes hold (units follow each other from offset 0).
+        let mut boundary = self.covered;
+        while let Some(end) = unit_end_in(bytes, boundary, self.endian) {
+            if end > bytes.len() {
+                break;
+            }
+            boundary = end;
+        }
+        if boundary < needed {
+            return None;
+        }
+        let info = Reader::new(Rc::from(&bytes[..boundary]), self.endian);
+        let sections = &self.sections;
+        let empty = Reader::new(Rc::from(Vec::new()), self.endian);
+        let mut dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+            if id == SectionId::DebugInfo {
+                return Ok(info.clone());
+            }
+            Ok(sections
+                .iter()
+                .find(|(have, _)| *have == id)
+                .map_or_else(|| empty.clone(), |(_, data)| data.clone()))
+        })
+        .ok()?;
+        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
+        self.context = Some(Context::from_dwarf(dwarf).ok()?);
+        self.covered = boundary;
+        Some(())
+    }
+}
+
+/// The sections `addr2line` reads to symbolise (not location lists, macros or `.debug_info`,
+/// which is read by prefix).
+const NEEDED: [SectionId; 9] = [
+    SectionId::DebugAbbrev,
+    SectionId::DebugAddr,
+    SectionId::DebugAranges,
+    SectionId::DebugLine,
+    SectionId::DebugLineStr,
+    SectionId::DebugStr,
+    SectionId::DebugStrOffsets,
+    SectionId::DebugRanges,
+    SectionId::DebugRngLists,
+];
+
+/// The section for `id`, under its name or its GNU-compressed `.zdebug_` name.
+fn section_named<'data, 'file>(
+    object: &'file object::File<'data>,
+    id: SectionId,
+) -> Option<object::Section<'data, 'file>> {
+    let name = id.name();
+    object.section_by_name(name).or_else(|| {
+        let zname = format!(".z{}", name.strip_prefix('.')?);
+        object.section_by_name(&zname)
+    })
+}
+
+/// End of the unit that starts at `offset` in `bytes`, if its length field is there.
+fn unit_end_in(bytes: &[u8], offset: usize, endian: RunTimeEndian) -> Option<usize> {
+    let word = |at: usize, size: usize| -> Option<u64> {
+        let raw = bytes.get(at..at.checked_add(size)?)?;
+        let mut value = 0u64;
+        for (i, &b) in raw.iter().enumerate() {
+            let shift = match endian {
+                RunTimeEndian::Little => 8 * i,
+                RunTimeEndian::Big => 8 * (size - 1 - i),
+            };
+            value |= u64::from(b) << shift;
+        }
+        Some(value)
+    };
+    let length = word(offset, 4)?;
+    let (header, length) = if length == 0xffff_ffff {
+        (12, word(offset + 4, 8)?)
+    } else {
+        (4, length)
+    };
+    offset
+        .checked_add(header)?
+        .checked_add(usize::try_from(length).ok()?)
+}
+
+/// `.debug_info`, inflated on demand.
+struct InfoBytes {
+    endian: RunTimeEndian,
+    source: InfoSource,
+    /// What has been inflated so far (all of it for the other sources).
+    out: Vec<u8>,
+    total: usize,
+}
+
+enum InfoSource {
+    /// Stored plainly: the range of the file.
+    Plain { start: usize },
+    /// zlib: the compressed range of the file and the inflater's state.
+    Zlib {
+        start: usize,
+        len: usize,
+        inflater: Box<flate2::Decompress>,
+    },
+    /// Inflated whole already (other compressions).
+    Whole,
+}
+
+impl InfoBytes {
+    fn new(
+        data: object::CompressedData<'_>,
+        map: &Mmap,
+        endian: RunTimeEndian,
+    ) -> Result<InfoBytes, BoxError> {
+        let total = usize::try_from(data.uncompressed_size)?;
+        let start = (data.data.as_ptr() as usize).wrapping_sub(map.as_ptr() as usize);
+        let in_map = start
+            .checked_add(data.data.len())
+            .is_some_and(|end| end <= map.len());
+        Ok(match data.format {
+            CompressionFormat::None if in_map => InfoBytes {
+                endian,
+                source: InfoSource::Plain { start },
+                out: Vec::new(),
+                total: data.data.len(),
+            },
+            CompressionFormat::Zlib if in_map => InfoBytes {
+                endian,
+                source: InfoSource::Zlib {
+                    start,
+                    len: data.data.len(),
+                    inflater: Box::new(flate2::Decompress::new(true)),
+                },
+                out: Vec::new(),
+                total,
+            },
+            _ => {
+                let out = data.decompress()?.into_owned();
+                InfoBytes {
+                    endian,
+                    source: InfoSource::Whole,
+                    total: out.len(),
+                    out,
+                }
+            }
+        })
+    }
+
+    /// End of the unit starting at `offset`, inflating as far as its length field.
+    fn unit_end(&mut self, offset: usize, map: &Mmap) -> Option<usize> {
+        let (endian, total) = (self.endian, self.total);
+        let bytes = self.inflate_to(offset.checked_add(12)?.min(self.total), map)?;
+        unit_end_in(bytes, offset, endian).filter(|&end| end <= total)
+    }
+
+    /// The first `min(target, total)` bytes at least (more when already inflated).
+    fn inflate_to(&mut self, target: usize, map: &Mmap) -> Option<&[u8]> {
+        let target = target.min(self.total);
+        match &mut self.source {
+            InfoSource::Plain { start } => {
+                if self.out.len() < target {
+                    let bytes = map.get(*start..start.checked_add(target)?)?;
+                    self.out = bytes.to_vec();
+                }
+            }
+            InfoSource::Zlib {
+                start,
+                len,
+                inflater,
+            } => {
+                let compressed = map.get(*start..start.checked_add(*len)?)?;
+                while self.out.len() < target {
+                    // Inflate in steps of at least 64 KiB so that small targets stay cheap.
+                    let step = (target - self.out.len()).max(64 << 10);
+                    self.out
+                        .reserve(step.min(self.total.saturating_sub(self.out.len())).max(1));
+                    let consumed = usize::try_from(inflater.total_in()).ok()?;
+                    let before = self.out.len();
+                    let status = inflater
+                        .decompress_vec(
+                            compressed.get(consumed..)?,
+                            &mut self.out,
+                            flate2::FlushDecompress::None,
+                        )
+                        .ok()?;
+                    if status == flate2::Status::StreamEnd {
+                        break;
+                    }
+                    if self.out.len() == before {
+                        return None;
+                    }
+                }
+            }
+            InfoSource::Whole => {}
+        }
+        (self.out.len() >= target).then_some(&self.out[..])
+    }
+}
