@@ -661,6 +661,73 @@ fn tight_capacity(
         ),
         "gc: log vs torch {t}"
     );
+    // Past the fraction torch refuses a segment without calling cudaMalloc; its tracker's
+    // `oom` entry shows the refusal: `allocator` counts the retry torch made before it, and
+    // `oom` reports it at the script's failing line.
+    let log = run.log.as_ref().expect("log");
+    assert_eq!(
+        (
+            arr(&view["oom_retries"]).len() as u64,
+            u64_of(&view, "failed_allocations")
+        ),
+        (u64_of(t, "num_alloc_retries"), u64_of(t, "num_ooms")),
+        "gc: allocator {view} vs torch {t}"
+    );
+    let oom = json_of(&[
+        OsStr::new("oom"),
+        OsStr::new("--json"),
+        OsStr::new("--stacks"),
+        OsStr::new("python"),
+        log.as_os_str(),
+    ]);
+    let failures = arr(&oom["failures"]);
+    assert_eq!(failures.len() as u64, u64_of(t, "num_ooms"), "gc: {oom}");
+    if let Some(message) = t["failed"]["message"].as_str() {
+        // torch's message names the segment it wanted (from 10 MiB on: the block rounded up
+        // to 2 MiB); its `oom` entry, the block.
+        let failure = &failures[0];
+        let block = u64_of(failure, "block_request");
+        assert_eq!(
+            (
+                failure["verdict"].as_str(),
+                block.div_ceil(2 * MIB) * 2 * MIB,
+                failure["retry"]["succeeded"].as_bool(),
+            ),
+            (
+                Some("allocator_limit"),
+                tried_to_allocate(message),
+                Some(false)
+            ),
+            "gc: {failure}"
+        );
+        assert!(block >= 10 * MIB, "gc: {failure}");
+        // The failing line: on the main thread the script's own line; a backward pass fails
+        // on PyTorch's autograd thread, which has no script frame: its `...Backward0` frame,
+        // and torch's traceback ends at the script's `.backward()`.
+        let frames = arr(&failure["frames"]);
+        let line = u64_of(&t["failed"], "line");
+        if failure["thread_name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("pt_autograd"))
+        {
+            assert!(
+                frames.iter().any(|f| f["function"]
+                    .as_str()
+                    .is_some_and(|f| f.contains("Backward0::apply"))),
+                "gc: {failure}"
+            );
+            let text = std::fs::read_to_string(script()).expect("read torch_judge.py");
+            let source = text.lines().nth(line as usize - 1).unwrap_or_default();
+            assert!(source.contains(".backward()"), "gc: line {line}: {source}");
+        } else {
+            let top = &frames[0];
+            assert_eq!(
+                (top["file"].as_str(), top["line"].as_u64()),
+                (script().to_str(), Some(line)),
+                "gc: {failure}"
+            );
+        }
+    }
     let (_, rows) = whatif(async_log, GIB, Some("0.45"), &[config]);
     check_whatif_outcome("gc", &rows[config], t);
     assert_eq!(
