@@ -60,6 +60,18 @@ pub struct Requests {
     pub source: Source,
     /// Family of each api index, per process.
     families: Vec<Vec<Family>>,
+    /// Tensor view, per (process, thread) that allocated: whether an allocating call failed
+    /// since its last block, and whether it is releasing segments (see
+    /// [`Requests::segment_released`]).
+    threads: Vec<ThreadSince>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ThreadSince {
+    process: u32,
+    thread: u32,
+    failed: bool,
+    releasing: bool,
 }
 
 impl Requests {
@@ -194,6 +206,77 @@ impl Requests {
         }
         self.frees += 1;
         Some(Request::Free { id: live.seq })
+    }
+
+    fn thread_since(&mut self, process: u32, thread: u32) -> &mut ThreadSince {
+        let index = match self
+            .threads
+            .iter()
+            .position(|t| t.process == process && t.thread == thread)
+        {
+            Some(index) => index,
+            None => {
+                self.threads.push(ThreadSince {
+                    process,
+                    thread,
+                    failed: false,
+                    releasing: false,
+                });
+                self.threads.len() - 1
+            }
+        };
+        &mut self.threads[index]
+    }
+
+    /// Tensor view: PyTorch's `empty_cache()`, which leaves no entry of its own. Its segment
+    /// releases (`cudaFree`, or with expandable segments the unmapping of pages) are the
+    /// ones no failed call on the thread came before (those are release-and-retry, or
+    /// `max_split_size_mb`'s step); garbage collection releases without a failure too, so a
+    /// process that sets it gets none. One `EmptyCache` per run of releases, up to the
+    /// thread's next block.
+    pub fn segment_released(
+        &mut self,
+        processes: &[Process],
+        state: &State,
+        step: &Step<'_>,
+    ) -> Option<Request> {
+        let Step::Event {
+            process,
+            event,
+            effect,
+            ..
+        } = step
+        else {
+            return None;
+        };
+        let tensors = self.source == Source::Tensors;
+        let followed = self.device.is_some_and(|d| d == event.device);
+        let since = self.thread_since(*process, event.thread);
+        match (effect, state.segment_change()) {
+            (Effect::Added(live), _) if live.kind == EventKind::TensorAlloc => {
+                (since.failed, since.releasing) = (false, false);
+                None
+            }
+            (Effect::Failed, _) => {
+                since.failed = true;
+                None
+            }
+            (_, Some(SegmentChange::Removed(_))) if tensors && followed => {
+                if since.failed || since.releasing {
+                    return None;
+                }
+                since.releasing = true;
+                let collects = processes
+                    .get(*process as usize)
+                    .is_some_and(|p| AllocEnv::of(p).garbage_collection);
+                if collects {
+                    return None;
+                }
+                self.empty_cache += 1;
+                Some(Request::EmptyCache)
+            }
+            _ => None,
+        }
     }
 
     /// The requests one replay step makes, in order (at most one, except for a ring-mode
@@ -543,6 +626,11 @@ impl Observer for WhatIf {
             self.vote(processes, live);
         }
         let mut batch = std::mem::take(&mut self.scratch);
+        if let (Some(request), Step::Event { t_ns, .. }) =
+            (self.requests.segment_released(processes, state, step), step)
+        {
+            batch.push((*t_ns, request));
+        }
         self.requests
             .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
         for (t_ns, request) in batch.drain(..) {
