@@ -38,9 +38,12 @@
 //!   memory; set the capacity to the total to match).
 //! - An expandable segment reserves 9/8 of the capacity as address space (PyTorch: 9/8 of
 //!   the device's total memory), at most 9/8 TiB.
-//! - Addresses are simulated: segments are placed one after another and never reuse an
-//!   address (released expandable segments reuse theirs), which only matters for the
-//!   tie-break between free blocks of equal size.
+//! - Addresses are simulated: segments are placed one after another, at rising addresses
+//!   or, with [`Simulator::set_address_order`], falling ones (the driver's order, which
+//!   callers take from a recording; with rising addresses the lower address is also the
+//!   older segment, which is how torch 2.15 breaks ties), and never reuse an address (released expandable
+//!   segments reuse theirs), which only matters for the tie-break between free blocks of
+//!   equal size.
 //! - A failed allocation is dropped and the run goes on; a later free of its id is ignored.
 //!   Requests above 64 PiB fail at once.
 //! - With `expandable_segments` and `max_split_size_mb` together, the "free oversize cached
@@ -58,7 +61,9 @@ mod hash;
 mod sim;
 
 pub use config::{Config, ROUNDUP_INTERVALS};
-pub use sim::{AtPeak, BlockInfo, OomEvent, Outcome, Request, SegmentInfo, Simulator, Stats};
+pub use sim::{
+    AddressOrder, AtPeak, BlockInfo, OomEvent, Outcome, Request, SegmentInfo, Simulator, Stats,
+};
 
 /// One kibibyte.
 pub const KIB: u64 = 1024;

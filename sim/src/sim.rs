@@ -19,8 +19,11 @@ use crate::{Config, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, allocation_size, r
 use crate::{LARGE_BUFFER, MIB};
 
 const NONE: u32 = u32::MAX;
-/// First simulated device address; segments are laid out upwards from here.
+/// Lowest simulated device address: segments laid out at rising addresses start here, those
+/// laid out at falling addresses stay above it.
 const ADDR_BASE: u64 = 1 << 40;
+/// Segments laid out at falling addresses start below this.
+const ADDR_TOP: u64 = 1 << 56;
 /// Expandable segments reserve 9/8 of the capacity as address space, but at most 9/8 of this
 /// (when the capacity is unlimited).
 const MAX_VA_CAPACITY: u64 = 1 << 40;
@@ -33,6 +36,17 @@ const ADDR_LIMIT: u64 = 1 << 57;
 
 /// A free-set key: stream number, size and address.
 type Key = u128;
+
+/// Which way the driver hands out addresses for new segments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AddressOrder {
+    /// Each new segment above the ones before (the model's default).
+    #[default]
+    Rising,
+    /// Each new segment below the ones before (as Linux's `mmap` places mappings: the fake
+    /// driver's order).
+    Falling,
+}
 
 fn key(stream: u32, size: u64, addr: u64) -> Key {
     (u128::from(stream) << 96) | (u128::from(size >> 9) << 48) | u128::from(addr >> 9)
@@ -307,7 +321,9 @@ pub struct Simulator {
     /// The last stream looked up: (value, number).
     last_stream: (u64, u32),
     live: HashMap<u64, u32, BuildIdHasher>,
+    /// Rising: the next free address; falling: the lowest address handed out so far.
     next_addr: u64,
+    order: AddressOrder,
     scratch: Vec<u32>,
     scratch2: Vec<u32>,
     st: Stats,
@@ -333,12 +349,30 @@ impl Simulator {
             last_stream: (0, NONE),
             live: HashMap::default(),
             next_addr: ADDR_BASE,
+            order: AddressOrder::Rising,
             scratch: Vec::new(),
             scratch2: Vec::new(),
             st: Stats::default(),
             peak_pending: false,
             now: 0,
         })
+    }
+
+    /// Lays new segments (and expandable segments' address ranges) out in `order`. Call it
+    /// before the first request: it decides which of two equal-size free blocks best fit
+    /// takes (the lower address), so the model should follow the driver that made the
+    /// recording.
+    pub fn set_address_order(&mut self, order: AddressOrder) {
+        self.order = order;
+        self.next_addr = match order {
+            AddressOrder::Rising => ADDR_BASE,
+            AddressOrder::Falling => ADDR_TOP,
+        };
+    }
+
+    /// The order new segments are laid out in.
+    pub fn address_order(&self) -> AddressOrder {
+        self.order
     }
 
     /// The settings this simulator runs with.
@@ -641,13 +675,23 @@ impl Simulator {
     }
 
     fn reserve_va(&mut self, size: u64, align: u64) -> u64 {
-        let a = self.next_addr.div_ceil(align) * align;
-        self.next_addr = a + size;
-        assert!(
-            self.next_addr <= ADDR_LIMIT,
-            "simulated address space exhausted"
-        );
-        a
+        match self.order {
+            AddressOrder::Rising => {
+                let a = self.next_addr.div_ceil(align) * align;
+                self.next_addr = a + size;
+                assert!(
+                    self.next_addr <= ADDR_LIMIT,
+                    "simulated address space exhausted"
+                );
+                a
+            }
+            AddressOrder::Falling => {
+                let a = self.next_addr.saturating_sub(size) / align * align;
+                assert!(a >= ADDR_BASE, "simulated address space exhausted");
+                self.next_addr = a;
+                a
+            }
+        }
     }
 
     /// The number of stream value `stream`, numbering new streams as they come.

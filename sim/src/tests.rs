@@ -307,6 +307,32 @@ fn expandable_best_fit_counts_the_room_to_grow() {
     assert_eq!(s.stats().reserved, 20 * MIB);
 }
 
+/// Best fit orders free blocks by (stream, size, address) (`BlockComparatorSize`): of two
+/// equal-size free blocks it takes the one at the lower address, so which segment a block
+/// lands in depends on which way the driver hands out segment addresses.
+#[test]
+fn best_fit_breaks_ties_by_address_in_the_drivers_order() {
+    for (order, want) in [
+        (AddressOrder::Rising, [[true, true], [true, false]]),
+        (AddressOrder::Falling, [[true, true], [false, true]]),
+    ] {
+        let mut s = sim("");
+        s.set_address_order(order);
+        alloc(&mut s, 1, MIB, 0); // first 2 MiB segment: [1 | 1 free]
+        alloc(&mut s, 2, MIB, 0); // [1][2]
+        alloc(&mut s, 3, MIB, 0); // second segment: [3 | 1 free]
+        free(&mut s, 1); // a free 1 MiB block in each segment
+        alloc(&mut s, 4, MIB, 0); // takes the one at the lower address
+        // layout() lists segments by address: rising, the first segment made comes first
+        // and 4 fills its hole; falling, the second comes first and 4 fills its tail.
+        let got: Vec<Vec<bool>> = layout(&s)
+            .iter()
+            .map(|g| g.iter().map(|b| b.1).collect())
+            .collect();
+        assert_eq!(got, want.map(|g| g.to_vec()).to_vec(), "{order:?}");
+    }
+}
+
 #[test]
 fn expandable_small_pool_grows_in_2_mib_pages() {
     let mut s = sim("expandable_segments:True");

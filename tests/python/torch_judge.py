@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 
@@ -208,7 +209,9 @@ def main():
             workloads[name]()
     except torch.OutOfMemoryError as error:
         # "Tried to allocate X" names the rounded request; the figures below still hold.
-        failed = {"workload": name, "message": str(error).split("\n")[0]}
+        # The script's innermost line in the traceback: where the failing allocation was made.
+        here = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__]
+        failed = {"workload": name, "message": str(error).split("\n")[0], "line": here[-1]}
     torch.cuda.synchronize()
     result = figures()
     result["failed"] = failed

@@ -102,6 +102,8 @@ pub struct AllocEnv {
     pub expandable: bool,
     /// `max_split_size_mb:N`, in bytes (PyTorch reads N as whole MiB).
     pub max_split_size: Option<u64>,
+    /// `garbage_collection_threshold` set (it releases segments without a failure).
+    pub garbage_collection: bool,
 }
 
 impl AllocEnv {
@@ -129,6 +131,7 @@ impl AllocEnv {
                         env.cuda_malloc_async = value.eq_ignore_ascii_case("cudaMallocAsync")
                     }
                     "expandable_segments" => env.expandable = value == "True" || value == "true",
+                    "garbage_collection_threshold" => env.garbage_collection = true,
                     "max_split_size_mb" => {
                         env.max_split_size =
                             value.parse::<u64>().ok().and_then(|mb| mb.checked_mul(MIB))

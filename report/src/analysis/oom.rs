@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 
 use super::allocator::AllocEnv;
 use super::groups::{IdTotals, totals_by_id};
-use vramshim_format::EventKind;
+use vramshim_format::{Event, EventKind};
 
 use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
@@ -24,6 +24,10 @@ pub enum Verdict {
     FragmentationOrLimit,
     /// No free/total reading was recorded with the failure.
     Unknown,
+    /// PyTorch's caching allocator refused the request itself, without asking the driver:
+    /// the segment it needed would pass `set_per_process_memory_fraction` (known from its
+    /// `oom` entry with no failed call before it).
+    AllocatorLimit,
     /// The call failed with another error than out of memory (the result says which): not an
     /// OOM. On an H200 PyTorch 2.11's expandable segments ask `cuMemCreate` for a fabric
     /// handle first, get 800 (`CUDA_ERROR_NOT_PERMITTED`) and ask again for a file-descriptor
@@ -41,6 +45,7 @@ impl Verdict {
             Verdict::FragmentationOrLimit => "fragmentation_or_limit",
             Verdict::Unknown => "unknown",
             Verdict::OtherError => "other_error",
+            Verdict::AllocatorLimit => "allocator_limit",
         }
     }
 }
@@ -135,6 +140,16 @@ struct Pending {
     only_oversize: bool,
 }
 
+/// What a thread did since its last successful allocation.
+struct SinceAllocation {
+    process: u32,
+    thread: u32,
+    /// An allocating call failed.
+    failed: bool,
+    released_bytes: u64,
+    released_count: u64,
+}
+
 /// Observer collecting every failed allocation.
 #[derive(Default)]
 pub struct Oom {
@@ -145,6 +160,8 @@ pub struct Oom {
     pending: Vec<Pending>,
     /// `max_split_size_mb` of each process (by index), once read.
     max_split: Vec<Option<Option<u64>>>,
+    /// Per thread that allocated: what it did since (see [`Oom::limit_refusal`]).
+    since: Vec<SinceAllocation>,
 }
 
 impl Oom {
@@ -181,6 +198,92 @@ impl Oom {
                     && waiting.only_oversize
                     && waiting.released_bytes >= limit.max(request)
             })
+    }
+
+    /// The entry of `thread` of `process` in [`Oom::since`].
+    fn since_of(&mut self, process: u32, thread: u32) -> &mut SinceAllocation {
+        let index = match self
+            .since
+            .iter()
+            .position(|s| s.process == process && s.thread == thread)
+        {
+            Some(index) => index,
+            None => {
+                self.since.push(SinceAllocation {
+                    process,
+                    thread,
+                    failed: false,
+                    released_bytes: 0,
+                    released_count: 0,
+                });
+                self.since.len() - 1
+            }
+        };
+        &mut self.since[index]
+    }
+
+    /// PyTorch's `oom` entry with no failed call on its thread since its last allocation:
+    /// past `set_per_process_memory_fraction` the allocator refuses a segment without calling
+    /// the driver, releases every cached segment (the frees this thread made since), retries
+    /// (counted in `num_alloc_retries`) and refuses again. Recorded as a failure of the
+    /// block's size, with that retry.
+    fn limit_refusal(&mut self, state: &State, process: u32, t_ns: u64, event: &Event) {
+        let since = self.since_of(process, event.thread);
+        let (released_bytes, released_count) = (since.released_bytes, since.released_count);
+        let segments = state
+            .devices()
+            .iter()
+            .find(|d| d.device == event.device && d.segment_count > 0)
+            .map(|d| {
+                (
+                    d.segment_count,
+                    d.segment_bytes,
+                    d.segment_bytes.saturating_sub(d.tensor_bytes),
+                )
+            });
+        let detailed = self.failures.len() < DETAILED;
+        let on_device = || state.live().filter(|live| live.device == event.device);
+        let (tracked_bytes, tracked_count) = on_device()
+            .fold((0u64, 0u64), |(bytes, count), live| {
+                (bytes.saturating_add(live.size), count + 1)
+            });
+        let largest_live = if detailed {
+            let mut all: Vec<Live> = on_device().copied().collect();
+            all.sort_by_key(|live| (Reverse(live.size), live.t_ns));
+            all.truncate(LARGEST_LIVE);
+            all
+        } else {
+            Vec::new()
+        };
+        self.failures.push(Failure {
+            process,
+            t_ns,
+            seq: state.seq,
+            api: event.api,
+            device: event.device,
+            thread: event.thread,
+            stream: event.stream,
+            request: event.size,
+            result: OUT_OF_MEMORY,
+            stack: event.stack,
+            mem_info: None,
+            tracked_bytes,
+            tracked_count,
+            verdict: Verdict::AllocatorLimit,
+            live_by_id: detailed.then(|| totals_by_id(on_device(), self.by_thread)),
+            largest_live,
+            retry: Some(Retry {
+                released_bytes,
+                released_count,
+                succeeded: false,
+                t_ns,
+                oversize: false,
+            }),
+            is_retry_of: None,
+            block_request: Some(event.size),
+            segments,
+            retried_by: None,
+        });
     }
 
     /// The waiting failure at `index` saw its thread release `released` (a segment, or a
@@ -231,6 +334,29 @@ impl Observer for Oom {
             .pending
             .iter()
             .position(|p| p.process == *process && p.thread == event.thread);
+        // What the thread did since its last allocation.
+        let followed = self.device.is_none_or(|d| d == event.device);
+        let since = self.since_of(*process, event.thread);
+        match (effect, state.segment_change()) {
+            (_, Some(SegmentChange::Removed(segment))) => {
+                since.released_bytes = since.released_bytes.saturating_add(segment.size);
+                since.released_count += 1;
+            }
+            (Effect::Removed(live), None) if live.kind != EventKind::TensorAlloc => {
+                since.released_bytes = since.released_bytes.saturating_add(live.size);
+                since.released_count += 1;
+            }
+            (Effect::Added(_), _) | (_, Some(SegmentChange::Added(_))) => {
+                (since.failed, since.released_bytes, since.released_count) = (false, 0, 0);
+            }
+            (Effect::Failed, _) => since.failed = true,
+            _ => {}
+        }
+        if event.kind == EventKind::TensorOom && !since.failed && followed {
+            (since.released_bytes, since.released_count) = (0, 0);
+            self.limit_refusal(state, *process, *t_ns, event);
+            return;
+        }
         // Tensor view: PyTorch's segments released and taken on this thread.
         match (state.segment_change(), pending) {
             (Some(SegmentChange::Removed(segment)), Some(index)) => {

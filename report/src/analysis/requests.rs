@@ -12,11 +12,11 @@
 //! lockstep, so memory stays bounded by the live set, whatever the log's length.
 
 use vramshim_format::EventKind;
-use vramshim_sim::{Request, Simulator};
+use vramshim_sim::{AddressOrder, Request, Simulator};
 
 use super::allocator::AllocEnv;
 use super::apis::Family;
-use crate::replay::{Effect, Live, Observer, Process, State, Step};
+use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Which allocations are PyTorch's tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +60,18 @@ pub struct Requests {
     pub source: Source,
     /// Family of each api index, per process.
     families: Vec<Vec<Family>>,
+    /// Tensor view, per (process, thread) that allocated: whether an allocating call failed
+    /// since its last block, and whether it is releasing segments (see
+    /// [`Requests::segment_released`]).
+    threads: Vec<ThreadSince>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ThreadSince {
+    process: u32,
+    thread: u32,
+    failed: bool,
+    releasing: bool,
 }
 
 impl Requests {
@@ -196,6 +208,77 @@ impl Requests {
         Some(Request::Free { id: live.seq })
     }
 
+    fn thread_since(&mut self, process: u32, thread: u32) -> &mut ThreadSince {
+        let index = match self
+            .threads
+            .iter()
+            .position(|t| t.process == process && t.thread == thread)
+        {
+            Some(index) => index,
+            None => {
+                self.threads.push(ThreadSince {
+                    process,
+                    thread,
+                    failed: false,
+                    releasing: false,
+                });
+                self.threads.len() - 1
+            }
+        };
+        &mut self.threads[index]
+    }
+
+    /// Tensor view: PyTorch's `empty_cache()`, which leaves no entry of its own. Its segment
+    /// releases (`cudaFree`, or with expandable segments the unmapping of pages) are the
+    /// ones no failed call on the thread came before (those are release-and-retry, or
+    /// `max_split_size_mb`'s step); garbage collection releases without a failure too, so a
+    /// process that sets it gets none. One `EmptyCache` per run of releases, up to the
+    /// thread's next block.
+    pub fn segment_released(
+        &mut self,
+        processes: &[Process],
+        state: &State,
+        step: &Step<'_>,
+    ) -> Option<Request> {
+        let Step::Event {
+            process,
+            event,
+            effect,
+            ..
+        } = step
+        else {
+            return None;
+        };
+        let tensors = self.source == Source::Tensors;
+        let followed = self.device.is_some_and(|d| d == event.device);
+        let since = self.thread_since(*process, event.thread);
+        match (effect, state.segment_change()) {
+            (Effect::Added(live), _) if live.kind == EventKind::TensorAlloc => {
+                (since.failed, since.releasing) = (false, false);
+                None
+            }
+            (Effect::Failed, _) => {
+                since.failed = true;
+                None
+            }
+            (_, Some(SegmentChange::Removed(_))) if tensors && followed => {
+                if since.failed || since.releasing {
+                    return None;
+                }
+                since.releasing = true;
+                let collects = processes
+                    .get(*process as usize)
+                    .is_some_and(|p| AllocEnv::of(p).garbage_collection);
+                if collects {
+                    return None;
+                }
+                self.empty_cache += 1;
+                Some(Request::EmptyCache)
+            }
+            _ => None,
+        }
+    }
+
     /// The requests one replay step makes, in order (at most one, except for a ring-mode
     /// dump, which ends every live allocation of its process), passed to `sink`.
     pub fn convert(
@@ -249,8 +332,104 @@ impl Requests {
     }
 }
 
-/// Requests held back until the device's capacity is known (the first memory sample of a
-/// device is written right after its first allocation).
+/// Which way the recording's driver handed out addresses, from its `cudaMalloc`/`cuMemAlloc`
+/// results on the followed device (PyTorch's segments, per-tensor `cudaMalloc`s, or other
+/// libraries' memory; stream-ordered pool allocations are carved out of pool blocks and say
+/// nothing of it): an allocation below every earlier one is a vote for falling, above every
+/// earlier one for rising; an address in between (a reused range) votes for nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddressVotes {
+    range: Option<(u64, u64)>,
+    pub rising: u64,
+    pub falling: u64,
+}
+
+/// How the recording's PyTorch breaks ties between equal-size free blocks in its best fit.
+/// Measured on the fake GPU (two equal-size cached blocks, which one the next request gets):
+/// torch 2.3.1, 2.4.1 and 2.6.0 take the lower address; 2.15.0 takes the block of the segment
+/// made first, whatever the addresses. Releases between are not measured: taken as 2.15.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ties {
+    /// The lower address wins: the model lays segments out in the driver's order.
+    ByAddress,
+    /// The older segment wins: the model lays segments out rising (its addresses are never
+    /// reused, so rising is the order segments were made in).
+    #[default]
+    BySegmentAge,
+}
+
+impl Ties {
+    /// The rule of PyTorch `version` ("2.6.0+cu124").
+    pub fn of_version(version: &str) -> Ties {
+        let mut parts = version.split(['.', '+']).map(|p| p.parse::<u32>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) if (major, minor) <= (2, 6) => Ties::ByAddress,
+            _ => Ties::BySegmentAge,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ties::ByAddress => "address",
+            Ties::BySegmentAge => "segment_age",
+        }
+    }
+}
+
+/// The version of the PyTorch a process loaded, read from the `torch/version.py` beside the
+/// `torch/lib/libc10.so` the log lists among its modules (None when the log names no such
+/// library or the file is not on this machine).
+pub fn torch_version(process: &Process) -> Option<String> {
+    let lib = process
+        .modules
+        .iter()
+        .find(|m| m.path.ends_with("/torch/lib/libc10.so"))?;
+    let torch_dir = std::path::Path::new(&lib.path).parent()?.parent()?;
+    let text = std::fs::read_to_string(torch_dir.join("version.py")).ok()?;
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix("__version__")?.trim_start();
+        let value = value.strip_prefix('=')?.trim();
+        Some(value.trim_matches(['\'', '"']).to_string())
+    })
+}
+
+/// The lead in votes that decides the order before the simulators start (a driver placing
+/// new ranges in holes of the address space gives a few votes the other way: the fake's
+/// second segment lands above its first).
+const DECIDING_LEAD: u64 = 3;
+
+impl AddressVotes {
+    fn add(&mut self, addr: u64) {
+        match &mut self.range {
+            None => self.range = Some((addr, addr)),
+            Some((low, high)) => {
+                if addr < *low {
+                    *low = addr;
+                    self.falling += 1;
+                } else if addr > *high {
+                    *high = addr;
+                    self.rising += 1;
+                }
+            }
+        }
+    }
+
+    fn decided(&self) -> bool {
+        self.rising.abs_diff(self.falling) >= DECIDING_LEAD
+    }
+
+    /// The majority's order; rising (the model's default) on a tie or with no vote.
+    pub fn order(&self) -> AddressOrder {
+        if self.falling > self.rising {
+            AddressOrder::Falling
+        } else {
+            AddressOrder::Rising
+        }
+    }
+}
+
+/// Requests held back until the device's capacity (the first memory sample of a device is
+/// written right after its first allocation) and the driver's address order are known.
 pub const MAX_PENDING: usize = 1 << 16;
 
 /// Where the simulated device capacity came from.
@@ -279,12 +458,23 @@ pub struct WhatIf {
     pub requests: Requests,
     configs: Vec<vramshim_sim::Config>,
     given_capacity: Option<u64>,
-    /// Empty until the capacity is known (see [`MAX_PENDING`]); then one per configuration.
+    /// Empty until the capacity and the address order are known (see [`MAX_PENDING`]); then
+    /// one per configuration.
     pub simulators: Vec<Simulator>,
     pub capacity: u64,
     pub capacity_source: CapacitySource,
     /// Total memory per device from the samples seen.
     totals: Vec<(i32, u64)>,
+    /// Whether the capacity is known (given, or sampled on the followed device).
+    capacity_known: bool,
+    /// The driver's address order, from the recording (see [`AddressVotes`]); the
+    /// simulators lay their segments out in it.
+    pub votes: AddressVotes,
+    pub order: AddressOrder,
+    /// The recording's PyTorch (from its first process), and its tie rule.
+    pub torch_version: Option<String>,
+    pub ties: Ties,
+    version_read: bool,
     pending: Vec<(u64, Request)>,
     /// Reused for the requests of one step.
     scratch: Vec<(u64, Request)>,
@@ -311,18 +501,44 @@ impl WhatIf {
             capacity: u64::MAX,
             capacity_source: CapacitySource::Unlimited,
             totals: Vec::new(),
+            capacity_known: capacity.is_some(),
+            votes: AddressVotes::default(),
+            order: AddressOrder::Rising,
+            torch_version: None,
+            ties: Ties::default(),
+            version_read: false,
             pending: Vec::new(),
             scratch: Vec::new(),
             error: None,
         };
-        if capacity.is_some() {
-            what_if.start();
-        }
+        what_if.start_when_ready();
         Ok(what_if)
     }
 
     fn started(&self) -> bool {
         !self.simulators.is_empty() || self.configs.is_empty()
+    }
+
+    /// Starts the simulators once the capacity and the driver's address order are known.
+    fn start_when_ready(&mut self) {
+        let order_known =
+            self.votes.decided() || (self.version_read && self.ties == Ties::BySegmentAge);
+        if !self.started() && self.error.is_none() && self.capacity_known && order_known {
+            self.start();
+        }
+    }
+
+    /// Counts a driver allocation's address toward the address order.
+    fn vote(&mut self, processes: &[Process], live: &Live) {
+        let followed = self.requests.device.is_none_or(|d| d == live.device);
+        if live.kind != EventKind::Alloc || live.device < 0 || !followed {
+            return;
+        }
+        let family = self.requests.family(processes, live.process, live.api);
+        if matches!(family, Family::Runtime | Family::Driver) {
+            self.votes.add(live.addr);
+            self.start_when_ready();
+        }
     }
 
     fn start(&mut self) {
@@ -337,12 +553,19 @@ impl WhatIf {
             (None, Some(total)) => (total, CapacitySource::MemInfo),
             (None, None) => (u64::MAX, CapacitySource::Unlimited),
         };
+        self.order = match self.ties {
+            Ties::ByAddress => self.votes.order(),
+            Ties::BySegmentAge => AddressOrder::Rising,
+        };
         let mut simulators = Vec::with_capacity(self.configs.len());
         for config in &self.configs {
             let mut config = config.clone();
             config.capacity = self.capacity;
             match Simulator::new(config) {
-                Ok(sim) => simulators.push(sim),
+                Ok(mut sim) => {
+                    sim.set_address_order(self.order);
+                    simulators.push(sim)
+                }
                 Err(err) => {
                     self.error.get_or_insert(err);
                     return;
@@ -371,19 +594,43 @@ impl WhatIf {
 }
 
 impl Observer for WhatIf {
-    fn step(&mut self, _state: &State, processes: &[Process], step: &Step<'_>) {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        if !self.version_read
+            && let Some(process) = processes.first()
+        {
+            self.version_read = true;
+            self.torch_version = torch_version(process);
+            if let Some(version) = &self.torch_version {
+                self.ties = Ties::of_version(version);
+            }
+        }
         if let Step::MemInfo { info, .. } = step {
             match self.totals.iter_mut().find(|(d, _)| *d == info.device) {
                 Some(entry) => entry.1 = info.total,
                 None => self.totals.push((info.device, info.total)),
             }
-            if !self.started() && self.error.is_none() && self.requests.device == Some(info.device)
-            {
-                self.start();
+            if self.requests.device == Some(info.device) {
+                self.capacity_known = true;
+                self.start_when_ready();
             }
             return;
         }
+        if let Some(SegmentChange::Added(live)) = state.segment_change() {
+            self.vote(processes, &live);
+        }
+        if let Step::Event {
+            effect: Effect::Added(live),
+            ..
+        } = step
+        {
+            self.vote(processes, live);
+        }
         let mut batch = std::mem::take(&mut self.scratch);
+        if let (Some(request), Step::Event { t_ns, .. }) =
+            (self.requests.segment_released(processes, state, step), step)
+        {
+            batch.push((*t_ns, request));
+        }
         self.requests
             .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
         for (t_ns, request) in batch.drain(..) {
@@ -405,9 +652,9 @@ impl Observer for WhatIf {
 #[cfg(test)]
 mod tests {
     use vramshim_format::{Event, EventKind, MemInfo};
-    use vramshim_sim::{Config, MIB, Request};
+    use vramshim_sim::{AddressOrder, Config, GIB, MIB, Request};
 
-    use super::{CapacitySource, Requests, WhatIf};
+    use super::{CapacitySource, Requests, Ties, WhatIf};
     use crate::replay::{Effect, Live, Observer, State, Step};
 
     fn live(seq: u64, device: i32, kind: EventKind, size: u64, stream: u64) -> Live {
@@ -520,8 +767,8 @@ mod tests {
                 info: &info,
             },
         );
-        assert_eq!(what_if.capacity, 40 * MIB);
-        assert_eq!(what_if.capacity_source, CapacitySource::MemInfo);
+        // The capacity is known, the driver's address order not yet (one address so far).
+        assert!(what_if.simulators.is_empty());
         let b = live(1, 0, EventKind::Alloc, 30 * MIB, 0);
         let step = Step::Event {
             process: 0,
@@ -531,8 +778,54 @@ mod tests {
         };
         what_if.step(&state, &[], &step);
         assert!(what_if.finish().is_ok());
+        assert_eq!(what_if.capacity, 40 * MIB);
+        assert_eq!(what_if.capacity_source, CapacitySource::MemInfo);
+        assert_eq!((what_if.votes.rising, what_if.votes.falling), (1, 0));
+        assert_eq!(what_if.order, AddressOrder::Rising);
         let stats = what_if.simulators[0].stats();
         assert_eq!(stats.peak_reserved, 30 * MIB);
         assert_eq!(stats.num_ooms, 1);
+    }
+
+    #[test]
+    fn tie_rules_by_torch_release() {
+        for (version, ties) in [
+            ("2.3.1+cu121", Ties::ByAddress),
+            ("2.4.1", Ties::ByAddress),
+            ("2.6.0+cu124", Ties::ByAddress),
+            ("2.15.0+cu132", Ties::BySegmentAge),
+            ("2.10.0a0+git1234", Ties::BySegmentAge),
+            ("not a version", Ties::BySegmentAge),
+        ] {
+            assert_eq!(Ties::of_version(version), ties, "{version}");
+        }
+    }
+
+    #[test]
+    fn the_drivers_address_order_comes_from_the_recording() {
+        let state = State::default();
+        let event = Event::default();
+        // Addresses 0x5000, 0x6000 (rising), 0x3000, 0x4000 (in between: no vote), 0x2000,
+        // 0x1000, 0x800: falling leads by three at the last, so the simulators start then with the capacity
+        // given.
+        let mut what_if = WhatIf::new(None, vec![Config::default()], Some(GIB)).unwrap();
+        what_if.ties = Ties::ByAddress;
+        let addresses = [0x5000u64, 0x6000, 0x3000, 0x4000, 0x2000, 0x1000, 0x800];
+        for (seq, addr) in (0u64..).zip(addresses) {
+            assert!(what_if.simulators.is_empty(), "started before {seq}");
+            let mut a = live(seq, 0, EventKind::Alloc, 20 * MIB, 0);
+            a.addr = addr;
+            let step = Step::Event {
+                process: 0,
+                t_ns: seq,
+                event: &event,
+                effect: Effect::Added(a),
+            };
+            what_if.step(&state, &[], &step);
+        }
+        assert_eq!((what_if.votes.rising, what_if.votes.falling), (1, 4));
+        assert_eq!(what_if.order, AddressOrder::Falling);
+        assert_eq!(what_if.simulators[0].address_order(), AddressOrder::Falling);
+        assert_eq!(what_if.simulators[0].stats().num_device_alloc, 7);
     }
 }

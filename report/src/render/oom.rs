@@ -46,6 +46,10 @@ pub fn explain(failure: &Failure) -> String {
             bytes(free),
             bytes(failure.request)
         ),
+        (Verdict::AllocatorLimit, _) => format!(
+            "PyTorch's allocator refused the request ({}) itself, without asking the driver: the segment it needed would pass the process's memory fraction (torch.cuda.set_per_process_memory_fraction); it released its cached segments, tried again and refused again",
+            bytes(failure.request)
+        ),
         (Verdict::OtherError, _) => format!(
             "not out of memory: the call failed with error {}{} (PyTorch falls back to another way of allocating on such errors)",
             failure.result,

@@ -3,11 +3,11 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
-use vramshim_sim::Stats;
+use vramshim_sim::{AddressOrder, Stats};
 
 use super::device_name;
 use crate::analysis::allocator::Pattern;
-use crate::analysis::requests::{CapacitySource, Requests};
+use crate::analysis::requests::{AddressVotes, CapacitySource, Requests, Ties};
 use crate::replay::Process;
 use crate::units::{bytes, counted, seconds};
 
@@ -36,6 +36,12 @@ pub struct WhatIfReport<'a> {
     /// `None`: unlimited.
     pub capacity: Option<u64>,
     pub capacity_source: CapacitySource,
+    /// The driver's address order the segments were laid out in, decided from the
+    /// recording's first addresses (`votes`: over the whole recording).
+    pub order: AddressOrder,
+    pub votes: AddressVotes,
+    pub torch_version: Option<String>,
+    pub ties: Ties,
     pub memory_fraction: Option<f64>,
     /// Best first: no OOM before OOM, then by peak reserved, then fewer `cudaMalloc`s, then
     /// the order simulated.
@@ -95,6 +101,14 @@ fn row_json(rank: usize, row: &Row) -> Value {
     })
 }
 
+/// "rising" or "falling".
+fn order_name(order: AddressOrder) -> &'static str {
+    match order {
+        AddressOrder::Rising => "rising",
+        AddressOrder::Falling => "falling",
+    }
+}
+
 pub fn json(report: &WhatIfReport<'_>) -> Value {
     let r = report.requests;
     json!({
@@ -105,6 +119,13 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
         "pattern_reason": report.pattern_reason,
         "capacity": report.capacity,
         "capacity_source": report.capacity_source.name(),
+        "address_order": {
+            "order": order_name(report.order),
+            "rising": report.votes.rising,
+            "falling": report.votes.falling,
+            "torch_version": report.torch_version,
+            "ties": report.ties.name(),
+        },
         "memory_fraction": report.memory_fraction,
         "requests": {
             "allocs": r.allocs,
@@ -172,6 +193,25 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
         None => writeln!(
             out,
             "capacity: unlimited (no --capacity and no memory sample)"
+        )?,
+    }
+    let votes = report.votes;
+    let torch = match &report.torch_version {
+        Some(version) => format!("torch {version}"),
+        None => "torch's version not found, taken as the current release's".to_string(),
+    };
+    match report.ties {
+        Ties::ByAddress => writeln!(
+            out,
+            "segment addresses: {} ({torch} breaks best-fit ties by address; the recording's driver: {} new addresses above the earlier ones, {} below)",
+            order_name(report.order),
+            votes.rising,
+            votes.falling
+        )?,
+        Ties::BySegmentAge => writeln!(
+            out,
+            "segment addresses: {} ({torch} breaks best-fit ties by segment age)",
+            order_name(report.order),
         )?,
     }
     if let Some(fraction) = report.memory_fraction {
