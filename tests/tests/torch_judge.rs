@@ -3,7 +3,8 @@
 //! small ResNet on the fake GPU, once per allocator mode (and DDP on two processes), and prints
 //! torch's own figures; every figure vramshim gives about the same run must equal them
 //! exactly. Checks 1 and 2 run on torch 2.15 (CUDA 13) and 2.6 (CUDA 12). `scripts/gpu_judge.py`
-//! (run by `scripts/gpu-smoke.sh`) makes the same checks on a real GPU.
+//! (run by `scripts/gpu-smoke.sh`) makes the same checks on a real GPU; it runs here too, on
+//! the fakes with torch 2.6.
 
 mod common;
 
@@ -1295,4 +1296,51 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
         assert!(frames.len() <= 9, "{frames:?}");
         assert!(!frames.iter().any(|f| f.contains("folded")), "{frames:?}");
     }
+}
+
+/// `scripts/gpu_judge.py` itself, the real-GPU judge (`scripts/gpu-smoke.sh`), run with
+/// `--fake` on torch 2.6 (CUDA 12): checks 1 – 5 on every workload and the 2-process DDP run
+/// find no difference, so the script a lent GPU runs is known to work before it gets one
+/// (and CUDA 12's DDP and checks 3 – 5 are judged in every CI run).
+#[test]
+fn gpu_judge_script_finds_no_difference_on_cuda_12() {
+    let Some(torch) = cuda12() else { return };
+    let out = scratch("gpu-judge-2.6");
+    let output = Command::new(&torch.python)
+        .arg(repo().join("scripts/gpu_judge.py"))
+        .arg(vramshim_tool())
+        .arg(shim())
+        .arg(&out)
+        .arg("--fake")
+        .arg(vramshim_fakegpu::LIB_DIR)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run gpu_judge.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let summary = stdout
+        .lines()
+        .find(|line| line.starts_with("gpu_judge: "))
+        .unwrap_or_else(|| panic!("no summary:\n{stdout}\n{stderr}"));
+    assert!(
+        summary.starts_with("gpu_judge: 0 difference(s) in "),
+        "{summary}"
+    );
+    let comparisons: u64 = summary
+        .trim_start_matches("gpu_judge: 0 difference(s) in ")
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    // Every check ran, DDP's ranks included (152 comparisons on this workload set).
+    assert_eq!(comparisons, 152, "{stdout}");
+    for check in 1..=5 {
+        assert!(stdout.contains(&format!("== check {check}")), "{stdout}");
+    }
+    assert!(
+        stdout.contains("== ddp: torchrun --nproc_per_node=2"),
+        "{stdout}"
+    );
 }
