@@ -471,6 +471,21 @@ fn torch_action(event: &str) -> Option<&'static str> {
     })
 }
 
+/// Torch's own history as the workload script printed it (`entries`: action, address, size).
+fn history_entries(result: &Value) -> Vec<(String, u64, u64)> {
+    arr(&result["entries"])
+        .iter()
+        .map(|entry| {
+            let entry = arr(entry);
+            (
+                entry[0].as_str().expect("action").to_owned(),
+                entry[1].as_u64().expect("addr"),
+                entry[2].as_u64().expect("size"),
+            )
+        })
+        .collect()
+}
+
 /// The releases whose tensor history is compared: every release of [`torches`] and 2.3.1
 /// (its allocator's tracker and TraceEntry are those of the later releases).
 fn tracker_torches() -> Vec<Torch> {
@@ -542,17 +557,7 @@ fn tensors_equal_torchs_own_history(torch: &Torch, expandable: bool) {
             Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
         })
         .collect();
-    let torch: Vec<(String, u64, u64)> = arr(&r["entries"])
-        .iter()
-        .map(|entry| {
-            let entry = arr(entry);
-            (
-                entry[0].as_str().expect("action").to_owned(),
-                entry[1].as_u64().expect("addr"),
-                entry[2].as_u64().expect("size"),
-            )
-        })
-        .collect();
+    let torch = history_entries(r);
     let count = |action: &str| torch.iter().filter(|(a, _, _)| a == action).count();
     assert!(
         count("alloc") > 400 && count("free_completed") > 300,
@@ -1739,17 +1744,7 @@ fn resnet_tensors_equal_torchs_own_history() {
             Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
         })
         .collect();
-    let theirs: Vec<(String, u64, u64)> = arr(&r["entries"])
-        .iter()
-        .map(|entry| {
-            let entry = arr(entry);
-            (
-                entry[0].as_str().expect("action").to_owned(),
-                entry[1].as_u64().expect("addr"),
-                entry[2].as_u64().expect("size"),
-            )
-        })
-        .collect();
+    let theirs = history_entries(r);
     let count = |action: &str| theirs.iter().filter(|(a, _, _)| a == action).count();
     assert!(count("alloc") > 200, "{}", theirs.len());
     assert_eq!(count("segment_alloc") as u64, u64_of(r, "num_device_alloc"));
