@@ -2005,6 +2005,21 @@ mod tests {
         }
     }
 
+    /// The tensor view's steps of a crafted log of `records`.
+    fn steps_of(name: &str, apis: &[&str], records: &[Record]) -> Steps {
+        let path = log_of_records(name, apis, records);
+        let mut steps = Steps(Vec::new());
+        let replay = run_view(
+            std::slice::from_ref(&path),
+            &mut [&mut steps],
+            Stop::End,
+            View::Tensors,
+        );
+        let _ = std::fs::remove_file(&path);
+        assert!(replay.is_ok(), "the crafted log did not replay");
+        steps
+    }
+
     #[test]
     fn a_segment_waits_for_its_own_threads_word_unless_its_device_speaks() {
         let apis = ["cudaMalloc", "cuMemAlloc_v2", "torch.CUDACachingAllocator"];
@@ -2053,16 +2068,7 @@ mod tests {
                     2 * MIB,
                 )),
             ];
-            let path = log_of_records("own-thread-hold", &apis, &records);
-            let mut steps = Steps(Vec::new());
-            let replay = run_view(
-                std::slice::from_ref(&path),
-                &mut [&mut steps],
-                Stop::End,
-                View::Tensors,
-            );
-            let _ = std::fs::remove_file(&path);
-            assert!(replay.is_ok(), "the crafted log did not replay");
+            let steps = steps_of("own-thread-hold", &apis, &records);
             let peak = steps.0.iter().map(|&(bytes, _)| bytes).max().unwrap_or(0);
             let (expected_peak, expected_times) = if other_device == 1 {
                 (MIB, vec![11, 12, 14, 15])
@@ -2083,16 +2089,7 @@ mod tests {
             Record::Event(event(EventKind::Free, 0, 12, 2, 0, other, 0)),
             Record::Event(event(EventKind::Free, 0, 13, 1, 0, base, 0)),
         ];
-        let path = log_of_records("no-caching-hold", &apis, &records);
-        let mut steps = Steps(Vec::new());
-        let replay = run_view(
-            std::slice::from_ref(&path),
-            &mut [&mut steps],
-            Stop::End,
-            View::Tensors,
-        );
-        let _ = std::fs::remove_file(&path);
-        assert!(replay.is_ok(), "the crafted log did not replay");
+        let steps = steps_of("no-caching-hold", &apis, &records);
         assert_eq!(
             steps.0,
             vec![(4, 10), (1028, 11), (4, 12), (0, 13)],
