@@ -150,6 +150,15 @@ struct SinceAllocation {
     released_count: u64,
 }
 
+/// A device as a failure found it (see `Oom::scene`).
+struct Scene {
+    tracked_bytes: u64,
+    tracked_count: u64,
+    live_by_id: Option<IdTotals>,
+    largest_live: Vec<Live>,
+    segments: Option<(u64, u64, u64)>,
+}
+
 /// Observer collecting every failed allocation.
 #[derive(Default)]
 pub struct Oom {
@@ -222,27 +231,13 @@ impl Oom {
         &mut self.since[index]
     }
 
-    /// PyTorch's `oom` entry with no failed call on its thread since its last allocation:
-    /// past `set_per_process_memory_fraction` the allocator refuses a segment without calling
-    /// the driver, releases every cached segment (the frees this thread made since), retries
-    /// (counted in `num_alloc_retries`) and refuses again. Recorded as a failure of the
-    /// block's size, with that retry.
-    fn limit_refusal(&mut self, state: &State, process: u32, t_ns: u64, event: &Event) {
-        let since = self.since_of(process, event.thread);
-        let (released_bytes, released_count) = (since.released_bytes, since.released_count);
-        let segments = state
-            .devices()
-            .iter()
-            .find(|d| d.device == event.device && d.segment_count > 0)
-            .map(|d| {
-                (
-                    d.segment_count,
-                    d.segment_bytes,
-                    d.segment_bytes.saturating_sub(d.tensor_bytes),
-                )
-            });
+    /// What was on `device` at a failure: the live set's totals, its largest entries and its
+    /// groups (the last two only for the first [`DETAILED`] failures), and the allocator's
+    /// segments there. Both kinds of failure (a failed driver call, PyTorch's own refusal)
+    /// describe the device the same way.
+    fn scene(&self, state: &State, device: i32) -> Scene {
         let detailed = self.failures.len() < DETAILED;
-        let on_device = || state.live().filter(|live| live.device == event.device);
+        let on_device = || state.live().filter(move |live| live.device == device);
         let (tracked_bytes, tracked_count) = on_device()
             .fold((0u64, 0u64), |(bytes, count), live| {
                 (bytes.saturating_add(live.size), count + 1)
@@ -255,6 +250,35 @@ impl Oom {
         } else {
             Vec::new()
         };
+        let segments = state
+            .devices()
+            .iter()
+            .find(|d| d.device == device && d.segment_count > 0)
+            .map(|d| {
+                (
+                    d.segment_count,
+                    d.segment_bytes,
+                    d.segment_bytes.saturating_sub(d.tensor_bytes),
+                )
+            });
+        Scene {
+            tracked_bytes,
+            tracked_count,
+            live_by_id: detailed.then(|| totals_by_id(on_device(), self.by_thread)),
+            largest_live,
+            segments,
+        }
+    }
+
+    /// PyTorch's `oom` entry with no failed call on its thread since its last allocation:
+    /// past `set_per_process_memory_fraction` the allocator refuses a segment without calling
+    /// the driver, releases every cached segment (the frees this thread made since), retries
+    /// (counted in `num_alloc_retries`) and refuses again. Recorded as a failure of the
+    /// block's size, with that retry.
+    fn limit_refusal(&mut self, state: &State, process: u32, t_ns: u64, event: &Event) {
+        let since = self.since_of(process, event.thread);
+        let (released_bytes, released_count) = (since.released_bytes, since.released_count);
+        let scene = self.scene(state, event.device);
         self.failures.push(Failure {
             process,
             t_ns,
@@ -267,11 +291,11 @@ impl Oom {
             result: OUT_OF_MEMORY,
             stack: event.stack,
             mem_info: None,
-            tracked_bytes,
-            tracked_count,
+            tracked_bytes: scene.tracked_bytes,
+            tracked_count: scene.tracked_count,
             verdict: Verdict::AllocatorLimit,
-            live_by_id: detailed.then(|| totals_by_id(on_device(), self.by_thread)),
-            largest_live,
+            live_by_id: scene.live_by_id,
+            largest_live: scene.largest_live,
             retry: Some(Retry {
                 released_bytes,
                 released_count,
@@ -281,7 +305,7 @@ impl Oom {
             }),
             is_retry_of: None,
             block_request: Some(event.size),
-            segments,
+            segments: scene.segments,
             retried_by: None,
         });
     }
@@ -413,20 +437,7 @@ impl Observer for Oom {
                         retried_again = oversize;
                     }
                 }
-                let detailed = self.failures.len() < DETAILED;
-                let on_device = || state.live().filter(|live| live.device == event.device);
-                let (tracked_bytes, tracked_count) = on_device()
-                    .fold((0u64, 0u64), |(bytes, count), live| {
-                        (bytes.saturating_add(live.size), count + 1)
-                    });
-                let largest_live = if detailed {
-                    let mut all: Vec<Live> = on_device().copied().collect();
-                    all.sort_by_key(|live| (Reverse(live.size), live.t_ns));
-                    all.truncate(LARGEST_LIVE);
-                    all
-                } else {
-                    Vec::new()
-                };
+                let scene = self.scene(state, event.device);
                 // A recorder that saw no result code (0) is taken at its word: a failure.
                 let verdict = match event.mem_info {
                     _ if event.result != OUT_OF_MEMORY && event.result != 0 => Verdict::OtherError,
@@ -434,17 +445,6 @@ impl Observer for Oom {
                     Some(_) => Verdict::FragmentationOrLimit,
                     None => Verdict::Unknown,
                 };
-                let segments = state
-                    .devices()
-                    .iter()
-                    .find(|d| d.device == event.device && d.segment_count > 0)
-                    .map(|d| {
-                        (
-                            d.segment_count,
-                            d.segment_bytes,
-                            d.segment_bytes.saturating_sub(d.tensor_bytes),
-                        )
-                    });
                 let index = self.failures.len();
                 self.failures.push(Failure {
                     process: *process,
@@ -458,15 +458,15 @@ impl Observer for Oom {
                     result: event.result,
                     stack: event.stack,
                     mem_info: event.mem_info,
-                    tracked_bytes,
-                    tracked_count,
+                    tracked_bytes: scene.tracked_bytes,
+                    tracked_count: scene.tracked_count,
                     verdict,
-                    live_by_id: detailed.then(|| totals_by_id(on_device(), self.by_thread)),
-                    largest_live,
+                    live_by_id: scene.live_by_id,
+                    largest_live: scene.largest_live,
                     retry: None,
                     is_retry_of,
                     block_request: None,
-                    segments,
+                    segments: scene.segments,
                     retried_by: None,
                 });
                 if let Some(first) = is_retry_of {
