@@ -603,27 +603,31 @@ unsafe fn int(addr: u64) -> i32 {
 }
 
 /// Writes the calling thread's Python frames (innermost first) into `out` as
-/// [`WORDS_PER_FRAME`] words each; returns how many frames. 0 when the thread runs no Python
-/// code or Python capture is off.
-pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
+/// [`WORDS_PER_FRAME`] words each; returns how many frames (0 when the thread runs no Python
+/// code or Python capture is off) and the serial number of the remembered walk that found
+/// them (0: not remembered). When that serial is `known` (non-zero), the frames are the ones
+/// found under it before and are not written again.
+pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
     let mut state = STATE.load(Ordering::Acquire);
     if state == UNKNOWN {
         probe();
         state = STATE.load(Ordering::Acquire);
     }
     if state != ON && state != UNVERIFIED {
-        return 0;
+        return (0, 0);
     }
-    let Some(rt) = RUNTIME.get() else { return 0 };
+    let Some(rt) = RUNTIME.get() else {
+        return (0, 0);
+    };
     let l = &rt.layout;
     let tstate = unsafe { (rt.get_tstate)() } as u64;
     if tstate == 0 || !tstate.is_multiple_of(8) {
-        return 0;
+        return (0, 0);
     }
     let mut frame = unsafe { word(tstate + l.tstate_frame as u64) };
     if let Some(current) = l.cframe_current {
         if frame == 0 || !frame.is_multiple_of(8) {
-            return 0;
+            return (0, 0);
         }
         frame = unsafe { word(frame + current as u64) };
     }
@@ -641,23 +645,23 @@ pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
             }
         }
         if first == 0 {
-            return 0;
+            return (0, 0);
         }
         if !verify(rt, first) {
             give_up(&format!(
                 "the frame layout of CPython 3.{} does not match the running interpreter",
                 l.minor
             ));
-            return 0;
+            return (0, 0);
         }
         let _ = STATE.compare_exchange(UNVERIFIED, ON, Ordering::AcqRel, Ordering::Acquire);
     }
     let max = (out.len() / WORDS_PER_FRAME).min(MAX_PY_FRAMES);
     let memo = thread_memo();
     if let Some(memo) = unsafe { memo.as_ref() }
-        && let Some(count) = memo.replay(l, frame, out, max)
+        && let Some(count) = memo.replay(l, frame, out, max, known)
     {
-        return count;
+        return (count, memo.serial);
     }
     let mut memo = unsafe { memo.as_mut() };
     if let Some(memo) = memo.as_deref_mut() {
@@ -758,9 +762,11 @@ pub fn walk(out: &mut [MaybeUninit<u64>]) -> usize {
         }
         memo.visited = visited;
         memo.count = count;
+        memo.serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         memo.valid = true;
+        return (count, memo.serial);
     }
-    count
+    (count, 0)
 }
 
 /// Frames one remembered walk may have visited (deeper stacks are walked every time).
@@ -772,15 +778,24 @@ const MEMO_FRAMES: usize = 128;
 type FrameWords = [u64; 5];
 
 unsafe fn frame_words(l: &Layout, frame: u64) -> FrameWords {
+    unsafe { frame_words_at(l, flags_at(l), frame) }
+}
+
+/// Where a frame's owner and entry flags are (3.9 / 3.10: its type).
+fn flags_at(l: &Layout) -> usize {
+    l.frame_owner.or(l.frame_is_entry).unwrap_or(OB_TYPE)
+}
+
+/// [`frame_words`] with [`flags_at`] worked out once for a whole walk.
+#[inline(always)]
+unsafe fn frame_words_at(l: &Layout, flags_at: usize, frame: u64) -> FrameWords {
     let aligned = |at: usize| unsafe { word((frame + at as u64) & !7) };
     [
         frame,
         unsafe { word(frame + l.frame_previous as u64) },
         unsafe { word(frame + l.frame_code as u64) },
         aligned(l.frame_instr),
-        l.frame_owner
-            .or(l.frame_is_entry)
-            .map_or_else(|| aligned(OB_TYPE), aligned),
+        aligned(flags_at),
     ]
 }
 
@@ -797,34 +812,50 @@ struct LastWalk {
     frames: [FrameWords; MEMO_FRAMES],
     count: usize,
     out: [u64; MEMO_FRAMES * WORDS_PER_FRAME],
+    /// Names this walk's result among every walk remembered in the process ([`SERIAL`]).
+    serial: u64,
 }
 
+/// The last serial number given to a remembered walk: a caller that kept what a walk found
+/// under its serial needs no copy of the frames when the next walk replays the same one.
+static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl LastWalk {
-    /// The frame count, with the frames written to `out`, if a walk from `frame` would find
-    /// what the last one found.
+    /// The frame count, with the frames written to `out` (unless `known` is this walk's
+    /// serial), if a walk from `frame` would find what the last one found.
     fn replay(
         &self,
         l: &Layout,
         mut frame: u64,
         out: &mut [MaybeUninit<u64>],
         max: usize,
+        known: u64,
     ) -> Option<usize> {
         if !self.valid || self.count > max {
             return None;
         }
+        let flags_at = flags_at(l);
         for visited in &self.frames[..self.visited] {
             // The same address as a frame visited before: non-null and aligned.
             if frame != visited[0] {
                 return None;
             }
-            let words = unsafe { frame_words(l, frame) };
-            if words != *visited {
+            let words = unsafe { frame_words_at(l, flags_at, frame) };
+            // Inline, without branches per word (an array compare here was a memcmp call).
+            let differ = words
+                .iter()
+                .zip(visited)
+                .fold(0, |differ, (word, seen)| differ | (word ^ seen));
+            if differ != 0 {
                 return None;
             }
             frame = words[1];
         }
         if frame != 0 {
             return None;
+        }
+        if known != 0 && known == self.serial {
+            return Some(self.count);
         }
         let words = self.count * WORDS_PER_FRAME;
         for (slot, &word) in out[..words].iter_mut().zip(&self.out[..words]) {
@@ -849,6 +880,7 @@ fn thread_memo() -> *mut LastWalk {
                 frames: [[0; 5]; MEMO_FRAMES],
                 count: 0,
                 out: [0; MEMO_FRAMES * WORDS_PER_FRAME],
+                serial: 0,
             })));
         }
         memo.get()

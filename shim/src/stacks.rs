@@ -93,38 +93,98 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
     // Left uninitialised: zeroing these 8 KiB on every event cost about a tenth of the hook.
     // Only the words written are read.
     let mut key = [MaybeUninit::<u64>::uninit(); KEY_WORDS];
-    let count = match mode {
-        StackMode::Python => match python_part(&mut key) {
-            0 => capture_native(&mut key[..MAX_FRAMES], max_frames, now_ns),
-            words => words,
-        },
-        StackMode::Mixed => {
-            let native = capture_native(&mut key[..MAX_FRAMES], max_frames, now_ns);
-            native + python_part(&mut key[native..])
+    let last = last_key(mode);
+    let known = last.map_or((0, 0), |last| (last.native_serial, last.python_serial));
+    // Each part: (words, serial of the walk that found it, the same as the last key's part
+    // and so not written).
+    let mut native = (0, 0, false);
+    let mut python = (0, 0, false);
+    match mode {
+        StackMode::Python => {
+            python = python_part(&mut key, known.1);
+            if python.0 == 0 {
+                native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0);
+            }
         }
-        _ => capture_native(&mut key[..MAX_FRAMES], max_frames, now_ns),
-    };
+        StackMode::Mixed => {
+            native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0);
+            // The same native part as the last key: its length is the last one's.
+            let native_words = match (native.2, last) {
+                (true, Some(last)) => last.native_words,
+                _ => native.0,
+            };
+            python = python_part(&mut key[native_words..], known.1);
+        }
+        _ => native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0),
+    }
+    let serials = (native.1, python.1);
+    // Parts the walks did not write are the last key's: all of them, or copy them in.
+    if let Some(last) = last {
+        let native_same = native.2 || (native.0 == 0 && last.native_words == 0);
+        let python_same = python.2 || (python.0 == 0 && last.python_words == 0);
+        if native_same && python_same && last.count > 0 {
+            set_serials(serials);
+            return last.id;
+        }
+        if native.2 {
+            for (word, &kept) in key.iter_mut().zip(&last.words[..last.native_words]) {
+                word.write(kept);
+            }
+            native.0 = last.native_words;
+        }
+        if python.2 {
+            let kept = &last.words[last.native_words..last.count];
+            for (word, &kept) in key[native.0..].iter_mut().zip(kept) {
+                word.write(kept);
+            }
+            python.0 = kept.len();
+        }
+    }
+    let count = native.0 + python.0;
     if count == 0 {
         return 0;
     }
     let key = written(&key, count);
     if let Some(id) = repeated(key) {
+        set_serials(serials);
         return id;
     }
     let id = intern(key);
-    remember(key, id);
+    remember(key, native.0, id, mode, serials);
     id
 }
 
 /// A thread's last captured stack key and its id: a hot allocation site captures the same
 /// stack event after event, and comparing the words is a few vector loads where hashing them
-/// is a serial multiply per word.
+/// is a serial multiply per word. With the serial numbers of the walks that found its parts,
+/// a walk that replays the same remembered walk gives that part without writing it.
 struct LastKey {
     words: Box<[u64]>,
     count: usize,
+    /// The native frames' words at the start of `words`; the Python part follows.
+    native_words: usize,
+    python_words: usize,
     id: u32,
     /// [`GENERATION`] when `id` was given (a fork child must define its stacks again).
     generation: u32,
+    mode: StackMode,
+    /// Serials of the native and the Python walks that found the parts (0: none).
+    native_serial: u64,
+    python_serial: u64,
+}
+
+/// This thread's last key, if it was captured in `mode` in this process (not before a fork).
+fn last_key(mode: StackMode) -> Option<&'static LastKey> {
+    THREAD
+        .try_with(|thread| {
+            let last = unsafe { thread.last_key.get().as_ref() }?;
+            (last.count > 0
+                && last.mode == mode
+                && last.generation == GENERATION.load(Ordering::Relaxed))
+            .then_some(last)
+        })
+        .ok()
+        .flatten()
 }
 
 /// The id of `key` if it is this thread's last captured key.
@@ -141,8 +201,19 @@ fn repeated(key: &[u64]) -> Option<u32> {
         .flatten()
 }
 
-/// Keeps `key` (of id `id`) as this thread's last captured key.
-fn remember(key: &[u64], id: u32) {
+/// The last key, the same again, was found by the walks of these serials.
+fn set_serials((native, python): (u64, u64)) {
+    let _ = THREAD.try_with(|thread| {
+        if let Some(last) = unsafe { thread.last_key.get().as_mut() } {
+            last.native_serial = native;
+            last.python_serial = python;
+        }
+    });
+}
+
+/// Keeps `key` (of id `id`, its first `native_words` words native frames) as this thread's
+/// last captured key.
+fn remember(key: &[u64], native_words: usize, id: u32, mode: StackMode, serials: (u64, u64)) {
     let generation = GENERATION.load(Ordering::Relaxed);
     let _ = THREAD.try_with(|thread| {
         let mut last = thread.last_key.get();
@@ -150,30 +221,58 @@ fn remember(key: &[u64], id: u32) {
             last = Box::into_raw(Box::new(LastKey {
                 words: vec![0; KEY_WORDS].into_boxed_slice(),
                 count: 0,
+                native_words: 0,
+                python_words: 0,
                 id: 0,
                 generation: 0,
+                mode,
+                native_serial: 0,
+                python_serial: 0,
             }));
             thread.last_key.set(last);
         }
         let last = unsafe { &mut *last };
         last.words[..key.len()].copy_from_slice(key);
         last.count = key.len();
+        last.native_words = native_words;
+        last.python_words = key.len() - native_words;
         last.id = id;
         last.generation = generation;
+        last.mode = mode;
+        (last.native_serial, last.python_serial) = serials;
     });
 }
 
 /// Writes the thread's Python frames and their tag word into `key` (which has room for
-/// [`python::MAX_PY_FRAMES`] frames and the tag); returns the words written (0: no Python).
-fn python_part(key: &mut [MaybeUninit<u64>]) -> usize {
+/// [`python::MAX_PY_FRAMES`] frames and the tag): (words written, 0 if no Python; the walk's
+/// serial; whether they are the last key's Python part, then not written).
+fn python_part(key: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64, bool) {
     let frames_room = key.len().saturating_sub(1);
-    let py_count = python::walk(&mut key[..frames_room]);
+    let (py_count, serial) = python::walk(&mut key[..frames_room], known);
     if py_count == 0 {
-        return 0;
+        return (0, serial, false);
     }
     let words = py_count * python::WORDS_PER_FRAME;
+    if known != 0 && serial == known {
+        return (words + 1, serial, true);
+    }
     key[words].write(python::PY_KEY_TAG | py_count as u64);
-    words + 1
+    (words + 1, serial, false)
+}
+
+/// The native part into `frames`: (frames written, the walk's serial, whether they are the
+/// last key's native part, then not written).
+fn native_part(
+    frames: &mut [MaybeUninit<u64>],
+    max_frames: usize,
+    now_ns: u64,
+    known: u64,
+) -> (usize, u64, bool) {
+    let (count, serial) = capture_native(frames, max_frames, now_ns, known);
+    if known != 0 && serial == known {
+        return (count, serial, true);
+    }
+    (count, serial, false)
 }
 
 /// The first `count` words of `words`, which the caller has all written.
@@ -183,8 +282,15 @@ fn written(words: &[MaybeUninit<u64>], count: usize) -> &[u64] {
     unsafe { &*(words as *const [MaybeUninit<u64>] as *const [u64]) }
 }
 
-/// The native part: up to `max_frames` return addresses into `frames`; returns the count.
-fn capture_native(frames: &mut [MaybeUninit<u64>], max_frames: usize, now_ns: u64) -> usize {
+/// The native part: up to `max_frames` return addresses into `frames`; returns the count and
+/// the serial of the remembered walk that found them (0: none). When that serial is `known`,
+/// nothing is written: the frames are the ones kept under it.
+fn capture_native(
+    frames: &mut [MaybeUninit<u64>],
+    max_frames: usize,
+    now_ns: u64,
+    known: u64,
+) -> (usize, u64) {
     let mut raw = [MaybeUninit::<u64>::uninit(); MAX_FRAMES + 16];
     let max = max_frames.min(MAX_FRAMES).min(frames.len());
     let (shim_start, shim_end) = shim_range();
@@ -203,9 +309,13 @@ fn capture_native(frames: &mut [MaybeUninit<u64>], max_frames: usize, now_ns: u6
                 bounds = crate::unwind::thread_stack_bounds();
                 thread.stack_bounds.set(bounds);
             }
-            crate::unwind::walk(&mut raw, unsafe { &mut *cache }, bounds, now_ns)
+            crate::unwind::walk(&mut raw, unsafe { &mut *cache }, bounds, now_ns, known)
         })
-        .unwrap_or(0);
+        .unwrap_or((0, 0));
+    let (walked, serial) = walked;
+    if known != 0 && serial == known {
+        return (0, serial);
+    }
     let raw = written(&raw, walked);
     let skip = raw.iter().take_while(|&&ip| in_shim(ip)).count();
     let mut count = 0;
@@ -216,8 +326,9 @@ fn capture_native(frames: &mut [MaybeUninit<u64>], max_frames: usize, now_ns: u6
     if count == 0 {
         // Objects without .eh_frame_hdr: the slow, general unwinder.
         count = capture_with_libgcc(&mut frames[..max], in_shim);
+        return (count, 0);
     }
-    count
+    (count, serial)
 }
 
 fn capture_with_libgcc(frames: &mut [MaybeUninit<u64>], in_shim: impl Fn(u64) -> bool) -> usize {

@@ -60,6 +60,7 @@ impl ThreadCache {
                 read_count: 0,
                 frames: vec![0; MEMO_FRAMES].into_boxed_slice(),
                 frame_count: 0,
+                serial: 0,
             },
         }
     }
@@ -90,7 +91,13 @@ struct LastWalk {
     read_count: usize,
     frames: Box<[u64]>,
     frame_count: usize,
+    /// Names this walk's result among every walk remembered in the process ([`SERIAL`]).
+    serial: u64,
 }
+
+/// The last serial number given to a remembered walk: a caller that kept what a walk found
+/// under its serial needs no copy of the frames when the next walk replays the same one.
+static SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl LastWalk {
     /// The frame count if a walk from `start` would find what the last one found.
@@ -109,12 +116,22 @@ impl LastWalk {
         {
             return None;
         }
-        let same = self.reads[..self.read_count]
-            .iter()
-            // SAFETY: the address passed the bounds check of the thread's own stack (same
-            // bounds), so it is mapped; it is read as the walk would read it.
-            .all(|&(addr, word)| unsafe { (addr as *const u64).read_volatile() } == word);
-        same.then_some(self.frame_count)
+        // Eight words at a time, or-ing their differences: one branch per eight, not per word.
+        let reads = &self.reads[..self.read_count];
+        // SAFETY: each address passed the bounds check of the thread's own stack (same
+        // bounds), so it is mapped; it is read as the walk would read it.
+        let differ = |reads: &[(u64, u64)]| {
+            reads.iter().fold(0, |differ, &(addr, word)| {
+                differ | (unsafe { (addr as *const u64).read_volatile() } ^ word)
+            })
+        };
+        let mut chunks = reads.chunks_exact(8);
+        for chunk in &mut chunks {
+            if differ(chunk) != 0 {
+                return None;
+            }
+        }
+        (differ(chunks.remainder()) == 0).then_some(self.frame_count)
     }
 }
 
@@ -137,17 +154,21 @@ pub unsafe fn reset_in_fork_child() {
 const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
-/// the instruction pointer inside this function). Returns the count, 0 if walking failed.
+/// the instruction pointer inside this function). Returns the count, 0 if walking failed, and
+/// the serial number of the remembered walk that found them (0: not remembered). When that
+/// serial is `known` (non-zero), the frames are the ones found under it before and are not
+/// written again.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
     cache: &mut ThreadCache,
     stack: (u64, u64),
     now_ns: u64,
-) -> usize {
+    known: u64,
+) -> (usize, u64) {
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
-        return 0;
+        return (0, 0);
     };
     let (ip, sp, bp): (u64, u64, u64);
     unsafe {
@@ -169,10 +190,12 @@ pub fn walk(
     let capacity = frames.len();
     let last = &mut cache.last;
     if let Some(count) = last.replay(unwinder_ptr, (ip, sp, bp), (low, high), capacity) {
-        for (out, &frame) in frames.iter_mut().zip(&last.frames[..count]) {
-            out.write(frame);
+        if known == 0 || last.serial != known {
+            for (out, &frame) in frames.iter_mut().zip(&last.frames[..count]) {
+                out.write(frame);
+            }
         }
-        return count;
+        return (count, last.serial);
     }
     // Walk, noting every word read for the next call's replay.
     last.valid = false;
@@ -221,9 +244,11 @@ pub fn walk(
         last.start = (ip, sp, bp);
         last.bounds = (low, high);
         last.capacity = capacity;
+        last.serial = SERIAL.fetch_add(1, Ordering::Relaxed) + 1;
         last.valid = true;
+        return (count, last.serial);
     }
-    count
+    (count, 0)
 }
 
 fn current_unwinder(now_ns: u64) -> *const ProcessUnwinder {

@@ -428,6 +428,111 @@ fn native_stack_mode_records_no_python_frames() {
     }
 }
 
+/// (function, line) of a stack's Python frames, innermost first.
+type PyFrames = Vec<(String, u64)>;
+
+/// A thread's next stack reuses the native or the Python part of its last one when its walk
+/// finds that part unchanged (`tests/python/alloc_alternating.py`): one Python line reached
+/// through two native paths in turn, then two lines through one native path in turn. Each
+/// allocation must get its own whole stack: per mixed stack, its exact bytes, count and Python
+/// frames; the two native paths differ and the two lines share theirs.
+#[test]
+fn consecutive_stacks_sharing_one_part_stay_whole() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_alternating.py");
+    let dir = scratch("py-alternating");
+    let output = shim_command(&python, &dir)
+        .arg(&script)
+        .output()
+        .expect("run python");
+    let run = Run { output, dir };
+    assert!(
+        run.output.status.success(),
+        "python failed: {}",
+        run.stderr()
+    );
+    assert_eq!(run.stdout(), "done\n");
+    let text = std::fs::read_to_string(&script).expect("read script");
+    let line = |marker: &str| -> u64 {
+        let found: Vec<usize> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim_end().ends_with(&format!("# {marker}")))
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!(found.len(), 1, "marker {marker}");
+        found[0] as u64
+    };
+    let file = script.to_string_lossy().into_owned();
+    let python_frames = |frames: &[Value]| -> PyFrames {
+        frames
+            .iter()
+            .filter(|f| is_python(f))
+            .map(|f| {
+                assert_eq!(f["file"], file.as_str(), "{f}");
+                (
+                    f["function"].as_str().unwrap_or("").to_owned(),
+                    u64_of(f, "line"),
+                )
+            })
+            .collect()
+    };
+    let native_frames = |frames: &[Value]| -> Vec<Value> {
+        frames.iter().filter(|f| !is_python(f)).cloned().collect()
+    };
+    let one_line = vec![
+        (
+            "one_line_two_native_paths".to_owned(),
+            line("site: one line"),
+        ),
+        ("<module>".to_owned(), line("call: one line")),
+    ];
+    let lines = |site: &str| {
+        vec![
+            ("two_lines_one_native_path".to_owned(), line(site)),
+            ("<module>".to_owned(), line("call: two lines")),
+        ]
+    };
+    // leaks --stacks mixed: largest first; every allocation is alive at exit.
+    let mixed = groups("leaks", "mixed", &run.log());
+    let got: Vec<(u64, u64, PyFrames)> = mixed
+        .iter()
+        .map(|(bytes, count, frames)| (*bytes, *count, python_frames(frames)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (12 * K, 3, lines("site: even")),
+            (9 * K, 3, lines("site: odd")),
+            (6 * K, 3, one_line.clone()),
+            (3 * K, 3, one_line.clone()),
+        ],
+        "minor {minor}"
+    );
+    for (_, _, frames) in &mixed {
+        assert_eq!(frames[0]["function"], "cudaMalloc");
+        assert!(
+            frames
+                .iter()
+                .all(|f| f["function"] != "_PyEval_EvalFrameDefault"),
+            "an eval-loop frame was not replaced: {frames:?}"
+        );
+    }
+    // The one line's two native paths differ; the two lines' native frames are the same.
+    assert_ne!(native_frames(&mixed[2].2), native_frames(&mixed[3].2));
+    assert_eq!(native_frames(&mixed[0].2), native_frames(&mixed[1].2));
+    // The native view: the partial's path is a stack of its own (the direct calls' stacks
+    // may differ by the eval loop's call site, from version to version).
+    let native = groups("leaks", "native", &run.log());
+    let total = native.iter().fold((0, 0), |(b, c), g| (b + g.0, c + g.1));
+    assert_eq!(total, (30 * K, 12));
+    assert!(
+        native.iter().any(|g| (g.0, g.1) == (6 * K, 3)),
+        "{native:?}"
+    );
+}
+
 #[test]
 fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
     let python = machine_python();
