@@ -589,6 +589,73 @@ fn chrome_trace_of_two_processes_has_each_ones_counters_on_one_clock() {
     };
     assert_eq!(peak(pids[0]), Some(80 * MIB), "the parent alone: Z");
     assert_eq!(peak(pids[1]), Some(64 * MIB), "the child: Y1 + Y2");
+
+    // Perfetto reads the same: a `device 0 live bytes` track per process, on the one clock
+    // (nanoseconds since the earliest process started), and each process's notes on it.
+    let Some(answers) = perfetto_query(
+        &path,
+        &[
+            (
+                "counters",
+                "SELECT p.pid, c.ts, CAST(c.value AS INT) AS value FROM counter c \
+                 JOIN process_counter_track t ON c.track_id = t.id JOIN process p USING (upid) \
+                 WHERE t.name = 'device 0 live bytes' ORDER BY p.pid, c.ts, c.id",
+            ),
+            (
+                "notes",
+                // A note is process-scoped (`"s": "p"`): on its process's track.
+                "SELECT p.pid, a.string_value AS text FROM slice s \
+                 JOIN process_track pt ON s.track_id = pt.id JOIN process p USING (upid) \
+                 JOIN args a ON a.arg_set_id = s.arg_set_id \
+                 WHERE a.key = 'args.text' ORDER BY p.pid, s.ts",
+            ),
+        ],
+    ) else {
+        return;
+    };
+    for (pid, dump) in pids.iter().zip(&dumps) {
+        let own: Vec<ProgramOp> = ops
+            .iter()
+            .filter(|op| op.num("pid") == *pid)
+            .cloned()
+            .collect();
+        let offset = start(dump) - origin;
+        let want: Vec<(u64, u64)> = dump
+            .iter()
+            .filter(|r| r["type"] == "event" && (r["event"] == "alloc" || r["event"] == "free"))
+            .map(|r| offset + u64_of(r, "t_ns"))
+            .zip(live_series(&own))
+            .collect();
+        let read: Vec<(u64, u64)> = answers["counters"]
+            .iter()
+            .filter(|row| row["pid"] == *pid)
+            .map(|row| (u64_of(row, "ts"), u64_of(row, "value")))
+            .collect();
+        assert_eq!(read, want, "pid {pid} in Perfetto");
+        let notes: Vec<&Value> = dump
+            .iter()
+            .filter(|r| r["type"] == "note")
+            .map(|r| &r["text"])
+            .collect();
+        let read_notes: Vec<&Value> = answers["notes"]
+            .iter()
+            .filter(|row| row["pid"] == *pid)
+            .map(|row| &row["text"])
+            .collect();
+        assert_eq!(read_notes, notes, "pid {pid}'s notes in Perfetto");
+    }
+    assert_eq!(
+        answers["counters"].len(),
+        dumps.iter().map(|d| counter_changes(d)).sum::<usize>(),
+        "no other process's counter"
+    );
+}
+
+/// How many allocations and frees a log recorded.
+fn counter_changes(dump: &[Value]) -> usize {
+    dump.iter()
+        .filter(|r| r["type"] == "event" && (r["event"] == "alloc" || r["event"] == "free"))
+        .count()
 }
 
 #[test]
@@ -738,6 +805,7 @@ fn chrome_trace_opened_in_perfetto_reads_back_exact_counters_instants_and_names(
                  JOIN thread_track tt ON s.track_id = tt.id JOIN thread th USING (utid) \
                  JOIN process p USING (upid) ORDER BY s.ts",
             ),
+            ("slices", "SELECT count(*) AS n FROM slice"),
             (
                 "instant_args",
                 "SELECT s.id, a.key, a.int_value, a.string_value FROM slice s \
@@ -827,6 +895,7 @@ fn chrome_trace_opened_in_perfetto_reads_back_exact_counters_instants_and_names(
         .expect("failure");
     let instants = &answers["instants"];
     assert_eq!(instants.len(), 1, "{instants:?}");
+    assert_eq!(answers["slices"][0]["n"], 1, "no other slice on any track");
     let oom = &instants[0];
     assert_eq!(oom["ts"], failed["t_ns"]);
     assert_eq!(oom["dur"], 0);
