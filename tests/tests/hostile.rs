@@ -688,14 +688,56 @@ fn nvtx_calls_become_marks_and_the_library_declines_without_the_recorder() {
     );
 }
 
-/// Forks while 8 threads push, pop, start and end NVTX ranges (the start/end table's lock
-/// may be held by a thread that does not exist in the child): every child records its own
-/// ranges and exits; none hangs.
+/// Forks while 8 threads push, pop, start and end NVTX ranges and create a domain and push and
+/// pop in it (the start/end table's and the domain table's locks may be held by a thread that
+/// does not exist in the child): every child records its own ranges, domain ones included, and
+/// exits 0; none hangs.
 #[test]
 fn forks_while_threads_record_nvtx_ranges_never_hang_a_child() {
     let run = nvtx_client("nvtx-fork-storm", &["fork-storm", "8", "100"], true);
     assert_exited_cleanly(&run);
-    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\n");
+    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\nfailed 0\n");
     // The parent's log and one per child (each child's first mark starts its recording).
-    assert_eq!(run.logs().len(), 101, "{}", run.stderr);
+    let logs = run.logs();
+    assert_eq!(logs.len(), 101, "{}", run.stderr);
+    // Each child's domain range is named by its domain, or, when a thread of the parent held
+    // the domain table at the fork (the child gives up on it after 10 ms), is the default
+    // domain's.
+    let (mut named, mut fallback) = (0, 0);
+    for log in &logs {
+        let marks: Vec<String> = dump(log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        let child: Vec<&str> = marks
+            .iter()
+            .map(String::as_str)
+            .filter(|m| m.contains("child"))
+            .collect();
+        if child.is_empty() {
+            continue;
+        }
+        let core = [
+            "nvtx push: child",
+            "nvtx start: child range",
+            "nvtx end: child range",
+            "nvtx pop: child",
+        ];
+        if child[4..] == ["nvtx push: children: child", "nvtx pop: children: child"] {
+            named += 1;
+        } else {
+            assert_eq!(
+                child[4..],
+                ["nvtx push: child", "nvtx pop: child"],
+                "{}",
+                log.display()
+            );
+            fallback += 1;
+        }
+        assert_eq!(child[..4], core, "{}", log.display());
+    }
+    assert_eq!(named + fallback, 100);
+    eprintln!("domain ranges named in {named} children, default domain in {fallback}");
+    assert!(named > 0);
 }
