@@ -10,6 +10,11 @@
  *                                    `forks N`, `hung H` (children still running after 10 s),
  *                                    `failed F` (children that did not exit 0: a domain
  *                                    range's level other than 0)
+ *   nvtx_client fork-tables T N      T threads create a domain over and over (the domain
+ *                                    table's lock taken and released without pause, no mark)
+ *                                    while the main thread forks N children that each create
+ *                                    a domain and push and pop in it; prints `forks N`,
+ *                                    `hung H`, `unnamed U` (children that got no domain)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -180,12 +185,54 @@ static void fork_storm(int threads, int forks) {
     printf("forks %d\nhung %d\nfailed %d\n", forks, hung, failed);
 }
 
+static void *create_domains(void *arg) {
+    (void)arg;
+    while (!stop) domain_create("workers");
+    return NULL;
+}
+
+static void fork_tables(int threads, int forks) {
+    pthread_t tids[64];
+    if (threads > 64) threads = 64;
+    for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, create_domains, NULL);
+    int hung = 0, unnamed = 0;
+    for (int i = 0; i < forks; i++) {
+        pid_t child = fork();
+        if (child == 0) {
+            void *domain = domain_create("children");
+            if (!domain) _exit(5);
+            domain_push(domain, "child");
+            domain_pop(domain);
+            _exit(0);
+        }
+        int status = 0;
+        struct timespec started, now;
+        clock_gettime(CLOCK_MONOTONIC, &started);
+        for (;;) {
+            if (waitpid(child, &status, WNOHANG) == child) break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - started.tv_sec > 10) {
+                hung++;
+                kill(child, SIGKILL);
+                waitpid(child, &status, 0);
+                break;
+            }
+            usleep(100);
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 5) unnamed++;
+    }
+    stop = 1;
+    for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+    printf("forks %d\nhung %d\nunnamed %d\n", forks, hung, unnamed);
+}
+
 int main(int argc, char **argv) {
     int status = initialise();
     printf("init %d\n", status);
     if (status != 1) return 0;
     if (argc >= 2 && strcmp(argv[1], "basic") == 0) basic();
     else if (argc >= 4 && strcmp(argv[1], "fork-storm") == 0) fork_storm(atoi(argv[2]), atoi(argv[3]));
+    else if (argc >= 4 && strcmp(argv[1], "fork-tables") == 0) fork_tables(atoi(argv[2]), atoi(argv[3]));
     fflush(stdout);
     return 0;
 }
