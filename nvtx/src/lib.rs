@@ -15,7 +15,9 @@
 //! default domain (a null handle) has no prefix, as the core calls. Ranges nest per thread
 //! and per domain. Strings registered with `nvtxDomainRegisterStringA/W` are shown as their
 //! text. Without the recorder in the process, initialisation fails (returns 0), and NVTX
-//! turns every call into a no-op, as with no tool at all.
+//! turns every call into a no-op, as with no tool at all. A fork child keeps the parent's
+//! domains, strings and started ranges: the tables' locks are held across `fork` (see
+//! [`before_fork`]), so the child never inherits one held by a thread it does not have.
 //!
 //! A separate library rather than the recorder itself: NVTX `dlopen`s the path it is given,
 //! and loading the recorder into a process that did not preload it would run its set-up
@@ -26,7 +28,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, Once, OnceLock, TryLockError};
 
 /// `nvtxRangeId_t`.
 type RangeId = u64;
@@ -183,15 +185,24 @@ impl Names {
     }
 }
 
-/// The handles, if their lock comes free within about 10 ms (see [`lock_started`]).
-fn lock_names() -> Option<std::sync::MutexGuard<'static, Names>> {
+fn names() -> &'static Mutex<Names> {
     static NAMES: OnceLock<Mutex<Names>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| Mutex::new(Names::default()));
+    NAMES.get_or_init(|| Mutex::new(Names::default()))
+}
+
+/// The handles, if their lock comes free within about 10 ms (see [`lock_started`]).
+fn lock_names() -> Option<MutexGuard<'static, Names>> {
+    lock_within(names())
+}
+
+/// `lock`, if it comes free within about 10 ms (1000 tries): never waits for good, as a
+/// thread that holds it may not exist (see [`hold_tables_across_fork`]).
+fn lock_within<T>(lock: &'static Mutex<T>) -> Option<MutexGuard<'static, T>> {
     for _ in 0..1000 {
-        match names.try_lock() {
+        match lock.try_lock() {
             Ok(guard) => return Some(guard),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => {
                 std::thread::sleep(std::time::Duration::from_micros(10));
             }
         }
@@ -222,20 +233,61 @@ fn started() -> &'static Mutex<HashMap<RangeId, String>> {
     STARTED.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The open `nvtxRangeStart` ranges, if their lock comes free within about 10 ms: a fork
-/// child inherits the lock as it was, possibly held by a thread that does not exist there,
-/// and must not wait for it forever.
-fn lock_started() -> Option<std::sync::MutexGuard<'static, HashMap<RangeId, String>>> {
-    for _ in 0..1000 {
-        match started().try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(std::time::Duration::from_micros(10));
+/// The open `nvtxRangeStart` ranges, if their lock comes free within about 10 ms.
+fn lock_started() -> Option<MutexGuard<'static, HashMap<RangeId, String>>> {
+    lock_within(started())
+}
+
+thread_local! {
+    /// The tables' locks the forking thread took in the prepare handler, released by the
+    /// parent and the child handlers (both run on that thread, the child's on its copy).
+    static HELD_AT_FORK: RefCell<HeldAtFork> = const { RefCell::new((None, None)) };
+}
+
+type HeldAtFork = (
+    Option<MutexGuard<'static, Names>>,
+    Option<MutexGuard<'static, HashMap<RangeId, String>>>,
+);
+
+/// `fork` prepare handler: takes both tables' locks, so that no thread is changing a table
+/// when the process is copied. Without it a fork child inherits a lock held by a thread that
+/// does not exist there: its domains, registered strings and started ranges were lost (the
+/// child gave up on the lock after 10 ms and marked `nvtx end: (range N)`). Each lock is
+/// waited for about 10 ms at most (the forking thread itself may hold it, when a signal
+/// handler forks inside an NVTX call); one not taken leaves the child as before.
+extern "C" fn before_fork() {
+    guarded((), || {
+        let _ = HELD_AT_FORK.try_with(|held| {
+            let Ok(mut held) = held.try_borrow_mut() else {
+                return;
+            };
+            // Always in this order; no handler holds both at once.
+            held.0 = lock_within(names());
+            held.1 = lock_within(started());
+        });
+    });
+}
+
+/// `fork` parent and child handler: releases what [`before_fork`] took (in the child, the
+/// copies of those locks, held by this very thread there).
+extern "C" fn after_fork() {
+    guarded((), || {
+        let _ = HELD_AT_FORK.try_with(|held| {
+            if let Ok(mut held) = held.try_borrow_mut() {
+                *held = (None, None);
             }
-        }
-    }
-    None
+        });
+    });
+}
+
+/// Registers [`before_fork`] and [`after_fork`] once.
+fn hold_tables_across_fork() {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: handlers of the right signature, which live as long as the library (glibc
+        // unregisters them if it is unloaded).
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    });
 }
 
 /// Runs a handler; a panic (a bug here) must not unwind into NVTX's C caller.
@@ -478,6 +530,7 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(
         if recorder().is_none() {
             return 0;
         }
+        hold_tables_across_fork();
         let table =
             unsafe { get_export_table(EXPORT_TABLE_CALLBACKS) }.cast::<ExportTableCallbacks>();
         if table.is_null() {

@@ -4,9 +4,17 @@
  * For tests/tests/hostile.rs (libvramshim_nvtx.so without a GPU or PyTorch).
  *
  *   nvtx_client basic                every core call once; prints each result
- *   nvtx_client fork-storm T N       T threads push/pop and start/end ranges while the main
- *                                    thread forks N children that do the same and exit; prints
- *                                    `forks N`, `hung H` (children still running after 10 s)
+ *   nvtx_client fork-storm T N       T threads push/pop and start/end ranges (in the default
+ *                                    domain and in a named one) while the main thread forks N
+ *                                    children that do the same and exit; prints
+ *                                    `forks N`, `hung H` (children still running after 10 s),
+ *                                    `failed F` (children that did not exit 0: a domain
+ *                                    range's level other than 0)
+ *   nvtx_client fork-tables T N      T threads create a domain over and over (the domain
+ *                                    table's lock taken and released without pause, no mark)
+ *                                    while the main thread forks N children that each create
+ *                                    a domain and push and pop in it; prints `forks N`,
+ *                                    `hung H`, `unnamed U` (children that got no domain)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -31,11 +39,23 @@ enum { MARK_EX = 1, MARK_A, MARK_W, START_EX, START_A, START_W, RANGE_END, PUSH_
 static slot_t core_slots[CORE_SIZE];
 static slot_t *core_table[CORE_SIZE];
 
+/* NvtxCallbackIdCore2 (module 5): 1..15 (DomainMarkEx .. Initialize). */
+enum { D_PUSH_EX = 4, D_POP = 5, D_CREATE_A = 12, CORE2_SIZE = 16 };
+static slot_t core2_slots[CORE2_SIZE];
+static slot_t *core2_table[CORE2_SIZE];
+
 static int get_module_function_table(int module, slot_t ***out_table, unsigned *out_size) {
-    if (module != 1) return 0;
-    if (out_size) *out_size = CORE_SIZE - 1;
-    if (out_table) *out_table = core_table;
-    return 1;
+    if (module == 1) {
+        if (out_size) *out_size = CORE_SIZE - 1;
+        if (out_table) *out_table = core_table;
+        return 1;
+    }
+    if (module == 5) {
+        if (out_size) *out_size = CORE2_SIZE - 1;
+        if (out_table) *out_table = core2_table;
+        return 1;
+    }
+    return 0;
 }
 
 static struct {
@@ -59,6 +79,7 @@ struct attributes {
 
 static int initialise(void) {
     for (int i = 1; i < CORE_SIZE; i++) core_table[i] = &core_slots[i];
+    for (int i = 1; i < CORE2_SIZE; i++) core2_table[i] = &core2_slots[i];
     const char *path = getenv("NVTX_INJECTION64_PATH");
     if (!path) return -1;
     void *library = dlopen(path, RTLD_LAZY);
@@ -77,6 +98,20 @@ static uint64_t start_a(const char *text) {
 }
 static void range_end(uint64_t id) {
     if (core_slots[RANGE_END]) ((void (*)(uint64_t))core_slots[RANGE_END])(id);
+}
+
+static void *domain_create(const char *name) {
+    return core2_slots[D_CREATE_A] ? ((void *(*)(const char *))core2_slots[D_CREATE_A])(name)
+                                   : NULL;
+}
+static int domain_push(void *domain, const char *text) {
+    struct attributes ex = {2, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, text};
+    return core2_slots[D_PUSH_EX]
+               ? ((int (*)(void *, const struct attributes *))core2_slots[D_PUSH_EX])(domain, &ex)
+               : -2;
+}
+static int domain_pop(void *domain) {
+    return core2_slots[D_POP] ? ((int (*)(void *))core2_slots[D_POP])(domain) : -2;
 }
 
 static void basic(void) {
@@ -104,6 +139,10 @@ static void *ranges(void *arg) {
         push_a("worker");
         range_end(start_a("worker range"));
         pop();
+        /* The domain table's lock, taken here, may be held at a fork. */
+        void *domain = domain_create("workers");
+        domain_push(domain, "worker");
+        domain_pop(domain);
         /* Every call is a mark: unthrottled, 8 threads write millions of them. */
         usleep(200);
     }
@@ -114,13 +153,15 @@ static void fork_storm(int threads, int forks) {
     pthread_t tids[64];
     if (threads > 64) threads = 64;
     for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, ranges, NULL);
-    int hung = 0;
+    int hung = 0, failed = 0;
     for (int i = 0; i < forks; i++) {
         pid_t child = fork();
         if (child == 0) {
             push_a("child");
             range_end(start_a("child range"));
             pop();
+            void *domain = domain_create("children");
+            if (domain_push(domain, "child") != 0 || domain_pop(domain) != 0) _exit(4);
             _exit(0);
         }
         int status = 0;
@@ -137,10 +178,52 @@ static void fork_storm(int threads, int forks) {
             }
             usleep(100);
         }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
     }
     stop = 1;
     for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
-    printf("forks %d\nhung %d\n", forks, hung);
+    printf("forks %d\nhung %d\nfailed %d\n", forks, hung, failed);
+}
+
+static void *create_domains(void *arg) {
+    (void)arg;
+    while (!stop) domain_create("workers");
+    return NULL;
+}
+
+static void fork_tables(int threads, int forks) {
+    pthread_t tids[64];
+    if (threads > 64) threads = 64;
+    for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, create_domains, NULL);
+    int hung = 0, unnamed = 0;
+    for (int i = 0; i < forks; i++) {
+        pid_t child = fork();
+        if (child == 0) {
+            void *domain = domain_create("children");
+            if (!domain) _exit(5);
+            domain_push(domain, "child");
+            domain_pop(domain);
+            _exit(0);
+        }
+        int status = 0;
+        struct timespec started, now;
+        clock_gettime(CLOCK_MONOTONIC, &started);
+        for (;;) {
+            if (waitpid(child, &status, WNOHANG) == child) break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - started.tv_sec > 10) {
+                hung++;
+                kill(child, SIGKILL);
+                waitpid(child, &status, 0);
+                break;
+            }
+            usleep(100);
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 5) unnamed++;
+    }
+    stop = 1;
+    for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+    printf("forks %d\nhung %d\nunnamed %d\n", forks, hung, unnamed);
 }
 
 int main(int argc, char **argv) {
@@ -149,6 +232,7 @@ int main(int argc, char **argv) {
     if (status != 1) return 0;
     if (argc >= 2 && strcmp(argv[1], "basic") == 0) basic();
     else if (argc >= 4 && strcmp(argv[1], "fork-storm") == 0) fork_storm(atoi(argv[2]), atoi(argv[3]));
+    else if (argc >= 4 && strcmp(argv[1], "fork-tables") == 0) fork_tables(atoi(argv[2]), atoi(argv[3]));
     fflush(stdout);
     return 0;
 }

@@ -688,14 +688,74 @@ fn nvtx_calls_become_marks_and_the_library_declines_without_the_recorder() {
     );
 }
 
-/// Forks while 8 threads push, pop, start and end NVTX ranges (the start/end table's lock
-/// may be held by a thread that does not exist in the child): every child records its own
-/// ranges and exits; none hangs.
+/// Forks while 8 threads push, pop, start and end NVTX ranges and create a domain and push and
+/// pop in it (a thread may hold the start/end table's or the domain table's lock when the
+/// fork comes): every child records its own ranges, each named, domain ones included, and
+/// exits 0; none hangs. A child's log once held `nvtx end: (range N)` here: the start/end
+/// table's lock was copied held, and the child gave up on it.
 #[test]
 fn forks_while_threads_record_nvtx_ranges_never_hang_a_child() {
     let run = nvtx_client("nvtx-fork-storm", &["fork-storm", "8", "100"], true);
     assert_exited_cleanly(&run);
-    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\n");
+    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\nfailed 0\n");
     // The parent's log and one per child (each child's first mark starts its recording).
-    assert_eq!(run.logs().len(), 101, "{}", run.stderr);
+    let logs = run.logs();
+    assert_eq!(logs.len(), 101, "{}", run.stderr);
+    // Each child's ranges, its domain's included, are all named: the library holds its
+    // tables' locks across the fork, so no child inherits one held by a vanished thread.
+    let mut children = 0;
+    for log in &logs {
+        let marks: Vec<String> = dump(log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        // The parent's log holds its threads' marks only.
+        if !marks.iter().any(|m| m.contains("child")) {
+            continue;
+        }
+        assert_eq!(
+            marks,
+            [
+                "nvtx push: child",
+                "nvtx start: child range",
+                "nvtx end: child range",
+                "nvtx pop: child",
+                "nvtx push: children: child",
+                "nvtx pop: children: child",
+            ],
+            "{}",
+            log.display()
+        );
+        children += 1;
+    }
+    assert_eq!(children, 100);
+}
+
+/// Forks while 4 threads take and release the domain table's lock without pause (creating a
+/// domain, which writes no mark): the library holds its tables' locks across `fork`, so no
+/// child inherits one held by a thread that does not exist there. Every child gets its
+/// domain and records its range in it; before, children whose fork caught the lock held
+/// gave up on it after 10 ms and got no domain (the range's name was lost).
+#[test]
+fn forks_while_threads_create_domains_give_every_child_its_domain() {
+    let run = nvtx_client("nvtx-fork-tables", &["fork-tables", "4", "100"], true);
+    assert_exited_cleanly(&run);
+    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\nunnamed 0\n");
+    // The parent writes no mark (it records nothing): one log per child.
+    let logs = run.logs();
+    assert_eq!(logs.len(), 100, "{}", run.stderr);
+    for log in &logs {
+        let marks: Vec<String> = dump(log)
+            .iter()
+            .filter(|r| r["type"] == "mark")
+            .map(|r| r["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(
+            marks,
+            ["nvtx push: children: child", "nvtx pop: children: child"],
+            "{}",
+            log.display()
+        );
+    }
 }
