@@ -1125,38 +1125,62 @@ pub fn run_view(
                 .iter()
                 .position(|hold| hold[0].index == index && hold[0].event.thread == event.thread)
             {
-                let current = held_now();
-                if extends_hold(&holds[own], &current) {
-                    holds[own].push(current);
+                // The usual case, stepped without copies: one held `cudaMalloc` that this
+                // event does not name as PyTorch's segment (only a physical allocation's hold
+                // grows or is mapped) steps as it came, before this event.
+                if let [held] = holds[own].as_slice()
+                    && held.event.kind == EventKind::Alloc
+                    && !is_own_segment(&holds[own], index, event)
+                {
+                    let mut hold = holds.swap_remove(own);
                     state.set_held(holds.iter().flatten());
-                    continue;
-                }
-                let mut hold = holds.swap_remove(own);
-                let mut to_step = std::mem::take(&mut hold);
-                if is_own_segment(&to_step, index, event) {
-                    take_segment(&mut state, &to_step[0]);
-                    to_step.clear();
-                } else if is_own_mapping(&to_step, &current) {
-                    hold = to_step;
-                    to_step = take_mapping(&mut state, &mut hold, &current);
-                }
-                state.set_held(holds.iter().flatten());
-                let stopped = step_all(
-                    &mut state,
-                    &mut processes,
-                    observers,
-                    stop,
-                    &to_step,
-                    &mut end_ns,
-                );
-                for mut emptied in [hold, to_step] {
-                    if emptied.capacity() > 0 {
-                        emptied.clear();
-                        spare.push(emptied);
+                    let stopped = step_all(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        stop,
+                        &hold,
+                        &mut end_ns,
+                    );
+                    hold.clear();
+                    spare.push(hold);
+                    if stopped {
+                        break;
                     }
-                }
-                if stopped {
-                    break;
+                } else {
+                    let current = held_now();
+                    if extends_hold(&holds[own], &current) {
+                        holds[own].push(current);
+                        state.set_held(holds.iter().flatten());
+                        continue;
+                    }
+                    let mut hold = holds.swap_remove(own);
+                    let mut to_step = std::mem::take(&mut hold);
+                    if is_own_segment(&to_step, index, event) {
+                        take_segment(&mut state, &to_step[0]);
+                        to_step.clear();
+                    } else if is_own_mapping(&to_step, &current) {
+                        hold = to_step;
+                        to_step = take_mapping(&mut state, &mut hold, &current);
+                    }
+                    state.set_held(holds.iter().flatten());
+                    let stopped = step_all(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        stop,
+                        &to_step,
+                        &mut end_ns,
+                    );
+                    for mut emptied in [hold, to_step] {
+                        if emptied.capacity() > 0 {
+                            emptied.clear();
+                            spare.push(emptied);
+                        }
+                    }
+                    if stopped {
+                        break;
+                    }
                 }
             }
             if view == View::Tensors && may_be_segment(&processes[index], event) {
