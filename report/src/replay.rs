@@ -1038,7 +1038,12 @@ pub fn run_view(
     let mut steps = 0u64;
     let mut complete = false;
     let mut devices = std::collections::BTreeSet::new();
+    // The input whose lookahead the last step used where it lay (not moved out): read anew.
+    let mut used: Option<usize> = None;
     loop {
+        if let Some(used) = used.take() {
+            inputs[used].pending = None;
+        }
         // Refill lookahead; definitions are absorbed as they are read.
         for (index, input) in inputs.iter_mut().enumerate() {
             if input.pending.is_none() && !input.finished {
@@ -1061,9 +1066,10 @@ pub fn run_view(
             complete = true;
             break;
         };
-        let Some(record) = inputs[index].pending.take() else {
+        let Some(record) = &inputs[index].pending else {
             break;
         };
+        used = Some(index);
         let process = index as u32;
         state.replaced = None;
         if let Record::Event(event) = &record {
