@@ -596,22 +596,28 @@ impl State {
     }
 
     /// The totals of `device`, created on first use.
+    #[inline]
     fn device_entry(&mut self, device: i32) -> &mut DeviceBytes {
         let index = match self.devices.iter().position(|d| d.device == device) {
             Some(index) => index,
-            None => {
-                self.devices.push(DeviceBytes {
-                    device,
-                    ..DeviceBytes::default()
-                });
-                self.devices.sort_by_key(|d| d.device);
-                self.devices
-                    .iter()
-                    .position(|d| d.device == device)
-                    .unwrap_or(0)
-            }
+            None => self.add_device(device),
         };
         &mut self.devices[index]
+    }
+
+    /// Files a device first met; returns its index. (Apart, so that every event's lookup
+    /// above stays small enough to inline.)
+    #[cold]
+    fn add_device(&mut self, device: i32) -> usize {
+        self.devices.push(DeviceBytes {
+            device,
+            ..DeviceBytes::default()
+        });
+        self.devices.sort_by_key(|d| d.device);
+        self.devices
+            .iter()
+            .position(|d| d.device == device)
+            .unwrap_or(0)
     }
 
     /// Tensor view: the segment of `process` holding `addr`.
@@ -729,6 +735,7 @@ impl State {
         keys.iter().filter_map(|key| self.remove(key)).collect()
     }
 
+    #[inline]
     fn account(&mut self, live: &Live, add: bool) {
         fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
             if add {
@@ -756,18 +763,21 @@ impl State {
             .position(|(p, d)| *p == process && d.device == device)
         {
             Some(index) => index,
-            None => {
-                self.process_devices.push((
-                    process,
-                    DeviceBytes {
-                        device,
-                        ..DeviceBytes::default()
-                    },
-                ));
-                self.process_devices.len() - 1
-            }
+            None => self.add_process_device(process, device),
         };
         apply(&mut self.process_devices[index].1, live.size, add);
+    }
+
+    #[cold]
+    fn add_process_device(&mut self, process: u32, device: i32) -> usize {
+        self.process_devices.push((
+            process,
+            DeviceBytes {
+                device,
+                ..DeviceBytes::default()
+            },
+        ));
+        self.process_devices.len() - 1
     }
 }
 
@@ -1028,7 +1038,12 @@ pub fn run_view(
     let mut steps = 0u64;
     let mut complete = false;
     let mut devices = std::collections::BTreeSet::new();
+    // The input whose lookahead the last step used where it lay (not moved out): read anew.
+    let mut used: Option<usize> = None;
     loop {
+        if let Some(used) = used.take() {
+            inputs[used].pending = None;
+        }
         // Refill lookahead; definitions are absorbed as they are read.
         for (index, input) in inputs.iter_mut().enumerate() {
             if input.pending.is_none() && !input.finished {
@@ -1051,9 +1066,10 @@ pub fn run_view(
             complete = true;
             break;
         };
-        let Some(record) = inputs[index].pending.take() else {
+        let Some(record) = &inputs[index].pending else {
             break;
         };
+        used = Some(index);
         let process = index as u32;
         state.replaced = None;
         if let Record::Event(event) = &record {
@@ -1067,7 +1083,8 @@ pub fn run_view(
                 devices.insert(event.device);
                 last_device = Some(event.device);
             }
-            let current = Held {
+            // Copied into a hold only when one takes it (most events step straight through).
+            let held_now = || Held {
                 index,
                 t_ns,
                 event: *event,
@@ -1114,47 +1131,72 @@ pub fn run_view(
                 .iter()
                 .position(|hold| hold[0].index == index && hold[0].event.thread == event.thread)
             {
-                if extends_hold(&holds[own], &current) {
-                    holds[own].push(current);
+                // The usual case, stepped without copies: one held `cudaMalloc` that this
+                // event does not name as PyTorch's segment (only a physical allocation's hold
+                // grows or is mapped) steps as it came, before this event.
+                if let [held] = holds[own].as_slice()
+                    && held.event.kind == EventKind::Alloc
+                    && !is_own_segment(&holds[own], index, event)
+                {
+                    let mut hold = holds.swap_remove(own);
                     state.set_held(holds.iter().flatten());
-                    continue;
-                }
-                let mut hold = holds.swap_remove(own);
-                let mut to_step = std::mem::take(&mut hold);
-                if is_own_segment(&to_step, index, event) {
-                    take_segment(&mut state, &to_step[0]);
-                    to_step.clear();
-                } else if is_own_mapping(&to_step, &current) {
-                    hold = to_step;
-                    to_step = take_mapping(&mut state, &mut hold, &current);
-                }
-                state.set_held(holds.iter().flatten());
-                let stopped = step_all(
-                    &mut state,
-                    &mut processes,
-                    observers,
-                    stop,
-                    &to_step,
-                    &mut end_ns,
-                );
-                for mut emptied in [hold, to_step] {
-                    if emptied.capacity() > 0 {
-                        emptied.clear();
-                        spare.push(emptied);
+                    let stopped = step_all(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        stop,
+                        &hold,
+                        &mut end_ns,
+                    );
+                    hold.clear();
+                    spare.push(hold);
+                    if stopped {
+                        break;
                     }
-                }
-                if stopped {
-                    break;
+                } else {
+                    let current = held_now();
+                    if extends_hold(&holds[own], &current) {
+                        holds[own].push(current);
+                        state.set_held(holds.iter().flatten());
+                        continue;
+                    }
+                    let mut hold = holds.swap_remove(own);
+                    let mut to_step = std::mem::take(&mut hold);
+                    if is_own_segment(&to_step, index, event) {
+                        take_segment(&mut state, &to_step[0]);
+                        to_step.clear();
+                    } else if is_own_mapping(&to_step, &current) {
+                        hold = to_step;
+                        to_step = take_mapping(&mut state, &mut hold, &current);
+                    }
+                    state.set_held(holds.iter().flatten());
+                    let stopped = step_all(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        stop,
+                        &to_step,
+                        &mut end_ns,
+                    );
+                    for mut emptied in [hold, to_step] {
+                        if emptied.capacity() > 0 {
+                            emptied.clear();
+                            spare.push(emptied);
+                        }
+                    }
+                    if stopped {
+                        break;
+                    }
                 }
             }
             if view == View::Tensors && may_be_segment(&processes[index], event) {
                 let mut hold = spare.pop().unwrap_or_default();
-                hold.push(current);
+                hold.push(held_now());
                 holds.push(hold);
                 state.set_held(holds.iter().flatten());
                 continue;
             }
-            let seqs = step_event(&mut state, &mut processes, observers, &current);
+            let seqs = step_event(&mut state, &mut processes, observers, index, t_ns, event);
             end_ns = end_ns.max(t_ns);
             if stops(stop, &seqs) {
                 break;
@@ -1166,7 +1208,14 @@ pub fn run_view(
                 let before_dump = std::mem::take(&mut holds);
                 state.set_held(holds.iter().flatten());
                 for before in before_dump.iter().flatten() {
-                    step_event(&mut state, &mut processes, observers, before);
+                    step_event(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        before.index,
+                        before.t_ns,
+                        &before.event,
+                    );
                 }
             }
             match &record {
@@ -1269,7 +1318,14 @@ fn step_all(
     end_ns: &mut u64,
 ) -> bool {
     for before in events {
-        let seqs = step_event(state, processes, observers, before);
+        let seqs = step_event(
+            state,
+            processes,
+            observers,
+            before.index,
+            before.t_ns,
+            &before.event,
+        );
         *end_ns = (*end_ns).max(before.t_ns);
         if stops(stop, &seqs) {
             return true;
@@ -1289,13 +1345,10 @@ fn step_event(
     state: &mut State,
     processes: &mut [Process],
     observers: &mut [&mut dyn Observer],
-    held: &Held,
+    index: usize,
+    t_ns: u64,
+    event: &Event,
 ) -> std::ops::Range<u64> {
-    let Held {
-        index,
-        t_ns,
-        ref event,
-    } = *held;
     let process = index as u32;
     let first = state.seq;
     state.segment_change = None;
@@ -1304,14 +1357,22 @@ fn step_event(
         let segment = Segment::mapped(live_of(process, t_ns, event, state.seq));
         for live in state.map_segment(segment) {
             state.replaced = None;
-            show(state, processes, observers, held, Effect::Removed(live));
+            show(
+                state,
+                processes,
+                observers,
+                index,
+                t_ns,
+                event,
+                Effect::Removed(live),
+            );
         }
     }
     state.replaced = None;
     state.segment_change = None;
     let effect = apply(state, &mut processes[index], process, t_ns, event);
     processes[index].events += 1;
-    show(state, processes, observers, held, effect);
+    show(state, processes, observers, index, t_ns, event, effect);
     first..state.seq
 }
 
@@ -1320,14 +1381,11 @@ fn show(
     state: &mut State,
     processes: &mut [Process],
     observers: &mut [&mut dyn Observer],
-    held: &Held,
+    index: usize,
+    t_ns: u64,
+    event: &Event,
     effect: Effect,
 ) {
-    let Held {
-        index,
-        t_ns,
-        ref event,
-    } = *held;
     let process = index as u32;
     let step = Step::Event {
         process,
@@ -1350,7 +1408,15 @@ fn may_be_segment(process: &Process, event: &Event) -> bool {
     event.result == 0
         && event.device >= 0
         && match event.kind {
-            EventKind::Alloc => event.addr != 0 && process.api(event.api) == "cudaMalloc",
+            // The name compared in place: no `Cow` for every allocation.
+            EventKind::Alloc => {
+                event.addr != 0
+                    && process
+                        .header
+                        .apis
+                        .get(usize::from(event.api))
+                        .is_some_and(|name| name == "cudaMalloc")
+            }
             EventKind::Create => true,
             _ => false,
         }

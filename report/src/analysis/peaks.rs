@@ -58,7 +58,8 @@ impl Peaks {
     /// Tensor view: follows the reserved bytes of `device` after a step that may raise them.
     fn reserve(&mut self, state: &State, device: i32, t_ns: u64) {
         let bytes = state.reserved_bytes(device);
-        let candidate = ReservedPeak {
+        // The segments are looked up only for a new peak (not at every allocation).
+        let candidate = || ReservedPeak {
             device,
             bytes,
             t_ns,
@@ -66,8 +67,8 @@ impl Peaks {
         };
         match self.reserved.iter_mut().find(|p| p.device == device) {
             Some(peak) if peak.bytes >= bytes => {}
-            Some(peak) => *peak = candidate,
-            None => self.reserved.push(candidate),
+            Some(peak) => *peak = candidate(),
+            None => self.reserved.push(candidate()),
         }
     }
     /// The exact live set at each device's peak (devices in report order), given the state
