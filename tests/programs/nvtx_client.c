@@ -7,6 +7,11 @@
  *   nvtx_client fork-storm T N       T threads push/pop and start/end ranges while the main
  *                                    thread forks N children that do the same and exit; prints
  *                                    `forks N`, `hung H` (children still running after 10 s)
+ *   nvtx_client library LIB ARGS...  the same, calling an NVTX library's exported functions
+ *                                    (the fake GPU's libnvToolsExt.so.1) instead: the library
+ *                                    does the initialisation, at its first call, which in
+ *                                    fork-storm the threads and the first child race for;
+ *                                    prints `library 1` instead of `init 1`
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -68,15 +73,31 @@ static int initialise(void) {
     return init(get_export_table);
 }
 
-static int push_a(const char *text) {
+static int slot_push_a(const char *text) {
     return core_slots[PUSH_A] ? ((int (*)(const char *))core_slots[PUSH_A])(text) : -2;
 }
-static int pop(void) { return core_slots[POP] ? ((int (*)(void))core_slots[POP])() : -2; }
-static uint64_t start_a(const char *text) {
+static int slot_pop(void) { return core_slots[POP] ? ((int (*)(void))core_slots[POP])() : -2; }
+static uint64_t slot_start_a(const char *text) {
     return core_slots[START_A] ? ((uint64_t(*)(const char *))core_slots[START_A])(text) : 0;
 }
-static void range_end(uint64_t id) {
+static void slot_range_end(uint64_t id) {
     if (core_slots[RANGE_END]) ((void (*)(uint64_t))core_slots[RANGE_END])(id);
+}
+
+/* The calls the modes make: through this client's slots, or an NVTX library's functions. */
+static int (*push_a)(const char *) = slot_push_a;
+static int (*pop)(void) = slot_pop;
+static uint64_t (*start_a)(const char *) = slot_start_a;
+static void (*range_end)(uint64_t) = slot_range_end;
+
+static int use_library(const char *path) {
+    void *library = dlopen(path, RTLD_NOW);
+    if (!library) return 0;
+    push_a = (int (*)(const char *))dlsym(library, "nvtxRangePushA");
+    pop = (int (*)(void))dlsym(library, "nvtxRangePop");
+    start_a = (uint64_t(*)(const char *))dlsym(library, "nvtxRangeStartA");
+    range_end = (void (*)(uint64_t))dlsym(library, "nvtxRangeEnd");
+    return push_a && pop && start_a && range_end;
 }
 
 static void basic(void) {
@@ -144,9 +165,17 @@ static void fork_storm(int threads, int forks) {
 }
 
 int main(int argc, char **argv) {
-    int status = initialise();
-    printf("init %d\n", status);
-    if (status != 1) return 0;
+    if (argc >= 3 && strcmp(argv[1], "library") == 0) {
+        int loaded = use_library(argv[2]);
+        printf("library %d\n", loaded);
+        if (!loaded) return 0;
+        argc -= 2;
+        argv += 2;
+    } else {
+        int status = initialise();
+        printf("init %d\n", status);
+        if (status != 1) return 0;
+    }
     if (argc >= 2 && strcmp(argv[1], "basic") == 0) basic();
     else if (argc >= 4 && strcmp(argv[1], "fork-storm") == 0) fork_storm(atoi(argv[2]), atoi(argv[3]));
     fflush(stdout);
