@@ -17,7 +17,7 @@
 #
 # usage: fetch-torch.sh --nvtx
 # NVIDIA's real NVTX 2 library, libnvToolsExt.so.1 (what torch 2.4 and older link; the fake GPU
-# has a no-op fake of it), from PyPI's nvidia-nvtx-cu12 wheel (checked against its sha256),
+# has its own, tested against it), from PyPI's nvidia-nvtx-cu12 wheel (checked against its sha256),
 # unpacked once into ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/nvtx-cu12-<version>/ (the file
 # VERSION inside is written last). stdout: the library's path, as the last line; exit 3 when
 # it cannot be fetched.

@@ -15,6 +15,11 @@
  *                                    while the main thread forks N children that each create
  *                                    a domain and push and pop in it; prints `forks N`,
  *                                    `hung H`, `unnamed U` (children that got no domain)
+ *   nvtx_client library LIB ARGS...  the same, calling an NVTX library's exported functions
+ *                                    (the fake GPU's libnvToolsExt.so.1) instead: the library
+ *                                    does the initialisation, at its first call, which in
+ *                                    fork-storm the threads and the first child race for;
+ *                                    prints `library 1` instead of `init 1`
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -89,29 +94,55 @@ static int initialise(void) {
     return init(get_export_table);
 }
 
-static int push_a(const char *text) {
+static int slot_push_a(const char *text) {
     return core_slots[PUSH_A] ? ((int (*)(const char *))core_slots[PUSH_A])(text) : -2;
 }
-static int pop(void) { return core_slots[POP] ? ((int (*)(void))core_slots[POP])() : -2; }
-static uint64_t start_a(const char *text) {
+static int slot_pop(void) { return core_slots[POP] ? ((int (*)(void))core_slots[POP])() : -2; }
+static uint64_t slot_start_a(const char *text) {
     return core_slots[START_A] ? ((uint64_t(*)(const char *))core_slots[START_A])(text) : 0;
 }
-static void range_end(uint64_t id) {
+static void slot_range_end(uint64_t id) {
     if (core_slots[RANGE_END]) ((void (*)(uint64_t))core_slots[RANGE_END])(id);
 }
-
-static void *domain_create(const char *name) {
+static void *slot_domain_create(const char *name) {
     return core2_slots[D_CREATE_A] ? ((void *(*)(const char *))core2_slots[D_CREATE_A])(name)
                                    : NULL;
 }
-static int domain_push(void *domain, const char *text) {
-    struct attributes ex = {2, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, text};
+static int slot_domain_push_ex(void *domain, const struct attributes *ex) {
     return core2_slots[D_PUSH_EX]
-               ? ((int (*)(void *, const struct attributes *))core2_slots[D_PUSH_EX])(domain, &ex)
+               ? ((int (*)(void *, const struct attributes *))core2_slots[D_PUSH_EX])(domain, ex)
                : -2;
 }
-static int domain_pop(void *domain) {
+static int slot_domain_pop(void *domain) {
     return core2_slots[D_POP] ? ((int (*)(void *))core2_slots[D_POP])(domain) : -2;
+}
+
+/* The calls the modes make: through this client's slots, or an NVTX library's functions. */
+static int (*push_a)(const char *) = slot_push_a;
+static int (*pop)(void) = slot_pop;
+static uint64_t (*start_a)(const char *) = slot_start_a;
+static void (*range_end)(uint64_t) = slot_range_end;
+static void *(*domain_create)(const char *) = slot_domain_create;
+static int (*domain_push_ex)(void *, const struct attributes *) = slot_domain_push_ex;
+static int (*domain_pop)(void *) = slot_domain_pop;
+
+static int use_library(const char *path) {
+    void *library = dlopen(path, RTLD_NOW);
+    if (!library) return 0;
+    push_a = (int (*)(const char *))dlsym(library, "nvtxRangePushA");
+    pop = (int (*)(void))dlsym(library, "nvtxRangePop");
+    start_a = (uint64_t(*)(const char *))dlsym(library, "nvtxRangeStartA");
+    range_end = (void (*)(uint64_t))dlsym(library, "nvtxRangeEnd");
+    domain_create = (void *(*)(const char *))dlsym(library, "nvtxDomainCreateA");
+    domain_push_ex =
+        (int (*)(void *, const struct attributes *))dlsym(library, "nvtxDomainRangePushEx");
+    domain_pop = (int (*)(void *))dlsym(library, "nvtxDomainRangePop");
+    return push_a && pop && start_a && range_end && domain_create && domain_push_ex && domain_pop;
+}
+
+static int domain_push(void *domain, const char *text) {
+    struct attributes ex = {2, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, text};
+    return domain_push_ex(domain, &ex);
 }
 
 static void basic(void) {
@@ -227,9 +258,17 @@ static void fork_tables(int threads, int forks) {
 }
 
 int main(int argc, char **argv) {
-    int status = initialise();
-    printf("init %d\n", status);
-    if (status != 1) return 0;
+    if (argc >= 3 && strcmp(argv[1], "library") == 0) {
+        int loaded = use_library(argv[2]);
+        printf("library %d\n", loaded);
+        if (!loaded) return 0;
+        argc -= 2;
+        argv += 2;
+    } else {
+        int status = initialise();
+        printf("init %d\n", status);
+        if (status != 1) return 0;
+    }
     if (argc >= 2 && strcmp(argv[1], "basic") == 0) basic();
     else if (argc >= 4 && strcmp(argv[1], "fork-storm") == 0) fork_storm(atoi(argv[2]), atoi(argv[3]));
     else if (argc >= 4 && strcmp(argv[1], "fork-tables") == 0) fork_tables(atoi(argv[2]), atoi(argv[3]));

@@ -2409,7 +2409,7 @@ fn nvtx_run(torch: &Torch, env: &[(&str, &str)]) -> NvtxRun {
 /// code compiled into torch 2.15's and 2.6's libtorch_python.so) loads at the first call.
 /// Each allocation made inside a range lies between its push and pop. A user's own
 /// NVTX_INJECTION64_PATH (a profiler's) is kept, and then no range is recorded.
-/// torch 2.4.1 calls libnvToolsExt.so.1, which on the fake GPU is a no-op fake: not run here.
+/// torch 2.4.1 calls libnvToolsExt.so.1 instead: tests/tests/nvtx.rs (the fake's and NVIDIA's).
 #[test]
 fn nvtx_ranges_of_real_torch_are_marks_in_the_log() {
     let library = target_dir().join("libvramshim_nvtx.so");

@@ -130,11 +130,9 @@ fn torch_nvtx_run(
     (stdout, marks(&log), allocations)
 }
 
-/// torch 2.4.1 calls NVTX through libnvToolsExt.so.1: with NVIDIA's real library (not the
-/// fake GPU's no-op), `torch.cuda.nvtx.range_push/range_pop`, `range`, `mark` and
+/// torch 2.4.1 calls NVTX through libnvToolsExt.so.1: with NVIDIA's real library, `torch.cuda.nvtx.range_push/range_pop`, `range`, `mark` and
 /// `range_start/range_end` become the same marks, in the same order, as with torch 2.15's
-/// compiled-in NVTX 3, each allocation between its range's marks. With the no-op fake there
-/// are none (what makes them is the real library).
+/// compiled-in NVTX 3, each allocation between its range's marks.
 #[test]
 fn torch_2_4_1_ranges_through_the_real_libnvtoolsext_are_marks() {
     let Some(nvtx) = real_nvtx_library() else {
@@ -143,8 +141,72 @@ fn torch_2_4_1_ranges_through_the_real_libnvtoolsext_are_marks() {
     let Some(python) = torch_python_of("2.4.1") else {
         return;
     };
-    let library = target_dir().join("libvramshim_nvtx.so");
     let (stdout, marks, allocations) = torch_nvtx_run(&python, &nvtx, "nvtx-torch-2.4.1");
+    assert_torch_ranges(&stdout, &marks, &allocations);
+}
+
+/// The fake GPU's own libnvToolsExt.so.1 loads the injection library as NVIDIA's does: torch
+/// 2.4.1 under `vramshim dryrun` (every library a fake, NVIDIA's NVTX not involved) records
+/// the same marks, return values and allocations inside each range as with the real library.
+#[test]
+fn torch_2_4_1_ranges_through_the_fake_libnvtoolsext_under_dryrun_are_marks() {
+    let Some(python) = torch_python_of("2.4.1") else {
+        return;
+    };
+    let dir = scratch("nvtx-torch-2.4.1-dryrun");
+    let log = dir.join("nvtx.vlog");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .arg("dryrun")
+        .arg("-o")
+        .arg(&log)
+        .arg("--")
+        .arg(&python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/nvtx_ranges.py"))
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("NVTX_INJECTION64_PATH")
+        .env_remove("VRAMSHIM_LIB")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("vramshim dryrun python");
+    // The program's lines come first on stdout, then dryrun's verdict.
+    let program_output = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{program_output}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let program_lines: String = program_output
+        .lines()
+        .filter(|l| {
+            l.starts_with("injection ")
+                || l.starts_with("push ")
+                || l.starts_with("pop ")
+                || *l == "done"
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let allocations = events(&dump(&log))
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && e["api"] == "cudaMalloc")
+        .map(|e| (u64_of(e, "t_ns"), u64_of(e, "size")))
+        .collect::<Vec<_>>();
+    assert_torch_ranges(&program_lines, &marks(&log), &allocations);
+}
+
+/// What tests/python/nvtx_ranges.py prints, its marks in order, and each of its four
+/// allocations (4, 8, 16, 32 MiB) between the marks of the range it was made in.
+fn assert_torch_ranges(stdout: &str, marks: &[MarkAt], allocations: &[(u64, u64)]) {
+    let library = target_dir().join("libvramshim_nvtx.so");
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
@@ -194,10 +256,6 @@ fn torch_2_4_1_ranges_through_the_real_libnvtoolsext_are_marks() {
             "{size} B between {open:?} and {close:?}: {allocations:?}"
         );
     }
-
-    let fake = Path::new(vramshim_fakegpu::LIB_DIR).join("libnvToolsExt.so.1");
-    let (_, marks, _) = torch_nvtx_run(&python, &fake, "nvtx-torch-2.4.1-fake");
-    assert_eq!(marks, []);
 }
 
 /// Named NVTX domains through the real library (`nvtxDomainCreateA`, `nvtxDomainRangePushEx`,
@@ -209,7 +267,20 @@ fn nvtx_domain_calls_are_marks_with_their_domain() {
     let Some(nvtx) = real_nvtx_library() else {
         return;
     };
-    let dir = scratch("nvtx-domains");
+    assert_domain_marks(&nvtx, "nvtx-domains");
+}
+
+/// The same domain calls through the fake GPU's libnvToolsExt.so.1: the same return values
+/// and marks as through NVIDIA's.
+#[test]
+fn nvtx_domain_calls_through_the_fake_libnvtoolsext_are_marks_with_their_domain() {
+    let fake = Path::new(vramshim_fakegpu::LIB_DIR).join("libnvToolsExt.so.1");
+    assert_domain_marks(&fake, "nvtx-domains-fake");
+}
+
+/// `vramshim run -- nvtx_domains NVTX`: its printed results and the log's marks.
+fn assert_domain_marks(nvtx: &Path, name: &str) {
+    let dir = scratch(name);
     let log = dir.join("domains.vlog");
     let output = Command::new(vramshim_tool())
         .arg("run")
@@ -217,7 +288,7 @@ fn nvtx_domain_calls_are_marks_with_their_domain() {
         .arg(&log)
         .arg("--")
         .arg(program("nvtx_domains"))
-        .arg(&nvtx)
+        .arg(nvtx)
         .env_remove("NVTX_INJECTION64_PATH")
         .env_remove("VRAMSHIM_LIB")
         .env_remove("VRAMSHIM_OUTPUT")
