@@ -50,7 +50,25 @@ struct CUgraph_st {
 struct CUgraphExec_st {
     struct fg_op *ops;
     size_t count;
+    bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
+
+/* An allocation made by a graph's mem-alloc node. Its address is fixed when the node is made
+ * (the host range behind it is mapped then, costing nothing until touched); a launch running
+ * the node takes its physical memory from the device's graph pool, and running a mem-free node
+ * (or freeing it outside the graph) gives it back to that pool, which keeps it for later
+ * launches until cuDeviceGraphMemTrim. Every field under capture_lock. */
+struct graph_mem {
+    uint64_t base, size; /* size: the request rounded up to the granularity */
+    int device;
+    bool live;           /* taken by a launch, not freed yet */
+    int refs;            /* nodes and executable graphs naming it */
+    int execs;           /* executable graphs with its alloc node (at most one) */
+    struct graph_mem *next;
+};
+static struct graph_mem *graph_mems;
+
+static void graph_mem_put(struct graph_mem *m);
 
 /* An active stream capture. Captures live in one list under capture_lock; streams and events
  * refer to them by id, so a capture that ends leaves nothing dangling. */
@@ -848,8 +866,13 @@ FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
 {
     if (!graph)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < graph->count; i++)
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < graph->count; i++) {
+        if (graph->nodes[i]->op.mem)
+            graph_mem_put(graph->nodes[i]->op.mem);
         free(graph->nodes[i]);
+    }
+    pthread_mutex_unlock(&capture_lock);
     free(graph->nodes);
     free(graph);
     return CUDA_SUCCESS;
@@ -877,12 +900,25 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&capture_lock);
+    /* A graph with memory nodes has at most one executable graph at a time. */
+    for (size_t i = 0; i < graph->count; i++)
+        if (graph->nodes[i]->op.type == FG_OP_MEM_ALLOC && graph->nodes[i]->op.mem->execs) {
+            pthread_mutex_unlock(&capture_lock);
+            free(e);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
     e->ops = graph->count ? malloc(graph->count * sizeof *e->ops) : NULL;
     if (e->ops || !graph->count) {
-        for (size_t i = 0; i < graph->count; i++)
+        for (size_t i = 0; i < graph->count; i++) {
             e->ops[i] = graph->nodes[i]->op;
+            if (e->ops[i].mem)
+                e->ops[i].mem->refs++;
+            if (e->ops[i].type == FG_OP_MEM_ALLOC)
+                e->ops[i].mem->execs++;
+        }
         e->count = graph->count;
     }
+    e->auto_free = flags & 1;
     pthread_mutex_unlock(&capture_lock);
     if (graph->count && !e->ops) {
         free(e);
@@ -903,18 +939,25 @@ FG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgra
     return cuGraphInstantiateWithFlags(exec, graph, 0);
 }
 
+static CUresult graph_mem_take(struct graph_mem *m);
+static CUresult graph_mem_give(struct graph_mem *m);
+
 static CUresult run_op(const struct fg_op *op)
 {
     switch (op->type) {
     case FG_OP_COPY: return fg_copy(op->dst, op->src, op->bytes);
     case FG_OP_SET: return fg_set(op->dst, op->value, op->element, op->count);
     case FG_OP_HOST: op->host_fn(op->host_data); return CUDA_SUCCESS;
+    case FG_OP_MEM_ALLOC: return graph_mem_take(op->mem);
+    case FG_OP_MEM_FREE: return graph_mem_give(op->mem);
     default: return CUDA_SUCCESS; /* kernels do nothing */
     }
 }
 
 /* A launch does the recorded operations in order, at once; launched on a capturing stream, the
  * graph's operations join that capture instead. */
+static CUresult graph_mem_give_locked(struct graph_mem *m);
+
 FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     CUresult rc = need_context();
@@ -922,21 +965,52 @@ FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
         return rc;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    /* An allocation of the graph still live from an earlier launch: freed first with
+     * auto-free-on-launch, else the launch fails (before doing anything). */
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count && !rc; i++)
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC && exec->ops[i].mem->live)
+            rc = exec->auto_free ? graph_mem_give_locked(exec->ops[i].mem)
+                                 : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
     for (size_t i = 0; i < exec->count && !rc; i++)
         if (!fg_capture_op(stream, &exec->ops[i], &rc))
             rc = run_op(&exec->ops[i]);
     return rc;
 }
 
+static CUresult graph_pool_reserve(int dev, unsigned long long bytes);
+
+/* An upload reserves the graph pool memory the graph's allocations will take at launch. */
 FG_EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
 {
-    return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!exec)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long wanted[FG_MAX_DEVICES] = {0};
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count; i++)
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC && !exec->ops[i].mem->live)
+            wanted[exec->ops[i].mem->device] += exec->ops[i].mem->size;
+    for (int dev = 0; dev < FG_MAX_DEVICES && !rc; dev++)
+        if (wanted[dev])
+            rc = graph_pool_reserve(dev, wanted[dev]);
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
 }
 
 FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count; i++) {
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC)
+            exec->ops[i].mem->execs--;
+        if (exec->ops[i].mem)
+            graph_mem_put(exec->ops[i].mem);
+    }
+    pthread_mutex_unlock(&capture_lock);
     free(exec->ops);
     free(exec);
     return CUDA_SUCCESS;
@@ -962,7 +1036,298 @@ FG_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
     if (!node || !type)
         return CUDA_ERROR_INVALID_VALUE;
     static const int types[] = {[FG_OP_KERNEL] = 0, [FG_OP_COPY] = 1, [FG_OP_SET] = 2,
-                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5};
+                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5, [FG_OP_MEM_ALLOC] = 10,
+                                [FG_OP_MEM_FREE] = 11};
     *type = types[node->op.type];
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- graph memory */
+
+/* Each device's graph memory pool: bytes in live graph allocations (used), physical bytes the
+ * pool holds and has charged to the device (reserved), and their high-water marks. */
+static struct {
+    unsigned long long used, used_high, reserved, reserved_high;
+} graph_pool[FG_MAX_DEVICES];
+
+static struct graph_mem *graph_mem_at(uint64_t base)
+{
+    for (struct graph_mem *m = graph_mems; m; m = m->next)
+        if (m->base == base)
+            return m;
+    return NULL;
+}
+
+static void graph_mem_unlink(struct graph_mem *m)
+{
+    for (struct graph_mem **at = &graph_mems; *at; at = &(*at)->next)
+        if (*at == m) {
+            *at = m->next;
+            break;
+        }
+    fg_unmap((void *)(uintptr_t)m->base, m->size);
+    free(m);
+}
+
+static void graph_mem_put(struct graph_mem *m)
+{
+    if (--m->refs == 0 && !m->live)
+        graph_mem_unlink(m);
+}
+
+/* Makes the device's graph pool hold BYTES more than its live allocations use, charging the
+ * device for the difference; out of memory when the device cannot (after trimming the
+ * stream-ordered pools, as an allocation does). */
+static CUresult graph_pool_reserve(int dev, unsigned long long bytes)
+{
+    unsigned long long need = graph_pool[dev].used + bytes;
+    if (need <= graph_pool[dev].reserved)
+        return CUDA_SUCCESS;
+    unsigned long long more = need - graph_pool[dev].reserved;
+    if (!fg_charge(dev, more) && !(fg_pools_trim_device(dev) && fg_charge(dev, more)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    graph_pool[dev].reserved = need;
+    if (need > graph_pool[dev].reserved_high)
+        graph_pool[dev].reserved_high = need;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_mem_take(struct graph_mem *m)
+{
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = m->live ? CUDA_ERROR_INVALID_VALUE : graph_pool_reserve(m->device, m->size);
+    if (!rc) {
+        struct fg_alloc a = {.base = m->base, .size = m->size, .kind = FG_GRAPH,
+                             .device = m->device};
+        if (!fg_register(&a)) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            m->live = true;
+            graph_pool[m->device].used += m->size;
+            if (graph_pool[m->device].used > graph_pool[m->device].used_high)
+                graph_pool[m->device].used_high = graph_pool[m->device].used;
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* The allocation's memory goes back to the graph pool (which keeps it). */
+static CUresult graph_mem_give_locked(struct graph_mem *m)
+{
+    if (!m->live)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_alloc a;
+    fg_unregister(m->base, FG_GRAPH, &a);
+    m->live = false;
+    graph_pool[m->device].used -= m->size;
+    if (m->refs == 0)
+        graph_mem_unlink(m);
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_mem_give(struct graph_mem *m)
+{
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = graph_mem_give_locked(m);
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+CUresult fg_graph_mem_free(CUdeviceptr dptr)
+{
+    pthread_mutex_lock(&capture_lock);
+    struct graph_mem *m = graph_mem_at(dptr);
+    CUresult rc = m ? graph_mem_give_locked(m) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* A new graph allocation of SIZE bytes on DEV, its address fixed now; one reference (its
+ * alloc node's). capture_lock held. */
+static struct graph_mem *graph_mem_new(int dev, size_t size)
+{
+    uint64_t rounded = (size + FG_GRANULARITY - 1) / FG_GRANULARITY * FG_GRANULARITY;
+    struct graph_mem *m = calloc(1, sizeof *m);
+    void *p = m ? fg_map(rounded) : NULL;
+    if (!p) {
+        free(m);
+        return NULL;
+    }
+    m->base = (uint64_t)(uintptr_t)p;
+    m->size = rounded;
+    m->device = dev;
+    m->refs = 1;
+    m->next = graph_mems;
+    graph_mems = m;
+    return m;
+}
+
+/* Adds a node for OP to GRAPH (capture_lock held); the node holds a reference to OP's graph
+ * allocation. */
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, CUgraphNode *added)
+{
+    CUresult rc = graph_add(graph, op, added);
+    if (rc && op->type == FG_OP_MEM_ALLOC)
+        graph_mem_put(op->mem);
+    else if (!rc && op->type == FG_OP_MEM_FREE)
+        op->mem->refs++;
+    return rc;
+}
+
+bool fg_capture_mem_alloc(CUstream stream, size_t size, CUdeviceptr *dptr, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    int dev;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (!c) {
+    } else if (c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (!dptr || size == 0) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+    } else if ((*rc = fg_current_device(&dev)) == CUDA_SUCCESS) {
+        struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = size, .mem = graph_mem_new(dev, size)};
+        *rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(c->graph, &op, &s->last);
+        if (!*rc)
+            *dptr = op.mem->base;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return c != NULL;
+}
+
+/* Only graph allocations become free nodes; other memory freed during a capture is freed at
+ * once, as before. */
+bool fg_capture_mem_free(CUstream stream, CUdeviceptr dptr, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    struct graph_mem *m = c ? graph_mem_at(dptr) : NULL;
+    if (m) {
+        struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
+        *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                             : graph_add_mem(c->graph, &op, &s->last);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return m != NULL;
+}
+
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* The node's allocation is on the device the pool properties name; its address is set in
+ * PARAMS->dptr. */
+FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
+                                          const CUgraphNode *deps, size_t count,
+                                          CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    CUresult rc = need_context();
+    if (rc)
+        return rc;
+    if (!node || !graph || !params || (count && !deps) || params->bytesize == 0 ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !fg_valid_device(params->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = params->bytesize,
+                       .mem = graph_mem_new(params->poolProps.location.id, params->bytesize)};
+    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, node);
+    if (!rc)
+        params->dptr = op.mem->base;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph,
+                                         const CUgraphNode *deps, size_t count, CUdeviceptr dptr)
+{
+    if (!node || !graph || (count && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    struct graph_mem *m = graph_mem_at(dptr);
+    struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
+    CUresult rc = m ? graph_add_mem(graph, &op, node) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node,
+                                                CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    if (!node || !params || node->op.type != FG_OP_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof *params);
+    params->poolProps.allocType = 1; /* pinned */
+    params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params->poolProps.location.id = node->op.mem->device;
+    params->bytesize = node->op.bytes;
+    params->dptr = node->op.mem->base;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr)
+{
+    if (!node || !dptr || node->op.type != FG_OP_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = node->op.dst;
+    return CUDA_SUCCESS;
+}
+
+/* Gives back the graph pool's memory no live graph allocation uses. */
+FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&capture_lock);
+    fg_uncharge(dev, graph_pool[dev].reserved - graph_pool[dev].used);
+    graph_pool[dev].reserved = graph_pool[dev].used;
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphMem_attribute: 0 used current, 1 used high, 2 reserved current, 3 reserved high. */
+FG_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attribute, void *value)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || attribute < 0 || attribute > 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    unsigned long long values[] = {graph_pool[dev].used, graph_pool[dev].used_high,
+                                   graph_pool[dev].reserved, graph_pool[dev].reserved_high};
+    pthread_mutex_unlock(&capture_lock);
+    *(unsigned long long *)value = values[attribute];
+    return CUDA_SUCCESS;
+}
+
+/* Only the high-water marks may be set, and only to 0: they restart from the current value. */
+FG_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, void *value)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || (attribute != 1 && attribute != 3) || *(unsigned long long *)value != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    if (attribute == 1)
+        graph_pool[dev].used_high = graph_pool[dev].used;
+    else
+        graph_pool[dev].reserved_high = graph_pool[dev].reserved;
+    pthread_mutex_unlock(&capture_lock);
     return CUDA_SUCCESS;
 }

@@ -502,6 +502,34 @@ FG_EXPORT cudaError_t cudaGraphAddEmptyNode(CUgraphNode *node, cudaGraph_t graph
     return fg_rt_status(cuGraphAddEmptyNode(node, graph, deps, count));
 }
 
+/* Graph memory nodes: cudaMemAllocNodeParams has the driver's layout. */
+FG_EXPORT cudaError_t cudaGraphAddMemAllocNode(CUgraphNode *node, cudaGraph_t graph,
+                                               const CUgraphNode *deps, size_t count,
+                                               void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddMemAllocNode(node, graph, deps, count, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphAddMemFreeNode(CUgraphNode *node, cudaGraph_t graph,
+                                              const CUgraphNode *deps, size_t count, void *dptr)
+{
+    READY();
+    return fg_rt_status(cuGraphAddMemFreeNode(node, graph, deps, count, (CUdeviceptr)dptr));
+}
+
+FG_EXPORT cudaError_t cudaGraphMemAllocNodeGetParams(CUgraphNode node, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphMemAllocNodeGetParams(node, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphMemFreeNodeGetParams(CUgraphNode node, void *dptr)
+{
+    READY();
+    return fg_rt_status(cuGraphMemFreeNodeGetParams(node, (CUdeviceptr *)dptr));
+}
+
 /* User objects: a reference count and a destructor, run when the count reaches zero. */
 struct user_object {
     void *data;

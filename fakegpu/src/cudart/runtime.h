@@ -369,6 +369,15 @@ CUresult cuEventQuery(CUevent event);
 CUresult cuEventSynchronize(CUevent event);
 CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attribute, void *value);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, void *value);
+CUresult cuDeviceGraphMemTrim(CUdevice dev);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t count, void *params);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t count, CUdeviceptr dptr);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, void *params);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
