@@ -578,7 +578,8 @@ fn dryrun_applies_the_programs_cuda_visible_devices_to_its_cards() {
 /// cudaStreamGetCaptureInfo generations differ), under the recorder: captured copies and fills
 /// (on the origin stream and on a stream joined through an event) are not done until the graph
 /// launches, and each launch copies the host data of that moment; the real API's errors, and
-/// synchronising during a capture invalidates it.
+/// synchronising during a capture invalidates it; ending a capture while a joined stream has
+/// work no wait joined back fails with cudaErrorStreamCaptureUnjoined (904) and no graph.
 #[test]
 fn captured_work_is_done_at_each_graph_launch_and_not_before() {
     for major in [13, 12] {
@@ -627,6 +628,11 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
              relaxed-thread begin=0 exchange=0 old=0 sync=0 restore=0 end=0\n\
              nodes rc=0 count=0 types=\n\
              relaxed-capture destroy=0 begin=0 sync=0 end=0 destroy=0\n\
+             unjoined begin=0 record=0 wait=0 memset=0 end=904 graph=null origin=0 side=0\n\
+             work-after-join begin=0 record=0 wait=0 memset=0 record=0 join=0 memset=0 end=904 graph=null\n\
+             joined begin=0 record=0 wait=0 memset=0 record=0 join=0 end=0 graph=set destroy=0\n\
+             idle-fork begin=0 record=0 wait=0 end=0 graph=set destroy=0 device=0\n\
+             untouched b2b2 5555 7777 0000\n\
              teardown events=0 streams=0 free=0\n"
         );
         // The recorder saw the one buffer.

@@ -17,6 +17,9 @@ struct CUstream_st {
      * look), and the last node captured on it: what the next node depends on. */
     unsigned long long capture_id;
     CUgraphNode last;
+    /* Nodes captured on it in its capture, and how many of them a wait by another stream of
+     * the capture has joined (a joined stream must be joined back before the capture ends). */
+    unsigned long long captured, joined_upto;
 };
 
 struct CUevent_st {
@@ -25,6 +28,10 @@ struct CUevent_st {
     /* Recorded on a capturing stream: waiting on it joins the waiting stream to that capture. */
     unsigned long long capture_id;
     CUgraphNode node;
+    /* The stream it was recorded on and that stream's captured count then (the stream is only
+     * compared with the capture's streams, never followed). */
+    const struct CUstream_st *stream;
+    unsigned long long seq;
 };
 
 struct CUmod_st {
@@ -80,6 +87,9 @@ struct capture {
     CUstream origin;
     pthread_t thread;
     bool invalidated;
+    /* The streams joined to it through events (not the origin). */
+    struct CUstream_st **joined;
+    size_t joined_count, joined_capacity;
     struct capture *next;
 };
 
@@ -126,17 +136,29 @@ FG_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     return cuStreamCreateWithPriority(stream, flags, 0);
 }
 
+static CUresult capture_forbids_stream(CUstream stream);
+static struct CUstream_st *capture_stream(CUstream stream);
+static struct capture *capture_of(struct CUstream_st *stream);
+static struct capture *capture_by_id(unsigned long long id);
+
 FG_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
 {
     if (!fg_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!stream)
         return CUDA_ERROR_INVALID_HANDLE;
+    if ((uintptr_t)stream > 2 && __atomic_load_n(&stream->capture_id, __ATOMIC_ACQUIRE)) {
+        /* A joined stream destroyed during the capture leaves its list. */
+        pthread_mutex_lock(&capture_lock);
+        struct capture *c = capture_of(stream);
+        for (size_t i = 0; c && i < c->joined_count; i++)
+            if (c->joined[i] == stream)
+                c->joined[i] = c->joined[--c->joined_count];
+        pthread_mutex_unlock(&capture_lock);
+    }
     free(stream);
     return CUDA_SUCCESS;
 }
-
-static CUresult capture_forbids_stream(CUstream stream);
 
 FG_EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
@@ -154,9 +176,21 @@ FG_EXPORT CUresult cuStreamQuery(CUstream stream)
     return rc ? rc : capture_forbids_stream(stream);
 }
 
-static struct CUstream_st *capture_stream(CUstream stream);
-static struct capture *capture_of(struct CUstream_st *stream);
-static struct capture *capture_by_id(unsigned long long id);
+/* Adds S to C's joined streams, its counts from zero; false when out of memory. */
+static bool capture_join(struct capture *c, struct CUstream_st *s)
+{
+    if (c->joined_count == c->joined_capacity) {
+        size_t capacity = c->joined_capacity ? c->joined_capacity * 2 : 4;
+        struct CUstream_st **joined = realloc(c->joined, capacity * sizeof *joined);
+        if (!joined)
+            return false;
+        c->joined = joined;
+        c->joined_capacity = capacity;
+    }
+    c->joined[c->joined_count++] = s;
+    s->captured = s->joined_upto = 0;
+    return true;
+}
 
 /* Waiting on an event recorded during a capture joins the waiting stream to that capture
  * (how work forks onto side streams), depending on the event's node. */
@@ -180,9 +214,17 @@ FG_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned in
         rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     } else if (current && current != joining) {
         rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    } else if (!current && s != joining->origin && !capture_join(joining, s)) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         s->last = event->node ? event->node : s->last;
         __atomic_store_n(&s->capture_id, joining->id, __ATOMIC_RELEASE);
+        /* Waiting on work of a joined stream joins that work (to whichever stream of the
+         * capture waits: a side stream joined back through another counts). */
+        for (size_t i = 0; i < joining->joined_count; i++)
+            if (joining->joined[i] == event->stream && joining->joined[i] != s &&
+                joining->joined[i]->joined_upto < event->seq)
+                joining->joined[i]->joined_upto = event->seq;
     }
     pthread_mutex_unlock(&capture_lock);
     return rc;
@@ -284,6 +326,18 @@ static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *ad
     return CUDA_SUCCESS;
 }
 
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, CUgraphNode *added);
+
+/* A node for OP captured on S in C (capture_lock held). */
+static CUresult capture_add(struct capture *c, struct CUstream_st *s, const struct fg_op *op)
+{
+    struct fg_op copy = *op;
+    CUresult rc = graph_add_mem(c->graph, &copy, &s->last);
+    if (!rc)
+        s->captured++;
+    return rc;
+}
+
 bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
 {
     struct CUstream_st *s = capture_stream(stream);
@@ -294,7 +348,7 @@ bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
     struct capture *c = capture_of(s);
     if (c)
         *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                             : graph_add(c->graph, op, &s->last);
+                             : capture_add(c, s, op);
     pthread_mutex_unlock(&capture_lock);
     return c != NULL;
 }
@@ -419,12 +473,19 @@ FG_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
         }
     s->capture_id = 0;
     s->last = NULL;
+    /* Work on a joined stream that no wait joined back: the capture fails, with no graph. */
+    bool unjoined = false;
+    for (size_t i = 0; i < c->joined_count; i++)
+        if (c->joined[i]->capture_id == c->id && c->joined[i]->captured > c->joined[i]->joined_upto)
+            unjoined = true;
     pthread_mutex_unlock(&capture_lock);
-    if (c->invalidated) {
+    free(c->joined);
+    if (c->invalidated || unjoined) {
         *graph = NULL;
         if (c->owns_graph)
             cuGraphDestroy(c->graph);
-        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                            : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
     } else {
         *graph = c->graph;
     }
@@ -545,6 +606,8 @@ FG_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         struct capture *c = capture_of(s);
         event->capture_id = c ? c->id : 0;
         event->node = c ? s->last : NULL;
+        event->stream = s;
+        event->seq = s->captured;
         CUresult rc = c && c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
         pthread_mutex_unlock(&capture_lock);
         if (c)
@@ -1190,7 +1253,7 @@ bool fg_capture_mem_alloc(CUstream stream, size_t size, CUdeviceptr *dptr, CUres
         *rc = CUDA_ERROR_INVALID_VALUE;
     } else if ((*rc = fg_current_device(&dev)) == CUDA_SUCCESS) {
         struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = size, .mem = graph_mem_new(dev, size)};
-        *rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(c->graph, &op, &s->last);
+        *rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : capture_add(c, s, &op);
         if (!*rc)
             *dptr = op.mem->base;
     }
@@ -1211,7 +1274,7 @@ bool fg_capture_mem_free(CUstream stream, CUdeviceptr dptr, CUresult *rc)
     if (m) {
         struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
         *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                             : graph_add_mem(c->graph, &op, &s->last);
+                             : capture_add(c, s, &op);
     }
     pthread_mutex_unlock(&capture_lock);
     return m != NULL;
