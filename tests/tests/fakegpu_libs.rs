@@ -737,3 +737,67 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
         );
     }
 }
+
+/// Graph structure (CUDA 13 and 12 fakes, whose edge-data arguments differ), under the recorder:
+/// dependencies given at add time (a duplicate refused), added and removed later (twice: 1),
+/// edges, roots and a node's dependencies read back by node index; a captured chain's edge; a
+/// clone with the same edges; a launch runs nodes in dependency order, not order of addition
+/// (host functions "21"), and a cycle fails instantiation (1); cudaGraphExecUpdate takes a graph
+/// of the same shape (the next launch fills 0x22) and refuses another node count (910, topology
+/// changed) or node type (910, type changed, the node named), leaving the executable graph as
+/// it was.
+#[test]
+fn graph_edges_order_launches_and_decide_clone_and_update() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let dir = scratch(&format!("fakegpu-graph-structure-{major}"));
+        let exe = build_program(&dir, "graph_structure", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run graph_structure");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            stdout,
+            "setup 0\n\
+             diamond create=0 a=0 b=0 c=0 e=0 duplicate=1\n\
+             edges rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             deps rc=0/0 count=2/2: 1 2 null\n\
+             change add=0 again=1\n\
+             added rc=0/0 count=5/5: 0>1 0>2 1>3 2>3 0>3 roots rc=0 0\n\
+             change remove=0 again=1 self=1\n\
+             removed rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             clone rc=0\n\
+             cloned rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             destroy clone=0 graph=0\n\
+             capture begin=0 host=0 host=0 end=0\n\
+             captured rc=0/0 count=1/1: 0>1 roots rc=0 0\n\
+             reverse remove=0 add=0 instantiate=0 launch=0 order=21 destroy=0 cycle=0 instantiate=1 destroy=0\n\
+             update instantiate=0 launch=0 out=11 same-shape=0 result=0 node=null launch=0 out=22\n\
+             update count=910 result=2 type=910 result=3 node=first launch=0 out=22\n\
+             teardown exec=0 graphs=0 free=0 stream=0\n"
+        );
+        // The recorder saw the one buffer.
+        let run = Run {
+            output,
+            dir: dir.clone(),
+        };
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let malloc = select(&events, "alloc", "cudaMalloc");
+        assert_eq!(
+            malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            vec![256]
+        );
+    }
+}

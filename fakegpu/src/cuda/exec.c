@@ -47,6 +47,10 @@ struct CUfunc_st {
  * of their operations, done in that order at each launch. */
 struct CUgraphNode_st {
     struct fg_op op;
+    CUgraph graph;
+    size_t index; /* its place in the graph's order of addition */
+    CUgraphNode *deps; /* the nodes it depends on (edges into it) */
+    size_t ndeps, deps_capacity;
 };
 
 struct CUgraph_st {
@@ -55,8 +59,12 @@ struct CUgraph_st {
 };
 
 struct CUgraphExec_st {
-    struct fg_op *ops;
+    struct fg_op *ops; /* in an order that runs every node after its dependencies */
     size_t count;
+    /* The instantiated graph's shape, for cuGraphExecUpdate: its node types (in order of
+     * addition) and edges (index pairs, to then from). */
+    int *types;
+    size_t *edges, nedges;
     bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
 
@@ -306,8 +314,40 @@ static struct capture *capture_by_id(unsigned long long id)
     return NULL;
 }
 
-static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *added)
+static CUresult node_add_dep(CUgraphNode node, CUgraphNode dep)
 {
+    if (node->ndeps == node->deps_capacity) {
+        size_t capacity = node->deps_capacity ? node->deps_capacity * 2 : 2;
+        CUgraphNode *deps = realloc(node->deps, capacity * sizeof *deps);
+        if (!deps)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        node->deps = deps;
+        node->deps_capacity = capacity;
+    }
+    node->deps[node->ndeps++] = dep;
+    return CUDA_SUCCESS;
+}
+
+static bool node_depends_on(CUgraphNode node, CUgraphNode dep);
+static bool node_depends_on(CUgraphNode node, CUgraphNode dep)
+{
+    for (size_t i = 0; i < node->ndeps; i++)
+        if (node->deps[i] == dep)
+            return true;
+    return false;
+}
+
+/* Adds a node for OP to GRAPH depending on DEPS (nodes of GRAPH, no duplicates). */
+static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNode *deps,
+                          size_t ndeps, CUgraphNode *added)
+{
+    for (size_t i = 0; i < ndeps; i++) {
+        if (!deps[i] || deps[i]->graph != graph)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t j = 0; j < i; j++)
+            if (deps[j] == deps[i])
+                return CUDA_ERROR_INVALID_VALUE;
+    }
     if (graph->count == graph->capacity) {
         size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
         CUgraphNode *nodes = realloc(graph->nodes, capacity * sizeof *nodes);
@@ -316,23 +356,33 @@ static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *ad
         graph->nodes = nodes;
         graph->capacity = capacity;
     }
-    CUgraphNode node = malloc(sizeof *node);
+    CUgraphNode node = calloc(1, sizeof *node);
     if (!node)
         return CUDA_ERROR_OUT_OF_MEMORY;
     node->op = *op;
+    node->graph = graph;
+    node->index = graph->count;
+    for (size_t i = 0; i < ndeps; i++)
+        if (node_add_dep(node, deps[i])) {
+            free(node->deps);
+            free(node);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
     graph->nodes[graph->count++] = node;
     if (added)
         *added = node;
     return CUDA_SUCCESS;
 }
 
-static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, CUgraphNode *added);
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
+                              size_t ndeps, CUgraphNode *added);
 
 /* A node for OP captured on S in C (capture_lock held). */
 static CUresult capture_add(struct capture *c, struct CUstream_st *s, const struct fg_op *op)
 {
     struct fg_op copy = *op;
-    CUresult rc = graph_add_mem(c->graph, &copy, &s->last);
+    CUgraphNode dep = s->last; /* the stream's one dependency */
+    CUresult rc = graph_add_mem(c->graph, &copy, dep ? &dep : NULL, dep ? 1 : 0, &s->last);
     if (!rc)
         s->captured++;
     return rc;
@@ -933,6 +983,7 @@ FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
     for (size_t i = 0; i < graph->count; i++) {
         if (graph->nodes[i]->op.mem)
             graph_mem_put(graph->nodes[i]->op.mem);
+        free(graph->nodes[i]->deps);
         free(graph->nodes[i]);
     }
     pthread_mutex_unlock(&capture_lock);
@@ -948,9 +999,87 @@ FG_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     struct fg_op op = {.type = FG_OP_EMPTY};
     pthread_mutex_lock(&capture_lock);
-    CUresult rc = graph_add(graph, &op, node);
+    CUresult rc = graph_add(graph, &op, deps, count, node);
     pthread_mutex_unlock(&capture_lock);
     return rc;
+}
+
+/* The graph's nodes in an order that puts every node after its dependencies (order of
+ * addition where that does), or NULL for a cycle. capture_lock held; free the result. */
+static size_t *graph_order(CUgraph graph)
+{
+    size_t n = graph->count, edges = 0;
+    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return NULL;
+    bool added_order = true;
+    for (size_t i = 0; i < n; i++) {
+        order[i] = i;
+        edges += graph->nodes[i]->ndeps;
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++)
+            added_order &= graph->nodes[i]->deps[d]->index < i;
+    }
+    if (added_order)
+        return order;
+    /* Depth first, dependencies before the node: 0 unseen, 1 on the path, 2 placed. */
+    unsigned char *state = calloc(n, 1);
+    size_t *stack = malloc((n + edges) * sizeof *stack), top = 0, placed = 0;
+    bool cycle = !state || !stack;
+    for (size_t root = 0; root < n && !cycle; root++) {
+        stack[top++] = root;
+        while (top && !cycle) {
+            size_t t = stack[top - 1];
+            if (state[t] == 0) {
+                state[t] = 1;
+                CUgraphNode node = graph->nodes[t];
+                for (size_t d = node->ndeps; d-- > 0 && !cycle;) {
+                    size_t dep = node->deps[d]->index;
+                    cycle = state[dep] == 1;
+                    if (state[dep] == 0)
+                        stack[top++] = dep;
+                }
+            } else {
+                if (state[t] == 1)
+                    order[placed++] = t;
+                state[t] = 2;
+                top--;
+            }
+        }
+    }
+    free(state);
+    free(stack);
+    if (cycle) {
+        free(order);
+        return NULL;
+    }
+    return order;
+}
+
+/* The node types and edges of GRAPH (capture_lock held); false when out of memory. */
+static bool graph_shape(CUgraph graph, int **types, size_t **edges, size_t *nedges)
+{
+    size_t n = graph->count, count = 0;
+    for (size_t i = 0; i < n; i++)
+        count += graph->nodes[i]->ndeps;
+    *types = malloc((n ? n : 1) * sizeof **types);
+    *edges = malloc((count ? count : 1) * 2 * sizeof **edges);
+    if (!*types || !*edges) {
+        free(*types);
+        free(*edges);
+        *types = NULL;
+        *edges = NULL;
+        return false;
+    }
+    *nedges = 0;
+    for (size_t i = 0; i < n; i++) {
+        (*types)[i] = graph->nodes[i]->op.type;
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++) {
+            (*edges)[2 * *nedges] = i;
+            (*edges)[2 * *nedges + 1] = graph->nodes[i]->deps[d]->index;
+            ++*nedges;
+        }
+    }
+    return true;
 }
 
 /* The instantiated graph copies the operations: later changes to the graph do not reach it. */
@@ -970,10 +1099,20 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
             free(e);
             return CUDA_ERROR_INVALID_VALUE;
         }
+    size_t *order = graph_order(graph);
+    if (!order) {
+        pthread_mutex_unlock(&capture_lock);
+        free(e);
+        return CUDA_ERROR_INVALID_VALUE; /* a cycle (or no memory) */
+    }
     e->ops = graph->count ? malloc(graph->count * sizeof *e->ops) : NULL;
+    if (!graph_shape(graph, &e->types, &e->edges, &e->nedges)) {
+        free(e->ops);
+        e->ops = NULL;
+    }
     if (e->ops || !graph->count) {
         for (size_t i = 0; i < graph->count; i++) {
-            e->ops[i] = graph->nodes[i]->op;
+            e->ops[i] = graph->nodes[order[i]]->op;
             if (e->ops[i].mem)
                 e->ops[i].mem->refs++;
             if (e->ops[i].type == FG_OP_MEM_ALLOC)
@@ -983,6 +1122,7 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
     }
     e->auto_free = flags & 1;
     pthread_mutex_unlock(&capture_lock);
+    free(order);
     if (graph->count && !e->ops) {
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1075,6 +1215,8 @@ FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     }
     pthread_mutex_unlock(&capture_lock);
     free(exec->ops);
+    free(exec->types);
+    free(exec->edges);
     free(exec);
     return CUDA_SUCCESS;
 }
@@ -1228,9 +1370,10 @@ static struct graph_mem *graph_mem_new(int dev, size_t size)
 
 /* Adds a node for OP to GRAPH (capture_lock held); the node holds a reference to OP's graph
  * allocation. */
-static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, CUgraphNode *added)
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
+                              size_t ndeps, CUgraphNode *added)
 {
-    CUresult rc = graph_add(graph, op, added);
+    CUresult rc = graph_add(graph, op, deps, ndeps, added);
     if (rc && op->type == FG_OP_MEM_ALLOC)
         graph_mem_put(op->mem);
     else if (!rc && op->type == FG_OP_MEM_FREE)
@@ -1304,7 +1447,7 @@ FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
     pthread_mutex_lock(&capture_lock);
     struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = params->bytesize,
                        .mem = graph_mem_new(params->poolProps.location.id, params->bytesize)};
-    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, node);
+    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, deps, count, node);
     if (!rc)
         params->dptr = op.mem->base;
     pthread_mutex_unlock(&capture_lock);
@@ -1319,7 +1462,7 @@ FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph,
     pthread_mutex_lock(&capture_lock);
     struct graph_mem *m = graph_mem_at(dptr);
     struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
-    CUresult rc = m ? graph_add_mem(graph, &op, node) : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = m ? graph_add_mem(graph, &op, deps, count, node) : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&capture_lock);
     return rc;
 }
@@ -1393,4 +1536,272 @@ FG_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, voi
         graph_pool[dev].reserved_high = graph_pool[dev].reserved;
     pthread_mutex_unlock(&capture_lock);
     return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- graph structure */
+/* Edge data (CUgraphEdgeData, 8 bytes): only default edges (all zero) are modelled. */
+static bool default_edges(const unsigned char *edges, size_t count)
+{
+    for (size_t i = 0; edges && i < count * 8; i++)
+        if (edges[i])
+            return false;
+    return true;
+}
+
+static CUresult change_dependencies(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                    const void *edges, size_t count, bool add)
+{
+    if (!graph || (count && (!from || !to)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, count))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < count && !rc; i++) {
+        CUgraphNode f = from[i], t = to[i];
+        if (!f || !t || f->graph != graph || t->graph != graph || f == t ||
+            node_depends_on(t, f) != !add) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else if (add) {
+            rc = node_add_dep(t, f);
+        } else {
+            for (size_t d = 0; d < t->ndeps; d++)
+                if (t->deps[d] == f) {
+                    memmove(&t->deps[d], &t->deps[d + 1], (t->ndeps - d - 1) * sizeof *t->deps);
+                    t->ndeps--;
+                    break;
+                }
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphAddDependencies(CUgraph graph, const CUgraphNode *from,
+                                          const CUgraphNode *to, size_t count)
+{
+    return change_dependencies(graph, from, to, NULL, count, true);
+}
+
+FG_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                             const CUgraphNode *to, const void *edges,
+                                             size_t count)
+{
+    return change_dependencies(graph, from, to, edges, count, true);
+}
+
+FG_EXPORT CUresult cuGraphRemoveDependencies(CUgraph graph, const CUgraphNode *from,
+                                             const CUgraphNode *to, size_t count)
+{
+    return change_dependencies(graph, from, to, NULL, count, false);
+}
+
+FG_EXPORT CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                                const CUgraphNode *to, const void *edges,
+                                                size_t count)
+{
+    return change_dependencies(graph, from, to, edges, count, false);
+}
+
+/* FROM and TO NULL: the edge count; else up to *COUNT edges (by node in order of addition,
+ * then dependency), the rest NULL, and *COUNT the edges returned. */
+static CUresult graph_edges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edges,
+                            size_t *count)
+{
+    if (!graph || !count || (!from != !to))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < graph->count; i++)
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++, n++)
+            if (from && n < *count) {
+                from[n] = graph->nodes[i]->deps[d];
+                to[n] = graph->nodes[i];
+            }
+    pthread_mutex_unlock(&capture_lock);
+    if (from) {
+        for (size_t k = n; k < *count; k++)
+            from[k] = to[k] = NULL;
+        if (edges)
+            memset(edges, 0, *count * 8);
+        if (n < *count)
+            *count = n;
+        return CUDA_SUCCESS;
+    }
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to,
+                                   size_t *count)
+{
+    return graph_edges(graph, from, to, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to,
+                                      void *edges, size_t *count)
+{
+    return graph_edges(graph, from, to, edges, count);
+}
+
+/* NODES NULL: the count of roots (nodes with no dependency); else up to *COUNT of them. */
+FG_EXPORT CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
+{
+    if (!graph || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < graph->count; i++)
+        if (graph->nodes[i]->ndeps == 0) {
+            if (nodes && n < *count)
+                nodes[n] = graph->nodes[i];
+            n++;
+        }
+    pthread_mutex_unlock(&capture_lock);
+    if (nodes) {
+        for (size_t k = n; k < *count; k++)
+            nodes[k] = NULL;
+        if (n < *count)
+            *count = n;
+        return CUDA_SUCCESS;
+    }
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult node_dependencies(CUgraphNode node, CUgraphNode *deps, void *edges,
+                                  size_t *count)
+{
+    if (!node || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = node->ndeps;
+    for (size_t i = 0; deps && i < *count; i++)
+        deps[i] = i < n ? node->deps[i] : NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (deps && edges)
+        memset(edges, 0, *count * 8);
+    if (!deps || n < *count)
+        *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count)
+{
+    return node_dependencies(node, deps, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps,
+                                                 void *edges, size_t *count)
+{
+    return node_dependencies(node, deps, edges, count);
+}
+
+/* A copy of the nodes and edges. A graph with memory nodes is not cloned (not modelled). */
+FG_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original)
+{
+    if (!clone || !original)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g;
+    CUresult rc = cuGraphCreate(&g, 0);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < original->count && !rc; i++) {
+        CUgraphNode node = original->nodes[i];
+        if (node->op.mem) {
+            rc = CUDA_ERROR_NOT_SUPPORTED;
+            break;
+        }
+        CUgraphNode *deps = malloc((node->ndeps ? node->ndeps : 1) * sizeof *deps);
+        if (!deps) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        for (size_t d = 0; d < node->ndeps; d++)
+            deps[d] = g->nodes[node->deps[d]->index];
+        rc = graph_add(g, &node->op, deps, node->ndeps, NULL);
+        free(deps);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (rc) {
+        cuGraphDestroy(g);
+        return rc;
+    }
+    *clone = g;
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphExecUpdateResult values. */
+enum { UPDATE_SUCCESS = 0, UPDATE_ERROR = 1, UPDATE_TOPOLOGY_CHANGED = 2,
+       UPDATE_NODE_TYPE_CHANGED = 3, UPDATE_NOT_SUPPORTED = 6 };
+
+typedef struct {
+    int result;
+    CUgraphNode errorNode, errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+/* The executable graph takes GRAPH's operations when GRAPH has the instantiated graph's node
+ * count, node types (in order of addition) and edges; else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+ * and the reason. Graphs with memory nodes are not updated (not modelled). */
+FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                        CUgraphExecUpdateResultInfo *info)
+{
+    if (!exec || !graph || !info)
+        return CUDA_ERROR_INVALID_VALUE;
+    info->result = UPDATE_SUCCESS;
+    info->errorNode = info->errorFromNode = NULL;
+    int *types = NULL;
+    size_t *edges = NULL, nedges = 0;
+    size_t *order = NULL;
+    struct fg_op *ops = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    if (graph->count != exec->count) {
+        info->result = UPDATE_TOPOLOGY_CHANGED;
+    } else if (!graph_shape(graph, &types, &edges, &nedges) || !(order = graph_order(graph)) ||
+               !(ops = malloc((graph->count ? graph->count : 1) * sizeof *ops))) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        for (size_t i = 0; i < graph->count && !info->result; i++)
+            if (graph->nodes[i]->op.mem || exec->types[i] == FG_OP_MEM_ALLOC ||
+                exec->types[i] == FG_OP_MEM_FREE) {
+                info->result = UPDATE_NOT_SUPPORTED;
+                info->errorNode = graph->nodes[i];
+            } else if (types[i] != exec->types[i]) {
+                info->result = UPDATE_NODE_TYPE_CHANGED;
+                info->errorNode = graph->nodes[i];
+            }
+        if (!info->result && (nedges != exec->nedges ||
+                              memcmp(edges, exec->edges, nedges * 2 * sizeof *edges))) {
+            info->result = UPDATE_TOPOLOGY_CHANGED;
+        }
+        if (!info->result)
+            for (size_t i = 0; i < graph->count; i++)
+                ops[i] = graph->nodes[order[i]]->op;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    free(types);
+    free(edges);
+    free(order);
+    if (rc || info->result) {
+        free(ops);
+        return rc ? rc : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    free(exec->ops);
+    exec->ops = ops;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 11's entry point: the error node and the result apart. */
+FG_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                     int *result)
+{
+    CUgraphExecUpdateResultInfo info = {0, NULL, NULL};
+    CUresult rc = cuGraphExecUpdate_v2(exec, graph, &info);
+    if (error_node)
+        *error_node = info.errorNode;
+    if (result)
+        *result = info.result;
+    return rc;
 }

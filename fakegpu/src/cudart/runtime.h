@@ -372,6 +372,17 @@ CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attribute, void *value);
 CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, void *value);
 CUresult cuDeviceGraphMemTrim(CUdevice dev);
+CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                   const void *edges, size_t count);
+CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                      const CUgraphNode *to, const void *edges, size_t count);
+CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edges,
+                            size_t *count);
+CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edges,
+                                       size_t *count);
+CUresult cuGraphClone(CUgraph *clone, CUgraph original);
+CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                 size_t count, void *params);
 CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
