@@ -396,9 +396,15 @@ bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
         return false;
     pthread_mutex_lock(&capture_lock);
     struct capture *c = capture_of(s);
-    if (c)
-        *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                             : capture_add(c, s, op);
+    if (c && c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (c) {
+        /* A launched graph's alloc node captured again: the new node holds the allocation
+         * too (capture_add gives that reference back if the node cannot be added). */
+        if (op->type == FG_OP_MEM_ALLOC)
+            op->mem->refs++;
+        *rc = capture_add(c, s, op);
+    }
     pthread_mutex_unlock(&capture_lock);
     return c != NULL;
 }
@@ -1124,6 +1130,8 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
     pthread_mutex_unlock(&capture_lock);
     free(order);
     if (graph->count && !e->ops) {
+        free(e->types);
+        free(e->edges);
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1389,12 +1397,11 @@ bool fg_capture_mem_alloc(CUstream stream, size_t size, CUdeviceptr *dptr, CUres
     int dev;
     pthread_mutex_lock(&capture_lock);
     struct capture *c = capture_of(s);
-    if (!c) {
-    } else if (c->invalidated) {
+    if (c && c->invalidated) {
         *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    } else if (!dptr || size == 0) {
+    } else if (c && (!dptr || size == 0)) {
         *rc = CUDA_ERROR_INVALID_VALUE;
-    } else if ((*rc = fg_current_device(&dev)) == CUDA_SUCCESS) {
+    } else if (c && (*rc = fg_current_device(&dev)) == CUDA_SUCCESS) {
         struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = size, .mem = graph_mem_new(dev, size)};
         *rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : capture_add(c, s, &op);
         if (!*rc)
