@@ -578,7 +578,8 @@ fn dryrun_applies_the_programs_cuda_visible_devices_to_its_cards() {
 /// cudaStreamGetCaptureInfo generations differ), under the recorder: captured copies and fills
 /// (on the origin stream and on a stream joined through an event) are not done until the graph
 /// launches, and each launch copies the host data of that moment; the real API's errors, and
-/// synchronising during a capture invalidates it.
+/// synchronising during a capture invalidates it; ending a capture while a joined stream has
+/// work no wait joined back fails with cudaErrorStreamCaptureUnjoined (904) and no graph.
 #[test]
 fn captured_work_is_done_at_each_graph_launch_and_not_before() {
     for major in [13, 12] {
@@ -627,6 +628,11 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
              relaxed-thread begin=0 exchange=0 old=0 sync=0 restore=0 end=0\n\
              nodes rc=0 count=0 types=\n\
              relaxed-capture destroy=0 begin=0 sync=0 end=0 destroy=0\n\
+             unjoined begin=0 record=0 wait=0 memset=0 end=904 graph=null origin=0 side=0\n\
+             work-after-join begin=0 record=0 wait=0 memset=0 record=0 join=0 memset=0 end=904 graph=null\n\
+             joined begin=0 record=0 wait=0 memset=0 record=0 join=0 end=0 graph=set destroy=0\n\
+             idle-fork begin=0 record=0 wait=0 end=0 graph=set destroy=0 device=0\n\
+             untouched b2b2 5555 7777 0000\n\
              teardown events=0 streams=0 free=0\n"
         );
         // The recorder saw the one buffer.
@@ -642,5 +648,156 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
             vec![4096]
         );
         assert_eq!(select(&events, "free", "cudaFree").len(), 1);
+    }
+}
+
+/// Graph memory nodes (CUDA 13 and 12 fakes), under the recorder: cudaMallocAsync/cudaFreeAsync
+/// captured become mem-alloc/mem-free nodes at an address fixed at capture, allocating nothing
+/// then; each launch takes the memory (rounded to 2 MiB) from the device's graph pool, which keeps
+/// it after the free node, reuses it at the next launch and gives it back at
+/// cudaDeviceGraphMemTrim; cudaMemGetInfo, NVML and the four graph memory attributes follow it
+/// exactly. A graph whose allocation is still live cannot be relaunched (1) until the memory is
+/// freed outside it, unless instantiated with auto-free-on-launch; a second instantiation of a
+/// graph with memory nodes fails (1); nodes added by hand; out of memory at launch (2).
+#[test]
+fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let dir = scratch(&format!("fakegpu-graph-memory-{major}"));
+        let exe = build_program(&dir, "graph_memory", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (300 * MIB).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run graph_memory");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            stdout,
+            "setup 0\n\
+             start taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=0\n\
+             captured taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=0\n\
+             capture begin=0 malloc=0 address=set memset=0 copy=0 free=0 end=0\n\
+             nodes rc=0 count=4 types=10,2,1,11\n\
+             params alloc=0 bytes=3145728 same=1 device=1/0 free=0 same=1 wrong=1\n\
+             launch instantiate=0 again=1 launch=0 data=abab sync=0\n\
+             launched taken=4 nvml used=0 used-high=4 reserved=4 reserved-high=4\n\
+             relaunch launch=0 data=abab\n\
+             relaunched taken=4 nvml used=0 used-high=4 reserved=4 reserved-high=4\n\
+             reset used-high=0 reserved=1 nonzero=1\n\
+             reset taken=4 nvml used=0 used-high=0 reserved=4 reserved-high=4\n\
+             trim 0\n\
+             trimmed taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=4\n\
+             upload 0\n\
+             uploaded taken=4 nvml used=0 used-high=0 reserved=4 reserved-high=4\n\
+             destroy exec=0 graph=0 trim=0\n\
+             destroyed taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=4\n\
+             unfreed begin=0 malloc=0 memset=0 end=0\n\
+             nodes rc=0 count=2 types=10,2\n\
+             live instantiate=0 first=0 read=0 data=5a again=1\n\
+             live taken=6 nvml used=6 used-high=6 reserved=6 reserved-high=6\n\
+             freed-outside taken=6 nvml used=0 used-high=6 reserved=6 reserved-high=6\n\
+             freed free=0 twice=1 launch=0\n\
+             freed taken=6 nvml used=6 used-high=6 reserved=6 reserved-high=6\n\
+             auto-free destroy=0 instantiate=0 launches=0\n\
+             auto-free taken=6 nvml used=6 used-high=6 reserved=6 reserved-high=6\n\
+             stream-free 0\n\
+             stream-freed taken=6 nvml used=0 used-high=6 reserved=6 reserved-high=6\n\
+             destroy exec=0 graph=0 trim=0\n\
+             explicit alloc=0 address=set free=0 not-graph=1\n\
+             nodes rc=0 count=2 types=10,11\n\
+             explicit instantiate=0 launch=0\n\
+             explicit taken=2 nvml used=0 used-high=6 reserved=2 reserved-high=6\n\
+             too-big add=0 instantiate=0 launch=2\n\
+             too-big taken=2 nvml used=0 used-high=6 reserved=2 reserved-high=6\n\
+             teardown exec=0 graph=0 trim=0 stream=0\n\
+             end taken=0 nvml used=0 used-high=6 reserved=0 reserved-high=6\n"
+        );
+        // The recorder sees the captured cudaMallocAsync calls where they are made (at capture),
+        // not the graph pool's memory at launch (README "Not yet").
+        let run = Run {
+            output,
+            dir: dir.clone(),
+        };
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let malloc = select(&events, "alloc", "cudaMallocAsync");
+        assert_eq!(
+            malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            vec![3 * MIB, 5 * MIB + 1]
+        );
+    }
+}
+
+/// Graph structure (CUDA 13 and 12 fakes, whose edge-data arguments differ), under the recorder:
+/// dependencies given at add time (a duplicate refused), added and removed later (twice: 1),
+/// edges, roots and a node's dependencies read back by node index; a captured chain's edge; a
+/// clone with the same edges; a launch runs nodes in dependency order, not order of addition
+/// (host functions "21"), and a cycle fails instantiation (1); cudaGraphExecUpdate takes a graph
+/// of the same shape (the next launch fills 0x22) and refuses another node count (910, topology
+/// changed) or node type (910, type changed, the node named), leaving the executable graph as
+/// it was.
+#[test]
+fn graph_edges_order_launches_and_decide_clone_and_update() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let dir = scratch(&format!("fakegpu-graph-structure-{major}"));
+        let exe = build_program(&dir, "graph_structure", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run graph_structure");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            stdout,
+            "setup 0\n\
+             diamond create=0 a=0 b=0 c=0 e=0 duplicate=1\n\
+             edges rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             deps rc=0/0 count=2/2: 1 2 null\n\
+             change add=0 again=1\n\
+             added rc=0/0 count=5/5: 0>1 0>2 1>3 2>3 0>3 roots rc=0 0\n\
+             change remove=0 again=1 self=1\n\
+             removed rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             clone rc=0\n\
+             cloned rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
+             destroy clone=0 graph=0\n\
+             capture begin=0 host=0 host=0 end=0\n\
+             captured rc=0/0 count=1/1: 0>1 roots rc=0 0\n\
+             reverse remove=0 add=0 instantiate=0 launch=0 order=21 destroy=0 cycle=0 instantiate=1 destroy=0\n\
+             update instantiate=0 launch=0 out=11 same-shape=0 result=0 node=null launch=0 out=22\n\
+             update count=910 result=2 type=910 result=3 node=first launch=0 out=22\n\
+             teardown exec=0 graphs=0 free=0 stream=0\n"
+        );
+        // The recorder saw the one buffer.
+        let run = Run {
+            output,
+            dir: dir.clone(),
+        };
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let malloc = select(&events, "alloc", "cudaMalloc");
+        assert_eq!(
+            malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            vec![256]
+        );
     }
 }

@@ -78,7 +78,7 @@ void fg_uncharge(int dev, unsigned long long n);
 
 /* The registry of everything with an address: device, pool, managed and VMM-mapped memory,
  * pinned and registered host memory (memory.c). */
-enum fg_kind { FG_DEVICE, FG_MANAGED, FG_POOL, FG_MAPPED, FG_HOST, FG_REGISTERED };
+enum fg_kind { FG_DEVICE, FG_MANAGED, FG_POOL, FG_MAPPED, FG_HOST, FG_REGISTERED, FG_GRAPH };
 struct fg_alloc {
     uint64_t base, size;
     enum fg_kind kind;
@@ -118,7 +118,10 @@ CUresult fg_set(uint64_t dst, unsigned value, size_t element, size_t count);
 
 /* Stream capture (exec.c). An operation work on a stream stands for: done at once, or recorded
  * as a graph node while the stream captures. */
-enum fg_op_type { FG_OP_KERNEL, FG_OP_COPY, FG_OP_SET, FG_OP_HOST, FG_OP_EMPTY };
+enum fg_op_type {
+    FG_OP_KERNEL, FG_OP_COPY, FG_OP_SET, FG_OP_HOST, FG_OP_EMPTY, FG_OP_MEM_ALLOC, FG_OP_MEM_FREE
+};
+struct graph_mem;
 struct fg_op {
     enum fg_op_type type;
     uint64_t dst, src;
@@ -127,11 +130,20 @@ struct fg_op {
     size_t element, count;
     void (*host_fn)(void *);  /* FG_OP_HOST */
     void *host_data;
+    struct graph_mem *mem;    /* FG_OP_MEM_ALLOC / FG_OP_MEM_FREE: the graph allocation */
 };
 /* True when STREAM is capturing: OP became a node (or *RC says why not); false: do it now. */
 bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc);
 /* CUDA_SUCCESS, or the error a call the driver forbids during captures (synchronising the
  * device) gets, invalidating the captures it would break. */
 CUresult fg_capture_forbids(void);
+/* Graph memory (exec.c). On a capturing STREAM, an allocation becomes a mem-alloc node at a
+ * fixed address (*DPTR) and the free of a graph allocation a mem-free node: true then, with *RC
+ * the result; false: not capturing, do it now. */
+bool fg_capture_mem_alloc(CUstream stream, size_t size, CUdeviceptr *dptr, CUresult *rc);
+bool fg_capture_mem_free(CUstream stream, CUdeviceptr dptr, CUresult *rc);
+/* Frees the live graph allocation at DPTR outside any graph (cuMemFree, cuMemFreeAsync):
+ * CUDA_ERROR_INVALID_VALUE when DPTR is none. */
+CUresult fg_graph_mem_free(CUdeviceptr dptr);
 /* A kernel launch on STREAM (fg_kernel_launch, then a node if STREAM captures). */
 CUresult fg_kernel_launch_on(CUstream stream);

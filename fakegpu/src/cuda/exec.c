@@ -17,6 +17,9 @@ struct CUstream_st {
      * look), and the last node captured on it: what the next node depends on. */
     unsigned long long capture_id;
     CUgraphNode last;
+    /* Nodes captured on it in its capture, and how many of them a wait by another stream of
+     * the capture has joined (a joined stream must be joined back before the capture ends). */
+    unsigned long long captured, joined_upto;
 };
 
 struct CUevent_st {
@@ -25,6 +28,10 @@ struct CUevent_st {
     /* Recorded on a capturing stream: waiting on it joins the waiting stream to that capture. */
     unsigned long long capture_id;
     CUgraphNode node;
+    /* The stream it was recorded on and that stream's captured count then (the stream is only
+     * compared with the capture's streams, never followed). */
+    const struct CUstream_st *stream;
+    unsigned long long seq;
 };
 
 struct CUmod_st {
@@ -40,6 +47,10 @@ struct CUfunc_st {
  * of their operations, done in that order at each launch. */
 struct CUgraphNode_st {
     struct fg_op op;
+    CUgraph graph;
+    size_t index; /* its place in the graph's order of addition */
+    CUgraphNode *deps; /* the nodes it depends on (edges into it) */
+    size_t ndeps, deps_capacity;
 };
 
 struct CUgraph_st {
@@ -48,9 +59,31 @@ struct CUgraph_st {
 };
 
 struct CUgraphExec_st {
-    struct fg_op *ops;
+    struct fg_op *ops; /* in an order that runs every node after its dependencies */
     size_t count;
+    /* The instantiated graph's shape, for cuGraphExecUpdate: its node types (in order of
+     * addition) and edges (index pairs, to then from). */
+    int *types;
+    size_t *edges, nedges;
+    bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
+
+/* An allocation made by a graph's mem-alloc node. Its address is fixed when the node is made
+ * (the host range behind it is mapped then, costing nothing until touched); a launch running
+ * the node takes its physical memory from the device's graph pool, and running a mem-free node
+ * (or freeing it outside the graph) gives it back to that pool, which keeps it for later
+ * launches until cuDeviceGraphMemTrim. Every field under capture_lock. */
+struct graph_mem {
+    uint64_t base, size; /* size: the request rounded up to the granularity */
+    int device;
+    bool live;           /* taken by a launch, not freed yet */
+    int refs;            /* nodes and executable graphs naming it */
+    int execs;           /* executable graphs with its alloc node (at most one) */
+    struct graph_mem *next;
+};
+static struct graph_mem *graph_mems;
+
+static void graph_mem_put(struct graph_mem *m);
 
 /* An active stream capture. Captures live in one list under capture_lock; streams and events
  * refer to them by id, so a capture that ends leaves nothing dangling. */
@@ -62,6 +95,9 @@ struct capture {
     CUstream origin;
     pthread_t thread;
     bool invalidated;
+    /* The streams joined to it through events (not the origin). */
+    struct CUstream_st **joined;
+    size_t joined_count, joined_capacity;
     struct capture *next;
 };
 
@@ -108,17 +144,29 @@ FG_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     return cuStreamCreateWithPriority(stream, flags, 0);
 }
 
+static CUresult capture_forbids_stream(CUstream stream);
+static struct CUstream_st *capture_stream(CUstream stream);
+static struct capture *capture_of(struct CUstream_st *stream);
+static struct capture *capture_by_id(unsigned long long id);
+
 FG_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
 {
     if (!fg_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!stream)
         return CUDA_ERROR_INVALID_HANDLE;
+    if ((uintptr_t)stream > 2 && __atomic_load_n(&stream->capture_id, __ATOMIC_ACQUIRE)) {
+        /* A joined stream destroyed during the capture leaves its list. */
+        pthread_mutex_lock(&capture_lock);
+        struct capture *c = capture_of(stream);
+        for (size_t i = 0; c && i < c->joined_count; i++)
+            if (c->joined[i] == stream)
+                c->joined[i] = c->joined[--c->joined_count];
+        pthread_mutex_unlock(&capture_lock);
+    }
     free(stream);
     return CUDA_SUCCESS;
 }
-
-static CUresult capture_forbids_stream(CUstream stream);
 
 FG_EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
@@ -136,9 +184,21 @@ FG_EXPORT CUresult cuStreamQuery(CUstream stream)
     return rc ? rc : capture_forbids_stream(stream);
 }
 
-static struct CUstream_st *capture_stream(CUstream stream);
-static struct capture *capture_of(struct CUstream_st *stream);
-static struct capture *capture_by_id(unsigned long long id);
+/* Adds S to C's joined streams, its counts from zero; false when out of memory. */
+static bool capture_join(struct capture *c, struct CUstream_st *s)
+{
+    if (c->joined_count == c->joined_capacity) {
+        size_t capacity = c->joined_capacity ? c->joined_capacity * 2 : 4;
+        struct CUstream_st **joined = realloc(c->joined, capacity * sizeof *joined);
+        if (!joined)
+            return false;
+        c->joined = joined;
+        c->joined_capacity = capacity;
+    }
+    c->joined[c->joined_count++] = s;
+    s->captured = s->joined_upto = 0;
+    return true;
+}
 
 /* Waiting on an event recorded during a capture joins the waiting stream to that capture
  * (how work forks onto side streams), depending on the event's node. */
@@ -162,9 +222,17 @@ FG_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned in
         rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     } else if (current && current != joining) {
         rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    } else if (!current && s != joining->origin && !capture_join(joining, s)) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         s->last = event->node ? event->node : s->last;
         __atomic_store_n(&s->capture_id, joining->id, __ATOMIC_RELEASE);
+        /* Waiting on work of a joined stream joins that work (to whichever stream of the
+         * capture waits: a side stream joined back through another counts). */
+        for (size_t i = 0; i < joining->joined_count; i++)
+            if (joining->joined[i] == event->stream && joining->joined[i] != s &&
+                joining->joined[i]->joined_upto < event->seq)
+                joining->joined[i]->joined_upto = event->seq;
     }
     pthread_mutex_unlock(&capture_lock);
     return rc;
@@ -246,8 +314,40 @@ static struct capture *capture_by_id(unsigned long long id)
     return NULL;
 }
 
-static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *added)
+static CUresult node_add_dep(CUgraphNode node, CUgraphNode dep)
 {
+    if (node->ndeps == node->deps_capacity) {
+        size_t capacity = node->deps_capacity ? node->deps_capacity * 2 : 2;
+        CUgraphNode *deps = realloc(node->deps, capacity * sizeof *deps);
+        if (!deps)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        node->deps = deps;
+        node->deps_capacity = capacity;
+    }
+    node->deps[node->ndeps++] = dep;
+    return CUDA_SUCCESS;
+}
+
+static bool node_depends_on(CUgraphNode node, CUgraphNode dep);
+static bool node_depends_on(CUgraphNode node, CUgraphNode dep)
+{
+    for (size_t i = 0; i < node->ndeps; i++)
+        if (node->deps[i] == dep)
+            return true;
+    return false;
+}
+
+/* Adds a node for OP to GRAPH depending on DEPS (nodes of GRAPH, no duplicates). */
+static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNode *deps,
+                          size_t ndeps, CUgraphNode *added)
+{
+    for (size_t i = 0; i < ndeps; i++) {
+        if (!deps[i] || deps[i]->graph != graph)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t j = 0; j < i; j++)
+            if (deps[j] == deps[i])
+                return CUDA_ERROR_INVALID_VALUE;
+    }
     if (graph->count == graph->capacity) {
         size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
         CUgraphNode *nodes = realloc(graph->nodes, capacity * sizeof *nodes);
@@ -256,14 +356,36 @@ static CUresult graph_add(CUgraph graph, const struct fg_op *op, CUgraphNode *ad
         graph->nodes = nodes;
         graph->capacity = capacity;
     }
-    CUgraphNode node = malloc(sizeof *node);
+    CUgraphNode node = calloc(1, sizeof *node);
     if (!node)
         return CUDA_ERROR_OUT_OF_MEMORY;
     node->op = *op;
+    node->graph = graph;
+    node->index = graph->count;
+    for (size_t i = 0; i < ndeps; i++)
+        if (node_add_dep(node, deps[i])) {
+            free(node->deps);
+            free(node);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
     graph->nodes[graph->count++] = node;
     if (added)
         *added = node;
     return CUDA_SUCCESS;
+}
+
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
+                              size_t ndeps, CUgraphNode *added);
+
+/* A node for OP captured on S in C (capture_lock held). */
+static CUresult capture_add(struct capture *c, struct CUstream_st *s, const struct fg_op *op)
+{
+    struct fg_op copy = *op;
+    CUgraphNode dep = s->last; /* the stream's one dependency */
+    CUresult rc = graph_add_mem(c->graph, &copy, dep ? &dep : NULL, dep ? 1 : 0, &s->last);
+    if (!rc)
+        s->captured++;
+    return rc;
 }
 
 bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
@@ -274,9 +396,15 @@ bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
         return false;
     pthread_mutex_lock(&capture_lock);
     struct capture *c = capture_of(s);
-    if (c)
-        *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                             : graph_add(c->graph, op, &s->last);
+    if (c && c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (c) {
+        /* A launched graph's alloc node captured again: the new node holds the allocation
+         * too (capture_add gives that reference back if the node cannot be added). */
+        if (op->type == FG_OP_MEM_ALLOC)
+            op->mem->refs++;
+        *rc = capture_add(c, s, op);
+    }
     pthread_mutex_unlock(&capture_lock);
     return c != NULL;
 }
@@ -401,12 +529,19 @@ FG_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
         }
     s->capture_id = 0;
     s->last = NULL;
+    /* Work on a joined stream that no wait joined back: the capture fails, with no graph. */
+    bool unjoined = false;
+    for (size_t i = 0; i < c->joined_count; i++)
+        if (c->joined[i]->capture_id == c->id && c->joined[i]->captured > c->joined[i]->joined_upto)
+            unjoined = true;
     pthread_mutex_unlock(&capture_lock);
-    if (c->invalidated) {
+    free(c->joined);
+    if (c->invalidated || unjoined) {
         *graph = NULL;
         if (c->owns_graph)
             cuGraphDestroy(c->graph);
-        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                            : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
     } else {
         *graph = c->graph;
     }
@@ -527,6 +662,8 @@ FG_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         struct capture *c = capture_of(s);
         event->capture_id = c ? c->id : 0;
         event->node = c ? s->last : NULL;
+        event->stream = s;
+        event->seq = s->captured;
         CUresult rc = c && c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
         pthread_mutex_unlock(&capture_lock);
         if (c)
@@ -848,8 +985,14 @@ FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
 {
     if (!graph)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < graph->count; i++)
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < graph->count; i++) {
+        if (graph->nodes[i]->op.mem)
+            graph_mem_put(graph->nodes[i]->op.mem);
+        free(graph->nodes[i]->deps);
         free(graph->nodes[i]);
+    }
+    pthread_mutex_unlock(&capture_lock);
     free(graph->nodes);
     free(graph);
     return CUDA_SUCCESS;
@@ -862,9 +1005,87 @@ FG_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     struct fg_op op = {.type = FG_OP_EMPTY};
     pthread_mutex_lock(&capture_lock);
-    CUresult rc = graph_add(graph, &op, node);
+    CUresult rc = graph_add(graph, &op, deps, count, node);
     pthread_mutex_unlock(&capture_lock);
     return rc;
+}
+
+/* The graph's nodes in an order that puts every node after its dependencies (order of
+ * addition where that does), or NULL for a cycle. capture_lock held; free the result. */
+static size_t *graph_order(CUgraph graph)
+{
+    size_t n = graph->count, edges = 0;
+    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return NULL;
+    bool added_order = true;
+    for (size_t i = 0; i < n; i++) {
+        order[i] = i;
+        edges += graph->nodes[i]->ndeps;
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++)
+            added_order &= graph->nodes[i]->deps[d]->index < i;
+    }
+    if (added_order)
+        return order;
+    /* Depth first, dependencies before the node: 0 unseen, 1 on the path, 2 placed. */
+    unsigned char *state = calloc(n, 1);
+    size_t *stack = malloc((n + edges) * sizeof *stack), top = 0, placed = 0;
+    bool cycle = !state || !stack;
+    for (size_t root = 0; root < n && !cycle; root++) {
+        stack[top++] = root;
+        while (top && !cycle) {
+            size_t t = stack[top - 1];
+            if (state[t] == 0) {
+                state[t] = 1;
+                CUgraphNode node = graph->nodes[t];
+                for (size_t d = node->ndeps; d-- > 0 && !cycle;) {
+                    size_t dep = node->deps[d]->index;
+                    cycle = state[dep] == 1;
+                    if (state[dep] == 0)
+                        stack[top++] = dep;
+                }
+            } else {
+                if (state[t] == 1)
+                    order[placed++] = t;
+                state[t] = 2;
+                top--;
+            }
+        }
+    }
+    free(state);
+    free(stack);
+    if (cycle) {
+        free(order);
+        return NULL;
+    }
+    return order;
+}
+
+/* The node types and edges of GRAPH (capture_lock held); false when out of memory. */
+static bool graph_shape(CUgraph graph, int **types, size_t **edges, size_t *nedges)
+{
+    size_t n = graph->count, count = 0;
+    for (size_t i = 0; i < n; i++)
+        count += graph->nodes[i]->ndeps;
+    *types = malloc((n ? n : 1) * sizeof **types);
+    *edges = malloc((count ? count : 1) * 2 * sizeof **edges);
+    if (!*types || !*edges) {
+        free(*types);
+        free(*edges);
+        *types = NULL;
+        *edges = NULL;
+        return false;
+    }
+    *nedges = 0;
+    for (size_t i = 0; i < n; i++) {
+        (*types)[i] = graph->nodes[i]->op.type;
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++) {
+            (*edges)[2 * *nedges] = i;
+            (*edges)[2 * *nedges + 1] = graph->nodes[i]->deps[d]->index;
+            ++*nedges;
+        }
+    }
+    return true;
 }
 
 /* The instantiated graph copies the operations: later changes to the graph do not reach it. */
@@ -877,14 +1098,40 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&capture_lock);
+    /* A graph with memory nodes has at most one executable graph at a time. */
+    for (size_t i = 0; i < graph->count; i++)
+        if (graph->nodes[i]->op.type == FG_OP_MEM_ALLOC && graph->nodes[i]->op.mem->execs) {
+            pthread_mutex_unlock(&capture_lock);
+            free(e);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    size_t *order = graph_order(graph);
+    if (!order) {
+        pthread_mutex_unlock(&capture_lock);
+        free(e);
+        return CUDA_ERROR_INVALID_VALUE; /* a cycle (or no memory) */
+    }
     e->ops = graph->count ? malloc(graph->count * sizeof *e->ops) : NULL;
+    if (!graph_shape(graph, &e->types, &e->edges, &e->nedges)) {
+        free(e->ops);
+        e->ops = NULL;
+    }
     if (e->ops || !graph->count) {
-        for (size_t i = 0; i < graph->count; i++)
-            e->ops[i] = graph->nodes[i]->op;
+        for (size_t i = 0; i < graph->count; i++) {
+            e->ops[i] = graph->nodes[order[i]]->op;
+            if (e->ops[i].mem)
+                e->ops[i].mem->refs++;
+            if (e->ops[i].type == FG_OP_MEM_ALLOC)
+                e->ops[i].mem->execs++;
+        }
         e->count = graph->count;
     }
+    e->auto_free = flags & 1;
     pthread_mutex_unlock(&capture_lock);
+    free(order);
     if (graph->count && !e->ops) {
+        free(e->types);
+        free(e->edges);
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -903,18 +1150,25 @@ FG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgra
     return cuGraphInstantiateWithFlags(exec, graph, 0);
 }
 
+static CUresult graph_mem_take(struct graph_mem *m);
+static CUresult graph_mem_give(struct graph_mem *m);
+
 static CUresult run_op(const struct fg_op *op)
 {
     switch (op->type) {
     case FG_OP_COPY: return fg_copy(op->dst, op->src, op->bytes);
     case FG_OP_SET: return fg_set(op->dst, op->value, op->element, op->count);
     case FG_OP_HOST: op->host_fn(op->host_data); return CUDA_SUCCESS;
+    case FG_OP_MEM_ALLOC: return graph_mem_take(op->mem);
+    case FG_OP_MEM_FREE: return graph_mem_give(op->mem);
     default: return CUDA_SUCCESS; /* kernels do nothing */
     }
 }
 
 /* A launch does the recorded operations in order, at once; launched on a capturing stream, the
  * graph's operations join that capture instead. */
+static CUresult graph_mem_give_locked(struct graph_mem *m);
+
 FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     CUresult rc = need_context();
@@ -922,22 +1176,55 @@ FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
         return rc;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    /* An allocation of the graph still live from an earlier launch: freed first with
+     * auto-free-on-launch, else the launch fails (before doing anything). */
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count && !rc; i++)
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC && exec->ops[i].mem->live)
+            rc = exec->auto_free ? graph_mem_give_locked(exec->ops[i].mem)
+                                 : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
     for (size_t i = 0; i < exec->count && !rc; i++)
         if (!fg_capture_op(stream, &exec->ops[i], &rc))
             rc = run_op(&exec->ops[i]);
     return rc;
 }
 
+static CUresult graph_pool_reserve(int dev, unsigned long long bytes);
+
+/* An upload reserves the graph pool memory the graph's allocations will take at launch. */
 FG_EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
 {
-    return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!exec)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long wanted[FG_MAX_DEVICES] = {0};
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count; i++)
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC && !exec->ops[i].mem->live)
+            wanted[exec->ops[i].mem->device] += exec->ops[i].mem->size;
+    for (int dev = 0; dev < FG_MAX_DEVICES && !rc; dev++)
+        if (wanted[dev])
+            rc = graph_pool_reserve(dev, wanted[dev]);
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
 }
 
 FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < exec->count; i++) {
+        if (exec->ops[i].type == FG_OP_MEM_ALLOC)
+            exec->ops[i].mem->execs--;
+        if (exec->ops[i].mem)
+            graph_mem_put(exec->ops[i].mem);
+    }
+    pthread_mutex_unlock(&capture_lock);
     free(exec->ops);
+    free(exec->types);
+    free(exec->edges);
     free(exec);
     return CUDA_SUCCESS;
 }
@@ -962,7 +1249,566 @@ FG_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
     if (!node || !type)
         return CUDA_ERROR_INVALID_VALUE;
     static const int types[] = {[FG_OP_KERNEL] = 0, [FG_OP_COPY] = 1, [FG_OP_SET] = 2,
-                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5};
+                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5, [FG_OP_MEM_ALLOC] = 10,
+                                [FG_OP_MEM_FREE] = 11};
     *type = types[node->op.type];
     return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- graph memory */
+
+/* Each device's graph memory pool: bytes in live graph allocations (used), physical bytes the
+ * pool holds and has charged to the device (reserved), and their high-water marks. */
+static struct {
+    unsigned long long used, used_high, reserved, reserved_high;
+} graph_pool[FG_MAX_DEVICES];
+
+static struct graph_mem *graph_mem_at(uint64_t base)
+{
+    for (struct graph_mem *m = graph_mems; m; m = m->next)
+        if (m->base == base)
+            return m;
+    return NULL;
+}
+
+static void graph_mem_unlink(struct graph_mem *m)
+{
+    for (struct graph_mem **at = &graph_mems; *at; at = &(*at)->next)
+        if (*at == m) {
+            *at = m->next;
+            break;
+        }
+    fg_unmap((void *)(uintptr_t)m->base, m->size);
+    free(m);
+}
+
+static void graph_mem_put(struct graph_mem *m)
+{
+    if (--m->refs == 0 && !m->live)
+        graph_mem_unlink(m);
+}
+
+/* Makes the device's graph pool hold BYTES more than its live allocations use, charging the
+ * device for the difference; out of memory when the device cannot (after trimming the
+ * stream-ordered pools, as an allocation does). */
+static CUresult graph_pool_reserve(int dev, unsigned long long bytes)
+{
+    unsigned long long need = graph_pool[dev].used + bytes;
+    if (need <= graph_pool[dev].reserved)
+        return CUDA_SUCCESS;
+    unsigned long long more = need - graph_pool[dev].reserved;
+    if (!fg_charge(dev, more) && !(fg_pools_trim_device(dev) && fg_charge(dev, more)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    graph_pool[dev].reserved = need;
+    if (need > graph_pool[dev].reserved_high)
+        graph_pool[dev].reserved_high = need;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_mem_take(struct graph_mem *m)
+{
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = m->live ? CUDA_ERROR_INVALID_VALUE : graph_pool_reserve(m->device, m->size);
+    if (!rc) {
+        struct fg_alloc a = {.base = m->base, .size = m->size, .kind = FG_GRAPH,
+                             .device = m->device};
+        if (!fg_register(&a)) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            m->live = true;
+            graph_pool[m->device].used += m->size;
+            if (graph_pool[m->device].used > graph_pool[m->device].used_high)
+                graph_pool[m->device].used_high = graph_pool[m->device].used;
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* The allocation's memory goes back to the graph pool (which keeps it). */
+static CUresult graph_mem_give_locked(struct graph_mem *m)
+{
+    if (!m->live)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_alloc a;
+    fg_unregister(m->base, FG_GRAPH, &a);
+    m->live = false;
+    graph_pool[m->device].used -= m->size;
+    if (m->refs == 0)
+        graph_mem_unlink(m);
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_mem_give(struct graph_mem *m)
+{
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = graph_mem_give_locked(m);
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+CUresult fg_graph_mem_free(CUdeviceptr dptr)
+{
+    pthread_mutex_lock(&capture_lock);
+    struct graph_mem *m = graph_mem_at(dptr);
+    CUresult rc = m ? graph_mem_give_locked(m) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* A new graph allocation of SIZE bytes on DEV, its address fixed now; one reference (its
+ * alloc node's). capture_lock held. */
+static struct graph_mem *graph_mem_new(int dev, size_t size)
+{
+    uint64_t rounded = (size + FG_GRANULARITY - 1) / FG_GRANULARITY * FG_GRANULARITY;
+    struct graph_mem *m = calloc(1, sizeof *m);
+    void *p = m ? fg_map(rounded) : NULL;
+    if (!p) {
+        free(m);
+        return NULL;
+    }
+    m->base = (uint64_t)(uintptr_t)p;
+    m->size = rounded;
+    m->device = dev;
+    m->refs = 1;
+    m->next = graph_mems;
+    graph_mems = m;
+    return m;
+}
+
+/* Adds a node for OP to GRAPH (capture_lock held); the node holds a reference to OP's graph
+ * allocation. */
+static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
+                              size_t ndeps, CUgraphNode *added)
+{
+    CUresult rc = graph_add(graph, op, deps, ndeps, added);
+    if (rc && op->type == FG_OP_MEM_ALLOC)
+        graph_mem_put(op->mem);
+    else if (!rc && op->type == FG_OP_MEM_FREE)
+        op->mem->refs++;
+    return rc;
+}
+
+bool fg_capture_mem_alloc(CUstream stream, size_t size, CUdeviceptr *dptr, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    int dev;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (c && c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (c && (!dptr || size == 0)) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (c && (*rc = fg_current_device(&dev)) == CUDA_SUCCESS) {
+        struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = size, .mem = graph_mem_new(dev, size)};
+        *rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : capture_add(c, s, &op);
+        if (!*rc)
+            *dptr = op.mem->base;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return c != NULL;
+}
+
+/* Only graph allocations become free nodes; other memory freed during a capture is freed at
+ * once, as before. */
+bool fg_capture_mem_free(CUstream stream, CUdeviceptr dptr, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    struct graph_mem *m = c ? graph_mem_at(dptr) : NULL;
+    if (m) {
+        struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
+        *rc = c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                             : capture_add(c, s, &op);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return m != NULL;
+}
+
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* The node's allocation is on the device the pool properties name; its address is set in
+ * PARAMS->dptr. */
+FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
+                                          const CUgraphNode *deps, size_t count,
+                                          CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    CUresult rc = need_context();
+    if (rc)
+        return rc;
+    if (!node || !graph || !params || (count && !deps) || params->bytesize == 0 ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !fg_valid_device(params->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = params->bytesize,
+                       .mem = graph_mem_new(params->poolProps.location.id, params->bytesize)};
+    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, deps, count, node);
+    if (!rc)
+        params->dptr = op.mem->base;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph,
+                                         const CUgraphNode *deps, size_t count, CUdeviceptr dptr)
+{
+    if (!node || !graph || (count && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    struct graph_mem *m = graph_mem_at(dptr);
+    struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
+    CUresult rc = m ? graph_add_mem(graph, &op, deps, count, node) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node,
+                                                CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    if (!node || !params || node->op.type != FG_OP_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof *params);
+    params->poolProps.allocType = 1; /* pinned */
+    params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params->poolProps.location.id = node->op.mem->device;
+    params->bytesize = node->op.bytes;
+    params->dptr = node->op.mem->base;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr)
+{
+    if (!node || !dptr || node->op.type != FG_OP_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = node->op.dst;
+    return CUDA_SUCCESS;
+}
+
+/* Gives back the graph pool's memory no live graph allocation uses. */
+FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&capture_lock);
+    fg_uncharge(dev, graph_pool[dev].reserved - graph_pool[dev].used);
+    graph_pool[dev].reserved = graph_pool[dev].used;
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphMem_attribute: 0 used current, 1 used high, 2 reserved current, 3 reserved high. */
+FG_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attribute, void *value)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || attribute < 0 || attribute > 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    unsigned long long values[] = {graph_pool[dev].used, graph_pool[dev].used_high,
+                                   graph_pool[dev].reserved, graph_pool[dev].reserved_high};
+    pthread_mutex_unlock(&capture_lock);
+    *(unsigned long long *)value = values[attribute];
+    return CUDA_SUCCESS;
+}
+
+/* Only the high-water marks may be set, and only to 0: they restart from the current value. */
+FG_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, void *value)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fg_valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || (attribute != 1 && attribute != 3) || *(unsigned long long *)value != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    if (attribute == 1)
+        graph_pool[dev].used_high = graph_pool[dev].used;
+    else
+        graph_pool[dev].reserved_high = graph_pool[dev].reserved;
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- graph structure */
+/* Edge data (CUgraphEdgeData, 8 bytes): only default edges (all zero) are modelled. */
+static bool default_edges(const unsigned char *edges, size_t count)
+{
+    for (size_t i = 0; edges && i < count * 8; i++)
+        if (edges[i])
+            return false;
+    return true;
+}
+
+static CUresult change_dependencies(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                    const void *edges, size_t count, bool add)
+{
+    if (!graph || (count && (!from || !to)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, count))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < count && !rc; i++) {
+        CUgraphNode f = from[i], t = to[i];
+        if (!f || !t || f->graph != graph || t->graph != graph || f == t ||
+            node_depends_on(t, f) != !add) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else if (add) {
+            rc = node_add_dep(t, f);
+        } else {
+            for (size_t d = 0; d < t->ndeps; d++)
+                if (t->deps[d] == f) {
+                    memmove(&t->deps[d], &t->deps[d + 1], (t->ndeps - d - 1) * sizeof *t->deps);
+                    t->ndeps--;
+                    break;
+                }
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuGraphAddDependencies(CUgraph graph, const CUgraphNode *from,
+                                          const CUgraphNode *to, size_t count)
+{
+    return change_dependencies(graph, from, to, NULL, count, true);
+}
+
+FG_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                             const CUgraphNode *to, const void *edges,
+                                             size_t count)
+{
+    return change_dependencies(graph, from, to, edges, count, true);
+}
+
+FG_EXPORT CUresult cuGraphRemoveDependencies(CUgraph graph, const CUgraphNode *from,
+                                             const CUgraphNode *to, size_t count)
+{
+    return change_dependencies(graph, from, to, NULL, count, false);
+}
+
+FG_EXPORT CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                                const CUgraphNode *to, const void *edges,
+                                                size_t count)
+{
+    return change_dependencies(graph, from, to, edges, count, false);
+}
+
+/* FROM and TO NULL: the edge count; else up to *COUNT edges (by node in order of addition,
+ * then dependency), the rest NULL, and *COUNT the edges returned. */
+static CUresult graph_edges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edges,
+                            size_t *count)
+{
+    if (!graph || !count || (!from != !to))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < graph->count; i++)
+        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++, n++)
+            if (from && n < *count) {
+                from[n] = graph->nodes[i]->deps[d];
+                to[n] = graph->nodes[i];
+            }
+    pthread_mutex_unlock(&capture_lock);
+    if (from) {
+        for (size_t k = n; k < *count; k++)
+            from[k] = to[k] = NULL;
+        if (edges)
+            memset(edges, 0, *count * 8);
+        if (n < *count)
+            *count = n;
+        return CUDA_SUCCESS;
+    }
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphGetEdges(CUgraph graph, CUgraphNode *from, CUgraphNode *to,
+                                   size_t *count)
+{
+    return graph_edges(graph, from, to, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to,
+                                      void *edges, size_t *count)
+{
+    return graph_edges(graph, from, to, edges, count);
+}
+
+/* NODES NULL: the count of roots (nodes with no dependency); else up to *COUNT of them. */
+FG_EXPORT CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
+{
+    if (!graph || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < graph->count; i++)
+        if (graph->nodes[i]->ndeps == 0) {
+            if (nodes && n < *count)
+                nodes[n] = graph->nodes[i];
+            n++;
+        }
+    pthread_mutex_unlock(&capture_lock);
+    if (nodes) {
+        for (size_t k = n; k < *count; k++)
+            nodes[k] = NULL;
+        if (n < *count)
+            *count = n;
+        return CUDA_SUCCESS;
+    }
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult node_dependencies(CUgraphNode node, CUgraphNode *deps, void *edges,
+                                  size_t *count)
+{
+    if (!node || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    size_t n = node->ndeps;
+    for (size_t i = 0; deps && i < *count; i++)
+        deps[i] = i < n ? node->deps[i] : NULL;
+    pthread_mutex_unlock(&capture_lock);
+    if (deps && edges)
+        memset(edges, 0, *count * 8);
+    if (!deps || n < *count)
+        *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *count)
+{
+    return node_dependencies(node, deps, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps,
+                                                 void *edges, size_t *count)
+{
+    return node_dependencies(node, deps, edges, count);
+}
+
+/* A copy of the nodes and edges. A graph with memory nodes is not cloned (not modelled). */
+FG_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original)
+{
+    if (!clone || !original)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g;
+    CUresult rc = cuGraphCreate(&g, 0);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; i < original->count && !rc; i++) {
+        CUgraphNode node = original->nodes[i];
+        if (node->op.mem) {
+            rc = CUDA_ERROR_NOT_SUPPORTED;
+            break;
+        }
+        CUgraphNode *deps = malloc((node->ndeps ? node->ndeps : 1) * sizeof *deps);
+        if (!deps) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        for (size_t d = 0; d < node->ndeps; d++)
+            deps[d] = g->nodes[node->deps[d]->index];
+        rc = graph_add(g, &node->op, deps, node->ndeps, NULL);
+        free(deps);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (rc) {
+        cuGraphDestroy(g);
+        return rc;
+    }
+    *clone = g;
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphExecUpdateResult values. */
+enum { UPDATE_SUCCESS = 0, UPDATE_ERROR = 1, UPDATE_TOPOLOGY_CHANGED = 2,
+       UPDATE_NODE_TYPE_CHANGED = 3, UPDATE_NOT_SUPPORTED = 6 };
+
+typedef struct {
+    int result;
+    CUgraphNode errorNode, errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+/* The executable graph takes GRAPH's operations when GRAPH has the instantiated graph's node
+ * count, node types (in order of addition) and edges; else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+ * and the reason. Graphs with memory nodes are not updated (not modelled). */
+FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                        CUgraphExecUpdateResultInfo *info)
+{
+    if (!exec || !graph || !info)
+        return CUDA_ERROR_INVALID_VALUE;
+    info->result = UPDATE_SUCCESS;
+    info->errorNode = info->errorFromNode = NULL;
+    int *types = NULL;
+    size_t *edges = NULL, nedges = 0;
+    size_t *order = NULL;
+    struct fg_op *ops = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&capture_lock);
+    if (graph->count != exec->count) {
+        info->result = UPDATE_TOPOLOGY_CHANGED;
+    } else if (!graph_shape(graph, &types, &edges, &nedges) || !(order = graph_order(graph)) ||
+               !(ops = malloc((graph->count ? graph->count : 1) * sizeof *ops))) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        for (size_t i = 0; i < graph->count && !info->result; i++)
+            if (graph->nodes[i]->op.mem || exec->types[i] == FG_OP_MEM_ALLOC ||
+                exec->types[i] == FG_OP_MEM_FREE) {
+                info->result = UPDATE_NOT_SUPPORTED;
+                info->errorNode = graph->nodes[i];
+            } else if (types[i] != exec->types[i]) {
+                info->result = UPDATE_NODE_TYPE_CHANGED;
+                info->errorNode = graph->nodes[i];
+            }
+        if (!info->result && (nedges != exec->nedges ||
+                              memcmp(edges, exec->edges, nedges * 2 * sizeof *edges))) {
+            info->result = UPDATE_TOPOLOGY_CHANGED;
+        }
+        if (!info->result)
+            for (size_t i = 0; i < graph->count; i++)
+                ops[i] = graph->nodes[order[i]]->op;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    free(types);
+    free(edges);
+    free(order);
+    if (rc || info->result) {
+        free(ops);
+        return rc ? rc : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    free(exec->ops);
+    exec->ops = ops;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 11's entry point: the error node and the result apart. */
+FG_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                     int *result)
+{
+    CUgraphExecUpdateResultInfo info = {0, NULL, NULL};
+    CUresult rc = cuGraphExecUpdate_v2(exec, graph, &info);
+    if (error_node)
+        *error_node = info.errorNode;
+    if (result)
+        *result = info.result;
+    return rc;
 }

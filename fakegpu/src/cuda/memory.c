@@ -340,7 +340,7 @@ static CUresult device_free(CUdeviceptr p)
         return CUDA_SUCCESS;
     struct fg_alloc a;
     if (!fg_unregister(p, FG_DEVICE, &a) && !fg_unregister(p, FG_MANAGED, &a))
-        return CUDA_ERROR_INVALID_VALUE;
+        return fg_graph_mem_free(p); /* a graph's allocation may be freed outside it */
     fg_unmap((void *)a.base, a.size);
     fg_uncharge(a.device, a.charged);
     return CUDA_SUCCESS;

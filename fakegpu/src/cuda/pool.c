@@ -165,12 +165,17 @@ FG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stre
 {
     struct CUmemPoolHandle_st *p;
     CUresult rc = current_pool(&p);
+    if (!rc && fg_capture_mem_alloc(stream, size, dptr, &rc))
+        return rc;
     return rc ? rc : pool_alloc(p, size, dptr);
 }
 
 FG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                            CUstream stream)
 {
+    CUresult rc;
+    if (pool && fg_capture_mem_alloc(stream, size, dptr, &rc))
+        return rc;
     return pool_alloc(pool, size, dptr);
 }
 
@@ -181,8 +186,13 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (dptr == 0)
         return CUDA_SUCCESS;
+    CUresult rc;
+    if (fg_capture_mem_free(stream, dptr, &rc))
+        return rc;
     if (!fg_lookup(dptr, &a) || a.base != dptr)
         return CUDA_ERROR_INVALID_VALUE;
+    if (a.kind == FG_GRAPH)
+        return fg_graph_mem_free(dptr);
     if (a.kind != FG_POOL) {
         /* cuMemFreeAsync frees cuMemAlloc memory too (after the stream's work). */
         return a.kind == FG_DEVICE ? cuMemFree_v2(dptr) : CUDA_ERROR_INVALID_VALUE;

@@ -502,6 +502,137 @@ FG_EXPORT cudaError_t cudaGraphAddEmptyNode(CUgraphNode *node, cudaGraph_t graph
     return fg_rt_status(cuGraphAddEmptyNode(node, graph, deps, count));
 }
 
+/* Graph memory nodes: cudaMemAllocNodeParams has the driver's layout. */
+FG_EXPORT cudaError_t cudaGraphAddMemAllocNode(CUgraphNode *node, cudaGraph_t graph,
+                                               const CUgraphNode *deps, size_t count,
+                                               void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddMemAllocNode(node, graph, deps, count, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphAddMemFreeNode(CUgraphNode *node, cudaGraph_t graph,
+                                              const CUgraphNode *deps, size_t count, void *dptr)
+{
+    READY();
+    return fg_rt_status(cuGraphAddMemFreeNode(node, graph, deps, count, (CUdeviceptr)dptr));
+}
+
+FG_EXPORT cudaError_t cudaGraphMemAllocNodeGetParams(CUgraphNode node, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphMemAllocNodeGetParams(node, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphMemFreeNodeGetParams(CUgraphNode node, void *dptr)
+{
+    READY();
+    return fg_rt_status(cuGraphMemFreeNodeGetParams(node, (CUdeviceptr *)dptr));
+}
+
+/* Graph structure. CUDA 13's calls take edge data; CUDA 12's plain names do not (their _v2
+ * do). */
+FG_EXPORT cudaError_t cudaGraphAddDependencies_v2(cudaGraph_t graph, const CUgraphNode *from,
+                                                  const CUgraphNode *to, const void *edges,
+                                                  size_t count)
+{
+    READY();
+    return fg_rt_status(cuGraphAddDependencies_v2(graph, from, to, edges, count));
+}
+
+FG_EXPORT cudaError_t cudaGraphRemoveDependencies_v2(cudaGraph_t graph, const CUgraphNode *from,
+                                                     const CUgraphNode *to, const void *edges,
+                                                     size_t count)
+{
+    READY();
+    return fg_rt_status(cuGraphRemoveDependencies_v2(graph, from, to, edges, count));
+}
+
+FG_EXPORT cudaError_t cudaGraphGetEdges_v2(cudaGraph_t graph, CUgraphNode *from, CUgraphNode *to,
+                                           void *edges, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphGetEdges_v2(graph, from, to, edges, count));
+}
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps,
+                                                      void *edges, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphNodeGetDependencies_v2(node, deps, edges, count));
+}
+
+#if FG_SONAME_MAJOR >= 13
+FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
+                                               const CUgraphNode *to, const void *edges,
+                                               size_t count)
+{
+    return cudaGraphAddDependencies_v2(graph, from, to, edges, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphRemoveDependencies(cudaGraph_t graph, const CUgraphNode *from,
+                                                  const CUgraphNode *to, const void *edges,
+                                                  size_t count)
+{
+    return cudaGraphRemoveDependencies_v2(graph, from, to, edges, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphGetEdges(cudaGraph_t graph, CUgraphNode *from, CUgraphNode *to,
+                                        void *edges, size_t *count)
+{
+    return cudaGraphGetEdges_v2(graph, from, to, edges, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps,
+                                                   void *edges, size_t *count)
+{
+    return cudaGraphNodeGetDependencies_v2(node, deps, edges, count);
+}
+#else
+FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
+                                               const CUgraphNode *to, size_t count)
+{
+    return cudaGraphAddDependencies_v2(graph, from, to, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphRemoveDependencies(cudaGraph_t graph, const CUgraphNode *from,
+                                                  const CUgraphNode *to, size_t count)
+{
+    return cudaGraphRemoveDependencies_v2(graph, from, to, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphGetEdges(cudaGraph_t graph, CUgraphNode *from, CUgraphNode *to,
+                                        size_t *count)
+{
+    return cudaGraphGetEdges_v2(graph, from, to, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps,
+                                                   size_t *count)
+{
+    return cudaGraphNodeGetDependencies_v2(node, deps, NULL, count);
+}
+#endif
+
+FG_EXPORT cudaError_t cudaGraphGetRootNodes(cudaGraph_t graph, CUgraphNode *nodes, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphGetRootNodes(graph, nodes, count));
+}
+
+FG_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t original)
+{
+    READY();
+    return fg_rt_status(cuGraphClone(clone, original));
+}
+
+/* cudaGraphExecUpdateResultInfo has the driver's layout. */
+FG_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, void *info)
+{
+    READY();
+    return fg_rt_status(cuGraphExecUpdate_v2(exec, graph, info));
+}
+
 /* User objects: a reference count and a destructor, run when the count reaches zero. */
 struct user_object {
     void *data;

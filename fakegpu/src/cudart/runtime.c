@@ -275,15 +275,20 @@ FG_EXPORT cudaError_t cudaDeviceSetLimit(int limit, size_t value)
 
 FG_EXPORT cudaError_t cudaDeviceGetGraphMemAttribute(int device, int attribute, void *value)
 {
-    if (!value)
-        return fg_rt_status(cudaErrorInvalidValue);
-    *(unsigned long long *)value = 0; /* graphs allocate nothing on the fake */
-    return cudaSuccess;
+    cudaError_t rc = fg_rt_ready();
+    return rc ? rc : fg_rt_status(cuDeviceGetGraphMemAttribute(device, attribute, value));
 }
 
 FG_EXPORT cudaError_t cudaDeviceSetGraphMemAttribute(int device, int attribute, void *value)
 {
-    return value ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+    cudaError_t rc = fg_rt_ready();
+    return rc ? rc : fg_rt_status(cuDeviceSetGraphMemAttribute(device, attribute, value));
+}
+
+FG_EXPORT cudaError_t cudaDeviceGraphMemTrim(int device)
+{
+    cudaError_t rc = fg_rt_ready();
+    return rc ? rc : fg_rt_status(cuDeviceGraphMemTrim(device));
 }
 
 FG_EXPORT cudaError_t cudaProfilerStart(void) { return cudaSuccess; }

@@ -369,6 +369,26 @@ CUresult cuEventQuery(CUevent event);
 CUresult cuEventSynchronize(CUevent event);
 CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attribute, void *value);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, void *value);
+CUresult cuDeviceGraphMemTrim(CUdevice dev);
+CUresult cuGraphAddDependencies_v2(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
+                                   const void *edges, size_t count);
+CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode *from,
+                                      const CUgraphNode *to, const void *edges, size_t count);
+CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edges,
+                            size_t *count);
+CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edges,
+                                       size_t *count);
+CUresult cuGraphClone(CUgraph *clone, CUgraph original);
+CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t count, void *params);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t count, CUdeviceptr dptr);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, void *params);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
 CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
