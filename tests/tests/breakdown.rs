@@ -2,7 +2,8 @@
 //! per tensor (no caching, and the cudaMallocAsync backend). Parameters must be exactly the
 //! bytes torch reports (Σ numel × element size), gradients the same, Adam's state twice that,
 //! and the ReLU outputs saved for backward must count as activations. `vramshim lines` on the
-//! same recording charges the script's own lines with exact figures.
+//! same recording charges the script's own lines with exact figures, `loss.backward()` with
+//! exactly what the autograd thread allocated.
 
 mod common;
 
@@ -175,6 +176,9 @@ fn mlp_with_adam_breaks_down_into_parameters_gradients_and_state() {
         if name == "no-caching" {
             check_lines(&log, parameters);
         }
+        if name != "default-allocator" {
+            check_backward_line(&log, parameters);
+        }
 
         // The text report says the same.
         let (code, text, stderr) = vramshim(&["breakdown".as_ref(), log.as_os_str()]);
@@ -259,6 +263,7 @@ fn check_lines(log: &Path, parameters: u64) {
     let (allocated, _, at_peak, _) = figures("optimizer.step()");
     assert_eq!(at_peak, 2 * parameters);
     assert!(allocated > 2 * parameters, "{allocated}");
+
     // A file that allocated nothing gives no lines.
     let none = json_of(&[
         "lines".as_ref(),
@@ -268,4 +273,92 @@ fn check_lines(log: &Path, parameters: u64) {
         "--json".as_ref(),
     ]);
     assert!(arr(&none["files"]).is_empty(), "{none}");
+}
+
+/// `vramshim lines` on a recording of the MLP whose events are the tensors themselves (no
+/// caching, or cudaMallocAsync): `loss.backward()` carries the backward pass.
+fn check_backward_line(log: &Path, parameters: u64) {
+    let report = json_of(&["lines".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let files = arr(&report["files"]);
+    assert_eq!(files.len(), 1, "{report}");
+    // `loss.backward()` carries the backward pass: exactly what the autograd thread
+    // allocated on the device (from the recording's own events, per thread name), as made
+    // "via autograd", beside the 4-byte seed gradient its own thread makes once per step.
+    let dump = dump(log);
+    let thread_names: std::collections::HashMap<u64, String> = dump
+        .iter()
+        .filter(|record| record["type"] == "thread")
+        .map(|record| {
+            (
+                u64_of(record, "thread"),
+                record["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let (mut autograd_bytes, mut autograd_count, mut main_bytes) = (0u64, 0u64, 0u64);
+    for event in events(&dump) {
+        if event["event"] != "alloc" || event["device"].as_i64().is_none_or(|d| d < 0) {
+            continue;
+        }
+        let name = thread_names
+            .get(&u64_of(event, "thread"))
+            .map_or("", String::as_str);
+        if name.starts_with("pt_autograd") {
+            autograd_bytes += u64_of(event, "size");
+            autograd_count += 1;
+        } else {
+            main_bytes += u64_of(event, "size");
+        }
+    }
+    assert!(autograd_count > 0, "no allocation on an autograd thread");
+    let backward_line = script_line("loss.backward()");
+    let lines = arr(&files[0]["lines"]);
+    let backward = lines
+        .iter()
+        .find(|l| u64_of(l, "line") == backward_line)
+        .expect("the backward line");
+    assert_eq!(
+        (
+            u64_of(backward, "via_autograd_bytes"),
+            u64_of(backward, "via_autograd_count")
+        ),
+        (autograd_bytes, autograd_count),
+        "{backward}"
+    );
+    assert_eq!(
+        (
+            u64_of(backward, "allocated_bytes"),
+            u64_of(backward, "count")
+        ),
+        (autograd_bytes + 3 * 4, autograd_count + 3),
+        "{backward}"
+    );
+    // Its three executions, one per step; at the peak (in backward) it holds more than the
+    // gradients, and all of what it holds there was made by the autograd thread.
+    assert_eq!(u64_of(backward, "executions"), 3);
+    let via_at_peak = u64_of(backward, "via_autograd_at_peak_bytes");
+    assert!(via_at_peak >= parameters, "{backward}");
+    assert!(
+        u64_of(backward, "at_peak_bytes") >= via_at_peak,
+        "{backward}"
+    );
+    // Every other line is charged with its own thread's allocations only, and the lines
+    // together hold every device allocation of both threads: nothing counted twice or lost.
+    let mut own_total = 0;
+    for line in lines {
+        if u64_of(line, "line") != backward_line {
+            assert_eq!(u64_of(line, "via_autograd_count"), 0, "{line}");
+            assert_eq!(u64_of(line, "via_autograd_bytes"), 0, "{line}");
+        }
+        own_total += u64_of(line, "allocated_bytes") - u64_of(line, "via_autograd_bytes");
+    }
+    assert_eq!(own_total, main_bytes);
+    // The text table shows the backward's share beside the line.
+    let (code, text, stderr) = vramshim(&["lines".as_ref(), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        text.lines().any(|line| line.contains("loss.backward()")
+            && line.contains(&format!(" x{autograd_count} ("))),
+        "{text}"
+    );
 }

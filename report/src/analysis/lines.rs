@@ -1,6 +1,8 @@
 //! The user's source lines that allocated: for each allocation, the innermost Python frame in
 //! the user's code (a file named on the command line, else any file outside the interpreter's
-//! library and installed packages) is charged with it.
+//! library and installed packages) is charged with it. An allocation of PyTorch's autograd
+//! threads (no user frame) made while a thread of its process waits in a backward call is
+//! charged to the line that called it, as made "via autograd".
 
 use std::rc::Rc;
 
@@ -29,6 +31,12 @@ pub struct LineStats {
     pub freed_in_execution_bytes: u64,
     /// Bytes live at the device's peak that the line allocated.
     pub at_peak_bytes: u64,
+    /// Of the above, what autograd's threads allocated for the line's backward call (included
+    /// in `allocated_bytes`, `count`, `freed_bytes`, `freed_in_execution_bytes` and
+    /// `at_peak_bytes`).
+    pub via_autograd_bytes: u64,
+    pub via_autograd_count: u64,
+    pub via_autograd_at_peak_bytes: u64,
 }
 
 impl LineStats {
@@ -82,6 +90,13 @@ impl UserFiles {
     }
 }
 
+/// A thread waiting in a backward call that a user line made.
+struct Waiting {
+    thread: u32,
+    line: LineKey,
+    execution: u64,
+}
+
 /// Observer charging each allocation to its user line.
 pub struct Lines {
     files: UserFiles,
@@ -95,8 +110,17 @@ pub struct Lines {
     running: FxHashMap<(u32, u32), (LineKey, u64)>,
     /// Executions numbered so far.
     executions: u64,
-    /// Sequence number of a live allocation charged to a line → its execution's number.
-    execution_of: FxHashMap<u64, u64>,
+    /// Sequence number of a live allocation charged to a line → its execution's number and
+    /// the thread that ran the execution (for one made via autograd, the waiting thread).
+    execution_of: FxHashMap<u64, (u64, u32)>,
+    /// Process → the thread waiting in a backward call, its line and that execution: set by
+    /// an allocation whose stack is in a backward call, ended by the thread's next
+    /// allocation on a user line outside one.
+    waiting: FxHashMap<u32, Waiting>,
+    /// Sequence number of an allocation made via autograd → the line charged with it.
+    via_autograd: FxHashMap<u64, LineKey>,
+    /// (process, stack) → whether the stack is inside a backward call.
+    backward_stack: FxHashMap<(u32, u32), bool>,
     pub lines: FxHashMap<LineKey, LineStats>,
 }
 
@@ -111,8 +135,55 @@ impl Lines {
             running: FxHashMap::default(),
             executions: 0,
             execution_of: FxHashMap::default(),
+            waiting: FxHashMap::default(),
+            via_autograd: FxHashMap::default(),
+            backward_stack: FxHashMap::default(),
             lines: FxHashMap::default(),
         }
+    }
+
+    /// The line charged with `live` and whether it was made via autograd: its own user line,
+    /// else the backward call's line it was made for.
+    pub fn charged(&mut self, processes: &[Process], live: &Live) -> Option<(LineKey, bool)> {
+        if let Some(key) = self.via_autograd.get(&live.seq) {
+            return Some((key.clone(), true));
+        }
+        self.line(processes, live).map(|key| (key, false))
+    }
+
+    /// Whether `stack` runs inside a backward call: a Python frame of `torch.autograd`'s
+    /// `backward`/`grad`, `Tensor.backward` or `_engine_run_backward`.
+    fn in_backward(&mut self, processes: &[Process], process: u32, stack: u32) -> bool {
+        if let Some(found) = self.backward_stack.get(&(process, stack)) {
+            return *found;
+        }
+        let found = processes.get(process as usize).is_some_and(|info| {
+            info.python_stacks.get(&stack).is_some_and(|frames| {
+                frames.iter().any(|frame| {
+                    info.codes.get(&frame.code).is_some_and(|code| {
+                        let file = code.filename.as_str();
+                        let torch_autograd = file.contains("/torch/autograd/")
+                            || file.ends_with("/torch/_tensor.py");
+                        torch_autograd
+                            && matches!(
+                                code.qualname.as_str(),
+                                "backward" | "Tensor.backward" | "_engine_run_backward" | "grad"
+                            )
+                    })
+                })
+            })
+        });
+        self.backward_stack.insert((process, stack), found);
+        found
+    }
+
+    /// Whether `thread` is one of PyTorch's autograd threads (`pt_autograd_N`).
+    fn autograd_thread(processes: &[Process], process: u32, thread: u32) -> bool {
+        processes.get(process as usize).is_some_and(|info| {
+            info.thread_names
+                .get(&thread)
+                .is_some_and(|name| name.starts_with("pt_autograd"))
+        })
     }
 
     /// Whether allocations on `device` count.
@@ -155,14 +226,17 @@ impl Lines {
             return;
         }
         let execution = self.execution_of.remove(&live.seq);
-        if let Some(key) = self.line(processes, live) {
-            let in_execution = thread == Some(live.thread)
-                && execution.is_some()
-                && self
-                    .running
-                    .get(&(live.process, live.thread))
-                    .map(|(_, running)| *running)
-                    == execution;
+        if let Some((key, via)) = self.charged(processes, live) {
+            // Within the execution: freed while the thread that ran it has not allocated on
+            // another line since; by that thread, or for an allocation made via autograd, by
+            // any thread of the program (the backward pass frees on its own threads).
+            let in_execution = execution.is_some_and(|(number, owner)| {
+                thread.is_some_and(|thread| via || thread == owner)
+                    && self
+                        .running
+                        .get(&(live.process, owner))
+                        .is_some_and(|(_, running)| *running == number)
+            });
             let stats = self.lines.entry(key).or_default();
             stats.freed_bytes = stats.freed_bytes.saturating_add(live.size);
             if in_execution {
@@ -193,11 +267,46 @@ impl Observer for Lines {
                             self.executions += 1;
                             self.running.insert(thread, (key.clone(), self.executions));
                         }
-                        self.execution_of.insert(live.seq, self.executions);
+                        let execution = self
+                            .running
+                            .get(&thread)
+                            .map_or(self.executions, |(_, number)| *number);
+                        self.execution_of.insert(live.seq, (execution, live.thread));
+                        if self.in_backward(processes, live.process, live.stack) {
+                            self.waiting.insert(
+                                live.process,
+                                Waiting {
+                                    thread: live.thread,
+                                    line: key.clone(),
+                                    execution,
+                                },
+                            );
+                        } else if self
+                            .waiting
+                            .get(&live.process)
+                            .is_some_and(|waiting| waiting.thread == live.thread)
+                        {
+                            self.waiting.remove(&live.process);
+                        }
                         let stats = self.lines.entry(key).or_default();
                         stats.allocated_bytes = stats.allocated_bytes.saturating_add(live.size);
                         stats.count += 1;
                         stats.executions += u64::from(again);
+                    } else if let Some(waiting) = self.waiting.get(&live.process)
+                        && waiting.thread != live.thread
+                        && Self::autograd_thread(processes, live.process, live.thread)
+                    {
+                        // Made by autograd for the backward call a user line waits in.
+                        self.execution_of
+                            .insert(live.seq, (waiting.execution, waiting.thread));
+                        let key = waiting.line.clone();
+                        self.via_autograd.insert(live.seq, key.clone());
+                        let stats = self.lines.entry(key).or_default();
+                        stats.allocated_bytes = stats.allocated_bytes.saturating_add(live.size);
+                        stats.count += 1;
+                        stats.via_autograd_bytes =
+                            stats.via_autograd_bytes.saturating_add(live.size);
+                        stats.via_autograd_count += 1;
                     }
                 }
                 Effect::Removed(live) => self.ended(processes, live, Some(event.thread)),

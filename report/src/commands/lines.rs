@@ -46,9 +46,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             continue;
         }
         for live in &snapshot.allocations {
-            if let Some(key) = analysis.line(processes, live) {
+            if let Some((key, via)) = analysis.charged(processes, live) {
                 let stats = analysis.lines.entry(key).or_default();
                 stats.at_peak_bytes = stats.at_peak_bytes.saturating_add(live.size);
+                if via {
+                    stats.via_autograd_at_peak_bytes =
+                        stats.via_autograd_at_peak_bytes.saturating_add(live.size);
+                }
             }
         }
     }

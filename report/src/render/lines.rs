@@ -70,13 +70,33 @@ pub fn text(out: &mut dyn Write, report: &LinesReport<'_>) -> io::Result<()> {
         }
         writeln!(
             out,
-            "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11}  source",
-            "line", "allocated", "count", "execs", "net live", "net/exec", "at peak", "live at end"
+            "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11} {:>24}  source",
+            "line",
+            "allocated",
+            "count",
+            "execs",
+            "net live",
+            "net/exec",
+            "at peak",
+            "live at end",
+            "via autograd (at peak)"
         )?;
         for (line, stats, text) in &file.lines {
+            // What autograd's threads allocated for the line's backward call: bytes, count,
+            // and bytes of it live at the peak (all included in the columns before).
+            let via = if stats.via_autograd_count == 0 {
+                String::new()
+            } else {
+                format!(
+                    "{} x{} ({})",
+                    bytes(stats.via_autograd_bytes),
+                    stats.via_autograd_count,
+                    bytes(stats.via_autograd_at_peak_bytes)
+                )
+            };
             writeln!(
                 out,
-                "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11}  {}",
+                "  {:>6} {:>11} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11} {:>24}  {}",
                 line,
                 bytes(stats.allocated_bytes),
                 stats.count,
@@ -85,6 +105,7 @@ pub fn text(out: &mut dyn Write, report: &LinesReport<'_>) -> io::Result<()> {
                 bytes(stats.net_per_execution_bytes()),
                 bytes(stats.at_peak_bytes),
                 bytes(stats.live_at_end_bytes()),
+                via,
                 text.as_deref().unwrap_or("")
             )?;
         }
@@ -109,6 +130,9 @@ pub fn json(report: &LinesReport<'_>) -> Value {
                 "net_bytes": stats.net_bytes(),
                 "net_per_execution_bytes": stats.net_per_execution_bytes(),
                 "at_peak_bytes": stats.at_peak_bytes,
+                "via_autograd_bytes": stats.via_autograd_bytes,
+                "via_autograd_count": stats.via_autograd_count,
+                "via_autograd_at_peak_bytes": stats.via_autograd_at_peak_bytes,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
