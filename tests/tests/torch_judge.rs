@@ -429,6 +429,16 @@ fn check_whatif_of_own_recording(
 /// which `backend:cudaMallocAsync` refuses (an exception, then std::terminate in its
 /// destructor); the stock `ProcessGroupNCCL` makes the same requests in every mode.
 fn judge_ddp(torch: &Torch, name: &str, env: &[(&str, &str)]) -> Vec<(Value, PathBuf)> {
+    judge_ddp_at(torch, name, 8 * GIB, env)
+}
+
+/// [`judge_ddp`] on two fake cards of `memory` bytes each.
+fn judge_ddp_at(
+    torch: &Torch,
+    name: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+) -> Vec<(Value, PathBuf)> {
     let dir = scratch(&format!("judge-{}-{name}", torch.version));
     let mut command = Command::new(&torch.python);
     command
@@ -447,7 +457,7 @@ fn judge_ddp(torch: &Torch, name: &str, env: &[(&str, &str)]) -> Vec<(Value, Pat
             format!("{}:{}", shim().display(), torch.preload),
         )
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-        .env("VRAMSHIM_FAKEGPU_MEMORY", (8 * GIB).to_string())
+        .env("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string())
         .env("VRAMSHIM_FAKEGPU_COUNT", "2")
         .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
         .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
@@ -711,6 +721,55 @@ fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
         (64 * MIB, 70 * MIB),
         "{failure}"
     );
+}
+
+/// Check 2 at a tight capacity for DDP (torch 2.15, two ranks): with 64 MiB beside each
+/// rank's two cuBLAS handles, both native modes raise torch's OOM asking for 32 MiB (the
+/// defaults after 1 retry at 58,720,256 reserved, expandable segments after 2 at
+/// 67,108,864), and `whatif` on each rank's cudaMallocAsync recording gives each rank's
+/// figures up to the error exactly.
+#[test]
+fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
+    let Some(torch) = current() else { return };
+    let recordings = judge_ddp(
+        &torch,
+        "ddp-tight-async",
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+    );
+    let capacity = 64 * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    for (label, config, peak, retries) in [
+        ("ddp-tight-default", "", 56 * MIB, 1),
+        (
+            "ddp-tight-expandable",
+            "expandable_segments:True",
+            64 * MIB,
+            2,
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = if config.is_empty() {
+            vec![]
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
+        };
+        let ranks = judge_ddp_at(&torch, label, capacity, &env);
+        for (rank, ((t, log), (_, async_log))) in ranks.iter().zip(&recordings).enumerate() {
+            let label = format!("{label} rank {rank}");
+            if config.is_empty() {
+                check_device_log(&label, t, log, rank as u64);
+            }
+            let (_, rows) = whatif_on(async_log, rank as u64, capacity, None, &[config]);
+            check_whatif_outcome(&label, &rows[config], t);
+            assert_eq!(
+                (
+                    t["failed"]["message"].as_str().map(tried_to_allocate),
+                    u64_of(t, "max_memory_reserved"),
+                    u64_of(t, "num_alloc_retries"),
+                ),
+                (Some(32 * MIB), peak, retries),
+                "{label}: {t}"
+            );
+        }
+    }
 }
 
 /// One outcome of a tight-capacity run: (label, the segment size torch's OutOfMemoryError
