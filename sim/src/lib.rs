@@ -62,7 +62,8 @@ mod sim;
 
 pub use config::{Config, ROUNDUP_INTERVALS};
 pub use sim::{
-    AddressOrder, AtPeak, BlockInfo, OomEvent, Outcome, Request, SegmentInfo, Simulator, Stats,
+    AddressOrder, AtPeak, BlockInfo, ExternalFailure, OomEvent, Outcome, Request, SegmentInfo,
+    Simulator, Stats,
 };
 
 /// One kibibyte.

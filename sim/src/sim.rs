@@ -111,6 +111,33 @@ pub enum Outcome {
     Ignored,
     /// The allocation failed for lack of memory; it is dropped and the run goes on.
     Oom(OomEvent),
+    /// Another library's memory ([`Request::ExternalAlloc`]) did not fit beside what the
+    /// allocator holds: it is not taken, and the run goes on.
+    ExternalFailed(ExternalFailure),
+}
+
+/// Another library's allocation that did not fit (a `cublasCreate` on a new thread whose
+/// 64 MiB `cuMemAlloc` fails): PyTorch neither sees nor retries it (the library calls the
+/// driver itself, so no cached block is released for it), and the program fails with the
+/// library's error, e.g. `CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExternalFailure {
+    /// Time passed to [`Simulator::apply`].
+    pub t_ns: u64,
+    /// Bytes the library asked for.
+    pub size: u64,
+    /// Reserved bytes when it failed.
+    pub reserved: u64,
+    /// Bytes other libraries held when it failed.
+    pub external: u64,
+    /// Peak reserved bytes up to this failure (what a program stopped by it reports).
+    pub peak_reserved: u64,
+    /// `num_alloc_retries` up to this failure.
+    pub num_alloc_retries: u64,
+    /// `num_device_alloc` up to this failure.
+    pub num_device_alloc: u64,
+    /// `num_device_free` up to this failure.
+    pub num_device_free: u64,
 }
 
 /// A failed allocation: what PyTorch's "CUDA out of memory" error would report.
@@ -222,6 +249,10 @@ pub struct Stats {
     pub external: u64,
     /// Highest `external` ever.
     pub peak_external: u64,
+    /// Other libraries' allocations that did not fit ([`Outcome::ExternalFailed`]).
+    pub external_failures: u64,
+    /// The first of them, if any.
+    pub first_external_failure: Option<ExternalFailure>,
 }
 
 /// One segment of [`Simulator::segments`] (for expandable segments: one mapped range).
@@ -329,6 +360,9 @@ pub struct Simulator {
     st: Stats,
     peak_pending: bool,
     now: u64,
+    /// Sizes of other libraries' allocations that failed here: their recorded frees give
+    /// back nothing.
+    failed_external: Vec<u64>,
 }
 
 impl Simulator {
@@ -355,6 +389,7 @@ impl Simulator {
             st: Stats::default(),
             peak_pending: false,
             now: 0,
+            failed_external: Vec::new(),
         })
     }
 
@@ -392,11 +427,33 @@ impl Simulator {
         let index = self.st.requests;
         let out = match *req {
             Request::ExternalAlloc { size } => {
+                // The library asks the driver directly: what the allocator holds is not
+                // released for it (the device's free memory is all it can get).
+                if self.device_capacity().saturating_sub(self.st.reserved) < size {
+                    let failure = ExternalFailure {
+                        t_ns,
+                        size,
+                        reserved: self.st.reserved,
+                        external: self.st.external,
+                        peak_reserved: self.st.peak_reserved,
+                        num_alloc_retries: self.st.num_alloc_retries,
+                        num_device_alloc: self.st.num_device_alloc,
+                        num_device_free: self.st.num_device_free,
+                    };
+                    self.st.external_failures += 1;
+                    self.st.first_external_failure.get_or_insert(failure);
+                    self.failed_external.push(size);
+                    return Outcome::ExternalFailed(failure);
+                }
                 self.st.external = self.st.external.saturating_add(size);
                 self.st.peak_external = self.st.peak_external.max(self.st.external);
                 return Outcome::Ok;
             }
             Request::ExternalFree { size } => {
+                if let Some(i) = self.failed_external.iter().position(|&s| s == size) {
+                    self.failed_external.swap_remove(i);
+                    return Outcome::Ok;
+                }
                 self.st.external = self.st.external.saturating_sub(size);
                 return Outcome::Ok;
             }

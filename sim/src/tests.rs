@@ -418,6 +418,61 @@ fn first_oom_keeps_the_figures_a_stopped_program_reports() {
     );
 }
 
+/// Another library's memory that does not fit beside PyTorch's segments fails, and PyTorch's
+/// cache stays as it is: CUDACachingAllocator.cpp releases cached blocks only inside its own
+/// `malloc` (`release_cached_blocks` after `alloc_block` fails), so a cuBLAS handle created
+/// on a new thread (its 64 MiB `cuMemAlloc`, which the library makes itself) fails with the
+/// device's free memory only, and the program stops with `CUBLAS_STATUS_ALLOC_FAILED when
+/// calling cublasCreate(handle)`. Measured with torch 2.15 on the fake GPU: the ResNet of
+/// tests/python/torch_judge.py with expandable segments at 64 MiB + two handles, the
+/// autograd thread's handle failed at 70 MiB reserved. Its later free gives nothing back.
+#[test]
+fn another_librarys_memory_that_does_not_fit_fails_and_the_cache_stays() {
+    let mut s = sim_cap("", 100 * MIB);
+    // 40 MiB reserved, 20 of it cached: 100 - 40 = 60 free on the device.
+    assert_eq!(alloc(&mut s, 1, 20 * MIB, 0), Outcome::Ok);
+    assert_eq!(alloc(&mut s, 2, 20 * MIB, 0), Outcome::Ok);
+    free(&mut s, 2);
+    let Outcome::ExternalFailed(failure) = s.apply(7, &Request::ExternalAlloc { size: 64 * MIB })
+    else {
+        panic!("a 64 MiB library allocation in 60 MiB should fail");
+    };
+    assert_eq!(
+        (
+            failure.t_ns,
+            failure.size,
+            failure.reserved,
+            failure.external
+        ),
+        (7, 64 * MIB, 40 * MIB, 0)
+    );
+    // Nothing was released for it, and it holds nothing.
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.reserved,
+            st.num_device_free,
+            st.num_alloc_retries,
+            st.external
+        ),
+        (40 * MIB, 0, 0, 0)
+    );
+    assert_eq!((st.external_failures, st.num_ooms), (1, 0));
+    // A library allocation that fits in the 60 MiB is taken.
+    assert_eq!(
+        s.apply(8, &Request::ExternalAlloc { size: 50 * MIB }),
+        Outcome::Ok
+    );
+    assert_eq!(s.stats().external, 50 * MIB);
+    // The recording's free of the failed 64 MiB gives nothing back; the 50 MiB's does.
+    s.apply(9, &Request::ExternalFree { size: 64 * MIB });
+    assert_eq!(s.stats().external, 50 * MIB);
+    s.apply(10, &Request::ExternalFree { size: 50 * MIB });
+    let st = s.stats();
+    assert_eq!((st.external, st.external_failures), (0, 1));
+    assert_eq!(st.first_external_failure, Some(failure));
+}
+
 /// cudaMalloc fails when the driver has no room, and the driver's room is what every user of
 /// the device left: another library's memory (cuBLAS's 64 MiB per handle, measured on an H200)
 /// makes PyTorch's allocator fail earlier, release its cache and retry, and frees room again

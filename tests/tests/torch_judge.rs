@@ -73,6 +73,33 @@ fn judge(
     env: &[(&str, &str)],
     recorded: bool,
 ) -> Judged {
+    let run = judge_process(torch, name, workloads, memory, env, recorded);
+    let output = &run.output;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{name} failed:\n{stdout}\n{stderr}"
+    );
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("{name}: no output:\n{stderr}"));
+    let torch: Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: {e}: {last}\n{stderr}"));
+    let log = recorded.then(|| run.log());
+    Judged { torch, log }
+}
+
+/// [`judge`]'s process, however it ended.
+fn judge_process(
+    torch: &Torch,
+    name: &str,
+    workloads: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+    recorded: bool,
+) -> Run {
     let dir = scratch(&format!("judge-{}-{name}", torch.version));
     let preload = if recorded {
         format!("{}:{}", shim().display(), torch.preload)
@@ -105,26 +132,7 @@ fn judge(
         command.env(key, value);
     }
     let output = command.output().expect("run python");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{name} failed:\n{stdout}\n{stderr}"
-    );
-    let last = stdout
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("{name}: no output:\n{stderr}"));
-    let torch: Value =
-        serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: {e}: {last}\n{stderr}"));
-    let log = recorded.then(|| {
-        Run {
-            output: output.clone(),
-            dir: dir.clone(),
-        }
-        .log()
-    });
-    Judged { torch, log }
+    Run { output, dir }
 }
 
 /// The tensor-level recording of the whole workload with `backend:cudaMallocAsync` on an
@@ -421,6 +429,16 @@ fn check_whatif_of_own_recording(
 /// which `backend:cudaMallocAsync` refuses (an exception, then std::terminate in its
 /// destructor); the stock `ProcessGroupNCCL` makes the same requests in every mode.
 fn judge_ddp(torch: &Torch, name: &str, env: &[(&str, &str)]) -> Vec<(Value, PathBuf)> {
+    judge_ddp_at(torch, name, 8 * GIB, env)
+}
+
+/// [`judge_ddp`] on two fake cards of `memory` bytes each.
+fn judge_ddp_at(
+    torch: &Torch,
+    name: &str,
+    memory: u64,
+    env: &[(&str, &str)],
+) -> Vec<(Value, PathBuf)> {
     let dir = scratch(&format!("judge-{}-{name}", torch.version));
     let mut command = Command::new(&torch.python);
     command
@@ -439,7 +457,7 @@ fn judge_ddp(torch: &Torch, name: &str, env: &[(&str, &str)]) -> Vec<(Value, Pat
             format!("{}:{}", shim().display(), torch.preload),
         )
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-        .env("VRAMSHIM_FAKEGPU_MEMORY", (8 * GIB).to_string())
+        .env("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string())
         .env("VRAMSHIM_FAKEGPU_COUNT", "2")
         .env("VRAMSHIM_FAKEGPU_NCCL_TIMEOUT", "120")
         .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
@@ -590,6 +608,168 @@ fn whatif_predicts_each_oom_and_each_retry_at_a_tight_capacity_on_cuda12() {
         (458 * MIB, Some(32 * MIB), 1),
         ("falling", "address"),
     );
+}
+
+/// Check 2 at tight capacities for the ResNet alone (its convolutions and batch norms through
+/// the fake cuDNN), torch 2.15: `whatif` on its cudaMallocAsync recording against native runs
+/// with 64, 72 and 84 MiB beside the two cuBLAS handles. The native runs give, exactly, the
+/// defaults failing on 32 MiB after two retries (64 MiB) and fitting after two (84 MiB);
+/// expandable segments failing on 32 MiB (72 MiB); and at 64 MiB expandable segments reserve
+/// 70 MiB before the autograd thread's first cuBLAS call, whose handle's 64 MiB
+/// `cuMemAlloc` then fails (`CUBLAS_STATUS_ALLOC_FAILED`, no torch OOM): `whatif` says so
+/// (its `library_failure`), where it used to predict a torch OOM of 32 MiB later.
+#[test]
+fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
+    let Some(torch) = current() else { return };
+    let recording = judge(
+        &torch,
+        "resnet-async",
+        "resnet",
+        8 * GIB,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+        true,
+    );
+    let async_log = recording.log.as_ref().expect("log");
+    // Two cuBLAS handles (main and autograd threads) and 100 KiB for the rest beside torch's
+    // segments (the cuDNN handles, 25,348 bytes each).
+    let capacity = |mib: u64| mib * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    // (label, MiB, config, torch's OOM segment if it raised one, retries).
+    let finished: [(&str, u64, &str, Option<u64>, u64); 3] = [
+        ("resnet-64-default", 64, "", Some(32 * MIB), 2),
+        (
+            "resnet-72-expandable",
+            72,
+            "expandable_segments:True",
+            Some(32 * MIB),
+            2,
+        ),
+        ("resnet-84-default", 84, "", None, 2),
+    ];
+    for (label, mib, config, oom, retries) in finished {
+        let env: Vec<(&str, &str)> = if config.is_empty() {
+            vec![]
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
+        };
+        let run = judge(&torch, label, "resnet", capacity(mib), &env, true);
+        let t = &run.torch;
+        if config.is_empty() {
+            check_log_equals_memory_stats(label, &run);
+        }
+        let (_, rows) = whatif(async_log, capacity(mib), None, &[config]);
+        let row = &rows[config];
+        assert!(row["library_failure"].is_null(), "{label}: {row}");
+        check_whatif_outcome(label, row, t);
+        assert_eq!(
+            (
+                t["failed"]["message"].as_str().map(tried_to_allocate),
+                u64_of(t, "num_alloc_retries")
+            ),
+            (oom, retries),
+            "{label}: {t}"
+        );
+    }
+
+    // 64 MiB, expandable segments: the program stops in cublasCreate, before torch prints its
+    // figures; the log has the failed call and torch's segments up to it.
+    let config = "expandable_segments:True";
+    let run = judge_process(
+        &torch,
+        "resnet-64-expandable",
+        "resnet",
+        capacity(64),
+        &[("PYTORCH_CUDA_ALLOC_CONF", config)],
+        true,
+    );
+    let stderr = run.stderr();
+    assert!(!run.output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        "{stderr}"
+    );
+    let log = run.log();
+    let dump = dump(&log);
+    let failed: Vec<&Value> = events(&dump)
+        .into_iter()
+        .filter(|e| e["event"] == "alloc_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["api"], "cuMemAlloc_v2", "{failed:?}");
+    let view = allocator_view(&log);
+    let (_, rows) = whatif(async_log, capacity(64), None, &[config]);
+    let row = &rows[config];
+    let failure = &row["library_failure"];
+    assert_eq!(
+        (
+            row["fits"].as_bool(),
+            row["oom"].is_null() || u64_of(&row["oom"], "t_ns") > u64_of(failure, "t_ns"),
+            u64_of(failure, "size"),
+            u64_of(failure, "reserved"),
+            u64_of(failure, "peak_reserved"),
+        ),
+        (
+            Some(false),
+            true,
+            u64_of(failed[0], "size"),
+            u64_of(&view["reserved"], "final"),
+            u64_of(&view["reserved"], "peak"),
+        ),
+        "whatif {row} vs the log's {view}"
+    );
+    assert_eq!(
+        (u64_of(failure, "size"), u64_of(failure, "peak_reserved")),
+        (64 * MIB, 70 * MIB),
+        "{failure}"
+    );
+}
+
+/// Check 2 at a tight capacity for DDP (torch 2.15, two ranks): with 64 MiB beside each
+/// rank's two cuBLAS handles, both native modes raise torch's OOM asking for 32 MiB (the
+/// defaults after 1 retry at 58,720,256 reserved, expandable segments after 2 at
+/// 67,108,864), and `whatif` on each rank's cudaMallocAsync recording gives each rank's
+/// figures up to the error exactly.
+#[test]
+fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
+    let Some(torch) = current() else { return };
+    let recordings = judge_ddp(
+        &torch,
+        "ddp-tight-async",
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+    );
+    let capacity = 64 * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    for (label, config, peak, retries) in [
+        ("ddp-tight-default", "", 56 * MIB, 1),
+        (
+            "ddp-tight-expandable",
+            "expandable_segments:True",
+            64 * MIB,
+            2,
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = if config.is_empty() {
+            vec![]
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
+        };
+        let ranks = judge_ddp_at(&torch, label, capacity, &env);
+        for (rank, ((t, log), (_, async_log))) in ranks.iter().zip(&recordings).enumerate() {
+            let label = format!("{label} rank {rank}");
+            if config.is_empty() {
+                check_device_log(&label, t, log, rank as u64);
+            }
+            let (_, rows) = whatif_on(async_log, rank as u64, capacity, None, &[config]);
+            check_whatif_outcome(&label, &rows[config], t);
+            assert_eq!(
+                (
+                    t["failed"]["message"].as_str().map(tried_to_allocate),
+                    u64_of(t, "max_memory_reserved"),
+                    u64_of(t, "num_alloc_retries"),
+                ),
+                (Some(32 * MIB), peak, retries),
+                "{label}: {t}"
+            );
+        }
+    }
 }
 
 /// One outcome of a tight-capacity run: (label, the segment size torch's OutOfMemoryError

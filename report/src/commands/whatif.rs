@@ -208,7 +208,7 @@ pub fn with_report<T>(
     }
     if sims.requests.external_allocs > 0 {
         notes.push(format!(
-            "{} on the device came from other libraries (cuBLAS's handle memory, NCCL): not replayed, but their bytes take room on the simulated device while they are live",
+            "{} on the device came from other libraries (cuBLAS's handle memory, NCCL): not replayed, but their bytes take room on the simulated device while they are live, and one that does not fit beside the allocator's segments fails the run (OOM column: a library's)",
             counted(sims.requests.external_allocs, "allocation"),
         ));
     }

@@ -21,9 +21,10 @@ pub struct Row {
 }
 
 impl Row {
-    /// No simulated allocation failed.
+    /// No simulated allocation failed, PyTorch's or another library's (a cuBLAS handle's
+    /// memory that does not fit beside PyTorch's segments fails the program too).
     pub fn fits(&self) -> bool {
-        self.stats.num_ooms == 0
+        self.stats.num_ooms == 0 && self.stats.external_failures == 0
     }
 }
 
@@ -76,6 +77,23 @@ fn oom_json(stats: &Stats) -> Value {
     }
 }
 
+/// The first library allocation that did not fit beside PyTorch's segments, or null.
+fn library_failure_json(stats: &Stats) -> Value {
+    match &stats.first_external_failure {
+        Some(failure) => json!({
+            "t_ns": failure.t_ns,
+            "size": failure.size,
+            "reserved": failure.reserved,
+            "libraries": failure.external,
+            "peak_reserved": failure.peak_reserved,
+            "num_alloc_retries": failure.num_alloc_retries,
+            "num_device_alloc": failure.num_device_alloc,
+            "num_device_free": failure.num_device_free,
+        }),
+        None => Value::Null,
+    }
+}
+
 fn row_json(rank: usize, row: &Row) -> Value {
     let s = &row.stats;
     json!({
@@ -98,6 +116,8 @@ fn row_json(rank: usize, row: &Row) -> Value {
         "num_alloc_retries": s.num_alloc_retries,
         "num_ooms": s.num_ooms,
         "oom": oom_json(s),
+        "library_failures": s.external_failures,
+        "library_failure": library_failure_json(s),
     })
 }
 
@@ -156,10 +176,21 @@ pub fn export_line(conf: &str) -> String {
 }
 
 fn oom_text(stats: &Stats) -> String {
-    match &stats.first_oom {
-        Some(oom) => format!("yes at {} ({} request)", seconds(oom.t_ns), bytes(oom.size)),
-        None => "no".to_string(),
+    let library = stats.first_external_failure.as_ref();
+    match (&stats.first_oom, library) {
+        (Some(oom), Some(failure)) if failure.t_ns < oom.t_ns => library_text(failure),
+        (Some(oom), _) => format!("yes at {} ({} request)", seconds(oom.t_ns), bytes(oom.size)),
+        (None, Some(failure)) => library_text(failure),
+        (None, None) => "no".to_string(),
     }
+}
+
+fn library_text(failure: &vramshim_sim::ExternalFailure) -> String {
+    format!(
+        "yes at {} (a library's {})",
+        seconds(failure.t_ns),
+        bytes(failure.size)
+    )
 }
 
 pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
