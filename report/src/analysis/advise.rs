@@ -16,6 +16,9 @@ pub const OPTIMIZER_SHARE: f64 = 0.20;
 pub const EVALUATION_SHARE: f64 = 0.05;
 /// Activations worth halving with autocast: this share of what the device held.
 pub const AUTOCAST_SHARE: f64 = 0.10;
+/// Out-of-place ReLU outputs kept for backward worth `inplace=True`: their highest live
+/// bytes as this share of what the device held.
+pub const RELU_SHARE: f64 = 0.05;
 /// A cache worth simulating allocator settings for: this share of what the device held.
 pub const CACHE_SHARE: f64 = 0.10;
 
@@ -45,6 +48,8 @@ pub enum Kind {
     Autocast,
     /// Whole segments of the cache hold no tensor at the peak: `empty_cache()` returns them.
     EmptyCache,
+    /// Out-of-place ReLU outputs kept for backward: `inplace=True` writes into the input.
+    InplaceRelu,
 }
 
 impl Kind {
@@ -57,6 +62,7 @@ impl Kind {
             Kind::Evaluation => "evaluation_without_no_grad",
             Kind::Autocast => "autocast",
             Kind::EmptyCache => "empty_cache",
+            Kind::InplaceRelu => "inplace_relu",
         }
     }
 }
@@ -222,6 +228,34 @@ pub fn suggest(
                         size(whole)
                     ),
                 ],
+                line: None,
+                pid: None,
+            });
+        }
+        // Out-of-place ReLUs: each output is a new tensor the size of its input, made while
+        // the input is live (the input is dropped after, the output kept for backward). With
+        // `inplace=True` the output is the input: the forward's highest moment is lower by
+        // the largest such output, and none of their bytes are allocated.
+        if device.relu_kept_count > 0 && share_of(device.relu_kept_max, whole) >= RELU_SHARE {
+            let at_peak = device.relu_inplace_peak_drop;
+            found.push(Suggestion {
+                kind: Kind::InplaceRelu,
+                device: Some(device.device),
+                bytes: at_peak,
+                action: format!(
+                    "use ReLU(inplace=True) (or F.relu_): each ReLU output would be written into its input; the highest live bytes of the forward passes drop by {}, the device's peak by {}, and {} of allocations are not made",
+                    size(device.relu_inplace_forward_drop),
+                    size(at_peak),
+                    size(device.relu_kept_allocated)
+                ),
+                evidence: vec![format!(
+                    "{} ReLU outputs ({}) were made out of place in forward passes and kept for backward; at most {} live at once ({:.1}% of the {} held at the peak)",
+                    device.relu_kept_count,
+                    size(device.relu_kept_allocated),
+                    size(device.relu_kept_max),
+                    share_of(device.relu_kept_max, whole) * 100.0,
+                    size(whole)
+                )],
                 line: None,
                 pid: None,
             });
