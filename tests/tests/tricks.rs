@@ -4,8 +4,8 @@
 //! used memory against torch's own figures; `steps` finding the `+= loss` leak with its line
 //! and torch's per-step growth; the memory tricks as pairs, each with the category change
 //! and `advise` flagging the variant without the trick (checkpointing, evaluation without
-//! `no_grad`, autocast, gradient accumulation, `del` + `empty_cache()`; inplace ReLU has no
-//! advice), and `diff`'s per-category section giving the same changes.
+//! `no_grad`, autocast, gradient accumulation, `del` + `empty_cache()`, inplace ReLU), and
+//! `diff`'s per-category section giving the same changes.
 
 mod common;
 
@@ -503,6 +503,42 @@ fn gradient_accumulation_and_empty_cache_show_in_breakdown_diff_and_advise() {
     // Only the full batch is told to checkpoint (or shrink its batch).
     assert!(kinds(&advice(&plain_log)).contains(&"activations".to_string()));
     assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
+    // Forward passes per optimizer step (model calls at the training line): one without
+    // accumulation, four with (steps after the first); only the full batch is told to
+    // accumulate, with half its activations' highest for k = 2 and three quarters for k = 4.
+    let forward_calls = |log: &Path| {
+        let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+        arr(&arr(&report["steps"])[0]["steps"])
+            .iter()
+            .skip(1)
+            .map(|s| u64_of(s, "forward_calls"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(forward_calls(&plain_log), vec![1; STEPS - 1]);
+    assert_eq!(forward_calls(&log), vec![4; STEPS - 1]);
+    let suggestions = advice(&plain_log);
+    let accumulate = suggestions
+        .iter()
+        .find(|s| s["kind"] == "gradient_accumulation")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    let highest = plain_kept + 8192 * 40;
+    assert_eq!(u64_of(accumulate, "bytes"), highest - highest / 2);
+    let action = accumulate["action"].as_str().unwrap_or_default();
+    let mib = |n: u64| format!("{:.2} MiB", n as f64 / f64::from(1u32 << 20));
+    assert!(
+        action.contains(&format!("k = 4 about {}", mib(highest - highest / 4))),
+        "{action}"
+    );
+    // Against what accumulating over 4 freed by torch's figures (the plain run's highest
+    // less the micro-batch run's): the estimate is within the loss's few 512-byte blocks,
+    // which do not shrink with the batch.
+    let freed_by_four = highest - (micro_kept + 2048 * 40 + 512);
+    let estimate = highest - highest / 4;
+    assert!(
+        estimate.abs_diff(freed_by_four) <= 4 * 512,
+        "estimate {estimate}, torch {freed_by_four}"
+    );
+    assert!(!kinds(&advice(&log)).contains(&"gradient_accumulation".to_string()));
 
     // `del` of the training data and `torch.cuda.empty_cache()` before the probe (the peak):
     // the cache at the peak is torch's reserved less allocated in both runs; the change in
