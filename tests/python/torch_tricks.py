@@ -114,9 +114,29 @@ def main():
     val_data = torch.randn(BATCH, 256, device="cuda")
     val_target = torch.randint(0, 10, (BATCH,), device="cuda")
     val_total = 0.0
+    # Bytes of each ReLU output in a forward pass with autograd on (numel x element size):
+    # what `inplace=True` does not allocate. The last training forward's.
+    relu_outputs = []
+
+    def relu_output(module, inputs, output):
+        if torch.is_grad_enabled():
+            relu_outputs.append(output.numel() * output.element_size())
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.ReLU):
+            module.register_forward_hook(relu_output)
     step_ends = []
     eval_kept = []
     forward_kept = []
+    # Torch's highest allocated bytes within each training forward and each evaluation
+    # forward (its peak counter reset before each; the run's peak kept across the resets).
+    forward_peak = []
+    eval_peak = []
+    run_peak = [0]
+
+    def reset_peak():
+        run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
     if mode in ("eval_leak", "eval_item"):
         # An evaluation loop alone: no optimizer, so steps are the model's calls.
         for _ in range(steps):
@@ -131,6 +151,7 @@ def main():
         return
     for _ in range(steps):
         optimizer.zero_grad()
+        relu_outputs.clear()
         if mode == "accumulate":
             micro = BATCH // MICRO_BATCHES
             for index in range(MICRO_BATCHES):
@@ -140,10 +161,12 @@ def main():
                 forward_kept.append(torch.cuda.memory_allocated() - before)
                 loss.backward()
         else:
+            reset_peak()
             before = torch.cuda.memory_allocated()
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
                 loss = criterion(model(data), target)
             forward_kept.append(torch.cuda.memory_allocated() - before)
+            forward_peak.append(torch.cuda.max_memory_allocated())
             loss.backward()
         optimizer.step()
         torch.cuda.synchronize()
@@ -151,15 +174,19 @@ def main():
         if mode == "leak":
             val_total += criterion(model(val_data), val_target)
         elif mode == "grad_eval":
+            reset_peak()
             before = torch.cuda.memory_allocated()
             out = criterion(model(val_data), val_target)
+            eval_peak.append(torch.cuda.max_memory_allocated())
             eval_kept.append(torch.cuda.memory_allocated() - before)
             val_total += out.item()
             del out
         else:
             with torch.no_grad():
+                reset_peak()
                 before = torch.cuda.memory_allocated()
                 out = criterion(model(val_data), val_target)
+                eval_peak.append(torch.cuda.max_memory_allocated())
                 eval_kept.append(torch.cuda.memory_allocated() - before)
                 val_total += out.item()
                 del out
@@ -192,7 +219,9 @@ def main():
     print(json.dumps({"mode": mode, "steps": steps, "parameter_bytes": parameters,
                       "step_end_allocated": step_ends, "at_probe": at_probe,
                       "eval_kept": eval_kept, "forward_kept": forward_kept,
-                      "max_allocated": torch.cuda.max_memory_allocated(),
+                      "relu_output_bytes": relu_outputs, "forward_peak": forward_peak,
+                      "eval_peak": eval_peak,
+                      "max_allocated": max(run_peak[0], torch.cuda.max_memory_allocated()),
                       "max_reserved": torch.cuda.max_memory_reserved()}), flush=True)
 
 

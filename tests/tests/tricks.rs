@@ -4,8 +4,8 @@
 //! used memory against torch's own figures; `steps` finding the `+= loss` leak with its line
 //! and torch's per-step growth; the memory tricks as pairs, each with the category change
 //! and `advise` flagging the variant without the trick (checkpointing, evaluation without
-//! `no_grad`, autocast, gradient accumulation, `del` + `empty_cache()`; inplace ReLU has no
-//! advice), and `diff`'s per-category section giving the same changes.
+//! `no_grad`, autocast, gradient accumulation, `del` + `empty_cache()`, inplace ReLU), and
+//! `diff`'s per-category section giving the same changes.
 
 mod common;
 
@@ -503,6 +503,42 @@ fn gradient_accumulation_and_empty_cache_show_in_breakdown_diff_and_advise() {
     // Only the full batch is told to checkpoint (or shrink its batch).
     assert!(kinds(&advice(&plain_log)).contains(&"activations".to_string()));
     assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
+    // Forward passes per optimizer step (model calls at the training line): one without
+    // accumulation, four with (steps after the first); only the full batch is told to
+    // accumulate, with half its activations' highest for k = 2 and three quarters for k = 4.
+    let forward_calls = |log: &Path| {
+        let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+        arr(&arr(&report["steps"])[0]["steps"])
+            .iter()
+            .skip(1)
+            .map(|s| u64_of(s, "forward_calls"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(forward_calls(&plain_log), vec![1; STEPS - 1]);
+    assert_eq!(forward_calls(&log), vec![4; STEPS - 1]);
+    let suggestions = advice(&plain_log);
+    let accumulate = suggestions
+        .iter()
+        .find(|s| s["kind"] == "gradient_accumulation")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    let highest = plain_kept + 8192 * 40;
+    assert_eq!(u64_of(accumulate, "bytes"), highest - highest / 2);
+    let action = accumulate["action"].as_str().unwrap_or_default();
+    let mib = |n: u64| format!("{:.2} MiB", n as f64 / f64::from(1u32 << 20));
+    assert!(
+        action.contains(&format!("k = 4 about {}", mib(highest - highest / 4))),
+        "{action}"
+    );
+    // Against what accumulating over 4 freed by torch's figures (the plain run's highest
+    // less the micro-batch run's): the estimate is within the loss's few 512-byte blocks,
+    // which do not shrink with the batch.
+    let freed_by_four = highest - (micro_kept + 2048 * 40 + 512);
+    let estimate = highest - highest / 4;
+    assert!(
+        estimate.abs_diff(freed_by_four) <= 4 * 512,
+        "estimate {estimate}, torch {freed_by_four}"
+    );
+    assert!(!kinds(&advice(&log)).contains(&"gradient_accumulation".to_string()));
 
     // `del` of the training data and `torch.cuda.empty_cache()` before the probe (the peak):
     // the cache at the peak is torch's reserved less allocated in both runs; the change in
@@ -682,4 +718,83 @@ fn lines_text(log: &Path) -> String {
     ]);
     assert_eq!(code, Some(0), "{stderr}");
     stdout
+}
+
+/// Inplace ReLU: the run without `inplace=True` makes each ReLU output as a new tensor, kept
+/// for backward, while its input is live; `breakdown` counts those outputs exactly as torch
+/// measures them (numel x element size, a forward hook on each ReLU), and `advise` tells
+/// only that run to use `inplace=True`, with what torch's own peak drops by in the run that
+/// does.
+#[test]
+fn advise_flags_out_of_place_relu_with_what_inplace_saves() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (plain_figures, plain_log) = recorded(&python, "item", false);
+    let (inplace_figures, inplace_log) = recorded(&python, "inplace", false);
+    let outputs: Vec<u64> = arr(&plain_figures["relu_output_bytes"])
+        .iter()
+        .map(|v| v.as_u64().expect("bytes"))
+        .collect();
+    // Three ReLUs, each the hidden activation (8192 x 1024 fp32).
+    assert_eq!(outputs, vec![ACTIVATION; 3]);
+    let per_forward: u64 = outputs.iter().sum();
+    let largest = outputs.iter().copied().max().unwrap_or(0);
+
+    let plain = device0(&plain_log);
+    let relu = &plain["relu_outputs_kept"];
+    // One training forward per step; evaluation runs under no_grad (nothing kept).
+    assert_eq!(u64_of(relu, "count"), 3 * STEPS as u64, "{relu}");
+    assert_eq!(u64_of(relu, "allocated_bytes"), per_forward * STEPS as u64);
+    assert_eq!(u64_of(relu, "max_bytes"), per_forward);
+    assert_eq!(u64_of(relu, "largest_bytes"), largest);
+    let inplace = device0(&inplace_log);
+    let relu = &inplace["relu_outputs_kept"];
+    assert_eq!(u64_of(relu, "count"), 0, "{relu}");
+    assert_eq!(u64_of(relu, "allocated_bytes"), 0);
+
+    // What inplace=True saves, replayed as if each kept output were its input: torch's
+    // highest allocated bytes within any forward pass (training and evaluation, every step)
+    // drop by that, and the run's peak (not in a forward pass) by what torch's drops.
+    let forward_peak = |figures: &Value| {
+        ["forward_peak", "eval_peak"]
+            .iter()
+            .flat_map(|key| {
+                arr(&figures[*key])
+                    .iter()
+                    .map(|v| v.as_u64().expect("peak"))
+            })
+            .max()
+            .expect("forward peaks")
+    };
+    let relu = &plain["relu_outputs_kept"];
+    assert_eq!(
+        u64_of(relu, "inplace_forward_drop_bytes"),
+        forward_peak(&plain_figures) - forward_peak(&inplace_figures),
+        "{relu}"
+    );
+    let peak_drop =
+        figure(&plain_figures, "max_allocated") - figure(&inplace_figures, "max_allocated");
+    assert_eq!(u64_of(relu, "inplace_peak_drop_bytes"), peak_drop, "{relu}");
+    let suggestions = advice(&plain_log);
+    let flagged = suggestions
+        .iter()
+        .find(|s| s["kind"] == "inplace_relu")
+        .unwrap_or_else(|| panic!("{suggestions:?}"));
+    assert_eq!(u64_of(flagged, "bytes"), peak_drop);
+    let action = flagged["action"].as_str().unwrap_or_default();
+    let mib = |n: u64| format!("{:.2} MiB", n as f64 / f64::from(1u32 << 20));
+    for figure in [
+        format!(
+            "forward passes drop by {}",
+            mib(u64_of(relu, "inplace_forward_drop_bytes"))
+        ),
+        format!(
+            "{} of allocations are not made",
+            mib(per_forward * STEPS as u64)
+        ),
+    ] {
+        assert!(action.contains(&figure), "{action}");
+    }
+    assert!(!kinds(&advice(&inplace_log)).contains(&"inplace_relu".to_string()));
 }

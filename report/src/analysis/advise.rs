@@ -16,6 +16,9 @@ pub const OPTIMIZER_SHARE: f64 = 0.20;
 pub const EVALUATION_SHARE: f64 = 0.05;
 /// Activations worth halving with autocast: this share of what the device held.
 pub const AUTOCAST_SHARE: f64 = 0.10;
+/// Out-of-place ReLU outputs kept for backward worth `inplace=True`: their highest live
+/// bytes as this share of what the device held.
+pub const RELU_SHARE: f64 = 0.05;
 /// A cache worth simulating allocator settings for: this share of what the device held.
 pub const CACHE_SHARE: f64 = 0.10;
 
@@ -45,6 +48,11 @@ pub enum Kind {
     Autocast,
     /// Whole segments of the cache hold no tensor at the peak: `empty_cache()` returns them.
     EmptyCache,
+    /// Out-of-place ReLU outputs kept for backward: `inplace=True` writes into the input.
+    InplaceRelu,
+    /// Activations dominate and every optimizer step runs one forward pass: accumulate
+    /// gradients over micro-batches.
+    GradientAccumulation,
 }
 
 impl Kind {
@@ -57,6 +65,8 @@ impl Kind {
             Kind::Evaluation => "evaluation_without_no_grad",
             Kind::Autocast => "autocast",
             Kind::EmptyCache => "empty_cache",
+            Kind::InplaceRelu => "inplace_relu",
+            Kind::GradientAccumulation => "gradient_accumulation",
         }
     }
 }
@@ -114,6 +124,12 @@ pub fn suggest(
     caches: &[CacheEvidence],
 ) -> Vec<Suggestion> {
     let mut found = Vec::new();
+    // Forward passes per optimizer step, over the processes split at the optimizer's steps.
+    let forwards: Vec<u32> = steps
+        .iter()
+        .filter_map(|(_, process)| process.forwards_per_step())
+        .collect();
+    let one_forward_per_step = !forwards.is_empty() && forwards.iter().all(|&f| f == 1);
     for (pid, process) in steps {
         if !process.grows() {
             continue;
@@ -203,6 +219,32 @@ pub fn suggest(
                 pid: None,
             });
         }
+        // Gradient accumulation: k micro-batches of 1/k of the batch, each forward's
+        // activations freed by its backward before the next; activations scale with the
+        // batch, so their highest becomes about 1/k (k = 2 ranked; k = 4 said too).
+        if one_forward_per_step && share_of(activations, whole) >= ACTIVATIONS_SHARE {
+            found.push(Suggestion {
+                kind: Kind::GradientAccumulation,
+                device: Some(device.device),
+                bytes: activations - activations / 2,
+                action: format!(
+                    "accumulate gradients over k micro-batches (forward and backward on 1/k of the batch each, loss divided by k, one optimizer step): the same effective batch, activations at their highest about 1/k; k = 2 frees about {}, k = 4 about {}",
+                    size(activations - activations / 2),
+                    size(activations - activations / 4)
+                ),
+                evidence: vec![
+                    "every optimizer step runs one forward pass (one model call per step at its call site)".to_string(),
+                    format!(
+                        "activations at their highest: {} against {} held at the peak ({:.1}%)",
+                        size(activations),
+                        size(whole),
+                        share_of(activations, whole) * 100.0
+                    ),
+                ],
+                line: None,
+                pid: None,
+            });
+        }
         if !device.autocast && share_of(activations, whole) >= AUTOCAST_SHARE {
             found.push(Suggestion {
                 kind: Kind::Autocast,
@@ -222,6 +264,34 @@ pub fn suggest(
                         size(whole)
                     ),
                 ],
+                line: None,
+                pid: None,
+            });
+        }
+        // Out-of-place ReLUs: each output is a new tensor the size of its input, made while
+        // the input is live (the input is dropped after, the output kept for backward). With
+        // `inplace=True` the output is the input: the forward's highest moment is lower by
+        // the largest such output, and none of their bytes are allocated.
+        if device.relu_kept_count > 0 && share_of(device.relu_kept_max, whole) >= RELU_SHARE {
+            let at_peak = device.relu_inplace_peak_drop;
+            found.push(Suggestion {
+                kind: Kind::InplaceRelu,
+                device: Some(device.device),
+                bytes: at_peak,
+                action: format!(
+                    "use ReLU(inplace=True) (or F.relu_): each ReLU output would be written into its input; the highest live bytes of the forward passes drop by {}, the device's peak by {}, and {} of allocations are not made",
+                    size(device.relu_inplace_forward_drop),
+                    size(at_peak),
+                    size(device.relu_kept_allocated)
+                ),
+                evidence: vec![format!(
+                    "{} ReLU outputs ({}) were made out of place in forward passes and kept for backward; at most {} live at once ({:.1}% of the {} held at the peak)",
+                    device.relu_kept_count,
+                    size(device.relu_kept_allocated),
+                    size(device.relu_kept_max),
+                    share_of(device.relu_kept_max, whole) * 100.0,
+                    size(whole)
+                )],
                 line: None,
                 pid: None,
             });

@@ -67,12 +67,17 @@ impl Category {
     }
 
     fn from_index(index: u8) -> Category {
+        let index = index & !MADE_IN_FORWARD;
         Category::ALL
             .get(usize::from(index))
             .copied()
             .unwrap_or(Category::Other)
     }
 }
+
+/// The bit of a filed category byte that says the allocation was made in a forward pass
+/// (under a model's call, not by the autograd engine).
+const MADE_IN_FORWARD: u8 = 0x80;
 
 /// Bytes per category, indexed as [`Category::ALL`].
 pub type CategoryBytes = [u64; Category::ALL.len()];
@@ -118,6 +123,9 @@ struct Traits {
     communication: bool,
     /// A native `at::autocast::` frame: made under `torch.autocast`.
     autocast: bool,
+    /// An out-of-place ReLU's output: a `ReLU.forward` Python frame, or a native
+    /// `::relu`/`::threshold` frame (not a backward's). `inplace=True` allocates nothing there.
+    relu: bool,
     /// A Python frame in `torch/optim/`.
     optimizer: bool,
     /// A Python frame of module construction or placement: `Module._apply`, `Module.to`,
@@ -163,7 +171,18 @@ pub struct Classifier {
     unused: FxHashSet<u64>,
     /// Devices with an allocation made under `torch.autocast`.
     autocast_devices: FxHashSet<i32>,
+    /// Out-of-place ReLU outputs made in a forward pass, by sequence number.
+    relu_outputs: FxHashSet<u64>,
+    /// A ReLU output's input (the latest live allocation of its size that its thread made in
+    /// the forward pass) → the output's (sequence number, bytes).
+    relu_inputs: FxHashMap<u64, (u64, u64)>,
+    /// (process, thread) → its latest live forward allocations (sequence number, bytes),
+    /// oldest first, at most [`RECENT_FORWARD`].
+    recent_forward: FxHashMap<(u32, u32), Vec<(u64, u64)>>,
 }
+
+/// How many of a thread's latest forward allocations a ReLU's input is looked for in.
+const RECENT_FORWARD: usize = 16;
 
 /// How an allocation ended, as the classifier sees it.
 #[derive(Clone, Copy, Debug)]
@@ -205,6 +224,7 @@ impl Classifier {
                 if file.contains("/torch/optim/") {
                     traits.optimizer = true;
                 }
+                traits.relu |= function == "ReLU.forward";
                 let module_file = file.contains("/torch/nn/modules/");
                 if (module_file && function.ends_with("__init__"))
                     || (file.ends_with("/torch/nn/modules/module.py")
@@ -227,6 +247,9 @@ impl Classifier {
                 }
                 names_cudnn |= function.contains("cudnn") || function.contains("Cudnn");
                 traits.autocast |= function.starts_with("at::autocast::");
+                traits.relu |= (function.contains("::relu") || function.contains("::threshold"))
+                    && !function.contains("backward")
+                    && !function.contains("relu_");
                 names_blas |= function.contains("Blas") || function.contains("cublas");
             }
         }
@@ -294,7 +317,13 @@ impl Classifier {
         if self.categories.len() <= seq {
             self.categories.resize(seq + 1, Category::Other as u8);
         }
-        self.categories[seq] = category as u8;
+        let traits = self.traits(processes, live.process, live.stack);
+        let forward = if traits.forward_call.is_some() && !traits.autograd_engine {
+            MADE_IN_FORWARD
+        } else {
+            0
+        };
+        self.categories[seq] = category as u8 | forward;
         if category == Category::Workspaces {
             let library = self
                 .traits(processes, live.process, live.stack)
@@ -353,6 +382,9 @@ impl Classifier {
             libraries: self.libraries,
             unused: self.unused,
             autocast_devices: self.autocast_devices,
+            relu_outputs: self.relu_outputs,
+            relu_paired: self.relu_inputs.values().map(|(seq, _)| *seq).collect(),
+            relu_inputs: self.relu_inputs,
         }
     }
 
@@ -397,6 +429,24 @@ impl Observer for Classifier {
                     if traits.autocast {
                         self.autocast_devices.insert(live.device);
                     }
+                    if traits.forward_call.is_some() && !traits.autograd_engine {
+                        let recent = self
+                            .recent_forward
+                            .entry((live.process, live.thread))
+                            .or_default();
+                        if traits.relu {
+                            self.relu_outputs.insert(live.seq);
+                            if let Some(&(input, _)) =
+                                recent.iter().rev().find(|(_, size)| *size == live.size)
+                            {
+                                self.relu_inputs.insert(input, (live.seq, live.size));
+                            }
+                        }
+                        if recent.len() == RECENT_FORWARD {
+                            recent.remove(0);
+                        }
+                        recent.push((live.seq, live.size));
+                    }
                     if let Some(pending) = self.pending.remove(&(live.process, live.thread)) {
                         for ended in &pending {
                             let made = self.traits(processes, ended.process, ended.stack);
@@ -417,7 +467,13 @@ impl Observer for Classifier {
                     self.current_op
                         .insert((live.process, live.thread), traits.op);
                 }
-                Effect::Removed(live) => self.ended(processes, live, Some(event.thread)),
+                Effect::Removed(live) => {
+                    if let Some(recent) = self.recent_forward.get_mut(&(live.process, live.thread))
+                    {
+                        recent.retain(|(seq, _)| *seq != live.seq);
+                    }
+                    self.ended(processes, live, Some(event.thread))
+                }
                 _ => {}
             },
             Step::Dump { cleared, .. } => {
@@ -438,6 +494,12 @@ pub struct Categories {
     /// Activations freed without a backward pass (saved during evaluation).
     unused: FxHashSet<u64>,
     autocast_devices: FxHashSet<i32>,
+    /// Out-of-place ReLU outputs made in a forward pass.
+    relu_outputs: FxHashSet<u64>,
+    /// A ReLU output's input → the output (sequence number, bytes).
+    relu_inputs: FxHashMap<u64, (u64, u64)>,
+    /// ReLU outputs whose input was found.
+    relu_paired: FxHashSet<u64>,
 }
 
 impl Categories {
@@ -447,6 +509,14 @@ impl Categories {
             .ok()
             .and_then(|seq| self.by_seq.get(seq))
             .map_or(Category::Other, |&index| Category::from_index(index))
+    }
+
+    /// Whether the allocation made by event `seq` was made in a forward pass.
+    pub fn made_in_forward(&self, seq: u64) -> bool {
+        usize::try_from(seq)
+            .ok()
+            .and_then(|seq| self.by_seq.get(seq))
+            .is_some_and(|&index| index & MADE_IN_FORWARD != 0)
     }
 
     /// The library ([`LIBRARIES`] index) of the workspace made by event `seq`.
@@ -480,6 +550,31 @@ pub struct DeviceBreakdown {
     unused_activations: u64,
     /// Some allocation on the device was made under `torch.autocast`.
     pub autocast: bool,
+    /// Out-of-place ReLU outputs kept for backward (activations made under `ReLU.forward` or
+    /// a native relu/threshold): bytes allocated, count, highest live at once and the largest
+    /// one. `inplace=True` would write each into its input instead.
+    pub relu_kept_allocated: u64,
+    pub relu_kept_count: u64,
+    pub relu_kept_max: u64,
+    pub relu_kept_largest: u64,
+    relu_kept: u64,
+    /// The allocation that made the peak was made in a forward pass.
+    pub peak_in_forward: bool,
+    /// What `inplace=True` on those ReLUs would take off the highest live bytes: of the
+    /// whole run, and of the moments a forward pass allocated. Replayed as if each kept
+    /// output were its input: from the output's allocation to its input's free, its bytes
+    /// are not held.
+    pub relu_inplace_peak_drop: u64,
+    pub relu_inplace_forward_drop: u64,
+    /// Kept outputs whose input is still live now, bytes.
+    relu_overlap: u64,
+    /// Bytes live now, and at their highest: as recorded, and less the overlap; the same at
+    /// the moments a forward pass allocated.
+    swept_live: u64,
+    swept_max: u64,
+    swept_max_inplace: u64,
+    swept_forward_max: u64,
+    swept_forward_max_inplace: u64,
     /// Workspaces per library at the peak, and each library's own highest.
     pub libraries_at_peak: LibraryBytes,
     pub libraries_max: LibraryBytes,
@@ -672,7 +767,44 @@ impl Tally {
             let category = categories.of(change.seq);
             let library = categories.library_of(change.seq);
             let unused = categories.unused.contains(&change.seq);
+            let relu_kept = category == Category::Activations
+                && !unused
+                && categories.relu_outputs.contains(&change.seq);
             let slot = category.index();
+            if change.added {
+                entry.swept_live = entry.swept_live.saturating_add(change.size);
+                if relu_kept && categories.relu_paired.contains(&change.seq) {
+                    entry.relu_overlap = entry.relu_overlap.saturating_add(change.size);
+                }
+            } else {
+                entry.swept_live = entry.swept_live.saturating_sub(change.size);
+                if let Some(&(output, size)) = categories.relu_inputs.get(&change.seq)
+                    && categories.relu_outputs.contains(&output)
+                    && categories.of(output) == Category::Activations
+                    && !categories.unused.contains(&output)
+                {
+                    entry.relu_overlap = entry.relu_overlap.saturating_sub(size);
+                }
+            }
+            let inplace = entry.swept_live.saturating_sub(entry.relu_overlap);
+            entry.swept_max = entry.swept_max.max(entry.swept_live);
+            entry.swept_max_inplace = entry.swept_max_inplace.max(inplace);
+            if change.added && categories.made_in_forward(change.seq) {
+                entry.swept_forward_max = entry.swept_forward_max.max(entry.swept_live);
+                entry.swept_forward_max_inplace = entry.swept_forward_max_inplace.max(inplace);
+            }
+            if relu_kept {
+                if change.added {
+                    entry.relu_kept = entry.relu_kept.saturating_add(change.size);
+                    entry.relu_kept_allocated =
+                        entry.relu_kept_allocated.saturating_add(change.size);
+                    entry.relu_kept_count += 1;
+                    entry.relu_kept_max = entry.relu_kept_max.max(entry.relu_kept);
+                    entry.relu_kept_largest = entry.relu_kept_largest.max(change.size);
+                } else {
+                    entry.relu_kept = entry.relu_kept.saturating_sub(change.size);
+                }
+            }
             if change.added {
                 if unused {
                     entry.unused_activations = entry.unused_activations.saturating_add(change.size);
@@ -695,6 +827,7 @@ impl Tally {
                         entry.libraries_max[library].max(entry.libraries_current[library]);
                 }
                 if entry.peak_change == Some(index) {
+                    entry.peak_in_forward = categories.made_in_forward(change.seq);
                     entry.at_peak = entry.current;
                     entry.libraries_at_peak = entry.libraries_current;
                 }
@@ -740,6 +873,9 @@ impl Tally {
         self.sweep(categories);
         for device in &mut self.devices {
             device.autocast = categories.autocast_devices.contains(&device.device);
+            device.relu_inplace_peak_drop = device.swept_max - device.swept_max_inplace;
+            device.relu_inplace_forward_drop =
+                device.swept_forward_max - device.swept_forward_max_inplace;
             let before = device
                 .samples
                 .iter()

@@ -24,6 +24,9 @@ pub struct StepFigures {
     pub peak_bytes: u64,
     /// Live bytes when it ended (before the next step's first allocation).
     pub end_bytes: u64,
+    /// Model calls started within the step at its most called call site: the forward passes
+    /// per optimizer step (more than one: gradients accumulated over micro-batches).
+    pub forward_calls: u32,
 }
 
 /// A line of the training loop whose allocations outlive the steps that made them.
@@ -51,6 +54,20 @@ pub struct ProcessSteps {
 }
 
 impl ProcessSteps {
+    /// Forward passes per optimizer step: the most model calls at one site in a step after
+    /// the first (the first may differ: set-up); None for a process split by model calls or
+    /// with fewer than two steps.
+    pub fn forwards_per_step(&self) -> Option<u32> {
+        if self.by_call.is_some() {
+            return None;
+        }
+        self.steps
+            .iter()
+            .skip(1)
+            .map(|step| step.forward_calls)
+            .max()
+    }
+
     /// End-of-step live bytes minus the previous step's, from step 2 on.
     pub fn growth(&self) -> Vec<i64> {
         self.steps
@@ -91,6 +108,8 @@ struct Origin {
 impl Tracker {
     /// Ends the current step before the allocation at `t_ns`.
     fn close(&mut self, t_ns: u64) {
+        self.current.forward_calls = self.step_calls.values().copied().max().unwrap_or(0);
+        self.step_calls.clear();
         self.current.end_t_ns = t_ns;
         self.current.end_bytes = self.live_bytes;
         self.steps.push(self.current);
@@ -119,6 +138,8 @@ struct Tracker {
     thread_call: FxHashMap<u32, Option<(u32, u32)>>,
     /// Model call site → calls started.
     calls: FxHashMap<(u32, u32), u32>,
+    /// Model call site → calls started in the current step.
+    step_calls: FxHashMap<(u32, u32), u32>,
     /// Model call site → the stack of its current call's first allocation, and allocations
     /// since.
     call_first: FxHashMap<(u32, u32), (u32, u32)>,
@@ -227,6 +248,8 @@ impl Steps {
             if call_start {
                 *first = (live.stack, 0);
                 let calls = tracker.calls.entry(site).or_default();
+                *calls = calls.saturating_add(1);
+                let calls = tracker.step_calls.entry(site).or_default();
                 *calls = calls.saturating_add(1);
             } else {
                 first.1 = first.1.saturating_add(1);

@@ -108,6 +108,15 @@ pub fn write_table(out: &mut dyn Write, device: &DeviceBreakdown) -> io::Result<
             bytes(device.unused_activations_max)
         )?;
     }
+    if device.relu_kept_count > 0 {
+        writeln!(
+            out,
+            "  of the activations, out-of-place ReLU outputs: {} in {}, at most {} live",
+            bytes(device.relu_kept_allocated),
+            device.relu_kept_count,
+            bytes(device.relu_kept_max)
+        )?;
+    }
     match device.cache_at_peak {
         Some(cache) => writeln!(
             out,
@@ -165,6 +174,15 @@ pub fn device_json(device: &DeviceBreakdown) -> Value {
         "context_share": device.context.map(|context| share(context, whole)),
         "held_bytes": device.held_bytes(),
         "autocast_seen": device.autocast,
+        "relu_outputs_kept": {
+            "count": device.relu_kept_count,
+            "allocated_bytes": device.relu_kept_allocated,
+            "max_bytes": device.relu_kept_max,
+            "largest_bytes": device.relu_kept_largest,
+            "inplace_peak_drop_bytes": device.relu_inplace_peak_drop,
+            "inplace_forward_drop_bytes": device.relu_inplace_forward_drop,
+        },
+        "peak_in_forward": device.peak_in_forward,
         "activations_without_backward": {
             "max_bytes": device.unused_activations_max,
             "allocated_bytes": device.unused_activations_allocated,

@@ -146,6 +146,7 @@ pub fn json(report: &StepsReport<'_>) -> Value {
                     "end_t_ns": step.end_t_ns,
                     "peak_bytes": step.peak_bytes,
                     "end_bytes": step.end_bytes,
+                    "forward_calls": step.forward_calls,
                     "growth_bytes": index.checked_sub(1).and_then(|i| growth.get(i)),
                 })).collect::<Vec<_>>(),
                 "leaks": found.leaks.iter().map(leak_json).collect::<Vec<_>>(),
