@@ -14,7 +14,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::torch::{
-    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, repo, rounded_async_peak,
+    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, TORCH_FAKES_CUDA121, repo,
+    rounded_async_peak,
 };
 use common::*;
 use serde_json::Value;
@@ -58,22 +59,7 @@ const CUDA12_OLD: Release = Release {
     version: "2.4.1",
     cuda: "12.1",
     cudart: "libcudart.so.12",
-    fakes: &[
-        "libcuda.so.1",
-        "libcudart.so.12",
-        "libcublas.so.12",
-        "libcublasLt.so.12",
-        "libcudnn.so.9",
-        "libnccl.so.2",
-        "libnvidia-ml.so.1",
-        "libcusparse.so.12",
-        "libcusolver.so.11",
-        "libcufft.so.11",
-        "libcurand.so.10",
-        "libnvrtc.so.12",
-        "libcupti.so.12",
-        "libnvToolsExt.so.1",
-    ],
+    fakes: TORCH_FAKES_CUDA121,
     oom_docs: "https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
 };
 

@@ -10,25 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::torch::{repo, torch_python_of};
+use common::torch::{TORCH_FAKES_CUDA121, repo, torch_python_of};
 use common::*;
-
-/// The fakes torch 2.4.1 loads, by SONAME, but NVTX's (the real library replaces it).
-const TORCH_2_4_1_FAKES: &[&str] = &[
-    "libcuda.so.1",
-    "libcudart.so.12",
-    "libcublas.so.12",
-    "libcublasLt.so.12",
-    "libcudnn.so.9",
-    "libnccl.so.2",
-    "libnvidia-ml.so.1",
-    "libcusparse.so.12",
-    "libcusolver.so.11",
-    "libcufft.so.11",
-    "libcurand.so.10",
-    "libnvrtc.so.12",
-    "libcupti.so.12",
-];
 
 /// NVIDIA's libnvToolsExt.so.1, fetched once per test binary, or `None` (with a SKIPPED
 /// line) when it cannot be.
@@ -87,8 +70,10 @@ fn torch_nvtx_run(
 ) -> (String, Vec<MarkAt>, Vec<(u64, u64)>) {
     let dir = scratch(name);
     let log = dir.join("nvtx.vlog");
-    let mut preload: Vec<String> = TORCH_2_4_1_FAKES
+    // Every fake torch 2.4.1 loads but NVTX's: the real library replaces it.
+    let mut preload: Vec<String> = TORCH_FAKES_CUDA121
         .iter()
+        .filter(|soname| **soname != "libnvToolsExt.so.1")
         .map(|soname| {
             let path = Path::new(vramshim_fakegpu::LIB_DIR).join(soname);
             assert!(path.is_file(), "{} was not built", path.display());

@@ -118,6 +118,25 @@ pub const TORCH_FAKES_CUDA12: &[&str] = &[
     "libcusparseLt.so.0",
 ];
 
+/// The fakes torch 2.4.1 (PyPI's build for CUDA 12.1) loads, by SONAME: no cuSPARSELt (it
+/// bundles its own), and NVTX 2's `libnvToolsExt.so.1`.
+pub const TORCH_FAKES_CUDA121: &[&str] = &[
+    "libcuda.so.1",
+    "libcudart.so.12",
+    "libcublas.so.12",
+    "libcublasLt.so.12",
+    "libcudnn.so.9",
+    "libnccl.so.2",
+    "libnvidia-ml.so.1",
+    "libcusparse.so.12",
+    "libcusolver.so.11",
+    "libcufft.so.11",
+    "libcurand.so.10",
+    "libnvrtc.so.12",
+    "libcupti.so.12",
+    "libnvToolsExt.so.1",
+];
+
 /// The venv's python of torch `version` (`scripts/fetch-torch.sh VERSION`), or `None` (with
 /// a loud note) when it cannot be installed.
 pub fn torch_python_of(version: &str) -> Option<PathBuf> {
