@@ -36,6 +36,36 @@ fn build_program(dir: &Path, name: &str, major: u32) -> PathBuf {
     exe
 }
 
+/// Builds `tests/fakegpu/NAME.c` for CUDA `major` and runs it under the recorder on a 1 GiB
+/// fake device with the `fake_bytes` settings (`VRAMSHIM_FAKEGPU_*`, bytes): its scratch folder
+/// (the logs) with its output, after checking that it exited 0.
+fn run_graph_program(name: &str, major: u32, fake_bytes: &[(&str, u64)]) -> Run {
+    let dir = scratch(&format!("fakegpu-{}-{major}", name.replace('_', "-")));
+    let exe = build_program(&dir, name, major);
+    let mut command = Command::new(&exe);
+    command
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env_remove("VRAMSHIM_STACK");
+    for (variable, bytes) in fake_bytes {
+        command.env(variable, bytes.to_string());
+    }
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    let run = Run { output, dir };
+    assert_eq!(
+        run.output.status.code(),
+        Some(0),
+        "{}\n{}",
+        run.stdout(),
+        String::from_utf8_lossy(&run.output.stderr)
+    );
+    run
+}
+
 /// The program built for CUDA 13 and for CUDA 12: the same answers, each structure filled in
 /// its major's layout and no byte past it.
 #[test]
@@ -584,27 +614,16 @@ fn dryrun_applies_the_programs_cuda_visible_devices_to_its_cards() {
 fn captured_work_is_done_at_each_graph_launch_and_not_before() {
     for major in [13, 12] {
         eprintln!("CUDA {major}");
-        let dir = scratch(&format!("fakegpu-graphs-{major}"));
-        let exe = build_program(&dir, "graphs", major);
-        let output = Command::new(&exe)
-            .env("LD_PRELOAD", shim())
-            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
-            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
-            .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (300 * MIB).to_string())
-            .env("VRAMSHIM_FAKEGPU_MODULE_BYTES", (7 * MIB).to_string())
-            .env_remove("VRAMSHIM_STACK")
-            .output()
-            .expect("run graphs");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
+        let run = run_graph_program(
+            "graphs",
+            major,
+            &[
+                ("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", 300 * MIB),
+                ("VRAMSHIM_FAKEGPU_MODULE_BYTES", 7 * MIB),
+            ],
         );
         assert_eq!(
-            stdout,
+            run.stdout(),
             "setup malloc=0 streams=0 events=0 zero=0\n\
              legacy=900\n\
              begin before=0 rc=0 again=401 after=1\n\
@@ -636,10 +655,6 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
              teardown events=0 streams=0 free=0\n"
         );
         // The recorder saw the one buffer.
-        let run = Run {
-            output,
-            dir: dir.clone(),
-        };
         let dump = dump(&run.log());
         let events = events(&dump);
         let malloc = select(&events, "alloc", "cudaMalloc");
@@ -663,26 +678,13 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
 fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() {
     for major in [13, 12] {
         eprintln!("CUDA {major}");
-        let dir = scratch(&format!("fakegpu-graph-memory-{major}"));
-        let exe = build_program(&dir, "graph_memory", major);
-        let output = Command::new(&exe)
-            .env("LD_PRELOAD", shim())
-            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
-            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
-            .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (300 * MIB).to_string())
-            .env_remove("VRAMSHIM_STACK")
-            .output()
-            .expect("run graph_memory");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
+        let run = run_graph_program(
+            "graph_memory",
+            major,
+            &[("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", 300 * MIB)],
         );
         assert_eq!(
-            stdout,
+            run.stdout(),
             "setup 0\n\
              start taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=0\n\
              captured taken=0 nvml used=0 used-high=0 reserved=0 reserved-high=0\n\
@@ -724,10 +726,6 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
         );
         // The recorder sees the captured cudaMallocAsync calls where they are made (at capture),
         // not the graph pool's memory at launch (README "Not yet").
-        let run = Run {
-            output,
-            dir: dir.clone(),
-        };
         let dump = dump(&run.log());
         let events = events(&dump);
         let malloc = select(&events, "alloc", "cudaMallocAsync");
@@ -750,25 +748,9 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
 fn graph_edges_order_launches_and_decide_clone_and_update() {
     for major in [13, 12] {
         eprintln!("CUDA {major}");
-        let dir = scratch(&format!("fakegpu-graph-structure-{major}"));
-        let exe = build_program(&dir, "graph_structure", major);
-        let output = Command::new(&exe)
-            .env("LD_PRELOAD", shim())
-            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
-            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
-            .env_remove("VRAMSHIM_STACK")
-            .output()
-            .expect("run graph_structure");
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let run = run_graph_program("graph_structure", major, &[]);
         assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert_eq!(
-            stdout,
+            run.stdout(),
             "setup 0\n\
              diamond create=0 a=0 b=0 c=0 e=0 duplicate=1\n\
              edges rc=0/0 count=4/4: 0>1 0>2 1>3 2>3 roots rc=0 0\n\
@@ -788,10 +770,6 @@ fn graph_edges_order_launches_and_decide_clone_and_update() {
              teardown exec=0 graphs=0 free=0 stream=0\n"
         );
         // The recorder saw the one buffer.
-        let run = Run {
-            output,
-            dir: dir.clone(),
-        };
         let dump = dump(&run.log());
         let events = events(&dump);
         let malloc = select(&events, "alloc", "cudaMalloc");
