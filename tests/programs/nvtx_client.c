@@ -180,6 +180,23 @@ static void *ranges(void *arg) {
     return NULL;
 }
 
+/* Waits for `child` (its status in *status); one still running after 10 s is killed and
+ * counted as hung: returns 0 then, 1 otherwise. */
+static int wait_child(pid_t child, int *status) {
+    struct timespec started, now;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    for (;;) {
+        if (waitpid(child, status, WNOHANG) == child) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - started.tv_sec > 10) {
+            kill(child, SIGKILL);
+            waitpid(child, status, 0);
+            return 0;
+        }
+        usleep(100);
+    }
+}
+
 static void fork_storm(int threads, int forks) {
     pthread_t tids[64];
     if (threads > 64) threads = 64;
@@ -196,19 +213,7 @@ static void fork_storm(int threads, int forks) {
             _exit(0);
         }
         int status = 0;
-        struct timespec started, now;
-        clock_gettime(CLOCK_MONOTONIC, &started);
-        for (;;) {
-            if (waitpid(child, &status, WNOHANG) == child) break;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            if (now.tv_sec - started.tv_sec > 10) {
-                hung++;
-                kill(child, SIGKILL);
-                waitpid(child, &status, 0);
-                break;
-            }
-            usleep(100);
-        }
+        if (!wait_child(child, &status)) hung++;
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
     }
     stop = 1;
@@ -237,19 +242,7 @@ static void fork_tables(int threads, int forks) {
             _exit(0);
         }
         int status = 0;
-        struct timespec started, now;
-        clock_gettime(CLOCK_MONOTONIC, &started);
-        for (;;) {
-            if (waitpid(child, &status, WNOHANG) == child) break;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            if (now.tv_sec - started.tv_sec > 10) {
-                hung++;
-                kill(child, SIGKILL);
-                waitpid(child, &status, 0);
-                break;
-            }
-            usleep(100);
-        }
+        if (!wait_child(child, &status)) hung++;
         if (WIFEXITED(status) && WEXITSTATUS(status) == 5) unnamed++;
     }
     stop = 1;
