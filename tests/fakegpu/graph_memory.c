@@ -4,7 +4,8 @@
  * later launches until cudaDeviceGraphMemTrim; cudaMemGetInfo and the graph memory attributes
  * follow exactly. Then a graph whose allocation outlives it: relaunching fails until the memory
  * is freed, unless instantiated with auto-free-on-launch; explicit alloc/free nodes; out of
- * memory at launch. One line per step. Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
+ * memory at launch; a graph with memory nodes is neither cloned nor a child, and a child
+ * graph takes no memory node. One line per step. Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +51,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t original);
+cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                       const cudaGraphNode_t *deps, size_t count,
+                                       cudaGraph_t child);
+cudaError_t cudaGraphChildGraphNodeGetGraph(cudaGraphNode_t node, cudaGraph_t *graph);
 cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *node, cudaGraph_t graph,
                                      const cudaGraphNode_t *deps, size_t count,
                                      cudaMemAllocNodeParams *params);
@@ -229,6 +235,22 @@ int main(void)
     launch = cudaGraphLaunch(exec, s);
     printf("explicit instantiate=%d launch=%d\n", inst, launch);
     pool("explicit");
+    /* The documented limits of graphs with memory nodes (cudaErrorInvalidValue each). */
+    cudaGraph_t copy = NULL, parent, inner, embedded;
+    cudaGraphNode_t child_node, inner_alloc;
+    cudaGraphCreate(&parent, 0);
+    cudaGraphCreate(&inner, 0);
+    int clone = cudaGraphClone(&copy, graph);
+    int child = cudaGraphAddChildGraphNode(&child_node, parent, NULL, 0, graph);
+    int empty_child = cudaGraphAddChildGraphNode(&child_node, parent, NULL, 0, inner);
+    cudaGraphChildGraphNodeGetGraph(child_node, &embedded);
+    cudaMemAllocNodeParams small = big;
+    small.dptr = NULL;
+    int inner_add = cudaGraphAddMemAllocNode(&inner_alloc, embedded, NULL, 0, &small);
+    printf("limits clone=%d copy=%s child=%d empty-child=%d alloc-in-child=%d address=%s "
+           "destroy=%d\n",
+           clone, copy ? "set" : "null", child, empty_child, inner_add,
+           small.dptr ? "set" : "null", cudaGraphDestroy(parent) | cudaGraphDestroy(inner));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
 

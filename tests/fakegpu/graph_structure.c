@@ -2,7 +2,8 @@
  * removed later; edges, roots and a node's dependencies read back; a captured chain's edges; a
  * clone; launches in dependency order (not order of addition), a cycle refused; executable
  * graph update: same topology and node types updated, otherwise the documented failure and
- * reason. One line per step. Built with -DCUDA_MAJOR=13 or 12 (edge data arguments differ). */
+ * reason; child graph nodes (a copy of the child, run in its place, cloned and updated with
+ * the parent). One line per step. Built with -DCUDA_MAJOR=13 or 12 (edge data arguments differ). */
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,11 @@ cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *node, cudaGraph_t graph,
 cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count);
 cudaError_t cudaGraphGetRootNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count);
 cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t original);
+cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                       const cudaGraphNode_t *deps, size_t count,
+                                       cudaGraph_t child);
+cudaError_t cudaGraphChildGraphNodeGetGraph(cudaGraphNode_t node, cudaGraph_t *graph);
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, int *type);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
                                  unsigned long long flags);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
@@ -114,6 +120,7 @@ static char order[8];
 static int ran;
 static void host_one(void *data) { order[ran++] = '1'; }
 static void host_two(void *data) { order[ran++] = '2'; }
+static void host_three(void *data) { order[ran++] = '3'; }
 
 int main(void)
 {
@@ -224,6 +231,71 @@ int main(void)
     out[0] = 0;
     RC("launch", cudaGraphLaunch(exec, s));
     printf(" out=%02x\n", out[0]);
+
+    /* A child graph node: the child (host functions 1, 2) runs after the parent's 3. */
+    cudaGraph_t child, parent, embedded, again;
+    cudaGraphExec_t child_exec;
+    cudaGraphNode_t first, child_node, empty;
+    int type = -1;
+    size_t child_count = 0;
+    cudaStreamBeginCapture(s, GLOBAL);
+    cudaLaunchHostFunc(s, host_one, NULL);
+    cudaLaunchHostFunc(s, host_two, NULL);
+    cudaStreamEndCapture(s, &child);
+    cudaStreamBeginCapture(s, GLOBAL);
+    cudaLaunchHostFunc(s, host_three, NULL);
+    cudaStreamEndCapture(s, &parent);
+    count = 1;
+    cudaGraphGetNodes(parent, &first, &count);
+    printf("child");
+    RC("add", cudaGraphAddChildGraphNode(&child_node, parent, &first, 1, child));
+    RC("get-type", cudaGraphNodeGetType(child_node, &type));
+    printf(" type=%d", type);
+    RC("get", cudaGraphChildGraphNodeGetGraph(child_node, &embedded));
+    /* A copy: a node added to the original later does not reach it. */
+    RC("grow", cudaGraphAddEmptyNode(&empty, child, NULL, 0));
+    cudaGraphGetNodes(embedded, NULL, &child_count);
+    printf(" copy=%s nodes=%zu", embedded != child ? "yes" : "no", child_count);
+    RC("not-child", cudaGraphChildGraphNodeGetGraph(first, &again));
+    RC("destroy-embedded", cudaGraphDestroy(embedded));
+    printf("\n");
+    edges("parent", parent);
+    memset(order, 0, sizeof order);
+    ran = 0;
+    printf("child");
+    RC("instantiate", cudaGraphInstantiate(&child_exec, parent, 0));
+    RC("launch", cudaGraphLaunch(child_exec, s));
+    printf(" order=%s", order);
+    RC("clone", cudaGraphClone(&clone, parent));
+    cudaGraphNode_t cloned[4];
+    count = 4;
+    cudaGraphGetNodes(clone, cloned, &count);
+    type = -1;
+    cudaGraphNodeGetType(cloned[1], &type);
+    RC("get", cudaGraphChildGraphNodeGetGraph(cloned[1], &again));
+    child_count = 0;
+    cudaGraphGetNodes(again, NULL, &child_count);
+    printf(" cloned=%zu type=%d own=%s nodes=%zu", count, type, again != embedded ? "yes" : "no",
+           child_count);
+    /* The clone's child gets one more host function: the update sees a new topology. */
+    cudaGraphNode_t last[4];
+    count = 4;
+    cudaGraphGetNodes(again, last, &count);
+    memset(&info, 0x55, sizeof info);
+    RC("update", cudaGraphExecUpdate(child_exec, clone, &info));
+    printf(" result=%d", info.result);
+    memset(order, 0, sizeof order);
+    ran = 0;
+    RC("launch", cudaGraphLaunch(child_exec, s));
+    printf(" order=%s\n", order);
+    printf("child");
+    RC("grow-clone", cudaGraphAddEmptyNode(&empty, again, &last[1], 1));
+    RC("update", cudaGraphExecUpdate(child_exec, clone, &info));
+    printf(" result=%d", info.result);
+    RC("destroy", cudaGraphExecDestroy(child_exec) | cudaGraphDestroy(clone) | cudaGraphDestroy(parent) |
+                      cudaGraphDestroy(child));
+    printf("\n");
+
     printf("teardown exec=%d graphs=%d free=%d stream=%d\n", cudaGraphExecDestroy(exec),
            cudaGraphDestroy(fill11) | cudaGraphDestroy(fill22) | cudaGraphDestroy(copy_only) |
                cudaGraphDestroy(kernel_first),

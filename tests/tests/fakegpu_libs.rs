@@ -673,7 +673,9 @@ fn captured_work_is_done_at_each_graph_launch_and_not_before() {
 /// cudaDeviceGraphMemTrim; cudaMemGetInfo, NVML and the four graph memory attributes follow it
 /// exactly. A graph whose allocation is still live cannot be relaunched (1) until the memory is
 /// freed outside it, unless instantiated with auto-free-on-launch; a second instantiation of a
-/// graph with memory nodes fails (1); nodes added by hand; out of memory at launch (2).
+/// graph with memory nodes fails (1); nodes added by hand; such a graph is not cloned nor made
+/// a child (1, as documented), nor takes a child graph an alloc node (1); out of memory at
+/// launch (2).
 #[test]
 fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() {
     for major in [13, 12] {
@@ -719,6 +721,7 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
              nodes rc=0 count=2 types=10,11\n\
              explicit instantiate=0 launch=0\n\
              explicit taken=2 nvml used=0 used-high=6 reserved=2 reserved-high=6\n\
+             limits clone=1 copy=null child=1 empty-child=0 alloc-in-child=1 address=null destroy=0\n\
              too-big add=0 instantiate=0 launch=2\n\
              too-big taken=2 nvml used=0 used-high=6 reserved=2 reserved-high=6\n\
              teardown exec=0 graph=0 trim=0 stream=0\n\
@@ -743,7 +746,9 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
 /// (host functions "21"), and a cycle fails instantiation (1); cudaGraphExecUpdate takes a graph
 /// of the same shape (the next launch fills 0x22) and refuses another node count (910, topology
 /// changed) or node type (910, type changed, the node named), leaving the executable graph as
-/// it was.
+/// it was. A child graph node (type 4) holds a copy of the child, runs it in its place (host
+/// functions 3, then the child's 1 2), is copied by a clone (its own child) and updated
+/// with a clone of the same shape, not after the clone's child grew (910, topology changed).
 #[test]
 fn graph_edges_order_launches_and_decide_clone_and_update() {
     for major in [13, 12] {
@@ -767,6 +772,11 @@ fn graph_edges_order_launches_and_decide_clone_and_update() {
              reverse remove=0 add=0 instantiate=0 launch=0 order=21 destroy=0 cycle=0 instantiate=1 destroy=0\n\
              update instantiate=0 launch=0 out=11 same-shape=0 result=0 node=null launch=0 out=22\n\
              update count=910 result=2 type=910 result=3 node=first launch=0 out=22\n\
+             child add=0 get-type=0 type=4 get=0 grow=0 copy=yes nodes=2 not-child=1 destroy-embedded=1\n\
+             parent rc=0/0 count=1/1: 0>1 roots rc=0 0\n\
+             child instantiate=0 launch=0 order=312 clone=0 get=0 cloned=2 type=4 own=yes nodes=2 \
+             update=0 result=0 launch=0 order=312\n\
+             child grow-clone=0 update=910 result=2 destroy=0\n\
              teardown exec=0 graphs=0 free=0 stream=0\n"
         );
         // The recorder saw the one buffer.

@@ -119,7 +119,8 @@ CUresult fg_set(uint64_t dst, unsigned value, size_t element, size_t count);
 /* Stream capture (exec.c). An operation work on a stream stands for: done at once, or recorded
  * as a graph node while the stream captures. */
 enum fg_op_type {
-    FG_OP_KERNEL, FG_OP_COPY, FG_OP_SET, FG_OP_HOST, FG_OP_EMPTY, FG_OP_MEM_ALLOC, FG_OP_MEM_FREE
+    FG_OP_KERNEL, FG_OP_COPY, FG_OP_SET, FG_OP_HOST, FG_OP_EMPTY, FG_OP_MEM_ALLOC, FG_OP_MEM_FREE,
+    FG_OP_GRAPH
 };
 struct graph_mem;
 struct fg_op {
@@ -131,6 +132,7 @@ struct fg_op {
     void (*host_fn)(void *);  /* FG_OP_HOST */
     void *host_data;
     struct graph_mem *mem;    /* FG_OP_MEM_ALLOC / FG_OP_MEM_FREE: the graph allocation */
+    struct CUgraph_st *child; /* FG_OP_GRAPH: the embedded graph, owned by the node */
 };
 /* True when STREAM is capturing: OP became a node (or *RC says why not); false: do it now. */
 bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc);

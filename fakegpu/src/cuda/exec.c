@@ -56,11 +56,15 @@ struct CUgraphNode_st {
 struct CUgraph_st {
     CUgraphNode *nodes;
     size_t count, capacity;
+    bool embedded; /* a child graph node's graph: no memory nodes may be added */
 };
 
 struct CUgraphExec_st {
-    struct fg_op *ops; /* in an order that runs every node after its dependencies */
+    /* In an order that runs every node after its dependencies, a child graph's operations
+     * in its place. */
+    struct fg_op *ops;
     size_t count;
+    size_t nodes; /* the instantiated graph's node count (child graphs one each) */
     /* The instantiated graph's shape, for cuGraphExecUpdate: its node types (in order of
      * addition) and edges (index pairs, to then from). */
     int *types;
@@ -341,6 +345,8 @@ static bool node_depends_on(CUgraphNode node, CUgraphNode dep)
 static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNode *deps,
                           size_t ndeps, CUgraphNode *added)
 {
+    if (graph->embedded && (op->type == FG_OP_MEM_ALLOC || op->type == FG_OP_MEM_FREE))
+        return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < ndeps; i++) {
         if (!deps[i] || deps[i]->graph != graph)
             return CUDA_ERROR_INVALID_VALUE;
@@ -981,20 +987,98 @@ FG_EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
     return *graph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
+/* Frees GRAPH, its nodes and their child graphs (capture_lock held). */
+static void graph_free(CUgraph graph)
 {
-    if (!graph)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&capture_lock);
     for (size_t i = 0; i < graph->count; i++) {
         if (graph->nodes[i]->op.mem)
             graph_mem_put(graph->nodes[i]->op.mem);
+        if (graph->nodes[i]->op.child)
+            graph_free(graph->nodes[i]->op.child);
         free(graph->nodes[i]->deps);
         free(graph->nodes[i]);
     }
-    pthread_mutex_unlock(&capture_lock);
     free(graph->nodes);
     free(graph);
+}
+
+FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
+{
+    if (!graph || graph->embedded)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    graph_free(graph);
+    pthread_mutex_unlock(&capture_lock);
+    return CUDA_SUCCESS;
+}
+
+/* A copy of ORIGINAL's nodes and edges, child graphs copied too (capture_lock held). Graphs
+ * with memory nodes are not cloned: the driver's documentation says cloning is not supported
+ * for them, and of its documented errors CUDA_ERROR_INVALID_VALUE is the one that fits. */
+static CUresult graph_clone(CUgraph original, CUgraph *clone)
+{
+    CUgraph g = calloc(1, sizeof *g);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < original->count && !rc; i++) {
+        CUgraphNode node = original->nodes[i];
+        if (node->op.mem) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        struct fg_op op = node->op;
+        if (op.child) {
+            rc = graph_clone(node->op.child, &op.child);
+            if (rc)
+                break;
+            op.child->embedded = true;
+        }
+        CUgraphNode *deps = malloc((node->ndeps ? node->ndeps : 1) * sizeof *deps);
+        if (!deps) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            for (size_t d = 0; d < node->ndeps; d++)
+                deps[d] = g->nodes[node->deps[d]->index];
+            rc = graph_add(g, &op, deps, node->ndeps, NULL);
+        }
+        free(deps);
+        if (rc && op.child)
+            graph_free(op.child);
+    }
+    if (rc) {
+        graph_free(g);
+        return rc;
+    }
+    *clone = g;
+    return CUDA_SUCCESS;
+}
+
+/* A node that runs a copy of CHILD (which may have no memory nodes) at its place. */
+FG_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph,
+                                            const CUgraphNode *deps, size_t count, CUgraph child)
+{
+    if (!node || !graph || !child || (count && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_op op = {.type = FG_OP_GRAPH};
+    pthread_mutex_lock(&capture_lock);
+    CUresult rc = graph_clone(child, &op.child);
+    if (!rc) {
+        op.child->embedded = true;
+        rc = graph_add(graph, &op, deps, count, node);
+        if (rc)
+            graph_free(op.child);
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+/* The node's own graph, not a copy: changes to it reach the node. */
+FG_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
+{
+    if (!node || !graph || node->op.type != FG_OP_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = node->op.child;
     return CUDA_SUCCESS;
 }
 
@@ -1088,6 +1172,36 @@ static bool graph_shape(CUgraph graph, int **types, size_t **edges, size_t *nedg
     return true;
 }
 
+/* Appends GRAPH's operations, in an order that runs each after its dependencies and a child
+ * graph's in its place, to *OPS (capture_lock held); false for a cycle or no memory. */
+static bool graph_flatten(CUgraph graph, struct fg_op **ops, size_t *count, size_t *capacity)
+{
+    size_t *order = graph_order(graph);
+    if (!order)
+        return false;
+    bool ok = true;
+    for (size_t i = 0; i < graph->count && ok; i++) {
+        const struct fg_op *op = &graph->nodes[order[i]]->op;
+        if (op->type == FG_OP_GRAPH) {
+            ok = graph_flatten(op->child, ops, count, capacity);
+            continue;
+        }
+        if (*count == *capacity) {
+            size_t more = *capacity ? *capacity * 2 : 16;
+            struct fg_op *grown = realloc(*ops, more * sizeof *grown);
+            if (!grown) {
+                ok = false;
+                break;
+            }
+            *ops = grown;
+            *capacity = more;
+        }
+        (*ops)[(*count)++] = *op;
+    }
+    free(order);
+    return ok;
+}
+
 /* The instantiated graph copies the operations: later changes to the graph do not reach it. */
 FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
                                                unsigned long long flags)
@@ -1105,36 +1219,25 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
             free(e);
             return CUDA_ERROR_INVALID_VALUE;
         }
-    size_t *order = graph_order(graph);
-    if (!order) {
+    size_t capacity = 0;
+    bool ok = graph_flatten(graph, &e->ops, &e->count, &capacity);
+    if (ok && !graph_shape(graph, &e->types, &e->edges, &e->nedges))
+        ok = false;
+    if (!ok) {
         pthread_mutex_unlock(&capture_lock);
+        free(e->ops);
         free(e);
         return CUDA_ERROR_INVALID_VALUE; /* a cycle (or no memory) */
     }
-    e->ops = graph->count ? malloc(graph->count * sizeof *e->ops) : NULL;
-    if (!graph_shape(graph, &e->types, &e->edges, &e->nedges)) {
-        free(e->ops);
-        e->ops = NULL;
+    for (size_t i = 0; i < e->count; i++) {
+        if (e->ops[i].mem)
+            e->ops[i].mem->refs++;
+        if (e->ops[i].type == FG_OP_MEM_ALLOC)
+            e->ops[i].mem->execs++;
     }
-    if (e->ops || !graph->count) {
-        for (size_t i = 0; i < graph->count; i++) {
-            e->ops[i] = graph->nodes[order[i]]->op;
-            if (e->ops[i].mem)
-                e->ops[i].mem->refs++;
-            if (e->ops[i].type == FG_OP_MEM_ALLOC)
-                e->ops[i].mem->execs++;
-        }
-        e->count = graph->count;
-    }
+    e->nodes = graph->count;
     e->auto_free = flags & 1;
     pthread_mutex_unlock(&capture_lock);
-    free(order);
-    if (graph->count && !e->ops) {
-        free(e->types);
-        free(e->edges);
-        free(e);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     *exec = e;
     return CUDA_SUCCESS;
 }
@@ -1249,7 +1352,7 @@ FG_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
     if (!node || !type)
         return CUDA_ERROR_INVALID_VALUE;
     static const int types[] = {[FG_OP_KERNEL] = 0, [FG_OP_COPY] = 1, [FG_OP_SET] = 2,
-                                [FG_OP_HOST] = 3, [FG_OP_EMPTY] = 5, [FG_OP_MEM_ALLOC] = 10,
+                                [FG_OP_HOST] = 3, [FG_OP_GRAPH] = 4, [FG_OP_EMPTY] = 5, [FG_OP_MEM_ALLOC] = 10,
                                 [FG_OP_MEM_FREE] = 11};
     *type = types[node->op.type];
     return CUDA_SUCCESS;
@@ -1704,39 +1807,15 @@ FG_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *
     return node_dependencies(node, deps, edges, count);
 }
 
-/* A copy of the nodes and edges. A graph with memory nodes is not cloned (not modelled). */
+/* A copy of the nodes and edges (graph_clone). */
 FG_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original)
 {
     if (!clone || !original)
         return CUDA_ERROR_INVALID_VALUE;
-    CUgraph g;
-    CUresult rc = cuGraphCreate(&g, 0);
-    if (rc)
-        return rc;
     pthread_mutex_lock(&capture_lock);
-    for (size_t i = 0; i < original->count && !rc; i++) {
-        CUgraphNode node = original->nodes[i];
-        if (node->op.mem) {
-            rc = CUDA_ERROR_NOT_SUPPORTED;
-            break;
-        }
-        CUgraphNode *deps = malloc((node->ndeps ? node->ndeps : 1) * sizeof *deps);
-        if (!deps) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-            break;
-        }
-        for (size_t d = 0; d < node->ndeps; d++)
-            deps[d] = g->nodes[node->deps[d]->index];
-        rc = graph_add(g, &node->op, deps, node->ndeps, NULL);
-        free(deps);
-    }
+    CUresult rc = graph_clone(original, clone);
     pthread_mutex_unlock(&capture_lock);
-    if (rc) {
-        cuGraphDestroy(g);
-        return rc;
-    }
-    *clone = g;
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 /* CUgraphExecUpdateResult values. */
@@ -1760,14 +1839,14 @@ FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
     info->errorNode = info->errorFromNode = NULL;
     int *types = NULL;
     size_t *edges = NULL, nedges = 0;
-    size_t *order = NULL;
     struct fg_op *ops = NULL;
+    size_t nops = 0, capacity = 0;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&capture_lock);
-    if (graph->count != exec->count) {
+    if (graph->count != exec->nodes) {
         info->result = UPDATE_TOPOLOGY_CHANGED;
-    } else if (!graph_shape(graph, &types, &edges, &nedges) || !(order = graph_order(graph)) ||
-               !(ops = malloc((graph->count ? graph->count : 1) * sizeof *ops))) {
+    } else if (!graph_shape(graph, &types, &edges, &nedges) ||
+               !graph_flatten(graph, &ops, &nops, &capacity)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         for (size_t i = 0; i < graph->count && !info->result; i++)
@@ -1783,14 +1862,13 @@ FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
                               memcmp(edges, exec->edges, nedges * 2 * sizeof *edges))) {
             info->result = UPDATE_TOPOLOGY_CHANGED;
         }
-        if (!info->result)
-            for (size_t i = 0; i < graph->count; i++)
-                ops[i] = graph->nodes[order[i]]->op;
+        /* A child graph's own shape is compared by its operation count only. */
+        if (!info->result && nops != exec->count)
+            info->result = UPDATE_TOPOLOGY_CHANGED;
     }
     pthread_mutex_unlock(&capture_lock);
     free(types);
     free(edges);
-    free(order);
     if (rc || info->result) {
         free(ops);
         return rc ? rc : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;

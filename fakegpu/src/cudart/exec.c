@@ -502,6 +502,20 @@ FG_EXPORT cudaError_t cudaGraphAddEmptyNode(CUgraphNode *node, cudaGraph_t graph
     return fg_rt_status(cuGraphAddEmptyNode(node, graph, deps, count));
 }
 
+FG_EXPORT cudaError_t cudaGraphAddChildGraphNode(CUgraphNode *node, cudaGraph_t graph,
+                                                 const CUgraphNode *deps, size_t count,
+                                                 cudaGraph_t child)
+{
+    READY();
+    return fg_rt_status(cuGraphAddChildGraphNode(node, graph, deps, count, child));
+}
+
+FG_EXPORT cudaError_t cudaGraphChildGraphNodeGetGraph(CUgraphNode node, cudaGraph_t *graph)
+{
+    READY();
+    return fg_rt_status(cuGraphChildGraphNodeGetGraph(node, graph));
+}
+
 /* Graph memory nodes: cudaMemAllocNodeParams has the driver's layout. */
 FG_EXPORT cudaError_t cudaGraphAddMemAllocNode(CUgraphNode *node, cudaGraph_t graph,
                                                const CUgraphNode *deps, size_t count,

@@ -382,6 +382,9 @@ CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edges,
                                        size_t *count);
 CUresult cuGraphClone(CUgraph *clone, CUgraph original);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  size_t count, CUgraph child);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph);
 CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *info);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                 size_t count, void *params);
