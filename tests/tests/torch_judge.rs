@@ -439,6 +439,29 @@ fn judge_ddp_at(
     memory: u64,
     env: &[(&str, &str)],
 ) -> Vec<(Value, PathBuf)> {
+    let run = judge_ddp_process(torch, name, memory, env);
+    let output = &run.output;
+    assert!(
+        output.status.success(),
+        "{name} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (0..2)
+        .map(|rank| {
+            let figures = read_json(&run.dir.join(format!("rank{rank}.json")));
+            assert_eq!(
+                (u64_of(&figures, "rank"), u64_of(&figures, "device")),
+                (rank, rank),
+                "{figures}"
+            );
+            let log = run.dir.join(format!("{}.vlog", u64_of(&figures, "pid")));
+            (figures, log)
+        })
+        .collect()
+}
+
+/// [`judge_ddp_at`]'s torchrun process, however it ended.
+fn judge_ddp_process(torch: &Torch, name: &str, memory: u64, env: &[(&str, &str)]) -> Run {
     let dir = scratch(&format!("judge-{}-{name}", torch.version));
     let mut command = Command::new(&torch.python);
     command
@@ -480,23 +503,7 @@ fn judge_ddp_at(
         command.env(key, value);
     }
     let output = command.output().expect("run torchrun");
-    assert!(
-        output.status.success(),
-        "{name} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (0..2)
-        .map(|rank| {
-            let figures = read_json(&dir.join(format!("rank{rank}.json")));
-            assert_eq!(
-                (u64_of(&figures, "rank"), u64_of(&figures, "device")),
-                (rank, rank),
-                "{figures}"
-            );
-            let log = dir.join(format!("{}.vlog", u64_of(&figures, "pid")));
-            (figures, log)
-        })
-        .collect()
+    Run { output, dir }
 }
 
 /// Checks 1 and 2 on DistributedDataParallel over two processes (torchrun, the fake NCCL),
@@ -621,8 +628,56 @@ fn whatif_predicts_each_oom_and_each_retry_at_a_tight_capacity_on_cuda12() {
 #[test]
 fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
     let Some(torch) = current() else { return };
-    let recording = judge(
+    resnet_at_tight_capacities(
         &torch,
+        &[
+            ("resnet-64-default", 64, "", Some(32 * MIB), 2),
+            (
+                "resnet-72-expandable",
+                72,
+                "expandable_segments:True",
+                Some(32 * MIB),
+                2,
+            ),
+            ("resnet-84-default", 84, "", None, 2),
+        ],
+    );
+}
+
+/// The same on torch 2.6 (CUDA 12), whose ResNet needs more: the defaults fail on 32 MiB
+/// after one retry at 64 MiB, on 18 MiB after one at 128 MiB (127,926,272 reserved), and fit
+/// after two at 136 MiB (142,606,336 reserved; 144 MiB fits with none); expandable segments fail on 32 MiB after one retry at 72 MiB; and at
+/// 64 MiB expandable segments stop in `cublasCreate` at 70 MiB reserved, as on 2.15.
+#[test]
+fn whatif_predicts_the_resnets_outcome_at_tight_capacities_on_cuda12() {
+    let Some(torch) = cuda12() else { return };
+    resnet_at_tight_capacities(
+        &torch,
+        &[
+            ("resnet-64-default", 64, "", Some(32 * MIB), 1),
+            (
+                "resnet-72-expandable",
+                72,
+                "expandable_segments:True",
+                Some(32 * MIB),
+                1,
+            ),
+            ("resnet-128-default", 128, "", Some(18 * MIB), 1),
+            ("resnet-136-default", 136, "", None, 2),
+        ],
+    );
+}
+
+/// One native ResNet run at a tight capacity: (label, MiB beside the cuBLAS handles, config,
+/// torch's OOM segment if it raised one, retries).
+type ResnetRun = (&'static str, u64, &'static str, Option<u64>, u64);
+
+/// [`whatif_predicts_the_resnets_outcome_at_tight_capacities`] for one release: each of
+/// `finished` (runs that print torch's figures), then expandable segments at 64 MiB, which
+/// stop in `cublasCreate`.
+fn resnet_at_tight_capacities(torch: &Torch, finished: &[ResnetRun]) {
+    let recording = judge(
+        torch,
         "resnet-async",
         "resnet",
         8 * GIB,
@@ -633,25 +688,13 @@ fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
     // Two cuBLAS handles (main and autograd threads) and 100 KiB for the rest beside torch's
     // segments (the cuDNN handles, 25,348 bytes each).
     let capacity = |mib: u64| mib * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
-    // (label, MiB, config, torch's OOM segment if it raised one, retries).
-    let finished: [(&str, u64, &str, Option<u64>, u64); 3] = [
-        ("resnet-64-default", 64, "", Some(32 * MIB), 2),
-        (
-            "resnet-72-expandable",
-            72,
-            "expandable_segments:True",
-            Some(32 * MIB),
-            2,
-        ),
-        ("resnet-84-default", 84, "", None, 2),
-    ];
-    for (label, mib, config, oom, retries) in finished {
+    for &(label, mib, config, oom, retries) in finished {
         let env: Vec<(&str, &str)> = if config.is_empty() {
             vec![]
         } else {
             vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
         };
-        let run = judge(&torch, label, "resnet", capacity(mib), &env, true);
+        let run = judge(torch, label, "resnet", capacity(mib), &env, true);
         let t = &run.torch;
         if config.is_empty() {
             check_log_equals_memory_stats(label, &run);
@@ -674,7 +717,7 @@ fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
     // figures; the log has the failed call and torch's segments up to it.
     let config = "expandable_segments:True";
     let run = judge_process(
-        &torch,
+        torch,
         "resnet-64-expandable",
         "resnet",
         capacity(64),
@@ -727,7 +770,9 @@ fn whatif_predicts_the_resnets_outcome_at_tight_capacities() {
 /// rank's two cuBLAS handles, both native modes raise torch's OOM asking for 32 MiB (the
 /// defaults after 1 retry at 58,720,256 reserved, expandable segments after 2 at
 /// 67,108,864), and `whatif` on each rank's cudaMallocAsync recording gives each rank's
-/// figures up to the error exactly.
+/// figures up to the error exactly. With 56 MiB, expandable segments: both ranks stop in
+/// `cublasCreate` (its 64 MiB `cuMemAlloc` fails at 67,108,864 reserved), which `whatif`
+/// predicts as each rank's library failure.
 #[test]
 fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
     let Some(torch) = current() else { return };
@@ -769,6 +814,68 @@ fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
                 "{label}: {t}"
             );
         }
+    }
+
+    // 56 MiB, expandable segments: each rank's autograd thread's cublasCreate fails (its
+    // handle's 64 MiB cuMemAlloc) at 64 MiB reserved, before torch prints its figures;
+    // whatif calls it a library failure on each rank, at that rank's reserved bytes.
+    let config = "expandable_segments:True";
+    let capacity = 56 * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    let run = judge_ddp_process(
+        &torch,
+        "ddp-tight-56-expandable",
+        capacity,
+        &[("PYTORCH_CUDA_ALLOC_CONF", config)],
+    );
+    let stderr = run.stderr();
+    assert!(!run.output.status.success(), "{stderr}");
+    assert!(stderr.contains("CUBLAS_STATUS_ALLOC_FAILED"), "{stderr}");
+    let logs: Vec<(PathBuf, Vec<Value>)> = run
+        .logs()
+        .into_iter()
+        .map(|log| {
+            let failed = events(&dump(&log))
+                .into_iter()
+                .filter(|e| e["event"] == "alloc_failed")
+                .cloned()
+                .collect();
+            (log, failed)
+        })
+        .collect();
+    for (rank, (_, async_log)) in recordings.iter().enumerate() {
+        let rank = rank as u64;
+        let (log, failed) = logs
+            .iter()
+            .find(|(_, failed)| failed.iter().any(|e| e["device"] == rank))
+            .unwrap_or_else(|| panic!("no failed call on device {rank}: {logs:?}"));
+        assert_eq!(failed.len(), 1, "rank {rank}: {failed:?}");
+        assert_eq!(failed[0]["api"], "cuMemAlloc_v2", "{failed:?}");
+        let view = allocator_view_of(log, rank);
+        let (_, rows) = whatif_on(async_log, rank, capacity, None, &[config]);
+        let row = &rows[config];
+        let failure = &row["library_failure"];
+        assert_eq!(
+            (
+                row["fits"].as_bool(),
+                row["oom"].is_null() || u64_of(&row["oom"], "t_ns") > u64_of(failure, "t_ns"),
+                u64_of(failure, "size"),
+                u64_of(failure, "reserved"),
+                u64_of(failure, "peak_reserved"),
+            ),
+            (
+                Some(false),
+                true,
+                u64_of(&failed[0], "size"),
+                u64_of(&view["reserved"], "final"),
+                u64_of(&view["reserved"], "peak"),
+            ),
+            "rank {rank}: whatif {row} vs the log's {view}"
+        );
+        assert_eq!(
+            (u64_of(failure, "size"), u64_of(failure, "reserved")),
+            (64 * MIB, 64 * MIB),
+            "rank {rank}: {failure}"
+        );
     }
 }
 
