@@ -23,11 +23,12 @@ def stats():
         "reserved_bytes.all.current", "num_device_alloc", "num_device_free")}
 
 
-def conv_workspace():
+def conv_workspace(benchmark=False):
     """One 3x3 convolution, 64 to 64 channels on a 128x128 image, fp32, no bias: the fake's
     first engine wants one image's im2col matrix as workspace, 64 x 3 x 3 x 128 x 128 x 4 bytes
-    = 36 MiB, which torch allocates for the call and frees after it."""
-    torch.backends.cudnn.benchmark = False
+    = 36 MiB, which torch allocates for the call and frees after it (with `benchmark`, also
+    while it times the candidate plans)."""
+    torch.backends.cudnn.benchmark = benchmark
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda()
     x = torch.empty(1, 64, 128, 128, device="cuda")
     torch.cuda.reset_peak_memory_stats()
@@ -112,7 +113,8 @@ def attention():
                       "grad": list(q.grad.shape), **stats()}), flush=True)
 
 
-{"conv_workspace": conv_workspace, "resnet": resnet, "resnet_trace": resnet_trace,
+{"conv_workspace": conv_workspace,
+ "conv_workspace_benchmark": lambda: conv_workspace(benchmark=True), "resnet": resnet, "resnet_trace": resnet_trace,
  "attention": attention}[sys.argv[1]]()
 # Every mode leaves without finalising the interpreter: otherwise the autograd thread may still
 # be dropping the last backward's GraphTask, whose thread-local state holds a Python object;

@@ -10,19 +10,31 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::torch::{CUBLAS_HANDLE, fake_preload, repo, torch_python};
+use common::torch::{CUBLAS_HANDLE, CUDNN_HANDLE, fake_preload, repo, torch_python};
 use common::*;
 use serde_json::Value;
 
 /// Runs `tests/python/torch_breakdown.py` under the recorder with `env`; returns what the
 /// script printed (its last line) and the log.
 fn recorded_mlp(python: &Path, name: &str, env: &[(&str, &str)]) -> (Value, PathBuf) {
+    recorded(python, "torch_breakdown.py", "3", name, env)
+}
+
+/// Runs `tests/python/SCRIPT ARG` under the recorder (fake GPU of 8 GiB) with `env`; returns
+/// what the script printed (its last line) and the log.
+fn recorded(
+    python: &Path,
+    script: &str,
+    arg: &str,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (Value, PathBuf) {
     let dir = scratch(&format!("breakdown-{name}"));
     let mut command = Command::new(python);
     command
         .args(["-W", "ignore"])
-        .arg(repo().join("tests/python/torch_breakdown.py"))
-        .arg("3")
+        .arg(repo().join("tests/python").join(script))
+        .arg(arg)
         .env(
             "LD_PRELOAD",
             format!("{}:{}", shim().display(), fake_preload()),
@@ -190,6 +202,95 @@ fn mlp_with_adam_breaks_down_into_parameters_gradients_and_state() {
             "{name}:\n{text}"
         );
     }
+}
+
+/// Workspaces of library `name` in a device's breakdown: (bytes at the peak, own highest).
+fn library(device: &Value, name: &str) -> (u64, u64) {
+    let found = arr(&device["workspaces_by_library"])
+        .iter()
+        .find(|l| l["library"] == name)
+        .unwrap_or_else(|| panic!("no library {name}: {device}"));
+    (u64_of(found, "at_peak_bytes"), u64_of(found, "max_bytes"))
+}
+
+/// `breakdown --json` of a log's device 0.
+fn device_breakdown(log: &Path) -> Value {
+    let report = json_of(&["breakdown".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let devices = arr(&report["devices"]);
+    let device = devices.iter().find(|d| d["device"] == 0);
+    device
+        .unwrap_or_else(|| panic!("no device 0: {report}"))
+        .clone()
+}
+
+/// `breakdown` of `tests/python/torch_cudnn.py MODE`: one 3x3 convolution, 64 to 64 channels on
+/// one 128x128 image, fp32, under no_grad; torch's peak is its workspace, input, output and
+/// weight. The workspace and the handle's own memory are cuDNN's.
+fn conv_workspace_at_peak(python: &Path, mode: &str) {
+    let env = [("VRAMSHIM_STACK", "mixed")];
+    let (figures, log) = recorded(python, "torch_cudnn.py", mode, mode, &env);
+    let im2col = 64 * 3 * 3 * 128 * 128 * 4;
+    let weight = 64 * 64 * 3 * 3 * 4;
+    assert_eq!(
+        u64_of(&figures, "allocated_bytes_peak"),
+        im2col + 2 * (4 << 20) + weight,
+        "{mode}: {figures}"
+    );
+    let device = device_breakdown(&log);
+    // The peak is torch's plus the handle's own memory.
+    assert_eq!(
+        u64_of(&device, "peak_bytes"),
+        u64_of(&figures, "allocated_bytes_peak") + CUDNN_HANDLE,
+        "{mode}: {figures}"
+    );
+    assert_eq!(
+        category(&device, "workspaces").0,
+        im2col + CUDNN_HANDLE,
+        "{mode}"
+    );
+    assert_eq!(
+        library(&device, "cudnn"),
+        (im2col + CUDNN_HANDLE, im2col + CUDNN_HANDLE),
+        "{mode}"
+    );
+    // The rest: the weight as parameters, input and output (4 MiB each) in the others.
+    assert_eq!(category(&device, "parameters").0, weight, "{mode}");
+    let rest: u64 = [
+        "temporaries",
+        "other",
+        "activations",
+        "gradients",
+        "optimizer_state",
+    ]
+    .iter()
+    .map(|name| category(&device, name).0)
+    .sum();
+    assert_eq!(rest, 2 * (4 << 20), "{mode}");
+}
+
+/// A cuDNN convolution's workspace, which torch allocates from its own caching allocator (in
+/// `at::native::run_conv_plan`, or `get_plans_from_find` while `cudnn.benchmark` times the
+/// plans), counts as the `cudnn` workspace, not as a temporary: exactly what the fake cuDNN
+/// asked for (its first engine: one image's im2col matrix), the handle's own memory beside it,
+/// and the other categories hold exactly the rest of torch's peak.
+#[test]
+fn cudnn_convolution_workspace_is_a_cudnn_workspace() {
+    let Some(python) = torch_python() else { return };
+    for mode in ["conv_workspace", "conv_workspace_benchmark"] {
+        conv_workspace_at_peak(&python, mode);
+    }
+
+    // Three training steps of a small ResNet (two threads, each with its cuDNN handle): the
+    // largest workspace is the stem's (3 channels x 7x7 window x 56x56 outputs, fp32, in a
+    // 512-byte block), forward and weight gradient alike; all are freed within their call.
+    let env = [("VRAMSHIM_STACK", "mixed")];
+    let (_, log) = recorded(&python, "torch_cudnn.py", "resnet", "resnet", &env);
+    let device = device_breakdown(&log);
+    let stem = (3 * 7 * 7 * 56 * 56 * 4u64).div_ceil(512) * 512;
+    assert_eq!(
+        library(&device, "cudnn"),
+        (2 * CUDNN_HANDLE, stem + 2 * CUDNN_HANDLE)
+    );
 }
 
 #[test]

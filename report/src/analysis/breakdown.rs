@@ -103,6 +103,16 @@ const CUBLAS: u8 = 0;
 const CUDNN: u8 = 1;
 const OTHER_LIBRARY: u8 = LIBRARIES.len() as u8 - 1;
 
+/// Torch's functions that allocate a cuDNN convolution's workspace from its own allocator
+/// (`aten/src/ATen/native/cudnn/Conv_v8.cpp`): running one plan (forward and both backward
+/// passes, fused or not), and timing the candidate plans under `cudnn.benchmark`.
+const CUDNN_WORKSPACE_FUNCTIONS: &[&str] = &[
+    "at::native::run_conv_plan(",
+    "at::native::run_conv_plan_fused(",
+    "at::native::get_plans_from_find(",
+    "at::native::get_plans_from_find_fused(",
+];
+
 /// NCCL's module prefix: its own memory is communication buffers.
 const NCCL: &str = "libnccl";
 
@@ -244,6 +254,16 @@ impl Classifier {
                 }
                 if function.starts_with("at::") && function.contains("Workspace") {
                     traits.workspace = true;
+                }
+                // Torch's cuDNN v8/v9 convolutions allocate the plan's workspace in these
+                // (local symbols of libtorch_cuda.so, named from its `.symtab`); they allocate
+                // nothing else.
+                if CUDNN_WORKSPACE_FUNCTIONS
+                    .iter()
+                    .any(|prefix| function.starts_with(prefix))
+                {
+                    traits.workspace = true;
+                    names_cudnn = true;
                 }
                 names_cudnn |= function.contains("cudnn") || function.contains("Cudnn");
                 traits.autocast |= function.starts_with("at::autocast::");
