@@ -1108,18 +1108,16 @@ pub fn run_view(
                         || (first.index == index
                             && (first.event.device == event.device || touches_hold(hold, event))))
             }) {
-                let mut hold = holds.swap_remove(stale);
-                state.set_held(holds.iter().flatten());
-                stopped = step_all(
+                stopped = step_hold_out(
+                    &mut holds,
+                    stale,
+                    &mut spare,
                     &mut state,
                     &mut processes,
                     observers,
                     stop,
-                    &hold,
                     &mut end_ns,
                 );
-                hold.clear();
-                spare.push(hold);
                 if stopped {
                     break;
                 }
@@ -1138,18 +1136,16 @@ pub fn run_view(
                     && held.event.kind == EventKind::Alloc
                     && !is_own_segment(&holds[own], index, event)
                 {
-                    let mut hold = holds.swap_remove(own);
-                    state.set_held(holds.iter().flatten());
-                    let stopped = step_all(
+                    let stopped = step_hold_out(
+                        &mut holds,
+                        own,
+                        &mut spare,
                         &mut state,
                         &mut processes,
                         observers,
                         stop,
-                        &hold,
                         &mut end_ns,
                     );
-                    hold.clear();
-                    spare.push(hold);
                     if stopped {
                         break;
                     }
@@ -1307,6 +1303,27 @@ fn touches_hold(hold: &[Held], event: &Event) -> bool {
 /// How long (log time) a held driver event waits for PyTorch's word on its thread: the
 /// allocator names its segment right after the `cudaMalloc` returns, microseconds later.
 const HOLD_NS: u64 = 2_000_000;
+
+/// Takes hold `at` out of `holds` and steps its events as they came (the other holds stay
+/// held), keeping its emptied `Vec` in `spare` for the next hold; whether `stop` was reached.
+#[allow(clippy::too_many_arguments)]
+fn step_hold_out(
+    holds: &mut Vec<Vec<Held>>,
+    at: usize,
+    spare: &mut Vec<Vec<Held>>,
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut [&mut dyn Observer],
+    stop: Stop,
+    end_ns: &mut u64,
+) -> bool {
+    let mut hold = holds.swap_remove(at);
+    state.set_held(holds.iter().flatten());
+    let stopped = step_all(state, processes, observers, stop, &hold, end_ns);
+    hold.clear();
+    spare.push(hold);
+    stopped
+}
 
 /// Steps `events` in order; whether the replay stops there.
 fn step_all(
