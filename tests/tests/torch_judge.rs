@@ -741,24 +741,7 @@ fn resnet_at_tight_capacities(torch: &Torch, finished: &[ResnetRun]) {
     let view = allocator_view(&log);
     let (_, rows) = whatif(async_log, capacity(64), None, &[config]);
     let row = &rows[config];
-    let failure = &row["library_failure"];
-    assert_eq!(
-        (
-            row["fits"].as_bool(),
-            row["oom"].is_null() || u64_of(&row["oom"], "t_ns") > u64_of(failure, "t_ns"),
-            u64_of(failure, "size"),
-            u64_of(failure, "reserved"),
-            u64_of(failure, "peak_reserved"),
-        ),
-        (
-            Some(false),
-            true,
-            u64_of(failed[0], "size"),
-            u64_of(&view["reserved"], "final"),
-            u64_of(&view["reserved"], "peak"),
-        ),
-        "whatif {row} vs the log's {view}"
-    );
+    let failure = check_library_failure("resnet", row, failed[0], &view);
     assert_eq!(
         (u64_of(failure, "size"), u64_of(failure, "peak_reserved")),
         (64 * MIB, 70 * MIB),
@@ -853,30 +836,44 @@ fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
         let view = allocator_view_of(log, rank);
         let (_, rows) = whatif_on(async_log, rank, capacity, None, &[config]);
         let row = &rows[config];
-        let failure = &row["library_failure"];
-        assert_eq!(
-            (
-                row["fits"].as_bool(),
-                row["oom"].is_null() || u64_of(&row["oom"], "t_ns") > u64_of(failure, "t_ns"),
-                u64_of(failure, "size"),
-                u64_of(failure, "reserved"),
-                u64_of(failure, "peak_reserved"),
-            ),
-            (
-                Some(false),
-                true,
-                u64_of(&failed[0], "size"),
-                u64_of(&view["reserved"], "final"),
-                u64_of(&view["reserved"], "peak"),
-            ),
-            "rank {rank}: whatif {row} vs the log's {view}"
-        );
+        let failure = check_library_failure(&format!("rank {rank}"), row, &failed[0], &view);
         assert_eq!(
             (u64_of(failure, "size"), u64_of(failure, "reserved")),
             (64 * MIB, 64 * MIB),
             "rank {rank}: {failure}"
         );
     }
+}
+
+/// A `whatif` row that stops at another library's failed allocation, as the log did: the
+/// run does not fit, no torch OOM comes before the failure, and the failure's size, reserved
+/// and peak reserved are the log's failed call and its allocator view's final and peak
+/// reserved. Returns the row's `library_failure`.
+fn check_library_failure<'a>(
+    label: &str,
+    row: &'a Value,
+    failed: &Value,
+    view: &Value,
+) -> &'a Value {
+    let failure = &row["library_failure"];
+    assert_eq!(
+        (
+            row["fits"].as_bool(),
+            row["oom"].is_null() || u64_of(&row["oom"], "t_ns") > u64_of(failure, "t_ns"),
+            u64_of(failure, "size"),
+            u64_of(failure, "reserved"),
+            u64_of(failure, "peak_reserved"),
+        ),
+        (
+            Some(false),
+            true,
+            u64_of(failed, "size"),
+            u64_of(&view["reserved"], "final"),
+            u64_of(&view["reserved"], "peak"),
+        ),
+        "{label}: whatif {row} vs the log's {view}"
+    );
+    failure
 }
 
 /// One outcome of a tight-capacity run: (label, the segment size torch's OutOfMemoryError
