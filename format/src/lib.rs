@@ -34,8 +34,10 @@ use varint::{put_bytes, put_u64};
 
 /// First eight bytes of every log.
 pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
-/// The format version this crate writes and the newest it reads (2: compressed chunks).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this crate writes and the newest it reads (2: compressed chunks; 3: the
+/// graph memory event kinds `graph_alloc`, `graph_free`, `graph_pool`, which older readers do
+/// not know).
+pub const FORMAT_VERSION: u32 = 3;
 /// Marks the start of a plain chunk (chunk markers are what a reader resynchronises on after
 /// damage).
 pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";

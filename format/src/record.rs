@@ -50,11 +50,20 @@ pub enum EventKind {
     /// PyTorch's caching allocator (`expandable_segments:True`) gave the range at `addr`
     /// (`size` bytes) of one of its expandable segments back; its `cuMemUnmap` calls follow.
     TensorSegmentUnmap = 16,
+    /// A `cudaMallocAsync`-family call made while its stream was being captured into a CUDA
+    /// graph: it became a graph memory node (address fixed, no device memory taken yet).
+    GraphAlloc = 17,
+    /// A stream-ordered free made while its stream was being captured: a graph free node.
+    GraphFree = 18,
+    /// The device's graph memory pool after a graph launch, upload or trim: `size` is the
+    /// driver's reserved-mem-current (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`), a level, not
+    /// a change; device memory taken or given back by the driver for graphs.
+    GraphPool = 19,
 }
 
 impl EventKind {
     /// Every kind, in code order.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::Alloc,
         EventKind::Free,
         EventKind::AllocFailed,
@@ -72,6 +81,9 @@ impl EventKind {
         EventKind::TensorSegment,
         EventKind::TensorSegmentMap,
         EventKind::TensorSegmentUnmap,
+        EventKind::GraphAlloc,
+        EventKind::GraphFree,
+        EventKind::GraphPool,
     ];
 
     /// The name used in text and JSON output.
@@ -94,6 +106,9 @@ impl EventKind {
             EventKind::TensorSegment => "tensor_segment",
             EventKind::TensorSegmentMap => "tensor_segment_map",
             EventKind::TensorSegmentUnmap => "tensor_segment_unmap",
+            EventKind::GraphAlloc => "graph_alloc",
+            EventKind::GraphFree => "graph_free",
+            EventKind::GraphPool => "graph_pool",
         }
     }
 

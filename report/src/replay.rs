@@ -126,7 +126,7 @@ impl NewStack<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Live {
     pub process: u32,
-    /// `Alloc`, `Create` or `TensorAlloc`.
+    /// `Alloc`, `Create`, `TensorAlloc` or `GraphPool` (the device's graph memory pool).
     pub kind: EventKind,
     pub api: u16,
     pub device: i32,
@@ -150,7 +150,8 @@ pub struct Live {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     process: u32,
-    /// 0: allocation by address (arrays: by handle with the top bit set); 1: VMM handle.
+    /// 0: allocation by address (arrays: by handle with the top bit set); 1: VMM handle;
+    /// 2: PyTorch block; 3: a device's graph pool (value: the device).
     class: u8,
     value: u64,
 }
@@ -1385,6 +1386,22 @@ fn step_event(
             );
         }
     }
+    // The graph pool is a level: its last one on the device ends before the new one starts.
+    if event.kind == EventKind::GraphPool
+        && event.result == 0
+        && let Some(live) = state.remove(&graph_pool_key(process, event.device))
+    {
+        state.replaced = None;
+        show(
+            state,
+            processes,
+            observers,
+            index,
+            t_ns,
+            event,
+            Effect::Removed(live),
+        );
+    }
     state.replaced = None;
     state.segment_change = None;
     let effect = apply(state, &mut processes[index], process, t_ns, event);
@@ -1626,6 +1643,15 @@ fn record_time(record: &Record) -> u64 {
     }
 }
 
+/// The key of a process's graph pool on `device`: one live object, its current level.
+fn graph_pool_key(process: u32, device: i32) -> Key {
+    Key {
+        process,
+        class: 3,
+        value: device as u32 as u64,
+    }
+}
+
 /// Applies one event to the live state.
 fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event: &Event) -> Effect {
     if event.kind == EventKind::AllocFailed {
@@ -1652,6 +1678,12 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
             }
         }
         EventKind::Create | EventKind::Release => (1, event.handle),
+        // The device's graph pool at its new level (the old one removed by `step_event`).
+        EventKind::GraphPool if event.size > 0 => {
+            let live = live_of(index, t_ns, event, state.seq);
+            state.add(graph_pool_key(index, event.device), live);
+            return Effect::Added(live);
+        }
         _ => return Effect::None,
     };
     let key = Key {

@@ -241,7 +241,10 @@ fn identity(event: &Event) -> Option<(u8, u64, bool)> {
         | EventKind::TensorOom
         | EventKind::TensorSegment
         | EventKind::TensorSegmentMap
-        | EventKind::TensorSegmentUnmap => return None,
+        | EventKind::TensorSegmentUnmap
+        | EventKind::GraphAlloc
+        | EventKind::GraphFree
+        | EventKind::GraphPool => return None,
     })
 }
 

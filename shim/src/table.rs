@@ -105,17 +105,17 @@ hooks! {
         |r| Some(Spec::new(EventKind::Free, p as u64, 0).host());
     // Driver: stream-ordered allocation (each also as the per-thread-default-stream variant).
     Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemFreeAsync(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Free, dptr, 0).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Free, stream), dptr, 0).stream(stream));
     Driver fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Free, dptr, 0).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Free, stream), dptr, 0).stream(stream));
     Driver fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
     // Driver: virtual memory management.
@@ -157,17 +157,17 @@ hooks! {
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
         |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
     Runtime fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
     Runtime fn cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocFromPoolAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) =>
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
     Runtime fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) =>
@@ -180,6 +180,102 @@ hooks! {
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), pitched(r, pitch, width, height)));
     Runtime fn cudaMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
+
+    // Graphs: the driver takes a graph's memory from the device's graph pool at launch (or
+    // upload) and gives it back at trim; each records the pool's level when it changed.
+    Driver fn cuGraphLaunch(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Driver, None, stream);
+    Driver fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Driver, None, stream);
+    Driver fn cuGraphUpload(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Driver, None, stream);
+    Driver fn cuGraphUpload_ptsz(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Driver, None, stream);
+    Driver fn cuDeviceGraphMemTrim(device: c_int) =>
+        |r| graph_pool(Layer::Driver, Some(device), std::ptr::null_mut());
+    Runtime fn cudaGraphLaunch(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Runtime, None, stream);
+    Runtime fn cudaGraphLaunch_ptsz(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Runtime, None, stream);
+    Runtime fn cudaGraphUpload(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Runtime, None, stream);
+    Runtime fn cudaGraphUpload_ptsz(exec: *mut c_void, stream: Stream) =>
+        |r| graph_pool(Layer::Runtime, None, stream);
+    Runtime fn cudaDeviceGraphMemTrim(device: c_int) =>
+        |r| graph_pool(Layer::Runtime, Some(device), std::ptr::null_mut());
+}
+
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: device memory the graph pool holds.
+const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+/// Devices whose graph pool level is remembered (events only when it changes).
+const GRAPH_POOL_DEVICES: usize = 64;
+/// The graph pool level last recorded per device.
+static GRAPH_POOL_LEVEL: [std::sync::atomic::AtomicU64; GRAPH_POOL_DEVICES] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; GRAPH_POOL_DEVICES];
+
+/// A driver entry point looked up once in the application's libcuda (null = not there).
+fn driver_entry(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
+    let found = slot.load(Ordering::Acquire);
+    if !found.is_null() {
+        return found;
+    }
+    let Some(handle) = real::libcuda() else {
+        return std::ptr::null_mut();
+    };
+    let found = real::real_dlsym(handle, name);
+    slot.store(found, Ordering::Release);
+    found
+}
+
+/// `kind` as recorded for a stream-ordered call on `stream`: a graph node kind when the
+/// stream is being captured (the call took or gave back no device memory then).
+fn stream_ordered(kind: EventKind, stream: Stream) -> EventKind {
+    static IS_CAPTURING: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let real = driver_entry(&IS_CAPTURING, c"cuStreamIsCapturing");
+    if real.is_null() {
+        return kind;
+    }
+    let real: unsafe extern "C" fn(Stream, *mut c_int) -> c_int =
+        unsafe { std::mem::transmute::<*mut c_void, _>(real) };
+    let mut status: c_int = 0;
+    // Not the runtime's cudaStreamIsCapturing: a driver query takes no runtime lock and is
+    // not hooked. Status 1 = active, 2 = invalidated (still inside a capture).
+    if unsafe { real(stream, &mut status) } != 0 || status == 0 {
+        return kind;
+    }
+    match kind {
+        EventKind::Alloc => EventKind::GraphAlloc,
+        EventKind::Free => EventKind::GraphFree,
+        other => other,
+    }
+}
+
+/// The graph pool's level on `device` (the current device when `None`) after a launch,
+/// upload or trim, as an event when it changed since the last one recorded.
+fn graph_pool(layer: Layer, device: Option<c_int>, stream: Stream) -> Option<Spec> {
+    static GET_ATTRIBUTE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let real = driver_entry(&GET_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute");
+    if real.is_null() {
+        return None;
+    }
+    let real: unsafe extern "C" fn(c_int, c_int, *mut u64) -> c_int =
+        unsafe { std::mem::transmute::<*mut c_void, _>(real) };
+    let device = device.unwrap_or_else(|| capture::current_device(layer));
+    let slot = usize::try_from(device)
+        .ok()
+        .and_then(|d| GRAPH_POOL_LEVEL.get(d))?;
+    let mut reserved: u64 = 0;
+    if unsafe { real(device, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut reserved) } != 0 {
+        return None;
+    }
+    if slot.swap(reserved, Ordering::AcqRel) == reserved {
+        return None;
+    }
+    Some(
+        Spec::new(EventKind::GraphPool, 0, reserved)
+            .stream(stream)
+            .device(device),
+    )
 }
 
 /// Real functions, in [`Hook`] order (null = not resolved yet).

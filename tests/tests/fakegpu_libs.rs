@@ -727,15 +727,68 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
              teardown exec=0 graph=0 trim=0 stream=0\n\
              end taken=0 nvml used=0 used-high=6 reserved=0 reserved-high=6\n"
         );
-        // The recorder sees the captured cudaMallocAsync calls where they are made (at capture),
-        // not the graph pool's memory at launch (README "Not yet").
+        // The recorder: a captured cudaMallocAsync / cudaFreeAsync is a graph node (no device
+        // memory); the graph pool's level is recorded where the driver changed it (launch,
+        // upload, trim), and is what `peak` and `timeline` count.
         let dump = dump(&run.log());
         let events = events(&dump);
-        let malloc = select(&events, "alloc", "cudaMallocAsync");
+        assert!(select(&events, "alloc", "cudaMallocAsync").is_empty());
+        let nodes = select(&events, "graph_alloc", "cudaMallocAsync");
         assert_eq!(
-            malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            nodes.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
             vec![3 * MIB, 5 * MIB + 1]
         );
+        assert_eq!(select(&events, "graph_free", "cudaFreeAsync").len(), 1);
+        let pool: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| e["event"] == "graph_pool")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        // Each level is the program's "taken" (= NVML's, = reserved) on the line named.
+        let expected = [
+            ("cudaGraphLaunch", 4 * MIB),  // launched
+            ("cudaDeviceGraphMemTrim", 0), // trimmed
+            ("cudaGraphUpload", 4 * MIB),  // uploaded
+            ("cudaDeviceGraphMemTrim", 0), // destroyed
+            ("cudaGraphLaunch", 6 * MIB),  // live
+            ("cudaDeviceGraphMemTrim", 0), // the destroy before "explicit"
+            ("cudaGraphLaunch", 2 * MIB),  // explicit
+            ("cudaDeviceGraphMemTrim", 0), // end
+        ];
+        assert_eq!(
+            pool,
+            expected
+                .iter()
+                .map(|(api, size)| (api.to_string(), *size))
+                .collect::<Vec<_>>()
+        );
+        let taken_mib: Vec<u64> = run
+            .stdout()
+            .lines()
+            .filter_map(|line| line.split(" taken=").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect();
+        let log = run.log().to_string_lossy().into_owned();
+        let timeline = json_of(&["timeline", "--json", &log]);
+        let series: Vec<u64> = arr(&timeline["devices"][0]["series"])
+            .iter()
+            .map(|bucket| u64_of(bucket, "last_bytes"))
+            .collect();
+        assert_eq!(
+            series,
+            expected.iter().map(|(_, size)| *size).collect::<Vec<_>>()
+        );
+        let max_taken = taken_mib.iter().max().copied().unwrap_or(0) * MIB;
+        assert_eq!(max_taken, 6 * MIB);
+        assert_eq!(u64_of(&timeline["devices"][0]["peak"], "bytes"), max_taken);
+        let peak = json_of(&["peak", "--json", &log]);
+        assert_eq!(u64_of(&peak["devices"][0], "bytes"), max_taken);
+        assert_eq!(u64_of(&peak["devices"][0], "count"), 1);
     }
 }
 

@@ -200,6 +200,7 @@ fn expected_families(ops: &[ProgramOp], device: Option<i32>) -> Families {
         "vmm",
         "managed",
         "pinned_host",
+        "graph_pool",
     ]
     .iter()
     .map(|f| (f.to_string(), (0, 0, 0, 0)))

@@ -15,17 +15,22 @@ pub enum Family {
     Managed,
     /// Pinned host memory: `cudaMallocHost`, `cudaHostAlloc`, `cuMemHostRegister`, ...
     PinnedHost,
+    /// The device's graph memory pool, as `cu(da)GraphLaunch`/`Upload` and
+    /// `cu(da)DeviceGraphMemTrim` left it (its level; captured allocations are graph nodes,
+    /// not device memory).
+    GraphPool,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Runtime,
         Family::Driver,
         Family::StreamOrdered,
         Family::Vmm,
         Family::Managed,
         Family::PinnedHost,
+        Family::GraphPool,
     ];
 
     /// Name in text and JSON.
@@ -37,12 +42,15 @@ impl Family {
             Family::Vmm => "vmm",
             Family::Managed => "managed",
             Family::PinnedHost => "pinned_host",
+            Family::GraphPool => "graph_pool",
         }
     }
 
     /// The family of the entry point called `api`.
     pub fn of(api: &str) -> Family {
-        if api.contains("Managed") {
+        if api.contains("Graph") {
+            Family::GraphPool
+        } else if api.contains("Managed") {
             Family::Managed
         } else if api.contains("Host") {
             Family::PinnedHost

@@ -44,7 +44,7 @@ pub const LARGEST: usize = 10;
 pub struct Summary {
     device: Option<i32>,
     /// Per process, per family (indexed like `Family::ALL`).
-    pub families: Vec<[FamilyCounts; 6]>,
+    pub families: Vec<[FamilyCounts; Family::ALL.len()]>,
     /// Per device: failed allocations.
     pub failures: Vec<(i32, u64)>,
     pub samples: Vec<MemorySample>,
@@ -77,7 +77,7 @@ impl Summary {
     pub fn new(processes: usize, device: Option<i32>) -> Summary {
         Summary {
             device,
-            families: vec![[FamilyCounts::default(); 6]; processes],
+            families: vec![[FamilyCounts::default(); Family::ALL.len()]; processes],
             failures: Vec::new(),
             samples: Vec::new(),
             largest: BinaryHeap::new(),
@@ -97,8 +97,8 @@ impl Summary {
     }
 
     /// Counts summed over processes.
-    pub fn total_families(&self) -> [FamilyCounts; 6] {
-        let mut total = [FamilyCounts::default(); 6];
+    pub fn total_families(&self) -> [FamilyCounts; Family::ALL.len()] {
+        let mut total = [FamilyCounts::default(); Family::ALL.len()];
         for per_process in &self.families {
             for (sum, counts) in total.iter_mut().zip(per_process) {
                 sum.allocs += counts.allocs;

@@ -45,8 +45,8 @@ pub struct SummaryReport<'a> {
     pub processes: &'a [Process],
     pub duration_ns: u64,
     pub devices: Vec<DeviceSummary>,
-    pub families: Vec<[FamilyCounts; 6]>,
-    pub total_families: [FamilyCounts; 6],
+    pub families: Vec<[FamilyCounts; Family::ALL.len()]>,
+    pub total_families: [FamilyCounts; Family::ALL.len()],
     pub largest: Vec<(Live, Rc<[SymFrame]>)>,
 }
 
@@ -60,7 +60,7 @@ fn sample_json(sample: &MemorySample) -> Value {
     })
 }
 
-fn families_json(counts: &[FamilyCounts; 6]) -> Value {
+fn families_json(counts: &[FamilyCounts; Family::ALL.len()]) -> Value {
     Value::Array(
         Family::ALL
             .iter()
