@@ -6,7 +6,10 @@ copy of a static input into a static output captured with it; the output read ba
 capture and after each replay (the fakes compute nothing, but they copy: a replay copies the
 input of that moment), torch's memory figures and the captured graph's node count.
 reduce-overhead: torch.compile(mode="reduce-overhead") of a small model, run until its CUDA
-graph replays; with inductor's counters."""
+graph replays; with inductor's counters.
+async-graph: under backend:cudaMallocAsync, a small model captured and replayed twice, then the
+graph pool trimmed (cudaDeviceGraphMemTrim); the device's used bytes (cudaMemGetInfo) at each
+step."""
 import ctypes
 import json
 import os
@@ -114,6 +117,39 @@ def reduce_overhead():
                       "used": used(), **stats()}))
 
 
-{"graph": captured, "reduce-overhead": reduce_overhead}[sys.argv[1]]()
+def async_graph():
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).cuda()
+    static_x = torch.randn(16, 64).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before_capture = used()
+    with torch.cuda.graph(graph):
+        static_out = model(static_x)
+    after_capture = used()
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(used())
+    del static_out
+    graph.reset()
+    torch.cuda.synchronize()
+    after_reset = used()
+    runtime = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+    trim = runtime.cudaDeviceGraphMemTrim(0)
+    print(json.dumps({"mode": "async-graph", "backend": torch.cuda.get_allocator_backend(),
+                      "before_capture": before_capture, "after_capture": after_capture,
+                      "replays": replays, "after_reset": after_reset, "trim": trim,
+                      "after_trim": used()}))
+
+
+{"graph": captured, "reduce-overhead": reduce_overhead,
+ "async-graph": async_graph}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)

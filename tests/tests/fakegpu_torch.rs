@@ -2544,6 +2544,67 @@ fn cuda_graph_capture_and_replay_of_a_small_model() {
     }
 }
 
+/// torch.cuda.graph under backend:cudaMallocAsync (`torch_graphs.py async-graph`, the current
+/// release): the captured cudaMallocAsync calls are graph nodes, and the graph pool's level the
+/// recorder saw after each replay and the trim is the device's used bytes (cudaMemGetInfo, as
+/// torch read it) above what it was after the capture.
+#[test]
+fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
+    let Some(torch) = current() else {
+        return;
+    };
+    let run = run_torch_script(
+        &torch,
+        "torch_graphs.py",
+        "async-graph",
+        80 << 30,
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+        true,
+    );
+    let r = &run.result;
+    assert_eq!(r["backend"], "cudaMallocAsync", "{r}");
+    assert_eq!(r["trim"], 0, "{r}");
+    // The capture took nothing (torch gives cached memory back before it); the first replay
+    // took the pool, the second reused it.
+    assert!(
+        u64_of(r, "after_capture") <= u64_of(r, "before_capture"),
+        "{r}"
+    );
+    let base = u64_of(r, "after_capture");
+    let replays: Vec<u64> = arr(&r["replays"])
+        .iter()
+        .map(|v| v.as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(replays.len(), 2, "{r}");
+    assert_eq!(replays[0], replays[1], "{r}");
+    assert!(replays[0] > base, "{r}");
+    assert_eq!(u64_of(r, "after_trim"), base, "{r}");
+    let log = run.log.as_ref().expect("recorded");
+    let dump = dump(log);
+    let events = events(&dump);
+    assert!(!select(&events, "graph_alloc", "cudaMallocAsync").is_empty());
+    let pool: Vec<(String, u64)> = events
+        .iter()
+        .filter(|e| e["event"] == "graph_pool")
+        .map(|e| {
+            (
+                e["api"].as_str().unwrap_or("").to_string(),
+                u64_of(e, "size"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pool,
+        vec![
+            ("cudaGraphLaunch".to_string(), replays[0] - base),
+            // ctypes' cudaDeviceGraphMemTrim is the runtime's own symbol (not interposed);
+            // the driver call the runtime makes is.
+            ("cuDeviceGraphMemTrim".to_string(), 0),
+        ],
+        "{r}"
+    );
+}
+
 /// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's
 /// CUDA graph trees record one graph and replay it, and the log replays to torch's counters.
 #[test]
