@@ -105,17 +105,17 @@ hooks! {
         |r| Some(Spec::new(EventKind::Free, p as u64, 0).host());
     // Driver: stream-ordered allocation (each also as the per-thread-default-stream variant).
     Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemFreeAsync(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Free, stream), dptr, 0).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Free, stream), dptr, 0).stream(stream));
     Driver fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Free, stream), dptr, 0).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Free, stream), dptr, 0).stream(stream));
     Driver fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
     // Driver: virtual memory management.
@@ -157,17 +157,17 @@ hooks! {
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
         |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(r, EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
     Runtime fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(r, EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
     Runtime fn cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocFromPoolAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) =>
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
     Runtime fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) =>
@@ -227,9 +227,15 @@ fn driver_entry(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     found
 }
 
-/// `kind` as recorded for a stream-ordered call on `stream`: a graph node kind when the
-/// stream is being captured (the call took or gave back no device memory then).
-fn stream_ordered(kind: EventKind, stream: Stream) -> EventKind {
+/// `kind` as recorded for a stream-ordered call on `stream` that returned `result`: a graph
+/// node kind when the stream is being captured (the call took or gave back no device memory).
+fn stream_ordered(result: c_int, kind: EventKind, stream: Stream) -> EventKind {
+    // The legacy default stream (0, or CU_STREAM_LEGACY = 1) is never captured, and asking
+    // about it while another stream captures is itself a prohibited call: not asked. A failed
+    // call is recorded as failed.
+    if result != 0 || (stream as usize) < 2 {
+        return kind;
+    }
     static IS_CAPTURING: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
     let real = driver_entry(&IS_CAPTURING, c"cuStreamIsCapturing");
     if real.is_null() {
