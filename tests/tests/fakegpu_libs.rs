@@ -789,6 +789,12 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
         let peak = json_of(&["peak", "--json", &log]);
         assert_eq!(u64_of(&peak["devices"][0], "bytes"), max_taken);
         assert_eq!(u64_of(&peak["devices"][0], "count"), 1);
+        let report = json_of(&["report", "--json", &log]);
+        assert_eq!(u64_of(&report["devices"][0], "peak_bytes"), max_taken);
+        assert_eq!(
+            u64_of(&report["devices"][0], "graph_pool_at_peak_bytes"),
+            max_taken
+        );
     }
 }
 

@@ -2603,6 +2603,13 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
         ],
         "{r}"
     );
+    // The peak (after the replays) holds the pool, named as such.
+    let log = log.to_string_lossy().into_owned();
+    let report = json_of(&["report", "--json", &log]);
+    assert_eq!(
+        u64_of(&report["devices"][0], "graph_pool_at_peak_bytes"),
+        replays[0] - base
+    );
 }
 
 /// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's

@@ -13,6 +13,7 @@ use crate::commands::{
 use crate::render::breakdown;
 use crate::render::summary::{self, DeviceSummary, SummaryReport};
 use crate::replay::{self, Stop};
+use vramshim_format::EventKind;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -91,6 +92,13 @@ pub fn with_report<T>(
         .iter()
         .map(|peak| {
             let snapshot = at_peaks.iter().find(|s| s.device == Some(peak.device));
+            let graph_pool_at_peak = snapshot.map_or(0, |s| {
+                s.allocations
+                    .iter()
+                    .filter(|live| live.kind == EventKind::GraphPool)
+                    .map(|live| live.size)
+                    .sum()
+            });
             let peak_groups = snapshot.map_or_else(Vec::new, |s| {
                 by_stack(&s.allocations, &mut stacks, processes)
             });
@@ -107,6 +115,7 @@ pub fn with_report<T>(
                 reserved: peaks.reserved(peak.device),
                 exit_segments: replay.state.segment_totals(peak.device),
                 peak_groups,
+                graph_pool_at_peak,
                 exit_bytes: exit.live_bytes,
                 exit_count: exit.live_count,
                 failures: counts

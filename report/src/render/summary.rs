@@ -29,6 +29,8 @@ pub struct DeviceSummary {
     /// Tensor view: the peak of what the driver handed out (segments, not tensors).
     pub reserved: Option<ReservedPeak>,
     pub peak_groups: Vec<StackGroup>,
+    /// Bytes of the device's CUDA graph pool among the peak's live bytes.
+    pub graph_pool_at_peak: u64,
     /// Tensor view: PyTorch's segments still cached at exit (count, bytes).
     pub exit_segments: (u64, u64),
     pub exit_bytes: u64,
@@ -99,6 +101,7 @@ pub fn json(report: &SummaryReport<'_>) -> Value {
                 "peak_bytes": d.peak.bytes,
                 "peak_count": d.peak.count,
                 "peak_t_ns": d.peak.t_ns,
+                "graph_pool_at_peak_bytes": d.graph_pool_at_peak,
                 "live_at_exit_bytes": d.exit_bytes,
                 "live_at_exit_count": d.exit_count,
                 "failures": d.failures,
@@ -217,6 +220,13 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>, fold: Fold) -> io::
                 bytes(d.exit_segments.1),
                 d.exit_segments.0,
                 if d.exit_segments.0 == 1 { "" } else { "s" }
+            )?;
+        }
+        if d.graph_pool_at_peak > 0 {
+            writeln!(
+                out,
+                "  graph pool    {} of the peak (CUDA graphs' memory, held by the driver's graph pool)",
+                bytes(d.graph_pool_at_peak)
             )?;
         }
         if d.failures > 0 {
