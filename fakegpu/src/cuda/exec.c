@@ -4,9 +4,12 @@
  * launch. Synchronising calls are where stream-ordered pools give memory back (pool.c). */
 #include "driver.h"
 
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct CUstream_st {
     int device;
@@ -710,13 +713,71 @@ FG_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     return cuEventElapsedTime_v2(ms, start, end);
 }
 
+/* IPC event handles. Work on the fake GPU is done when it is issued, so an event another
+ * process opens has nothing to wait for: the opener gets an event of its own (interprocess,
+ * no timing) that is always complete. The handle names the exporting process and the event
+ * there; it opens while that process lives. */
+struct ipc_event_handle {
+    uint64_t magic, event, check; /* check: EVENT ^ MAGIC, a torn or made-up handle fails */
+    int32_t pid;
+    uint32_t reserved[9];
+};
+_Static_assert(sizeof(struct ipc_event_handle) == CU_IPC_HANDLE_SIZE, "CUipcEventHandle is 64 bytes");
+#define IPC_EVENT_MAGIC 0x3174766563706966ull /* "fipcevt1" */
+#define CU_EVENT_DISABLE_TIMING 0x2u
+#define CU_EVENT_INTERPROCESS 0x4u
+
+/* PID is a live process of this user (an exited one not yet reaped is not). */
+static bool process_running(int pid)
+{
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (kill(pid, 0) != 0)
+        return false;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = 0;
+    const char *state = strrchr(stat, ')'); /* after the command name, which may hold spaces */
+    return state && state[1] == ' ' && state[2] != 'Z' && state[2] != 'X';
+}
+
 FG_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
 {
-    if (!handle || !event)
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* The driver exports only events made for it: interprocess and without timing. */
+    if (!handle || (event->flags & (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)) !=
+                       (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS))
         return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .event = (uint64_t)event,
+                                 .check = (uint64_t)event ^ IPC_EVENT_MAGIC,
+                                 .pid = (int32_t)getpid()};
     memset(handle, 0, sizeof *handle);
-    memcpy(handle, &event, sizeof event);
+    memcpy(handle, &h, sizeof h);
     return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
+{
+    struct ipc_event_handle h;
+    int dev;
+    memcpy(&h, &handle, sizeof h);
+    CUresult rc = fg_current_device(&dev);
+    if (rc)
+        return rc;
+    if (!event || h.magic != IPC_EVENT_MAGIC || h.check != (h.event ^ IPC_EVENT_MAGIC) ||
+        h.pid <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h.pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!process_running(h.pid))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuEventCreate(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
 }
 
 /* ---------------------------------------------------------------- modules and functions */

@@ -1,0 +1,269 @@
+/* CUDA IPC between two processes on the fake runtime. The producer (no argument) allocates
+ * device memory, fills it, exports a memory handle and an event handle, and starts a consumer
+ * (itself, exec'd with "consumer RFD WFD": a fresh process, not a fork copy); the two talk
+ * through a pipe each way. The consumer opens the handle, reads the producer's values, writes
+ * its own and zeros a page range; the producer reads them back, writes again, the consumer
+ * reads that; then references, closing, bad and stale handles, and the producer freeing while
+ * the consumer has the memory open, and handles of a process that has exited. One line per step, prefixed by who printed it; the
+ * consumer's lines are flushed before it answers, so the output's order is fixed.
+ * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int cudaError_t;
+typedef void *cudaEvent_t;
+typedef void *cudaStream_t;
+typedef struct {
+    char reserved[64];
+} cudaIpcMemHandle_t;
+typedef struct {
+    char reserved[64];
+} cudaIpcEventHandle_t;
+cudaError_t cudaMalloc(void **p, size_t size);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind);
+cudaError_t cudaMemset(void *p, int value, size_t n);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p);
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void *p);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t e);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t handle);
+cudaError_t cudaGetLastError(void);
+
+#define H2D 1
+#define D2H 2
+#define LAZY_PEER 1u
+#define EVENT_DISABLE_TIMING 2u
+#define EVENT_INTERPROCESS 4u
+#define WORDS ((1u << 20) / 4 + 25) /* 1 MiB + 100 bytes: not a whole number of pages */
+#define ZERO_FROM 65536u          /* the consumer zeros bytes [64 KiB, 192 KiB) */
+#define ZERO_BYTES 131072u
+
+static uint32_t host[WORDS];
+
+/* The pipe's messages: a handle or a one-word step. */
+static void send_bytes(int fd, const void *p, size_t n)
+{
+    if (write(fd, p, n) != (ssize_t)n) {
+        perror("ipc_pair: write");
+        exit(3);
+    }
+}
+static void receive_bytes(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0) {
+            fprintf(stderr, "ipc_pair: the other process stopped\n");
+            exit(3);
+        }
+        got += (size_t)r;
+    }
+}
+static void say(int fd, char step) { send_bytes(fd, &step, 1); }
+static void await(int fd, char step)
+{
+    char got;
+    receive_bytes(fd, &got, 1);
+    if (got != step) {
+        fprintf(stderr, "ipc_pair: expected step %c, got %c\n", step, got);
+        exit(3);
+    }
+}
+
+/* Which words of the device memory at P hold EXPECT(i) ("ok" or the first one that does not). */
+static void check(const char *who, const char *what, void *p, uint32_t (*expect)(uint32_t))
+{
+    memset(host, 0xee, sizeof host);
+    int rc = cudaMemcpy(host, p, sizeof host, D2H);
+    for (uint32_t i = 0; i < WORDS; i++)
+        if (host[i] != expect(i)) {
+            printf("%s %s rc=%d word %u is %u, not %u\n", who, what, rc, i, host[i], expect(i));
+            return;
+        }
+    printf("%s %s rc=%d all %u words\n", who, what, rc, WORDS);
+}
+
+static void fill(void *p, uint32_t (*value)(uint32_t), const char *who, const char *what)
+{
+    for (uint32_t i = 0; i < WORDS; i++)
+        host[i] = value(i);
+    printf("%s %s rc=%d\n", who, what, cudaMemcpy(p, host, sizeof host, H2D));
+}
+
+static uint32_t produced(uint32_t i) { return i * 3 + 1; }
+static uint32_t consumed(uint32_t i)
+{
+    if (i * 4 >= ZERO_FROM && i * 4 < ZERO_FROM + ZERO_BYTES)
+        return 0;
+    return i < WORDS / 2 ? i * 7 + 5 : produced(i);
+}
+static uint32_t reproduced(uint32_t i) { return i == 12345 ? 0xC0FFEEu : consumed(i); }
+
+static int consumer(int rfd, int wfd)
+{
+    cudaIpcMemHandle_t handle, kept_handle;
+    cudaIpcEventHandle_t event_handle;
+    size_t free0, free1, total;
+    void *p = NULL, *again = NULL, *kept = NULL;
+    cudaEvent_t event = NULL;
+    receive_bytes(rfd, &handle, sizeof handle);
+    receive_bytes(rfd, &event_handle, sizeof event_handle);
+    receive_bytes(rfd, &kept_handle, sizeof kept_handle);
+    printf("consumer open-kept rc=%d\n", cudaIpcOpenMemHandle(&kept, kept_handle, LAZY_PEER));
+
+    cudaMemGetInfo(&free0, &total);
+    int rc = cudaIpcOpenMemHandle(&p, handle, LAZY_PEER);
+    cudaMemGetInfo(&free1, &total);
+    printf("consumer open rc=%d charged=%zd\n", rc, (ssize_t)(free0 - free1));
+    check("consumer", "reads the producer's values", p, produced);
+    rc = cudaIpcOpenEventHandle(&event, event_handle);
+    printf("consumer open-event rc=%d wait=%d query=%d destroy=%d\n", rc,
+           cudaStreamWaitEvent(NULL, event, 0), cudaEventQuery(event), cudaEventDestroy(event));
+
+    for (uint32_t i = 0; i < WORDS; i++)
+        host[i] = i < WORDS / 2 ? i * 7 + 5 : produced(i);
+    rc = cudaMemcpy(p, host, sizeof host / 2, H2D);
+    printf("consumer writes half rc=%d zeros rc=%d\n", rc,
+           cudaMemset((char *)p + ZERO_FROM, 0, ZERO_BYTES));
+    fflush(stdout);
+    say(wfd, 'w');
+
+    await(rfd, 'p');
+    check("consumer", "reads the producer's new word", p, reproduced);
+
+    rc = cudaIpcOpenMemHandle(&again, handle, LAZY_PEER);
+    printf("consumer open-again rc=%d same=%d\n", rc, again == p);
+    printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(p));
+    check("consumer", "still mapped after one close", p, reproduced);
+    printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(p));
+    rc = cudaIpcCloseMemHandle(p);
+    printf("consumer close-closed rc=%d last=%d\n", rc, cudaGetLastError());
+
+    void *first = p;
+    cudaIpcMemHandle_t bad;
+    memset(&bad, 0, sizeof bad);
+    printf("consumer open-zeros rc=%d\n", cudaIpcOpenMemHandle(&again, bad, LAZY_PEER));
+    bad = handle;
+    bad.reserved[8] ^= 1; /* another memory file's name */
+    printf("consumer open-altered rc=%d\n", cudaIpcOpenMemHandle(&again, bad, LAZY_PEER));
+    printf("consumer open-bad-flags rc=%d\n", cudaIpcOpenMemHandle(&again, handle, 2));
+    cudaGetLastError();
+
+    /* The producer frees while the memory is open here. */
+    rc = cudaIpcOpenMemHandle(&p, handle, LAZY_PEER);
+    printf("consumer reopen rc=%d\n", rc);
+    fflush(stdout);
+    say(wfd, 'o');
+    await(rfd, 'f');
+    check("consumer", "reads after the producer freed", p, reproduced);
+    printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(p));
+    printf("consumer open-freed rc=%d\n", cudaIpcOpenMemHandle(&again, handle, LAZY_PEER));
+    fflush(stdout);
+    say(wfd, 'c');
+    char end;
+    if (read(rfd, &end, 1) != 0) { /* end of file: the producer has exited */
+        fprintf(stderr, "ipc_pair: the producer did not exit\n");
+        return 3;
+    }
+    uint32_t word = 0;
+    rc = cudaMemcpy(&word, (char *)kept + 4092, 4, D2H);
+    printf("consumer reads an exited producer's memory rc=%d word=%#x\n", rc, word);
+    printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(kept));
+    printf("consumer open-of-exited rc=%d\n", cudaIpcOpenMemHandle(&again, kept_handle, LAZY_PEER));
+    printf("consumer open-event-of-exited rc=%d\n", cudaIpcOpenEventHandle(&event, event_handle));
+    printf("consumer mapped kept=%p memory=%p reopened=%p\n", kept, first, p);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && !strcmp(argv[1], "consumer"))
+        return consumer(atoi(argv[2]), atoi(argv[3]));
+
+    int to_consumer[2], to_producer[2];
+    if (pipe(to_consumer) || pipe(to_producer)) {
+        perror("ipc_pair: pipe");
+        return 3;
+    }
+    void *p = NULL, *own = NULL;
+    size_t free0, free1, total;
+    cudaIpcMemHandle_t handle, interior;
+    cudaIpcEventHandle_t event_handle, timed_handle;
+    cudaEvent_t event, timed;
+
+    void *kept = NULL; /* exported and never freed: the consumer uses it after this exits */
+    cudaIpcMemHandle_t kept_handle;
+    printf("producer malloc rc=%d\n", cudaMalloc(&p, WORDS * 4));
+    cudaMalloc(&kept, 4096);
+    uint32_t word = 0x42424242;
+    printf("producer kept rc=%d handle rc=%d\n", cudaMemcpy((char *)kept + 4092, &word, 4, H2D),
+           cudaIpcGetMemHandle(&kept_handle, kept));
+    fill(p, produced, "producer", "fills");
+    cudaMemGetInfo(&free0, &total);
+    int rc = cudaIpcGetMemHandle(&handle, p);
+    int rc2 = cudaIpcGetMemHandle(&interior, (char *)p + 4096);
+    cudaMemGetInfo(&free1, &total);
+    printf("producer handle rc=%d interior rc=%d same=%d charged=%zd\n", rc, rc2,
+           !memcmp(&handle, &interior, sizeof handle), (ssize_t)(free0 - free1));
+    check("producer", "reads its values after export", p, produced);
+    printf("producer open-own rc=%d\n", cudaIpcOpenMemHandle(&own, handle, LAZY_PEER));
+    cudaGetLastError();
+
+    cudaEventCreateWithFlags(&timed, 0);
+    printf("producer event-handle-of-timed rc=%d\n", cudaIpcGetEventHandle(&timed_handle, timed));
+    cudaGetLastError();
+    cudaEventCreateWithFlags(&event, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS);
+    cudaEventRecord(event, NULL);
+    printf("producer event-handle rc=%d\n", cudaIpcGetEventHandle(&event_handle, event));
+    fflush(stdout);
+
+    pid_t child = fork();
+    if (child == 0) {
+        char rfd[16], wfd[16];
+        snprintf(rfd, sizeof rfd, "%d", to_consumer[0]);
+        snprintf(wfd, sizeof wfd, "%d", to_producer[1]);
+        close(to_consumer[1]);
+        close(to_producer[0]);
+        execl("/proc/self/exe", argv[0], "consumer", rfd, wfd, (char *)NULL);
+        perror("ipc_pair: exec");
+        _exit(3);
+    }
+    int wfd = to_consumer[1], rfd = to_producer[0];
+    close(to_consumer[0]);
+    close(to_producer[1]);
+    send_bytes(wfd, &handle, sizeof handle);
+    send_bytes(wfd, &event_handle, sizeof event_handle);
+    send_bytes(wfd, &kept_handle, sizeof kept_handle);
+
+    await(rfd, 'w');
+    check("producer", "sees the consumer's writes", p, consumed);
+    host[0] = 0xC0FFEEu;
+    printf("producer writes one word rc=%d\n",
+           cudaMemcpy((uint32_t *)p + 12345, host, 4, H2D));
+    fflush(stdout);
+    say(wfd, 'p');
+
+    await(rfd, 'o');
+    cudaMemGetInfo(&free0, &total);
+    rc = cudaFree(p);
+    cudaMemGetInfo(&free1, &total);
+    printf("producer free-while-open rc=%d gave_back=%zd\n", rc, (ssize_t)(free1 - free0));
+    fflush(stdout);
+    say(wfd, 'f');
+    await(rfd, 'c');
+    /* Exiting ends the consumer's pipe: its last step opens the handles of a process gone. */
+    (void)child;
+    return 0;
+}
