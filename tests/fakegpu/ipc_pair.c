@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +102,32 @@ static void fill(void *p, uint32_t (*value)(uint32_t), const char *who, const ch
     for (uint32_t i = 0; i < WORDS; i++)
         host[i] = value(i);
     printf("%s %s rc=%d\n", who, what, cudaMemcpy(p, host, sizeof host, H2D));
+}
+
+/* The memory files this process holds for its exported allocations: how many, and their
+ * modes (octal) as one would open them through /proc. */
+static void memory_files(void)
+{
+    DIR *fds = opendir("/proc/self/fd");
+    struct dirent *entry;
+    char path[300], link[256];
+    int count = 0;
+    unsigned modes = 0;
+    while (fds && (entry = readdir(fds))) {
+        snprintf(path, sizeof path, "/proc/self/fd/%s", entry->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        struct stat st;
+        if (n <= 0)
+            continue;
+        link[n] = 0;
+        if (strncmp(link, "/memfd:vramshim-ipc-", 20) == 0 && stat(path, &st) == 0) {
+            count++;
+            modes |= st.st_mode & 07777;
+        }
+    }
+    if (fds)
+        closedir(fds);
+    printf("producer memory files=%d mode=%o\n", count, modes);
 }
 
 static uint32_t produced(uint32_t i) { return i * 3 + 1; }
@@ -218,6 +246,7 @@ int main(int argc, char **argv)
     printf("producer handle rc=%d interior rc=%d same=%d charged=%zd\n", rc, rc2,
            !memcmp(&handle, &interior, sizeof handle), (ssize_t)(free0 - free1));
     check("producer", "reads its values after export", p, produced);
+    memory_files();
     printf("producer open-own rc=%d\n", cudaIpcOpenMemHandle(&own, handle, LAZY_PEER));
     cudaGetLastError();
 

@@ -798,6 +798,7 @@ producer kept rc=0 handle rc=0
 producer fills rc=0
 producer handle rc=0 interior rc=0 same=1 charged=0
 producer reads its values after export rc=0 all 262169 words
+producer memory files=2 mode=600
 producer open-own rc=201
 producer event-handle-of-timed rc=1
 producer event-handle rc=0
@@ -831,7 +832,8 @@ consumer open-event-of-exited rc=1
 /// CUDA IPC across two processes (`ipc_pair.c`: the producer execs a fresh consumer and they
 /// pass handles through pipes), CUDA 13 and 12, under the recorder: every value written by one
 /// process reads back exactly in the other (the consumer's zero fill of a page range too);
-/// the handle of an interior address is the allocation's; opening charges the opener nothing;
+/// the handle of an interior address is the allocation's; each exported allocation is one
+/// memory file of mode 0600; opening charges the opener nothing;
 /// the driver's codes for the process's own handle (201), a timed event (1), a second close,
 /// a zeroed or altered handle, bad flags, a freed allocation and an exited exporter (1); the
 /// consumer keeps what it mapped after the exporter frees or exits. The consumer's log holds
@@ -852,7 +854,12 @@ fn ipc_handles_share_device_memory_between_processes() {
             .expect("run ipc_pair");
         let run = Run { output, dir };
         let stdout = run.stdout();
-        assert_eq!(run.output.status.code(), Some(0), "{stdout}\n{}", run.stderr());
+        assert_eq!(
+            run.output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            run.stderr()
+        );
         let (steps, last) = stdout
             .trim_end()
             .rsplit_once('\n')
@@ -909,7 +916,12 @@ fn ipc_handles_share_device_memory_between_processes() {
         let producer = &by_role[&false];
         assert_eq!(producer.len(), 3, "{producer:?}");
         assert_eq!(
-            (&producer[0].0, &producer[0].3, &producer[1].3, &producer[2].0),
+            (
+                &producer[0].0,
+                &producer[0].3,
+                &producer[1].3,
+                &producer[2].0
+            ),
             (&"alloc".to_owned(), &whole, &4096, &"free".to_owned())
         );
         assert_eq!(producer[2].2, producer[0].2);
@@ -919,10 +931,7 @@ fn ipc_handles_share_device_memory_between_processes() {
             .iter()
             .find(|log| dump(log)[0]["argv"].get(1) == Some(&serde_json::json!("consumer")))
             .expect("consumer log");
-        let (code, report, stderr) = vramshim(&[
-            OsStr::new("report"),
-            consumer_log.as_os_str(),
-        ]);
+        let (code, report, stderr) = vramshim(&[OsStr::new("report"), consumer_log.as_os_str()]);
         assert_eq!(code, Some(0), "{stderr}");
         assert!(report.contains("\nno memory was allocated\n"), "{report}");
     }

@@ -2580,3 +2580,115 @@ fn torch_compile_reduce_overhead_records_and_replays_a_cuda_graph() {
     assert_log_is_torchs(&run, (5, 1, 84 * MIB));
     assert_eq!(r["segment_current"], 4, "{r}");
 }
+
+/// A CUDA tensor crosses processes through `torch.multiprocessing` (spawn), torch's own CUDA
+/// IPC (`tests/python/torch_ipc.py`), under the recorder: the consumer reads the producer's
+/// exact values through the tensor and a view at an offset, writes through both, and the
+/// producer reads the consumer's values back; the consumer's torch allocated nothing and
+/// the opening charged its device nothing. The consumer's log holds torch's open of the
+/// producer's segment as one mapping of the segment's size (the producer's `cudaMalloc`),
+/// from the consumer's `tensors.get()`, and its close as the unmapping; nothing allocated.
+#[test]
+fn a_cuda_tensor_crosses_processes_through_torch_multiprocessing() {
+    let Some(torch) = current() else { return };
+    let dir = scratch("torch-ipc");
+    let output = Command::new(&torch.python)
+        .arg("-W")
+        .arg("ignore")
+        .arg(repo().join("tests/python/torch_ipc.py"))
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), torch.fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("run python");
+    let run = Run { output, dir };
+    let stdout = run.stdout();
+    assert!(run.output.status.success(), "{stdout}\n{}", run.stderr());
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no output:\n{}", run.stderr()));
+    let result: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    const N: f64 = 262_144.0;
+    let consumer = &result["consumer"];
+    assert_eq!(consumer["sum"], N * (N - 1.0) / 2.0, "{result}");
+    assert_eq!(consumer["first"], serde_json::json!([0.0, 1.0, 2.0, 3.0]));
+    assert_eq!(consumer["view_first"], serde_json::json!([1000.0, 1001.0]));
+    assert_eq!(consumer["device"], "cuda:0");
+    assert_eq!(
+        (
+            consumer["allocated"].as_u64(),
+            consumer["reserved"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    assert_eq!(consumer["free"].as_u64(), Some(1 << 30));
+    assert_eq!(result["exitcode"], 0);
+    assert_eq!(
+        result["producer_first"],
+        serde_json::json!([10.0, 20.0, 30.0, 3.0])
+    );
+    let mut view = vec![998.0, 999.0];
+    view.extend([-2.5; 10]);
+    view.extend([1010.0, 1011.0]);
+    assert_eq!(result["producer_view"], serde_json::json!(view));
+    // The sum less 0 + 1 + 2 and 1000 + ... + 1009, plus 10 + 20 + 30 and ten times -2.5.
+    let changed = N * (N - 1.0) / 2.0 - 3.0 - 10_045.0 + 60.0 - 25.0;
+    assert_eq!(result["producer_sum"], changed);
+    assert_eq!(result["producer_allocated"].as_u64(), Some(1 << 20));
+    let segment_free = (1u64 << 30) - (2 << 20);
+    assert_eq!(result["producer_free_before"].as_u64(), Some(segment_free));
+    assert_eq!(result["producer_free_after"].as_u64(), Some(segment_free));
+
+    let logs = run.logs();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    let records: Vec<Vec<Value>> = logs.iter().map(|log| dump(log)).collect();
+    let opens = |r: &Vec<Value>| !select(&events(r), "map", "cudaIpcOpenMemHandle").is_empty();
+    let (consumer_log, producer_log) = match opens(&records[0]) {
+        true => (&records[0], &records[1]),
+        false => (&records[1], &records[0]),
+    };
+    let segments = select(&events(producer_log), "alloc", "cudaMalloc");
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let (segment_size, seen) = (u64_of(segments[0], "size"), events(consumer_log));
+    assert_eq!(segment_size, 2 << 20);
+    let shown: Vec<(&str, &str, u64)> = seen
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or(""),
+                e["api"].as_str().unwrap_or(""),
+                u64_of(e, "size"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("map", "cudaIpcOpenMemHandle", segment_size),
+            ("unmap", "cudaIpcCloseMemHandle", 0)
+        ],
+        "{seen:?}"
+    );
+    assert_eq!(u64_of(seen[0], "addr"), u64_of(seen[1], "addr"));
+    assert!(
+        consumer_log.iter().any(|r| r["type"] == "code"
+            && r["qualname"] == "consumer"
+            && r["filename"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("tests/python/torch_ipc.py"))),
+        "the opening's stack has no consumer frame"
+    );
+    let consumer_path = &logs[if opens(&records[0]) { 0 } else { 1 }];
+    let (code, report, stderr) = vramshim(&[OsStr::new("report"), consumer_path.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(report.contains("\nno memory was allocated\n"), "{report}");
+}
