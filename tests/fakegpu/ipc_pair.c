@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -150,6 +151,16 @@ static int consumer(int rfd, int wfd)
     receive_bytes(rfd, &event_handle, sizeof event_handle);
     receive_bytes(rfd, &kept_handle, sizeof kept_handle);
     printf("consumer open-kept rc=%d\n", cudaIpcOpenMemHandle(&kept, kept_handle, LAZY_PEER));
+    /* The driver's calls too, as a program linked with -lcuda makes them. */
+    int (*cu_open)(unsigned long long *, cudaIpcMemHandle_t, unsigned) =
+        (int (*)(unsigned long long *, cudaIpcMemHandle_t, unsigned))dlsym(RTLD_DEFAULT,
+                                                                           "cuIpcOpenMemHandle_v2");
+    int (*cu_close)(unsigned long long) =
+        (int (*)(unsigned long long))dlsym(RTLD_DEFAULT, "cuIpcCloseMemHandle");
+    unsigned long long driver_kept = 0;
+    int driver_rc = cu_open ? cu_open(&driver_kept, kept_handle, LAZY_PEER) : -1;
+    printf("consumer driver open-kept rc=%d same=%d close rc=%d\n", driver_rc,
+           driver_kept == (unsigned long long)kept, cu_close ? cu_close(driver_kept) : -1);
 
     cudaMemGetInfo(&free0, &total);
     int rc = cudaIpcOpenMemHandle(&p, handle, LAZY_PEER);

@@ -8,7 +8,9 @@ one JSON object with what each side saw and both sides' memory figures.
 """
 
 import json
+import queue
 import sys
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -17,6 +19,14 @@ N = 1 << 18  # float32 elements: 1 MiB
 
 
 def consumer(tensors, replies):
+    try:
+        received(tensors, replies)
+    except Exception as error:  # said to the producer, which prints it: no 60 s wait
+        replies.put({"error": repr(error)})
+        raise
+
+
+def received(tensors, replies):
     tensor, view = tensors.get()
     seen = {
         "pid": __import__("os").getpid(),
@@ -36,6 +46,18 @@ def consumer(tensors, replies):
     replies.put(seen)
 
 
+def reply(replies, worker):
+    """The consumer's answer, or what became of it when it died without one."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            return replies.get(timeout=0.5)
+        except queue.Empty:
+            if not worker.is_alive():
+                return {"error": f"the consumer exited with {worker.exitcode}"}
+    return {"error": "no answer from the consumer in 120 s"}
+
+
 def main():
     mp.set_start_method("spawn")
     tensors, replies = mp.Queue(), mp.Queue()
@@ -46,8 +68,8 @@ def main():
     worker = mp.Process(target=consumer, args=(tensors, replies))
     worker.start()
     tensors.put((tensor, view))
-    seen = replies.get(timeout=120)
-    worker.join(timeout=120)
+    seen = reply(replies, worker)
+    worker.join(timeout=60)
     back = tensor.cpu()
     print(
         json.dumps(

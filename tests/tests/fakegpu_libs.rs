@@ -803,6 +803,7 @@ producer open-own rc=201
 producer event-handle-of-timed rc=1
 producer event-handle rc=0
 consumer open-kept rc=0
+consumer driver open-kept rc=0 same=1 close rc=0
 consumer open rc=0 charged=0
 consumer reads the producer's values rc=0 all 262169 words
 consumer open-event rc=0 wait=0 query=0 destroy=0
@@ -903,6 +904,8 @@ fn ipc_handles_share_device_memory_between_processes() {
             by_role[&true],
             vec![
                 event("map", open, kept, 4096),
+                event("map", "cuIpcOpenMemHandle_v2", kept, 4096),
+                event("unmap", "cuIpcCloseMemHandle", kept, 0),
                 event("map", open, memory, whole),
                 event("map", open, memory, whole),
                 event("unmap", close, memory, 0),

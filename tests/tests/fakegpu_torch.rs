@@ -2588,10 +2588,17 @@ fn torch_compile_reduce_overhead_records_and_replays_a_cuda_graph() {
 /// the opening charged its device nothing. The consumer's log holds torch's open of the
 /// producer's segment as one mapping of the segment's size (the producer's `cudaMalloc`),
 /// from the consumer's `tensors.get()`, and its close as the unmapping; nothing allocated.
+/// Torch 2.15 (CUDA 13), 2.6 and 2.4.1 (CUDA 12).
 #[test]
 fn a_cuda_tensor_crosses_processes_through_torch_multiprocessing() {
-    let Some(torch) = current() else { return };
-    let dir = scratch("torch-ipc");
+    for torch in torches() {
+        tensor_crosses_processes(&torch);
+    }
+}
+
+fn tensor_crosses_processes(torch: &Torch) {
+    let version = torch.release.version;
+    let dir = scratch(&format!("torch-ipc-{version}"));
     let output = Command::new(&torch.python)
         .arg("-W")
         .arg("ignore")
