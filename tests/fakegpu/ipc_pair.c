@@ -300,6 +300,13 @@ int main(int argc, char **argv)
     rc = cudaFree(p);
     cudaMemGetInfo(&free1, &total);
     printf("producer free-while-open rc=%d gave_back=%zd\n", rc, (ssize_t)(free1 - free0));
+    /* New memory at the same address gets a new handle, as the driver documents. */
+    void *renewed = NULL;
+    cudaIpcMemHandle_t renewed_handle;
+    cudaMalloc(&renewed, WORDS * 4);
+    rc = cudaIpcGetMemHandle(&renewed_handle, renewed);
+    printf("producer new allocation rc=%d same-address=%d new-handle=%d\n", rc, renewed == p,
+           memcmp(&renewed_handle, &handle, sizeof handle) != 0);
     fflush(stdout);
     say(wfd, 'f');
     await(rfd, 'c');
