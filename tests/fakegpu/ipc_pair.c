@@ -4,9 +4,11 @@
  * through a pipe each way. The consumer opens the handle, reads the producer's values, writes
  * its own and zeros a page range; the producer reads them back, writes again, the consumer
  * reads that; then references, closing, bad and stale handles, and the producer freeing while
- * the consumer has the memory open, and handles of a process that has exited. One line per step, prefixed by who printed it; the
+ * the consumer has the memory open, and handles of a process that has exited (or, given
+ * "crash", been killed). One line per step, prefixed by who printed it; the
  * consumer's lines are flushed before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,7 +312,10 @@ int main(int argc, char **argv)
     fflush(stdout);
     say(wfd, 'f');
     await(rfd, 'c');
-    /* Exiting ends the consumer's pipe: its last step opens the handles of a process gone. */
+    /* Exiting ends the consumer's pipe: its last step opens the handles of a process gone.
+     * "crash": killed instead, leaving what it holds to the kernel. */
     (void)child;
+    if (argc == 2 && !strcmp(argv[1], "crash"))
+        raise(SIGKILL);
     return 0;
 }

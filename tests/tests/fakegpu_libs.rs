@@ -837,7 +837,8 @@ consumer open-event-of-exited rc=1
 /// the handle of an interior address is the allocation's; each exported allocation is one
 /// memory file of mode 0600; opening charges the opener nothing;
 /// the driver's codes for the process's own handle (201), a timed event (1), a second close,
-/// a zeroed or altered handle, bad flags, a freed allocation and an exited exporter (1); new
+/// a zeroed or altered handle, bad flags, a freed allocation and an exited (or killed)
+/// exporter (1); new
 /// memory at a freed allocation's address gets a new handle; the
 /// consumer keeps what it mapped after the exporter frees or exits. The consumer's log holds
 /// each successful open as a mapping of the allocation's size at the address it got and each
@@ -936,6 +937,26 @@ fn ipc_handles_share_device_memory_between_processes() {
         );
 
         // The consumer allocated nothing: its report says so.
+        // The exporter killed instead of exiting: the same, nothing left behind by it.
+        let output = Command::new(&exe)
+            .arg("crash")
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .output()
+            .expect("run ipc_pair crash");
+        let crashed = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&output.status),
+            Some(9),
+            "{crashed}"
+        );
+        assert_eq!(
+            crashed.trim_end().rsplit_once('\n').map(|(steps, _)| steps),
+            Some(steps),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+
         let consumer_log = logs
             .iter()
             .find(|log| dump(log)[0]["argv"].get(1) == Some(&serde_json::json!("consumer")))

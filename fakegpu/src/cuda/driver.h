@@ -109,6 +109,11 @@ void fg_host_each_written(uint64_t start, uint64_t end, void (*fn)(uint64_t, uin
 /* IPC (ipc.c): the exported allocation at BASE is being freed; its pages stop being shared
  * (openers keep what they mapped) and become private again before the mapping is reused. */
 void fg_ipc_unexport(uint64_t base, uint64_t size);
+/* The memory file this process keeps open while it runs, for event handles to name (made at
+ * the first call); false when none could be made. */
+bool fg_ipc_process_file(int32_t *fd, uint64_t *inode, uint64_t *nonce);
+/* Whether process PID still holds the memory file FD, INODE, NONCE named (so still runs). */
+bool fg_ipc_process_running(int32_t pid, int32_t fd, uint64_t inode, uint64_t nonce);
 
 /* Stream-ordered pools (pool.c). */
 void fg_pools_init_device(int dev);

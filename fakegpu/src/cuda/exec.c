@@ -4,8 +4,6 @@
  * launch. Synchronising calls are where stream-ordered pools give memory back (pool.c). */
 #include "driver.h"
 
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -715,34 +713,19 @@ FG_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 
 /* IPC event handles. Work on the fake GPU is done when it is issued, so an event another
  * process opens has nothing to wait for: the opener gets an event of its own (interprocess,
- * no timing) that is always complete. The handle names the exporting process and the event
- * there; it opens while that process lives. */
+ * no timing) that is always complete. The handle names the exporting process, the event there
+ * and the memory file the exporter keeps open while it runs (ipc.c); it opens while that
+ * process runs. */
 struct ipc_event_handle {
-    uint64_t magic, event, check; /* check: EVENT ^ MAGIC, a torn or made-up handle fails */
-    int32_t pid;
-    uint32_t reserved[9];
+    uint64_t magic, event;
+    uint64_t inode, nonce; /* of the exporter's memory file */
+    int32_t pid, fd;
+    uint32_t reserved[6];
 };
 _Static_assert(sizeof(struct ipc_event_handle) == CU_IPC_HANDLE_SIZE, "CUipcEventHandle is 64 bytes");
 #define IPC_EVENT_MAGIC 0x3174766563706966ull /* "fipcevt1" */
 #define CU_EVENT_DISABLE_TIMING 0x2u
 #define CU_EVENT_INTERPROCESS 0x4u
-
-/* PID is a live process of this user (an exited one not yet reaped is not). */
-static bool process_running(int pid)
-{
-    char path[64], stat[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (kill(pid, 0) != 0)
-        return false;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return false;
-    size_t n = fread(stat, 1, sizeof stat - 1, f);
-    fclose(f);
-    stat[n] = 0;
-    const char *state = strrchr(stat, ')'); /* after the command name, which may hold spaces */
-    return state && state[1] == ' ' && state[2] != 'Z' && state[2] != 'X';
-}
 
 FG_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
 {
@@ -755,8 +738,9 @@ FG_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
                        (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS))
         return CUDA_ERROR_INVALID_VALUE;
     struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .event = (uint64_t)event,
-                                 .check = (uint64_t)event ^ IPC_EVENT_MAGIC,
                                  .pid = (int32_t)getpid()};
+    if (!fg_ipc_process_file(&h.fd, &h.inode, &h.nonce))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     memset(handle, 0, sizeof *handle);
     memcpy(handle, &h, sizeof h);
     return CUDA_SUCCESS;
@@ -770,13 +754,12 @@ FG_EXPORT CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
     CUresult rc = fg_current_device(&dev);
     if (rc)
         return rc;
-    if (!event || h.magic != IPC_EVENT_MAGIC || h.check != (h.event ^ IPC_EVENT_MAGIC) ||
-        h.pid <= 0)
+    if (!event || h.magic != IPC_EVENT_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     if (h.pid == (int32_t)getpid())
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (!process_running(h.pid))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!fg_ipc_process_running(h.pid, h.fd, h.inode, h.nonce))
+        return CUDA_ERROR_INVALID_VALUE; /* the exporter is gone, or the handle made up */
     return cuEventCreate(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
 }
 

@@ -191,19 +191,28 @@ void fg_ipc_unexport(uint64_t base, uint64_t size)
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
+/* Whether /proc/PID/fd/FD is still the memory file named by NONCE: once the process has
+ * exited (or been killed) its descriptors are gone from /proc before anything it held (a pipe
+ * end) is closed, so a peer that saw it go never finds them. */
+static bool names_memory_file(int32_t pid, int32_t fd, uint64_t nonce, char *path, size_t n)
+{
+    char link[128], expected[96], name[64];
+    snprintf(path, n, "/proc/%d/fd/%d", pid, fd);
+    ssize_t got = readlink(path, link, sizeof link - 1);
+    if (got <= 0)
+        return false;
+    link[got] = 0;
+    memory_file_name(name, sizeof name, nonce);
+    snprintf(expected, sizeof expected, "/memfd:%s (deleted)", name);
+    return strcmp(link, expected) == 0;
+}
+
 /* The exporter's memory file, opened through /proc, or -1 when the handle no longer names it
  * (the allocation freed, the process gone, the descriptor reused). */
 static int open_memory_file(const struct ipc_mem_handle *h)
 {
-    char path[64], link[128], expected[96], name[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", h->pid, h->fd);
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    if (n <= 0)
-        return -1;
-    link[n] = 0;
-    memory_file_name(name, sizeof name, h->nonce);
-    snprintf(expected, sizeof expected, "/memfd:%s (deleted)", name);
-    if (strcmp(link, expected) != 0)
+    char path[64];
+    if (!names_memory_file(h->pid, h->fd, h->nonce, path, sizeof path))
         return -1;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     struct stat st;
@@ -215,6 +224,54 @@ static int open_memory_file(const struct ipc_mem_handle *h)
         return -1;
     }
     return fd;
+}
+
+/* The process's own empty memory file, made at its first event export and kept open until it
+ * exits: an event handle names it, so a peer can tell whether the exporter still runs. */
+static struct {
+    bool made;
+    int fd;
+    uint64_t inode, nonce;
+} process_file;
+
+bool fg_ipc_process_file(int32_t *fd, uint64_t *inode, uint64_t *nonce)
+{
+    bool ok;
+    pthread_mutex_lock(&ipc_lock);
+    if (!process_file.made) {
+        char name[64];
+        struct stat st;
+        uint64_t made_nonce;
+        int made_fd = -1;
+        if (getrandom(&made_nonce, sizeof made_nonce, 0) == sizeof made_nonce) {
+            memory_file_name(name, sizeof name, made_nonce);
+            made_fd = memfd_create(name, MFD_CLOEXEC);
+        }
+        if (made_fd >= 0 && fchmod(made_fd, 0600) == 0 && fstat(made_fd, &st) == 0) {
+            process_file.made = true;
+            process_file.fd = made_fd;
+            process_file.inode = (uint64_t)st.st_ino;
+            process_file.nonce = made_nonce;
+        } else if (made_fd >= 0) {
+            close(made_fd);
+        }
+    }
+    ok = process_file.made;
+    if (ok) {
+        *fd = process_file.fd;
+        *inode = process_file.inode;
+        *nonce = process_file.nonce;
+    }
+    pthread_mutex_unlock(&ipc_lock);
+    return ok;
+}
+
+bool fg_ipc_process_running(int32_t pid, int32_t fd, uint64_t inode, uint64_t nonce)
+{
+    char path[64];
+    struct stat st;
+    return names_memory_file(pid, fd, nonce, path, sizeof path) && stat(path, &st) == 0 &&
+           (uint64_t)st.st_ino == inode;
 }
 
 /* The ordinal this process sees the machine's device PHYSICAL as, or FALLBACK. */
