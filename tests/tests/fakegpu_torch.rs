@@ -2588,17 +2588,27 @@ fn torch_compile_reduce_overhead_records_and_replays_a_cuda_graph() {
 /// the opening charged its device nothing. The consumer's log holds torch's open of the
 /// producer's segment as one mapping of the segment's size (the producer's `cudaMalloc`),
 /// from the consumer's `tensors.get()`, and its close as the unmapping; nothing allocated.
-/// Torch 2.15 (CUDA 13), 2.6 and 2.4.1 (CUDA 12).
+/// Torch 2.15 (CUDA 13), 2.6 and 2.4.1 (CUDA 12); and torch 2.15 with expandable segments,
+/// whose IPC exports each segment's physical memory as a POSIX file descriptor that the
+/// consumer takes with `pidfd_getfd` and imports (`cuMemImportFromShareableHandle`).
 #[test]
 fn a_cuda_tensor_crosses_processes_through_torch_multiprocessing() {
     for torch in torches() {
-        tensor_crosses_processes(&torch);
+        tensor_crosses_processes(&torch, false);
+    }
+    if let Some(torch) = current() {
+        tensor_crosses_processes(&torch, true);
     }
 }
 
-fn tensor_crosses_processes(torch: &Torch) {
+fn tensor_crosses_processes(torch: &Torch, expandable: bool) {
     let version = torch.release.version;
-    let dir = scratch(&format!("torch-ipc-{version}"));
+    let dir = scratch(&format!("torch-ipc-{version}-{expandable}"));
+    let conf = if expandable {
+        "expandable_segments:True"
+    } else {
+        ""
+    };
     let output = Command::new(&torch.python)
         .arg("-W")
         .arg("ignore")
@@ -2610,7 +2620,7 @@ fn tensor_crosses_processes(torch: &Torch) {
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env("PYTORCH_CUDA_ALLOC_CONF", conf)
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("VRAMSHIM_STACK")
         .env_remove("VRAMSHIM_MODE")
@@ -2618,7 +2628,11 @@ fn tensor_crosses_processes(torch: &Torch) {
         .expect("run python");
     let run = Run { output, dir };
     let stdout = run.stdout();
-    assert!(run.output.status.success(), "{stdout}\n{}", run.stderr());
+    assert!(
+        run.output.status.success(),
+        "{version} {conf}: {stdout}\n{}",
+        run.stderr()
+    );
     let last = stdout
         .lines()
         .last()
@@ -2626,7 +2640,11 @@ fn tensor_crosses_processes(torch: &Torch) {
     let result: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
     const N: f64 = 262_144.0;
     let consumer = &result["consumer"];
-    assert_eq!(consumer["sum"], N * (N - 1.0) / 2.0, "{result}");
+    assert_eq!(
+        consumer["sum"],
+        N * (N - 1.0) / 2.0,
+        "{version} {conf}: {result}"
+    );
     assert_eq!(consumer["first"], serde_json::json!([0.0, 1.0, 2.0, 3.0]));
     assert_eq!(consumer["view_first"], serde_json::json!([1000.0, 1001.0]));
     assert_eq!(consumer["device"], "cuda:0");
@@ -2658,15 +2676,14 @@ fn tensor_crosses_processes(torch: &Torch) {
     let logs = run.logs();
     assert_eq!(logs.len(), 2, "{logs:?}");
     let records: Vec<Vec<Value>> = logs.iter().map(|log| dump(log)).collect();
-    let opens = |r: &Vec<Value>| !select(&events(r), "map", "cudaIpcOpenMemHandle").is_empty();
-    let (consumer_log, producer_log) = match opens(&records[0]) {
-        true => (&records[0], &records[1]),
-        false => (&records[1], &records[0]),
+    let spawned = |r: &Vec<Value>| {
+        r[0]["argv"]
+            .as_array()
+            .is_some_and(|argv| argv.iter().any(|a| a == "--multiprocessing-fork"))
     };
-    let segments = select(&events(producer_log), "alloc", "cudaMalloc");
-    assert_eq!(segments.len(), 1, "{segments:?}");
-    let (segment_size, seen) = (u64_of(segments[0], "size"), events(consumer_log));
-    assert_eq!(segment_size, 2 << 20);
+    let consumer_at = usize::from(!spawned(&records[0]));
+    let (consumer_log, producer_log) = (&records[consumer_at], &records[1 - consumer_at]);
+    let seen = events(consumer_log);
     let shown: Vec<(&str, &str, u64)> = seen
         .iter()
         .map(|e| {
@@ -2677,14 +2694,38 @@ fn tensor_crosses_processes(torch: &Torch) {
             )
         })
         .collect();
-    assert_eq!(
-        shown,
-        [
-            ("map", "cudaIpcOpenMemHandle", segment_size),
-            ("unmap", "cudaIpcCloseMemHandle", 0)
-        ],
-        "{seen:?}"
-    );
+    const SEGMENT: u64 = 2 << 20;
+    if expandable {
+        // The segment's one 2 MiB handle, exported; imported and mapped in the consumer,
+        // where no cuMemCreate charges it.
+        let created = select(&events(producer_log), "create", "cuMemCreate");
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert_eq!(u64_of(created[0], "size"), SEGMENT);
+        assert_eq!(
+            shown,
+            [
+                ("reserve", "cuMemAddressReserve", SEGMENT),
+                ("map", "cuMemMap", SEGMENT),
+                ("unmap", "cuMemUnmap", SEGMENT),
+                ("release", "cuMemRelease", 0),
+                ("unreserve", "cuMemAddressFree", SEGMENT)
+            ],
+            "{seen:?}"
+        );
+        assert_eq!(u64_of(seen[0], "addr"), u64_of(seen[1], "addr"));
+    } else {
+        let segments = select(&events(producer_log), "alloc", "cudaMalloc");
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        assert_eq!(u64_of(segments[0], "size"), SEGMENT);
+        assert_eq!(
+            shown,
+            [
+                ("map", "cudaIpcOpenMemHandle", SEGMENT),
+                ("unmap", "cudaIpcCloseMemHandle", 0)
+            ],
+            "{seen:?}"
+        );
+    }
     assert_eq!(u64_of(seen[0], "addr"), u64_of(seen[1], "addr"));
     assert!(
         consumer_log.iter().any(|r| r["type"] == "code"
@@ -2694,7 +2735,7 @@ fn tensor_crosses_processes(torch: &Torch) {
                 .is_some_and(|f| f.ends_with("tests/python/torch_ipc.py"))),
         "the opening's stack has no consumer frame"
     );
-    let consumer_path = &logs[if opens(&records[0]) { 0 } else { 1 }];
+    let consumer_path = &logs[consumer_at];
     let (code, report, stderr) = vramshim(&[OsStr::new("report"), consumer_path.as_os_str()]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(report.contains("\nno memory was allocated\n"), "{report}");

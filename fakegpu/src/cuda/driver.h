@@ -87,10 +87,14 @@ struct fg_alloc {
     uint64_t charged;       /* bytes charged to the device for this entry */
     uint64_t id;
     bool shared; /* its pages are a memory file other processes may map (IPC, ipc.c) */
+    uint64_t offset; /* FG_MAPPED: where in the physical allocation the mapping starts */
 };
 bool fg_register(const struct fg_alloc *a);
 /* Copies out the entry containing ADDR; false when none does. */
 bool fg_lookup(uint64_t addr, struct fg_alloc *out);
+/* Calls FN on every entry, the registry locked (FN may change the entry's flags, not add or
+ * remove entries, nor look entries up). */
+void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg);
 /* Marks the entry starting exactly at BASE as shared with other processes. */
 bool fg_set_shared(uint64_t base);
 /* Removes the entry starting exactly at BASE (of KIND when kind >= 0), copying it out. */

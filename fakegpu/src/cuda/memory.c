@@ -92,6 +92,14 @@ bool fg_lookup(uint64_t addr, struct fg_alloc *out)
     return found;
 }
 
+void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (size_t i = 0; i < entry_count; i++)
+        fn(&entries[i], arg);
+    pthread_mutex_unlock(&registry_lock);
+}
+
 bool fg_set_shared(uint64_t base)
 {
     bool found = false;
