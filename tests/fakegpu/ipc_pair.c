@@ -4,7 +4,8 @@
  * through a pipe each way. The consumer opens the handle, reads the producer's values, writes
  * its own and zeros a page range; the producer reads them back, writes again, the consumer
  * reads that; then references, closing, bad and stale handles, and the producer freeing while
- * the consumer has the memory open, and handles of a process that has exited (or, given
+ * the consumer has the memory open, a VMM handle exported as a POSIX file descriptor, and
+ * handles of a process that has exited (or, given
  * "crash", been killed). One line per step, prefixed by who printed it; the
  * consumer's lines are flushed before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +46,61 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t e);
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t handle);
 cudaError_t cudaGetLastError(void);
+
+/* The driver's VMM calls, looked up as a program linked with -lcuda would call them. */
+typedef unsigned long long dptr_t;
+typedef struct {
+    int type, handle_types;
+    int location_type, location_id;
+    void *win32;
+    unsigned char flags[8];
+} alloc_prop_t;
+typedef struct {
+    int location_type, location_id;
+    unsigned long long flags;
+} access_desc_t;
+static struct {
+    int (*create)(unsigned long long *, size_t, const alloc_prop_t *, unsigned long long);
+    int (*reserve)(dptr_t *, size_t, size_t, dptr_t, unsigned long long);
+    int (*map)(dptr_t, size_t, size_t, unsigned long long, unsigned long long);
+    int (*access)(dptr_t, size_t, const access_desc_t *, size_t);
+    int (*export_fd)(void *, unsigned long long, int, unsigned long long);
+    int (*import_fd)(unsigned long long *, void *, int);
+    int (*unmap)(dptr_t, size_t);
+    int (*release)(unsigned long long);
+    int (*address_free)(dptr_t, size_t);
+} vmm;
+#define VMM_BYTES (2u << 20)
+#define POSIX_FD 1
+#define FABRIC 8
+
+static void find_vmm(void)
+{
+    *(void **)&vmm.create = dlsym(RTLD_DEFAULT, "cuMemCreate");
+    *(void **)&vmm.reserve = dlsym(RTLD_DEFAULT, "cuMemAddressReserve");
+    *(void **)&vmm.map = dlsym(RTLD_DEFAULT, "cuMemMap");
+    *(void **)&vmm.access = dlsym(RTLD_DEFAULT, "cuMemSetAccess");
+    *(void **)&vmm.export_fd = dlsym(RTLD_DEFAULT, "cuMemExportToShareableHandle");
+    *(void **)&vmm.import_fd = dlsym(RTLD_DEFAULT, "cuMemImportFromShareableHandle");
+    *(void **)&vmm.unmap = dlsym(RTLD_DEFAULT, "cuMemUnmap");
+    *(void **)&vmm.release = dlsym(RTLD_DEFAULT, "cuMemRelease");
+    *(void **)&vmm.address_free = dlsym(RTLD_DEFAULT, "cuMemAddressFree");
+    if (!vmm.create || !vmm.reserve || !vmm.map || !vmm.access || !vmm.export_fd ||
+        !vmm.import_fd || !vmm.unmap || !vmm.release || !vmm.address_free) {
+        fprintf(stderr, "ipc_pair: the driver's VMM calls are missing\n");
+        exit(3);
+    }
+}
+
+/* Reserves VMM_BYTES and maps HANDLE there, readable and writable on device 0. */
+static int map_handle(unsigned long long handle, dptr_t *va)
+{
+    access_desc_t desc = {1, 0, 3};
+    int rc = vmm.reserve(va, VMM_BYTES, 0, 0, 0);
+    if (!rc)
+        rc = vmm.map(*va, VMM_BYTES, 0, handle, 0);
+    return rc ? rc : vmm.access(*va, VMM_BYTES, &desc, 1);
+}
 
 #define H2D 1
 #define D2H 2
@@ -170,8 +227,31 @@ static int consumer(int rfd, int wfd)
     printf("consumer open rc=%d charged=%zd\n", rc, (ssize_t)(free0 - free1));
     check("consumer", "reads the producer's values", p, produced);
     rc = cudaIpcOpenEventHandle(&event, event_handle);
-    printf("consumer open-event rc=%d wait=%d query=%d destroy=%d\n", rc,
-           cudaStreamWaitEvent(NULL, event, 0), cudaEventQuery(event), cudaEventDestroy(event));
+    int wait_rc = cudaStreamWaitEvent(NULL, event, 0);
+    int query_rc = cudaEventQuery(event);
+    printf("consumer open-event rc=%d wait=%d query=%d destroy=%d\n", rc, wait_rc, query_rc,
+           cudaEventDestroy(event));
+
+    /* VMM: the producer's exported descriptor, taken through /proc as pidfd_getfd would. */
+    int vmm_fd_there;
+    receive_bytes(rfd, &vmm_fd_there, sizeof vmm_fd_there);
+    char vmm_path[64];
+    snprintf(vmm_path, sizeof vmm_path, "/proc/%d/fd/%d", (int)getppid(), vmm_fd_there);
+    int vmm_fd = open(vmm_path, O_RDWR | O_CLOEXEC);
+    unsigned long long imported = 0, not_exported = 0;
+    dptr_t vmm_va = 0;
+    find_vmm();
+    int import_rc = vmm.import_fd(&imported, (void *)(intptr_t)vmm_fd, POSIX_FD);
+    int pipe_rc = vmm.import_fd(&not_exported, (void *)(intptr_t)rfd, POSIX_FD);
+    close(vmm_fd);
+    cudaMemGetInfo(&free0, &total);
+    rc = map_handle(imported, &vmm_va);
+    cudaMemGetInfo(&free1, &total);
+    uint32_t vmm_word = 0, vmm_reply = 0x77777777;
+    int read_rc = cudaMemcpy(&vmm_word, (char *)vmm_va + VMM_BYTES - 8, 4, D2H);
+    int write_rc = cudaMemcpy((char *)vmm_va + 16, &vmm_reply, 4, H2D);
+    printf("consumer vmm import=%d not-exported=%d map=%d charged=%zd read=%d word=%#x write=%d\n",
+           import_rc, pipe_rc, rc, (ssize_t)(free0 - free1), read_rc, vmm_word, write_rc);
 
     for (uint32_t i = 0; i < WORDS; i++)
         host[i] = i < WORDS / 2 ? i * 7 + 5 : produced(i);
@@ -212,6 +292,11 @@ static int consumer(int rfd, int wfd)
     printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(p));
     printf("consumer open-freed rc=%d\n", cudaIpcOpenMemHandle(&again, handle, LAZY_PEER));
     fflush(stdout);
+    int unmap_rc = vmm.unmap(vmm_va, VMM_BYTES);
+    int release_rc = vmm.release(imported);
+    int address_free_rc = vmm.address_free(vmm_va, VMM_BYTES);
+    printf("consumer vmm unmap=%d release=%d free=%d\n", unmap_rc, release_rc, address_free_rc);
+    fflush(stdout);
     say(wfd, 'c');
     char end;
     if (read(rfd, &end, 1) != 0) { /* end of file: the producer has exited */
@@ -224,7 +309,7 @@ static int consumer(int rfd, int wfd)
     printf("consumer close rc=%d\n", cudaIpcCloseMemHandle(kept));
     printf("consumer open-of-exited rc=%d\n", cudaIpcOpenMemHandle(&again, kept_handle, LAZY_PEER));
     printf("consumer open-event-of-exited rc=%d\n", cudaIpcOpenEventHandle(&event, event_handle));
-    printf("consumer mapped kept=%p memory=%p reopened=%p\n", kept, first, p);
+    printf("consumer mapped kept=%p memory=%p reopened=%p vmm=%#llx\n", kept, first, p, vmm_va);
     return 0;
 }
 
@@ -249,11 +334,11 @@ int main(int argc, char **argv)
     printf("producer malloc rc=%d\n", cudaMalloc(&p, WORDS * 4));
     cudaMalloc(&kept, 4096);
     uint32_t word = 0x42424242;
-    printf("producer kept rc=%d handle rc=%d\n", cudaMemcpy((char *)kept + 4092, &word, 4, H2D),
-           cudaIpcGetMemHandle(&kept_handle, kept));
+    int rc = cudaMemcpy((char *)kept + 4092, &word, 4, H2D);
+    printf("producer kept rc=%d handle rc=%d\n", rc, cudaIpcGetMemHandle(&kept_handle, kept));
     fill(p, produced, "producer", "fills");
     cudaMemGetInfo(&free0, &total);
-    int rc = cudaIpcGetMemHandle(&handle, p);
+    rc = cudaIpcGetMemHandle(&handle, p);
     int rc2 = cudaIpcGetMemHandle(&interior, (char *)p + 4096);
     cudaMemGetInfo(&free1, &total);
     printf("producer handle rc=%d interior rc=%d same=%d charged=%zd\n", rc, rc2,
@@ -269,6 +354,28 @@ int main(int argc, char **argv)
     cudaEventCreateWithFlags(&event, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS);
     cudaEventRecord(event, NULL);
     printf("producer event-handle rc=%d\n", cudaIpcGetEventHandle(&event_handle, event));
+
+    /* VMM: a handle created for POSIX descriptors, written before and read after export. */
+    find_vmm();
+    alloc_prop_t prop = {1, POSIX_FD, 1, 0, NULL, {0}};
+    unsigned long long vmm_handle = 0, plain_handle = 0;
+    dptr_t vmm_va = 0;
+    int vmm_fd = -1, unrequested_fd = -1, fabric_fd = -1;
+    int create_rc = vmm.create(&vmm_handle, VMM_BYTES, &prop, 0);
+    int map_rc = map_handle(vmm_handle, &vmm_va);
+    uint32_t vmm_word = 0x5a5a0001;
+    int write_rc = cudaMemcpy((char *)vmm_va + VMM_BYTES - 8, &vmm_word, 4, H2D);
+    int export_rc = vmm.export_fd(&vmm_fd, vmm_handle, POSIX_FD, 0);
+    prop.handle_types = 0;
+    vmm.create(&plain_handle, VMM_BYTES, &prop, 0);
+    int unrequested_rc = vmm.export_fd(&unrequested_fd, plain_handle, POSIX_FD, 0);
+    vmm.release(plain_handle);
+    int fabric_rc = vmm.export_fd(&fabric_fd, vmm_handle, FABRIC, 0);
+    vmm_word = 0;
+    int read_rc = cudaMemcpy(&vmm_word, (char *)vmm_va + VMM_BYTES - 8, 4, D2H);
+    printf("producer vmm create=%d map=%d write=%d export=%d unrequested=%d fabric=%d read=%d "
+           "word=%#x\n",
+           create_rc, map_rc, write_rc, export_rc, unrequested_rc, fabric_rc, read_rc, vmm_word);
     fflush(stdout);
 
     pid_t child = fork();
@@ -288,9 +395,13 @@ int main(int argc, char **argv)
     send_bytes(wfd, &handle, sizeof handle);
     send_bytes(wfd, &event_handle, sizeof event_handle);
     send_bytes(wfd, &kept_handle, sizeof kept_handle);
+    send_bytes(wfd, &vmm_fd, sizeof vmm_fd);
 
     await(rfd, 'w');
     check("producer", "sees the consumer's writes", p, consumed);
+    vmm_word = 0;
+    rc = cudaMemcpy(&vmm_word, (char *)vmm_va + 16, 4, D2H);
+    printf("producer vmm sees the consumer's word rc=%d word=%#x\n", rc, vmm_word);
     host[0] = 0xC0FFEEu;
     printf("producer writes one word rc=%d\n",
            cudaMemcpy((uint32_t *)p + 12345, host, 4, H2D));

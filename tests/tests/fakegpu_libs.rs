@@ -802,13 +802,16 @@ producer memory files=2 mode=600
 producer open-own rc=201
 producer event-handle-of-timed rc=1
 producer event-handle rc=0
+producer vmm create=0 map=0 write=0 export=0 unrequested=1 fabric=801 read=0 word=0x5a5a0001
 consumer open-kept rc=0
 consumer driver open-kept rc=0 same=1 close rc=0
 consumer open rc=0 charged=0
 consumer reads the producer's values rc=0 all 262169 words
 consumer open-event rc=0 wait=0 query=0 destroy=0
+consumer vmm import=0 not-exported=1 map=0 charged=0 read=0 word=0x5a5a0001 write=0
 consumer writes half rc=0 zeros rc=0
 producer sees the consumer's writes rc=0 all 262169 words
+producer vmm sees the consumer's word rc=0 word=0x77777777
 producer writes one word rc=0
 consumer reads the producer's new word rc=0 all 262169 words
 consumer open-again rc=0 same=1
@@ -825,6 +828,7 @@ producer new allocation rc=0 same-address=1 new-handle=1
 consumer reads after the producer freed rc=0 all 262169 words
 consumer close rc=0
 consumer open-freed rc=1
+consumer vmm unmap=0 release=0 free=0
 consumer reads an exited producer's memory rc=0 word=0x42424242
 consumer close rc=0
 consumer open-of-exited rc=1
@@ -839,10 +843,14 @@ consumer open-event-of-exited rc=1
 /// the driver's codes for the process's own handle (201), a timed event (1), a second close,
 /// a zeroed or altered handle, bad flags, a freed allocation and an exited (or killed)
 /// exporter (1); new
-/// memory at a freed allocation's address gets a new handle; the
+/// memory at a freed allocation's address gets a new handle; a VMM handle exported as a POSIX
+/// descriptor (written before the export) imports in the consumer, which reads the value and
+/// writes one the producer reads (export without that type requested: 1, as fabric: 801,
+/// importing a pipe: 1); the
 /// consumer keeps what it mapped after the exporter frees or exits. The consumer's log holds
 /// each successful open as a mapping of the allocation's size at the address it got and each
-/// successful close as its unmapping, and nothing allocated; the producer's, its own memory.
+/// successful close as its unmapping, the imported VMM handle's mapping with no creation, and
+/// nothing allocated; the producer's, its own memory.
 #[test]
 fn ipc_handles_share_device_memory_between_processes() {
     for major in [13, 12] {
@@ -877,6 +885,7 @@ fn ipc_handles_share_device_memory_between_processes() {
                 .unwrap_or_else(|| panic!("no {name} address in {last:?}"))
         };
         let (kept, memory, reopened) = (address("kept"), address("memory"), address("reopened"));
+        let vmm = address("vmm");
 
         let logs = run.logs();
         assert_eq!(logs.len(), 2, "{logs:?}");
@@ -903,6 +912,7 @@ fn ipc_handles_share_device_memory_between_processes() {
         };
         let (open, close) = ("cudaIpcOpenMemHandle", "cudaIpcCloseMemHandle");
         let whole = 262_169 * 4;
+        const VMM: u64 = 2 << 20;
         assert_eq!(
             by_role[&true],
             vec![
@@ -910,19 +920,42 @@ fn ipc_handles_share_device_memory_between_processes() {
                 event("map", "cuIpcOpenMemHandle_v2", kept, 4096),
                 event("unmap", "cuIpcCloseMemHandle", kept, 0),
                 event("map", open, memory, whole),
+                // The imported VMM handle: mapped, no cuMemCreate here.
+                event("reserve", "cuMemAddressReserve", vmm, VMM),
+                event("map", "cuMemMap", vmm, VMM),
                 event("map", open, memory, whole),
                 event("unmap", close, memory, 0),
                 event("unmap", close, memory, 0),
                 event("map", open, reopened, whole),
                 event("unmap", close, reopened, 0),
+                event("unmap", "cuMemUnmap", vmm, VMM),
+                event("release", "cuMemRelease", 0, 0),
+                event("unreserve", "cuMemAddressFree", vmm, VMM),
                 event("unmap", close, kept, 0),
             ],
             "consumer, CUDA {major}"
         );
-        let producer = &by_role[&false];
+        let (runtime, driver): (Vec<_>, Vec<_>) = by_role[&false]
+            .iter()
+            .partition(|(_, api, ..)| api.starts_with("cuda"));
+        // Its VMM handle (created, mapped) and the handle made without descriptors.
+        let driver: Vec<(&str, &str, u64)> = driver
+            .iter()
+            .map(|(kind, api, _, size, _)| (kind.as_str(), api.as_str(), *size))
+            .collect();
+        assert_eq!(
+            driver,
+            [
+                ("create", "cuMemCreate", VMM),
+                ("reserve", "cuMemAddressReserve", VMM),
+                ("map", "cuMemMap", VMM),
+                ("create", "cuMemCreate", VMM),
+                ("release", "cuMemRelease", 0)
+            ]
+        );
         // Its two allocations, the free, and new memory at the freed address.
-        let memory_at = producer[0].2;
-        let summary: Vec<(&str, u64, u64)> = producer
+        let memory_at = runtime[0].2;
+        let summary: Vec<(&str, u64, u64)> = runtime
             .iter()
             .map(|(kind, _, addr, size, _)| (kind.as_str(), *addr, *size))
             .collect();
@@ -930,7 +963,7 @@ fn ipc_handles_share_device_memory_between_processes() {
             summary,
             [
                 ("alloc", memory_at, whole),
-                ("alloc", producer[1].2, 4096),
+                ("alloc", runtime[1].2, 4096),
                 ("free", memory_at, 0),
                 ("alloc", memory_at, whole)
             ]
