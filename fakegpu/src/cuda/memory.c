@@ -609,6 +609,24 @@ FG_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr 
     return copy_on(dst, src, n, s);
 }
 
+/* Gives the pages [first, last) back, A being the entry at FIRST; the range may run on through
+ * the next VMM mappings. Pages shared with another process (IPC) live in a memory file:
+ * MADV_DONTNEED would only drop this mapping of them and read the old bytes back, MADV_REMOVE
+ * frees them. */
+static bool give_back(uint64_t first, uint64_t last, const struct fg_alloc *a)
+{
+    struct fg_alloc m = *a;
+    for (uint64_t at = first; at < last;) {
+        uint64_t end = m.kind == FG_MAPPED && m.base + m.size < last ? m.base + m.size : last;
+        if (madvise((void *)at, end - at, m.shared ? MADV_REMOVE : MADV_DONTNEED) != 0)
+            return false;
+        at = end;
+        if (at < last && !fg_lookup(at, &m))
+            return false;
+    }
+    return true;
+}
+
 /* Zero fills of whole pages give the pages back instead of writing them, so a large memset
  * costs no host RAM. The range is known to be valid. */
 static CUresult zero_fill(uint64_t dst, size_t n)
@@ -618,9 +636,7 @@ static CUresult zero_fill(uint64_t dst, size_t n)
     struct fg_alloc a;
     if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED && a.kind != FG_HOST) {
         fg_host_release(first, last - first);
-        /* Pages shared with another process (IPC) live in a memory file: MADV_DONTNEED would
-         * only drop this mapping of them and read the old bytes back, MADV_REMOVE frees them. */
-        if (madvise((void *)first, last - first, a.shared ? MADV_REMOVE : MADV_DONTNEED) == 0) {
+        if (give_back(first, last, &a)) {
             memset((void *)dst, 0, first - dst);
             memset((void *)last, 0, dst + n - last);
             return CUDA_SUCCESS;
