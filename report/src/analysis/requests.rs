@@ -14,8 +14,14 @@
 use vramshim_format::EventKind;
 use vramshim_sim::{AddressOrder, Request, Simulator};
 
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::FxHashMap;
+
 use super::allocator::AllocEnv;
 use super::apis::Family;
+use super::groups::Stacks;
+use crate::python::StackView;
 use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Which allocations are PyTorch's tensors.
@@ -332,6 +338,97 @@ impl Requests {
     }
 }
 
+/// Torch's functions (`aten/src/ATen/native/cudnn/Conv_v8.cpp`) that allocate the workspace
+/// of the cuDNN plan they run, inside a `try` that catches `c10::OutOfMemoryError` (their
+/// callers' catch, or `run_single_conv`'s around a cached plan).
+const CONV_PLAN_RUNNERS: &[&str] = &[
+    "at::native::run_conv_plan(",
+    "at::native::run_conv_plan_fused(",
+];
+
+/// Callers of a plan runner that try one candidate plan after another (after a failure, the
+/// next); any other caller (`run_single_conv`, `run_fused_conv`) ran the plan it had cached.
+const PLAN_TRIERS: &[&str] = &["at::native::try_configs", "at::native::try_plans"];
+
+/// Frames between a plan runner and the convolution it runs (its operation's function:
+/// `raw_cudnn_convolution_forward_out`, `..._backward_input_out`, `..._backward_weight_out`,
+/// `..._add_relu_out`).
+const CONV_DRIVERS: &[&str] = &[
+    "at::native::try_configs",
+    "at::native::try_plans",
+    "at::native::run_single_conv(",
+    "at::native::run_fused_conv(",
+];
+
+/// A cuDNN convolution's workspace, from the allocation's stack (innermost frame first):
+/// the function of the convolution's operation, and whether the plan was the one torch had
+/// cached. `None` for any other allocation.
+pub fn conv_workspace_call<'a>(
+    mut functions: impl Iterator<Item = &'a str>,
+) -> Option<(&'a str, bool)> {
+    functions.find(|f| CONV_PLAN_RUNNERS.iter().any(|p| f.starts_with(p)))?;
+    let mut cached = true;
+    for (i, function) in functions.enumerate() {
+        if i == 0 && PLAN_TRIERS.iter().any(|p| function.starts_with(p)) {
+            cached = false;
+        }
+        if !CONV_DRIVERS.iter().any(|p| function.starts_with(p)) {
+            let name = function.split('(').next().unwrap_or(function);
+            return Some((name, cached));
+        }
+    }
+    None
+}
+
+/// Finds the cuDNN convolution workspaces among a recording's allocations (by their native
+/// frames, symbolised once per stack) and names the plan each belongs to.
+#[derive(Default)]
+pub struct ConvWorkspaces {
+    stacks: Option<Stacks>,
+    /// Per (process, stack): the operation's hash and whether the plan was cached.
+    calls: FxHashMap<(u32, u32), Option<(u64, bool)>>,
+    /// Workspace requests found.
+    pub found: u64,
+}
+
+impl ConvWorkspaces {
+    /// `Request::Workspace` for an allocation that is a convolution's workspace. Its plan is
+    /// torch's cache entry as far as the recording tells it: the thread (torch's plan cache
+    /// is thread-local), the operation and the workspace size (the recording has no tensor
+    /// shapes: two convolutions whose workspaces have the same size share an entry here).
+    pub fn request(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
+        let call = match self.calls.get(&(live.process, live.stack)) {
+            Some(call) => *call,
+            None => {
+                let stacks = self
+                    .stacks
+                    .get_or_insert_with(|| Stacks::new(processes, StackView::Native, false));
+                let frames = stacks.frames(processes, live.process, live.stack);
+                let call =
+                    conv_workspace_call(frames.iter().map(|f| f.function.as_deref().unwrap_or("")))
+                        .map(|(operation, cached)| {
+                            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                            operation.hash(&mut hasher);
+                            (hasher.finish(), cached)
+                        });
+                self.calls.insert((live.process, live.stack), call);
+                call
+            }
+        }?;
+        let (operation, cached) = call;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (live.process, live.thread, operation, live.size).hash(&mut hasher);
+        self.found += 1;
+        Some(Request::Workspace {
+            id: live.seq,
+            size: live.size,
+            stream: live.stream,
+            plan: hasher.finish(),
+            cached,
+        })
+    }
+}
+
 /// Which way the recording's driver handed out addresses, from its `cudaMalloc`/`cuMemAlloc`
 /// results on the followed device (PyTorch's segments, per-tensor `cudaMalloc`s, or other
 /// libraries' memory; stream-ordered pool allocations are carved out of pool blocks and say
@@ -474,6 +571,8 @@ pub struct WhatIf {
     /// The recording's PyTorch (from its first process), and its tie rule.
     pub torch_version: Option<String>,
     pub ties: Ties,
+    /// The cuDNN convolution workspaces among the requests.
+    pub workspaces: ConvWorkspaces,
     version_read: bool,
     pending: Vec<(u64, Request)>,
     /// Reused for the requests of one step.
@@ -506,6 +605,7 @@ impl WhatIf {
             order: AddressOrder::Rising,
             torch_version: None,
             ties: Ties::default(),
+            workspaces: ConvWorkspaces::default(),
             version_read: false,
             pending: Vec::new(),
             scratch: Vec::new(),
@@ -633,6 +733,19 @@ impl Observer for WhatIf {
         }
         self.requests
             .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
+        // A cuDNN convolution's workspace: a request whose failure torch survives.
+        if let Step::Event {
+            effect: Effect::Added(live),
+            ..
+        } = step
+            && live.kind == EventKind::Alloc
+            && let Some((_, Request::Alloc { id, .. })) = batch.last()
+            && *id == live.seq
+            && let Some(workspace) = self.workspaces.request(processes, live)
+            && let Some(last) = batch.last_mut()
+        {
+            last.1 = workspace;
+        }
         for (t_ns, request) in batch.drain(..) {
             if self.started() {
                 for sim in &mut self.simulators {
@@ -685,6 +798,44 @@ mod tests {
         };
         requests.convert(&[], &step, |_, r| out.push(r));
         out
+    }
+
+    /// Torch 2.6's stacks (innermost first, from the allocator's `allocate` outward): a
+    /// backward-data workspace of a plan it was trying, a forward one of its cached plan, and
+    /// an ordinary tensor.
+    #[test]
+    fn conv_workspaces_are_found_by_their_plan_runner() {
+        let trying = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::native::run_conv_plan(cudnnContext*, at::Tensor const&, at::Tensor const&, at::Tensor const&, cudnn_frontend::ExecutionPlan_v8 const&, cudnnBackendDescriptorType_t)",
+            "at::native::try_configs(std::vector<std::shared_ptr<cudnn_frontend::OpaqueBackendPointer>>&, std::string const&, at::native::CacheKeyWrapper const&, cudnnContext*, at::Tensor const&, at::Tensor const&, at::Tensor const&, cudnnBackendDescriptorType_t)",
+            "at::native::run_single_conv(cudnnBackendDescriptorType_t, at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::ArrayRef<long>, long, bool, bool, bool)",
+            "at::native::raw_cudnn_convolution_backward_input_out(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::ArrayRef<long>, long, bool, bool, bool)",
+            "at::native::cudnn_convolution_backward_input(char const*)",
+        ];
+        assert_eq!(
+            super::conv_workspace_call(trying.into_iter()),
+            Some((
+                "at::native::raw_cudnn_convolution_backward_input_out",
+                false
+            ))
+        );
+        let cached = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::native::run_conv_plan(cudnnContext*)",
+            "at::native::run_single_conv(cudnnBackendDescriptorType_t)",
+            "at::native::raw_cudnn_convolution_forward_out(at::Tensor const&)",
+        ];
+        assert_eq!(
+            super::conv_workspace_call(cached.into_iter()),
+            Some(("at::native::raw_cudnn_convolution_forward_out", true))
+        );
+        let tensor = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::detail::empty_generic(c10::ArrayRef<long>)",
+            "at::native::cudnn_convolution(at::Tensor const&)",
+        ];
+        assert_eq!(super::conv_workspace_call(tensor.into_iter()), None);
     }
 
     #[test]

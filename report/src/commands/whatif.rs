@@ -230,6 +230,16 @@ pub fn with_report<T>(
             }
         ));
     }
+    if sims.workspaces.found > 0 {
+        notes.push(format!(
+            "{} a cuDNN convolution's workspace (torch's run_conv_plan): one that does not fit is survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
+            if sims.workspaces.found == 1 {
+                "1 request is".to_string()
+            } else {
+                format!("{} requests are each", sims.workspaces.found)
+            }
+        ));
+    }
     if sims.requests.vmm_creates > 0 {
         notes.push(format!(
             "{} VMM physical allocations (cuMemCreate) on the device are not replayed",
@@ -245,6 +255,7 @@ pub fn with_report<T>(
         pattern,
         pattern_reason,
         requests: &sims.requests,
+        cudnn_workspaces: sims.workspaces.found,
         capacity: (sims.capacity_source != CapacitySource::Unlimited).then_some(sims.capacity),
         capacity_source: sims.capacity_source,
         order: sims.order,

@@ -22,9 +22,10 @@ pub struct Row {
 
 impl Row {
     /// No simulated allocation failed, PyTorch's or another library's (a cuBLAS handle's
-    /// memory that does not fit beside PyTorch's segments fails the program too).
+    /// memory that does not fit beside PyTorch's segments fails the program too), except
+    /// cuDNN workspaces, whose failure torch survives.
     pub fn fits(&self) -> bool {
-        self.stats.num_ooms == 0 && self.stats.external_failures == 0
+        self.stats.first_oom.is_none() && self.stats.external_failures == 0
     }
 }
 
@@ -34,6 +35,8 @@ pub struct WhatIfReport<'a> {
     pub pattern: Pattern,
     pub pattern_reason: String,
     pub requests: &'a Requests,
+    /// Requests that were cuDNN convolution workspaces.
+    pub cudnn_workspaces: u64,
     /// `None`: unlimited.
     pub capacity: Option<u64>,
     pub capacity_source: CapacitySource,
@@ -72,6 +75,22 @@ fn oom_json(stats: &Stats) -> Value {
             "num_alloc_retries": oom.num_alloc_retries,
             "num_device_alloc": oom.num_device_alloc,
             "num_device_free": oom.num_device_free,
+            "num_ooms": oom.num_ooms,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// The first cuDNN workspace that did not fit (its convolution fell back), or null.
+fn fallback_json(stats: &Stats) -> Value {
+    match &stats.first_fallback {
+        Some(failure) => json!({
+            "t_ns": failure.t_ns,
+            "request_index": failure.request_index,
+            "size": failure.size,
+            "alloc_size": failure.alloc_size,
+            "reserved": failure.reserved,
+            "num_ooms": failure.num_ooms,
         }),
         None => Value::Null,
     }
@@ -118,6 +137,9 @@ fn row_json(rank: usize, row: &Row) -> Value {
         "oom": oom_json(s),
         "library_failures": s.external_failures,
         "library_failure": library_failure_json(s),
+        "cudnn_fallbacks": s.workspace_fallbacks,
+        "cudnn_fallback": fallback_json(s),
+        "cudnn_workspaces_skipped": s.workspaces_skipped,
     })
 }
 
@@ -154,6 +176,7 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "failed_in_recording": r.failed,
             "left_out": r.skipped,
             "other_libraries": r.external_allocs,
+            "cudnn_workspaces": report.cudnn_workspaces,
             "other_devices": r.other_devices,
         },
         "configs": report.rows.iter().enumerate().map(|(i, row)| row_json(i + 1, row)).collect::<Vec<_>>(),
@@ -181,6 +204,10 @@ fn oom_text(stats: &Stats) -> String {
         (Some(oom), Some(failure)) if failure.t_ns < oom.t_ns => library_text(failure),
         (Some(oom), _) => format!("yes at {} ({} request)", seconds(oom.t_ns), bytes(oom.size)),
         (None, Some(failure)) => library_text(failure),
+        (None, None) if stats.workspace_fallbacks > 0 => format!(
+            "no ({} survived: cuDNN fell back)",
+            counted(stats.num_ooms, "OOM")
+        ),
         (None, None) => "no".to_string(),
     }
 }
