@@ -888,21 +888,59 @@ impl Simulator {
             self.st.workspaces_skipped += 1;
             return Outcome::Ignored;
         }
-        let mut outcome = self.malloc(index, id, size, stream, false);
-        if cached && matches!(outcome, Outcome::Oom(_)) {
-            outcome = self.malloc(index, id, size, stream, false);
-            // One request, asked twice.
-            self.st.allocs -= 1;
-        }
-        match outcome {
-            Outcome::Oom(failure) => {
-                self.fallen_back.insert(plan);
-                self.st.workspace_fallbacks += 1;
-                self.st.first_fallback.get_or_insert(failure);
-                Outcome::FellBack(failure)
-            }
+        match self.malloc(index, id, size, stream, false) {
+            Outcome::Oom(failure) => self.workspace_failed(failure, plan, cached),
             other => other,
         }
+    }
+
+    /// What follows a failed workspace: the first engine again after a cached plan, then the
+    /// fallback.
+    fn workspace_failed(&mut self, failure: OomEvent, plan: u64, cached: bool) -> Outcome {
+        let mut last = failure;
+        if cached {
+            let again = self.malloc(
+                failure.request_index,
+                failure.id,
+                failure.size,
+                failure.stream,
+                false,
+            );
+            // One request, asked twice.
+            self.st.allocs -= 1;
+            match again {
+                Outcome::Oom(failure) => last = failure,
+                other => return other,
+            }
+        }
+        self.fallen_back.insert(plan);
+        self.st.workspace_fallbacks += 1;
+        self.st.first_fallback.get_or_insert(last);
+        Outcome::FellBack(last)
+    }
+
+    /// Whether some convolution fell back ([`Request::Workspace`]): from then on its
+    /// workspaces are skipped, so a caller that tells workspaces apart only when one fails
+    /// (see [`Simulator::fall_back`]) must send every workspace as one.
+    pub fn has_fallen_back(&self) -> bool {
+        !self.fallen_back.is_empty()
+    }
+
+    /// Makes the [`Request::Alloc`] that just failed with `failure` a
+    /// [`Request::Workspace`] of `plan` that failed: the same as applying that in its place
+    /// (a failed allocation changes the cache the same way whatever it was), for a caller
+    /// that finds out what an allocation is only when it fails. Returns what the workspace
+    /// request would have returned.
+    pub fn fall_back(&mut self, failure: OomEvent, plan: u64, cached: bool) -> Outcome {
+        if self.st.first_oom == Some(failure) {
+            self.st.first_oom = None;
+        }
+        let outcome = self.workspace_failed(failure, plan, cached);
+        if self.peak_pending {
+            self.peak_pending = false;
+            self.snapshot_peak(self.now, failure.request_index);
+        }
+        outcome
     }
 
     /// `malloc(orig)`; a failure is the program's `OutOfMemoryError` when `raises` (the

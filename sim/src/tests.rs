@@ -555,6 +555,29 @@ fn a_cudnn_workspace_that_does_not_fit_falls_back_and_the_run_goes_on() {
     assert_eq!(s.stats().allocated, 0);
 }
 
+/// [`Simulator::fall_back`] after a failed `Alloc` is the same as the `Workspace` request in
+/// its place (whatif tells workspaces apart only when an allocation fails).
+#[test]
+fn falling_back_after_a_failed_alloc_equals_a_failed_workspace() {
+    let mut told = sim_cap("", 22 * MIB);
+    let mut found = sim_cap("", 22 * MIB);
+    for s in [&mut told, &mut found] {
+        assert_eq!(alloc(s, 1, 18 * MIB, 0), Outcome::Ok);
+        assert_eq!(alloc(s, 2, MIB, 0), Outcome::Ok);
+        free(s, 2);
+    }
+    let workspace = workspace(&mut told, 3, 3 * MIB, 7, true);
+    let Outcome::Oom(failure) = alloc(&mut found, 3, 3 * MIB, 0) else {
+        panic!("a 20 MiB segment beside 18 MiB in 22 MiB should fail");
+    };
+    assert_eq!(found.stats().first_oom, Some(failure));
+    assert_eq!(found.fall_back(failure, 7, true), workspace);
+    found.validate().unwrap();
+    assert!(matches!(workspace, Outcome::FellBack(f) if f.num_ooms == 2));
+    assert_eq!(told.stats(), found.stats());
+    assert!(told.has_fallen_back() && found.has_fallen_back());
+}
+
 /// cudaMalloc fails when the driver has no room, and the driver's room is what every user of
 /// the device left: another library's memory (cuBLAS's 64 MiB per handle, measured on an H200)
 /// makes PyTorch's allocator fail earlier, release its cache and retry, and frees room again

@@ -724,24 +724,10 @@ fn resnet_at_tight_capacities(torch: &Torch, finished: &[ResnetRun]) {
             "{label}: {t}"
         );
         // The OOMs torch survived are cuDNN workspaces that did not fit: in the native log,
-        // each is an allocation torch gave up on under run_conv_plan; whatif's first fallback
-        // asked for the size of the first of them.
+        // each is an allocation torch gave up on under run_conv_plan; whatif fell back before
+        // the OOM it predicts (its totals go on past it; the program stops there), first on
+        // a workspace of the size of the first of them.
         let survived = ooms - u64::from(oom.is_some());
-        let log = run.log.as_ref().expect("recorded");
-        let report = json_of(&["oom".into(), log.display().to_string(), "--json".into()]);
-        let workspaces: Vec<u64> = arr(&report["failures"])
-            .iter()
-            .filter(|failure| {
-                !failure["block_request"].is_null()
-                    && arr(&failure["frames"]).iter().any(|frame| {
-                        frame["function"]
-                            .as_str()
-                            .is_some_and(|f| f.starts_with("at::native::run_conv_plan("))
-                    })
-            })
-            .map(|failure| u64_of(failure, "block_request"))
-            .collect();
-        // (whatif's totals go on past the OOM it predicts; the program stops there.)
         let fallback = &row["cudnn_fallback"];
         let stopped_at = match &row["oom"] {
             Value::Null => u64::MAX,
@@ -749,6 +735,26 @@ fn resnet_at_tight_capacities(torch: &Torch, finished: &[ResnetRun]) {
         };
         let fallback_size = (!fallback.is_null() && u64_of(fallback, "request_index") < stopped_at)
             .then(|| u64_of(fallback, "size"));
+        // Without a survived OOM the native log has none to look for (its only OOM is the
+        // one raised), and its `oom` report costs seconds.
+        let workspaces: Vec<u64> = if survived == 0 {
+            Vec::new()
+        } else {
+            let log = run.log.as_ref().expect("recorded");
+            let report = json_of(&["oom".into(), log.display().to_string(), "--json".into()]);
+            arr(&report["failures"])
+                .iter()
+                .filter(|failure| {
+                    !failure["block_request"].is_null()
+                        && arr(&failure["frames"]).iter().any(|frame| {
+                            frame["function"]
+                                .as_str()
+                                .is_some_and(|f| f.starts_with("at::native::run_conv_plan("))
+                        })
+                })
+                .map(|failure| u64_of(failure, "block_request"))
+                .collect()
+        };
         assert_eq!(
             (workspaces.len() as u64, workspaces.first().copied()),
             (survived, fallback_size),

@@ -12,7 +12,7 @@
 //! lockstep, so memory stays bounded by the live set, whatever the log's length.
 
 use vramshim_format::EventKind;
-use vramshim_sim::{AddressOrder, Request, Simulator};
+use vramshim_sim::{AddressOrder, Outcome, Request, Simulator};
 
 use std::hash::{Hash, Hasher};
 
@@ -380,6 +380,10 @@ pub fn conv_workspace_call<'a>(
     None
 }
 
+/// A request waiting for the simulators, with the allocation it came from (for an
+/// allocation).
+type Pending = (u64, Request, Option<Live>);
+
 /// Finds the cuDNN convolution workspaces among a recording's allocations (by their native
 /// frames, symbolised once per stack) and names the plan each belongs to.
 #[derive(Default)]
@@ -387,8 +391,6 @@ pub struct ConvWorkspaces {
     stacks: Option<Stacks>,
     /// Per (process, stack): the operation's hash and whether the plan was cached.
     calls: FxHashMap<(u32, u32), Option<(u64, bool)>>,
-    /// Workspace requests found.
-    pub found: u64,
 }
 
 impl ConvWorkspaces {
@@ -418,7 +420,6 @@ impl ConvWorkspaces {
         let (operation, cached) = call;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (live.process, live.thread, operation, live.size).hash(&mut hasher);
-        self.found += 1;
         Some(Request::Workspace {
             id: live.seq,
             size: live.size,
@@ -571,12 +572,13 @@ pub struct WhatIf {
     /// The recording's PyTorch (from its first process), and its tie rule.
     pub torch_version: Option<String>,
     pub ties: Ties,
-    /// The cuDNN convolution workspaces among the requests.
-    pub workspaces: ConvWorkspaces,
+    /// Tells cuDNN convolution workspaces apart (only when one might matter: see
+    /// [`WhatIf::apply`]).
+    workspaces: ConvWorkspaces,
     version_read: bool,
-    pending: Vec<(u64, Request)>,
+    pending: Vec<Pending>,
     /// Reused for the requests of one step.
-    scratch: Vec<(u64, Request)>,
+    scratch: Vec<Pending>,
     error: Option<String>,
 }
 
@@ -611,7 +613,7 @@ impl WhatIf {
             scratch: Vec::new(),
             error: None,
         };
-        what_if.start_when_ready();
+        what_if.start_when_ready(&[]);
         Ok(what_if)
     }
 
@@ -620,11 +622,11 @@ impl WhatIf {
     }
 
     /// Starts the simulators once the capacity and the driver's address order are known.
-    fn start_when_ready(&mut self) {
+    fn start_when_ready(&mut self, processes: &[Process]) {
         let order_known =
             self.votes.decided() || (self.version_read && self.ties == Ties::BySegmentAge);
         if !self.started() && self.error.is_none() && self.capacity_known && order_known {
-            self.start();
+            self.start(processes);
         }
     }
 
@@ -637,11 +639,11 @@ impl WhatIf {
         let family = self.requests.family(processes, live.process, live.api);
         if matches!(family, Family::Runtime | Family::Driver) {
             self.votes.add(live.addr);
-            self.start_when_ready();
+            self.start_when_ready(processes);
         }
     }
 
-    fn start(&mut self) {
+    fn start(&mut self, processes: &[Process]) {
         let sampled = self.requests.device.and_then(|device| {
             self.totals
                 .iter()
@@ -673,18 +675,40 @@ impl WhatIf {
             }
         }
         self.simulators = simulators;
-        for (t_ns, request) in std::mem::take(&mut self.pending) {
-            for sim in &mut self.simulators {
-                sim.apply(t_ns, &request);
+        for pending in std::mem::take(&mut self.pending) {
+            self.apply(processes, pending);
+        }
+    }
+
+    /// Applies one request to every simulator. An allocation is looked at as a cuDNN
+    /// convolution's workspace (its stack symbolised, which costs seconds for torch's
+    /// libraries) only where that can change something: when it fails in a simulator (it is
+    /// then made the workspace's failure, see [`Simulator::fall_back`]), or once a
+    /// simulator has a convolution that fell back (whose later workspaces it skips).
+    fn apply(&mut self, processes: &[Process], (t_ns, request, site): Pending) {
+        let mut request = request;
+        if let (Request::Alloc { .. }, Some(live)) = (request, &site)
+            && self.simulators.iter().any(Simulator::has_fallen_back)
+            && let Some(workspace) = self.workspaces.request(processes, live)
+        {
+            request = workspace;
+        }
+        for sim in &mut self.simulators {
+            if let (Outcome::Oom(failure), Request::Alloc { .. }, Some(live)) =
+                (sim.apply(t_ns, &request), request, &site)
+                && let Some(Request::Workspace { plan, cached, .. }) =
+                    self.workspaces.request(processes, live)
+            {
+                sim.fall_back(failure, plan, cached);
             }
         }
     }
 
-    /// Feeds what is still held back; call once after the replay. Fails when a simulator
-    /// could not be made.
-    pub fn finish(&mut self) -> Result<(), String> {
+    /// Feeds what is still held back; call once after the replay, with its processes. Fails
+    /// when a simulator could not be made.
+    pub fn finish(&mut self, processes: &[Process]) -> Result<(), String> {
         if !self.started() && self.error.is_none() {
-            self.start();
+            self.start(processes);
         }
         match self.error.take() {
             Some(err) => Err(err),
@@ -711,7 +735,7 @@ impl Observer for WhatIf {
             }
             if self.requests.device == Some(info.device) {
                 self.capacity_known = true;
-                self.start_when_ready();
+                self.start_when_ready(processes);
             }
             return;
         }
@@ -729,32 +753,30 @@ impl Observer for WhatIf {
         if let (Some(request), Step::Event { t_ns, .. }) =
             (self.requests.segment_released(processes, state, step), step)
         {
-            batch.push((*t_ns, request));
+            batch.push((*t_ns, request, None));
         }
-        self.requests
-            .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
-        // A cuDNN convolution's workspace: a request whose failure torch survives.
+        self.requests.convert(processes, step, |t_ns, request| {
+            batch.push((t_ns, request, None))
+        });
+        // An allocation keeps where it was made: it may be a cuDNN convolution's workspace,
+        // a request whose failure torch survives.
         if let Step::Event {
             effect: Effect::Added(live),
             ..
         } = step
             && live.kind == EventKind::Alloc
-            && let Some((_, Request::Alloc { id, .. })) = batch.last()
+            && let Some((_, Request::Alloc { id, .. }, site)) = batch.last_mut()
             && *id == live.seq
-            && let Some(workspace) = self.workspaces.request(processes, live)
-            && let Some(last) = batch.last_mut()
         {
-            last.1 = workspace;
+            *site = Some(*live);
         }
-        for (t_ns, request) in batch.drain(..) {
+        for pending in batch.drain(..) {
             if self.started() {
-                for sim in &mut self.simulators {
-                    sim.apply(t_ns, &request);
-                }
+                self.apply(processes, pending);
             } else {
-                self.pending.push((t_ns, request));
+                self.pending.push(pending);
                 if self.pending.len() >= MAX_PENDING && self.error.is_none() {
-                    self.start();
+                    self.start(processes);
                 }
             }
         }
@@ -928,7 +950,7 @@ mod tests {
             effect: Effect::Added(b),
         };
         what_if.step(&state, &[], &step);
-        assert!(what_if.finish().is_ok());
+        assert!(what_if.finish(&[]).is_ok());
         assert_eq!(what_if.capacity, 40 * MIB);
         assert_eq!(what_if.capacity_source, CapacitySource::MemInfo);
         assert_eq!((what_if.votes.rising, what_if.votes.falling), (1, 0));

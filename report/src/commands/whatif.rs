@@ -147,7 +147,7 @@ pub fn with_report<T>(
     // tracker), in place of its segments.
     let replay = replay::run_view(&logs, &mut [&mut view, &mut sims], Stop::End, View::Tensors)?;
     view.finish();
-    sims.finish().map_err(Failure::input)?;
+    sims.finish(&replay.processes).map_err(Failure::input)?;
 
     let log = args.log.display();
     let device = match sims.requests.device {
@@ -230,13 +230,18 @@ pub fn with_report<T>(
             }
         ));
     }
-    if sims.workspaces.found > 0 {
+    let fallbacks = sims
+        .simulators
+        .iter()
+        .filter(|sim| sim.stats().workspace_fallbacks > 0)
+        .count();
+    if fallbacks > 0 {
         notes.push(format!(
-            "{} a cuDNN convolution's workspace (torch's run_conv_plan): one that does not fit is survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
-            if sims.workspaces.found == 1 {
-                "1 request is".to_string()
+            "{} a cuDNN convolution's workspace (torch's run_conv_plan) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
+            if fallbacks == 1 {
+                "1 configuration met".to_string()
             } else {
-                format!("{} requests are each", sims.workspaces.found)
+                format!("{fallbacks} configurations met")
             }
         ));
     }
@@ -255,7 +260,6 @@ pub fn with_report<T>(
         pattern,
         pattern_reason,
         requests: &sims.requests,
-        cudnn_workspaces: sims.workspaces.found,
         capacity: (sims.capacity_source != CapacitySource::Unlimited).then_some(sims.capacity),
         capacity_source: sims.capacity_source,
         order: sims.order,

@@ -35,8 +35,6 @@ pub struct WhatIfReport<'a> {
     pub pattern: Pattern,
     pub pattern_reason: String,
     pub requests: &'a Requests,
-    /// Requests that were cuDNN convolution workspaces.
-    pub cudnn_workspaces: u64,
     /// `None`: unlimited.
     pub capacity: Option<u64>,
     pub capacity_source: CapacitySource,
@@ -176,7 +174,6 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "failed_in_recording": r.failed,
             "left_out": r.skipped,
             "other_libraries": r.external_allocs,
-            "cudnn_workspaces": report.cudnn_workspaces,
             "other_devices": r.other_devices,
         },
         "configs": report.rows.iter().enumerate().map(|(i, row)| row_json(i + 1, row)).collect::<Vec<_>>(),
