@@ -388,7 +388,8 @@ type Pending = (u64, Request, Option<Live>);
 /// frames, symbolised once per stack) and names the plan each belongs to.
 #[derive(Default)]
 pub struct ConvWorkspaces {
-    stacks: Option<Stacks>,
+    /// Made for the processes known then (their count beside it): remade when more come.
+    stacks: Option<(Stacks, usize)>,
     /// Per (process, stack): the operation's hash and whether the plan was cached.
     calls: FxHashMap<(u32, u32), Option<(u64, bool)>>,
 }
@@ -402,9 +403,18 @@ impl ConvWorkspaces {
         let call = match self.calls.get(&(live.process, live.stack)) {
             Some(call) => *call,
             None => {
-                let stacks = self
+                if live.process as usize >= processes.len() {
+                    return None;
+                }
+                if self
                     .stacks
-                    .get_or_insert_with(|| Stacks::new(processes, StackView::Native, false));
+                    .as_ref()
+                    .is_none_or(|(_, n)| *n < processes.len())
+                {
+                    let stacks = Stacks::new(processes, StackView::Native, false);
+                    self.stacks = Some((stacks, processes.len()));
+                }
+                let (stacks, _) = self.stacks.as_mut()?;
                 let frames = stacks.frames(processes, live.process, live.stack);
                 let call =
                     conv_workspace_call(frames.iter().map(|f| f.function.as_deref().unwrap_or("")))
