@@ -163,7 +163,7 @@ hooks! {
         };
     Runtime fn cudaFree(dev_ptr: *mut c_void) =>
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).segment_release());
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>

@@ -1108,6 +1108,114 @@ fn tight_capacity(
     );
 }
 
+/// A run under a memory fraction: (label, `set_per_process_memory_fraction`,
+/// PYTORCH_CUDA_ALLOC_CONF, what torch did: (peak reserved, num_alloc_retries,
+/// garbage_collection_threshold's releases)).
+type FractionRun = (&'static str, &'static str, &'static str, (u64, u64, u64));
+
+/// Check 1 for retries past a memory fraction that succeed: torch refuses the segment itself
+/// (no `cudaMalloc` fails), releases its cached segments (`release_cached_blocks`) and
+/// retries, counted in `num_alloc_retries`. `allocator` tells them from the native stacks of
+/// the `cudaFree`s, which the recorder keeps by default once torch's tracker records, apart
+/// from garbage collection's releases; the count equals torch's, and `whatif` on the
+/// cudaMallocAsync recording, with the same fraction, predicts the same run.
+fn retries_past_a_memory_fraction(torch: &Torch, runs: &[FractionRun]) {
+    let recording = async_recording(torch);
+    let async_log = recording.log.as_ref().expect("log");
+    for &(label, fraction, config, expected) in runs {
+        let mut env = vec![("JUDGE_FRACTION", fraction)];
+        if !config.is_empty() {
+            env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
+        }
+        let run = judge(torch, label, ALL, GIB, &env, true);
+        let t = &run.torch;
+        assert!(t["failed"].is_null(), "{label}: {t}");
+        let log = run.log.as_ref().expect("log");
+        let view = allocator_view(log);
+        let retries = arr(&view["oom_retries"]);
+        assert_eq!(
+            (
+                u64_of(&view["reserved"], "peak"),
+                u64_of(&view["cuda_malloc"], "count"),
+                u64_of(&view["cuda_free"], "count"),
+                u64_of(&view["cuda_malloc"], "failed"),
+                retries.len() as u64,
+                retries
+                    .iter()
+                    .filter(|r| r["past_fraction"] == true && r["succeeded"] == true)
+                    .count() as u64,
+            ),
+            (
+                u64_of(t, "reserved_bytes.all.peak"),
+                u64_of(t, "num_device_alloc"),
+                u64_of(t, "num_device_free"),
+                0,
+                u64_of(t, "num_alloc_retries"),
+                u64_of(t, "num_alloc_retries"),
+            ),
+            "{label}: allocator {view} vs torch {t}"
+        );
+        let gc = arr(&view["gc_releases"]).len() as u64;
+        assert_eq!(
+            (
+                u64_of(t, "max_memory_reserved"),
+                u64_of(t, "num_alloc_retries"),
+                gc
+            ),
+            expected,
+            "{label}: torch {} {t}",
+            torch.version
+        );
+        let (_, text, _) = vramshim(&[OsStr::new("allocator"), log.as_os_str()]);
+        let line = format!(
+            "OOM retries: {n} ({n} past the memory fraction, with no failed call)",
+            n = expected.1
+        );
+        assert!(text.contains(&line), "{label}: {line:?} in\n{text}");
+        let (_, rows) = whatif(async_log, GIB, Some(fraction), &[config]);
+        check_whatif_outcome(label, &rows[config], t);
+    }
+}
+
+/// Torch 2.15 on a 1 GiB card: under a 0.46 fraction the defaults fit after two retries
+/// past it (470 MiB reserved; 498 MiB with room); with garbage_collection_threshold:0.8
+/// too, after three releases of garbage collection and one retry.
+#[test]
+fn allocator_counts_the_retries_past_a_memory_fraction() {
+    let Some(torch) = current() else { return };
+    retries_past_a_memory_fraction(
+        &torch,
+        &[
+            ("fraction", "0.46", "", (470 * MIB, 2, 0)),
+            (
+                "fraction-gc",
+                "0.46",
+                "garbage_collection_threshold:0.8",
+                (462 * MIB, 1, 3),
+            ),
+        ],
+    );
+}
+
+/// The same on torch 2.6 (CUDA 12): a 0.48 fraction, five retries (490 MiB reserved); 0.47
+/// with garbage collection, nine releases and one retry (480 MiB).
+#[test]
+fn allocator_counts_the_retries_past_a_memory_fraction_on_cuda12() {
+    let Some(torch) = cuda12() else { return };
+    retries_past_a_memory_fraction(
+        &torch,
+        &[
+            ("fraction", "0.48", "", (490 * MIB, 5, 0)),
+            (
+                "fraction-gc",
+                "0.47",
+                "garbage_collection_threshold:0.8",
+                (480 * MIB, 1, 9),
+            ),
+        ],
+    );
+}
+
 /// Check 2 for one configuration: where the native run finished, whatif's row equals its
 /// figures; where it raised OutOfMemoryError, whatif's first OOM has the segment size torch
 /// asked for and torch's figures up to the error.
