@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vramshim_format::{EventKind, HOST_DEVICE, UNKNOWN_DEVICE};
 
@@ -28,6 +28,22 @@ pub struct Spec {
     pub stream: u64,
     pub handle: u64,
     pub device: DeviceSource,
+    /// A `cudaFree`: with PyTorch's tracker recording, it releases one of the caching
+    /// allocator's segments, and gets a stack by default (see [`stack_segment_releases`]).
+    pub segment_release: bool,
+}
+
+/// Set once PyTorch's caching allocator is known to be recording (its tracker's layout
+/// checked): from then on `cudaFree` calls are its segment releases, which are rare (cached
+/// segments go back only in `empty_cache()`, a release-and-retry, garbage collection or
+/// `max_split_size_mb`'s release) and whose native stack tells those apart
+/// (`DeviceCachingAllocator::release_cached_blocks` under `malloc` is a retry `num_alloc_retries`
+/// counts, even when no driver call failed). Other releases keep no stack by default.
+static SEGMENT_RELEASE_STACKS: AtomicBool = AtomicBool::new(false);
+
+/// From now on `cudaFree` calls get a stack, as allocations do (see [`SEGMENT_RELEASE_STACKS`]).
+pub fn stack_segment_releases() {
+    SEGMENT_RELEASE_STACKS.store(true, Ordering::Release);
 }
 
 /// Where an event's device ordinal comes from.
@@ -50,7 +66,12 @@ impl Spec {
             stream: 0,
             handle: 0,
             device: DeviceSource::Current,
+            segment_release: false,
         }
+    }
+    pub fn segment_release(mut self) -> Spec {
+        self.segment_release = true;
+        self
     }
     pub fn host(mut self) -> Spec {
         self.device = DeviceSource::Host;
@@ -336,7 +357,12 @@ fn record(
     // A release is attributed to its allocation, so by default it needs no stack of its own.
     let stack = match config.stack {
         StackMode::None => 0,
-        _ if kind.releases() && !config.free_stacks => 0,
+        _ if kind.releases()
+            && !config.free_stacks
+            && !(spec.segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
+        {
+            0
+        }
         mode => stacks::capture(mode, config.max_frames, now),
     };
     let mem_info = if kind == EventKind::AllocFailed {

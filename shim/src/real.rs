@@ -54,6 +54,7 @@ pub fn set_on_adopt(resolve: fn(*mut c_void)) {
 pub struct DriverHelpers {
     pub ctx_get_device: AtomicPtr<c_void>,
     pub mem_get_info: AtomicPtr<c_void>,
+    pub mem_get_address_range: AtomicPtr<c_void>,
     pub get_proc_address: AtomicPtr<c_void>,
     pub get_proc_address_v2: AtomicPtr<c_void>,
 }
@@ -61,6 +62,7 @@ pub struct DriverHelpers {
 pub static DRIVER: DriverHelpers = DriverHelpers {
     ctx_get_device: AtomicPtr::new(std::ptr::null_mut()),
     mem_get_info: AtomicPtr::new(std::ptr::null_mut()),
+    mem_get_address_range: AtomicPtr::new(std::ptr::null_mut()),
     get_proc_address: AtomicPtr::new(std::ptr::null_mut()),
     get_proc_address_v2: AtomicPtr::new(std::ptr::null_mut()),
 };
@@ -127,6 +129,7 @@ pub fn adopt_libcuda(handle: *mut c_void) {
     let helpers = [
         (&DRIVER.ctx_get_device, c"cuCtxGetDevice"),
         (&DRIVER.mem_get_info, c"cuMemGetInfo_v2"),
+        (&DRIVER.mem_get_address_range, c"cuMemGetAddressRange_v2"),
         (&DRIVER.get_proc_address, c"cuGetProcAddress"),
         (&DRIVER.get_proc_address_v2, c"cuGetProcAddress_v2"),
     ];

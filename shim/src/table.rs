@@ -145,6 +145,14 @@ hooks! {
         |r| Some(Spec::new(EventKind::Alloc, 0, array3d_bytes(desc, levels)).handle(out_ptr(r, array)));
     Driver fn cuMipmappedArrayDestroy(array: *mut c_void) =>
         |r| Some(Spec::new(EventKind::Free, 0, 0).handle(array as u64));
+    // Driver: IPC. An opened handle maps another process's memory here: a mapping that takes
+    // no memory of this process (the memory stays the exporter's), recorded as one.
+    Driver fn cuIpcOpenMemHandle_v2(dptr: *mut CuDevicePtr, handle: IpcMemHandle, flags: c_uint) =>
+        |r| ipc_opened(r, out(r, dptr));
+    Driver fn cuIpcOpenMemHandle(dptr: *mut CuDevicePtr, handle: IpcMemHandle, flags: c_uint) =>
+        |r| ipc_opened(r, out(r, dptr));
+    Driver fn cuIpcCloseMemHandle(dptr: CuDevicePtr) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::Unmap, dptr, 0));
 
     // Runtime (dynamic libcudart): one event per call; the driver calls inside are not recorded.
     Runtime fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) =>
@@ -155,7 +163,7 @@ hooks! {
         };
     Runtime fn cudaFree(dev_ptr: *mut c_void) =>
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0));
+        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).segment_release());
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
@@ -180,6 +188,10 @@ hooks! {
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), pitched(r, pitch, width, height)));
     Runtime fn cudaMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
+    Runtime fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: IpcMemHandle, flags: c_uint) =>
+        |r| ipc_opened(r, out_ptr(r, dev_ptr));
+    Runtime fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::Unmap, dev_ptr as u64, 0));
 
     // Graphs: the driver takes a graph's memory from the device's graph pool at launch (or
     // upload) and gives it back at trim; each records the pool's level when it changed.
@@ -203,6 +215,33 @@ hooks! {
         |r| graph_pool(Layer::Runtime, None, stream);
     Runtime fn cudaDeviceGraphMemTrim(device: c_int) =>
         |r| graph_pool(Layer::Runtime, Some(device), std::ptr::null_mut());
+}
+
+/// `CUipcMemHandle` / `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcMemHandle {
+    reserved: [u8; 64],
+}
+
+/// The mapping an IPC open made at `addr`: its size from the driver (the handle is opaque);
+/// nothing when the open failed.
+fn ipc_opened(result: c_int, addr: u64) -> Option<Spec> {
+    if result != 0 || addr == 0 {
+        return None;
+    }
+    let _ = real::libcuda();
+    let range = real::DRIVER.mem_get_address_range.load(Ordering::Acquire);
+    let mut size = 0usize;
+    if !range.is_null() {
+        let range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> c_int =
+            unsafe { std::mem::transmute::<*mut c_void, _>(range) };
+        let mut base: CuDevicePtr = 0;
+        if unsafe { range(&mut base, &mut size, addr) } != 0 {
+            size = 0;
+        }
+    }
+    Some(Spec::new(EventKind::Map, addr, size as u64))
 }
 
 /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: device memory the graph pool holds.

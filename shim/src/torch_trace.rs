@@ -502,6 +502,7 @@ fn verify(action: i32, device: i32, addr: u64, size: u64) {
             .compare_exchange(UNVERIFIED, RECORDING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            capture::stack_segment_releases();
             note(format!(
                 "torch: recording tensors: PyTorch's {entry} of {size} bytes at {addr:#x} \
                  on device {device} matches the {call} recorded"

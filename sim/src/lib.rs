@@ -46,6 +46,10 @@
 //!   equal size.
 //! - A failed allocation is dropped and the run goes on; a later free of its id is ignored.
 //!   Requests above 64 PiB fail at once.
+//! - A cuDNN convolution's workspace ([`Request::Workspace`]) that does not fit is survived
+//!   as torch survives it (counted in `num_ooms`, not [`Stats::first_oom`]), and the engine
+//!   torch falls back to is taken to need no workspace (the fake cuDNN's; a real cuDNN's next
+//!   engine may ask for a smaller one, which a recording does not have).
 //! - With `expandable_segments` and `max_split_size_mb` together, the "free oversize cached
 //!   blocks" step before the final retry is skipped: PyTorch would hand an expandable block
 //!   to `cudaFree` there and stop on an internal assertion (in the versions read).

@@ -11,7 +11,7 @@
 //! multiples of 512, and ordering by stream number instead of the stream's value changes
 //! nothing, since every search stays within one stream.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 
 use crate::hash::BuildIdHasher;
@@ -83,6 +83,30 @@ pub enum Request {
         /// The `id` of an earlier `Alloc`.
         id: u64,
     },
+    /// A cuDNN convolution's workspace, as torch's cuDNN v8/v9 path allocates it
+    /// (`run_conv_plan` in `aten/src/ATen/native/cudnn/Conv_v8.cpp`): `malloc(size)` like
+    /// [`Alloc`](Request::Alloc), but torch catches its `OutOfMemoryError` and runs the
+    /// convolution with the next engine instead. When it fails, the next engine is taken to
+    /// need no workspace (what the fake cuDNN's second engine reports; a real cuDNN's next
+    /// engine may ask for a smaller one, which the recording does not have): no request, and
+    /// the plan it caches for `plan` makes none either, so every later workspace of `plan`
+    /// is skipped.
+    Workspace {
+        /// Caller's name for this allocation.
+        id: u64,
+        /// Bytes requested.
+        size: u64,
+        /// The stream.
+        stream: u64,
+        /// Which cached plan it belongs to: torch caches one plan per convolution (its
+        /// shapes, operation) per thread (`thread_local benchmark_cache`).
+        plan: u64,
+        /// Whether it ran the plan torch had cached for the convolution (`run_single_conv`
+        /// calling `run_conv_plan` itself) rather than one it was trying (`try_configs`,
+        /// `try_plans`): a cached plan's failure is followed by the first engine again,
+        /// whose workspace is the same request.
+        cached: bool,
+    },
     /// `torch.cuda.empty_cache()`: release every fully free segment.
     EmptyCache,
     /// Another library took `size` bytes of the device (cuBLAS's handle memory, NCCL's
@@ -111,6 +135,9 @@ pub enum Outcome {
     Ignored,
     /// The allocation failed for lack of memory; it is dropped and the run goes on.
     Oom(OomEvent),
+    /// A [`Request::Workspace`] failed (the last of its attempts) and the convolution fell
+    /// back to an engine with no workspace: torch counts the OOM and goes on.
+    FellBack(OomEvent),
     /// Another library's memory ([`Request::ExternalAlloc`]) did not fit beside what the
     /// allocator holds: it is not taken, and the run goes on.
     ExternalFailed(ExternalFailure),
@@ -173,6 +200,9 @@ pub struct OomEvent {
     pub num_device_alloc: u64,
     /// `num_device_free` up to this failure (the segments its release step freed included).
     pub num_device_free: u64,
+    /// `num_ooms` up to and including this failure (cuDNN workspaces that failed before it
+    /// included).
+    pub num_ooms: u64,
 }
 
 /// The allocator's state when reserved memory reached its peak, measured at the end of the
@@ -241,10 +271,19 @@ pub struct Stats {
     /// Times every fully free segment was released to retry an allocation
     /// (`num_alloc_retries`).
     pub num_alloc_retries: u64,
-    /// Failed allocations (`num_ooms`).
+    /// Failed allocations (`num_ooms`): raised OOMs and failed cuDNN workspaces alike.
     pub num_ooms: u64,
-    /// The first failed allocation, if any.
+    /// The first failed allocation that is no cuDNN workspace (the `OutOfMemoryError` the
+    /// program sees), if any.
     pub first_oom: Option<OomEvent>,
+    /// Convolutions that fell back to an engine with no workspace
+    /// ([`Outcome::FellBack`]); each counted one or two OOMs.
+    pub workspace_fallbacks: u64,
+    /// The first of them, if any.
+    pub first_fallback: Option<OomEvent>,
+    /// Workspace requests skipped because their plan had fallen back (torch's cached plan
+    /// for them needs none).
+    pub workspaces_skipped: u64,
     /// Bytes other libraries hold on the device now ([`Request::ExternalAlloc`]).
     pub external: u64,
     /// Highest `external` ever.
@@ -363,6 +402,8 @@ pub struct Simulator {
     /// Sizes of other libraries' allocations that failed here: their recorded frees give
     /// back nothing.
     failed_external: Vec<u64>,
+    /// Plans ([`Request::Workspace`]) that fell back to an engine with no workspace.
+    fallen_back: HashSet<u64>,
 }
 
 impl Simulator {
@@ -390,6 +431,7 @@ impl Simulator {
             peak_pending: false,
             now: 0,
             failed_external: Vec::new(),
+            fallen_back: HashSet::new(),
         })
     }
 
@@ -457,7 +499,14 @@ impl Simulator {
                 self.st.external = self.st.external.saturating_sub(size);
                 return Outcome::Ok;
             }
-            Request::Alloc { id, size, stream } => self.malloc(index, id, size, stream),
+            Request::Alloc { id, size, stream } => self.malloc(index, id, size, stream, true),
+            Request::Workspace {
+                id,
+                size,
+                stream,
+                plan,
+                cached,
+            } => self.workspace(index, id, size, stream, plan, cached),
             Request::Free { id } => {
                 self.st.frees += 1;
                 match self.live.remove(&id) {
@@ -822,7 +871,81 @@ impl Simulator {
 
     // ---- malloc ---------------------------------------------------------------------------
 
-    fn malloc(&mut self, index: u64, id: u64, orig: u64, stream: u64) -> Outcome {
+    /// A cuDNN workspace ([`Request::Workspace`]), as torch's `run_single_conv` and
+    /// `try_configs` go through it: a cached plan that fails is followed by the heuristics'
+    /// first engine, asking for the same workspace again; when that fails too, the next
+    /// engine runs with none and becomes the plan cached for the convolution.
+    fn workspace(
+        &mut self,
+        index: u64,
+        id: u64,
+        size: u64,
+        stream: u64,
+        plan: u64,
+        cached: bool,
+    ) -> Outcome {
+        if self.fallen_back.contains(&plan) {
+            self.st.workspaces_skipped += 1;
+            return Outcome::Ignored;
+        }
+        match self.malloc(index, id, size, stream, false) {
+            Outcome::Oom(failure) => self.workspace_failed(failure, plan, cached),
+            other => other,
+        }
+    }
+
+    /// What follows a failed workspace: the first engine again after a cached plan, then the
+    /// fallback.
+    fn workspace_failed(&mut self, failure: OomEvent, plan: u64, cached: bool) -> Outcome {
+        let mut last = failure;
+        if cached {
+            let again = self.malloc(
+                failure.request_index,
+                failure.id,
+                failure.size,
+                failure.stream,
+                false,
+            );
+            // One request, asked twice.
+            self.st.allocs -= 1;
+            match again {
+                Outcome::Oom(failure) => last = failure,
+                other => return other,
+            }
+        }
+        self.fallen_back.insert(plan);
+        self.st.workspace_fallbacks += 1;
+        self.st.first_fallback.get_or_insert(last);
+        Outcome::FellBack(last)
+    }
+
+    /// Whether some convolution fell back ([`Request::Workspace`]): from then on its
+    /// workspaces are skipped, so a caller that tells workspaces apart only when one fails
+    /// (see [`Simulator::fall_back`]) must send every workspace as one.
+    pub fn has_fallen_back(&self) -> bool {
+        !self.fallen_back.is_empty()
+    }
+
+    /// Makes the [`Request::Alloc`] that just failed with `failure` a
+    /// [`Request::Workspace`] of `plan` that failed: the same as applying that in its place
+    /// (a failed allocation changes the cache the same way whatever it was), for a caller
+    /// that finds out what an allocation is only when it fails. Returns what the workspace
+    /// request would have returned.
+    pub fn fall_back(&mut self, failure: OomEvent, plan: u64, cached: bool) -> Outcome {
+        if self.st.first_oom == Some(failure) {
+            self.st.first_oom = None;
+        }
+        let outcome = self.workspace_failed(failure, plan, cached);
+        if self.peak_pending {
+            self.peak_pending = false;
+            self.snapshot_peak(self.now, failure.request_index);
+        }
+        outcome
+    }
+
+    /// `malloc(orig)`; a failure is the program's `OutOfMemoryError` when `raises` (the
+    /// first one is [`Stats::first_oom`]).
+    fn malloc(&mut self, index: u64, id: u64, orig: u64, stream: u64, raises: bool) -> Outcome {
         self.st.allocs += 1;
         if orig == 0 {
             return Outcome::Ok;
@@ -874,9 +997,10 @@ impl Simulator {
                 num_alloc_retries: self.st.num_alloc_retries,
                 num_device_alloc: self.st.num_device_alloc,
                 num_device_free: self.st.num_device_free,
+                num_ooms: self.st.num_ooms + 1,
             };
             self.st.num_ooms += 1;
-            if self.st.first_oom.is_none() {
+            if raises && self.st.first_oom.is_none() {
                 self.st.first_oom = Some(ev);
             }
             return Outcome::Oom(ev);

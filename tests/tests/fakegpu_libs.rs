@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -846,5 +847,214 @@ fn graph_edges_order_launches_and_decide_clone_and_update() {
             malloc.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
             vec![256]
         );
+    }
+}
+
+/// What `ipc_pair` prints, in order, apart from its last line (the consumer's addresses).
+const IPC_PAIR_STEPS: &str = "\
+producer malloc rc=0
+producer kept rc=0 handle rc=0
+producer fills rc=0
+producer handle rc=0 interior rc=0 same=1 charged=0
+producer reads its values after export rc=0 all 262169 words
+producer memory files=2 mode=600
+producer open-own rc=201
+producer event-handle-of-timed rc=1
+producer event-handle rc=0
+producer vmm create=0 map=0 write=0 export=0 unrequested=1 fabric=801 read=0 word=0x5a5a0001
+consumer open-kept rc=0
+consumer driver open-kept rc=0 same=1 close rc=0
+consumer open rc=0 charged=0
+consumer reads the producer's values rc=0 all 262169 words
+consumer open-event rc=0 wait=0 query=0 destroy=0
+consumer vmm import=0 not-exported=1 map=0 charged=0 read=0 word=0x5a5a0001 write=0
+consumer writes half rc=0 zeros rc=0
+producer sees the consumer's writes rc=0 all 262169 words
+producer vmm sees the consumer's word rc=0 word=0x77777777
+producer writes one word rc=0
+consumer reads the producer's new word rc=0 all 262169 words
+consumer open-again rc=0 same=1
+consumer close rc=0
+consumer still mapped after one close rc=0 all 262169 words
+consumer close rc=0
+consumer close-closed rc=1 last=1
+consumer open-zeros rc=1
+consumer open-altered rc=1
+consumer open-bad-flags rc=1
+consumer reopen rc=0
+producer free-while-open rc=0 gave_back=1048676
+producer new allocation rc=0 same-address=1 new-handle=1
+consumer reads after the producer freed rc=0 all 262169 words
+consumer close rc=0
+consumer open-freed rc=1
+consumer vmm unmap=0 release=0 free=0
+consumer reads an exited producer's memory rc=0 word=0x42424242
+consumer close rc=0
+consumer open-of-exited rc=1
+consumer open-event-of-exited rc=1
+";
+
+/// CUDA IPC across two processes (`ipc_pair.c`: the producer execs a fresh consumer and they
+/// pass handles through pipes), CUDA 13 and 12, under the recorder: every value written by one
+/// process reads back exactly in the other (the consumer's zero fill of a page range too);
+/// the handle of an interior address is the allocation's; each exported allocation is one
+/// memory file of mode 0600; opening charges the opener nothing;
+/// the driver's codes for the process's own handle (201), a timed event (1), a second close,
+/// a zeroed or altered handle, bad flags, a freed allocation and an exited (or killed)
+/// exporter (1); new
+/// memory at a freed allocation's address gets a new handle; a VMM handle exported as a POSIX
+/// descriptor (written before the export) imports in the consumer, which reads the value and
+/// writes one the producer reads (export without that type requested: 1, as fabric: 801,
+/// importing a pipe: 1); the
+/// consumer keeps what it mapped after the exporter frees or exits. The consumer's log holds
+/// each successful open as a mapping of the allocation's size at the address it got and each
+/// successful close as its unmapping, the imported VMM handle's mapping with no creation, and
+/// nothing allocated; the producer's, its own memory.
+#[test]
+fn ipc_handles_share_device_memory_between_processes() {
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-ipc-{major}"));
+        let exe = build_program(&dir, "ipc_pair", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run ipc_pair");
+        let run = Run { output, dir };
+        let stdout = run.stdout();
+        assert_eq!(
+            run.output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            run.stderr()
+        );
+        let (steps, last) = stdout
+            .trim_end()
+            .rsplit_once('\n')
+            .unwrap_or_else(|| panic!("no output:\n{stdout}\n{}", run.stderr()));
+        assert_eq!(format!("{steps}\n"), IPC_PAIR_STEPS, "{}", run.stderr());
+        assert_eq!(run.stderr(), "");
+        let address = |name: &str| {
+            last.split(' ')
+                .find_map(|field| field.strip_prefix(&format!("{name}=0x")))
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .unwrap_or_else(|| panic!("no {name} address in {last:?}"))
+        };
+        let (kept, memory, reopened) = (address("kept"), address("memory"), address("reopened"));
+        let vmm = address("vmm");
+
+        let logs = run.logs();
+        assert_eq!(logs.len(), 2, "{logs:?}");
+        let mut by_role = std::collections::HashMap::new();
+        for log in &logs {
+            let records = dump(log);
+            let consumer = records[0]["argv"].get(1) == Some(&serde_json::json!("consumer"));
+            let seen: Vec<(String, String, u64, u64, i64)> = events(&records)
+                .iter()
+                .map(|e| {
+                    (
+                        e["event"].as_str().unwrap_or("").to_owned(),
+                        e["api"].as_str().unwrap_or("").to_owned(),
+                        u64_of(e, "addr"),
+                        u64_of(e, "size"),
+                        i64_of(e, "device"),
+                    )
+                })
+                .collect();
+            by_role.insert(consumer, seen);
+        }
+        let event = |kind: &str, api: &str, addr: u64, size: u64| {
+            (kind.to_owned(), api.to_owned(), addr, size, 0)
+        };
+        let (open, close) = ("cudaIpcOpenMemHandle", "cudaIpcCloseMemHandle");
+        let whole = 262_169 * 4;
+        const VMM: u64 = 2 << 20;
+        assert_eq!(
+            by_role[&true],
+            vec![
+                event("map", open, kept, 4096),
+                event("map", "cuIpcOpenMemHandle_v2", kept, 4096),
+                event("unmap", "cuIpcCloseMemHandle", kept, 0),
+                event("map", open, memory, whole),
+                // The imported VMM handle: mapped, no cuMemCreate here.
+                event("reserve", "cuMemAddressReserve", vmm, VMM),
+                event("map", "cuMemMap", vmm, VMM),
+                event("map", open, memory, whole),
+                event("unmap", close, memory, 0),
+                event("unmap", close, memory, 0),
+                event("map", open, reopened, whole),
+                event("unmap", close, reopened, 0),
+                event("unmap", "cuMemUnmap", vmm, VMM),
+                event("release", "cuMemRelease", 0, 0),
+                event("unreserve", "cuMemAddressFree", vmm, VMM),
+                event("unmap", close, kept, 0),
+            ],
+            "consumer, CUDA {major}"
+        );
+        let (runtime, driver): (Vec<_>, Vec<_>) = by_role[&false]
+            .iter()
+            .partition(|(_, api, ..)| api.starts_with("cuda"));
+        // Its VMM handle (created, mapped) and the handle made without descriptors.
+        let driver: Vec<(&str, &str, u64)> = driver
+            .iter()
+            .map(|(kind, api, _, size, _)| (kind.as_str(), api.as_str(), *size))
+            .collect();
+        assert_eq!(
+            driver,
+            [
+                ("create", "cuMemCreate", VMM),
+                ("reserve", "cuMemAddressReserve", VMM),
+                ("map", "cuMemMap", VMM),
+                ("create", "cuMemCreate", VMM),
+                ("release", "cuMemRelease", 0)
+            ]
+        );
+        // Its two allocations, the free, and new memory at the freed address.
+        let memory_at = runtime[0].2;
+        let summary: Vec<(&str, u64, u64)> = runtime
+            .iter()
+            .map(|(kind, _, addr, size, _)| (kind.as_str(), *addr, *size))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("alloc", memory_at, whole),
+                ("alloc", runtime[1].2, 4096),
+                ("free", memory_at, 0),
+                ("alloc", memory_at, whole)
+            ]
+        );
+
+        // The consumer allocated nothing: its report says so.
+        // The exporter killed instead of exiting: the same, nothing left behind by it.
+        let output = Command::new(&exe)
+            .arg("crash")
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .output()
+            .expect("run ipc_pair crash");
+        let crashed = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&output.status),
+            Some(9),
+            "{crashed}"
+        );
+        assert_eq!(
+            crashed.trim_end().rsplit_once('\n').map(|(steps, _)| steps),
+            Some(steps),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+
+        let consumer_log = logs
+            .iter()
+            .find(|log| dump(log)[0]["argv"].get(1) == Some(&serde_json::json!("consumer")))
+            .expect("consumer log");
+        let (code, report, stderr) = vramshim(&[OsStr::new("report"), consumer_log.as_os_str()]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(report.contains("\nno memory was allocated\n"), "{report}");
     }
 }

@@ -2648,3 +2648,163 @@ fn torch_compile_reduce_overhead_records_and_replays_a_cuda_graph() {
     assert_log_is_torchs(&run, (5, 1, 84 * MIB));
     assert_eq!(r["segment_current"], 4, "{r}");
 }
+
+/// A CUDA tensor crosses processes through `torch.multiprocessing` (spawn), torch's own CUDA
+/// IPC (`tests/python/torch_ipc.py`), under the recorder: the consumer reads the producer's
+/// exact values through the tensor and a view at an offset, writes through both, and the
+/// producer reads the consumer's values back; the consumer's torch allocated nothing and
+/// the opening charged its device nothing. The consumer's log holds torch's open of the
+/// producer's segment as one mapping of the segment's size (the producer's `cudaMalloc`),
+/// from the consumer's `tensors.get()`, and its close as the unmapping; nothing allocated.
+/// Torch 2.15 (CUDA 13), 2.6 and 2.4.1 (CUDA 12); and torch 2.15 with expandable segments,
+/// whose IPC exports each segment's physical memory as a POSIX file descriptor that the
+/// consumer takes with `pidfd_getfd` and imports (`cuMemImportFromShareableHandle`).
+#[test]
+fn a_cuda_tensor_crosses_processes_through_torch_multiprocessing() {
+    for torch in torches() {
+        tensor_crosses_processes(&torch, false);
+    }
+    if let Some(torch) = current() {
+        tensor_crosses_processes(&torch, true);
+    }
+}
+
+fn tensor_crosses_processes(torch: &Torch, expandable: bool) {
+    let version = torch.release.version;
+    let dir = scratch(&format!("torch-ipc-{version}-{expandable}"));
+    let conf = if expandable {
+        "expandable_segments:True"
+    } else {
+        ""
+    };
+    let output = Command::new(&torch.python)
+        .arg("-W")
+        .arg("ignore")
+        .arg(repo().join("tests/python/torch_ipc.py"))
+        .env(
+            "LD_PRELOAD",
+            format!("{}:{}", shim().display(), torch.fake_preload()),
+        )
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("PYTORCH_CUDA_ALLOC_CONF", conf)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("run python");
+    let run = Run { output, dir };
+    let stdout = run.stdout();
+    assert!(
+        run.output.status.success(),
+        "{version} {conf}: {stdout}\n{}",
+        run.stderr()
+    );
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no output:\n{}", run.stderr()));
+    let result: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    const N: f64 = 262_144.0;
+    let consumer = &result["consumer"];
+    assert_eq!(
+        consumer["sum"],
+        N * (N - 1.0) / 2.0,
+        "{version} {conf}: {result}"
+    );
+    assert_eq!(consumer["first"], serde_json::json!([0.0, 1.0, 2.0, 3.0]));
+    assert_eq!(consumer["view_first"], serde_json::json!([1000.0, 1001.0]));
+    assert_eq!(consumer["device"], "cuda:0");
+    assert_eq!(
+        (
+            consumer["allocated"].as_u64(),
+            consumer["reserved"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    assert_eq!(consumer["free"].as_u64(), Some(1 << 30));
+    assert_eq!(result["exitcode"], 0);
+    assert_eq!(
+        result["producer_first"],
+        serde_json::json!([10.0, 20.0, 30.0, 3.0])
+    );
+    let mut view = vec![998.0, 999.0];
+    view.extend([-2.5; 10]);
+    view.extend([1010.0, 1011.0]);
+    assert_eq!(result["producer_view"], serde_json::json!(view));
+    // The sum less 0 + 1 + 2 and 1000 + ... + 1009, plus 10 + 20 + 30 and ten times -2.5.
+    let changed = N * (N - 1.0) / 2.0 - 3.0 - 10_045.0 + 60.0 - 25.0;
+    assert_eq!(result["producer_sum"], changed);
+    assert_eq!(result["producer_allocated"].as_u64(), Some(1 << 20));
+    let segment_free = (1u64 << 30) - (2 << 20);
+    assert_eq!(result["producer_free_before"].as_u64(), Some(segment_free));
+    assert_eq!(result["producer_free_after"].as_u64(), Some(segment_free));
+
+    let logs = run.logs();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    let records: Vec<Vec<Value>> = logs.iter().map(|log| dump(log)).collect();
+    let spawned = |r: &Vec<Value>| {
+        r[0]["argv"]
+            .as_array()
+            .is_some_and(|argv| argv.iter().any(|a| a == "--multiprocessing-fork"))
+    };
+    let consumer_at = usize::from(!spawned(&records[0]));
+    let (consumer_log, producer_log) = (&records[consumer_at], &records[1 - consumer_at]);
+    let seen = events(consumer_log);
+    let shown: Vec<(&str, &str, u64)> = seen
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or(""),
+                e["api"].as_str().unwrap_or(""),
+                u64_of(e, "size"),
+            )
+        })
+        .collect();
+    const SEGMENT: u64 = 2 << 20;
+    if expandable {
+        // The segment's one 2 MiB handle, exported; imported and mapped in the consumer,
+        // where no cuMemCreate charges it.
+        let created = select(&events(producer_log), "create", "cuMemCreate");
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert_eq!(u64_of(created[0], "size"), SEGMENT);
+        assert_eq!(
+            shown,
+            [
+                ("reserve", "cuMemAddressReserve", SEGMENT),
+                ("map", "cuMemMap", SEGMENT),
+                ("unmap", "cuMemUnmap", SEGMENT),
+                ("release", "cuMemRelease", 0),
+                ("unreserve", "cuMemAddressFree", SEGMENT)
+            ],
+            "{seen:?}"
+        );
+        assert_eq!(u64_of(seen[0], "addr"), u64_of(seen[1], "addr"));
+    } else {
+        let segments = select(&events(producer_log), "alloc", "cudaMalloc");
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        assert_eq!(u64_of(segments[0], "size"), SEGMENT);
+        assert_eq!(
+            shown,
+            [
+                ("map", "cudaIpcOpenMemHandle", SEGMENT),
+                ("unmap", "cudaIpcCloseMemHandle", 0)
+            ],
+            "{seen:?}"
+        );
+    }
+    assert_eq!(u64_of(seen[0], "addr"), u64_of(seen[1], "addr"));
+    assert!(
+        consumer_log.iter().any(|r| r["type"] == "code"
+            && r["qualname"] == "consumer"
+            && r["filename"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("tests/python/torch_ipc.py"))),
+        "the opening's stack has no consumer frame"
+    );
+    let consumer_path = &logs[consumer_at];
+    let (code, report, stderr) = vramshim(&[OsStr::new("report"), consumer_path.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(report.contains("\nno memory was allocated\n"), "{report}");
+}

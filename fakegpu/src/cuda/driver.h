@@ -78,7 +78,7 @@ void fg_uncharge(int dev, unsigned long long n);
 
 /* The registry of everything with an address: device, pool, managed and VMM-mapped memory,
  * pinned and registered host memory (memory.c). */
-enum fg_kind { FG_DEVICE, FG_MANAGED, FG_POOL, FG_MAPPED, FG_HOST, FG_REGISTERED, FG_GRAPH };
+enum fg_kind { FG_DEVICE, FG_MANAGED, FG_POOL, FG_MAPPED, FG_HOST, FG_REGISTERED, FG_GRAPH, FG_IPC };
 struct fg_alloc {
     uint64_t base, size;
     enum fg_kind kind;
@@ -86,10 +86,17 @@ struct fg_alloc {
     CUmemoryPool pool;      /* FG_POOL */
     uint64_t charged;       /* bytes charged to the device for this entry */
     uint64_t id;
+    bool shared; /* its pages are a memory file other processes may map (IPC, ipc.c) */
+    uint64_t offset; /* FG_MAPPED: where in the physical allocation the mapping starts */
 };
 bool fg_register(const struct fg_alloc *a);
 /* Copies out the entry containing ADDR; false when none does. */
 bool fg_lookup(uint64_t addr, struct fg_alloc *out);
+/* Calls FN on every entry, the registry locked (FN may change the entry's flags, not add or
+ * remove entries, nor look entries up). */
+void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg);
+/* Marks the entry starting exactly at BASE as shared with other processes. */
+bool fg_set_shared(uint64_t base);
 /* Removes the entry starting exactly at BASE (of KIND when kind >= 0), copying it out. */
 bool fg_unregister(uint64_t base, int kind, struct fg_alloc *out);
 
@@ -99,6 +106,18 @@ void fg_unmap(void *p, uint64_t size);
 /* Uncounts the resident pages of [p, p + size) from the host RAM device data holds; called
  * just before those pages are given back (munmap, MADV_DONTNEED, a fixed remap). */
 void fg_host_release(uint64_t p, uint64_t size);
+/* Calls FN(from, to, ARG) for each part of [start, end) that copies or fills wrote. */
+void fg_host_each_written(uint64_t start, uint64_t end, void (*fn)(uint64_t, uint64_t, void *),
+                          void *arg);
+
+/* IPC (ipc.c): the exported allocation at BASE is being freed; its pages stop being shared
+ * (openers keep what they mapped) and become private again before the mapping is reused. */
+void fg_ipc_unexport(uint64_t base, uint64_t size);
+/* The memory file this process keeps open while it runs, for event handles to name (made at
+ * the first call); false when none could be made. */
+bool fg_ipc_process_file(int32_t *fd, uint64_t *inode, uint64_t *nonce);
+/* Whether process PID still holds the memory file FD, INODE, NONCE named (so still runs). */
+bool fg_ipc_process_running(int32_t pid, int32_t fd, uint64_t inode, uint64_t nonce);
 
 /* Stream-ordered pools (pool.c). */
 void fg_pools_init_device(int dev);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct CUstream_st {
     int device;
@@ -710,13 +711,56 @@ FG_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     return cuEventElapsedTime_v2(ms, start, end);
 }
 
+/* IPC event handles. Work on the fake GPU is done when it is issued, so an event another
+ * process opens has nothing to wait for: the opener gets an event of its own (interprocess,
+ * no timing) that is always complete. The handle names the exporting process, the event there
+ * and the memory file the exporter keeps open while it runs (ipc.c); it opens while that
+ * process runs. */
+struct ipc_event_handle {
+    uint64_t magic, event;
+    uint64_t inode, nonce; /* of the exporter's memory file */
+    int32_t pid, fd;
+    uint32_t reserved[6];
+};
+_Static_assert(sizeof(struct ipc_event_handle) == CU_IPC_HANDLE_SIZE, "CUipcEventHandle is 64 bytes");
+#define IPC_EVENT_MAGIC 0x3174766563706966ull /* "fipcevt1" */
+#define CU_EVENT_DISABLE_TIMING 0x2u
+#define CU_EVENT_INTERPROCESS 0x4u
+
 FG_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
 {
-    if (!handle || !event)
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* The driver exports only events made for it: interprocess and without timing. */
+    if (!handle || (event->flags & (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)) !=
+                       (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS))
         return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .event = (uint64_t)event,
+                                 .pid = (int32_t)getpid()};
+    if (!fg_ipc_process_file(&h.fd, &h.inode, &h.nonce))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     memset(handle, 0, sizeof *handle);
-    memcpy(handle, &event, sizeof event);
+    memcpy(handle, &h, sizeof h);
     return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
+{
+    struct ipc_event_handle h;
+    int dev;
+    memcpy(&h, &handle, sizeof h);
+    CUresult rc = fg_current_device(&dev);
+    if (rc)
+        return rc;
+    if (!event || h.magic != IPC_EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h.pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!fg_ipc_process_running(h.pid, h.fd, h.inode, h.nonce))
+        return CUDA_ERROR_INVALID_VALUE; /* the exporter is gone, or the handle made up */
+    return cuEventCreate(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
 }
 
 /* ---------------------------------------------------------------- modules and functions */

@@ -1,5 +1,6 @@
 /* Device accounting, the address registry and the memory API: synchronous, pitch, managed and
- * pinned/registered host memory, cuMemGetInfo, copies and sets, pointer attributes, IPC. */
+ * pinned/registered host memory, cuMemGetInfo, copies and sets, pointer attributes (IPC handles:
+ * ipc.c). */
 #include "driver.h"
 
 #include <stdio.h>
@@ -86,6 +87,27 @@ bool fg_lookup(uint64_t addr, struct fg_alloc *out)
             *out = *e;
             found = true;
         }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return found;
+}
+
+void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (size_t i = 0; i < entry_count; i++)
+        fn(&entries[i], arg);
+    pthread_mutex_unlock(&registry_lock);
+}
+
+bool fg_set_shared(uint64_t base)
+{
+    bool found = false;
+    pthread_mutex_lock(&registry_lock);
+    size_t at = upper_bound(base);
+    if (at > 0 && entries[at - 1].base == base) {
+        entries[at - 1].shared = true;
+        found = true;
     }
     pthread_mutex_unlock(&registry_lock);
     return found;
@@ -308,6 +330,16 @@ static bool host_admit(uint64_t dst, size_t n)
     return fits;
 }
 
+void fg_host_each_written(uint64_t start, uint64_t end, void (*fn)(uint64_t, uint64_t, void *),
+                          void *arg)
+{
+    pthread_mutex_lock(&host_lock);
+    for (size_t i = first_span_after(start); i < span_count && spans[i].start < end; i++)
+        fn(spans[i].start > start ? spans[i].start : start, spans[i].end < end ? spans[i].end : end,
+           arg);
+    pthread_mutex_unlock(&host_lock);
+}
+
 /* ---------------------------------------------------------------- device memory */
 static CUresult device_alloc(uint64_t size, enum fg_kind kind, CUdeviceptr *out)
 {
@@ -341,6 +373,8 @@ static CUresult device_free(CUdeviceptr p)
     struct fg_alloc a;
     if (!fg_unregister(p, FG_DEVICE, &a) && !fg_unregister(p, FG_MANAGED, &a))
         return fg_graph_mem_free(p); /* a graph's allocation may be freed outside it */
+    if (a.shared)
+        fg_ipc_unexport(a.base, a.size);
     fg_unmap((void *)a.base, a.size);
     fg_uncharge(a.device, a.charged);
     return CUDA_SUCCESS;
@@ -575,6 +609,24 @@ FG_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dc, CUdeviceptr 
     return copy_on(dst, src, n, s);
 }
 
+/* Gives the pages [first, last) back, A being the entry at FIRST; the range may run on through
+ * the next VMM mappings. Pages shared with another process (IPC) live in a memory file:
+ * MADV_DONTNEED would only drop this mapping of them and read the old bytes back, MADV_REMOVE
+ * frees them. */
+static bool give_back(uint64_t first, uint64_t last, const struct fg_alloc *a)
+{
+    struct fg_alloc m = *a;
+    for (uint64_t at = first; at < last;) {
+        uint64_t end = m.kind == FG_MAPPED && m.base + m.size < last ? m.base + m.size : last;
+        if (madvise((void *)at, end - at, m.shared ? MADV_REMOVE : MADV_DONTNEED) != 0)
+            return false;
+        at = end;
+        if (at < last && !fg_lookup(at, &m))
+            return false;
+    }
+    return true;
+}
+
 /* Zero fills of whole pages give the pages back instead of writing them, so a large memset
  * costs no host RAM. The range is known to be valid. */
 static CUresult zero_fill(uint64_t dst, size_t n)
@@ -584,7 +636,7 @@ static CUresult zero_fill(uint64_t dst, size_t n)
     struct fg_alloc a;
     if (last > first && fg_lookup(dst, &a) && a.kind != FG_REGISTERED && a.kind != FG_HOST) {
         fg_host_release(first, last - first);
-        if (madvise((void *)first, last - first, MADV_DONTNEED) == 0) {
+        if (give_back(first, last, &a)) {
             memset((void *)dst, 0, first - dst);
             memset((void *)last, 0, dst + n - last);
             return CUDA_SUCCESS;
@@ -752,48 +804,4 @@ FG_EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attributes, void 
             *(int *)data[i] = -2;
     }
     return CUDA_SUCCESS;
-}
-
-/* ---------------------------------------------------------------- IPC (this process only) */
-/* A handle names (pid, base): opening it in the process that made it gives the same address.
- * Other processes cannot share a fake device's memory: they get CUDA_ERROR_NOT_SUPPORTED. */
-struct ipc_handle {
-    uint64_t magic, pid, base, size;
-};
-#define IPC_MAGIC 0x7672616d69706331ull
-
-FG_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
-{
-    struct fg_alloc a;
-    if (!fg_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!handle || !fg_lookup(p, &a) || a.kind != FG_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct ipc_handle h = {IPC_MAGIC, (uint64_t)getpid(), a.base, a.size};
-    memset(handle, 0, sizeof *handle);
-    memcpy(handle, &h, sizeof h);
-    return CUDA_SUCCESS;
-}
-
-FG_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags)
-{
-    struct ipc_handle h;
-    struct fg_alloc a;
-    memcpy(&h, &handle, sizeof h);
-    if (!fg_initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!p || h.magic != IPC_MAGIC)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (h.pid != (uint64_t)getpid())
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (!fg_lookup(h.base, &a) || a.base != h.base)
-        return CUDA_ERROR_INVALID_VALUE;
-    *p = h.base;
-    return CUDA_SUCCESS;
-}
-
-FG_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
-{
-    struct fg_alloc a;
-    return fg_lookup(p, &a) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -1,18 +1,32 @@
 /* Virtual memory management: address reservations, physical allocations (cuMemCreate, charged
  * to the device until released and unmapped), mapping and unmapping. A reservation is an
  * inaccessible host mapping; cuMemMap puts zero-filled memory at the mapped range. Each mapping
- * of a handle gets its own bytes (a handle mapped twice does not share data). */
+ * of a handle gets its own bytes (a handle mapped twice does not share data) until the handle
+ * is exported as a POSIX file descriptor (cuMemExportToShareableHandle): then its bytes move
+ * into a memory file (memfd, mode 0600), every mapping of it in this process and in processes
+ * that import the descriptor (cuMemImportFromShareableHandle, after pidfd_getfd as PyTorch
+ * does for expandable segments) maps that file, and all see the same bytes. An imported
+ * handle charges nothing: the memory stays the exporter's. */
 #include "driver.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct physical {
     int device;
     uint64_t size;
     int refs; /* 1 until cuMemRelease, +1 per mapping */
     CUmemAllocationProp prop;
+    int memfd;     /* the memory file once exported or imported, else -1 */
+    bool imported; /* from another process: charged there */
 };
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 
 static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -28,7 +42,10 @@ static void physical_unref(struct physical *p)
     bool last = --p->refs == 0;
     pthread_mutex_unlock(&vmm_lock);
     if (last) {
-        fg_uncharge(p->device, p->size);
+        if (!p->imported)
+            fg_uncharge(p->device, p->size);
+        if (p->memfd >= 0)
+            close(p->memfd);
         free(p);
     }
 }
@@ -141,6 +158,7 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     p->size = size;
     p->refs = 1;
     p->prop = *prop;
+    p->memfd = -1;
     *handle = (CUmemGenericAllocationHandle)p;
     return CUDA_SUCCESS;
 }
@@ -176,11 +194,15 @@ FG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         return CUDA_ERROR_INVALID_VALUE;
     if (fg_lookup(ptr, &existing) || fg_lookup(ptr + size - 1, &existing))
         return CUDA_ERROR_ALREADY_MAPPED;
-    if (mmap((void *)ptr, size, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+    void *mapped = p->memfd >= 0
+                       ? mmap((void *)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                              p->memfd, (off_t)offset)
+                       : mmap((void *)ptr, size, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (mapped == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fg_alloc a = {.base = ptr, .size = size, .kind = FG_MAPPED, .device = p->device,
-                         .pool = (CUmemoryPool)p};
+                         .pool = (CUmemoryPool)p, .shared = p->memfd >= 0, .offset = offset};
     if (!fg_register(&a))
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&vmm_lock);
@@ -238,8 +260,126 @@ FG_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
     return CUDA_SUCCESS;
 }
 
+/* The memory file's name: the machine's device and 8 random bytes. */
+#define VMM_FILE_PREFIX "vramshim-vmm-"
+
+struct move_target {
+    struct physical *p;
+    bool failed;
+};
+
+static void copy_span(uint64_t start, uint64_t end, void *arg)
+{
+    const uint64_t *delta = arg; /* staging - mapping */
+    memcpy((void *)(start + *delta), (const void *)start, end - start);
+}
+
+/* Moves one mapping of the handle being exported onto its memory file, bytes kept. */
+static void move_mapping(struct fg_alloc *a, void *arg)
+{
+    struct move_target *t = arg;
+    if (a->kind != FG_MAPPED || a->pool != (CUmemoryPool)t->p || a->shared)
+        return;
+    void *staging =
+        mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, t->p->memfd, (off_t)a->offset);
+    if (staging == MAP_FAILED) {
+        t->failed = true;
+        return;
+    }
+    uint64_t delta = (uint64_t)staging - a->base;
+    fg_host_each_written(a->base, a->base + a->size, copy_span, &delta);
+    munmap(staging, a->size);
+    if (mmap((void *)a->base, a->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+             t->p->memfd, (off_t)a->offset) == MAP_FAILED) {
+        t->failed = true;
+        return;
+    }
+    a->shared = true;
+}
+
 FG_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h,
                                                 int type, unsigned long long flags)
 {
-    return CUDA_ERROR_NOT_SUPPORTED; /* one process only */
+    struct physical *p = (struct physical *)h;
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED; /* fabric and Windows handles: not across processes */
+    if (!shareable || !p || !(p->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&vmm_lock);
+    if (p->memfd < 0) {
+        char name[64];
+        uint64_t nonce = 0;
+        int physical = p->device < fg_config()->count ? fg_config()->physical[p->device] : 0;
+        int fd = -1;
+        if (getrandom(&nonce, sizeof nonce, 0) == sizeof nonce) {
+            snprintf(name, sizeof name, VMM_FILE_PREFIX "%d-%016llx", physical,
+                     (unsigned long long)nonce);
+            fd = memfd_create(name, MFD_CLOEXEC);
+        }
+        if (fd < 0 || fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)p->size) != 0) {
+            if (fd >= 0)
+                close(fd);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            p->memfd = fd;
+            struct move_target target = {p, false};
+            fg_each_alloc(move_mapping, &target);
+            if (target.failed)
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    int out = rc ? -1 : fcntl(p->memfd, F_DUPFD_CLOEXEC, 0);
+    pthread_mutex_unlock(&vmm_lock);
+    if (!rc && out < 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!rc)
+        *(int *)shareable = out; /* the caller's to close, as the driver's */
+    return rc;
+}
+
+FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                  void *os_handle, int type)
+{
+    int dev;
+    CUresult rc = fg_current_device(&dev);
+    if (rc)
+        return rc;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)os_handle;
+    char path[64], link[128];
+    struct stat st;
+    int physical = -1;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (!handle || n <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    link[n] = 0;
+    if (sscanf(link, "/memfd:" VMM_FILE_PREFIX "%d-", &physical) != 1 || fstat(fd, &st) != 0 ||
+        st.st_size <= 0 || st.st_size % FG_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE; /* not a descriptor a fake driver exported */
+    struct physical *p = calloc(1, sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->memfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (p->memfd < 0) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->device = dev;
+    for (int i = 0; i < fg_config()->count; i++)
+        if (fg_config()->physical[i] == physical)
+            p->device = i;
+    p->size = (uint64_t)st.st_size;
+    p->refs = 1;
+    p->imported = true;
+    p->prop.type = 1;
+    p->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->prop.location.id = p->device;
+    *handle = (CUmemGenericAllocationHandle)p;
+    return CUDA_SUCCESS;
 }

@@ -239,14 +239,10 @@ FG_EXPORT cudaError_t cudaIpcGetEventHandle(CUipcEventHandle *handle, cudaEvent_
     return fg_rt_status(cuIpcGetEventHandle(handle, e));
 }
 
-/* The handle carries the event's address: it opens in the process that made it only. */
 FG_EXPORT cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, CUipcEventHandle handle)
 {
     READY();
-    if (!e)
-        return fg_rt_status(cudaErrorInvalidValue);
-    memcpy(e, &handle, sizeof *e);
-    return *e ? cudaSuccess : fg_rt_status(cudaErrorInvalidValue);
+    return fg_rt_status(cuIpcOpenEventHandle(e, handle));
 }
 
 /* ---------------------------------------------------------------- kernels */

@@ -354,6 +354,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr p);
 CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event);
+CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle);
 CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority);
 CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuStreamSynchronize(CUstream stream);

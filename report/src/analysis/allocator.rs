@@ -761,14 +761,17 @@ impl Observer for AllocatorView {
                         if event.result != 0 {
                             return;
                         }
+                        let vmm = matches!(event.kind, EventKind::Map | EventKind::Unmap)
+                            && self.families.of(processes, process, event.api) == Family::Vmm;
                         match event.kind {
                             EventKind::Reserve => self.reservations.add(event.size),
-                            EventKind::Map => {
+                            // Not an IPC handle's mapping (cudaIpcOpenMemHandle): no VMM call.
+                            EventKind::Map if vmm => {
                                 if let Some(dev) = self.slot(event.device) {
                                     dev.vmm_maps += 1;
                                 }
                             }
-                            EventKind::Unmap => {
+                            EventKind::Unmap if vmm => {
                                 if let Some(dev) = self.slot(event.device) {
                                     dev.vmm_unmaps += 1;
                                 }

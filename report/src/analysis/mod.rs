@@ -13,6 +13,7 @@ pub mod lines;
 pub mod oom;
 pub mod peaks;
 pub mod profile;
+pub mod releases;
 pub mod requests;
 pub mod snapshot;
 pub mod steps;

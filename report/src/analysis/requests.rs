@@ -12,10 +12,16 @@
 //! lockstep, so memory stays bounded by the live set, whatever the log's length.
 
 use vramshim_format::EventKind;
-use vramshim_sim::{AddressOrder, Request, Simulator};
+use vramshim_sim::{AddressOrder, Outcome, Request, Simulator};
+
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::FxHashMap;
 
 use super::allocator::AllocEnv;
 use super::apis::Family;
+use super::groups::Stacks;
+use crate::python::StackView;
 use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
 
 /// Which allocations are PyTorch's tensors.
@@ -332,6 +338,108 @@ impl Requests {
     }
 }
 
+/// Torch's functions (`aten/src/ATen/native/cudnn/Conv_v8.cpp`) that allocate the workspace
+/// of the cuDNN plan they run, inside a `try` that catches `c10::OutOfMemoryError` (their
+/// callers' catch, or `run_single_conv`'s around a cached plan).
+const CONV_PLAN_RUNNERS: &[&str] = &[
+    "at::native::run_conv_plan(",
+    "at::native::run_conv_plan_fused(",
+];
+
+/// Callers of a plan runner that try one candidate plan after another (after a failure, the
+/// next); any other caller (`run_single_conv`, `run_fused_conv`) ran the plan it had cached.
+const PLAN_TRIERS: &[&str] = &["at::native::try_configs", "at::native::try_plans"];
+
+/// Frames between a plan runner and the convolution it runs (its operation's function:
+/// `raw_cudnn_convolution_forward_out`, `..._backward_input_out`, `..._backward_weight_out`,
+/// `..._add_relu_out`).
+const CONV_DRIVERS: &[&str] = &[
+    "at::native::try_configs",
+    "at::native::try_plans",
+    "at::native::run_single_conv(",
+    "at::native::run_fused_conv(",
+];
+
+/// A cuDNN convolution's workspace, from the allocation's stack (innermost frame first):
+/// the function of the convolution's operation, and whether the plan was the one torch had
+/// cached. `None` for any other allocation.
+pub fn conv_workspace_call<'a>(
+    mut functions: impl Iterator<Item = &'a str>,
+) -> Option<(&'a str, bool)> {
+    functions.find(|f| CONV_PLAN_RUNNERS.iter().any(|p| f.starts_with(p)))?;
+    let mut cached = true;
+    for (i, function) in functions.enumerate() {
+        if i == 0 && PLAN_TRIERS.iter().any(|p| function.starts_with(p)) {
+            cached = false;
+        }
+        if !CONV_DRIVERS.iter().any(|p| function.starts_with(p)) {
+            let name = function.split('(').next().unwrap_or(function);
+            return Some((name, cached));
+        }
+    }
+    None
+}
+
+/// A request waiting for the simulators, with the allocation it came from (for an
+/// allocation).
+type Pending = (u64, Request, Option<Live>);
+
+/// Finds the cuDNN convolution workspaces among a recording's allocations (by their native
+/// frames, symbolised once per stack) and names the plan each belongs to.
+#[derive(Default)]
+pub struct ConvWorkspaces {
+    /// Made for the processes known then (their count beside it): remade when more come.
+    stacks: Option<(Stacks, usize)>,
+    /// Per (process, stack): the operation's hash and whether the plan was cached.
+    calls: FxHashMap<(u32, u32), Option<(u64, bool)>>,
+}
+
+impl ConvWorkspaces {
+    /// `Request::Workspace` for an allocation that is a convolution's workspace. Its plan is
+    /// torch's cache entry as far as the recording tells it: the thread (torch's plan cache
+    /// is thread-local), the operation and the workspace size (the recording has no tensor
+    /// shapes: two convolutions whose workspaces have the same size share an entry here).
+    pub fn request(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
+        let call = match self.calls.get(&(live.process, live.stack)) {
+            Some(call) => *call,
+            None => {
+                if live.process as usize >= processes.len() {
+                    return None;
+                }
+                if self
+                    .stacks
+                    .as_ref()
+                    .is_none_or(|(_, n)| *n < processes.len())
+                {
+                    let stacks = Stacks::new(processes, StackView::Native, false);
+                    self.stacks = Some((stacks, processes.len()));
+                }
+                let (stacks, _) = self.stacks.as_mut()?;
+                let frames = stacks.frames(processes, live.process, live.stack);
+                let call =
+                    conv_workspace_call(frames.iter().map(|f| f.function.as_deref().unwrap_or("")))
+                        .map(|(operation, cached)| {
+                            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                            operation.hash(&mut hasher);
+                            (hasher.finish(), cached)
+                        });
+                self.calls.insert((live.process, live.stack), call);
+                call
+            }
+        }?;
+        let (operation, cached) = call;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (live.process, live.thread, operation, live.size).hash(&mut hasher);
+        Some(Request::Workspace {
+            id: live.seq,
+            size: live.size,
+            stream: live.stream,
+            plan: hasher.finish(),
+            cached,
+        })
+    }
+}
+
 /// Which way the recording's driver handed out addresses, from its `cudaMalloc`/`cuMemAlloc`
 /// results on the followed device (PyTorch's segments, per-tensor `cudaMalloc`s, or other
 /// libraries' memory; stream-ordered pool allocations are carved out of pool blocks and say
@@ -474,10 +582,13 @@ pub struct WhatIf {
     /// The recording's PyTorch (from its first process), and its tie rule.
     pub torch_version: Option<String>,
     pub ties: Ties,
+    /// Tells cuDNN convolution workspaces apart (only when one might matter: see
+    /// [`WhatIf::apply`]).
+    workspaces: ConvWorkspaces,
     version_read: bool,
-    pending: Vec<(u64, Request)>,
+    pending: Vec<Pending>,
     /// Reused for the requests of one step.
-    scratch: Vec<(u64, Request)>,
+    scratch: Vec<Pending>,
     error: Option<String>,
 }
 
@@ -506,12 +617,13 @@ impl WhatIf {
             order: AddressOrder::Rising,
             torch_version: None,
             ties: Ties::default(),
+            workspaces: ConvWorkspaces::default(),
             version_read: false,
             pending: Vec::new(),
             scratch: Vec::new(),
             error: None,
         };
-        what_if.start_when_ready();
+        what_if.start_when_ready(&[]);
         Ok(what_if)
     }
 
@@ -520,11 +632,11 @@ impl WhatIf {
     }
 
     /// Starts the simulators once the capacity and the driver's address order are known.
-    fn start_when_ready(&mut self) {
+    fn start_when_ready(&mut self, processes: &[Process]) {
         let order_known =
             self.votes.decided() || (self.version_read && self.ties == Ties::BySegmentAge);
         if !self.started() && self.error.is_none() && self.capacity_known && order_known {
-            self.start();
+            self.start(processes);
         }
     }
 
@@ -537,11 +649,11 @@ impl WhatIf {
         let family = self.requests.family(processes, live.process, live.api);
         if matches!(family, Family::Runtime | Family::Driver) {
             self.votes.add(live.addr);
-            self.start_when_ready();
+            self.start_when_ready(processes);
         }
     }
 
-    fn start(&mut self) {
+    fn start(&mut self, processes: &[Process]) {
         let sampled = self.requests.device.and_then(|device| {
             self.totals
                 .iter()
@@ -573,18 +685,40 @@ impl WhatIf {
             }
         }
         self.simulators = simulators;
-        for (t_ns, request) in std::mem::take(&mut self.pending) {
-            for sim in &mut self.simulators {
-                sim.apply(t_ns, &request);
+        for pending in std::mem::take(&mut self.pending) {
+            self.apply(processes, pending);
+        }
+    }
+
+    /// Applies one request to every simulator. An allocation is looked at as a cuDNN
+    /// convolution's workspace (its stack symbolised, which costs seconds for torch's
+    /// libraries) only where that can change something: when it fails in a simulator (it is
+    /// then made the workspace's failure, see [`Simulator::fall_back`]), or once a
+    /// simulator has a convolution that fell back (whose later workspaces it skips).
+    fn apply(&mut self, processes: &[Process], (t_ns, request, site): Pending) {
+        let mut request = request;
+        if let (Request::Alloc { .. }, Some(live)) = (request, &site)
+            && self.simulators.iter().any(Simulator::has_fallen_back)
+            && let Some(workspace) = self.workspaces.request(processes, live)
+        {
+            request = workspace;
+        }
+        for sim in &mut self.simulators {
+            if let (Outcome::Oom(failure), Request::Alloc { .. }, Some(live)) =
+                (sim.apply(t_ns, &request), request, &site)
+                && let Some(Request::Workspace { plan, cached, .. }) =
+                    self.workspaces.request(processes, live)
+            {
+                sim.fall_back(failure, plan, cached);
             }
         }
     }
 
-    /// Feeds what is still held back; call once after the replay. Fails when a simulator
-    /// could not be made.
-    pub fn finish(&mut self) -> Result<(), String> {
+    /// Feeds what is still held back; call once after the replay, with its processes. Fails
+    /// when a simulator could not be made.
+    pub fn finish(&mut self, processes: &[Process]) -> Result<(), String> {
         if !self.started() && self.error.is_none() {
-            self.start();
+            self.start(processes);
         }
         match self.error.take() {
             Some(err) => Err(err),
@@ -611,7 +745,7 @@ impl Observer for WhatIf {
             }
             if self.requests.device == Some(info.device) {
                 self.capacity_known = true;
-                self.start_when_ready();
+                self.start_when_ready(processes);
             }
             return;
         }
@@ -629,19 +763,30 @@ impl Observer for WhatIf {
         if let (Some(request), Step::Event { t_ns, .. }) =
             (self.requests.segment_released(processes, state, step), step)
         {
-            batch.push((*t_ns, request));
+            batch.push((*t_ns, request, None));
         }
-        self.requests
-            .convert(processes, step, |t_ns, request| batch.push((t_ns, request)));
-        for (t_ns, request) in batch.drain(..) {
+        self.requests.convert(processes, step, |t_ns, request| {
+            batch.push((t_ns, request, None))
+        });
+        // An allocation keeps where it was made: it may be a cuDNN convolution's workspace,
+        // a request whose failure torch survives.
+        if let Step::Event {
+            effect: Effect::Added(live),
+            ..
+        } = step
+            && live.kind == EventKind::Alloc
+            && let Some((_, Request::Alloc { id, .. }, site)) = batch.last_mut()
+            && *id == live.seq
+        {
+            *site = Some(*live);
+        }
+        for pending in batch.drain(..) {
             if self.started() {
-                for sim in &mut self.simulators {
-                    sim.apply(t_ns, &request);
-                }
+                self.apply(processes, pending);
             } else {
-                self.pending.push((t_ns, request));
+                self.pending.push(pending);
                 if self.pending.len() >= MAX_PENDING && self.error.is_none() {
-                    self.start();
+                    self.start(processes);
                 }
             }
         }
@@ -685,6 +830,44 @@ mod tests {
         };
         requests.convert(&[], &step, |_, r| out.push(r));
         out
+    }
+
+    /// Torch 2.6's stacks (innermost first, from the allocator's `allocate` outward): a
+    /// backward-data workspace of a plan it was trying, a forward one of its cached plan, and
+    /// an ordinary tensor.
+    #[test]
+    fn conv_workspaces_are_found_by_their_plan_runner() {
+        let trying = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::native::run_conv_plan(cudnnContext*, at::Tensor const&, at::Tensor const&, at::Tensor const&, cudnn_frontend::ExecutionPlan_v8 const&, cudnnBackendDescriptorType_t)",
+            "at::native::try_configs(std::vector<std::shared_ptr<cudnn_frontend::OpaqueBackendPointer>>&, std::string const&, at::native::CacheKeyWrapper const&, cudnnContext*, at::Tensor const&, at::Tensor const&, at::Tensor const&, cudnnBackendDescriptorType_t)",
+            "at::native::run_single_conv(cudnnBackendDescriptorType_t, at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::ArrayRef<long>, long, bool, bool, bool)",
+            "at::native::raw_cudnn_convolution_backward_input_out(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::ArrayRef<long>, c10::ArrayRef<long>, c10::ArrayRef<long>, long, bool, bool, bool)",
+            "at::native::cudnn_convolution_backward_input(char const*)",
+        ];
+        assert_eq!(
+            super::conv_workspace_call(trying.into_iter()),
+            Some((
+                "at::native::raw_cudnn_convolution_backward_input_out",
+                false
+            ))
+        );
+        let cached = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::native::run_conv_plan(cudnnContext*)",
+            "at::native::run_single_conv(cudnnBackendDescriptorType_t)",
+            "at::native::raw_cudnn_convolution_forward_out(at::Tensor const&)",
+        ];
+        assert_eq!(
+            super::conv_workspace_call(cached.into_iter()),
+            Some(("at::native::raw_cudnn_convolution_forward_out", true))
+        );
+        let tensor = [
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+            "at::detail::empty_generic(c10::ArrayRef<long>)",
+            "at::native::cudnn_convolution(at::Tensor const&)",
+        ];
+        assert_eq!(super::conv_workspace_call(tensor.into_iter()), None);
     }
 
     #[test]
@@ -777,7 +960,7 @@ mod tests {
             effect: Effect::Added(b),
         };
         what_if.step(&state, &[], &step);
-        assert!(what_if.finish().is_ok());
+        assert!(what_if.finish(&[]).is_ok());
         assert_eq!(what_if.capacity, 40 * MIB);
         assert_eq!(what_if.capacity_source, CapacitySource::MemInfo);
         assert_eq!((what_if.votes.rising, what_if.votes.falling), (1, 0));

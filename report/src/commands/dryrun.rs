@@ -458,8 +458,8 @@ fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Ro
     }
     let labels: Vec<String> = configs.iter().map(Config::to_conf_string).collect();
     let mut sims = WhatIf::new(Some(device), configs, Some(capacity)).map_err(Failure::input)?;
-    replay::run(logs, &mut [&mut sims], Stop::End)?;
-    sims.finish().map_err(Failure::input)?;
+    let replay = replay::run(logs, &mut [&mut sims], Stop::End)?;
+    sims.finish(&replay.processes).map_err(Failure::input)?;
     if sims.requests.allocs == 0 {
         return Ok(None);
     }

@@ -147,7 +147,7 @@ pub fn with_report<T>(
     // tracker), in place of its segments.
     let replay = replay::run_view(&logs, &mut [&mut view, &mut sims], Stop::End, View::Tensors)?;
     view.finish();
-    sims.finish().map_err(Failure::input)?;
+    sims.finish(&replay.processes).map_err(Failure::input)?;
 
     let log = args.log.display();
     let device = match sims.requests.device {
@@ -227,6 +227,21 @@ pub fn with_report<T>(
                 Source::StreamOrdered => "stream-ordered allocations",
                 Source::Tensors => "its blocks",
                 _ => "cudaMalloc",
+            }
+        ));
+    }
+    let fallbacks = sims
+        .simulators
+        .iter()
+        .filter(|sim| sim.stats().workspace_fallbacks > 0)
+        .count();
+    if fallbacks > 0 {
+        notes.push(format!(
+            "{} a cuDNN convolution's workspace (torch's run_conv_plan) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
+            if fallbacks == 1 {
+                "1 configuration met".to_string()
+            } else {
+                format!("{fallbacks} configurations met")
             }
         ));
     }

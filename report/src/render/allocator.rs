@@ -15,23 +15,33 @@ use crate::units::{bytes, counted, seconds};
 /// Sizes listed in the text histogram (JSON has them all).
 pub const TEXT_SIZES: usize = 12;
 
-/// A failed allocation followed by PyTorch's release-and-retry.
+/// PyTorch's release-and-retry after a failed allocation, or after its own refusal past the
+/// memory fraction (no failed call); also a release that is not a retry (oversize, garbage
+/// collection).
 pub struct RetryView {
     pub process: u32,
     pub device: i32,
+    /// The failure, or (past the fraction, where no call failed) the first release.
     pub t_ns: u64,
+    /// The segment size asked for (0 where the recording does not tell).
     pub request: u64,
     pub retry: Retry,
+    /// PyTorch refused the segment itself, past `set_per_process_memory_fraction`: no
+    /// `cudaMalloc` failed before the release.
+    pub past_fraction: bool,
 }
 
 pub struct AllocatorReport<'a> {
     pub processes: &'a [Process],
     pub duration_ns: u64,
     pub view: &'a AllocatorView,
-    /// PyTorch's release-and-retry sequences it counts (`num_alloc_retries`).
+    /// PyTorch's release-and-retry sequences it counts (`num_alloc_retries`), after a failed
+    /// call or past the memory fraction.
     pub retries: Vec<RetryView>,
-    /// `max_split_size_mb`'s uncounted first step ([`Retry::oversize`]).
+    /// `max_split_size_mb`'s uncounted step ([`Retry::oversize`]).
     pub oversize_releases: Vec<RetryView>,
+    /// `garbage_collection_threshold`'s releases inside an allocation (not retries).
+    pub gc_releases: Vec<RetryView>,
     /// Failed allocations per device.
     pub failures: Vec<(i32, u64)>,
 }
@@ -106,6 +116,7 @@ fn device_json(report: &AllocatorReport<'_>, d: &DeviceAllocator) -> Value {
         "failed_allocations": report.failures.iter().find(|(dev, _)| *dev == d.device).map_or(0, |(_, n)| *n),
         "oom_retries": retries_json(&report.retries, d.device, pid),
         "oversize_releases": retries_json(&report.oversize_releases, d.device, pid),
+        "gc_releases": retries_json(&report.gc_releases, d.device, pid),
         "libraries": libraries_json(&d.libraries),
         "outside_allocator": d.outside.map(|o| json!({
             "samples": o.samples,
@@ -131,6 +142,7 @@ fn retries_json(retries: &[RetryView], device: i32, pid: impl Fn(u32) -> Option<
                 "released_count": r.retry.released_count,
                 "succeeded": r.retry.succeeded,
                 "retry_t_ns": r.retry.t_ns,
+                "past_fraction": r.past_fraction,
             })
         })
         .collect::<Vec<_>>()
@@ -327,7 +339,16 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
             .iter()
             .filter(|r| r.device == d.device)
             .count();
-        writeln!(out, "  OOM retries: {}", retries.len())?;
+        let past_fraction = retries.iter().filter(|r| r.past_fraction).count();
+        if past_fraction > 0 {
+            writeln!(
+                out,
+                "  OOM retries: {} ({past_fraction} past the memory fraction, with no failed call)",
+                retries.len()
+            )?;
+        } else {
+            writeln!(out, "  OOM retries: {}", retries.len())?;
+        }
         if oversize > 0 {
             writeln!(
                 out,
@@ -335,12 +356,31 @@ pub fn text(out: &mut dyn Write, report: &AllocatorReport<'_>) -> io::Result<()>
                 counted(oversize as u64, "release")
             )?;
         }
-        for r in retries {
+        let gc: Vec<&RetryView> = report
+            .gc_releases
+            .iter()
+            .filter(|r| r.device == d.device)
+            .collect();
+        if !gc.is_empty() {
             writeln!(
                 out,
-                "    at {}: {} failed, released {} in {}, retry {}",
+                "    (and {} by garbage_collection_threshold, {}, which PyTorch does not count as retries)",
+                counted(gc.len() as u64, "release"),
+                bytes(gc.iter().map(|r| r.retry.released_bytes).sum())
+            )?;
+        }
+        for r in retries {
+            let what = if !r.past_fraction {
+                format!("{} failed", bytes(r.request))
+            } else if r.request > 0 {
+                format!("{} refused past the memory fraction", bytes(r.request))
+            } else {
+                "refused past the memory fraction".to_string()
+            };
+            writeln!(
+                out,
+                "    at {}: {what}, released {} in {}, retry {}",
                 seconds(r.t_ns),
-                bytes(r.request),
                 bytes(r.retry.released_bytes),
                 counted(r.retry.released_count, "free"),
                 if r.retry.succeeded {

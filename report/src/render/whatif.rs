@@ -22,9 +22,10 @@ pub struct Row {
 
 impl Row {
     /// No simulated allocation failed, PyTorch's or another library's (a cuBLAS handle's
-    /// memory that does not fit beside PyTorch's segments fails the program too).
+    /// memory that does not fit beside PyTorch's segments fails the program too), except
+    /// cuDNN workspaces, whose failure torch survives.
     pub fn fits(&self) -> bool {
-        self.stats.num_ooms == 0 && self.stats.external_failures == 0
+        self.stats.first_oom.is_none() && self.stats.external_failures == 0
     }
 }
 
@@ -72,6 +73,22 @@ fn oom_json(stats: &Stats) -> Value {
             "num_alloc_retries": oom.num_alloc_retries,
             "num_device_alloc": oom.num_device_alloc,
             "num_device_free": oom.num_device_free,
+            "num_ooms": oom.num_ooms,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// The first cuDNN workspace that did not fit (its convolution fell back), or null.
+fn fallback_json(stats: &Stats) -> Value {
+    match &stats.first_fallback {
+        Some(failure) => json!({
+            "t_ns": failure.t_ns,
+            "request_index": failure.request_index,
+            "size": failure.size,
+            "alloc_size": failure.alloc_size,
+            "reserved": failure.reserved,
+            "num_ooms": failure.num_ooms,
         }),
         None => Value::Null,
     }
@@ -118,6 +135,9 @@ fn row_json(rank: usize, row: &Row) -> Value {
         "oom": oom_json(s),
         "library_failures": s.external_failures,
         "library_failure": library_failure_json(s),
+        "cudnn_fallbacks": s.workspace_fallbacks,
+        "cudnn_fallback": fallback_json(s),
+        "cudnn_workspaces_skipped": s.workspaces_skipped,
     })
 }
 
@@ -181,6 +201,10 @@ fn oom_text(stats: &Stats) -> String {
         (Some(oom), Some(failure)) if failure.t_ns < oom.t_ns => library_text(failure),
         (Some(oom), _) => format!("yes at {} ({} request)", seconds(oom.t_ns), bytes(oom.size)),
         (None, Some(failure)) => library_text(failure),
+        (None, None) if stats.workspace_fallbacks > 0 => format!(
+            "no ({} survived: cuDNN fell back)",
+            counted(stats.num_ooms, "OOM")
+        ),
         (None, None) => "no".to_string(),
     }
 }
