@@ -28,20 +28,23 @@ pub struct Spec {
     pub stream: u64,
     pub handle: u64,
     pub device: DeviceSource,
-    /// A `cudaFree`: with PyTorch's tracker recording, it releases one of the caching
-    /// allocator's segments, and gets a stack by default (see [`stack_segment_releases`]).
+    /// A `cudaFree` or `cuMemUnmap`: with PyTorch's tracker recording, it releases one of the
+    /// caching allocator's segments (an expandable segment's page for an unmap), and gets a
+    /// stack by default (see [`stack_segment_releases`]).
     pub segment_release: bool,
 }
 
 /// Set once PyTorch's caching allocator is known to be recording (its tracker's layout
-/// checked): from then on `cudaFree` calls are its segment releases, which are rare (cached
-/// segments go back only in `empty_cache()`, a release-and-retry, garbage collection or
-/// `max_split_size_mb`'s release) and whose native stack tells those apart
+/// checked): from then on `cudaFree` calls (`cuMemUnmap` under expandable segments) are its
+/// segment releases, which are rare (cached segments go back only in `empty_cache()`, a
+/// release-and-retry, garbage collection or `max_split_size_mb`'s release) and whose native
+/// stack tells those apart
 /// (`DeviceCachingAllocator::release_cached_blocks` under `malloc` is a retry `num_alloc_retries`
 /// counts, even when no driver call failed). Other releases keep no stack by default.
 static SEGMENT_RELEASE_STACKS: AtomicBool = AtomicBool::new(false);
 
-/// From now on `cudaFree` calls get a stack, as allocations do (see [`SEGMENT_RELEASE_STACKS`]).
+/// From now on `cudaFree` and `cuMemUnmap` calls get a stack, as allocations do (see
+/// [`SEGMENT_RELEASE_STACKS`]).
 pub fn stack_segment_releases() {
     SEGMENT_RELEASE_STACKS.store(true, Ordering::Release);
 }

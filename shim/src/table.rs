@@ -132,8 +132,10 @@ hooks! {
             torch_trace::after_mem_map(HOOK_COUNT as u16, r, ptr, size as u64);
             Some(Spec::new(EventKind::Map, ptr, size as u64).handle(handle))
         };
+    // Under expandable segments PyTorch's segment releases are unmaps (one per page, each
+    // followed by its cuMemRelease): the unmap keeps the stack that tells a retry apart.
     Driver fn cuMemUnmap(ptr: CuDevicePtr, size: usize) =>
-        |r| Some(Spec::new(EventKind::Unmap, ptr, size as u64));
+        |r| Some(Spec::new(EventKind::Unmap, ptr, size as u64).segment_release());
     // Driver: arrays (opaque handles, no device address).
     Driver fn cuArrayCreate_v2(array: *mut *mut c_void, desc: *const ArrayDescriptor) =>
         |r| Some(Spec::new(EventKind::Alloc, 0, array_bytes(desc)).handle(out_ptr(r, array)));

@@ -1,6 +1,8 @@
 //! PyTorch's caching allocator releasing cached segments inside an allocation when no driver
 //! call failed, told apart by the native stack of each `cudaFree` (the recorder keeps one
 //! by default once PyTorch's tracker records, see the shim's `capture::stack_segment_releases`).
+//! Under `expandable_segments:True` a release is `ExpandableSegment::unmap`'s `cuMemUnmap` of
+//! each page, then the tracker's unmap entry for the range: the unmaps' stack classifies it.
 //!
 //! `DeviceCachingAllocator::malloc` (c10/cuda/CUDACachingAllocator.cpp, torch 2.4 to 2.15),
 //! when no cached block fits:
@@ -102,6 +104,9 @@ struct Thread {
     after_failure: bool,
     /// Open runs, in the order they started (at most one per kind).
     open: Vec<Release>,
+    /// Expandable segments: the kind of the last `cuMemUnmap`, for the tracker's unmap entry
+    /// that follows it (the driver calls carry the stack, the entry the segment change).
+    unmap_kind: ReleaseKind,
 }
 
 /// Observer finding [`Release`]s on every device, or only on one.
@@ -165,6 +170,7 @@ impl Releases {
                     thread,
                     after_failure: false,
                     open: Vec::new(),
+                    unmap_kind: ReleaseKind::Other,
                 });
                 self.threads.len() - 1
             }
@@ -209,19 +215,43 @@ impl Observer for Releases {
         let segment = state.segment_change();
         let freed = match (segment, effect) {
             (Some(SegmentChange::Removed(live)), _) => Some(live.size),
-            (None, Effect::Removed(live)) if live.kind == EventKind::Alloc => Some(live.size),
+            (None, Effect::Removed(live))
+                if matches!(live.kind, EventKind::Alloc | EventKind::Create) =>
+            {
+                Some(live.size)
+            }
             _ => None,
         };
         let added = match (segment, effect) {
             (Some(SegmentChange::Added(live)), _) => Some(live.size),
-            (None, Effect::Added(live)) if live.kind == EventKind::Alloc => Some(live.size),
+            (None, Effect::Added(live))
+                if matches!(live.kind, EventKind::Alloc | EventKind::Create) =>
+            {
+                Some(live.size)
+            }
             _ => None,
         };
-        if let Some(size) = freed {
-            if event.kind != EventKind::Free {
-                return;
-            }
+        if event.kind == EventKind::Unmap && event.result == 0 {
             let kind = self.kind(processes, process, event.stack);
+            let at = self.thread(process, thread);
+            self.threads[at].unmap_kind = kind;
+            return;
+        }
+        if let Some(size) = freed {
+            let kind = match event.kind {
+                EventKind::Free => self.kind(processes, process, event.stack),
+                // Driver view: each page's `cuMemRelease` follows its unmap.
+                EventKind::Release => {
+                    let at = self.thread(process, thread);
+                    self.threads[at].unmap_kind
+                }
+                // `unmap_block` unmaps every page of the range, then reports the range.
+                EventKind::TensorSegmentUnmap => {
+                    let at = self.thread(process, thread);
+                    std::mem::replace(&mut self.threads[at].unmap_kind, ReleaseKind::Other)
+                }
+                _ => return,
+            };
             let at = self.thread(process, thread);
             let entry = &mut self.threads[at];
             if kind == ReleaseKind::Other || entry.after_failure {
