@@ -1971,7 +1971,7 @@ fn torch_2_1_and_2_2_train_through_the_fake_cudnn_8() {
 
 /// The checks of [`torch_2_1_and_2_2_train_through_the_fake_cudnn_8`] for one release.
 fn trains_through_the_fake_cudnn_8(torch: &Torch) {
-    let run = run_cudnn(&torch, "conv_workspace", 80 << 30, &[]);
+    let run = run_cudnn(torch, "conv_workspace", 80 << 30, &[]);
     let r = &run.result;
     assert_eq!(u64_of(r, "before"), 4 * MIB + 147456, "{r}");
     assert_eq!(u64_of(r, "allocated_bytes_peak"), 44 * MIB + 147456, "{r}");
@@ -1982,14 +1982,14 @@ fn trains_through_the_fake_cudnn_8(torch: &Torch) {
         "{r}"
     );
     assert_eq!(u64_of(r, "used"), 58 * MIB + CUDNN_HANDLE, "{r}");
-    let run = run_cudnn(&torch, "conv_workspace", 52 * MIB, &[]);
+    let run = run_cudnn(torch, "conv_workspace", 52 * MIB, &[]);
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     assert_eq!(malloc_sizes(log, "alloc_failed"), vec![36 * MIB; 2], "{r}");
     assert_eq!(u64_of(r, "allocated_bytes_peak"), 8 * MIB + 147456, "{r}");
     assert_eq!(r["num_ooms"], 1, "{r}");
 
-    let run = run_cudnn(&torch, "resnet", 80 << 30, &[]);
+    let run = run_cudnn(torch, "resnet", 80 << 30, &[]);
     let r = &run.result;
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 3, "{r}");
