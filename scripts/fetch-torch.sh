@@ -9,7 +9,8 @@
 #        done): triton at torch's own pin (torch.compile), torchvision (--no-deps), pillow and
 #        numpy (torchvision imports them). Only for the releases listed in torchvision_for().
 # The releases the tests use: 2.15.0 (PyPI's build for CUDA 13), 2.6.0 and 2.4.1 (PyPI's builds
-# for CUDA 12.4 and 12.1: libcudart.so.12, cuBLAS 12, cuDNN 9), 2.3.1 (CUDA 12.1, cuDNN 8).
+# for CUDA 12.4 and 12.1: libcudart.so.12, cuBLAS 12, cuDNN 9), 2.3.1, 2.2.2 and 2.1.2
+# (CUDA 12.1, cuDNN 8).
 # Cache: ${VRAMSHIM_CACHE:-$HOME/.cache/vramshim}/torch-<version>/ (a venv; the file VERSION
 #        inside is written last: its presence marks a complete install).
 # stdout: the venv's python, as the last (only) line. Everything else goes to stderr.

@@ -2,6 +2,7 @@
 prints one JSON object per line: what torch says, and what the fake driver says (free/total
 from cudaMemGetInfo through torch.cuda.mem_get_info)."""
 import json
+import os
 import sys
 
 import torch
@@ -20,6 +21,12 @@ def say(**fields):
 
 def stats():
     s = torch.cuda.memory_stats()
+    # Torch 2.2 counts no num_device_alloc/free: without expandable segments its segment
+    # counters are the same counts (each segment one cudaMalloc); with them it counts nothing.
+    expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "num_device_alloc" not in s and "segment.all.allocated" in s and not expandable:
+        s["num_device_alloc"] = s["segment.all.allocated"]
+        s["num_device_free"] = s["segment.all.freed"]
     return {
         "num_alloc_retries": s.get("num_alloc_retries", 0),
         "num_ooms": s.get("num_ooms", 0),
@@ -49,7 +56,8 @@ def seeded():
     """Seed 0, and attention on torch's own (flash) kernels, the path the figures of the
     transformer modes were taken on."""
     torch.manual_seed(0)
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):  # torch 2.2 has no cuDNN attention
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def start_history():
