@@ -1,4 +1,4 @@
-//! `vramshim dryrun [--gpu MODEL | --memory SIZE] [--gpus N] [--json] -- CMD ARGS...`: runs
+//! `vramshim dryrun [--gpu MODEL [--mig PROFILE] | --memory SIZE] [--gpus N] [--json] -- CMD ARGS...`: runs
 //! an unmodified program on simulated GPUs (fake NVIDIA libraries whose device memory is exact
 //! bookkeeping of the chosen card) under the recorder, then says whether it fit.
 
