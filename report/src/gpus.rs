@@ -205,6 +205,76 @@ impl Preset {
     }
 }
 
+/// MIG profiles, from NVIDIA's Multi-Instance GPU User Guide, "Supported MIG Profiles"
+/// (docs.nvidia.com/datacenter/tesla/mig-user-guide): each GPU-instance profile as
+/// (compute slices `Ng`, memory in eighths of the card). The guide gives memory only as a
+/// fraction (1/8, 2/8, 4/8, Full), so a slice's bytes here are that fraction of the preset's
+/// memory: an estimate, not a driver's exact figure (the real slices are a little smaller).
+const MIG_SHAPES: [(u32, u64); 6] = [(1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (7, 8)];
+
+/// The MIG-capable presets: their key, the SMs of one compute slice (A100: 14, so 98 of 108
+/// SMs in a 7g instance; Hopper: 16, the guide's 1/7 of the GH100's usable SMs, an estimate),
+/// and the round GB figure the guide names each profile of [`MIG_SHAPES`] by.
+const MIG_PRESETS: [(&str, u32, [u32; 6]); 4] = [
+    ("a100-40gb", 14, [5, 10, 10, 20, 20, 40]),
+    ("a100-80gb", 14, [10, 20, 20, 40, 40, 80]),
+    ("h100", 16, [10, 20, 20, 40, 40, 80]),
+    ("h200", 16, [18, 35, 35, 71, 71, 141]),
+];
+
+/// The MIG profile names of the preset `gpu` (empty when it has no MIG).
+pub fn mig_profiles(gpu: &Gpu) -> Vec<String> {
+    MIG_PRESETS
+        .iter()
+        .find(|(key, _, _)| *key == gpu.key)
+        .map(|(_, _, gbs)| {
+            MIG_SHAPES
+                .iter()
+                .zip(gbs)
+                .map(|((slices, _), gb)| format!("{slices}g.{gb}gb"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The MIG instance `profile` (e.g. `3g.40gb`) of the preset `gpu`, as CUDA shows it: the
+/// slice's memory and SMs, named as the driver names it ("NVIDIA A100-SXM4-80GB MIG 3g.40gb").
+pub fn mig(gpu: &Gpu, profile: &str) -> Result<Gpu, String> {
+    let Some((_, sms_per_slice, gbs)) = MIG_PRESETS.iter().find(|(key, _, _)| *key == gpu.key)
+    else {
+        let capable: Vec<&str> = MIG_PRESETS.iter().map(|(key, _, _)| *key).collect();
+        return Err(format!(
+            "--mig: {} has no MIG (MIG-capable presets: {})",
+            gpu.key,
+            capable.join(", ")
+        ));
+    };
+    let wanted = profile.trim().to_lowercase();
+    let wanted = wanted
+        .strip_prefix("mig")
+        .unwrap_or(&wanted)
+        .trim_start_matches([' ', '-']);
+    let found = MIG_SHAPES
+        .iter()
+        .zip(gbs)
+        .find(|((slices, _), gb)| format!("{slices}g.{gb}gb") == wanted);
+    let Some(((slices, eighths), gb)) = found else {
+        return Err(format!(
+            "unknown MIG profile {profile:?} for {}: valid profiles are {}",
+            gpu.key,
+            mig_profiles(gpu).join(", ")
+        ));
+    };
+    let mut slice = gpu.clone();
+    slice.name = format!("{} MIG {slices}g.{gb}gb", gpu.name);
+    slice.memory = gpu.memory / 8 * eighths;
+    slice.sms = sms_per_slice * slices;
+    // A MIG instance has no NVLink fabric of its own to offer.
+    slice.fabric = false;
+    slice.source = "MIG user guide: memory fraction of the card (estimate)";
+    Ok(slice)
+}
+
 /// Other names `--gpu` takes, normalised, with the key they stand for.
 const ALIASES: [(&str, &str); 2] = [("h100sxm", "h100"), ("h100sxm5", "h100")];
 
@@ -302,5 +372,27 @@ mod tests {
         let all = presets();
         assert_eq!(all.first().map(|g| g.key), Some("t4"));
         assert!(all.windows(2).all(|w| w[0].memory <= w[1].memory));
+    }
+
+    #[test]
+    fn mig_profiles_take_the_guides_fractions_and_bad_ones_list_the_valid() {
+        let a100 = find("a100-80gb").unwrap();
+        let slice = mig(&a100, "3g.40gb").unwrap();
+        assert_eq!(slice.name, "NVIDIA A100-SXM4-80GB MIG 3g.40gb");
+        assert_eq!(slice.memory, (81_039 << 20) / 8 * 4);
+        assert_eq!(slice.sms, 42);
+        assert_eq!(
+            mig(&find("h200").unwrap(), "MIG 1g.18gb").map(|g| g.sms),
+            Ok(16)
+        );
+        assert_eq!(
+            mig(&a100, "3g.20gb").unwrap_err(),
+            "unknown MIG profile \"3g.20gb\" for a100-80gb: valid profiles are 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"
+        );
+        assert!(
+            mig(&find("t4").unwrap(), "1g.5gb")
+                .unwrap_err()
+                .starts_with("--mig: t4 has no MIG")
+        );
     }
 }

@@ -337,11 +337,51 @@ fn a_python_program_gets_its_failing_line() {
     assert_eq!(u(&v["exit"]["code"]), 4);
 }
 
+/// `--gpu a100-80gb --mig 1g.10gb`: the card is the slice (1/8 of the A100 80GB's memory,
+/// one compute slice of 14 SMs), in the verdict, in the driver's `cuMemGetInfo`, and in the
+/// allocation that no longer fits.
+#[test]
+fn a_mig_slice_is_the_card() {
+    let fakes = fakes_dir("mig");
+    let slice_memory = (81_039 * MIB) / 8;
+    // 8 GiB of weights, then 2 GiB of activations: 10 GiB + the context > 9.89 GiB.
+    let command = train(&["8192", "2048", "1", "1"]);
+    let run = dryrun(
+        "mig",
+        Some(&fakes),
+        &["--gpu", "A100-80GB", "--mig", "1g.10gb", "--json"],
+        &refs(&command),
+        &[],
+    );
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let v = run.json();
+    assert_eq!(v["fits"], false);
+    assert_eq!(v["gpu"]["name"], "NVIDIA A100-SXM4-80GB MIG 1g.10gb");
+    assert_eq!(u(&v["gpu"]["memory"]), slice_memory);
+    assert_eq!(u(&v["gpu"]["sms"]), 14);
+    let devices = arr(&v["devices"]);
+    assert_eq!(u(&devices[0]["capacity"]), slice_memory, "{}", devices[0]);
+    assert_eq!(u(&v["failure"]["request"]), 2 * GIB);
+    let dump = dump(&only_log(&run));
+    let samples: Vec<&Value> = dump.iter().filter(|r| r["type"] == "mem_info").collect();
+    assert!(!samples.is_empty());
+    assert!(
+        samples.iter().all(|s| u(&s["total"]) == slice_memory),
+        "{samples:?}"
+    );
+}
+
 #[test]
 fn bad_arguments_and_missing_fakes_are_clear_errors() {
     let fakes = fakes_dir("args");
     let command = train(&["1", "1", "1", "1"]);
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--gpu", "a100-80gb", "--mig", "3g.20gb"],
+            "unknown MIG profile \"3g.20gb\" for a100-80gb: valid profiles are 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+        ),
+        (&["--gpu", "t4", "--mig", "1g.5gb"], "--mig: t4 has no MIG"),
+        (&["--mig", "1g.10gb"], "--gpu <MODEL>"),
         (
             &["--gpu", "a100-80"],
             "unknown GPU \"a100-80\": did you mean a100-80gb?",

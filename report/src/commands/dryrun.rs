@@ -1,4 +1,4 @@
-//! `vramshim dryrun [--gpu MODEL | --memory SIZE] [--gpus N] [--json] -- CMD ARGS...`: runs
+//! `vramshim dryrun [--gpu MODEL [--mig PROFILE] | --memory SIZE] [--gpus N] [--json] -- CMD ARGS...`: runs
 //! an unmodified program on simulated GPUs (fake NVIDIA libraries whose device memory is exact
 //! bookkeeping of the chosen card) under the recorder, then says whether it fit.
 
@@ -38,6 +38,10 @@ pub struct Args {
     /// The card to simulate (`--list-gpus` shows them; default h100).
     #[arg(long, value_name = "MODEL", conflicts_with = "memory")]
     gpu: Option<String>,
+    /// Run on one MIG instance of the `--gpu` card, e.g. `--gpu a100-80gb --mig 3g.40gb`
+    /// (A100 40/80GB, H100, H200; a bad profile lists the valid ones).
+    #[arg(long, value_name = "PROFILE", requires = "gpu")]
+    mig: Option<String>,
     /// A custom card with this much device memory, e.g. 24GiB, 512MiB (binary units).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory: Option<u64>,
@@ -156,6 +160,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         (_, Some(memory)) => gpus::custom(memory),
         (Some(name), None) => gpus::find(name).map_err(Failure::input)?,
         (None, None) => gpus::find("h100").map_err(Failure::input)?,
+    };
+    let gpu = match &args.mig {
+        Some(profile) => gpus::mig(&gpu, profile).map_err(Failure::input)?,
+        None => gpu,
     };
     let fakes = find_fakes()?;
     let lib = fakes.join("lib");
