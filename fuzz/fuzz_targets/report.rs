@@ -60,7 +60,7 @@ const SIZES: [u64; 6] = [0, 1, 512, 2 << 20, u64::MAX / 2, u64::MAX];
 const STACK_IDS: [u32; 6] = [0, 1, 2, 3, 999, u32::MAX];
 const CODE_IDS: [u32; 4] = [1, 2, 77, u32::MAX];
 // Every kind, PyTorch's tensor events included (the tensor view's block model).
-const KINDS: [EventKind; 17] = EventKind::ALL;
+const KINDS: &[EventKind] = &EventKind::ALL;
 const APIS: [&str; 8] = [
     "cudaMalloc",
     "cudaFree",
@@ -153,7 +153,7 @@ fn record(bytes: &mut Bytes<'_>, t_ns: &mut u64) -> Record {
         }),
         9 => Record::Exit(Exit { t_ns }),
         _ => {
-            let kind = bytes.pick(&KINDS);
+            let kind = bytes.pick(KINDS);
             let failed = kind == EventKind::AllocFailed;
             Record::Event(Event {
                 kind,
