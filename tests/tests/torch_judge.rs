@@ -1222,7 +1222,8 @@ fn allocator_counts_the_retries_past_a_memory_fraction_with_expandable_segments(
 }
 
 /// The same on torch 2.6 (CUDA 12): a 0.48 fraction, five retries (490 MiB reserved); 0.47
-/// with garbage collection, nine releases and one retry (480 MiB).
+/// with garbage collection, nine releases and one retry (480 MiB); 0.49 with expandable
+/// segments, three retries (488 MiB; 0.46 and 0.47 run out).
 #[test]
 fn allocator_counts_the_retries_past_a_memory_fraction_on_cuda12() {
     let Some(torch) = cuda12() else { return };
@@ -1235,6 +1236,12 @@ fn allocator_counts_the_retries_past_a_memory_fraction_on_cuda12() {
                 "0.47",
                 "garbage_collection_threshold:0.8",
                 (480 * MIB, 1, 9),
+            ),
+            (
+                "fraction-expandable",
+                "0.49",
+                "expandable_segments:True",
+                (488 * MIB, 3, 0),
             ),
         ],
     );
