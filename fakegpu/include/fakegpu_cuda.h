@@ -62,6 +62,7 @@ typedef struct { unsigned char bytes[16]; } CUuuid;
 #define CU_IPC_HANDLE_SIZE 64
 typedef struct { char reserved[CU_IPC_HANDLE_SIZE]; } CUipcMemHandle;
 typedef struct { char reserved[CU_IPC_HANDLE_SIZE]; } CUipcEventHandle;
+typedef struct { unsigned char reserved[64]; } CUmemPoolPtrExportData;
 
 enum { /* CUdevice_attribute: the values the fake reports something for */
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,

@@ -91,7 +91,7 @@ hooks! {
     Driver fn cuMemAllocManaged(dptr: *mut CuDevicePtr, bytesize: usize, flags: c_uint) =>
         |r| Some(Spec::new(EventKind::Alloc, out(r, dptr), bytesize as u64));
     Driver fn cuMemFree_v2(dptr: CuDevicePtr) =>
-        |r| (dptr != 0).then(|| Spec::new(EventKind::Free, dptr, 0));
+        |r| (dptr != 0).then(|| freed(r, EventKind::Free, dptr));
     // Driver: pinned host memory.
     Driver fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) =>
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, pp), bytesize as u64).host());
@@ -113,9 +113,9 @@ hooks! {
     Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemFreeAsync(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Free, stream), dptr, 0).stream(stream));
+        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream), dptr).stream(stream));
     Driver fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Free, stream), dptr, 0).stream(stream));
+        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream), dptr).stream(stream));
     Driver fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
     // Driver: virtual memory management.
@@ -155,6 +155,10 @@ hooks! {
         |r| ipc_opened(r, out(r, dptr));
     Driver fn cuIpcCloseMemHandle(dptr: CuDevicePtr) =>
         |r| (r == 0).then(|| Spec::new(EventKind::Unmap, dptr, 0));
+    // Another process's pool allocation imported into a pool imported from that process: a
+    // mapping, as an IPC open; the free that gives it back is its unmapping.
+    Driver fn cuMemPoolImportPointer(dptr: *mut CuDevicePtr, pool: *mut c_void, data: *mut c_void) =>
+        |r| pool_pointer_imported(r, out(r, dptr), pool);
 
     // Runtime (dynamic libcudart): one event per call; the driver calls inside are not recorded.
     Runtime fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) =>
@@ -165,15 +169,15 @@ hooks! {
         };
     Runtime fn cudaFree(dev_ptr: *mut c_void) =>
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(EventKind::Free, dev_ptr as u64, 0).segment_release());
+        |r| (!dev_ptr.is_null()).then(|| freed(r, EventKind::Free, dev_ptr as u64).segment_release());
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(r, EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream), dev_ptr as u64).stream(stream));
     Runtime fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| Spec::new(stream_ordered(r, EventKind::Free, stream), dev_ptr as u64, 0).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream), dev_ptr as u64).stream(stream));
     Runtime fn cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocFromPoolAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
@@ -194,6 +198,8 @@ hooks! {
         |r| ipc_opened(r, out_ptr(r, dev_ptr));
     Runtime fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) =>
         |r| (r == 0).then(|| Spec::new(EventKind::Unmap, dev_ptr as u64, 0));
+    Runtime fn cudaMemPoolImportPointer(dev_ptr: *mut *mut c_void, pool: *mut c_void, data: *mut c_void) =>
+        |r| pool_pointer_imported(r, out_ptr(r, dev_ptr), pool);
 
     // Graphs: the driver takes a graph's memory from the device's graph pool at launch (or
     // upload) and gives it back at trim; each records the pool's level when it changed.
@@ -244,6 +250,71 @@ fn ipc_opened(result: c_int, addr: u64) -> Option<Spec> {
         }
     }
     Some(Spec::new(EventKind::Map, addr, size as u64))
+}
+
+/// Addresses of pool pointers imported from another process (`cu(da)MemPoolImportPointer`)
+/// and not yet freed, with how many imports each holds (0 = free slot). Lock-free: a free in
+/// a signal handler or on any thread only looks. A process importing more at once than there
+/// are slots records the rest's frees as frees.
+const IMPORTED_SLOTS: usize = 256;
+static IMPORTED_ADDR: [std::sync::atomic::AtomicU64; IMPORTED_SLOTS] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; IMPORTED_SLOTS];
+static IMPORTED_REFS: [std::sync::atomic::AtomicU32; IMPORTED_SLOTS] =
+    [const { std::sync::atomic::AtomicU32::new(0) }; IMPORTED_SLOTS];
+/// Imports held in all slots: frees look at the slots only while some are.
+static IMPORTED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// An imported pool pointer at `addr` (the driver gives the same address to a second import
+/// of the same pointer): recorded as a mapping of the allocation's size, as an IPC open.
+fn pool_pointer_imported(result: c_int, addr: u64, pool: *mut c_void) -> Option<Spec> {
+    let spec = ipc_opened(result, addr)?;
+    let counted = IMPORTED_ADDR
+        .iter()
+        .position(|slot| slot.load(Ordering::Acquire) == addr)
+        .or_else(|| {
+            IMPORTED_ADDR.iter().position(|slot| {
+                slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            })
+        });
+    if let Some(slot) = counted {
+        IMPORTED_REFS[slot].fetch_add(1, Ordering::AcqRel);
+        IMPORTED_LIVE.fetch_add(1, Ordering::AcqRel);
+    }
+    Some(spec.handle(pool as u64))
+}
+
+/// What a successful free of `addr` recorded as `kind` did: the unmapping of an imported pool
+/// pointer, else `kind`.
+fn freed(result: c_int, kind: EventKind, addr: u64) -> Spec {
+    if result == 0 && addr != 0 && IMPORTED_LIVE.load(Ordering::Acquire) > 0 {
+        for (slot, held) in IMPORTED_ADDR.iter().enumerate() {
+            if held.load(Ordering::Acquire) != addr {
+                continue;
+            }
+            let refs = &IMPORTED_REFS[slot];
+            let mut current = refs.load(Ordering::Acquire);
+            while current > 0 {
+                match refs.compare_exchange(
+                    current,
+                    current - 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        IMPORTED_LIVE.fetch_sub(1, Ordering::AcqRel);
+                        if current == 1 {
+                            let _ =
+                                held.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Acquire);
+                        }
+                        return Spec::new(EventKind::Unmap, addr, 0);
+                    }
+                    Err(now) => current = now,
+                }
+            }
+        }
+    }
+    Spec::new(kind, addr, 0)
 }
 
 /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: device memory the graph pool holds.

@@ -1058,3 +1058,180 @@ fn ipc_handles_share_device_memory_between_processes() {
         assert!(report.contains("\nno memory was allocated\n"), "{report}");
     }
 }
+
+/// What `pool_ipc_pair` prints, in order, apart from its last line (the consumer's addresses).
+const POOL_IPC_PAIR_STEPS: &str = "\
+producer pools rc=0 plain=0
+producer allocs rc=0 rc=0 rc=0 charged=1057280 fill rc=0
+producer export-pool rc=0 plain=1 default=1 fabric=801 flags=1 last=1
+producer export rc=0 same=1 plain=1 default=1 interior=1 charged=1057280
+producer reads its values after export rc=0 all 262169 words
+consumer import-pool rc=0 pipe=1 flags=1 fabric=801
+consumer import rc=0 charged=0 wrong-pool=1 altered=1 zeros=1
+consumer pointer's pool rc=0 imported=1
+consumer alloc-from-imported rc=1 set-device-pool rc=1 last=1
+consumer reads the producer's values rc=0 all 262169 words
+consumer writes half rc=0
+producer sees the consumer's writes rc=0 all 262169 words
+consumer driver import rc=0 same=1
+consumer still mapped after one free rc=0 all 262169 words
+consumer free rc=0 driver-free rc=0 again rc=1 last=1
+consumer reimport rc=0 free-async rc=0 sync rc=0
+producer free rc=0 export-freed rc=1 realloc rc=0 same-address=1 charged=0
+producer new export rc=0 fill rc=0 differs=1
+consumer import-freed rc=1 import-new rc=0
+consumer reads the new values rc=0 all 262169 words
+consumer free rc=0 destroy rc=0
+producer frees rc=0 rc=0 rc=0 destroy rc=0 rc=0 consumer exit=0
+";
+
+/// Stream-ordered pool memory across two processes (`pool_ipc_pair.c`, CUDA 13 and 12, under
+/// the recorder): a pool created with POSIX descriptors exports, the consumer imports it and
+/// an exported pointer, and every word written by one process reads back exactly in the other
+/// (1 MiB + 100 bytes); the import charges the consumer nothing, the pointer's pool is the
+/// imported one; the driver's codes for a pool made without the handle type, the default pool,
+/// flags, an interior or freed pointer, a pipe, the wrong pool, altered or zeroed data,
+/// allocating from or installing an imported pool (1) and fabric handles (801); a second import
+/// (through the driver) is the same address, freed once per import (cudaFree, cuMemFree_v2),
+/// a third free 1; the producer's new memory at the freed address exports anew and the old data
+/// no longer imports. The consumer's log holds each import as a mapping of the pool block
+/// (1,049,088 B, the request rounded to 512) tagged with the imported pool, each free of one
+/// as its unmapping, and nothing allocated; the producer's, its own pool allocations.
+#[test]
+fn pool_pointers_share_device_memory_between_processes() {
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-pool-ipc-{major}"));
+        let exe = build_program(&dir, "pool_ipc_pair", major);
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run pool_ipc_pair");
+        let run = Run { output, dir };
+        let stdout = run.stdout();
+        assert_eq!(
+            run.output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            run.stderr()
+        );
+        assert_eq!(run.stderr(), "");
+        let (steps, last) = stdout
+            .trim_end()
+            .split_once("\nconsumer addresses ")
+            .unwrap_or_else(|| panic!("no addresses:\n{stdout}"));
+        let (last, producer_last) = last
+            .split_once('\n')
+            .unwrap_or_else(|| panic!("no last line:\n{stdout}"));
+        assert_eq!(
+            format!("{steps}\n{producer_last}\n"),
+            POOL_IPC_PAIR_STEPS,
+            "CUDA {major}"
+        );
+        let address = |name: &str| {
+            last.split(' ')
+                .find_map(|field| field.strip_prefix(&format!("{name}=0x")))
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .unwrap_or_else(|| panic!("no {name} address in {last:?}"))
+        };
+        let (imported, again, renewed) = (address("p"), address("again"), address("renewed"));
+
+        let logs = run.logs();
+        assert_eq!(logs.len(), 2, "{logs:?}");
+        let mut by_role = std::collections::HashMap::new();
+        let mut handles = std::collections::HashMap::new();
+        for log in &logs {
+            let records = dump(log);
+            let consumer = records[0]["argv"].get(1) == Some(&serde_json::json!("consumer"));
+            let evs = events(&records);
+            let seen: Vec<(String, String, u64, u64, i64)> = evs
+                .iter()
+                .map(|e| {
+                    (
+                        e["event"].as_str().unwrap_or("").to_owned(),
+                        e["api"].as_str().unwrap_or("").to_owned(),
+                        u64_of(e, "addr"),
+                        u64_of(e, "size"),
+                        i64_of(e, "result"),
+                    )
+                })
+                .collect();
+            handles.insert(
+                consumer,
+                evs.iter()
+                    .map(|e| e["handle"].as_u64().unwrap_or(0))
+                    .collect::<Vec<_>>(),
+            );
+            by_role.insert(consumer, seen);
+        }
+        let event = |kind: &str, api: &str, addr: u64, size: u64, result: i64| {
+            (kind.to_owned(), api.to_owned(), addr, size, result)
+        };
+        const BLOCK: u64 = 1_049_088;
+        let import = "cudaMemPoolImportPointer";
+        assert_eq!(
+            by_role[&true],
+            vec![
+                event("map", import, imported, BLOCK, 0),
+                event("alloc_failed", "cudaMallocFromPoolAsync", 0, 4096, 1),
+                event("map", "cuMemPoolImportPointer", imported, BLOCK, 0),
+                event("unmap", "cudaFree", imported, 0, 0),
+                event("unmap", "cuMemFree_v2", imported, 0, 0),
+                event("free", "cudaFree", imported, 0, 1),
+                event("map", import, again, BLOCK, 0),
+                event("unmap", "cudaFreeAsync", again, 0, 0),
+                event("map", import, renewed, BLOCK, 0),
+                event("unmap", "cudaFree", renewed, 0, 0),
+            ],
+            "consumer, CUDA {major}"
+        );
+        // Every import and the refused allocation name the one imported pool.
+        let consumer_handles = &handles[&true];
+        let pool = consumer_handles[0];
+        assert_ne!(pool, 0);
+        for at in [1, 2, 6, 8] {
+            assert_eq!(consumer_handles[at], pool, "event {at}");
+        }
+        let producer = &by_role[&false];
+        let (block, plain, default) = (producer[0].2, producer[1].2, producer[2].2);
+        assert_eq!(
+            producer,
+            &vec![
+                event("alloc", "cudaMallocFromPoolAsync", block, 1_048_676, 0),
+                event("alloc", "cudaMallocFromPoolAsync", plain, 4096, 0),
+                event("alloc", "cudaMallocAsync", default, 4096, 0),
+                event("free", "cudaFreeAsync", block, 0, 0),
+                event("alloc", "cudaMallocFromPoolAsync", block, 1_048_676, 0),
+                event("free", "cudaFreeAsync", block, 0, 0),
+                event("free", "cudaFreeAsync", plain, 0, 0),
+                event("free", "cudaFreeAsync", default, 0, 0),
+            ],
+            "producer, CUDA {major}"
+        );
+
+        // The consumer allocated nothing; the producer's peak is its three allocations.
+        let log_of = |consumer: bool| {
+            logs.iter()
+                .find(|log| {
+                    (dump(log)[0]["argv"].get(1) == Some(&serde_json::json!("consumer")))
+                        == consumer
+                })
+                .expect("log")
+        };
+        let (code, report, stderr) = vramshim(&[OsStr::new("report"), log_of(true).as_os_str()]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(report.contains("\nno memory was allocated\n"), "{report}");
+        let (code, peak, stderr) = vramshim(&[
+            OsStr::new("peak"),
+            OsStr::new("--json"),
+            log_of(false).as_os_str(),
+        ]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let peak: serde_json::Value = serde_json::from_str(&peak).expect("peak json");
+        assert_eq!(peak["devices"][0]["bytes"], 1_048_676 + 2 * 4096, "{peak}");
+        assert_eq!(peak["devices"][0]["count"], 3, "{peak}");
+    }
+}

@@ -95,8 +95,8 @@ bool fg_lookup(uint64_t addr, struct fg_alloc *out);
 /* Calls FN on every entry, the registry locked (FN may change the entry's flags, not add or
  * remove entries, nor look entries up). */
 void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg);
-/* Marks the entry starting exactly at BASE as shared with other processes. */
-bool fg_set_shared(uint64_t base);
+/* Marks the entry starting exactly at BASE as shared with other processes, or not. */
+bool fg_set_shared(uint64_t base, bool shared);
 /* Removes the entry starting exactly at BASE (of KIND when kind >= 0), copying it out. */
 bool fg_unregister(uint64_t base, int kind, struct fg_alloc *out);
 
@@ -118,6 +118,19 @@ void fg_ipc_unexport(uint64_t base, uint64_t size);
 bool fg_ipc_process_file(int32_t *fd, uint64_t *inode, uint64_t *nonce);
 /* Whether process PID still holds the memory file FD, INODE, NONCE named (so still runs). */
 bool fg_ipc_process_running(int32_t pid, int32_t fd, uint64_t inode, uint64_t nonce);
+/* Where another process may find the allocation A's bytes: its pages moved into a memory
+ * file at the first call (as cuIpcGetMemHandle does), the same file after. */
+struct fg_ipc_file {
+    int32_t pid, fd;
+    uint64_t inode, nonce, size;
+};
+CUresult fg_ipc_share(const struct fg_alloc *a, struct fg_ipc_file *out);
+/* Maps another process's memory file F here (shared, page-rounded size): *BASE; nothing is
+ * registered. CUDA_ERROR_INVALID_VALUE when F no longer names a live file. */
+CUresult fg_ipc_map(const struct fg_ipc_file *f, uint64_t *base);
+/* The importer's cuMemFree/cuMemFreeAsync of a pointer cuMemPoolImportPointer gave (pool.c):
+ * true when P is one (*RC the result), false otherwise. */
+bool fg_pool_free_imported(uint64_t p, CUresult *rc);
 
 /* Stream-ordered pools (pool.c). */
 void fg_pools_init_device(int dev);

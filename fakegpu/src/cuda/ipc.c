@@ -142,6 +142,26 @@ static CUresult share_allocation(const struct fg_alloc *a, struct exported *out)
     return CUDA_SUCCESS;
 }
 
+/* The export record of the allocation A, made at its first export (ipc_lock held). */
+static CUresult export_of(const struct fg_alloc *a, struct exported **out)
+{
+    for (size_t i = 0; i < export_count; i++)
+        if (exports[i].base == a->base && exports[i].alloc_id == a->id) {
+            *out = &exports[i]; /* exported before: the same handle, as the driver gives */
+            return CUDA_SUCCESS;
+        }
+    struct exported made;
+    CUresult rc = CUDA_SUCCESS;
+    if (!room((void **)&exports, &export_capacity, export_count, sizeof *exports))
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (!(rc = share_allocation(a, &made))) {
+        exports[export_count] = made;
+        *out = &exports[export_count++];
+        fg_set_shared(a->base, true);
+    }
+    return rc;
+}
+
 FG_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 {
     struct fg_alloc a;
@@ -150,26 +170,26 @@ FG_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
     /* cudaMalloc memory only: pool, managed and VMM memory have their own export calls. */
     if (!handle || !fg_lookup(p, &a) || a.kind != FG_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&ipc_lock);
     struct exported *e = NULL;
-    for (size_t i = 0; i < export_count && !e; i++)
-        if (exports[i].base == a.base && exports[i].alloc_id == a.id)
-            e = &exports[i]; /* exported before: the same handle, as the driver gives */
-    if (!e) {
-        struct exported made;
-        if (!room((void **)&exports, &export_capacity, export_count, sizeof *exports))
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        else if (!(rc = share_allocation(&a, &made))) {
-            exports[export_count] = made;
-            e = &exports[export_count++];
-            fg_set_shared(a.base);
-        }
-    }
-    if (e) {
+    CUresult rc = export_of(&a, &e);
+    if (!rc) {
         memset(handle, 0, sizeof *handle);
         memcpy(handle, &e->handle, sizeof e->handle);
     }
+    pthread_mutex_unlock(&ipc_lock);
+    return rc;
+}
+
+CUresult fg_ipc_share(const struct fg_alloc *a, struct fg_ipc_file *out)
+{
+    pthread_mutex_lock(&ipc_lock);
+    struct exported *e = NULL;
+    CUresult rc = export_of(a, &e);
+    if (!rc)
+        *out = (struct fg_ipc_file){.pid = e->handle.pid, .fd = e->handle.fd,
+                                    .inode = e->handle.inode, .nonce = e->handle.nonce,
+                                    .size = e->handle.size};
     pthread_mutex_unlock(&ipc_lock);
     return rc;
 }
@@ -207,23 +227,37 @@ static bool names_memory_file(int32_t pid, int32_t fd, uint64_t nonce, char *pat
     return strcmp(link, expected) == 0;
 }
 
-/* The exporter's memory file, opened through /proc, or -1 when the handle no longer names it
- * (the allocation freed, the process gone, the descriptor reused). */
-static int open_memory_file(const struct ipc_mem_handle *h)
+/* The exporter's memory file, opened through /proc, or -1 when F no longer names it (the
+ * allocation freed, the process gone, the descriptor reused). */
+static int open_memory_file(const struct fg_ipc_file *f)
 {
     char path[64];
-    if (!names_memory_file(h->pid, h->fd, h->nonce, path, sizeof path))
+    if (!names_memory_file(f->pid, f->fd, f->nonce, path, sizeof path))
         return -1;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     struct stat st;
     if (fd < 0)
         return -1;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h->inode ||
-        (uint64_t)st.st_size != page_round(h->size ? h->size : 1)) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != f->inode ||
+        (uint64_t)st.st_size != page_round(f->size ? f->size : 1)) {
         close(fd);
         return -1;
     }
     return fd;
+}
+
+CUresult fg_ipc_map(const struct fg_ipc_file *f, uint64_t *base)
+{
+    int fd = open_memory_file(f);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t rounded = page_round(f->size ? f->size : 1);
+    void *mapped = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    if (mapped == MAP_FAILED)
+        return CUDA_ERROR_MAP_FAILED;
+    *base = (uint64_t)mapped;
+    return CUDA_SUCCESS;
 }
 
 /* The process's own empty memory file, made at its first event export and kept open until it
@@ -303,21 +337,20 @@ FG_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, 
             pthread_mutex_unlock(&ipc_lock);
             return CUDA_SUCCESS;
         }
-    int fd = open_memory_file(&h);
-    if (fd < 0) {
+    struct fg_ipc_file file = {.pid = h.pid, .fd = h.fd, .inode = h.inode, .nonce = h.nonce,
+                               .size = h.size};
+    uint64_t base = 0;
+    rc = fg_ipc_map(&file, &base);
+    if (rc) {
         pthread_mutex_unlock(&ipc_lock);
-        return CUDA_ERROR_INVALID_VALUE;
+        return rc == CUDA_ERROR_MAP_FAILED ? rc : CUDA_ERROR_INVALID_VALUE;
     }
     uint64_t rounded = page_round(h.size ? h.size : 1);
-    void *mapped = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-    close(fd);
+    void *mapped = (void *)base;
     /* The mapping charges nothing: the memory stays the exporter's. */
     struct fg_alloc a = {.base = (uint64_t)mapped, .size = h.size, .kind = FG_IPC,
                          .device = visible_ordinal(h.physical, dev), .shared = true};
-    if (mapped == MAP_FAILED)
-        rc = CUDA_ERROR_MAP_FAILED;
-    else if (!room((void **)&opens, &open_capacity, open_count, sizeof *opens) ||
-             !fg_register(&a)) {
+    if (!room((void **)&opens, &open_capacity, open_count, sizeof *opens) || !fg_register(&a)) {
         munmap(mapped, rounded);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {

@@ -100,13 +100,13 @@ void fg_each_alloc(void (*fn)(struct fg_alloc *, void *), void *arg)
     pthread_mutex_unlock(&registry_lock);
 }
 
-bool fg_set_shared(uint64_t base)
+bool fg_set_shared(uint64_t base, bool shared)
 {
     bool found = false;
     pthread_mutex_lock(&registry_lock);
     size_t at = upper_bound(base);
     if (at > 0 && entries[at - 1].base == base) {
-        entries[at - 1].shared = true;
+        entries[at - 1].shared = shared;
         found = true;
     }
     pthread_mutex_unlock(&registry_lock);
@@ -371,8 +371,12 @@ static CUresult device_free(CUdeviceptr p)
     if (p == 0)
         return CUDA_SUCCESS;
     struct fg_alloc a;
-    if (!fg_unregister(p, FG_DEVICE, &a) && !fg_unregister(p, FG_MANAGED, &a))
+    if (!fg_unregister(p, FG_DEVICE, &a) && !fg_unregister(p, FG_MANAGED, &a)) {
+        CUresult rc;
+        if (fg_pool_free_imported(p, &rc))
+            return rc; /* another process's pool memory (cuMemPoolImportPointer) */
         return fg_graph_mem_free(p); /* a graph's allocation may be freed outside it */
+    }
     if (a.shared)
         fg_ipc_unexport(a.base, a.size);
     fg_unmap((void *)a.base, a.size);
@@ -767,7 +771,8 @@ static CUresult pointer_attribute(void *data, int attribute, CUdeviceptr p)
         *(int *)data = known;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-        *(CUmemoryPool *)data = known && a.kind == FG_POOL ? a.pool : NULL;
+        /* Pool memory, or another process's imported into a pool (cuMemPoolImportPointer). */
+        *(CUmemoryPool *)data = known && (a.kind == FG_POOL || a.kind == FG_IPC) ? a.pool : NULL;
         return CUDA_SUCCESS;
     default:
         return CUDA_ERROR_NOT_SUPPORTED;

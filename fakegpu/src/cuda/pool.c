@@ -3,11 +3,36 @@
  * cached memory back to the device down to its release threshold (default 0, as in CUDA), and
  * an allocation that would fail first releases every pool's cached memory on the device.
  * Blocks are reserved at the requested size rounded up to 512 bytes and reused by any request
- * of the same rounded size. */
+ * of the same rounded size.
+ *
+ * Pools across processes: a pool created with handleTypes = POSIX file descriptor exports as
+ * a descriptor of an empty memory file named after the pool (cuMemPoolExportToShareableHandle);
+ * another process imports it (cuMemPoolImportFromShareableHandle) as a pool it cannot allocate
+ * from. A pointer of the pool (cuMemPoolExportPointer) shares as cuIpcGetMemHandle's memory
+ * does (ipc.c: its pages move into a memory file the importer opens through /proc); its 64
+ * bytes of export data name the pool, so only a pool imported from that pool takes them
+ * (cuMemPoolImportPointer). The memory stays charged to the exporter; the importer frees its
+ * pointer with cuMemFree or cuMemFreeAsync, before the exporter frees it (CUDA's rule; here
+ * the exporter's free makes the block private again and an importer keeps the bytes it had).
+ * Fabric handles are not supported (CUDA_ERROR_NOT_SUPPORTED). */
 #include "driver.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* CUmemAllocationHandleType. */
+#define HANDLE_POSIX_FD 0x1
+#define HANDLE_WIN32 0x2
+#define HANDLE_WIN32_KMT 0x4
+#define HANDLE_FABRIC 0x8
+/* The exported pool's memory file: the machine's device and the pool's random name. */
+#define POOL_FILE_PREFIX "vramshim-pool-"
 
 struct cached_block {
     uint64_t base, size;
@@ -20,6 +45,10 @@ struct CUmemPoolHandle_st {
     pthread_mutex_t lock;
     uint64_t reserved, reserved_high, used, used_high, release_threshold, max_size;
     int reuse[4];
+    int handle_types;  /* CUmemPoolProps.handleTypes */
+    bool imported;     /* from another process: no allocations */
+    uint64_t nonce;    /* an IPC-capable pool's random name (and its importers') */
+    int file_fd;       /* the exported pool's memory file, or -1 */
     struct cached_block *cached;
     struct CUmemPoolHandle_st *next_pool;
 };
@@ -34,6 +63,7 @@ static struct CUmemPoolHandle_st *pool_new(int dev, bool user)
         return NULL;
     p->device = dev;
     p->user = user;
+    p->file_fd = -1;
     p->reuse[1] = p->reuse[2] = p->reuse[3] = 1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_mutex_lock(&pools_lock);
@@ -96,7 +126,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, size_t size, CUdevicept
 {
     if (!fg_initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!p || !out)
+    if (!p || !out || p->imported) /* an imported pool has no memory of its own */
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0) {
         *out = 0;
@@ -193,6 +223,11 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         return CUDA_ERROR_INVALID_VALUE;
     if (a.kind == FG_GRAPH)
         return fg_graph_mem_free(dptr);
+    if (a.kind == FG_IPC) {
+        CUresult freed = CUDA_ERROR_INVALID_VALUE; /* an IPC handle's: cuIpcCloseMemHandle */
+        fg_pool_free_imported(dptr, &freed);
+        return freed;
+    }
     if (a.kind != FG_POOL) {
         /* cuMemFreeAsync frees cuMemAlloc memory too (after the stream's work). */
         return a.kind == FG_DEVICE ? cuMemFree_v2(dptr) : CUDA_ERROR_INVALID_VALUE;
@@ -201,6 +236,11 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     if (!b)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUmemPoolHandle_st *p = a.pool;
+    if (a.shared) {
+        /* Exported (cuMemPoolExportPointer): private pages again before the block is reused. */
+        fg_ipc_unexport(a.base, a.size);
+        fg_set_shared(a.base, false);
+    }
     b->base = a.base;
     b->size = a.size;
     pthread_mutex_lock(&p->lock);
@@ -241,7 +281,7 @@ FG_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!fg_valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    if (!pool || pool->device != dev)
+    if (!pool || pool->device != dev || pool->imported)
         return CUDA_ERROR_INVALID_VALUE;
     fg_devices[dev].current_pool = pool;
     return CUDA_SUCCESS;
@@ -254,10 +294,15 @@ FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         !fg_valid_device(props->location.id))
         return CUDA_ERROR_INVALID_VALUE;
+    uint64_t nonce = 0; /* names an IPC-capable pool across processes */
+    if ((props->handleTypes & HANDLE_POSIX_FD) && getrandom(&nonce, sizeof nonce, 0) != sizeof nonce)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUmemPoolHandle_st *p = pool_new(props->location.id, true);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->max_size = props->maxSize;
+    p->handle_types = props->handleTypes;
+    p->nonce = nonce;
     *pool = p;
     return CUDA_SUCCESS;
 }
@@ -361,4 +406,218 @@ FG_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, CUmemLocati
         return CUDA_ERROR_INVALID_VALUE;
     *flags = 3; /* read-write */
     return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- pools across processes */
+
+/* The 64 bytes of a CUmemPoolPtrExportData. */
+struct pool_ptr_export {
+    uint64_t magic;
+    uint64_t pool_nonce; /* the exporting pool's name */
+    uint64_t nonce;      /* the memory file's name */
+    uint64_t inode;      /* of the memory file */
+    uint64_t size;       /* of the allocation */
+    int32_t pid;         /* the exporting process */
+    int32_t fd;          /* the memory file's descriptor there */
+    uint32_t reserved[4];
+};
+_Static_assert(sizeof(struct pool_ptr_export) == 64, "CUmemPoolPtrExportData is 64 bytes");
+#define POOL_PTR_MAGIC 0x3174707070706466ull /* "fdppppt1" */
+
+static uint64_t page_size_round(uint64_t n)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    return (n ? n + page - 1 : page) / page * page;
+}
+
+/* A pointer this process imported. */
+struct imported_ptr {
+    uint64_t base, size;
+    int32_t pid;
+    uint64_t inode, nonce;
+    unsigned refs;
+};
+static pthread_mutex_t imports_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct imported_ptr *imports;
+static size_t import_count, import_capacity;
+
+/* A handle type other than a POSIX descriptor: fabric and Windows handles are not supported
+ * here, anything else is no handle type. */
+static CUresult other_handle_type(int type)
+{
+    return type == HANDLE_FABRIC || type == HANDLE_WIN32 || type == HANDLE_WIN32_KMT
+               ? CUDA_ERROR_NOT_SUPPORTED
+               : CUDA_ERROR_INVALID_VALUE;
+}
+
+FG_EXPORT CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool, int type,
+                                                    unsigned long long flags)
+{
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (type != HANDLE_POSIX_FD)
+        return other_handle_type(type);
+    /* Only a pool created with that handle type can be exported (not the default pool). */
+    if (!handle_out || !pool || flags || pool->imported || !(pool->handle_types & HANDLE_POSIX_FD))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->file_fd < 0) {
+        char name[64];
+        int physical = pool->device < fg_config()->count ? fg_config()->physical[pool->device] : 0;
+        snprintf(name, sizeof name, POOL_FILE_PREFIX "%d-%016llx", physical,
+                 (unsigned long long)pool->nonce);
+        int fd = memfd_create(name, MFD_CLOEXEC);
+        if (fd >= 0 && fchmod(fd, 0600) == 0)
+            pool->file_fd = fd;
+        else if (fd >= 0)
+            close(fd);
+    }
+    int out = pool->file_fd >= 0 ? fcntl(pool->file_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    pthread_mutex_unlock(&pool->lock);
+    if (out < 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+        *(int *)handle_out = out; /* the caller's to close, as the driver's */
+    return rc;
+}
+
+FG_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                                      int type, unsigned long long flags)
+{
+    int dev;
+    CUresult rc = fg_current_device(&dev);
+    if (rc)
+        return rc;
+    if (type != HANDLE_POSIX_FD)
+        return other_handle_type(type);
+    char path[64], link[128];
+    int physical = -1;
+    unsigned long long nonce = 0;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", (int)(intptr_t)handle);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (!pool_out || flags || n <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    link[n] = 0;
+    if (sscanf(link, "/memfd:" POOL_FILE_PREFIX "%d-%16llx", &physical, &nonce) != 2)
+        return CUDA_ERROR_INVALID_VALUE; /* not a pool a fake driver exported */
+    for (int i = 0; i < fg_config()->count; i++)
+        if (fg_config()->physical[i] == physical)
+            dev = i;
+    struct CUmemPoolHandle_st *p = pool_new(dev, true);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->imported = true;
+    p->handle_types = HANDLE_POSIX_FD;
+    p->nonce = nonce;
+    *pool_out = p;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr ptr)
+{
+    struct fg_alloc a;
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!data || !fg_lookup(ptr, &a) || a.kind != FG_POOL || a.base != ptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *p = a.pool;
+    if (!(p->handle_types & HANDLE_POSIX_FD))
+        return CUDA_ERROR_INVALID_VALUE; /* the pool cannot be shared */
+    pthread_mutex_lock(&p->lock);
+    bool freed = false;
+    for (struct cached_block *b = p->cached; b && !freed; b = b->next)
+        freed = b->base == ptr;
+    pthread_mutex_unlock(&p->lock);
+    if (freed)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_ipc_file file;
+    CUresult rc = fg_ipc_share(&a, &file);
+    if (rc)
+        return rc;
+    struct pool_ptr_export e = {.magic = POOL_PTR_MAGIC, .pool_nonce = p->nonce,
+                                .nonce = file.nonce, .inode = file.inode, .size = file.size,
+                                .pid = file.pid, .fd = file.fd};
+    memset(data, 0, sizeof *data);
+    memcpy(data, &e, sizeof e);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                          CUmemPoolPtrExportData *data)
+{
+    struct pool_ptr_export e;
+    if (!fg_initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ptr_out || !pool || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&e, data, sizeof e);
+    /* Only into a pool imported from the pool the pointer is of. */
+    if (e.magic != POOL_PTR_MAGIC || !pool->imported || e.pool_nonce != pool->nonce ||
+        e.pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&imports_lock);
+    for (size_t i = 0; i < import_count; i++)
+        if (imports[i].pid == e.pid && imports[i].inode == e.inode && imports[i].nonce == e.nonce) {
+            imports[i].refs++; /* imported before: the same address, freed as often */
+            *ptr_out = imports[i].base;
+            pthread_mutex_unlock(&imports_lock);
+            return CUDA_SUCCESS;
+        }
+    if (import_count == import_capacity) {
+        size_t grown_capacity = import_capacity ? import_capacity * 2 : 16;
+        struct imported_ptr *grown = realloc(imports, grown_capacity * sizeof *imports);
+        if (!grown) {
+            pthread_mutex_unlock(&imports_lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        imports = grown;
+        import_capacity = grown_capacity;
+    }
+    struct fg_ipc_file file = {.pid = e.pid, .fd = e.fd, .inode = e.inode, .nonce = e.nonce,
+                               .size = e.size};
+    uint64_t base = 0;
+    rc = fg_ipc_map(&file, &base);
+    if (rc == CUDA_SUCCESS) {
+        /* Charges nothing: the memory stays the exporter's. */
+        struct fg_alloc a = {.base = base, .size = e.size, .kind = FG_IPC, .device = pool->device,
+                             .pool = pool, .shared = true};
+        if (fg_register(&a)) {
+            imports[import_count++] = (struct imported_ptr){
+                .base = base, .size = e.size, .pid = e.pid, .inode = e.inode, .nonce = e.nonce,
+                .refs = 1};
+            *ptr_out = base;
+        } else {
+            munmap((void *)base, page_size_round(e.size));
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&imports_lock);
+    return rc;
+}
+
+bool fg_pool_free_imported(uint64_t p, CUresult *rc)
+{
+    uint64_t unmap_size = 0;
+    bool found = false;
+    pthread_mutex_lock(&imports_lock);
+    for (size_t i = 0; i < import_count && !found; i++)
+        if (imports[i].base == p) {
+            found = true;
+            if (--imports[i].refs == 0) {
+                struct fg_alloc gone;
+                fg_unregister(p, FG_IPC, &gone);
+                unmap_size = imports[i].size;
+                imports[i] = imports[--import_count];
+            }
+        }
+    pthread_mutex_unlock(&imports_lock);
+    if (unmap_size) { /* the file's pages stay the exporter's */
+        fg_host_release(p, page_size_round(unmap_size));
+        munmap((void *)p, page_size_round(unmap_size));
+    }
+    if (found)
+        *rc = CUDA_SUCCESS;
+    return found;
 }

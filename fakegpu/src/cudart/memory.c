@@ -270,6 +270,34 @@ FG_EXPORT cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const CUmemAccess
 }
 
 /* ---------------------------------------------------------------- IPC */
+/* Pools across processes (the driver's pool.c). */
+FG_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(void *handle_out, cudaMemPool_t pool,
+                                                         int type, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(cuMemPoolExportToShareableHandle(handle_out, pool, type, flags));
+}
+
+FG_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *pool, void *handle,
+                                                           int type, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(cuMemPoolImportFromShareableHandle(pool, handle, type, flags));
+}
+
+FG_EXPORT cudaError_t cudaMemPoolExportPointer(CUmemPoolPtrExportData *data, void *p)
+{
+    READY();
+    return fg_rt_status(cuMemPoolExportPointer(data, (CUdeviceptr)p));
+}
+
+FG_EXPORT cudaError_t cudaMemPoolImportPointer(void **p, cudaMemPool_t pool,
+                                               CUmemPoolPtrExportData *data)
+{
+    READY();
+    return fg_rt_status(cuMemPoolImportPointer((CUdeviceptr *)p, pool, data));
+}
+
 FG_EXPORT cudaError_t cudaIpcGetMemHandle(CUipcMemHandle *handle, void *p)
 {
     READY();

@@ -350,6 +350,13 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attribute, void *value);
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attribute, void *value);
 CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count);
+CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool, int type,
+                                          unsigned long long flags);
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle, int type,
+                                            unsigned long long flags);
+CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr ptr);
+CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                CUmemPoolPtrExportData *data);
 CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags);
 CUresult cuIpcCloseMemHandle(CUdeviceptr p);
