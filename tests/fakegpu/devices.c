@@ -2,10 +2,13 @@
  * argv[1] "visible": the devices CUDA_VISIBLE_DEVICES leaves (count, each one's PCI bus id and
  * UUID), then 8 MiB allocated on device 0 and NVML's view of every device of the machine (the
  * bytes it says this process uses on each). argv[1] "module": the driver's used bytes before
- * any kernel, after the first launch and after a second one. */
+ * any kernel, after the first launch and after a second one. argv[1] "mig": what CUDA and
+ * NVML say of MIG devices (the devices CUDA sees, their names, memory, SMs and UUIDs; NVML's
+ * MIG mode, MIG device handles and their figures on every GPU). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int cudaError_t;
 cudaError_t cudaGetDeviceCount(int *count);
@@ -84,12 +87,132 @@ static int module(void)
     return 0;
 }
 
+static void *nvml_function(void *nvml, const char *name)
+{
+    void *f = dlsym(nvml, name);
+    if (!f) {
+        printf("no %s\n", name);
+        _exit(1);
+    }
+    return f;
+}
+
+static void uuid_text(const unsigned char *u, char *out, size_t n)
+{
+    snprintf(out, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+static int mig(void)
+{
+    int count = -1;
+    int rc = cudaGetDeviceCount(&count);
+    printf("cuda count=%d rc=%d\n", count, rc);
+    int (*name)(char *, int, int) = (int (*)(char *, int, int))dlsym(RTLD_DEFAULT, "cuDeviceGetName");
+    int (*total)(size_t *, int) = (int (*)(size_t *, int))dlsym(RTLD_DEFAULT, "cuDeviceTotalMem_v2");
+    int (*attribute)(int *, int, int) =
+        (int (*)(int *, int, int))dlsym(RTLD_DEFAULT, "cuDeviceGetAttribute");
+    int (*uuid2)(unsigned char *, int) =
+        (int (*)(unsigned char *, int))dlsym(RTLD_DEFAULT, "cuDeviceGetUuid_v2");
+    int (*uuid1)(unsigned char *, int) =
+        (int (*)(unsigned char *, int))dlsym(RTLD_DEFAULT, "cuDeviceGetUuid");
+    if (!name || !total || !attribute || !uuid2 || !uuid1) {
+        printf("no driver\n");
+        return 1;
+    }
+    for (int d = 0; d < count; d++) {
+        char text[256] = "", bus[32] = "", v2[48], v1[48];
+        size_t bytes = 0, free_bytes = 0, info_total = 0;
+        int sms = 0;
+        unsigned char u2[16] = {0}, u1[16] = {0};
+        name(text, sizeof text, d);
+        total(&bytes, d);
+        attribute(&sms, 16, d); /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+        uuid2(u2, d);
+        uuid1(u1, d);
+        uuid_text(u2, v2, sizeof v2);
+        uuid_text(u1, v1, sizeof v1);
+        cudaDeviceGetPCIBusId(bus, sizeof bus, d);
+        cudaMemGetInfo(&free_bytes, &info_total);
+        printf("cuda %d name=%s total=%zu sms=%d info-total=%zu bus=%s uuid_v2=%s uuid=%s\n", d,
+               text, bytes, sms, info_total, bus, v2, v1);
+    }
+    if (count > 0) {
+        void *p;
+        printf("malloc rc=%d\n", cudaMalloc(&p, 8 << 20));
+    }
+
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!nvml) {
+        printf("no nvml\n");
+        return 1;
+    }
+    int (*init)(void) = nvml_function(nvml, "nvmlInit_v2");
+    int (*get_count)(unsigned *) = nvml_function(nvml, "nvmlDeviceGetCount_v2");
+    int (*by_index)(unsigned, void **) = nvml_function(nvml, "nvmlDeviceGetHandleByIndex_v2");
+    int (*by_uuid)(const char *, void **) = nvml_function(nvml, "nvmlDeviceGetHandleByUUID");
+    int (*get_name)(void *, char *, unsigned) = nvml_function(nvml, "nvmlDeviceGetName");
+    int (*get_uuid)(void *, char *, unsigned) = nvml_function(nvml, "nvmlDeviceGetUUID");
+    int (*memory)(void *, nvml_memory *) = nvml_function(nvml, "nvmlDeviceGetMemoryInfo");
+    int (*mig_mode)(void *, unsigned *, unsigned *) = nvml_function(nvml, "nvmlDeviceGetMigMode");
+    int (*max_mig)(void *, unsigned *) = nvml_function(nvml, "nvmlDeviceGetMaxMigDeviceCount");
+    int (*mig_by_index)(void *, unsigned, void **) =
+        nvml_function(nvml, "nvmlDeviceGetMigDeviceHandleByIndex");
+    int (*parent_of)(void *, void **) =
+        nvml_function(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+    int (*is_mig)(void *, unsigned *) = nvml_function(nvml, "nvmlDeviceIsMigDeviceHandle");
+    unsigned n = 0;
+    int rc_init = init();
+    rc = get_count(&n);
+    printf("nvml init=%d count=%u rc=%d\n", rc_init, n, rc);
+    for (unsigned i = 0; i < n; i++) {
+        void *gpu = NULL, *migd = NULL, *parent = NULL, *other = NULL, *found = NULL;
+        char text[256] = "", uuid[96] = "";
+        unsigned current = 9, pending = 9, max = 9, flag = 9;
+        nvml_memory m = {0};
+        by_index(i, &gpu);
+        get_name(gpu, text, sizeof text);
+        get_uuid(gpu, uuid, sizeof uuid);
+        memory(gpu, &m);
+        int mode_rc = mig_mode(gpu, &current, &pending);
+        int max_rc = max_mig(gpu, &max);
+        int flag_rc = is_mig(gpu, &flag);
+        printf("nvml gpu %u name=%s uuid=%s total=%llu used=%llu mig=%u/%u rc=%d max=%u rc=%d "
+               "is-mig=%u rc=%d\n",
+               i, text, uuid, m.total, m.used, current, pending, mode_rc, max, max_rc, flag, flag_rc);
+        rc = mig_by_index(gpu, 0, &migd);
+        int second = mig_by_index(gpu, 1, &other);
+        int past = mig_by_index(gpu, 7, &other);
+        printf("nvml gpu %u mig-device 0 rc=%d 1 rc=%d 7 rc=%d\n", i, rc, second, past);
+        if (rc)
+            continue;
+        memset(&m, 0, sizeof m);
+        text[0] = uuid[0] = 0;
+        flag = 9;
+        get_name(migd, text, sizeof text);
+        get_uuid(migd, uuid, sizeof uuid);
+        memory(migd, &m);
+        is_mig(migd, &flag);
+        int parent_rc = parent_of(migd, &parent);
+        int parent_of_gpu = parent_of(gpu, &other);
+        int uuid_rc = by_uuid(uuid, &found);
+        printf("nvml mig %u name=%s uuid=%s total=%llu used=%llu is-mig=%u parent rc=%d same=%d "
+               "parent-of-gpu rc=%d by-uuid rc=%d same=%d\n",
+               i, text, uuid, m.total, m.used, flag, parent_rc, parent == gpu, parent_of_gpu,
+               uuid_rc, found == migd);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "visible"))
         return visible();
     if (argc == 2 && !strcmp(argv[1], "module"))
         return module();
+    if (argc == 2 && !strcmp(argv[1], "mig"))
+        return mig();
     fprintf(stderr, "usage: devices visible|module\n");
     return 2;
 }

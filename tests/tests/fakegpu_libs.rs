@@ -1235,3 +1235,122 @@ fn pool_pointers_share_device_memory_between_processes() {
         assert_eq!(peak["devices"][0]["count"], 3, "{peak}");
     }
 }
+
+/// The UUID NVML gives the MIG device of the machine's device `n` (MIG mode).
+fn mig_uuid(n: u32) -> String {
+    format!("MIG-46414b45-4d49-4700-0000-0000000000{n:02x}")
+}
+
+/// MIG mode (`VRAMSHIM_FAKEGPU_MIG`, as `dryrun --mig` sets it) on a machine of 2 fake A100
+/// 80GB cards, each with one 3g.40gb MIG device: CUDA sees one device, the MIG device (its
+/// name, 40 GiB, 42 SMs; `cuDeviceGetUuid_v2` its MIG UUID, `cuDeviceGetUuid` its GPU's), the
+/// first card's when `CUDA_VISIBLE_DEVICES` is unset, else the first one named (`MIG-` UUID or
+/// unique prefix, index, `GPU-` UUID); a `MIG-` UUID no device has, an ambiguous prefix: none.
+/// NVML: 2 GPUs in MIG mode (current and pending 1, at most 7 MIG devices, the card's name and
+/// 80 GiB), MIG device 0 of each (the slice's name, `MIG-` UUID and 40 GiB, the 8 MiB this
+/// process allocated on the one CUDA sees), 1 not found (6), 7 invalid (2); the MIG handle's
+/// parent is the GPU's handle (a GPU handle has none: 2); the MIG UUID finds the MIG handle.
+/// Without MIG a `MIG-` entry leaves no device and NVML says MIG is off (0/0, max 0, 3).
+#[test]
+fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
+    let dir = scratch("fakegpu-mig");
+    let exe = build_program(&dir, "devices", 13);
+    const SLICE: u64 = 40 << 30;
+    const CARD: u64 = 80 << 30;
+    let mig_env = [
+        ("VRAMSHIM_FAKEGPU_MEMORY", SLICE.to_string()),
+        ("VRAMSHIM_FAKEGPU_CARD_MEMORY", CARD.to_string()),
+        ("VRAMSHIM_FAKEGPU_SMS", "42".to_owned()),
+        (
+            "VRAMSHIM_FAKEGPU_NAME",
+            "NVIDIA A100-SXM4-80GB MIG 3g.40gb".to_owned(),
+        ),
+        ("VRAMSHIM_FAKEGPU_MIG", "3g.40gb".to_owned()),
+    ];
+    let hex = |n: u32, kind: &str| format!("46414b45-{kind}-0000-0000000000{n:02x}");
+    let expect = |seen: Option<u32>| {
+        let mut text = match seen {
+            Some(p) => format!(
+                "cuda count=1 rc=0\n\
+                 cuda 0 name=NVIDIA A100-SXM4-80GB MIG 3g.40gb total={SLICE} sms=42 \
+                 info-total={SLICE} bus=00000000:{:02X}:00.0 uuid_v2={} uuid={}\n\
+                 malloc rc=0\n",
+                0x10 + p,
+                hex(p, "4d49-4700"),
+                hex(p, "4750-5500")
+            ),
+            None => "cuda count=0 rc=100\n".to_owned(),
+        };
+        text.push_str("nvml init=0 count=2 rc=0\n");
+        for n in 0..2 {
+            let used = if seen == Some(n) { 8 * MIB } else { 0 };
+            text.push_str(&format!(
+                "nvml gpu {n} name=NVIDIA A100-SXM4-80GB uuid={} total={CARD} used={used} \
+                 mig=1/1 rc=0 max=7 rc=0 is-mig=0 rc=0\n\
+                 nvml gpu {n} mig-device 0 rc=0 1 rc=6 7 rc=2\n\
+                 nvml mig {n} name=NVIDIA A100-SXM4-80GB MIG 3g.40gb uuid={} total={SLICE} \
+                 used={used} is-mig=1 parent rc=0 same=1 parent-of-gpu rc=2 by-uuid rc=0 same=1\n",
+                uuid(n),
+                mig_uuid(n)
+            ));
+        }
+        text
+    };
+    let cases: &[(Option<&str>, Option<u32>)] = &[
+        (None, Some(0)),
+        (Some(&mig_uuid(1)), Some(1)),
+        (Some(&format!("{},{}", mig_uuid(1), mig_uuid(0))), Some(1)),
+        (Some("MIG-46414b45-4d49-4700-0000-0000000000"), None),
+        (Some("MIG-46414b45-4d49-4700-0000-00000000000"), None),
+        (Some("MIG-46414b45-4d49-4700-0000-000000000001"), Some(1)),
+        (Some("MIG-46414b45-4750-5500-0000-000000000000"), None),
+        (Some("1,0"), Some(1)),
+        (Some(&uuid(1)), Some(1)),
+    ];
+    for (visible, seen) in cases {
+        let (code, stdout, stderr) = run_devices(&exe, "mig", 2, *visible, &mig_env);
+        assert_eq!(code, Some(0), "{visible:?}: {stdout}\n{stderr}");
+        assert_eq!(stderr, "");
+        assert_eq!(stdout, expect(*seen), "CUDA_VISIBLE_DEVICES={visible:?}");
+    }
+
+    let (code, stdout, _) = run_devices(&exe, "mig", 1, Some(&mig_uuid(0)), &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        stdout,
+        format!(
+            "cuda count=0 rc=100\n\
+             nvml init=0 count=1 rc=0\n\
+             nvml gpu 0 name=NVIDIA H100 80GB HBM3 uuid={} total={} used=0 mig=0/0 rc=0 max=0 \
+             rc=0 is-mig=0 rc=0\n\
+             nvml gpu 0 mig-device 0 rc=3 1 rc=3 7 rc=2\n",
+            uuid(0),
+            1u64 << 30
+        )
+    );
+
+    // A profile that is not one: one line; CUDA (cudaErrorInitializationError) and NVML
+    // (driver not loaded) do not start.
+    for bad in ["3g", "3g.40", "g.40gb", "3g.40gb+me", "-3g.40gb"] {
+        let (code, stdout, stderr) = run_devices(
+            &exe,
+            "mig",
+            1,
+            None,
+            &[("VRAMSHIM_FAKEGPU_MIG", bad.to_owned())],
+        );
+        assert_eq!(code, Some(0), "{bad}: {stdout}");
+        assert_eq!(
+            stdout, "cuda count=0 rc=3\nnvml init=9 count=0 rc=1\n",
+            "{bad}"
+        );
+        assert_eq!(
+            stderr,
+            format!(
+                "vramshim fakegpu: VRAMSHIM_FAKEGPU_MIG=\"{bad}\" is invalid: expected a MIG \
+                 profile such as 3g.40gb; CUDA initialisation fails\n"
+            ),
+            "{bad}"
+        );
+    }
+}

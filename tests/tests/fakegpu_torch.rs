@@ -1478,6 +1478,124 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
     }
 }
 
+/// `vramshim dryrun --gpu A100-80GB --mig 3g.40gb --gpus 2` of real torch 2.15
+/// (`torch_mig.py`): the fakes put both cards in MIG mode; torch sees one device, the MIG device
+/// (`device_count()` 1, its name, the slice's 42,487,775,232 B = 4/8 of the card in
+/// `mem_get_info` and `total_memory`, 42 SMs, its MIG UUID), the first card's with
+/// `CUDA_VISIBLE_DEVICES` unset, the second's when it names that MIG device; NVML (as
+/// nvidia-smi asks) lists both GPUs in MIG mode with the card's name and 84,975,550,464 B and
+/// one MIG device each (the slice's name, `MIG-` UUID and bytes), the 512 MiB context estimate
+/// and torch's 1 GiB in use on the MIG device torch has; torch's own OOM message gives the
+/// slice as the capacity; the verdict lists one device.
+#[test]
+fn torch_on_a_mig_slice_sees_one_device_of_the_slice() {
+    let Some(torch) = current() else { return };
+    const SLICE: u64 = 42_487_775_232;
+    const CARD: u64 = 84_975_550_464;
+    let used = 512 * MIB + 1024 * MIB;
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let mig_uuid = |n: u32| format!("MIG-46414b45-4d49-4700-0000-0000000000{n:02x}");
+    for (visible, seen) in [(None, 0u32), (Some(mig_uuid(1)), 1)] {
+        let logs = scratch("torch-mig");
+        let mut command = Command::new(vramshim_tool());
+        command
+            .args([
+                "dryrun",
+                "--gpu",
+                "A100-80GB",
+                "--mig",
+                "3g.40gb",
+                "--gpus",
+                "2",
+                "--json",
+                "-o",
+            ])
+            .arg(logs.join("%p.vlog"))
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/torch_mig.py"))
+            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VRAMSHIM_STACK");
+        if let Some(visible) = &visible {
+            command.env("CUDA_VISIBLE_DEVICES", visible);
+        }
+        let output = command.output().expect("run vramshim dryrun");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{visible:?}: {stderr}");
+        let figures: Value = stderr
+            .lines()
+            .find_map(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+        let slice_name = "NVIDIA A100-SXM4-80GB MIG 3g.40gb";
+        assert_eq!(figures["device_count"], 1, "{figures}");
+        assert_eq!(figures["name"], slice_name);
+        assert_eq!(u64_of(&figures, "total_memory"), SLICE);
+        assert_eq!(u64_of(&figures, "mem_get_info_total"), SLICE);
+        assert_eq!(figures["sms"], 42);
+        assert_eq!(
+            figures["uuid"],
+            format!("46414b45-4d49-4700-0000-0000000000{seen:02x}")
+        );
+        assert_eq!(u64_of(&figures, "taken_by_one_gib"), 1024 * MIB);
+        let nvml = arr(&figures["nvml"]);
+        assert_eq!(nvml.len(), 2, "{figures}");
+        for (n, gpu) in nvml.iter().enumerate() {
+            let n = n as u32;
+            let on_it = if n == seen { used } else { 0 };
+            assert_eq!(
+                gpu,
+                &serde_json::json!({
+                    "name": "NVIDIA A100-SXM4-80GB",
+                    "uuid": format!("GPU-46414b45-4750-5500-0000-0000000000{n:02x}"),
+                    "total": CARD,
+                    "used": on_it,
+                    "mig_mode": [1, 1],
+                    "max_mig_devices": 7,
+                    "mig_devices": [{
+                        "name": slice_name,
+                        "uuid": mig_uuid(n),
+                        "total": SLICE,
+                        "used": on_it,
+                        "index": 0,
+                        "is_mig": 1,
+                    }],
+                }),
+                "{visible:?}"
+            );
+        }
+        assert!(
+            stderr.contains(
+                "CUDA out of memory. Tried to allocate 39.57 GiB. GPU 0 has a total capacity of \
+                 39.57 GiB of which 38.07 GiB is free. Including non-PyTorch memory, this \
+                 process has 1.50 GiB memory in use."
+            ),
+            "{stderr}"
+        );
+        let v: Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        assert_eq!(v["gpu"]["name"], slice_name, "{v}");
+        assert_eq!(u64_of(&v["gpu"], "memory"), SLICE);
+        let devices = arr(&v["devices"]);
+        assert_eq!(devices.len(), 1, "{v}");
+        assert_eq!(u64_of(&devices[0], "capacity"), SLICE);
+        assert_eq!(u64_of(&devices[0], "peak_recorded"), 1024 * MIB, "{v}");
+        assert_eq!(
+            v["visible_devices"],
+            if visible.is_some() {
+                serde_json::json!(1)
+            } else {
+                Value::Null
+            }
+        );
+    }
+}
+
 /// Live bytes through the log of device 0: `up` events add their size, `down` events take
 /// back the size their address was given (or their own size, for unmaps). Returns (ups, downs,
 /// peak live bytes).

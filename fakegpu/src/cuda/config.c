@@ -14,6 +14,11 @@
  *                                   channel), as on the H100/H200 systems measured (default 0)
  *   VRAMSHIM_FAKEGPU_HOST_BYTES     host RAM that device data copied in may hold (default: a
  *                                   quarter of the machine's RAM)
+ *   VRAMSHIM_FAKEGPU_MIG            a MIG profile, "<N>g.<M>gb" (such as 3g.40gb): every device
+ *                                   is in MIG mode with one MIG device of that profile, which
+ *                                   MEMORY, SMS and NAME then describe (default: no MIG)
+ *   VRAMSHIM_FAKEGPU_CARD_MEMORY    with MIG, the whole card's bytes, as NVML reports its GPU
+ *                                   (default: MEMORY)
  * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE.
  * CUDA_VISIBLE_DEVICES then picks the devices the program sees, as the real driver does. */
 #include "driver.h"
@@ -61,17 +66,31 @@ void fg_physical_uuid(int physical, unsigned char out[16])
     out[15] = (unsigned char)physical;
 }
 
-/* The device whose UUID text ("GPU-" and 36 characters) starts with ENTRY, which starts with
- * "GPU-"; -1 when none does, -2 when several do. */
-static int device_of_uuid(const char *entry, size_t length)
+void fg_mig_uuid(int physical, unsigned char out[16])
+{
+    memset(out, 0, 16);
+    memcpy(out, "FAKEMIG", 7);
+    out[15] = (unsigned char)physical;
+}
+
+/* The device whose UUID text ("GPU-" or "MIG-" and 36 characters) starts with ENTRY, which
+ * starts with PREFIX ("GPU-" or "MIG-"; MIG devices exist only in MIG mode); -1 when none
+ * does, -2 when several do. */
+static int device_of_uuid(const char *entry, size_t length, const char *prefix)
 {
     int found = -1;
+    bool mig = strcmp(prefix, "MIG-") == 0;
+    if (mig && !config.mig)
+        return -1;
     for (int p = 0; p < config.physical_count; p++) {
         unsigned char u[16];
         char text[48];
-        fg_physical_uuid(p, u);
+        if (mig)
+            fg_mig_uuid(p, u);
+        else
+            fg_physical_uuid(p, u);
         snprintf(text, sizeof text,
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                 "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, u[0],
                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
                  u[14], u[15]);
         if (length <= strlen(text) && strncasecmp(text, entry, length) == 0) {
@@ -88,7 +107,9 @@ static int device_of_uuid(const char *entry, size_t length)
  * of them, in the order given. The first entry that is not valid (not a number, a negative one,
  * an index past the last device, a UUID no device or several devices match, a form other than
  * the first entry's) ends the list; a device named twice leaves no device visible. An empty
- * value: no device. */
+ * value: no device. In MIG mode entries may also be "MIG-" UUIDs (or unique prefixes), and a
+ * process sees one MIG device at most, as CUDA enumerates a single MIG device: the first the
+ * list names (by index or UUID its GPU's), the first GPU's when the variable is unset. */
 static void apply_visible_devices(void)
 {
     const char *list = getenv("CUDA_VISIBLE_DEVICES");
@@ -96,9 +117,12 @@ static void apply_visible_devices(void)
     if (!list) {
         for (int p = 0; p < config.physical_count; p++)
             config.physical[config.count++] = p;
+        if (config.mig)
+            config.count = 1;
         return;
     }
-    bool uuids = strncmp(list + strspn(list, " \t"), "GPU-", 4) == 0;
+    const char *first = list + strspn(list, " \t");
+    bool uuids = strncmp(first, "GPU-", 4) == 0 || strncmp(first, "MIG-", 4) == 0;
     for (const char *entry = list; *entry;) {
         size_t length = strcspn(entry, ",");
         const char *start = entry + strspn(entry, " \t");
@@ -108,7 +132,9 @@ static void apply_visible_devices(void)
         int device = -1;
         if (uuids) {
             if (trimmed > 4 && strncmp(start, "GPU-", 4) == 0)
-                device = device_of_uuid(start, trimmed);
+                device = device_of_uuid(start, trimmed, "GPU-");
+            else if (trimmed > 4 && strncmp(start, "MIG-", 4) == 0)
+                device = device_of_uuid(start, trimmed, "MIG-");
             if (device == -2) {
                 config.count = 0; /* an ambiguous prefix: the driver shows nothing */
                 return;
@@ -130,6 +156,8 @@ static void apply_visible_devices(void)
                 return;
             }
         config.physical[config.count++] = device;
+        if (config.mig)
+            return; /* one MIG device per process */
         entry += length;
         if (*entry == ',')
             entry++;
@@ -158,9 +186,29 @@ static void load(void)
                                                     : 1ull << 30;
     read_number("VRAMSHIM_FAKEGPU_HOST_BYTES", 0, 1ull << 50, &host);
     config.host_bytes = host;
+    const char *mig = getenv("VRAMSHIM_FAKEGPU_MIG");
+    if (mig) {
+        unsigned slices = 0, gb = 0;
+        int end = -1;
+        if (strlen(mig) >= sizeof config.mig_profile ||
+            sscanf(mig, "%ug.%ugb%n", &slices, &gb, &end) != 2 || end != (int)strlen(mig) ||
+            slices < 1 || slices > 8 || gb < 1 || mig[0] < '0' || mig[0] > '9' ||
+            strchr(mig, ' ') || strchr(mig, '-') || strchr(mig, '+'))
+            invalid("VRAMSHIM_FAKEGPU_MIG", mig, "expected a MIG profile such as 3g.40gb");
+        else {
+            config.mig = true;
+            strcpy(config.mig_profile, mig);
+        }
+    }
+    unsigned long long card_memory = memory;
+    read_number("VRAMSHIM_FAKEGPU_CARD_MEMORY", 1, 1ull << 50, &card_memory);
+    config.card_memory = card_memory;
     config.physical_count = (int)count;
     apply_visible_devices();
     config.memory = memory;
+    if (config.valid && config.mig && card_memory < memory)
+        invalid("VRAMSHIM_FAKEGPU_CARD_MEMORY", getenv("VRAMSHIM_FAKEGPU_CARD_MEMORY"),
+                "smaller than the MIG device's VRAMSHIM_FAKEGPU_MEMORY");
     config.sms = (int)sms;
     config.context_bytes = context;
     if (config.valid && context > memory)
@@ -174,6 +222,12 @@ static void load(void)
         invalid("VRAMSHIM_FAKEGPU_NAME", name, "expected 1 to 255 bytes");
     else
         strcpy(config.name, name);
+    /* The parent GPU's name: the MIG device's without " MIG <profile>", as the driver names
+     * a MIG device after its GPU ("NVIDIA A100-SXM4-80GB MIG 3g.40gb"). */
+    strcpy(config.card_name, config.name);
+    char *suffix = strstr(config.card_name, " MIG ");
+    if (config.mig && suffix && suffix != config.card_name)
+        *suffix = 0;
 
     config.cc_major = 9;
     config.cc_minor = 0;

@@ -113,19 +113,26 @@ FG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* A UUID that differs per device and is stable: the machine's device behind the ordinal. */
-FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+/* A UUID that differs per device and is stable: the machine's device behind the ordinal. In
+ * MIG mode the _v2 call gives the MIG device's UUID, as CUDA documents; the first call (CUDA
+ * 9.2's) keeps giving the GPU's. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev, bool mig)
 {
     CUresult rc = check_device(dev);
     if (rc)
         return rc;
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
-    fg_physical_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
+    if (mig && fg_config()->mig)
+        fg_mig_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
+    else
+        fg_physical_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
-FG_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, true); }
+
+FG_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, false); }
 
 FG_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev)
 {

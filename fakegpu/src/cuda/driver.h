@@ -31,11 +31,21 @@ struct fg_config {
     unsigned long long nccl_bytes;   /* an NCCL rank's own memory (read by the fake NCCL) */
     bool fabric; /* an NVLink fabric NVML reports, without the IMEX channel fabric handles need */
     unsigned long long host_bytes; /* host RAM that device data copied in may hold */
+    /* MIG (VRAMSHIM_FAKEGPU_MIG): every device of the machine is in MIG mode with one MIG
+     * device of this profile ("3g.40gb"); memory, sms and name above are the MIG device's,
+     * card_memory and card_name its parent GPU's (what NVML reports for the GPU). */
+    bool mig;
+    char mig_profile[32];
+    unsigned long long card_memory;
+    char card_name[256];
     bool valid; /* false: a variable was invalid (already said on stderr); cuInit fails */
 };
 const struct fg_config *fg_config(void);
 /* The UUID of the machine's device PHYSICAL: "FAKEGPU", zeros, the index in the last byte. */
 void fg_physical_uuid(int physical, unsigned char out[16]);
+/* The UUID of the MIG device of the machine's device PHYSICAL: "FAKEMIG", zeros, the index in
+ * the last byte (printed "MIG-46414b45-4d49-4700-0000-0000000000NN"). */
+void fg_mig_uuid(int physical, unsigned char out[16]);
 
 struct CUctx_st {
     int device;

@@ -206,6 +206,23 @@ FG_EXPORT int vramshim_fakegpu_physical_device(int physical, char *name, int len
     return 0;
 }
 
+/* MIG mode of every device (1 or 0), and then the MIG profile, the parent GPU's name and
+ * memory (NAME gets LEN bytes at most). */
+FG_EXPORT int vramshim_fakegpu_mig(char *profile, int profile_len, char *name, int len,
+                                   unsigned long long *card_memory)
+{
+    const struct fg_config *config = fg_config();
+    if (!config->mig)
+        return 0;
+    if (profile && profile_len > 0)
+        snprintf(profile, (size_t)profile_len, "%s", config->mig_profile);
+    if (name && len > 0)
+        snprintf(name, (size_t)len, "%s", config->card_name);
+    if (card_memory)
+        *card_memory = config->card_memory;
+    return 1;
+}
+
 /* The bytes this process uses on the machine's device PHYSICAL (0 when it does not see it)
  * and its capacity. */
 FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,

@@ -1,6 +1,9 @@
 /* The fake NVML (libnvidia-ml.so.1): the devices of the fake driver, with memory figures from
  * its bookkeeping. This process is the only one on each device and holds everything in use
- * (PyTorch's out-of-memory message reads "this process has ... in use" from here). */
+ * (PyTorch's out-of-memory message reads "this process has ... in use" from here). In MIG
+ * mode (VRAMSHIM_FAKEGPU_MIG) each GPU has one MIG device, the driver's CUDA device: MIG
+ * device handles (nvmlDeviceGetMigDeviceHandleByIndex) answer for it (its name, "MIG-" UUID,
+ * memory), GPU handles for the whole card (its name and memory). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +32,18 @@ int vramshim_fakegpu_physical_device(int physical, char *name, int len, int *cc_
                                      int *cc_minor);
 int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
                                    unsigned long long *total);
+int vramshim_fakegpu_mig(char *profile, int profile_len, char *name, int len,
+                         unsigned long long *card_memory);
 
 struct nvml_device {
     int index;
+    int mig; /* a MIG device handle */
 };
 typedef struct nvml_device *nvmlDevice_t;
-static struct nvml_device devices[64];
+static struct nvml_device devices[64], mig_devices[64];
 static int initialized;
+/* The most MIG devices one GPU can hold (A100, H100, H200: seven 1g instances). */
+#define MAX_MIG_DEVICES 7
 
 static int device_count(void)
 {
@@ -52,12 +60,25 @@ static nvmlReturn_t check(nvmlDevice_t device)
     return NVML_SUCCESS;
 }
 
+static int mig_mode(void) { return vramshim_fakegpu_mig(NULL, 0, NULL, 0, NULL); }
+
+/* A GPU handle or, in MIG mode, a MIG device handle. */
+static nvmlReturn_t check_any(nvmlDevice_t device)
+{
+    if (device && mig_mode() && device >= mig_devices && device < mig_devices + device_count())
+        return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE) ? NVML_SUCCESS
+                                                               : NVML_ERROR_UNINITIALIZED;
+    return check(device);
+}
+
 FG_EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
     if (vramshim_fakegpu_physical_count() < 0)
         return NVML_ERROR_DRIVER_NOT_LOADED; /* an invalid VRAMSHIM_FAKEGPU_* (already said) */
-    for (int i = 0; i < 64; i++)
-        devices[i].index = i;
+    for (int i = 0; i < 64; i++) {
+        devices[i].index = mig_devices[i].index = i;
+        mig_devices[i].mig = 1;
+    }
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return NVML_SUCCESS;
 }
@@ -157,31 +178,116 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *ind
     return NVML_SUCCESS;
 }
 
+/* The driver's device name is the MIG device's in MIG mode; a GPU handle names the card. */
 FG_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     char value[256];
     int major, minor;
     if (rc)
         return rc;
     vramshim_fakegpu_physical_device(device->index, value, sizeof value, &major, &minor);
+    if (!device->mig)
+        vramshim_fakegpu_mig(NULL, 0, value, sizeof value, NULL);
     return text(name, length, value);
+}
+
+/* GPU-46414b45-4750-5500-... ("FAKEGPU") for a GPU, MIG-46414b45-4d49-4700-... ("FAKEMIG")
+ * for its MIG device, the machine's device index in the last byte: the driver's bytes. */
+static void uuid_text(int index, int mig, char *out, size_t n)
+{
+    snprintf(out, n, mig ? "MIG-46414b45-4d49-4700-0000-0000000000%02x"
+                         : "GPU-46414b45-4750-5500-0000-0000000000%02x",
+             index);
 }
 
 FG_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     char value[64];
     if (rc)
         return rc;
-    snprintf(value, sizeof value, "GPU-46414b45-4750-5500-0000-0000000000%02x", device->index);
+    uuid_text(device->index, device->mig, value, sizeof value);
     return text(uuid, length, value);
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < device_count(); i++)
+        for (int mig = 0; mig <= mig_mode(); mig++) {
+            char value[64];
+            uuid_text(i, mig, value, sizeof value);
+            if (strcmp(value, uuid) == 0) {
+                *device = mig ? &mig_devices[i] : &devices[i];
+                return NVML_SUCCESS;
+            }
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* NVML_DEVICE_MIG_ENABLE (1) now and after a reset in MIG mode, else DISABLE (0). */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                            unsigned int *pending)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !current || !pending)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = (unsigned)mig_mode();
+    return NVML_SUCCESS;
+}
+
+/* As NVIDIA documents: zero when MIG is not enabled. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !count)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    *count = mig_mode() ? MAX_MIG_DEVICES : 0;
+    return NVML_SUCCESS;
+}
+
+/* The GPU's one MIG device is index 0; the other indices a GPU could hold have none. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                           nvmlDevice_t *mig)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !mig || index >= MAX_MIG_DEVICES)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_mode())
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (index != 0)
+        return NVML_ERROR_NOT_FOUND;
+    *mig = &mig_devices[device->index];
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,
+                                                                    nvmlDevice_t *device)
+{
+    nvmlReturn_t rc = check_any(mig);
+    if (rc || !device || !mig->mig)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[mig->index];
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig)
+{
+    nvmlReturn_t rc = check_any(device);
+    if (rc || !is_mig)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = (unsigned)device->mig;
+    return NVML_SUCCESS;
 }
 
 FG_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
                                                            int *minor)
 {
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     if (rc || !major || !minor)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
     char name[256];
@@ -198,13 +304,22 @@ typedef struct {
     unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
 
+/* The device's capacity and this process's use of it: in MIG mode a MIG device handle gives
+ * the MIG device's capacity, a GPU handle the whole card's. */
+static void device_memory(nvmlDevice_t device, unsigned long long *used, unsigned long long *total)
+{
+    vramshim_fakegpu_device_memory(device->index, used, total);
+    if (!device->mig)
+        vramshim_fakegpu_mig(NULL, 0, NULL, 0, total);
+}
+
 FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     unsigned long long used, total;
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     if (rc || !memory)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    vramshim_fakegpu_device_memory(device->index, &used, &total);
+    device_memory(device, &used, &total);
     memory->total = total;
     memory->used = used;
     memory->free = total - used;
@@ -214,10 +329,10 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t
 FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
     unsigned long long used, total;
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     if (rc || !memory)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    vramshim_fakegpu_device_memory(device->index, &used, &total);
+    device_memory(device, &used, &total);
     memory->total = total;
     memory->reserved = 0;
     memory->used = used;
@@ -232,7 +347,7 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *in
                               size_t entry_size)
 {
     unsigned long long used, total;
-    nvmlReturn_t rc = check(device);
+    nvmlReturn_t rc = check_any(device);
     if (rc || !count)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
     vramshim_fakegpu_device_memory(device->index, &used, &total);
@@ -248,8 +363,11 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *in
         *(unsigned *)entry = (unsigned)getpid();
         *(unsigned long long *)(entry + 8) = used;
         if (entry_size >= 24) {
-            ((unsigned *)(entry + 16))[0] = 0xFFFFFFFFu; /* no MIG instances */
-            ((unsigned *)(entry + 16))[1] = 0xFFFFFFFFu;
+            /* The GPU and compute instance ids: none without MIG; with it the one MIG
+             * device's, numbered 0 here (a real GPU numbers instances by placement). */
+            unsigned id = mig_mode() ? 0 : 0xFFFFFFFFu;
+            ((unsigned *)(entry + 16))[0] = id;
+            ((unsigned *)(entry + 16))[1] = id;
         }
     }
     return NVML_SUCCESS;

@@ -161,6 +161,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         (Some(name), None) => gpus::find(name).map_err(Failure::input)?,
         (None, None) => gpus::find("h100").map_err(Failure::input)?,
     };
+    let card = gpu.clone();
     let gpu = match &args.mig {
         Some(profile) => gpus::mig(&gpu, profile).map_err(Failure::input)?,
         None => gpu,
@@ -209,6 +210,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "VRAMSHIM_FAKEGPU_FABRIC",
             if gpu.fabric { "1" } else { "0" },
         );
+    // MIG: the fakes put every card in MIG mode with one MIG device of the profile (the
+    // slice above, which CUDA sees), NVML reporting the whole card for its GPU handle.
+    match gpu.name.rsplit_once(" MIG ") {
+        Some((_, profile)) if args.mig.is_some() => {
+            command
+                .env("VRAMSHIM_FAKEGPU_MIG", profile)
+                .env("VRAMSHIM_FAKEGPU_CARD_MEMORY", card.memory.to_string());
+        }
+        _ => {
+            command
+                .env_remove("VRAMSHIM_FAKEGPU_MIG")
+                .env_remove("VRAMSHIM_FAKEGPU_CARD_MEMORY");
+        }
+    }
     if let Some(nvtx) = nvtx {
         command.env(launch::NVTX_INJECTION, nvtx);
     }
@@ -236,15 +251,19 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     // The program's own CUDA_VISIBLE_DEVICES picks among the simulated cards, as on a node.
+    let mig = args.mig.is_some();
     let visible = visible_devices(
         args.gpus,
         std::env::var_os("CUDA_VISIBLE_DEVICES")
             .map(|v| v.to_string_lossy().into_owned())
             .as_deref(),
+        mig,
     );
+    // A process enumerates one MIG device at most (the first card's when nothing is named).
+    let seen = visible.unwrap_or(if mig { args.gpus.min(1) } else { args.gpus });
     match verdict(
         &gpu,
-        (args.gpus, visible),
+        (args.gpus, visible, seen),
         &command_line,
         status,
         &logs,
@@ -260,7 +279,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Reads the logs and prints the verdict.
 fn verdict(
     gpu: &Gpu,
-    (count, visible): (u32, Option<u32>),
+    (count, visible, seen): (u32, Option<u32>, u32),
     command: &[String],
     status: ExitStatus,
     logs: &[PathBuf],
@@ -287,7 +306,7 @@ fn verdict(
     // framework's native frames say nothing about which line to change), native ones else.
     let mut stacks = Stacks::new(processes, StackView::Python, false);
 
-    let mut devices: Vec<i32> = (0..visible.unwrap_or(count) as i32).collect();
+    let mut devices: Vec<i32> = (0..seen as i32).collect();
     for peak in &peaks.total {
         if peak.device >= 0 && !devices.contains(&peak.device) {
             devices.push(peak.device);
@@ -550,21 +569,29 @@ fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
 /// the fake driver (and the real one) reads it: `None` when the variable is unset; indices
 /// (`"1gpu"` is 1) or `GPU-` UUIDs and unique prefixes of the fakes' UUIDs, the first entry
 /// that is not a device ending the list; a device named twice or an ambiguous prefix: none.
-pub fn visible_devices(count: u32, value: Option<&str>) -> Option<u32> {
+/// With `mig` (every card in MIG mode) `MIG-` UUIDs name the cards' MIG devices too, and the
+/// program sees the first device named only (CUDA enumerates one MIG device).
+pub fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32> {
     let value = value?;
-    let uuids = value.trim_start_matches([' ', '\t']).starts_with("GPU-");
+    let first = value.trim_start_matches([' ', '\t']);
+    let uuids = first.starts_with("GPU-") || first.starts_with("MIG-");
     let mut seen: Vec<u32> = Vec::new();
     for entry in value.split(',') {
         let entry = entry.trim_matches([' ', '\t']);
         let device = if uuids {
-            if entry.len() <= 4 || !entry.starts_with("GPU-") {
+            let prefix = if entry.starts_with("MIG-") && mig {
+                "mig-46414b45-4d49-4700"
+            } else {
+                "gpu-46414b45-4750-5500"
+            };
+            if entry.len() <= 4
+                || !(entry.starts_with("GPU-") || (mig && entry.starts_with("MIG-")))
+            {
                 None
             } else {
                 let entry = entry.to_ascii_lowercase();
                 let matches: Vec<u32> = (0..count)
-                    .filter(|d| {
-                        format!("gpu-46414b45-4750-5500-0000-0000000000{d:02x}").starts_with(&entry)
-                    })
+                    .filter(|d| format!("{prefix}-0000-0000000000{d:02x}").starts_with(&entry))
                     .collect();
                 if matches.len() > 1 {
                     return Some(0);
@@ -581,6 +608,9 @@ pub fn visible_devices(count: u32, value: Option<&str>) -> Option<u32> {
             return Some(0);
         }
         seen.push(device);
+        if mig {
+            break;
+        }
     }
     Some(seen.len() as u32)
 }
@@ -603,13 +633,38 @@ mod visible_tests {
             ("GPU-46414b45-4750-5500-0000-00000000000", 0),
             ("MIG-46414b45", 0),
         ] {
-            assert_eq!(visible_devices(4, Some(value)), Some(seen), "{value:?}");
+            assert_eq!(
+                visible_devices(4, Some(value), false),
+                Some(seen),
+                "{value:?}"
+            );
         }
-        assert_eq!(visible_devices(4, Some(&format!("{},1", uuid(2)))), Some(1));
         assert_eq!(
-            visible_devices(4, Some(&format!("{},{}", uuid(3), uuid(1)))),
+            visible_devices(4, Some(&format!("{},1", uuid(2))), false),
+            Some(1)
+        );
+        assert_eq!(
+            visible_devices(4, Some(&format!("{},{}", uuid(3), uuid(1))), false),
             Some(2)
         );
-        assert_eq!(visible_devices(4, None), None);
+        assert_eq!(visible_devices(4, None, false), None);
+        // MIG mode: one MIG device at most, named by its MIG- UUID (or a prefix) or its card.
+        let mig = |d: u32| format!("MIG-46414b45-4d49-4700-0000-0000000000{d:02x}");
+        for (value, seen) in [
+            (mig(2), 1),
+            (format!("{},{}", mig(3), mig(1)), 1),
+            ("MIG-46414b45-4d49".to_owned(), 0),
+            ("MIG-46414b45-4d49-4700-0000-00000000000".to_owned(), 0),
+            (format!("{},1", uuid(2)), 1),
+            ("2,0".to_owned(), 1),
+            ("x".to_owned(), 0),
+        ] {
+            assert_eq!(
+                visible_devices(4, Some(&value), true),
+                Some(seen),
+                "{value:?}"
+            );
+        }
+        assert_eq!(visible_devices(4, Some(&mig(1)), false), Some(0));
     }
 }
