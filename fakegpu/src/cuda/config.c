@@ -14,6 +14,9 @@
  *                                   channel), as on the H100/H200 systems measured (default 0)
  *   VRAMSHIM_FAKEGPU_HOST_BYTES     host RAM that device data copied in may hold (default: a
  *                                   quarter of the machine's RAM)
+ *   VRAMSHIM_FAKEGPU_LEDGER         a file every process of the machine shares as one device
+ *                                   ledger (read in ledger.c; unusable: one line, and the
+ *                                   process counts alone)
  * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE.
  * CUDA_VISIBLE_DEVICES then picks the devices the program sees, as the real driver does. */
 #include "driver.h"
