@@ -5,7 +5,8 @@
  * one byte more than is free, takes exactly what is free, and lists the two processes through
  * NVML. The launcher kills A with SIGKILL; B sees A's bytes given back and takes what failed
  * before; a fork child of B allocates on top of B's bytes and gives them back when it exits.
- * After B exits the launcher reads NVML: nothing in use. One line per step, prefixed
+ * After B exits the launcher reads NVML: nothing in use. Given "race": RACERS processes ask at
+ * once for memory of which only one can have; one gets it. One line per step, prefixed
  * by who printed it; each process flushes before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
 #include <dlfcn.h>
@@ -140,9 +141,68 @@ static int process_b(int from_launcher, int to_launcher, int pid_a)
     return 0;
 }
 
+/* A racer of "race": its context made, it waits for the start, asks for RACE_BYTES, says
+ * its result and keeps what it got until the launcher ends the race. */
+#define RACERS 8
+#define RACE_BYTES 600000000ull
+static int racer(int start, int results, int end)
+{
+    cudaFree(NULL); /* the context first, so that the race is between the allocations */
+    send_byte(results);
+    wait_byte(start);
+    void *p;
+    char rc = (char)cudaMalloc(&p, RACE_BYTES);
+    (void)!write(results, &rc, 1);
+    char c;
+    (void)!read(end, &c, 1); /* until the launcher closes it */
+    return 0;
+}
+
+/* RACERS processes ask at once for RACE_BYTES of a card where two do not fit: one gets it. */
+static int race(const char *self)
+{
+    int start[2], results[2], end[2];
+    if (pipe(start) || pipe(results) || pipe(end))
+        return 1;
+    char a1[16], a2[16], a3[16];
+    snprintf(a1, sizeof a1, "%d", start[0]);
+    snprintf(a2, sizeof a2, "%d", results[1]);
+    snprintf(a3, sizeof a3, "%d", end[0]);
+    pid_t pids[RACERS];
+    for (int i = 0; i < RACERS; i++)
+        if ((pids[i] = fork()) == 0) {
+            close(end[1]);
+            execl("/proc/self/exe", self, "racer", a1, a2, a3, (char *)NULL);
+            _exit(127);
+        }
+    for (int i = 0; i < RACERS; i++)
+        wait_byte(results[0]); /* every racer has its context */
+    char go[RACERS] = {0};
+    (void)!write(start[1], go, sizeof go);
+    int got = 0, refused = 0, other = 0;
+    for (int i = 0; i < RACERS; i++) {
+        char rc;
+        if (read(results[0], &rc, 1) != 1)
+            return 3;
+        got += rc == 0;
+        refused += rc == 2;
+        other += rc != 0 && rc != 2;
+    }
+    close(end[1]);
+    for (int i = 0; i < RACERS; i++)
+        waitpid(pids[i], NULL, 0);
+    printf("race %d processes for %llu bytes: got=%d out-of-memory=%d other=%d\n", RACERS,
+           RACE_BYTES, got, refused, other);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     alarm(60); /* a broken run ends instead of hanging the test */
+    if (argc == 2 && strcmp(argv[1], "race") == 0)
+        return race(argv[0]);
+    if (argc == 5 && strcmp(argv[1], "racer") == 0)
+        return racer(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && strcmp(argv[1], "a") == 0)
         process_a(atoi(argv[2]));
     if (argc == 5 && strcmp(argv[1], "b") == 0)

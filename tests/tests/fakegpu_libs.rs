@@ -1101,8 +1101,18 @@ launcher nvml-used=0
 ";
 
 fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, String) {
+    run_ledger_program(exe, &[], dir, ledger)
+}
+
+fn run_ledger_program(
+    exe: &Path,
+    args: &[&str],
+    dir: &Path,
+    ledger: Option<&Path>,
+) -> (String, String) {
     let mut command = Command::new(exe);
     command
+        .args(args)
         .env("LD_PRELOAD", shim())
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
@@ -1128,7 +1138,8 @@ fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, St
 /// the byte, B's allocation one byte past the card's free memory fails because of A's, NVML
 /// lists both processes with their bytes, and A killed by SIGKILL gives its bytes back (B
 /// then takes what failed before); a fork child of B takes a slot of its own, given back when it
-/// exits. A ledger path that does not exist is created, mode 0600.
+/// exits; of eight processes asking at once for more than half the card, one gets it. A
+/// ledger path that does not exist is created, mode 0600.
 /// Without the variable each process counts alone, as before; a ledger that cannot be used
 /// (missing folder, a directory, a file of another size, a zeroed one) gives one stderr line
 /// per process and the same per-process figures. `vramshim dryrun` makes the ledger itself:
@@ -1157,6 +1168,22 @@ fn one_device_ledger_is_shared_by_the_processes_of_a_machine() {
         assert_eq!(stdout, LEDGER_PAIR_ALONE, "CUDA {major}: {stderr}");
         assert_eq!(stderr, "");
     }
+
+    // Eight processes ask at once for 600,000,000 bytes of the 1 GiB card: one gets them
+    // (alone, each would). This shows the sum under concurrency, not the ledger's lock itself:
+    // without the lock the check-and-add window is too short for this race to hit (5/5 runs).
+    let dir = scratch("fakegpu-ledger-race");
+    let exe = build_program(&dir, "ledger_pair", 13);
+    let ledger = dir.join("ledger");
+    let race = |ledger: Option<&Path>| run_ledger_program(&exe, &["race"], &dir, ledger).0;
+    assert_eq!(
+        race(Some(&ledger)),
+        "race 8 processes for 600000000 bytes: got=1 out-of-memory=7 other=0\n"
+    );
+    assert_eq!(
+        race(None),
+        "race 8 processes for 600000000 bytes: got=8 out-of-memory=0 other=0\n"
+    );
 
     let dir = scratch("fakegpu-ledger-bad");
     let exe = build_program(&dir, "ledger_pair", 13);

@@ -49,7 +49,7 @@ struct ledger_slot {
 struct ledger_file {
     uint64_t magic;                   /* 0 */
     uint32_t version, slots;          /* 8, 12 */
-    uint32_t devices, reserved;       /* 16, 20 */
+    uint32_t devices, high;           /* 16, 20: high: slots ever taken (scans stop there) */
     uint64_t peak[FG_MAX_DEVICES];    /* 24: the most bytes in use at once, all processes */
     /* 536: charges no hook sees (a primary context, kernel code) refused for lack of memory:
      * the program gets an error no recorded allocation explains. */
@@ -69,8 +69,16 @@ static struct ledger_file *ledger; /* NULL: no ledger (unset, or it failed) */
 static int ledger_fd = -1;
 static pthread_once_t ledger_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t ledger_mutex = PTHREAD_MUTEX_INITIALIZER;
-static int my_slot = -1;    /* the slot this process holds, or -1 */
-static pid_t my_slot_pid;   /* the process that took it (a fork child has another pid) */
+/* The slot this process holds (-1: none yet) and the process that took it (a fork child has
+ * another pid). Written under the ledger lock; read without it through own_slot_now. */
+static int my_slot = -1;
+static pid_t my_slot_pid;
+
+static int own_slot_now(pid_t pid)
+{
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    return slot >= 0 && __atomic_load_n(&my_slot_pid, __ATOMIC_ACQUIRE) == pid ? slot : -1;
+}
 
 static void warn(const char *path, const char *what, int error)
 {
@@ -103,9 +111,20 @@ static void unlock_ledger(void)
     pthread_mutex_unlock(&ledger_mutex);
 }
 
+/* This process's pid, kept here (getpid is a system call): set when the ledger opens and in
+ * a fork child. */
+static pid_t this_pid;
+
+static pid_t current_pid(void) { return __atomic_load_n(&this_pid, __ATOMIC_RELAXED); }
+
 /* No thread is inside the ledger when a process forks, so the child's mutex is free. */
 static void before_fork(void) { pthread_mutex_lock(&ledger_mutex); }
-static void after_fork(void) { pthread_mutex_unlock(&ledger_mutex); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&ledger_mutex); }
+static void after_fork_child(void)
+{
+    __atomic_store_n(&this_pid, getpid(), __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ledger_mutex);
+}
 
 static void open_ledger(void)
 {
@@ -158,7 +177,8 @@ static void open_ledger(void)
         ledger_fd = -1;
         return;
     }
-    pthread_atfork(before_fork, after_fork, after_fork);
+    this_pid = getpid();
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     ledger = map;
 }
 
@@ -166,6 +186,13 @@ static bool active(void)
 {
     pthread_once(&ledger_once, open_ledger);
     return ledger != NULL;
+}
+
+/* Slots below this index may be taken; past it none ever was. */
+static int slots_taken(void)
+{
+    uint32_t high = __atomic_load_n(&ledger->high, __ATOMIC_ACQUIRE);
+    return high < LEDGER_SLOTS ? (int)high : LEDGER_SLOTS;
 }
 
 /* Clears slot I when its owner is gone (its lock free); true when it is. Ledger locked. */
@@ -183,17 +210,19 @@ static bool reclaim_if_dead(int i)
  * Ledger locked. */
 static int own_slot(void)
 {
-    pid_t pid = getpid();
-    if (my_slot >= 0 && my_slot_pid == pid)
+    pid_t pid = current_pid();
+    if (own_slot_now(pid) >= 0)
         return my_slot;
-    my_slot = -1; /* a fork child: the slot is the parent's */
+    __atomic_store_n(&my_slot, -1, __ATOMIC_RELEASE); /* a fork child: the parent's slot */
     for (int i = 0; i < LEDGER_SLOTS; i++)
         if (record_lock(F_SETLK, F_WRLCK, LOCK_SLOT(i)) == 0) {
             /* Free, or its owner gone: whatever it held is given back. */
             memset(ledger->slot[i].used, 0, sizeof ledger->slot[i].used);
             __atomic_store_n(&ledger->slot[i].pid, (int32_t)pid, __ATOMIC_RELEASE);
-            my_slot = i;
-            my_slot_pid = pid;
+            if ((uint32_t)i >= ledger->high)
+                __atomic_store_n(&ledger->high, (uint32_t)i + 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&my_slot_pid, pid, __ATOMIC_RELEASE);
+            __atomic_store_n(&my_slot, i, __ATOMIC_RELEASE);
             return i;
         }
     return -1;
@@ -202,15 +231,48 @@ static int own_slot(void)
 /* The machine's bytes in use on PHYSICAL, dead processes' slots cleared. Ledger locked. */
 static uint64_t machine_used(int physical)
 {
-    pid_t pid = getpid();
+    int mine = own_slot_now(current_pid());
     uint64_t total = 0;
-    for (int i = 0; i < LEDGER_SLOTS; i++) {
+    for (int i = 0, high = slots_taken(); i < high; i++) {
         struct ledger_slot *s = &ledger->slot[i];
         if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
             continue;
-        bool mine = i == my_slot && my_slot_pid == pid;
-        if (!mine && reclaim_if_dead(i))
+        if (i != mine && reclaim_if_dead(i))
             continue;
+        total += __atomic_load_n(&s->used[physical], __ATOMIC_RELAXED);
+    }
+    return total;
+}
+
+/* Whether slot I's owner still holds its lock, asked without taking it (F_GETLK), so that a
+ * reader does not make a charging process see the slot as held. */
+static bool slot_held(int i)
+{
+    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCK_SLOT(i),
+                         .l_len = 1};
+    int rc;
+    do
+        rc = fcntl(ledger_fd, F_GETLK, &lock);
+    while (rc == -1 && errno == EINTR);
+    return rc != 0 || lock.l_type != F_UNLCK;
+}
+
+/* The same without the ledger's lock (cuMemGetInfo runs at every recorded event under a dry
+ * run): one F_GETLK per other process; a dead process found, the locked count clears it. */
+static uint64_t machine_used_unlocked(int physical)
+{
+    int mine = own_slot_now(current_pid());
+    uint64_t total = 0;
+    for (int i = 0, high = slots_taken(); i < high; i++) {
+        struct ledger_slot *s = &ledger->slot[i];
+        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            continue;
+        if (i != mine && !slot_held(i)) {
+            lock_ledger();
+            total = machine_used(physical);
+            unlock_ledger();
+            return total;
+        }
         total += __atomic_load_n(&s->used[physical], __ATOMIC_RELAXED);
     }
     return total;
@@ -240,7 +302,7 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
                 ledger->peak[physical] = used + n;
             result = FG_LEDGER_CHARGED;
         } else if (unseen && ledger->unseen_refused[physical]++ == 0 && !ledger->refused_pid) {
-            ledger->refused_pid = (int32_t)getpid();
+            ledger->refused_pid = (int32_t)current_pid();
             ledger->refused_device = physical;
             ledger->refused_bytes = n;
             ledger->refused_used = used;
@@ -250,26 +312,24 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
     return result;
 }
 
+/* Only this process writes its slot while it runs (threads: atomically): no ledger lock. */
 void fg_ledger_uncharge(int physical, unsigned long long n)
 {
-    if (!active())
+    int mine = active() ? own_slot_now(current_pid()) : -1;
+    if (mine < 0)
         return;
-    lock_ledger();
-    if (my_slot >= 0 && my_slot_pid == getpid()) {
-        uint64_t *used = &ledger->slot[my_slot].used[physical];
-        uint64_t held = __atomic_load_n(used, __ATOMIC_RELAXED);
-        __atomic_store_n(used, held - (n < held ? n : held), __ATOMIC_RELAXED);
-    }
-    unlock_ledger();
+    uint64_t *used = &ledger->slot[mine].used[physical];
+    uint64_t held = __atomic_load_n(used, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(used, &held, held - (n < held ? n : held), true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
 }
 
 bool fg_ledger_used(int physical, unsigned long long *used)
 {
     if (!active())
         return false;
-    lock_ledger();
-    *used = machine_used(physical);
-    unlock_ledger();
+    *used = machine_used_unlocked(physical);
     return true;
 }
 
@@ -280,7 +340,7 @@ int fg_ledger_processes(int physical, int max, int32_t *pids, unsigned long long
     lock_ledger();
     machine_used(physical); /* clears the slots of processes gone */
     int count = 0;
-    for (int i = 0; i < LEDGER_SLOTS; i++) {
+    for (int i = 0, high = slots_taken(); i < high; i++) {
         struct ledger_slot *s = &ledger->slot[i];
         int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         uint64_t bytes = __atomic_load_n(&s->used[physical], __ATOMIC_RELAXED);
