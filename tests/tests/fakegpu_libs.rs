@@ -1353,4 +1353,197 @@ fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
             "{bad}"
         );
     }
+/// What `ledger_pair` prints with a device ledger on a 1 GiB card whose contexts take 1 MiB:
+/// B sees A's context and allocation (701,048,577 B) beside its own context, fails one byte
+/// past what is free, takes exactly what is free; NVML lists both processes; A killed by
+/// SIGKILL gives its bytes back at once; a fork child of B counts on top of B and gives its
+/// bytes back at its exit; nothing is in use after all are gone.
+const LEDGER_PAIR_SHARED: &str = "\
+a malloc 700000001 rc=0 used=701048577
+b info rc=0 total=1073741824 used=702097153 nvml-used=702097153
+b malloc free+1=371644672 rc=2
+b malloc free=371644671 rc=0 used=1073741824
+b nvml processes rc=0 count=2 a=701048577 b=372693247
+b free rc=0 used=702097153
+b malloc 400000000 rc=2
+launcher a ended by signal 9
+b after a killed used=1048576 nvml-used=1048576
+b malloc 400000000 rc=0 used=401048576
+b's fork child malloc 1000 rc=0 used=401049576
+b after its child exited used=401048576
+launcher b exited 0
+launcher nvml-used=0
+";
+
+/// The same program without a ledger (or with one the fakes cannot use): each process counts
+/// only its own memory, as before the ledger.
+const LEDGER_PAIR_ALONE: &str = "\
+a malloc 700000001 rc=0 used=701048577
+b info rc=0 total=1073741824 used=1048576 nvml-used=1048576
+b malloc free+1=1072693249 rc=2
+b malloc free=1072693248 rc=0 used=1073741824
+b nvml processes rc=0 count=1 b=1073741824
+b free rc=0 used=1048576
+b malloc 400000000 rc=0
+launcher a ended by signal 9
+b after a killed used=401048576 nvml-used=401048576
+b malloc 400000000 rc=0 used=801048576
+b's fork child malloc 1000 rc=0 used=801049576
+b after its child exited used=801048576
+launcher b exited 0
+launcher nvml-used=0
+";
+
+fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, String) {
+    run_ledger_program(exe, &[], dir, ledger)
+}
+
+fn run_ledger_program(
+    exe: &Path,
+    args: &[&str],
+    dir: &Path,
+    ledger: Option<&Path>,
+) -> (String, String) {
+    let mut command = Command::new(exe);
+    command
+        .args(args)
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", MIB.to_string())
+        .env_remove("VRAMSHIM_FAKEGPU_LEDGER")
+        .env_remove("VRAMSHIM_STACK");
+    if let Some(ledger) = ledger {
+        command.env("VRAMSHIM_FAKEGPU_LEDGER", ledger);
+    }
+    let output = command.output().expect("run ledger_pair");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// One device ledger across the processes of a simulated machine (`ledger_pair.c`: a launcher
+/// starts processes A and B, fresh executions, under the recorder), CUDA 13 and 12: with
+/// `VRAMSHIM_FAKEGPU_LEDGER` B's `cudaMemGetInfo` and NVML see A's context and allocation to
+/// the byte, B's allocation one byte past the card's free memory fails because of A's, NVML
+/// lists both processes with their bytes, and A killed by SIGKILL gives its bytes back (B
+/// then takes what failed before); a fork child of B takes a slot of its own, given back when it
+/// exits; of eight processes asking at once for more than half the card, one gets it. A
+/// ledger path that does not exist is created, mode 0600.
+/// Without the variable each process counts alone, as before; a ledger that cannot be used
+/// (missing folder, a directory, a file of another size, a zeroed one) gives one stderr line
+/// per process and the same per-process figures. `vramshim dryrun` makes the ledger itself:
+/// its verdict reads the failing request against the whole card (both 512 MiB contexts and
+/// A's allocation in use).
+#[test]
+fn one_device_ledger_is_shared_by_the_processes_of_a_machine() {
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-ledger-{major}"));
+        let exe = build_program(&dir, "ledger_pair", major);
+        let ledger = dir.join("ledger");
+        let (stdout, stderr) = run_ledger_pair(&exe, &dir, Some(&ledger));
+        assert_eq!(stdout, LEDGER_PAIR_SHARED, "CUDA {major}: {stderr}");
+        assert_eq!(stderr, "");
+        let meta = std::fs::metadata(&ledger).expect("the ledger was created");
+        assert_eq!(meta.len(), 1088 + 520 * 256);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o600
+        );
+        // The same file again: the dead processes' slots are taken back, nothing in use.
+        let (stdout, _) = run_ledger_pair(&exe, &dir, Some(&ledger));
+        assert_eq!(stdout, LEDGER_PAIR_SHARED, "CUDA {major}, second run");
+
+        let (stdout, stderr) = run_ledger_pair(&exe, &dir, None);
+        assert_eq!(stdout, LEDGER_PAIR_ALONE, "CUDA {major}: {stderr}");
+        assert_eq!(stderr, "");
+    }
+
+    // Eight processes ask at once for 600,000,000 bytes of the 1 GiB card: one gets them
+    // (alone, each would). This shows the sum under concurrency, not the ledger's lock itself:
+    // without the lock the check-and-add window is too short for this race to hit (5/5 runs).
+    let dir = scratch("fakegpu-ledger-race");
+    let exe = build_program(&dir, "ledger_pair", 13);
+    let ledger = dir.join("ledger");
+    let race = |ledger: Option<&Path>| run_ledger_program(&exe, &["race"], &dir, ledger).0;
+    assert_eq!(
+        race(Some(&ledger)),
+        "race 8 processes for 600000000 bytes: got=1 out-of-memory=7 other=0\n"
+    );
+    assert_eq!(
+        race(None),
+        "race 8 processes for 600000000 bytes: got=8 out-of-memory=0 other=0\n"
+    );
+
+    let dir = scratch("fakegpu-ledger-bad");
+    let exe = build_program(&dir, "ledger_pair", 13);
+    let short = dir.join("short");
+    std::fs::write(&short, b"not a ledger").expect("write");
+    let zeroed = dir.join("zeroed");
+    std::fs::write(&zeroed, vec![0u8; 1088 + 520 * 256]).expect("write");
+    let missing = dir.join("no-such-folder/ledger");
+    for (path, problem) in [
+        (&missing, "cannot open it: No such file or directory"),
+        (&dir, "cannot open it: Is a directory"),
+        (&short, "not a device ledger (wrong size)"),
+        (&zeroed, "not a device ledger (bad header)"),
+    ] {
+        let (stdout, stderr) = run_ledger_pair(&exe, &dir, Some(path));
+        assert_eq!(stdout, LEDGER_PAIR_ALONE, "{problem}: {stderr}");
+        // The launcher (through NVML), A and B: one line each.
+        let line = format!(
+            "vramshim fakegpu: VRAMSHIM_FAKEGPU_LEDGER=\"{}\": {problem}; this process counts only its own device memory\n",
+            path.display()
+        );
+        assert_eq!(stderr, line.repeat(3), "{problem}");
+    }
+    assert_eq!(std::fs::read(&short).expect("read"), b"not a ledger");
+
+    // Under dryrun (4 GiB; the custom card's context is 512 MiB): B's request of one byte more
+    // than was free fails with 1,773,741,825 B in use: both contexts and A's allocation.
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "4GiB", "--json", "-o"])
+        .arg(dir.join("%p.vlog"))
+        .arg("--")
+        .arg(&exe)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMSHIM_FAKEGPU_LEDGER")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    const CONTEXT: u64 = 512 * MIB;
+    let a_used = CONTEXT + 700_000_001;
+    let used = a_used + CONTEXT;
+    let free = (4u64 << 30) - used;
+    assert!(
+        stderr.contains(&format!(
+            "b info rc=0 total=4294967296 used={used} nvml-used={used}\n"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("b malloc free+1={} rc=2\n", free + 1)),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(v["fits"], false, "{v}");
+    assert_eq!(v["failure"]["api"], "cudaMalloc", "{v}");
+    assert_eq!(u64_of(&v["failure"], "request"), free + 1);
+    assert_eq!(u64_of(&v["failure"], "used"), used);
+    assert_eq!(u64_of(&v, "needed"), (4u64 << 30) + 1);
+    // B took every free byte: the card was full.
+    assert_eq!(u64_of(&v["devices"][0], "peak_used"), 4u64 << 30);
+    assert_eq!(v["unseen_refusal"], serde_json::Value::Null);
 }

@@ -2931,6 +2931,105 @@ fn a_cuda_tensor_crosses_processes_through_torch_multiprocessing() {
     }
 }
 
+/// `vramshim dryrun` of two processes sharing a card (`tests/python/torch_ipc.py`, torch 2.15:
+/// a producer and a `torch.multiprocessing` spawned consumer, both on device 0) counts both:
+/// the run's device ledger makes each process's `cudaMemGetInfo` the whole card's. The custom
+/// card's context is 512 MiB and the first kernel 92 MiB. On 1 GiB the producer holds 606 MiB
+/// (context, kernels, a 2 MiB segment) when the consumer asks for its own 512 MiB context: the
+/// card refuses (torch: "CUDA error: out of memory" in the consumer) and the verdict is DOES
+/// NOT FIT, needing 1,118 MiB. On 2 GiB it fits with 1,118 MiB used at the peak: two contexts,
+/// the kernels and the segment once (the consumer's opening charges nothing), which the
+/// consumer's own `torch.cuda.mem_get_info()` shows; after the consumer exits the producer
+/// sees its context given back. Before the ledger, 1 GiB said FITS at 514 MiB.
+#[test]
+fn dryrun_counts_every_process_on_a_shared_card() {
+    let Some(torch) = current() else { return };
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    const CONTEXT: u64 = 512 * MIB;
+    const KERNELS: u64 = 92 * MIB;
+    const SEGMENT: u64 = 2 * MIB;
+    let producer = CONTEXT + KERNELS + SEGMENT;
+    let both = producer + CONTEXT;
+    for (memory, gib) in [("1GiB", 1u64 << 30), ("2GiB", 2 << 30)] {
+        let dir = scratch(&format!("torch-dryrun-shared-{memory}"));
+        let output = Command::new(vramshim_tool())
+            .args(["dryrun", "--memory", memory, "--json", "-o"])
+            .arg(dir.join("%p.vlog"))
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/torch_ipc.py"))
+            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run vramshim dryrun");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // The producer exits 0 whatever became of the consumer.
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let v: Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        let result: Value = stderr
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .next_back()
+            .unwrap_or_else(|| panic!("no result line:\n{stderr}"));
+        let device = &v["devices"][0];
+        assert_eq!(v["failure"], Value::Null, "{v}");
+        assert_eq!(u64_of(&v, "needed"), both, "{v}");
+        assert_eq!(
+            result["producer_free_before"].as_u64(),
+            Some(gib - producer)
+        );
+        assert_eq!(result["producer_free_after"].as_u64(), Some(gib - producer));
+        if gib == 1 << 30 {
+            assert_eq!(v["fits"], false, "{v}");
+            assert_eq!(u64_of(device, "peak_used"), producer, "{v}");
+            let refusal = &v["unseen_refusal"];
+            assert_eq!(
+                (
+                    u64_of(refusal, "bytes"),
+                    u64_of(refusal, "used"),
+                    u64_of(refusal, "count"),
+                    i64_of(refusal, "device")
+                ),
+                (CONTEXT, producer, 1, 0),
+                "{v}"
+            );
+            // The consumer (no log: it never got a context) is not the producer.
+            let logs = v["logs"].as_array().expect("logs");
+            assert_eq!(logs.len(), 1, "{v}");
+            let producer_log = format!("/{}.vlog", i64_of(refusal, "pid"));
+            assert!(
+                !logs[0].as_str().unwrap_or("").ends_with(&producer_log),
+                "{v}"
+            );
+            assert!(
+                result["consumer"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("CUDA error: out of memory")),
+                "{result}"
+            );
+        } else {
+            assert_eq!(v["fits"], true, "{v}");
+            assert_eq!(u64_of(device, "peak_used"), both, "{v}");
+            assert_eq!(v["unseen_refusal"], Value::Null, "{v}");
+            assert_eq!(v["logs"].as_array().map(Vec::len), Some(2), "{v}");
+            assert_eq!(
+                result["consumer"]["free"].as_u64(),
+                Some(gib - both),
+                "{result}"
+            );
+            assert_eq!(result["consumer"]["allocated"].as_u64(), Some(0));
+            assert_eq!(result["exitcode"], 0);
+        }
+    }
+}
+
 fn tensor_crosses_processes(torch: &Torch, expandable: bool) {
     let version = torch.release.version;
     let dir = scratch(&format!("torch-ipc-{version}-{expandable}"));

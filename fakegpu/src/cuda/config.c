@@ -19,6 +19,9 @@
  *                                   MEMORY, SMS and NAME then describe (default: no MIG)
  *   VRAMSHIM_FAKEGPU_CARD_MEMORY    with MIG, the whole card's bytes, as NVML reports its GPU
  *                                   (default: MEMORY)
+ *   VRAMSHIM_FAKEGPU_LEDGER         a file every process of the machine shares as one device
+ *                                   ledger (read in ledger.c; unusable: one line, and the
+ *                                   process counts alone)
  * An invalid value: one stderr line and cuInit fails with CUDA_ERROR_INVALID_VALUE.
  * CUDA_VISIBLE_DEVICES then picks the devices the program sees, as the real driver does. */
 #include "driver.h"

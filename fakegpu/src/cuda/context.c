@@ -289,12 +289,10 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     struct fg_device *d = &fg_devices[dev];
     pthread_mutex_lock(&d->lock);
     if (d->primary_refs == 0 && !d->primary_charged) {
-        unsigned long long need = fg_config()->context_bytes;
-        if (need > fg_config()->memory - d->used) {
+        if (!fg_device_reserve_unseen(dev, fg_config()->context_bytes)) {
             pthread_mutex_unlock(&d->lock);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        d->used += need;
         d->primary_charged = true;
     }
     d->primary_refs++;
@@ -314,7 +312,7 @@ static CUresult primary_release(CUdevice dev)
     if (d->primary_refs == 0)
         rc = CUDA_ERROR_INVALID_CONTEXT;
     else if (--d->primary_refs == 0 && d->primary_charged) {
-        d->used -= fg_config()->context_bytes + d->loaded;
+        fg_device_release(dev, fg_config()->context_bytes + d->loaded);
         d->primary_charged = false;
         d->loaded = 0;
         d->loaded_count = 0;
@@ -522,12 +520,10 @@ CUresult fg_load_kernels(int dev, const char *name, unsigned long long bytes)
     for (int i = 0; i < d->loaded_count; i++)
         loaded |= strcmp(d->loaded_names[i], name) == 0;
     if (!loaded && bytes > 0) {
-        if (bytes > fg_config()->memory - d->used)
+        if (!fg_device_reserve_unseen(dev, bytes))
             rc = CUDA_ERROR_OUT_OF_MEMORY; /* the real driver's lazy load fails the same way */
-        else {
-            d->used += bytes;
+        else
             d->loaded += bytes;
-        }
     }
     if (!loaded && !rc && d->loaded_count < 8)
         snprintf(d->loaded_names[d->loaded_count++], sizeof d->loaded_names[0], "%s", name);

@@ -79,6 +79,30 @@ bool fg_valid_device(int dev);
 
 /* Charges / uncharges N bytes of device DEV; false when the device would be over capacity. */
 bool fg_charge(int dev, unsigned long long n);
+/* The same with fg_devices[DEV].lock held: the machine's ledger (when there is one) and this
+ * process's count. */
+bool fg_device_reserve(int dev, unsigned long long n);
+/* The same for memory no recorder hook sees (a context, kernel code): a refusal is noted in the
+ * ledger for the dry run's verdict. */
+bool fg_device_reserve_unseen(int dev, unsigned long long n);
+void fg_device_release(int dev, unsigned long long n);
+/* Bytes in use on DEV as cuMemGetInfo reports them (every process's with a ledger), lock held. */
+unsigned long long fg_device_used(int dev);
+
+/* The device ledger shared by the processes of one machine (ledger.c). Devices are the
+ * machine's (physical) ones. */
+enum { FG_LEDGER_OFF, FG_LEDGER_FULL, FG_LEDGER_CHARGED };
+/* Charges N bytes to this process when the machine's total stays within CAPACITY:
+ * FG_LEDGER_CHARGED, FG_LEDGER_FULL, or FG_LEDGER_OFF (no ledger: count alone). UNSEEN: no
+ * recorder hook sees this memory (a refusal is noted). */
+int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capacity,
+                     bool unseen);
+void fg_ledger_uncharge(int physical, unsigned long long n);
+/* The machine's bytes in use on PHYSICAL; false when there is no ledger. */
+bool fg_ledger_used(int physical, unsigned long long *used);
+/* The processes holding memory on PHYSICAL (up to MAX pids and their bytes); their number,
+ * or -1 when there is no ledger. */
+int fg_ledger_processes(int physical, int max, int32_t *pids, unsigned long long *used);
 /* Charges BYTES of kernel code for NAME ("" for the program's own kernels) on DEV, once per
  * primary context; CUDA_ERROR_OUT_OF_MEMORY when it does not fit. */
 CUresult fg_load_kernels(int dev, const char *name, unsigned long long bytes);

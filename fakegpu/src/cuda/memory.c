@@ -11,14 +11,47 @@
 
 struct fg_device fg_devices[FG_MAX_DEVICES];
 
+static bool reserve(int dev, unsigned long long n, bool unseen)
+{
+    struct fg_device *d = &fg_devices[dev];
+    unsigned long long capacity = fg_config()->memory;
+    switch (fg_ledger_charge(fg_config()->physical[dev], n, capacity, unseen)) {
+    case FG_LEDGER_FULL: return false;
+    case FG_LEDGER_CHARGED: break;
+    default:
+        if (n > capacity - d->used)
+            return false;
+    }
+    d->used += n;
+    return true;
+}
+
+bool fg_device_reserve(int dev, unsigned long long n) { return reserve(dev, n, false); }
+
+bool fg_device_reserve_unseen(int dev, unsigned long long n) { return reserve(dev, n, true); }
+
+void fg_device_release(int dev, unsigned long long n)
+{
+    struct fg_device *d = &fg_devices[dev];
+    if (n > d->used)
+        n = d->used;
+    d->used -= n;
+    fg_ledger_uncharge(fg_config()->physical[dev], n);
+}
+
+unsigned long long fg_device_used(int dev)
+{
+    unsigned long long used;
+    if (fg_ledger_used(fg_config()->physical[dev], &used))
+        return used;
+    return fg_devices[dev].used;
+}
+
 bool fg_charge(int dev, unsigned long long n)
 {
     struct fg_device *d = &fg_devices[dev];
-    bool ok;
     pthread_mutex_lock(&d->lock);
-    ok = n <= fg_config()->memory - d->used;
-    if (ok)
-        d->used += n;
+    bool ok = fg_device_reserve(dev, n);
     pthread_mutex_unlock(&d->lock);
     return ok;
 }
@@ -27,7 +60,7 @@ void fg_uncharge(int dev, unsigned long long n)
 {
     struct fg_device *d = &fg_devices[dev];
     pthread_mutex_lock(&d->lock);
-    d->used -= n < d->used ? n : d->used;
+    fg_device_release(dev, n);
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -418,8 +451,9 @@ FG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (!free_bytes || !total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fg_devices[dev].lock);
-    *total_bytes = fg_config()->memory;
-    *free_bytes = fg_config()->memory - fg_devices[dev].used;
+    unsigned long long used = fg_device_used(dev), capacity = fg_config()->memory;
+    *total_bytes = capacity;
+    *free_bytes = used < capacity ? capacity - used : 0;
     pthread_mutex_unlock(&fg_devices[dev].lock);
     return CUDA_SUCCESS;
 }

@@ -223,8 +223,8 @@ FG_EXPORT int vramshim_fakegpu_mig(char *profile, int profile_len, char *name, i
     return 1;
 }
 
-/* The bytes this process uses on the machine's device PHYSICAL (0 when it does not see it)
- * and its capacity. */
+/* The bytes in use on the machine's device PHYSICAL and its capacity: every process's with a
+ * device ledger (VRAMSHIM_FAKEGPU_LEDGER), else this process's (0 when it does not see it). */
 FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
                                              unsigned long long *total)
 {
@@ -233,6 +233,8 @@ FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *u
         return -1;
     *total = config->memory;
     *used = 0;
+    if (fg_ledger_used(physical, used))
+        return 0;
     if (!fg_initialized())
         return 0;
     for (int v = 0; v < config->count; v++)
@@ -242,4 +244,15 @@ FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *u
             pthread_mutex_unlock(&fg_devices[v].lock);
         }
     return 0;
+}
+
+/* The processes holding memory on the machine's device PHYSICAL, from the device ledger: up to
+ * MAX pids and their bytes, and their number; -1 without a ledger. */
+FG_EXPORT int vramshim_fakegpu_device_processes(int physical, int max, int *pids,
+                                                unsigned long long *used)
+{
+    const struct fg_config *config = fg_config();
+    if (physical < 0 || physical >= config->physical_count || max < 0 || (max && (!pids || !used)))
+        return -1;
+    return fg_ledger_processes(physical, max, pids, used);
 }

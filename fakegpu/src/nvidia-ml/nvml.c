@@ -1,9 +1,10 @@
 /* The fake NVML (libnvidia-ml.so.1): the devices of the fake driver, with memory figures from
- * its bookkeeping. This process is the only one on each device and holds everything in use
- * (PyTorch's out-of-memory message reads "this process has ... in use" from here). In MIG
- * mode (VRAMSHIM_FAKEGPU_MIG) each GPU has one MIG device, the driver's CUDA device: MIG
- * device handles (nvmlDeviceGetMigDeviceHandleByIndex) answer for it (its name, "MIG-" UUID,
- * memory), GPU handles for the whole card (its name and memory). */
+ * its bookkeeping. With a device ledger (VRAMSHIM_FAKEGPU_LEDGER) the figures are the machine's
+ * and each process holding memory is listed; without one this process is the only one on each
+ * device and holds everything in use (PyTorch's out-of-memory message reads "this process has
+ * ... in use" from here). In MIG mode (VRAMSHIM_FAKEGPU_MIG) each GPU has one MIG device, the
+ * driver's CUDA device: MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex) answer for it
+ * (its name, "MIG-" UUID, memory), GPU handles for the whole card (its name and memory). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
                                    unsigned long long *total);
 int vramshim_fakegpu_mig(char *profile, int profile_len, char *name, int len,
                          unsigned long long *card_memory);
+int vramshim_fakegpu_device_processes(int physical, int max, int *pids, unsigned long long *used);
 
 struct nvml_device {
     int index;
@@ -340,28 +342,38 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     return NVML_SUCCESS;
 }
 
-/* One process: this one, holding every byte in use on the device. ENTRY_SIZE is the size of
- * the caller's nvmlProcessInfo structure (16 bytes for v1, 24 for v2 and v3); pid and
- * usedGpuMemory are at offsets 0 and 8 in each. */
+/* The processes holding memory on DEVICE: from the device ledger, or this one holding every
+ * byte in use. ENTRY_SIZE is the size of the caller's nvmlProcessInfo structure (16 bytes for
+ * v1, 24 for v2 and v3); pid and usedGpuMemory are at offsets 0 and 8 in each. */
 static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *infos,
                               size_t entry_size)
 {
+    enum { MAX_LISTED = 256 };
+    static __thread int pids[MAX_LISTED];
+    static __thread unsigned long long bytes[MAX_LISTED];
     unsigned long long used, total;
     nvmlReturn_t rc = check_any(device);
     if (rc || !count)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    vramshim_fakegpu_device_memory(device->index, &used, &total);
-    unsigned wanted = used > 0 ? 1 : 0;
+    int listed = vramshim_fakegpu_device_processes(device->index, MAX_LISTED, pids, bytes);
+    if (listed < 0) {
+        vramshim_fakegpu_device_memory(device->index, &used, &total);
+        listed = used > 0 ? 1 : 0;
+        pids[0] = getpid();
+        bytes[0] = used;
+    } else if (listed > MAX_LISTED)
+        listed = MAX_LISTED;
+    unsigned wanted = (unsigned)listed;
     if (*count < wanted || (wanted && !infos)) {
         *count = wanted;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     *count = wanted;
-    if (wanted) {
-        unsigned char *entry = infos;
+    for (unsigned i = 0; i < wanted; i++) {
+        unsigned char *entry = (unsigned char *)infos + i * entry_size;
         memset(entry, 0, entry_size);
-        *(unsigned *)entry = (unsigned)getpid();
-        *(unsigned long long *)(entry + 8) = used;
+        *(unsigned *)entry = (unsigned)pids[i];
+        *(unsigned long long *)(entry + 8) = bytes[i];
         if (entry_size >= 24) {
             /* The GPU and compute instance ids: none without MIG; with it the one MIG
              * device's, numbered 0 here (a real GPU numbers instances by placement). */

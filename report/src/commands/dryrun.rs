@@ -22,7 +22,9 @@ use crate::commands::launch;
 use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
 use crate::gpus::{self, Gpu};
 use crate::python::{PYTHON_MODULE, StackView};
-use crate::render::dryrun::{self as render, DeviceVerdict, DryrunReport, FailureVerdict};
+use crate::render::dryrun::{
+    self as render, DeviceVerdict, DryrunReport, FailureVerdict, UnseenRefusal,
+};
 use crate::render::frames::Fold;
 use crate::render::oom::FailureView;
 use crate::render::whatif::Row;
@@ -174,7 +176,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     first.extend(fake_libraries(&lib)?);
     let (program, rest) = launch::split_command(&args.command)?;
 
-    let manifest = launch::Manifest::create()?;
+    let mut manifest = launch::Manifest::create()?;
+    // One device ledger for every process of the run: each sees the others' memory in
+    // cuMemGetInfo and NVML, and an allocation fails when the card as a whole is full.
+    let ledger = manifest.private_file("ledger")?;
     if let Some(output) = &args.output {
         launch::remove_stale_log(output);
     }
@@ -206,6 +211,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             gpu.module_bytes.to_string(),
         )
         .env("VRAMSHIM_FAKEGPU_NCCL_BYTES", gpu.nccl_bytes.to_string())
+        .env("VRAMSHIM_FAKEGPU_LEDGER", &ledger)
         .env(
             "VRAMSHIM_FAKEGPU_FABRIC",
             if gpu.fabric { "1" } else { "0" },
@@ -239,6 +245,8 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         command.stdout(Stdio::from(stderr));
     }
     let status = launch::spawn_and_wait(&mut command, program)?;
+    // Read before the manifest (and the ledger beside it) goes.
+    let ledger_end = read_ledger(&ledger);
     let logs: Vec<PathBuf> = manifest
         .logs()
         .into_iter()
@@ -252,18 +260,25 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .collect();
     // The program's own CUDA_VISIBLE_DEVICES picks among the simulated cards, as on a node.
     let mig = args.mig.is_some();
-    let visible = visible_devices(
+    let mut visible_list = visible_device_list(
         args.gpus,
         std::env::var_os("CUDA_VISIBLE_DEVICES")
             .map(|v| v.to_string_lossy().into_owned())
             .as_deref(),
         mig,
     );
+    let visible = visible_list.as_ref().map(|list| list.len() as u32);
     // A process enumerates one MIG device at most (the first card's when nothing is named).
     let seen = visible.unwrap_or(if mig { args.gpus.min(1) } else { args.gpus });
+    if mig && visible_list.is_none() {
+        visible_list = Some((0..seen).collect());
+    }
+    let machine = ledger_end
+        .map(|end| end.as_seen(args.gpus, visible_list.as_deref()))
+        .unwrap_or_default();
     match verdict(
         &gpu,
-        (args.gpus, visible, seen),
+        (args.gpus, visible, seen, machine),
         &command_line,
         status,
         &logs,
@@ -279,7 +294,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Reads the logs and prints the verdict.
 fn verdict(
     gpu: &Gpu,
-    (count, visible, seen): (u32, Option<u32>, u32),
+    // The machine: its cards, how many the program names and sees, and what its device ledger
+    // said.
+    (count, visible, seen, machine): (u32, Option<u32>, u32, MachineSeen),
     command: &[String],
     status: ExitStatus,
     logs: &[PathBuf],
@@ -331,10 +348,22 @@ fn verdict(
                 .filter_map(|f| f.mem_info.map(|(free, total)| total.saturating_sub(free)))
                 .max();
             let peak_recorded = peak.map_or(0, |p| p.bytes);
+            // With the device ledger each sample's `used` is the whole card's (every process),
+            // and `tracked` every recorded process's live bytes at that moment of the merged
+            // timeline: `untracked` is then the sum of the contexts and kernel code of the
+            // processes alive then. The ledger's own peak is exact where samples miss (memory
+            // taken after a process's last event).
+            let machine_peak = machine
+                .peaks
+                .iter()
+                .find(|(d, _)| *d == device)
+                .map(|(_, bytes)| *bytes)
+                .filter(|&bytes| bytes > 0);
             let peak_used = [
                 untracked.map(|u| peak_recorded + u),
                 sampled_used,
                 failure_used,
+                machine_peak,
             ]
             .into_iter()
             .flatten()
@@ -410,6 +439,11 @@ fn verdict(
             .max()
             .unwrap_or(0),
     };
+    // A process refused its context or kernel code needed that much more than was in use.
+    let needed = match &machine.refusal {
+        Some(r) => needed.max(r.used + r.bytes),
+        None => needed,
+    };
     let beyond_context = needed.saturating_sub(gpu.context_bytes);
     let smallest = gpus::presets()
         .into_iter()
@@ -451,6 +485,7 @@ fn verdict(
         processes,
         devices: device_verdicts,
         failure,
+        unseen_refusal: machine.refusal,
         recovered,
         needed,
         smallest,
@@ -565,13 +600,13 @@ fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
         .cloned()
 }
 
-/// How many of the machine's `count` cards a program sees under `CUDA_VISIBLE_DEVICES`, read as
-/// the fake driver (and the real one) reads it: `None` when the variable is unset; indices
-/// (`"1gpu"` is 1) or `GPU-` UUIDs and unique prefixes of the fakes' UUIDs, the first entry
-/// that is not a device ending the list; a device named twice or an ambiguous prefix: none.
-/// With `mig` (every card in MIG mode) `MIG-` UUIDs name the cards' MIG devices too, and the
-/// program sees the first device named only (CUDA enumerates one MIG device).
-pub fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32> {
+/// The machine's cards a program sees under `CUDA_VISIBLE_DEVICES`, in the program's order,
+/// read as the fake driver (and the real one) reads it: `None` when the variable is unset;
+/// indices (`"1gpu"` is 1) or `GPU-` UUIDs and unique prefixes of the fakes' UUIDs, the first
+/// entry that is not a device ending the list; a device named twice or an ambiguous prefix:
+/// none. With `mig` (every card in MIG mode) `MIG-` UUIDs name the cards' MIG devices too, and
+/// the program sees the first device named only (CUDA enumerates one MIG device).
+fn visible_device_list(count: u32, value: Option<&str>, mig: bool) -> Option<Vec<u32>> {
     let value = value?;
     let first = value.trim_start_matches([' ', '\t']);
     let uuids = first.starts_with("GPU-") || first.starts_with("MIG-");
@@ -594,7 +629,7 @@ pub fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32
                     .filter(|d| format!("{prefix}-0000-0000000000{d:02x}").starts_with(&entry))
                     .collect();
                 if matches.len() > 1 {
-                    return Some(0);
+                    return Some(Vec::new());
                 }
                 matches.first().copied()
             }
@@ -605,19 +640,98 @@ pub fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32
         };
         let Some(device) = device else { break };
         if seen.contains(&device) {
-            return Some(0);
+            return Some(Vec::new());
         }
         seen.push(device);
         if mig {
             break;
         }
     }
-    Some(seen.len() as u32)
+    Some(seen)
+}
+
+/// The fakes' device ledger (`VRAMSHIM_FAKEGPU_LEDGER`, laid out in
+/// `fakegpu/src/cuda/ledger.c`, version 1) at the end of the run: per machine device the most
+/// bytes in use at once over every process, and charges no hook sees (a context, kernel code)
+/// refused for lack of room, with the first of them.
+struct LedgerEnd {
+    peak: Vec<u64>,
+    unseen_refused: Vec<u64>,
+    /// Process, machine device, bytes asked, bytes in use then.
+    first_refusal: Option<(i32, u32, u64, u64)>,
+}
+
+const LEDGER_MAGIC: u64 = 0x3172_6764_7264_6c66;
+const LEDGER_DEVICES: usize = 64;
+const LEDGER_SIZE: usize = 1088 + 520 * 256;
+
+/// `None` when no process laid the ledger out (no CUDA call), or it is not one.
+fn read_ledger(path: &Path) -> Option<LedgerEnd> {
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.len() != LEDGER_SIZE {
+        return None;
+    }
+    let u64_at = |at: usize| -> u64 {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_ne_bytes(word)
+    };
+    let u32_at = |at: usize| -> u32 {
+        let mut word = [0u8; 4];
+        word.copy_from_slice(&bytes[at..at + 4]);
+        u32::from_ne_bytes(word)
+    };
+    if u64_at(0) != LEDGER_MAGIC || u32_at(8) != 1 || u32_at(16) != LEDGER_DEVICES as u32 {
+        return None;
+    }
+    let pid = u32_at(1048) as i32;
+    Some(LedgerEnd {
+        peak: (0..LEDGER_DEVICES).map(|d| u64_at(24 + 8 * d)).collect(),
+        unseen_refused: (0..LEDGER_DEVICES).map(|d| u64_at(536 + 8 * d)).collect(),
+        first_refusal: (pid != 0).then(|| (pid, u32_at(1052), u64_at(1056), u64_at(1064))),
+    })
+}
+
+/// The ledger's figures by device as the program numbers them.
+#[derive(Default)]
+struct MachineSeen {
+    peaks: Vec<(i32, u64)>,
+    refusal: Option<UnseenRefusal>,
+}
+
+impl LedgerEnd {
+    /// VISIBLE: the machine's cards in the program's order (`None`: all, in order).
+    fn as_seen(&self, count: u32, visible: Option<&[u32]>) -> MachineSeen {
+        let all: Vec<u32> = (0..count).collect();
+        let order = visible.unwrap_or(&all);
+        let program_device =
+            |physical: u32| order.iter().position(|&p| p == physical).map(|v| v as i32);
+        MachineSeen {
+            peaks: order
+                .iter()
+                .enumerate()
+                .filter_map(|(v, &p)| Some((v as i32, *self.peak.get(p as usize)?)))
+                .collect(),
+            refusal: self
+                .first_refusal
+                .map(|(pid, physical, bytes, used)| UnseenRefusal {
+                    pid,
+                    device: program_device(physical).unwrap_or(-1),
+                    bytes,
+                    used,
+                    count: self.unseen_refused.iter().sum(),
+                }),
+        }
+    }
 }
 
 #[cfg(test)]
 mod visible_tests {
-    use super::visible_devices;
+    use super::visible_device_list;
+
+    fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32> {
+        visible_device_list(count, value, mig).map(|list| list.len() as u32)
+    }
 
     #[test]
     fn visible_devices_are_read_as_the_driver_reads_them() {
@@ -666,5 +780,12 @@ mod visible_tests {
             );
         }
         assert_eq!(visible_devices(4, Some(&mig(1)), false), Some(0));
+        // The order is the program's: its device 0 is the machine's card 2.
+        assert_eq!(visible_device_list(4, Some("2,0"), false), Some(vec![2, 0]));
+        assert_eq!(
+            visible_device_list(4, Some(&format!("{},{}", uuid(3), uuid(1))), false),
+            Some(vec![3, 1])
+        );
+        assert_eq!(visible_device_list(4, Some(&mig(2)), true), Some(vec![2]));
     }
 }

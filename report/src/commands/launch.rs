@@ -134,6 +134,8 @@ pub struct Manifest {
     path: PathBuf,
     /// Kept open: read back through this handle, whatever happens to the name meanwhile.
     file: std::fs::File,
+    /// Other files made in `dir` (`private_file`), removed with it.
+    others: Vec<PathBuf>,
 }
 
 impl Manifest {
@@ -164,7 +166,26 @@ impl Manifest {
                 let _ = std::fs::remove_dir(&dir);
                 Failure::input(format!("cannot create {}: {err}", path.display()))
             })?;
-        Ok(Manifest { dir, path, file })
+        Ok(Manifest {
+            dir,
+            path,
+            file,
+            others: Vec::new(),
+        })
+    }
+
+    /// A new empty file NAME (mode 0600) in the manifest's private directory, removed with it.
+    pub fn private_file(&mut self, name: &str) -> Result<PathBuf, Failure> {
+        let path = self.dir.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|err| Failure::input(format!("cannot create {}: {err}", path.display())))?;
+        self.others.push(path.clone());
+        Ok(path)
     }
 
     /// Where the recorder appends (`VRAMSHIM_MANIFEST`).
@@ -187,6 +208,9 @@ impl Manifest {
 
 impl Drop for Manifest {
     fn drop(&mut self) {
+        for other in &self.others {
+            let _ = std::fs::remove_file(other);
+        }
         let _ = std::fs::remove_file(&self.path);
         let _ = std::fs::remove_dir(&self.dir);
     }

@@ -68,6 +68,20 @@ pub struct FailureVerdict<'a> {
     pub needed: u64,
 }
 
+/// Memory no hook sees (a process's CUDA context, kernel code) that the simulated card
+/// refused for lack of room, from the fakes' device ledger: the program got an error that no
+/// recorded allocation explains.
+pub struct UnseenRefusal {
+    /// The first refusal's process, device (as the program numbers it), bytes asked, and the
+    /// bytes every process on the card had in use then.
+    pub pid: i32,
+    pub device: i32,
+    pub bytes: u64,
+    pub used: u64,
+    /// Refusals of this kind on every device.
+    pub count: u64,
+}
+
 pub struct DryrunReport<'a> {
     pub gpu: &'a Gpu,
     pub count: u32,
@@ -79,6 +93,7 @@ pub struct DryrunReport<'a> {
     pub processes: &'a [Process],
     pub devices: Vec<DeviceVerdict>,
     pub failure: Option<FailureVerdict<'a>>,
+    pub unseen_refusal: Option<UnseenRefusal>,
     /// Failed allocations that PyTorch's release-and-retry recovered.
     pub recovered: u64,
     /// Device memory the job needs at least, on the simulated card.
@@ -93,7 +108,7 @@ pub struct DryrunReport<'a> {
 
 impl DryrunReport<'_> {
     pub fn fits(&self) -> bool {
-        self.failure.is_none()
+        self.failure.is_none() && self.unseen_refusal.is_none()
     }
 
     fn report_command(&self) -> Option<String> {
@@ -221,6 +236,13 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
             "failures": d.failures,
         })).collect::<Vec<_>>(),
         "failure": failure,
+        "unseen_refusal": report.unseen_refusal.as_ref().map(|r| json!({
+            "pid": r.pid,
+            "device": r.device,
+            "bytes": r.bytes,
+            "used": r.used,
+            "count": r.count,
+        })),
         "recovered_failures": report.recovered,
         "needed": report.needed,
         "smallest_fitting_gpu": report.smallest.as_ref().map(gpu_json),
@@ -319,6 +341,18 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
             out,
             "  {} failed allocation(s) recovered after releasing cached memory (PyTorch's retry)",
             report.recovered
+        )?;
+    }
+    if let Some(r) = &report.unseen_refusal {
+        writeln!(
+            out,
+            "  process {} could not get {} for its CUDA context or kernel code on {}: {} of {} was in use by the processes on the card ({} such refusal(s); no recorded call failed)",
+            r.pid,
+            bytes(r.bytes),
+            device_name(r.device),
+            bytes(r.used),
+            bytes(report.gpu.memory),
+            r.count
         )?;
     }
     if let Some(verdict) = &report.failure {
