@@ -1353,6 +1353,8 @@ fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
             "{bad}"
         );
     }
+}
+
 /// What `ledger_pair` prints with a device ledger on a 1 GiB card whose contexts take 1 MiB:
 /// B sees A's context and allocation (701,048,577 B) beside its own context, fails one byte
 /// past what is free, takes exactly what is free; NVML lists both processes; A killed by
