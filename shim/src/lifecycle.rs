@@ -57,6 +57,7 @@ pub fn start() -> bool {
             Mode::Ring => "ring".to_owned(),
         },
         recorder: env!("CARGO_PKG_VERSION").to_owned(),
+        time_resolution_ns: config.time_resolution_ns,
     };
     let ring_events = (config.mode == Mode::Ring).then_some(config.ring_events);
     let output = match create_log(

@@ -175,7 +175,10 @@ pub fn open_log(
         start_mono_ns,
         written: header.len() as u64,
         out: Vec::with_capacity(CHUNK_BYTES + 2 * RECORD_HEADROOM),
-        chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM),
+        // Times are rounded to the resolution only as they are encoded: the merge of the
+        // threads' rings (`flush_locked`) orders them at full resolution.
+        chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM)
+            .with_time_resolution(crate::process::config().time_resolution_ns),
         batch: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
         crashing: false,
