@@ -113,9 +113,10 @@ pub fn start() -> bool {
 }
 
 fn writer_loop(interval: Duration) {
-    // Wakes every interval, or early when a producer's ring is half full.
+    // Wakes every interval, or early when a producer's ring is half full or a chunk left open
+    // is due.
     loop {
-        std::thread::park_timeout(interval);
+        std::thread::park_timeout(writer::next_wait(interval));
         if STATE.load(Ordering::Acquire) == OFF {
             return;
         }

@@ -256,3 +256,57 @@ fn a_bad_time_resolution_warns_once_and_records_nanoseconds() {
         assert!(has_nanoseconds(&dump), "{bad}");
     }
 }
+
+/// The chunks of a log file: (offset, whole length), walked from the header's length.
+fn chunk_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let mut at = 20 + word(12);
+    let mut spans = Vec::new();
+    while at + 12 <= bytes.len() {
+        let len = 12 + word(at + 4);
+        spans.push((at, len));
+        at += len;
+    }
+    assert_eq!(at, bytes.len(), "the log ends inside a chunk");
+    spans
+}
+
+#[test]
+fn a_busy_loop_s_drains_share_chunks() {
+    // 400,000 events from one thread: its 8192-event buffer is drained about every 4096
+    // events (about 98 drains). Each drain of 1024 events or more leaves the chunk open for
+    // half the flush interval (here 5 s), so chunks close at their 256 KiB instead.
+    const PAIRS: usize = 200_000;
+    let run = run_under_shim(
+        "time-res-busy",
+        "bench",
+        &["1", &PAIRS.to_string(), "8"],
+        &[
+            ("FAKECUDA_MEM", "unlimited"),
+            ("VRAMSHIM_STACK", "native"),
+            ("VRAMSHIM_FLUSH_MS", "10000"),
+            ("VRAMSHIM_TIME_RESOLUTION", "10ms"),
+        ],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let log = run.log();
+    let bytes = std::fs::read(&log).expect("log");
+    let spans = chunk_spans(&bytes);
+    // About 2 bytes an event before compression (a repeat tag and a zero time delta): 800 KB
+    // in chunks of 256 KiB, plus the definitions' and the exit record's own chunks.
+    assert!(
+        (3..=8).contains(&spans.len()),
+        "{} chunks: {spans:?}",
+        spans.len()
+    );
+    let dump = dump(&log);
+    check_rounded(&dump, MS10);
+    let events = events(&dump);
+    assert_eq!(events.len(), 2 * PAIRS);
+    assert!(
+        events
+            .chunks(2)
+            .all(|pair| pair[0]["event"] == "alloc" && pair[1]["event"] == "free"),
+        "alloc/free pairs in order"
+    );
+}
