@@ -731,6 +731,7 @@ fn generate(options: &Options) -> std::io::Result<Synth<BufWriter<File>>> {
         stack_mode: "native".to_owned(),
         mode: "stream".to_owned(),
         recorder: "synth".to_owned(),
+        time_resolution_ns: 1,
     };
     let mut file = BufWriter::with_capacity(1 << 20, File::create(&options.output)?);
     let header_bytes = header.encode();

@@ -59,7 +59,7 @@ pub const RECORDED_ENV: [&str; 4] = [
 ];
 
 /// Who wrote the log and under which settings.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
     pub version: u32,
     pub pid: u32,
@@ -80,6 +80,31 @@ pub struct Header {
     pub mode: String,
     /// Version of the recorder that wrote the log.
     pub recorder: String,
+    /// Resolution of every time in the log, in nanoseconds (`VRAMSHIM_TIME_RESOLUTION`): the
+    /// recorder wrote each time rounded down to a multiple of it. 1 (the default) is full
+    /// resolution; logs written before the field existed have it.
+    pub time_resolution_ns: u64,
+}
+
+impl Default for Header {
+    /// Every field empty, times at full resolution.
+    fn default() -> Header {
+        Header {
+            version: 0,
+            pid: 0,
+            ppid: 0,
+            argv: Vec::new(),
+            start_unix_ns: 0,
+            start_mono_ns: 0,
+            hostname: String::new(),
+            env: Vec::new(),
+            apis: Vec::new(),
+            stack_mode: String::new(),
+            mode: String::new(),
+            recorder: String::new(),
+            time_resolution_ns: 1,
+        }
+    }
 }
 
 impl Header {
@@ -129,6 +154,8 @@ impl Header {
         put_bytes(&mut body, self.stack_mode.as_bytes());
         put_bytes(&mut body, self.mode.as_bytes());
         put_bytes(&mut body, self.recorder.as_bytes());
+        // Appended after the fields of the first version: older readers ignore it.
+        put_u64(&mut body, self.time_resolution_ns);
 
         let mut out = Vec::with_capacity(body.len() + 20);
         out.extend_from_slice(MAGIC);
@@ -169,6 +196,15 @@ impl Header {
         let stack_mode = cursor.string()?;
         let mode = cursor.string()?;
         let recorder = cursor.string()?;
+        // Appended fields, each absent from logs written before it existed.
+        let time_resolution_ns = if cursor.is_empty() {
+            1
+        } else {
+            match cursor.u64()? {
+                0 => return Err(DecodeError("time resolution of 0 ns")),
+                ns => ns,
+            }
+        };
         // Later versions may append fields: anything after this point is ignored.
         Ok(Header {
             version,
@@ -183,6 +219,7 @@ impl Header {
             stack_mode,
             mode,
             recorder,
+            time_resolution_ns,
         })
     }
 }
@@ -216,6 +253,14 @@ impl ChunkBuilder {
             payload: Vec::with_capacity(bytes),
             ..Self::default()
         }
+    }
+
+    /// A builder that writes every time rounded down to a multiple of `ns` nanoseconds (the
+    /// header's `time_resolution_ns`; 1: full resolution). Records keep the order they are
+    /// pushed in.
+    pub fn with_time_resolution(mut self, ns: u64) -> Self {
+        self.delta = DeltaState::with_time_resolution(ns);
+        self
     }
 
     /// Appends one record.
@@ -285,7 +330,7 @@ impl ChunkBuilder {
 
     fn reset(&mut self) {
         self.payload.clear();
-        self.delta = DeltaState::default();
+        self.delta = self.delta.restarted();
         self.records = 0;
     }
 }

@@ -357,16 +357,43 @@ pub struct DeltaState {
     recent: [Event; RECENT],
     recent_filled: u8,
     recent_next: u8,
+    /// Encoding only: times are written rounded down to a multiple of this many nanoseconds
+    /// (0 or 1: as they are). Rounding down keeps times in the order they came.
+    time_step_ns: u64,
 }
 
 impl DeltaState {
+    /// A state whose encoder writes times rounded down to a multiple of `ns` nanoseconds
+    /// (the log header's `time_resolution_ns`).
+    pub fn with_time_resolution(ns: u64) -> DeltaState {
+        DeltaState {
+            time_step_ns: ns,
+            ..DeltaState::default()
+        }
+    }
+
+    /// The state at the start of a new chunk, with the same time resolution.
+    pub(crate) fn restarted(&self) -> DeltaState {
+        DeltaState::with_time_resolution(self.time_step_ns)
+    }
+
+    /// `t_ns` as written: rounded down to the time resolution.
+    #[inline]
+    fn time(&self, t_ns: u64) -> u64 {
+        if self.time_step_ns > 1 {
+            t_ns - t_ns % self.time_step_ns
+        } else {
+            t_ns
+        }
+    }
+
     /// Appends `record` to `out`.
     pub fn encode(&mut self, record: &Record, out: &mut Vec<u8>) {
         match record {
             Record::Event(event) => self.encode_event(event, out),
             Record::MemInfo(info) => {
                 out.push(TAG_MEM_INFO);
-                put_u64(out, info.t_ns);
+                put_u64(out, self.time(info.t_ns));
                 put_i64(out, i64::from(info.device));
                 put_u64(out, info.free);
                 put_u64(out, info.total);
@@ -418,27 +445,27 @@ impl DeltaState {
             }
             Record::Dropped(dropped) => {
                 out.push(TAG_DROPPED);
-                put_u64(out, dropped.t_ns);
+                put_u64(out, self.time(dropped.t_ns));
                 put_u64(out, dropped.count);
             }
             Record::Note(note) => {
                 out.push(TAG_NOTE);
-                put_u64(out, note.t_ns);
+                put_u64(out, self.time(note.t_ns));
                 put_bytes(out, note.text.as_bytes());
             }
             Record::Mark(mark) => {
                 out.push(TAG_MARK);
-                put_u64(out, mark.t_ns);
+                put_u64(out, self.time(mark.t_ns));
                 put_u64(out, u64::from(mark.thread));
                 put_bytes(out, mark.text.as_bytes());
             }
             Record::Exit(exit) => {
                 out.push(TAG_EXIT);
-                put_u64(out, exit.t_ns);
+                put_u64(out, self.time(exit.t_ns));
             }
             Record::DumpBegin(dump) => {
                 out.push(TAG_DUMP_BEGIN);
-                put_u64(out, dump.t_ns);
+                put_u64(out, self.time(dump.t_ns));
                 put_bytes(out, dump.reason.as_bytes());
                 put_u64(out, dump.events_discarded);
                 put_u64(out, dump.live_count);
@@ -457,14 +484,16 @@ impl DeltaState {
     }
 
     fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
+        let t_ns = self.time(event.t_ns);
         let filled = usize::from(self.recent_filled);
         if let Some(slot) = self.recent[..filled]
             .iter()
             .position(|recent| same_but_time(recent, event))
         {
             out.push(TAG_REPEAT + slot as u8);
-            put_i64(out, event.t_ns.wrapping_sub(self.t_ns) as i64);
+            put_i64(out, t_ns.wrapping_sub(self.t_ns) as i64);
             self.follow(event);
+            self.t_ns = t_ns;
             return;
         }
         self.remember(event);
@@ -496,7 +525,7 @@ impl DeltaState {
         out.push(TAG_EVENT + event.kind as u8);
         out.push(flags);
         put_u64(out, u64::from(event.api));
-        put_i64(out, event.t_ns.wrapping_sub(self.t_ns) as i64);
+        put_i64(out, t_ns.wrapping_sub(self.t_ns) as i64);
         if flags & F_THREAD != 0 {
             put_u64(out, u64::from(event.thread));
         }
@@ -526,7 +555,7 @@ impl DeltaState {
         if flags & F_STACK != 0 {
             put_u64(out, u64::from(event.stack));
         }
-        self.t_ns = event.t_ns;
+        self.t_ns = t_ns;
         self.thread = event.thread;
         self.device = event.device;
     }

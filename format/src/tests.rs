@@ -17,6 +17,7 @@ fn header() -> Header {
         stack_mode: "native".into(),
         mode: "stream".into(),
         recorder: "0.1.0".into(),
+        time_resolution_ns: 1,
     }
 }
 
@@ -476,4 +477,115 @@ fn damaged_chunk_length_loses_only_that_chunk() {
         };
         assert_eq!(skipped as usize, second_len, "length {wrong}");
     }
+}
+
+/// `record` with every time rounded down to a multiple of `ns`.
+fn rounded(record: &Record, ns: u64) -> Record {
+    let round = |t: u64| t - t % ns;
+    let mut record = record.clone();
+    match &mut record {
+        Record::Event(Event { t_ns, .. })
+        | Record::MemInfo(MemInfo { t_ns, .. })
+        | Record::Dropped(Dropped { t_ns, .. })
+        | Record::Note(Note { t_ns, .. })
+        | Record::Mark(Mark { t_ns, .. })
+        | Record::DumpBegin(DumpBegin { t_ns, .. })
+        | Record::Exit(Exit { t_ns }) => *t_ns = round(*t_ns),
+        Record::ThreadName(_) | Record::Stack(_) | Record::Module(_) | Record::Code(_) => {}
+    }
+    record
+}
+
+#[test]
+fn a_time_resolution_rounds_every_time_down_and_keeps_the_order() {
+    let records = sample_records();
+    for ns in [1_000, 10_000_000] {
+        let mut bytes = Header {
+            time_resolution_ns: ns,
+            ..header()
+        }
+        .encode();
+        let mut chunk = ChunkBuilder::new().with_time_resolution(ns);
+        for (i, record) in records.iter().enumerate() {
+            chunk.push(record);
+            // Plain and compressed chunks, so that the resolution outlives a chunk's end.
+            match i % 100 {
+                49 => chunk.finish_into(&mut bytes),
+                99 => chunk.finish_compressed_into(&mut bytes),
+                _ => {}
+            }
+        }
+        chunk.finish_compressed_into(&mut bytes);
+        let reader = LogReader::new(&bytes[..]).unwrap();
+        assert_eq!(reader.header().time_resolution_ns, ns);
+        let (decoded, damage) = read_all(&bytes);
+        assert!(damage.is_empty(), "{damage:?}");
+        let expected: Vec<Record> = records.iter().map(|r| rounded(r, ns)).collect();
+        assert_eq!(decoded, expected, "resolution {ns} ns");
+        // The sample has times that are no multiple of either resolution.
+        assert_ne!(decoded, records);
+    }
+}
+
+#[test]
+fn repeated_events_at_a_coarse_resolution_cost_two_bytes() {
+    // One buffer allocated and freed every 150 ns: at 10 ms, every time delta after the first
+    // two events is 0, so a repeat is its tag and a zero byte.
+    let events: Vec<Record> = (0..10_000u64)
+        .map(|i| {
+            Record::Event(Event {
+                kind: if i % 2 == 0 {
+                    EventKind::Alloc
+                } else {
+                    EventKind::Free
+                },
+                api: 1,
+                t_ns: 1_000 + 150 * i,
+                thread: 7,
+                addr: 0x7000,
+                size: if i % 2 == 0 { 4096 } else { 0 },
+                ..Event::default()
+            })
+        })
+        .collect();
+    let mut payload = Vec::new();
+    let mut delta = DeltaState::with_time_resolution(10_000_000);
+    for record in &events[..2] {
+        delta.encode(record, &mut payload);
+    }
+    let first_two = payload.len();
+    for record in &events[2..] {
+        delta.encode(record, &mut payload);
+    }
+    assert_eq!(payload.len() - first_two, 2 * (events.len() - 2));
+}
+
+#[test]
+fn a_header_without_a_time_resolution_reads_as_full_resolution() {
+    // A header as recorders before the field wrote it: the same body without its last varint.
+    let with_field = header().encode();
+    let body = &with_field[20..with_field.len() - 1];
+    assert_eq!(
+        with_field[with_field.len() - 1],
+        1,
+        "resolution 1 ns is one byte"
+    );
+    let mut old = MAGIC.to_vec();
+    old.extend_from_slice(&3u32.to_le_bytes());
+    old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    old.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    old.extend_from_slice(body);
+    let reader = LogReader::new(&old[..]).unwrap();
+    assert_eq!(reader.header(), &header());
+    assert_eq!(reader.header().time_resolution_ns, 1);
+    // A resolution of 0 ns is refused, never divided by.
+    let zero = Header {
+        time_resolution_ns: 0,
+        ..header()
+    }
+    .encode();
+    assert!(matches!(
+        LogReader::new(&zero[..]),
+        Err(OpenError::BadHeader(_))
+    ));
 }

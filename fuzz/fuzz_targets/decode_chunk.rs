@@ -23,6 +23,7 @@ fn header() -> Header {
         stack_mode: "native".into(),
         mode: "stream".into(),
         recorder: "fuzz".into(),
+        time_resolution_ns: 1,
     }
 }
 

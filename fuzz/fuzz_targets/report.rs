@@ -196,9 +196,11 @@ fn log_of(bytes: &mut Bytes<'_>) -> Vec<u8> {
         stack_mode: "native".to_owned(),
         mode: bytes.pick(&["stream", "ring"]).to_owned(),
         recorder: "fuzz".to_owned(),
+        // Times rounded down as `VRAMSHIM_TIME_RESOLUTION` makes the recorder write them.
+        time_resolution_ns: bytes.pick(&[1, 1, 1_000, 10_000_000, u64::MAX]),
     };
     let mut out = header.encode();
-    let mut chunk = ChunkBuilder::new();
+    let mut chunk = ChunkBuilder::new().with_time_resolution(header.time_resolution_ns);
     let mut t_ns = 0;
     while !bytes.is_empty() {
         chunk.push(&record(bytes, &mut t_ns));

@@ -1104,7 +1104,7 @@ pub fn run_view(
                 let first = &hold[0];
                 let other_thread = first.index != index || first.event.thread != event.thread;
                 other_thread
-                    && (t_ns.saturating_sub(first.t_ns) > HOLD_NS
+                    && (t_ns.saturating_sub(first.t_ns) > hold_ns(&processes[first.index])
                         || !pytorch_tracked(&processes[first.index])
                         || (first.index == index
                             && (first.event.device == event.device || touches_hold(hold, event))))
@@ -1304,6 +1304,13 @@ fn touches_hold(hold: &[Held], event: &Event) -> bool {
 /// How long (log time) a held driver event waits for PyTorch's word on its thread: the
 /// allocator names its segment right after the `cudaMalloc` returns, microseconds later.
 const HOLD_NS: u64 = 2_000_000;
+
+/// [`HOLD_NS`] for a process whose times were rounded down to a coarser resolution: a gap
+/// between two rounded times may be up to one resolution less than it shows, so a hold ends
+/// only when the real gap surely passed `HOLD_NS`.
+fn hold_ns(process: &Process) -> u64 {
+    HOLD_NS.saturating_add(process.header.time_resolution_ns.saturating_sub(1))
+}
 
 /// Takes hold `at` out of `holds` and steps its events as they came (the other holds stay
 /// held), keeping its emptied `Vec` in `spare` for the next hold; whether `stop` was reached.
@@ -2020,6 +2027,7 @@ mod tests {
             stack_mode: "none".into(),
             mode: "stream".into(),
             recorder: "test".into(),
+            time_resolution_ns: 1,
         };
         let mut out = header.encode();
         let mut chunk = vramshim_format::ChunkBuilder::new();

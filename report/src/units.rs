@@ -29,8 +29,40 @@ pub fn seconds(ns: u64) -> String {
     format!("{:.6}s", ns as f64 / 1e9)
 }
 
+/// A time resolution in the largest unit that states it exactly: `1 ns`, `100 us`, `10 ms`.
+pub fn resolution(ns: u64) -> String {
+    let (count, unit) = [(1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "us")]
+        .into_iter()
+        .find(|(unit_ns, _)| ns >= *unit_ns && ns.is_multiple_of(*unit_ns))
+        .map_or((ns, "ns"), |(unit_ns, unit)| (ns / unit_ns, unit));
+    format!("{count} {unit}")
+}
+
+/// What a log's times are worth when they were recorded at a coarser resolution than 1 ns
+/// (`VRAMSHIM_TIME_RESOLUTION`), for the lines that describe a log; `None` at full resolution.
+pub fn resolution_note(ns: u64) -> Option<String> {
+    (ns > 1).then(|| {
+        format!(
+            "times recorded at {} resolution (VRAMSHIM_TIME_RESOLUTION): each is rounded down \
+             to a multiple of it",
+            resolution(ns)
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn resolutions_use_the_largest_exact_unit() {
+        assert_eq!(super::resolution(1), "1 ns");
+        assert_eq!(super::resolution(100), "100 ns");
+        assert_eq!(super::resolution(1_000), "1 us");
+        assert_eq!(super::resolution(10_000_000), "10 ms");
+        assert_eq!(super::resolution(1_000_000_000), "1 s");
+        assert_eq!(super::resolution(1_500), "1500 ns");
+        assert_eq!(super::resolution_note(1), None);
+    }
+
     #[test]
     fn sizes_use_binary_units() {
         assert_eq!(super::counted(1, "allocation"), "1 allocation");

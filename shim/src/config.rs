@@ -67,6 +67,9 @@ pub struct Config {
     pub debug: bool,
     /// Where `vramshim run` wants the names of written logs appended.
     pub manifest: Option<OsString>,
+    /// Times are written rounded down to a multiple of this many nanoseconds (a power of ten
+    /// from 1 ns to 1 s; 1 by default). The recorder keeps full-resolution times until then.
+    pub time_resolution_ns: u64,
 }
 
 impl Config {
@@ -87,6 +90,7 @@ impl Config {
             dump_signal: Some(DumpSignal::default()),
             debug: false,
             manifest: env("VRAMSHIM_MANIFEST").filter(|v| !v.is_empty()),
+            time_resolution_ns: 1,
         };
         if let Some(value) = env_str("VRAMSHIM_STACK", &mut warnings) {
             match value.as_str() {
@@ -136,6 +140,15 @@ impl Config {
                 "1" | "true" | "yes" => config.free_stacks = true,
                 "0" | "false" | "no" | "" => {}
                 _ => warnings.push(invalid("VRAMSHIM_FREE_STACKS", &value, "0, 1", "0")),
+            }
+        }
+        if let Some(value) = env_str("VRAMSHIM_TIME_RESOLUTION", &mut warnings) {
+            match time_resolution(&value) {
+                Some(ns) => config.time_resolution_ns = ns,
+                None => warnings.push(format!(
+                    "VRAMSHIM_TIME_RESOLUTION={value:?} is not a power of ten from 1ns to 1s \
+                     (1ns, 1us, 1ms, 10ms, ...); using 1ns"
+                )),
             }
         }
         if let Some(value) = env_str("VRAMSHIM_DEBUG", &mut warnings) {
@@ -228,6 +241,25 @@ impl DumpSignal {
             name: format!("SIG{name}"),
         }))
     }
+}
+
+/// A time resolution written as a whole number and a unit (`1ns`, `100us`, `10ms`, `1s`), in
+/// nanoseconds, if it is a power of ten from 1 ns to 1 s.
+fn time_resolution(value: &str) -> Option<u64> {
+    let (digits, unit_ns) = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+    ]
+    .into_iter()
+    .find_map(|(unit, ns)| value.strip_suffix(unit).map(|digits| (digits, ns)))?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ns = digits.parse::<u64>().ok()?.checked_mul(unit_ns)?;
+    let power_of_ten = (0..=9).any(|exponent| ns == 10u64.pow(exponent));
+    power_of_ten.then_some(ns)
 }
 
 fn env(name: &str) -> Option<OsString> {
@@ -361,6 +393,33 @@ mod tests {
         assert_eq!((n, warnings.len()), (1, 1));
         let (n, warnings) = read(&MAX_FRAMES, "257");
         assert_eq!((n, warnings.len()), (256, 1));
+    }
+
+    #[test]
+    fn time_resolutions_are_powers_of_ten_from_1ns_to_1s() {
+        let cases = [
+            ("1ns", Some(1)),
+            ("10ns", Some(10)),
+            ("1us", Some(1_000)),
+            ("100us", Some(100_000)),
+            ("1ms", Some(1_000_000)),
+            ("10ms", Some(10_000_000)),
+            ("1000us", Some(1_000_000)),
+            ("1s", Some(1_000_000_000)),
+            ("10s", None),
+            ("0ns", None),
+            ("2ms", None),
+            ("10", None),
+            ("ms", None),
+            ("-1ms", None),
+            ("1.5ms", None),
+            ("10 ms", None),
+            ("10MS", None),
+            ("99999999999999999999ns", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(time_resolution(text), expected, "{text:?}");
+        }
     }
 
     #[test]

@@ -57,6 +57,7 @@ pub fn start() -> bool {
             Mode::Ring => "ring".to_owned(),
         },
         recorder: env!("CARGO_PKG_VERSION").to_owned(),
+        time_resolution_ns: config.time_resolution_ns,
     };
     let ring_events = (config.mode == Mode::Ring).then_some(config.ring_events);
     let output = match create_log(
@@ -112,9 +113,10 @@ pub fn start() -> bool {
 }
 
 fn writer_loop(interval: Duration) {
-    // Wakes every interval, or early when a producer's ring is half full.
+    // Wakes every interval, or early when a producer's ring is half full or a chunk left open
+    // is due.
     loop {
-        std::thread::park_timeout(interval);
+        std::thread::park_timeout(writer::next_wait(interval));
         if STATE.load(Ordering::Acquire) == OFF {
             return;
         }

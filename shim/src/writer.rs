@@ -47,6 +47,8 @@ pub struct Output {
     crashing: bool,
     /// Flight-recorder mode: events go to this window, not to the file.
     pub window: Option<Window>,
+    /// When the chunk being built got its first record (monotonic ns; 0: it is empty).
+    chunk_opened_ns: u64,
 }
 
 static OUTPUT: Lock<Option<Output>> = Lock::new(None);
@@ -59,6 +61,14 @@ static LOG_FD: AtomicI32 = AtomicI32::new(-1);
 static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
 /// The exit record is written (or being written): never twice.
 static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
+/// When the chunk a busy flush left open must be written (monotonic ns; 0: none is open), so
+/// that the writer thread wakes for it.
+static OPEN_CHUNK_DUE_NS: AtomicU64 = AtomicU64::new(0);
+/// A flush that drained at least this many events leaves its chunk open for the next ones
+/// (for at most half the flush interval): a busy loop's drains, a few thousand events apart,
+/// then share a chunk instead of paying a chunk's fixed bytes each (its head, a zstd frame, its
+/// first event in full). Quieter recordings write every flush's chunk at once, as before.
+const KEEP_OPEN_EVENTS: usize = 1024;
 /// Longer mark texts are cut to this many bytes.
 const MARK_TEXT_MAX: usize = 4096;
 /// Chunks are closed at this payload size.
@@ -175,11 +185,15 @@ pub fn open_log(
         start_mono_ns,
         written: header.len() as u64,
         out: Vec::with_capacity(CHUNK_BYTES + 2 * RECORD_HEADROOM),
-        chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM),
+        // Times are rounded to the resolution only as they are encoded: the merge of the
+        // threads' rings (`flush_locked`) orders them at full resolution.
+        chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM)
+            .with_time_resolution(crate::process::config().time_resolution_ns),
         batch: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
         crashing: false,
         window: ring_events.map(Window::new),
+        chunk_opened_ns: 0,
     })
 }
 
@@ -397,6 +411,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         );
     }
     let batch = std::mem::take(&mut output.batch);
+    let busy = batch.len() >= KEEP_OPEN_EVENTS;
     if crash && let Some(mut window) = output.window.take() {
         // The flight recorder's dump without allocating: the window as it is, then the
         // events drained now.
@@ -427,6 +442,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
         crate::flight::Request::AllocFailed => "alloc_failed",
     });
     let at_end = (kind == FlushKind::Final).then_some("exit");
+    let dumping = requested.is_some() || at_end.is_some();
     for reason in [requested, at_end].into_iter().flatten() {
         let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         // Encoded record by record: a copy of the whole window would double its memory.
@@ -435,7 +451,27 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
             output.window = Some(window);
         }
     }
+    let routine = matches!(kind, FlushKind::Periodic | FlushKind::MakeRoom);
+    if routine && busy && !dumping && !output.chunk.is_empty() {
+        let keep_ns = process::config().flush_ms.saturating_mul(1_000_000) / 2;
+        let due = output.chunk_opened_ns.saturating_add(keep_ns);
+        if process::now_ns() < due {
+            OPEN_CHUNK_DUE_NS.store(due, Ordering::Release);
+            return;
+        }
+    }
     finish_chunk(output);
+}
+
+/// How long the writer thread may sleep: `interval`, or less when a chunk left open is due
+/// before then.
+pub fn next_wait(interval: Duration) -> Duration {
+    match OPEN_CHUNK_DUE_NS.load(Ordering::Acquire) {
+        0 => interval,
+        due => interval.min(Duration::from_nanos(
+            due.saturating_sub(process::now_ns()).max(1),
+        )),
+    }
 }
 
 fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
@@ -465,6 +501,9 @@ fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
 }
 
 fn push_record(output: &mut Output, record: &Record) {
+    if output.chunk.is_empty() {
+        output.chunk_opened_ns = process::now_ns();
+    }
     output.chunk.push(record);
     if output.chunk.payload_len() >= CHUNK_BYTES {
         finish_chunk(output);
@@ -472,6 +511,7 @@ fn push_record(output: &mut Output, record: &Record) {
 }
 
 fn finish_chunk(output: &mut Output) {
+    OPEN_CHUNK_DUE_NS.store(0, Ordering::Release);
     if output.crashing {
         // Compressing allocates: a crash writes its chunk plain, into the buffer set aside.
         output.chunk.finish_into(&mut output.out);
@@ -558,6 +598,7 @@ pub unsafe fn reset_in_fork_child() {
         DEFS.reset_in_fork_child(Vec::new());
     }
     DROPPED.store(0, Ordering::Relaxed);
+    OPEN_CHUNK_DUE_NS.store(0, Ordering::Relaxed);
     EXIT_WRITTEN.store(false, Ordering::Release);
     crate::ring::clear_writer_thread();
 }

@@ -57,6 +57,7 @@ fn header(pid: u32, start_mono_ns: u64) -> Header {
         stack_mode: "native".into(),
         mode: "stream".into(),
         recorder: "crafted".into(),
+        time_resolution_ns: 1,
     }
 }
 

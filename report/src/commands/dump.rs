@@ -78,6 +78,7 @@ fn header_json(header: &Header) -> Value {
         "stack_mode": header.stack_mode,
         "mode": header.mode,
         "recorder": header.recorder,
+        "time_resolution_ns": header.time_resolution_ns,
         "apis": header.apis,
     })
 }
@@ -170,6 +171,9 @@ fn write_header_text(out: &mut impl Write, header: &Header) -> io::Result<()> {
         "# stacks: {}, mode: {}",
         header.stack_mode, header.mode
     )?;
+    if let Some(note) = crate::units::resolution_note(header.time_resolution_ns) {
+        writeln!(out, "# {note}")?;
+    }
     for (name, value) in &header.env {
         if let Some(value) = value {
             writeln!(out, "# {name}={value}")?;

@@ -91,10 +91,23 @@ impl<W: Write> ChromeTraceWriter<W> {
         if let Some(err) = self.error.take() {
             return Err(err);
         }
-        let tail = json!({
+        let mut tail = json!({
             "recorded_by": format!("vramshim {}", env!("CARGO_PKG_VERSION")),
             "start_unix_ns": start_unix_ns,
         });
+        // Times recorded coarser than 1 ns say so (the coarsest of the logs): `ts` shows
+        // digits the recording does not have.
+        let resolution_ns = processes
+            .iter()
+            .map(|p| p.header.time_resolution_ns)
+            .max()
+            .unwrap_or(1);
+        if let (Some(note), Value::Object(map)) =
+            (crate::units::resolution_note(resolution_ns), &mut tail)
+        {
+            map.insert("time_resolution_ns".into(), resolution_ns.into());
+            map.insert("time_resolution".into(), note.into());
+        }
         write!(
             self.out,
             "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{tail}}}\n"

@@ -380,6 +380,9 @@ pub fn write_processes(out: &mut dyn Write, processes: &[Process]) -> io::Result
             counted(process.events, "event"),
             seconds(process.end_ns)
         )?;
+        if let Some(note) = crate::units::resolution_note(header.time_resolution_ns) {
+            writeln!(out, "  {note}")?;
+        }
     }
     Ok(())
 }
@@ -399,6 +402,7 @@ pub fn processes_json(processes: &[Process]) -> Value {
                     "hostname": header.hostname,
                     "start_unix_ns": header.start_unix_ns,
                     "start_offset_ns": process.start_offset_ns,
+                    "time_resolution_ns": header.time_resolution_ns,
                     "duration_ns": process.end_ns,
                     "events": process.events,
                     "unmatched_frees": process.unmatched_frees,
