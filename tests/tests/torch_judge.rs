@@ -698,8 +698,8 @@ fn whatif_predicts_cudnn_benchmarks_search_on_cuda12() {
     cudnn_benchmark_at_tight_capacities(
         &torch,
         &[
-            ("benchmark-96", 96, Some(2 * MIB), 5, 3, 2),
-            ("benchmark-112", 112, Some(18 * MIB), 5, 5, 4),
+            ("benchmark-96", 96, Some(2 * MIB), 5, 3, None),
+            ("benchmark-112", 112, Some(18 * MIB), 5, 5, Some(4)),
         ],
     );
 }
@@ -710,12 +710,17 @@ fn whatif_predicts_cudnn_benchmarks_search_on_cuda12() {
 #[test]
 fn whatif_predicts_cudnn_benchmarks_search() {
     let Some(torch) = current() else { return };
-    cudnn_benchmark_at_tight_capacities(&torch, &[("benchmark-68", 68, Some(18 * MIB), 4, 1, 0)]);
+    cudnn_benchmark_at_tight_capacities(
+        &torch,
+        &[("benchmark-68", 68, Some(18 * MIB), 4, 1, None)],
+    );
 }
 
 /// One native ResNet run with cudnn.benchmark on: (label, MiB beside the cuBLAS handles,
-/// torch's OOM segment, retries, OOMs, of which survived search or workspace failures).
-type BenchmarkRun = (&'static str, u64, Option<u64>, u64, u64, u64);
+/// torch's OOM segment, retries, OOMs, and for a run also recorded (its log checked against
+/// `memory_stats()`, seconds of CI each), how many of the OOMs were survived search or
+/// workspace failures).
+type BenchmarkRun = (&'static str, u64, Option<u64>, u64, u64, Option<u64>);
 
 /// [`whatif_predicts_cudnn_benchmarks_search`] for one release: the recording with
 /// `backend:cudaMallocAsync` on an 8 GiB card, then each native run against `whatif`'s row.
@@ -733,15 +738,21 @@ fn cudnn_benchmark_at_tight_capacities(torch: &Torch, runs: &[BenchmarkRun]) {
         true,
     );
     let async_log = recording.log.as_ref().expect("log");
-    // The recording's probes: every one a search's, none replayed.
-    let (report, _) = whatif(async_log, 8 * GIB, None, &[""]);
-    let probes = u64_of(&report["requests"], "cudnn_benchmark_probes");
-    assert!(probes > 0, "{report}");
     let capacity = |mib: u64| mib * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
     for &(label, mib, oom, retries, ooms, survived) in runs {
-        let run = judge(torch, label, "resnet", capacity(mib), &[benchmark], true);
+        let recorded = survived.is_some();
+        let run = judge(
+            torch,
+            label,
+            "resnet",
+            capacity(mib),
+            &[benchmark],
+            recorded,
+        );
         let t = &run.torch;
-        check_log_equals_memory_stats(label, &run);
+        if recorded {
+            check_log_equals_memory_stats(label, &run);
+        }
         assert_eq!(
             (
                 t["failed"]["message"].as_str().map(tried_to_allocate),
@@ -752,9 +763,9 @@ fn cudnn_benchmark_at_tight_capacities(torch: &Torch, runs: &[BenchmarkRun]) {
             "{label}: {t}"
         );
         let (report, rows) = whatif(async_log, capacity(mib), None, &[""]);
-        assert_eq!(
-            u64_of(&report["requests"], "cudnn_benchmark_probes"),
-            probes,
+        // The recording's probes (one or more per search, all left out).
+        assert!(
+            u64_of(&report["requests"], "cudnn_benchmark_probes") > 0,
             "{label}: {report}"
         );
         let row = &rows[""];
@@ -762,12 +773,10 @@ fn cudnn_benchmark_at_tight_capacities(torch: &Torch, runs: &[BenchmarkRun]) {
         check_whatif_outcome(label, row, t);
         // The survived OOMs are the native log's failed search workspaces
         // (generate_and_filter_plans) and cached plans' (run_conv_plan).
-        let searched = if survived == 0 {
-            0
-        } else {
+        if let Some(survived) = survived {
             let log = run.log.as_ref().expect("recorded");
             let report = json_of(&["oom".into(), log.display().to_string(), "--json".into()]);
-            arr(&report["failures"])
+            let searched = arr(&report["failures"])
                 .iter()
                 .filter(|failure| {
                     !failure["block_request"].is_null()
@@ -778,9 +787,9 @@ fn cudnn_benchmark_at_tight_capacities(torch: &Torch, runs: &[BenchmarkRun]) {
                             })
                         })
                 })
-                .count() as u64
-        };
-        assert_eq!(searched, survived, "{label}");
+                .count() as u64;
+            assert_eq!(searched, survived, "{label}");
+        }
     }
 }
 
