@@ -50,6 +50,11 @@
 //!   as torch survives it (counted in `num_ooms`, not [`Stats::first_oom`]), and the engine
 //!   torch falls back to is taken to need no workspace (the fake cuDNN's; a real cuDNN's next
 //!   engine may ask for a smaller one, which a recording does not have).
+//! - `cudnn.benchmark`'s search workspace ([`Request::SearchWorkspace`]) is asked for only if
+//!   no larger than the free device memory or the largest cached free block, and halved after
+//!   each failure (survived OOMs); a shortened search leaves the convolution on the engine
+//!   with no workspace. A searched plan whose cached workspace fails is searched again, the
+//!   cache emptied (torch's default `_cudnn_get_conv_benchmark_empty_cache()`), then tried.
 //! - With `expandable_segments` and `max_split_size_mb` together, the "free oversize cached
 //!   blocks" step before the final retry is skipped: PyTorch would hand an expandable block
 //!   to `cudaFree` there and stop on an internal assertion (in the versions read).

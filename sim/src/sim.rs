@@ -33,6 +33,9 @@ const SEGMENT_ALIGN: u64 = 2 * MIB;
 const MAX_REQUEST: u64 = 1 << 56;
 /// Simulated addresses stay below this (keeps them within the 48-bit key field).
 const ADDR_LIMIT: u64 = 1 << 57;
+/// The id of the workspace of a `cudnn.benchmark` search the simulator makes itself (after a
+/// cached plan's workspace failed): live only during that search.
+const SEARCH_ID: u64 = u64::MAX;
 
 /// A free-set key: stream number, size and address.
 type Key = u128;
@@ -106,6 +109,28 @@ pub enum Request {
         /// `try_plans`): a cached plan's failure is followed by the first engine again,
         /// whose workspace is the same request.
         cached: bool,
+    },
+    /// The workspace `torch.backends.cudnn.benchmark`'s search allocates before it times a
+    /// convolution's engines (`generate_and_filter_plans` in
+    /// `aten/src/ATen/native/cudnn/Conv_v8.cpp`): the largest workspace of the engines whose
+    /// workspace is at most `cacheInfo`'s answer (the device's free memory or the largest
+    /// cached free block, whichever is larger), halved after each `OutOfMemoryError` until
+    /// it fits or reaches 0. An engine whose workspace no longer fits is dropped from the
+    /// search; `size` is taken to be the largest engine's and every other engine to need no
+    /// workspace (the fake cuDNN's), so when less than `size` is allocated (or nothing), the
+    /// convolution runs and caches the engine that needs none: later workspaces of `plan` are
+    /// skipped, as after [`Request::Workspace`]'s fallback. Its failures are counted
+    /// (`num_ooms`), never raised.
+    SearchWorkspace {
+        /// Caller's name for this allocation.
+        id: u64,
+        /// Bytes the search asks for first.
+        size: u64,
+        /// The stream.
+        stream: u64,
+        /// The convolution's cached plan, as in [`Request::Workspace`]: a plan found by a
+        /// search goes back to a search when its workspace later fails.
+        plan: u64,
     },
     /// `torch.cuda.empty_cache()`: release every fully free segment.
     EmptyCache,
@@ -404,6 +429,8 @@ pub struct Simulator {
     failed_external: Vec<u64>,
     /// Plans ([`Request::Workspace`]) that fell back to an engine with no workspace.
     fallen_back: HashSet<u64>,
+    /// Plans found by `cudnn.benchmark`'s search ([`Request::SearchWorkspace`]).
+    searched: HashSet<u64>,
 }
 
 impl Simulator {
@@ -432,6 +459,7 @@ impl Simulator {
             now: 0,
             failed_external: Vec::new(),
             fallen_back: HashSet::new(),
+            searched: HashSet::new(),
         })
     }
 
@@ -507,6 +535,23 @@ impl Simulator {
                 plan,
                 cached,
             } => self.workspace(index, id, size, stream, plan, cached),
+            Request::SearchWorkspace {
+                id,
+                size,
+                stream,
+                plan,
+            } => {
+                self.searched.insert(plan);
+                match self.search_workspace(index, id, size, stream, plan) {
+                    Some(failure) => {
+                        self.st.workspace_fallbacks += 1;
+                        self.st.first_fallback.get_or_insert(failure);
+                        Outcome::FellBack(failure)
+                    }
+                    None if self.live.contains_key(&id) => Outcome::Ok,
+                    None => Outcome::Ignored,
+                }
+            }
             Request::Free { id } => {
                 self.st.frees += 1;
                 match self.live.remove(&id) {
@@ -827,30 +872,7 @@ impl Simulator {
     }
 
     fn snapshot_peak(&mut self, t_ns: u64, index: u64) {
-        let mut largest = 0u64;
-        for pool in &self.pools {
-            // The last block of each stream is that stream's largest.
-            let mut from: Key = 0;
-            while let Some((&k, _)) = pool.blocks.range(from..).next() {
-                let stream = key_stream(k);
-                let upper = if stream == u32::MAX {
-                    Bound::Unbounded
-                } else {
-                    Bound::Excluded(key(stream + 1, 0, 0))
-                };
-                if let Some((&last, _)) = pool
-                    .blocks
-                    .range((Bound::Included(key(stream, 0, 0)), upper))
-                    .next_back()
-                {
-                    largest = largest.max(key_size(last));
-                }
-                match upper {
-                    Bound::Excluded(k) => from = k,
-                    _ => break,
-                }
-            }
-        }
+        let largest = self.largest_free_block();
         let total_free = self.st.reserved - self.st.allocated;
         self.st.at_peak = AtPeak {
             t_ns,
@@ -895,10 +917,46 @@ impl Simulator {
     }
 
     /// What follows a failed workspace: the first engine again after a cached plan, then the
-    /// fallback.
+    /// fallback. A cached plan that `cudnn.benchmark` found goes back to the search instead
+    /// (`run_single_conv`: the `OutOfMemoryError` of the cached plan is caught and, with
+    /// benchmark on, `get_plans_from_find` runs again, then `emptyCache()`, then `try_plans`).
     fn workspace_failed(&mut self, failure: OomEvent, plan: u64, cached: bool) -> Outcome {
         let mut last = failure;
-        if cached {
+        if cached && self.searched.contains(&plan) {
+            // The search's own workspace, the same size (the recording's engine is taken to
+            // be the one with the largest workspace), released when the search returns.
+            if let Some(failure) = self.search_workspace(
+                failure.request_index,
+                SEARCH_ID,
+                failure.size,
+                failure.stream,
+                plan,
+            ) {
+                last = failure;
+            }
+            self.st.allocs -= 1;
+            if let Some(b) = self.live.remove(&SEARCH_ID) {
+                self.free(b);
+            }
+            // `_cudnn_get_conv_benchmark_empty_cache()`, on unless the program turned it off.
+            self.release_cached_blocks();
+            if !self.fallen_back.contains(&plan) {
+                // try_plans: the searched engine first, asking for the same workspace.
+                let again = self.malloc(
+                    failure.request_index,
+                    failure.id,
+                    failure.size,
+                    failure.stream,
+                    false,
+                );
+                self.st.allocs -= 1;
+                match again {
+                    Outcome::Oom(failure) => last = failure,
+                    other => return other,
+                }
+                self.fallen_back.insert(plan);
+            }
+        } else if cached {
             let again = self.malloc(
                 failure.request_index,
                 failure.id,
@@ -917,6 +975,80 @@ impl Simulator {
         self.st.workspace_fallbacks += 1;
         self.st.first_fallback.get_or_insert(last);
         Outcome::FellBack(last)
+    }
+
+    /// `cudnn.benchmark`'s search workspace ([`Request::SearchWorkspace`]) under `id`:
+    /// nothing when `size` is more than `cacheInfo` says may fit, else `size`, halved after
+    /// each failure. When it ends with less than `size`, `plan` falls back to the engine that
+    /// needs no workspace. Returns the last failure, if any.
+    fn search_workspace(
+        &mut self,
+        index: u64,
+        id: u64,
+        size: u64,
+        stream: u64,
+        plan: u64,
+    ) -> Option<OomEvent> {
+        // CUDACachingAllocator's cacheInfo: cudaMemGetInfo's free memory, or the largest
+        // cached free block when that is larger.
+        let free = self.device_capacity().saturating_sub(self.st.reserved);
+        let available = free.max(self.largest_free_block());
+        if size > available {
+            self.st.allocs += 1;
+            self.fallen_back.insert(plan);
+            return None;
+        }
+        let mut last = None;
+        let mut tried = size;
+        let mut first = true;
+        while tried > 0 {
+            let outcome = self.malloc(index, id, tried, stream, false);
+            if !first {
+                // One request, asked several times.
+                self.st.allocs -= 1;
+            }
+            first = false;
+            match outcome {
+                Outcome::Oom(failure) => {
+                    last = Some(failure);
+                    tried /= 2;
+                }
+                _ => break,
+            }
+        }
+        if tried < size {
+            self.fallen_back.insert(plan);
+        }
+        last
+    }
+
+    /// The largest cached free block of either pool, on any stream.
+    fn largest_free_block(&self) -> u64 {
+        let mut largest = 0u64;
+        for pool in &self.pools {
+            // The last block of each stream is that stream's largest.
+            let mut from: Key = 0;
+            while let Some((&k, _)) = pool.blocks.range(from..).next() {
+                let stream = key_stream(k);
+                let upper = if stream == u32::MAX {
+                    Bound::Unbounded
+                } else {
+                    Bound::Excluded(key(stream + 1, 0, 0))
+                };
+                if let Some((&last, _)) = pool
+                    .blocks
+                    .range((Bound::Included(key(stream, 0, 0)), upper))
+                    .next_back()
+                {
+                    largest = largest.max(key_size(last));
+                }
+                match upper {
+                    Bound::Excluded(k) => from = k,
+                    _ => break,
+                }
+            }
+        }
+        largest
     }
 
     /// Whether some convolution fell back ([`Request::Workspace`]): from then on its

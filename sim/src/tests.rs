@@ -578,6 +578,156 @@ fn falling_back_after_a_failed_alloc_equals_a_failed_workspace() {
     assert!(told.has_fallen_back() && found.has_fallen_back());
 }
 
+fn search(s: &mut Simulator, id: u64, size: u64, plan: u64) -> Outcome {
+    let out = s.apply(
+        id,
+        &Request::SearchWorkspace {
+            id,
+            size,
+            stream: 0,
+            plan,
+        },
+    );
+    s.validate().unwrap();
+    out
+}
+
+/// `torch.backends.cudnn.benchmark`'s search (aten/src/ATen/native/cudnn/Conv_v8.cpp,
+/// torch 2.6 and 2.15 alike): `generate_and_filter_plans` keeps the engines whose workspace
+/// is at most `get_available_workspace()` (the caching allocator's `cacheInfo`: the device's
+/// free memory per `cudaMemGetInfo`, or its largest cached free block when larger), then
+/// allocates the largest of their workspaces, catching `OutOfMemoryError` and halving the
+/// size (`max_workspace_size /= 2`) until an allocation succeeds or the size is 0, and drops
+/// the engines that need more than it got. Each failed try is a full `malloc`: released
+/// cache, a retry, `num_ooms` counted. The search's engines are the fake cuDNN's (the
+/// recorded size, and one that needs no workspace), so after any failure the convolution
+/// runs, and caches, the engine without one: `try_plans`' workspace of the recorded engine
+/// and later ones are not asked for. Measured with torch 2.6 on the fake GPU: the ResNet of
+/// tests/python/torch_judge.py with benchmark on at 96 and 104 MiB beside the cuBLAS handles
+/// fails two 1,327,104-byte search workspaces (each once) and survives them.
+#[test]
+fn cudnn_benchmarks_search_halves_its_workspace_until_it_fits() {
+    let mut s = sim_cap("", 22 * MIB);
+    assert_eq!(alloc(&mut s, 1, 18 * MIB, 0), Outcome::Ok);
+    // 4 MiB free: 3 MiB may fit as far as cacheInfo tells, but needs a 20 MiB segment: it
+    // fails, so does 1.5 MiB (also a 20 MiB segment); 768 KiB takes a 2 MiB small segment.
+    let Outcome::FellBack(last) = search(&mut s, 2, 3 * MIB, 7) else {
+        panic!("3 MiB and 1.5 MiB should fail, 768 KiB fit");
+    };
+    assert_eq!(
+        (
+            last.size,
+            last.alloc_size,
+            last.num_alloc_retries,
+            last.num_ooms
+        ),
+        (3 * MIB / 2, 20 * MIB, 2, 2)
+    );
+    let st = s.stats();
+    assert_eq!(
+        (st.reserved, st.allocated, st.allocs, st.first_oom),
+        (20 * MIB, 18 * MIB + 768 * KIB, 2, None)
+    );
+    // The search's workspace is freed when it returns; then emptyCache() (a recorded trim).
+    assert_eq!(free(&mut s, 2), Outcome::Ok);
+    empty_cache(&mut s);
+    assert_eq!(s.stats().reserved, 18 * MIB);
+    // try_plans runs the engine that needs no workspace: the recorded engine's workspace,
+    // and the cached plan's later ones, are not asked for.
+    assert_eq!(workspace(&mut s, 3, 3 * MIB, 7, false), Outcome::Ignored);
+    assert_eq!(workspace(&mut s, 4, 3 * MIB, 7, true), Outcome::Ignored);
+    let st = s.stats();
+    assert_eq!(
+        (st.num_ooms, st.workspace_fallbacks, st.workspaces_skipped),
+        (2, 1, 2)
+    );
+    assert_eq!(st.first_fallback, Some(last));
+    // A search whose workspace fits is an ordinary block, and its plan keeps its workspace.
+    assert_eq!(free(&mut s, 1), Outcome::Ok);
+    assert_eq!(search(&mut s, 5, 3 * MIB, 8), Outcome::Ok);
+    assert_eq!(free(&mut s, 5), Outcome::Ok);
+    assert_eq!(workspace(&mut s, 6, 3 * MIB, 8, false), Outcome::Ok);
+    assert_eq!(s.stats().num_ooms, 2);
+}
+
+/// The same search's filter, before any allocation: an engine whose workspace is more than
+/// both the device's free memory and the largest cached free block is left out without an
+/// allocation (no OOM, no retry), even where `malloc` would have fitted it after releasing
+/// the cache; one that fits a cached block is kept though the device has less free.
+#[test]
+fn cudnn_benchmarks_search_skips_a_workspace_larger_than_cache_info() {
+    let mut s = sim_cap("", 24 * MIB);
+    assert_eq!(alloc(&mut s, 1, 12 * MIB, 0), Outcome::Ok);
+    assert_eq!(alloc(&mut s, 2, 10 * MIB, 0), Outcome::Ok);
+    assert_eq!(free(&mut s, 1), Outcome::Ok);
+    // 2 MiB free on the device, a 12 MiB block cached: 11 MiB is searched, in that block.
+    assert_eq!(search(&mut s, 3, 11 * MIB, 7), Outcome::Ok);
+    assert_eq!(s.stats().reserved, 22 * MIB);
+    assert_eq!(free(&mut s, 3), Outcome::Ok);
+    // 13 MiB: more than 12 and 2, so not searched (a plain request would release the
+    // 12 MiB segment and fit in the 14 MiB then free).
+    assert_eq!(search(&mut s, 4, 13 * MIB, 8), Outcome::Ignored);
+    assert_eq!(workspace(&mut s, 5, 13 * MIB, 8, false), Outcome::Ignored);
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.reserved,
+            st.num_ooms,
+            st.num_alloc_retries,
+            st.workspace_fallbacks,
+            st.workspaces_skipped
+        ),
+        (22 * MIB, 0, 0, 0, 1)
+    );
+    assert_eq!(alloc(&mut s, 6, 13 * MIB, 0), Outcome::Ok);
+    assert_eq!(s.stats().num_alloc_retries, 1);
+}
+
+/// A cached plan that `cudnn.benchmark` found, whose workspace later fails: `run_single_conv`
+/// catches the `OutOfMemoryError` and, with benchmark on, searches again
+/// (`get_plans_from_find`: the same workspace, halved after each failure), empties the cache
+/// (`_cudnn_get_conv_benchmark_empty_cache()`, on by default) and runs `try_plans`. Torch 2.6
+/// at 112 MiB on the fake GPU: twice a cached 1,327,104-byte workspace failed, then the
+/// search's, two OOMs per convolution.
+#[test]
+fn a_searched_plan_whose_workspace_fails_is_searched_again() {
+    let mut s = sim_cap("", 26 * MIB);
+    // The first search and its plan, while the device is free.
+    assert_eq!(search(&mut s, 1, 3 * MIB, 7), Outcome::Ok);
+    assert_eq!(free(&mut s, 1), Outcome::Ok);
+    empty_cache(&mut s);
+    assert_eq!(workspace(&mut s, 2, 3 * MIB, 7, false), Outcome::Ok);
+    assert_eq!(free(&mut s, 2), Outcome::Ok);
+    // 18 MiB in the cached 20 MiB segment: 6 MiB of the device free, 2 MiB cached.
+    assert_eq!(alloc(&mut s, 3, 18 * MIB, 0), Outcome::Ok);
+    // The cached plan's workspace needs a new 20 MiB segment: OOM; the search's 3 MiB too;
+    // its 1.5 MiB fits the 2 MiB left in the segment, and is freed when the search returns.
+    let Outcome::FellBack(last) = workspace(&mut s, 4, 3 * MIB, 7, true) else {
+        panic!("the cached workspace and the search's first try should fail");
+    };
+    assert_eq!(
+        (last.size, last.num_ooms, last.num_alloc_retries),
+        (3 * MIB, 2, 2)
+    );
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.reserved,
+            st.allocated,
+            st.num_device_alloc,
+            st.num_device_free,
+            st.workspace_fallbacks,
+            st.first_oom
+        ),
+        (20 * MIB, 18 * MIB, 2, 1, 1, None)
+    );
+    // The engine found needs no workspace.
+    assert_eq!(free(&mut s, 4), Outcome::Ignored);
+    assert_eq!(workspace(&mut s, 5, 3 * MIB, 7, true), Outcome::Ignored);
+    // One allocation per request made (the skipped one made none), however often tried.
+    assert_eq!(s.stats().allocs, 4);
+}
+
 /// cudaMalloc fails when the driver has no room, and the driver's room is what every user of
 /// the device left: another library's memory (cuBLAS's 64 MiB per handle, measured on an H200)
 /// makes PyTorch's allocator fail earlier, release its cache and retry, and frees room again

@@ -13,6 +13,7 @@ Optional environment:
   JUDGE_OOM=1             after the workloads, ask for more than the card has (caught)
   JUDGE_HISTORY=python|all  record memory history with these stacks (cost comparison)
   JUDGE_WARMUP=1          run the workloads once untimed first (cost comparison)
+  JUDGE_CUDNN_BENCHMARK=1 resnet with torch.backends.cudnn.benchmark = True
 The workloads' request streams do not depend on the allocator: the same tensors, in the same
 order, whatever the mode, so one tensor-level recording predicts every native configuration.
 """
@@ -121,7 +122,8 @@ def resnet():
     the same requests."""
     torch.manual_seed(0)
     nn = torch.nn
-    torch.backends.cudnn.benchmark = False
+    # JUDGE_CUDNN_BENCHMARK=1: cuDNN's benchmark search (its workspaces, torch's fallback).
+    torch.backends.cudnn.benchmark = bool(os.environ.get("JUDGE_CUDNN_BENCHMARK"))
     model = nn.Sequential(
         nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
         nn.MaxPool2d(3, 2, 1), Block(64, 64, 1), Block(64, 128, 2), Block(128, 128, 1),

@@ -125,6 +125,7 @@ fn judge_process(
         "JUDGE_SNAPSHOT",
         "JUDGE_OOM",
         "JUDGE_HISTORY",
+        "JUDGE_CUDNN_BENCHMARK",
     ] {
         command.env_remove(key);
     }
@@ -496,6 +497,7 @@ fn judge_ddp_process(torch: &Torch, name: &str, memory: u64, env: &[(&str, &str)
         "JUDGE_SNAPSHOT",
         "JUDGE_OOM",
         "JUDGE_HISTORY",
+        "JUDGE_CUDNN_BENCHMARK",
     ] {
         command.env_remove(key);
     }
@@ -676,6 +678,119 @@ fn whatif_predicts_the_resnets_outcome_at_tight_capacities_on_cuda12() {
             ("resnet-136-default", 136, "", None, 2, 0),
         ],
     );
+}
+
+/// The ResNet with `torch.backends.cudnn.benchmark = True` (torch 2.6): each new convolution
+/// is searched (Conv_v8.cpp `get_plans_from_find`): a workspace as large as the largest
+/// engine's, if `cacheInfo` says it may fit, halved after each `OutOfMemoryError`; then
+/// `emptyCache()`; then the engines, fastest first (the fake cuDNN times engine 0, with the
+/// workspace, faster). At 96 MiB two searches' 1,327,104-byte workspaces fail once each and
+/// torch survives them (then raises on 2 MiB: 3 OOMs, 5 retries); at 112 MiB two cached
+/// plans' workspaces fail, each followed by a search whose workspace fails too (then 18 MiB
+/// raised: 5 OOMs, 5 retries). The cudaMallocAsync recording also holds that allocator's
+/// probes of free memory for each search (its `cacheInfo`: gigabytes on the 8 GiB card,
+/// which the default allocator never asks for): `whatif` leaves them out, models the
+/// searches, and its figures are torch's. Before, it raised an OOM on the first probe at
+/// every capacity.
+#[test]
+fn whatif_predicts_cudnn_benchmarks_search_on_cuda12() {
+    let Some(torch) = cuda12() else { return };
+    cudnn_benchmark_at_tight_capacities(
+        &torch,
+        &[
+            ("benchmark-96", 96, Some(2 * MIB), 5, 3, None),
+            ("benchmark-112", 112, Some(18 * MIB), 5, 5, Some(4)),
+        ],
+    );
+}
+
+/// The same on torch 2.15, whose ResNet OOMs before any search fails (at 68 MiB on 18 MiB,
+/// after 4 retries; the searches' workspaces all fit): the probes are what `whatif` must
+/// leave out.
+#[test]
+fn whatif_predicts_cudnn_benchmarks_search() {
+    let Some(torch) = current() else { return };
+    cudnn_benchmark_at_tight_capacities(
+        &torch,
+        &[("benchmark-68", 68, Some(18 * MIB), 4, 1, None)],
+    );
+}
+
+/// One native ResNet run with cudnn.benchmark on: (label, MiB beside the cuBLAS handles,
+/// torch's OOM segment, retries, OOMs, and for a run also recorded (its log checked against
+/// `memory_stats()`, seconds of CI each), how many of the OOMs were survived search or
+/// workspace failures).
+type BenchmarkRun = (&'static str, u64, Option<u64>, u64, u64, Option<u64>);
+
+/// [`whatif_predicts_cudnn_benchmarks_search`] for one release: the recording with
+/// `backend:cudaMallocAsync` on an 8 GiB card, then each native run against `whatif`'s row.
+fn cudnn_benchmark_at_tight_capacities(torch: &Torch, runs: &[BenchmarkRun]) {
+    let benchmark = ("JUDGE_CUDNN_BENCHMARK", "1");
+    let recording = judge(
+        torch,
+        "benchmark-async",
+        "resnet",
+        8 * GIB,
+        &[
+            ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"),
+            benchmark,
+        ],
+        true,
+    );
+    let async_log = recording.log.as_ref().expect("log");
+    let capacity = |mib: u64| mib * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    for &(label, mib, oom, retries, ooms, survived) in runs {
+        let recorded = survived.is_some();
+        let run = judge(
+            torch,
+            label,
+            "resnet",
+            capacity(mib),
+            &[benchmark],
+            recorded,
+        );
+        let t = &run.torch;
+        if recorded {
+            check_log_equals_memory_stats(label, &run);
+        }
+        assert_eq!(
+            (
+                t["failed"]["message"].as_str().map(tried_to_allocate),
+                u64_of(t, "num_alloc_retries"),
+                u64_of(t, "num_ooms"),
+            ),
+            (oom, retries, ooms),
+            "{label}: {t}"
+        );
+        let (report, rows) = whatif(async_log, capacity(mib), None, &[""]);
+        // The recording's probes (one or more per search, all left out).
+        assert!(
+            u64_of(&report["requests"], "cudnn_benchmark_probes") > 0,
+            "{label}: {report}"
+        );
+        let row = &rows[""];
+        assert!(row["library_failure"].is_null(), "{label}: {row}");
+        check_whatif_outcome(label, row, t);
+        // The survived OOMs are the native log's failed search workspaces
+        // (generate_and_filter_plans) and cached plans' (run_conv_plan).
+        if let Some(survived) = survived {
+            let log = run.log.as_ref().expect("recorded");
+            let report = json_of(&["oom".into(), log.display().to_string(), "--json".into()]);
+            let searched = arr(&report["failures"])
+                .iter()
+                .filter(|failure| {
+                    !failure["block_request"].is_null()
+                        && arr(&failure["frames"]).iter().any(|frame| {
+                            frame["function"].as_str().is_some_and(|f| {
+                                f.starts_with("at::native::run_conv_plan(")
+                                    || f.starts_with("at::native::generate_and_filter_plans(")
+                            })
+                        })
+                })
+                .count() as u64;
+            assert_eq!(searched, survived, "{label}");
+        }
+    }
 }
 
 /// One native ResNet run at a tight capacity: (label, MiB beside the cuBLAS handles, config,

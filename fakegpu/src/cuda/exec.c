@@ -25,7 +25,7 @@ struct CUstream_st {
 
 struct CUevent_st {
     unsigned flags;
-    double recorded_ms; /* CLOCK_MONOTONIC at the last record */
+    double recorded_ms; /* the fake GPU's clock at the last record (now_ms) */
     /* Recorded on a capturing stream: waiting on it joins the waiting stream to that capture. */
     unsigned long long capture_id;
     CUgraphNode node;
@@ -628,11 +628,22 @@ FG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 }
 
 /* ---------------------------------------------------------------- events */
+/* The fake GPU's clock, in nanoseconds: work completes when it is issued, so the clock moves
+ * only by the time the fakes give the work they model (a fake cuDNN plan's execution, see
+ * vramshim_fakegpu_device_work). Events read it: the time between two events is that work,
+ * the same in every run (a wall clock would make cudnn.benchmark's choice of engine, which
+ * sorts plans by their measured time, a matter of chance). */
+static uint64_t device_clock_ns;
+
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return (double)__atomic_load_n(&device_clock_ns, __ATOMIC_ACQUIRE) / 1e6;
+}
+
+/* For the fake libraries: NS nanoseconds of work done on the device. Not an NVIDIA symbol. */
+FG_EXPORT void vramshim_fakegpu_device_work(unsigned long long ns)
+{
+    __atomic_add_fetch(&device_clock_ns, (uint64_t)ns, __ATOMIC_ACQ_REL);
 }
 
 FG_EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)

@@ -6,7 +6,12 @@
  *             channels x filter window x output positions of one image, in the input's type:
  *             the buffer of cuDNN's GEMM-based algorithms), 0 for other graphs;
  *   engine 1: no workspace (what PyTorch falls back to when engine 0's workspace does not fit).
- * Executing a plan does nothing, like every kernel on the fake GPU. Descriptors filled by a get
+ * Executing a plan takes engine 0 1 ms of the fake GPU's clock and engine 1 2 ms (a GEMM over
+ * its workspace being the faster), so that cudnn.benchmark, which times every plan and keeps
+ * them fastest first, ranks them the same way in every run; engines that took the same time
+ * would count as one (cudnn-frontend's time_sorted_plan keeps them in a std::set ordered by
+ * time).
+ * Otherwise executing a plan does nothing, like every kernel on the fake GPU. Descriptors filled by a get
  * (the caller creates them) receive a copy of the attributes. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -88,6 +93,11 @@ enum {
 
 /* Engines the fake offers for every operation graph. */
 #define ENGINE_COUNT 2
+/* The time each takes to execute (see above). */
+#define ENGINE0_NS 1000000ull
+#define ENGINE1_NS 2000000ull
+/* Advances the fake GPU's clock (the fake driver's; not an NVIDIA symbol). */
+void vramshim_fakegpu_device_work(unsigned long long ns);
 #define MAGIC 0x66616b65636e6e64ull /* "fakecnnd" */
 
 struct attribute {
@@ -539,5 +549,6 @@ FG_EXPORT cudnnStatus_t cudnnBackendExecute(void *handle, void *plan, void *vari
     struct descriptor *p = checked(plan), *v = checked(variant_pack);
     if (!p || !v || p->kind != DESC_EXECUTION_PLAN || !p->finalized)
         return STATUS_BAD_PARAM;
+    vramshim_fakegpu_device_work(p->engine_index == 0 ? ENGINE0_NS : ENGINE1_NS);
     return STATUS_SUCCESS;
 }

@@ -99,6 +99,30 @@ impl Stacks {
         frames
     }
 
+    /// The function of the innermost frame of stack `stack` of process `process` that is not
+    /// the recorder's own, resolving only the addresses up to it (so only the modules that
+    /// hold them are read: for an allocator's call, its own library). `None` when there is
+    /// no such frame or no name for it.
+    pub fn innermost_function(
+        &mut self,
+        processes: &[Process],
+        process: u32,
+        stack: u32,
+    ) -> Option<String> {
+        let info = processes.get(process as usize)?;
+        let ips = info.stacks.get(&stack)?;
+        let symbolizer = self
+            .symbolizers
+            .get_mut(process as usize)?
+            .get_or_insert_with(|| Symbolizer::new(info.modules.clone()));
+        if let Some(new) = info.modules.get(symbolizer.module_count()..) {
+            symbolizer.add_modules(new);
+        }
+        ips.iter()
+            .find_map(|&ip| symbolizer.stack(&[ip]).into_iter().next())
+            .and_then(|frame| frame.function.map(|f| f.to_string()))
+    }
+
     /// One line per module that could not be symbolised.
     pub fn warnings(&self) -> Vec<String> {
         let mut out: Vec<String> = self

@@ -53,6 +53,9 @@ pub struct Requests {
     pub empty_cache: u64,
     /// Allocations that failed in the recording (not replayed).
     pub failed: u64,
+    /// `cudaMallocAsync`'s probes of free memory for `cudnn.benchmark`'s search (not
+    /// replayed, not counted in `allocs`).
+    pub cudnn_probes: u64,
     /// VMM physical allocations on the device (segments, not tensors; not replayed).
     pub vmm_creates: u64,
     /// Other devices (≥ 0) that allocated, not followed.
@@ -350,31 +353,59 @@ const CONV_PLAN_RUNNERS: &[&str] = &[
 /// next); any other caller (`run_single_conv`, `run_fused_conv`) ran the plan it had cached.
 const PLAN_TRIERS: &[&str] = &["at::native::try_configs", "at::native::try_plans"];
 
-/// Frames between a plan runner and the convolution it runs (its operation's function:
-/// `raw_cudnn_convolution_forward_out`, `..._backward_input_out`, `..._backward_weight_out`,
-/// `..._add_relu_out`).
+/// Torch's function that allocates the workspace of `cudnn.benchmark`'s search (Conv_v8.cpp:
+/// `generate_and_filter_plans`, called by `get_plans_from_find` and
+/// `get_plans_from_find_fused`).
+const PLAN_SEARCHER: &str = "at::native::generate_and_filter_plans(";
+
+/// Frames between a plan runner (or the search) and the convolution it runs (its
+/// operation's function: `raw_cudnn_convolution_forward_out`, `..._backward_input_out`,
+/// `..._backward_weight_out`, `..._add_relu_out`).
 const CONV_DRIVERS: &[&str] = &[
     "at::native::try_configs",
     "at::native::try_plans",
+    "at::native::get_plans_from_find",
     "at::native::run_single_conv(",
     "at::native::run_fused_conv(",
 ];
 
+/// The function of `CUDAMallocAsyncAllocator` that probes the device's free memory with
+/// `cudaMallocAsync` calls it frees at once, for `cudnn.benchmark`'s search
+/// (`get_available_workspace`): PyTorch's default allocator answers the same question
+/// without allocating.
+const ASYNC_CACHE_INFO: &str =
+    "c10::cuda::CUDACachingAllocator::CudaMallocAsync::CudaMallocAsyncAllocator::cacheInfo(";
+
+/// Which of torch's cuDNN workspaces an allocation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvCall {
+    /// A plan's workspace (`run_conv_plan`): `cached` when the plan was the one torch had
+    /// cached, rather than one it was trying.
+    Run { cached: bool },
+    /// The workspace of `cudnn.benchmark`'s search.
+    Search,
+}
+
 /// A cuDNN convolution's workspace, from the allocation's stack (innermost frame first):
-/// the function of the convolution's operation, and whether the plan was the one torch had
-/// cached. `None` for any other allocation.
+/// the function of the convolution's operation, and which workspace it is. `None` for any
+/// other allocation.
 pub fn conv_workspace_call<'a>(
     mut functions: impl Iterator<Item = &'a str>,
-) -> Option<(&'a str, bool)> {
-    functions.find(|f| CONV_PLAN_RUNNERS.iter().any(|p| f.starts_with(p)))?;
-    let mut cached = true;
+) -> Option<(&'a str, ConvCall)> {
+    let mut call = ConvCall::Run { cached: true };
+    functions.find(|f| {
+        if f.starts_with(PLAN_SEARCHER) {
+            call = ConvCall::Search;
+        }
+        call == ConvCall::Search || CONV_PLAN_RUNNERS.iter().any(|p| f.starts_with(p))
+    })?;
     for (i, function) in functions.enumerate() {
         if i == 0 && PLAN_TRIERS.iter().any(|p| function.starts_with(p)) {
-            cached = false;
+            call = ConvCall::Run { cached: false };
         }
         if !CONV_DRIVERS.iter().any(|p| function.starts_with(p)) {
             let name = function.split('(').next().unwrap_or(function);
-            return Some((name, cached));
+            return Some((name, call));
         }
     }
     None
@@ -390,52 +421,121 @@ type Pending = (u64, Request, Option<Live>);
 pub struct ConvWorkspaces {
     /// Made for the processes known then (their count beside it): remade when more come.
     stacks: Option<(Stacks, usize)>,
-    /// Per (process, stack): the operation's hash and whether the plan was cached.
-    calls: FxHashMap<(u32, u32), Option<(u64, bool)>>,
+    /// Per (process, stack): the operation's hash and which workspace it is.
+    calls: FxHashMap<(u32, u32), Option<(u64, ConvCall)>>,
+    /// Per (process, stack): whether it is `cudaMallocAsync`'s free-memory probe.
+    probes: FxHashMap<(u32, u32), bool>,
+    /// Processes whose recording probed free memory for `cudnn.benchmark`'s search.
+    searching: Vec<u32>,
+    /// Per (process, thread): the plan of the search just made there, whose next workspace
+    /// is `try_plans` running the engine it found (inlined into `run_single_conv`: its stack
+    /// looks like a cached plan's).
+    just_searched: FxHashMap<(u32, u32), u64>,
 }
 
 impl ConvWorkspaces {
+    /// The stacks of `processes`, made again when the replay has met more processes.
+    fn stacks(&mut self, processes: &[Process]) -> &mut Stacks {
+        if self
+            .stacks
+            .as_ref()
+            .is_some_and(|(_, n)| *n < processes.len())
+        {
+            self.stacks = None;
+        }
+        let (stacks, _) = self.stacks.get_or_insert_with(|| {
+            (
+                Stacks::new(processes, StackView::Native, false),
+                processes.len(),
+            )
+        });
+        stacks
+    }
+
+    /// Whether a `cudaMallocAsync` allocation is the allocator's probe of free memory for
+    /// `cudnn.benchmark`'s search (see [`ASYNC_CACHE_INFO`]), which PyTorch's default
+    /// allocator does not make. Reads only the innermost frame (PyTorch's allocator library):
+    /// cheap enough for every allocation.
+    pub fn is_probe(&mut self, processes: &[Process], live: &Live) -> bool {
+        if live.process as usize >= processes.len() {
+            return false;
+        }
+        let key = (live.process, live.stack);
+        let probe = match self.probes.get(&key) {
+            Some(probe) => *probe,
+            None => {
+                let function =
+                    self.stacks(processes)
+                        .innermost_function(processes, live.process, live.stack);
+                let probe = function.is_some_and(|f| f.starts_with(ASYNC_CACHE_INFO));
+                self.probes.insert(key, probe);
+                probe
+            }
+        };
+        if probe && !self.searching.contains(&live.process) {
+            self.searching.push(live.process);
+        }
+        probe
+    }
+
+    /// Whether `process` runs `cudnn.benchmark`'s search (seen by [`Self::is_probe`]): its
+    /// workspaces are told apart from the start, since a search can change what follows
+    /// without failing.
+    pub fn searching(&self, process: u32) -> bool {
+        self.searching.contains(&process)
+    }
+
     /// `Request::Workspace` for an allocation that is a convolution's workspace. Its plan is
     /// torch's cache entry as far as the recording tells it: the thread (torch's plan cache
     /// is thread-local), the operation and the workspace size (the recording has no tensor
     /// shapes: two convolutions whose workspaces have the same size share an entry here).
     pub fn request(&mut self, processes: &[Process], live: &Live) -> Option<Request> {
+        let thread = (live.process, live.thread);
         let call = match self.calls.get(&(live.process, live.stack)) {
             Some(call) => *call,
             None => {
                 if live.process as usize >= processes.len() {
                     return None;
                 }
-                if self
-                    .stacks
-                    .as_ref()
-                    .is_none_or(|(_, n)| *n < processes.len())
-                {
-                    let stacks = Stacks::new(processes, StackView::Native, false);
-                    self.stacks = Some((stacks, processes.len()));
-                }
-                let (stacks, _) = self.stacks.as_mut()?;
-                let frames = stacks.frames(processes, live.process, live.stack);
+                let frames = self
+                    .stacks(processes)
+                    .frames(processes, live.process, live.stack);
                 let call =
                     conv_workspace_call(frames.iter().map(|f| f.function.as_deref().unwrap_or("")))
-                        .map(|(operation, cached)| {
+                        .map(|(operation, call)| {
                             let mut hasher = std::collections::hash_map::DefaultHasher::new();
                             operation.hash(&mut hasher);
-                            (hasher.finish(), cached)
+                            (hasher.finish(), call)
                         });
                 self.calls.insert((live.process, live.stack), call);
                 call
             }
-        }?;
-        let (operation, cached) = call;
+        };
+        let Some((operation, call)) = call else {
+            self.just_searched.remove(&thread);
+            return None;
+        };
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (live.process, live.thread, operation, live.size).hash(&mut hasher);
-        Some(Request::Workspace {
-            id: live.seq,
-            size: live.size,
-            stream: live.stream,
-            plan: hasher.finish(),
-            cached,
+        let plan = hasher.finish();
+        let searched = self.just_searched.remove(&thread);
+        Some(match call {
+            ConvCall::Search => {
+                self.just_searched.insert(thread, plan);
+                Request::SearchWorkspace {
+                    id: live.seq,
+                    size: live.size,
+                    stream: live.stream,
+                    plan,
+                }
+            }
+            ConvCall::Run { cached } => Request::Workspace {
+                id: live.seq,
+                size: live.size,
+                stream: live.stream,
+                plan,
+                cached: cached && searched != Some(plan),
+            },
         })
     }
 }
@@ -585,6 +685,9 @@ pub struct WhatIf {
     /// Tells cuDNN convolution workspaces apart (only when one might matter: see
     /// [`WhatIf::apply`]).
     workspaces: ConvWorkspaces,
+    /// Live `cudaMallocAsync` probes of free memory ([`ConvWorkspaces::is_probe`]), left
+    /// out.
+    probes: rustc_hash::FxHashSet<u64>,
     version_read: bool,
     pending: Vec<Pending>,
     /// Reused for the requests of one step.
@@ -618,6 +721,7 @@ impl WhatIf {
             torch_version: None,
             ties: Ties::default(),
             workspaces: ConvWorkspaces::default(),
+            probes: Default::default(),
             version_read: false,
             pending: Vec::new(),
             scratch: Vec::new(),
@@ -693,15 +797,35 @@ impl WhatIf {
     /// Applies one request to every simulator. An allocation is looked at as a cuDNN
     /// convolution's workspace (its stack symbolised, which costs seconds for torch's
     /// libraries) only where that can change something: when it fails in a simulator (it is
-    /// then made the workspace's failure, see [`Simulator::fall_back`]), or once a
-    /// simulator has a convolution that fell back (whose later workspaces it skips).
+    /// then made the workspace's failure, see [`Simulator::fall_back`]), once a
+    /// simulator has a convolution that fell back (whose later workspaces it skips), or in a
+    /// process that runs `cudnn.benchmark`'s search (whose workspace may be skipped or
+    /// halved without failing). `cudaMallocAsync`'s probes of free memory for that search
+    /// (told by their innermost frame alone) are left out, with their frees.
     fn apply(&mut self, processes: &[Process], (t_ns, request, site): Pending) {
         let mut request = request;
-        if let (Request::Alloc { .. }, Some(live)) = (request, &site)
-            && self.simulators.iter().any(Simulator::has_fallen_back)
-            && let Some(workspace) = self.workspaces.request(processes, live)
-        {
-            request = workspace;
+        match (request, &site) {
+            (Request::Alloc { id, .. }, Some(live)) => {
+                if self.requests.source == Source::StreamOrdered
+                    && self.workspaces.is_probe(processes, live)
+                {
+                    self.probes.insert(id);
+                    self.requests.allocs -= 1;
+                    self.requests.cudnn_probes += 1;
+                    return;
+                }
+                if (self.workspaces.searching(live.process)
+                    || self.simulators.iter().any(Simulator::has_fallen_back))
+                    && let Some(workspace) = self.workspaces.request(processes, live)
+                {
+                    request = workspace;
+                }
+            }
+            (Request::Free { id }, _) if self.probes.remove(&id) => {
+                self.requests.frees -= 1;
+                return;
+            }
+            _ => {}
         }
         for sim in &mut self.simulators {
             if let (Outcome::Oom(failure), Request::Alloc { .. }, Some(live)) =
@@ -799,7 +923,7 @@ mod tests {
     use vramshim_format::{Event, EventKind, MemInfo};
     use vramshim_sim::{AddressOrder, Config, GIB, MIB, Request};
 
-    use super::{CapacitySource, Requests, Ties, WhatIf};
+    use super::{CapacitySource, ConvCall, Requests, Ties, WhatIf};
     use crate::replay::{Effect, Live, Observer, State, Step};
 
     fn live(seq: u64, device: i32, kind: EventKind, size: u64, stream: u64) -> Live {
@@ -849,7 +973,7 @@ mod tests {
             super::conv_workspace_call(trying.into_iter()),
             Some((
                 "at::native::raw_cudnn_convolution_backward_input_out",
-                false
+                ConvCall::Run { cached: false }
             ))
         );
         let cached = [
@@ -860,7 +984,25 @@ mod tests {
         ];
         assert_eq!(
             super::conv_workspace_call(cached.into_iter()),
-            Some(("at::native::raw_cudnn_convolution_forward_out", true))
+            Some((
+                "at::native::raw_cudnn_convolution_forward_out",
+                ConvCall::Run { cached: true }
+            ))
+        );
+        // cudnn.benchmark's search workspace (torch 2.15: under get_plans_from_find).
+        let search = [
+            "c10::cuda::CUDACachingAllocator::CudaMallocAsync::CudaMallocAsyncAllocator::allocate(unsigned long)",
+            "at::native::generate_and_filter_plans(cudnnContext*, cudnn_frontend::OperationGraph_v8&)",
+            "at::native::get_plans_from_find(cudnnContext*, cudnnBackendDescriptorType_t)",
+            "at::native::run_single_conv(cudnnBackendDescriptorType_t)",
+            "at::native::raw_cudnn_convolution_backward_weight_out(at::Tensor const&)",
+        ];
+        assert_eq!(
+            super::conv_workspace_call(search.into_iter()),
+            Some((
+                "at::native::raw_cudnn_convolution_backward_weight_out",
+                ConvCall::Search
+            ))
         );
         let tensor = [
             "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",

@@ -237,12 +237,19 @@ pub fn with_report<T>(
         .count();
     if fallbacks > 0 {
         notes.push(format!(
-            "{} a cuDNN convolution's workspace (torch's run_conv_plan) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
+            "{} a cuDNN convolution's workspace (torch's run_conv_plan, or cudnn.benchmark's search) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
             if fallbacks == 1 {
                 "1 configuration met".to_string()
             } else {
                 format!("{fallbacks} configurations met")
             }
+        ));
+    }
+    if sims.requests.cudnn_probes > 0 {
+        notes.push(format!(
+            "{} {} cudaMallocAsync's probes of free memory for cudnn.benchmark's search (its cacheInfo, which the default allocator answers without allocating): not replayed; the searches themselves are (their workspace: no larger than cacheInfo's answer, halved after each failure, a survived OOM; an engine left out or a workspace halved makes the convolution run its engine with no workspace, assumed to need none, and its later workspaces are not asked for)",
+            counted(sims.requests.cudnn_probes, "allocation"),
+            if sims.requests.cudnn_probes == 1 { "was" } else { "were" },
         ));
     }
     if sims.requests.vmm_creates > 0 {

@@ -172,6 +172,7 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "frees": r.frees,
             "empty_cache": r.empty_cache,
             "failed_in_recording": r.failed,
+            "cudnn_benchmark_probes": r.cudnn_probes,
             "left_out": r.skipped,
             "other_libraries": r.external_allocs,
             "other_devices": r.other_devices,
