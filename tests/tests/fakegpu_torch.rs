@@ -1385,6 +1385,33 @@ fn an_invalid_machine_makes_cuda_unavailable_with_one_line() {
     );
 }
 
+/// The fake GPU's clock: events time modelled work only, so the same run times the same; each
+/// kernel takes 1 µs on it, so the time across kernels is never zero (Triton's `do_bench` and
+/// users' throughput lines divide by it), and nothing between two events reads 0.
+#[test]
+fn cuda_events_time_the_fake_kernels_between_them() {
+    let Some(torch) = current() else { return };
+    let script = "import torch\n\
+        x = torch.ones(1024, device='cuda')\n\
+        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))\n\
+        a.record(); b.record()\n\
+        for _ in range(3): x.add_(1)\n\
+        c.record(); c.synchronize()\n\
+        print(a.elapsed_time(b), b.elapsed_time(c))";
+    let output = Command::new(&torch.python)
+        .args(["-W", "ignore", "-c", script])
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .output()
+        .expect("run python");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "0.0 0.003000000026077032",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// `vramshim dryrun` of a real torch job that does not fit a 1 GiB card, on the product fakes:
 /// the verdict's peak equals torch's own `max_memory_reserved()`, and the failure names the
 /// script's line, torch's release-and-retry, and the smallest card that fits.

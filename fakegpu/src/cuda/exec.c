@@ -629,11 +629,16 @@ FG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 
 /* ---------------------------------------------------------------- events */
 /* The fake GPU's clock, in nanoseconds: work completes when it is issued, so the clock moves
- * only by the time the fakes give the work they model (a fake cuDNN plan's execution, see
- * vramshim_fakegpu_device_work). Events read it: the time between two events is that work,
+ * only by the time the fakes give the work they model (each kernel FG_KERNEL_NS, a fake cuDNN
+ * plan's execution its engine's time: see vramshim_fakegpu_device_work). Events read it: the time between two events is that work,
  * the same in every run (a wall clock would make cudnn.benchmark's choice of engine, which
  * sorts plans by their measured time, a matter of chance). */
 static uint64_t device_clock_ns;
+
+/* A kernel does nothing but takes this long on the fake GPU's clock, so that the time between
+ * two events around work is never zero: programs divide by it (throughput printouts, Triton's
+ * do_bench estimating its repeat count from one run). */
+#define FG_KERNEL_NS 1000ull
 
 static double now_ms(void)
 {
@@ -963,7 +968,8 @@ CUresult fg_kernel_launch_on(CUstream stream)
     if (rc)
         return rc;
     struct fg_op op = {.type = FG_OP_KERNEL};
-    fg_capture_op(stream, &op, &rc);
+    if (!fg_capture_op(stream, &op, &rc))
+        vramshim_fakegpu_device_work(FG_KERNEL_NS);
     return rc;
 }
 
@@ -1319,7 +1325,8 @@ static CUresult run_op(const struct fg_op *op)
     case FG_OP_HOST: op->host_fn(op->host_data); return CUDA_SUCCESS;
     case FG_OP_MEM_ALLOC: return graph_mem_take(op->mem);
     case FG_OP_MEM_FREE: return graph_mem_give(op->mem);
-    default: return CUDA_SUCCESS; /* kernels do nothing */
+    case FG_OP_KERNEL: vramshim_fakegpu_device_work(FG_KERNEL_NS); return CUDA_SUCCESS;
+    default: return CUDA_SUCCESS;
     }
 }
 
