@@ -799,6 +799,114 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
     }
 }
 
+/// Every entry point that begins a stream capture (runtime and driver, `_ptsz` too, one through
+/// the driver's resolver) counts the capture, so the stream-ordered calls inside it are graph
+/// nodes: the recorder asks the driver about a call's stream only while the count of captures
+/// in progress is not 0, and each end brings it back to 0 (a failed begin, an invalidated
+/// capture's end, an end with no capture leave it right). `_ptsz` allocations on stream 0
+/// inside a capture of the thread's default stream are nodes too. An entry left unhooked would
+/// leave the count at 0 and its node recorded as memory.
+#[test]
+fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
+    const ENTRIES: [(&str, bool); 11] = [
+        ("cudaStreamBeginCapture", false),
+        ("cudaStreamBeginCapture_ptsz", true),
+        ("cudaStreamBeginCaptureToGraph", false),
+        ("cudaStreamBeginCaptureToGraph_ptsz", true),
+        ("cuStreamBeginCapture", false),
+        ("cuStreamBeginCapture_ptsz", true),
+        ("cuStreamBeginCapture_v2", false),
+        ("cuStreamBeginCapture_v2_ptsz", true),
+        ("cuStreamBeginCaptureToGraph", false),
+        ("cuStreamBeginCaptureToGraph_ptsz", true),
+        ("cuGetProcAddress_v2(cuStreamBeginCapture)", false),
+    ];
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_capture_entries", major, &[("VRAMSHIM_DEBUG", 1)]);
+        let mut expected = String::new();
+        for (i, (name, _)) in ENTRIES.iter().enumerate() {
+            if name.starts_with("cuGetProcAddress") {
+                expected.push_str("resolver rc=0 found=0\n");
+            }
+            expected.push_str(&format!(
+                "{} {name} begin=0 alloc=0 free=0 end=0 graph=set after=0 destroy=0\n",
+                i + 1
+            ));
+        }
+        expected.push_str(
+            "legacy begin=900\n\
+             invalidated begin=0 sync=900 end=901 graph=null\n\
+             not-capturing end=401\n\
+             last alloc=0 free=0\n",
+        );
+        assert_eq!(run.stdout(), expected);
+        // The shim's count after each hooked begin and end (VRAMSHIM_DEBUG): one capture at a
+        // time, back to 0 after each; the runtime's inner driver call not counted twice.
+        let counts: Vec<String> = run
+            .stderr()
+            .lines()
+            .filter_map(|line| line.strip_prefix("vramshim: debug: capture "))
+            .map(str::to_owned)
+            .collect();
+        let mut expected_counts = Vec::new();
+        for _ in ENTRIES {
+            expected_counts.push("begin (result 0): stream captures in progress 1".to_string());
+            expected_counts.push("end (result 0): stream captures in progress 0".to_string());
+        }
+        for line in [
+            "begin (result 900): stream captures in progress 0",
+            "begin (result 0): stream captures in progress 1",
+            "end (result 901): stream captures in progress 0",
+            "end (result 401): stream captures in progress 0",
+        ] {
+            expected_counts.push(line.to_string());
+        }
+        assert_eq!(counts, expected_counts, "{}", run.stderr());
+        // The log: each capture's allocation is a node of its own size, made by the `_ptsz`
+        // call for the `_ptsz` entries; every allocation after an end is memory.
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let nodes: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| e["event"] == "graph_alloc")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        let expected_nodes: Vec<(String, u64)> = ENTRIES
+            .iter()
+            .enumerate()
+            .map(|(i, (_, per_thread))| {
+                let api = if *per_thread {
+                    "cudaMallocAsync_ptsz"
+                } else {
+                    "cudaMallocAsync"
+                };
+                (api.to_string(), (i as u64 + 1) * MIB + i as u64 + 1)
+            })
+            .collect();
+        assert_eq!(nodes, expected_nodes);
+        let graph_frees = events.iter().filter(|e| e["event"] == "graph_free").count();
+        assert_eq!(graph_frees, ENTRIES.len());
+        let memory: Vec<u64> = events
+            .iter()
+            .filter(|e| e["event"] == "alloc")
+            .map(|e| u64_of(e, "size"))
+            .collect();
+        let mut expected_memory = vec![MIB; ENTRIES.len()];
+        expected_memory.push(3 * MIB);
+        assert_eq!(memory, expected_memory);
+        let log = run.log().to_string_lossy().into_owned();
+        let report = json_of(&["report", "--json", &log]);
+        assert_eq!(u64_of(&report["devices"][0], "peak_bytes"), 3 * MIB);
+        assert_eq!(u64_of(&report["processes"][0], "unmatched_frees"), 0);
+    }
+}
+
 /// Graph structure (CUDA 13 and 12 fakes, whose edge-data arguments differ), under the recorder:
 /// dependencies given at add time (a duplicate refused), added and removed later (twice: 1),
 /// edges, roots and a node's dependencies read back by node index; a captured chain's edge; a

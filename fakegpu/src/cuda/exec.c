@@ -570,6 +570,42 @@ FG_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
     return CUDA_SUCCESS;
 }
 
+/* The per-thread-default-stream variants (`_ptsz`, what code built with nvcc
+ * --default-stream per-thread calls): stream 0 is the calling thread's default stream. */
+static CUstream per_thread_default(CUstream stream)
+{
+    return stream ? stream : (CUstream)(uintptr_t)2;
+}
+
+FG_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    return begin_capture(per_thread_default(stream), NULL, 2);
+}
+
+FG_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
+{
+    return begin_capture(per_thread_default(stream), NULL, mode);
+}
+
+FG_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                                    const CUgraphNode *deps, const void *edges,
+                                                    size_t count, int mode)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(per_thread_default(stream), graph, mode);
+}
+
+FG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
+{
+    return cuStreamEndCapture(per_thread_default(stream), graph);
+}
+
+FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status)
+{
+    return cuStreamIsCapturing(per_thread_default(stream), status);
+}
+
 /* Every generation of cuStreamGetCaptureInfo: the status, and while a capture is active its
  * id, graph and the stream's current dependency (the last node captured on it). */
 CUresult fg_capture_info(CUstream stream, int *status, unsigned long long *id, CUgraph *graph,

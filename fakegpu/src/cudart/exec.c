@@ -150,6 +150,28 @@ FG_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     return fg_rt_status(cuStreamEndCapture(s, graph));
 }
 
+/* The `_ptsz` variants: stream 0 is the calling thread's default stream. */
+FG_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode)
+{
+    READY();
+    return fg_rt_status(cuStreamBeginCapture_v2_ptsz(s, mode));
+}
+
+FG_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t graph,
+                                                         const CUgraphNode *deps,
+                                                         const void *edges, size_t count,
+                                                         int mode)
+{
+    READY();
+    return fg_rt_status(cuStreamBeginCaptureToGraph_ptsz(s, graph, deps, edges, count, mode));
+}
+
+FG_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *graph)
+{
+    READY();
+    return fg_rt_status(cuStreamEndCapture_ptsz(s, graph));
+}
+
 #if FG_SONAME_MAJOR == 12
 /* CUDA 12: no edge data here; _v2 has it. */
 FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
