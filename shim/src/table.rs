@@ -222,6 +222,22 @@ hooks! {
         |r| graph_pool(Layer::Runtime, None, stream);
     Runtime fn cudaDeviceGraphMemTrim(device: c_int) =>
         |r| graph_pool(Layer::Runtime, Some(device), std::ptr::null_mut());
+    // A graph exec destroyed: the driver keeps the pool until a trim, but if it gave any
+    // back the level says so.
+    Driver fn cuGraphExecDestroy(exec: *mut c_void) =>
+        |r| graph_pool(Layer::Driver, None, std::ptr::null_mut());
+    Runtime fn cudaGraphExecDestroy(exec: *mut c_void) =>
+        |r| graph_pool(Layer::Runtime, None, std::ptr::null_mut());
+    // Memory nodes added by hand: nodes as a capture makes them (no memory until a launch).
+    Driver fn cuGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| memory_node_added(r, graph, params);
+    Driver fn cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: CuDevicePtr) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::GraphFree, dptr, 0).handle(graph as u64));
+    Runtime fn cudaGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| memory_node_added(r, graph, params);
+    Runtime fn cudaGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: *mut c_void) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::GraphFree, dptr as u64, 0).handle(graph as u64));
+
     // Stream captures: counted, so that a stream-ordered call asks the driver about its stream
     // only while one is in progress (`stream_capture`). Every way to begin one, and the ends.
     Driver fn cuStreamBeginCapture(stream: Stream) =>
@@ -306,6 +322,27 @@ fn stream_ordered(result: c_int, kind: EventKind, stream: Stream, per_thread: bo
         EventKind::Free if captured => EventKind::GraphFree,
         other => other,
     }
+}
+
+/// An allocation node added to `graph` by hand: a `graph_alloc` of the node's bytes at the
+/// address the driver fixed (`CUDA_MEM_ALLOC_NODE_PARAMS` / `cudaMemAllocNodeParams`, the same
+/// layout: the pool properties' location at 8, `bytesize` at 104, `dptr` at 112).
+fn memory_node_added(result: c_int, graph: *mut c_void, params: *const c_void) -> Option<Spec> {
+    if result != 0 || params.is_null() {
+        return None;
+    }
+    let base = params.cast::<u8>();
+    let (size, addr) = unsafe {
+        (
+            base.add(104).cast::<u64>().read_unaligned(),
+            base.add(112).cast::<u64>().read_unaligned(),
+        )
+    };
+    Some(
+        Spec::new(EventKind::GraphAlloc, addr, size)
+            .handle(graph as u64)
+            .device_opt(prop_device(params)),
+    )
 }
 
 /// The graph pool's level on `device` (the current device when `None`) after a launch,

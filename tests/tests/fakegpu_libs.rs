@@ -907,6 +907,107 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
     }
 }
 
+/// Graph memory placed right (CUDA 13 and 12): memory nodes added by hand (runtime and driver)
+/// are `graph_alloc` / `graph_free` events like captured ones, their memory the pool's level at
+/// launch; a graph allocation freed outside its graph (`cudaFreeAsync`, `cudaFree`, after a
+/// launch) frees nothing the reports count and is no unmatched free; execs and graphs destroyed
+/// with no trim leave the pool held to the end, which `report` says is the driver's pool.
+#[test]
+fn graph_memory_freed_outside_added_by_hand_or_kept_after_destroy_is_reported_right() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_memory_kept", major, &[]);
+        assert_eq!(
+            run.stdout(),
+            "start taken=0 used=0 reserved=0\n\
+             captured begin=0 alloc=0 end=0 instantiate=0 launch=0\n\
+             captured-launched taken=4 used=4 reserved=4\n\
+             captured free-outside=0 sync=0\n\
+             captured-freed taken=4 used=0 reserved=4\n\
+             runtime-nodes alloc=0 address=set free=0 instantiate=0 launch=0\n\
+             runtime-launched taken=6 used=0 reserved=6\n\
+             driver-node alloc=0 address=set instantiate=0 launch=0\n\
+             driver-launched taken=6 used=4 reserved=6\n\
+             driver-node free-async=0 sync=0 again=0 free=0\n\
+             driver-freed taken=6 used=0 reserved=6\n\
+             destroyed execs=0,0,0 graphs=0,0,0\n\
+             end taken=6 used=0 reserved=6\n"
+        );
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let of_kind = |kind: &str| -> Vec<(String, u64, u64)> {
+            events
+                .iter()
+                .filter(|e| e["event"] == kind)
+                .map(|e| {
+                    assert_eq!(e["device"], 0, "{e}");
+                    (
+                        e["api"].as_str().unwrap_or("").to_string(),
+                        u64_of(e, "addr"),
+                        u64_of(e, "size"),
+                    )
+                })
+                .collect()
+        };
+        let nodes = of_kind("graph_alloc");
+        assert_eq!(
+            nodes
+                .iter()
+                .map(|(api, _, size)| (api.as_str(), *size))
+                .collect::<Vec<_>>(),
+            vec![
+                ("cudaMallocAsync", 4 * MIB),
+                ("cudaGraphAddMemAllocNode", 6 * MIB),
+                ("cuGraphAddMemAllocNode", 3 * MIB),
+            ]
+        );
+        let (captured, by_runtime, by_driver) = (nodes[0].1, nodes[1].1, nodes[2].1);
+        assert_eq!(
+            of_kind("graph_free"),
+            vec![("cudaGraphAddMemFreeNode".to_string(), by_runtime, 0)]
+        );
+        // The frees outside the graphs: recorded as the calls they are.
+        assert_eq!(
+            of_kind("free"),
+            vec![
+                ("cudaFreeAsync".to_string(), captured, 0),
+                ("cudaFreeAsync".to_string(), by_driver, 0),
+                ("cudaFree".to_string(), by_driver, 0),
+            ]
+        );
+        assert!(of_kind("alloc").is_empty());
+        // The pool's levels = the program's "taken" after each launch; destroying the execs
+        // changed nothing (no event).
+        assert_eq!(
+            of_kind("graph_pool")
+                .iter()
+                .map(|(api, _, size)| (api.as_str(), *size))
+                .collect::<Vec<_>>(),
+            vec![("cudaGraphLaunch", 4 * MIB), ("cudaGraphLaunch", 6 * MIB)]
+        );
+        let log = run.log().to_string_lossy().into_owned();
+        let report = json_of(&["report", "--json", &log]);
+        let device = &report["devices"][0];
+        assert_eq!(u64_of(device, "peak_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "graph_pool_at_peak_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "live_at_exit_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "live_at_exit_count"), 1);
+        assert_eq!(u64_of(device, "graph_pool_at_exit_bytes"), 6 * MIB);
+        let process = &report["processes"][0];
+        assert_eq!(u64_of(process, "unmatched_frees"), 0);
+        assert_eq!(u64_of(process, "graph_frees_outside"), 3);
+        let (code, text, stderr) = vramshim(&["report", &log]);
+        assert_eq!(code, Some(0), "{stderr}");
+        for line in [
+            "  3 frees of CUDA graph allocations outside their graph (back to the graph pool)\n",
+            "  live at exit  6.00 MiB in 1 allocation\n",
+            "  graph pool    6.00 MiB of it at exit (the driver keeps it, destroyed graphs' too, until cudaDeviceGraphMemTrim; not a leak)\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
+        }
+    }
+}
+
 /// Graph structure (CUDA 13 and 12 fakes, whose edge-data arguments differ), under the recorder:
 /// dependencies given at add time (a duplicate refused), added and removed later (twice: 1),
 /// edges, roots and a node's dependencies read back by node index; a captured chain's edge; a
