@@ -233,6 +233,12 @@ hooks! {
         |r| memory_node_added(r, graph, params);
     Driver fn cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: CuDevicePtr) =>
         |r| (r == 0).then(|| Spec::new(EventKind::GraphFree, dptr, 0).handle(graph as u64));
+    // The generic adder (the runtime's cudaGraphAddNode calls it, whose signature differs
+    // between CUDA 12 and 13): its memory nodes.
+    Driver fn cuGraphAddNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| generic_node_added(r, graph, params);
+    Driver fn cuGraphAddNode_v2(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, params: *const c_void) =>
+        |r| generic_node_added(r, graph, params);
     Runtime fn cudaGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
         |r| memory_node_added(r, graph, params);
     Runtime fn cudaGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: *mut c_void) =>
@@ -343,6 +349,32 @@ fn memory_node_added(result: c_int, graph: *mut c_void, params: *const c_void) -
             .handle(graph as u64)
             .device_opt(prop_device(params)),
     )
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` / `_MEM_FREE`.
+const NODE_TYPE_MEM_ALLOC: i32 = 10;
+const NODE_TYPE_MEM_FREE: i32 = 11;
+/// Where `CUgraphNodeParams` holds the type's parameters (after the type and 3 reserved ints).
+const NODE_PARAMS_UNION: usize = 16;
+
+/// A node added with the generic `cuGraphAddNode(_v2)`: a memory node as
+/// [`memory_node_added`] (`CUDA_MEM_ALLOC_NODE_PARAMS_v2` has the same layout) or a
+/// `graph_free` (`CUDA_MEM_FREE_NODE_PARAMS`: the address); any other node, nothing.
+fn generic_node_added(result: c_int, graph: *mut c_void, params: *const c_void) -> Option<Spec> {
+    if result != 0 || params.is_null() {
+        return None;
+    }
+    let base = params.cast::<u8>();
+    let kind = unsafe { base.cast::<i32>().read_unaligned() };
+    let inner = unsafe { base.add(NODE_PARAMS_UNION) };
+    match kind {
+        NODE_TYPE_MEM_ALLOC => memory_node_added(result, graph, inner.cast()),
+        NODE_TYPE_MEM_FREE => {
+            let addr = unsafe { inner.cast::<u64>().read_unaligned() };
+            Some(Spec::new(EventKind::GraphFree, addr, 0).handle(graph as u64))
+        }
+        _ => None,
+    }
 }
 
 /// The graph pool's level on `device` (the current device when `None`) after a launch,

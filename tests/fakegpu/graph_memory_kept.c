@@ -1,7 +1,9 @@
 /* Graph memory the recorder must place right, on the fake runtime: a captured allocation the
  * graph does not free, freed outside it after the launch (cudaFreeAsync); memory nodes added by
  * hand, by the runtime (6 MiB, freed by a free node) and by the driver (3 MiB, freed outside
- * after each launch: cudaFreeAsync, then cudaFree); then every exec and graph destroyed with no
+ * after each launch: cudaFreeAsync, then cudaFree); a 2 MiB pair added with the generic
+ * cudaGraphAddNode / cuGraphAddNode (and a kernel node type it refuses); then every exec and
+ * graph destroyed with no
  * trim, so the device's graph pool keeps its 6 MiB to the end. One line per step: the device
  * memory taken since the start and the pool's used and reserved bytes, in MiB. Built with
  * -DCUDA_MAJOR=13 or 12. */
@@ -29,6 +31,27 @@ typedef struct {
     size_t bytesize;
     void *dptr;
 } cudaMemAllocNodeParams;
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        cudaMemAllocNodeParams alloc;
+        void *free_dptr;
+    };
+    long long reserved2;
+} cudaGraphNodeParams;
+#if CUDA_MAJOR == 12
+cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                             const cudaGraphNode_t *deps, size_t count,
+                             cudaGraphNodeParams *params);
+#define ADD_NODE(node, graph, params) cudaGraphAddNode(node, graph, NULL, 0, params)
+#else
+cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                             const cudaGraphNode_t *deps, const void *edges, size_t count,
+                             cudaGraphNodeParams *params);
+#define ADD_NODE(node, graph, params) cudaGraphAddNode(node, graph, NULL, NULL, 0, params)
+#endif
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
@@ -86,7 +109,12 @@ int main(void)
         libcuda ? (int (*)(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *, size_t,
                            cudaMemAllocNodeParams *))dlsym(libcuda, "cuGraphAddMemAllocNode")
                 : NULL;
-    if (!cu_add_alloc || cudaStreamCreate(&s) || cudaMemGetInfo(&free0, &total)) {
+    int (*cu_add_node)(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *, size_t,
+                       cudaGraphNodeParams *) =
+        libcuda ? (int (*)(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *, size_t,
+                           cudaGraphNodeParams *))dlsym(libcuda, "cuGraphAddNode")
+                : NULL;
+    if (!cu_add_alloc || !cu_add_node || cudaStreamCreate(&s) || cudaMemGetInfo(&free0, &total)) {
         printf("setup failed\n");
         return 1;
     }
@@ -140,7 +168,33 @@ int main(void)
            free_sync);
     pool("driver-freed");
 
-    /* 4. Everything destroyed, no trim: the pool keeps its memory. */
+    /* 4. The generic adder: a 2 MiB allocation node (the runtime's), its free node (the
+     * driver's); a kernel node is not supported by the fakes. */
+    cudaGraph_t generic;
+    cudaGraphExec_t generic_exec;
+    cudaGraphCreate(&generic, 0);
+    cudaGraphNodeParams node_params;
+    memset(&node_params, 0, sizeof node_params);
+    node_params.type = 10; /* memory allocation */
+    node_params.alloc = on_device(2 * MIB);
+    add = ADD_NODE(&alloc_node, generic, &node_params);
+    void *generic_dptr = node_params.alloc.dptr;
+    memset(&node_params, 0, sizeof node_params);
+    node_params.type = 11; /* memory free */
+    node_params.free_dptr = generic_dptr;
+    add_free = cu_add_node(&free_node, generic, &alloc_node, 1, &node_params);
+    memset(&node_params, 0, sizeof node_params);
+    node_params.type = 0; /* kernel */
+    int other = ADD_NODE(&free_node, generic, &node_params);
+    inst = cudaGraphInstantiate(&generic_exec, generic, 0);
+    launch = cudaGraphLaunch(generic_exec, s);
+    printf("generic alloc=%d address=%s free=%d kernel=%d instantiate=%d launch=%d\n", add,
+           generic_dptr ? "set" : "null", add_free, other, inst, launch);
+    pool("generic-launched");
+    printf("generic destroy exec=%d graph=%d\n", cudaGraphExecDestroy(generic_exec),
+           cudaGraphDestroy(generic));
+
+    /* 5. Everything destroyed, no trim: the pool keeps its memory. */
     printf("destroyed execs=%d,%d,%d graphs=%d,%d,%d\n", cudaGraphExecDestroy(captured_exec),
            cudaGraphExecDestroy(runtime_exec), cudaGraphExecDestroy(driver_exec),
            cudaGraphDestroy(captured), cudaGraphDestroy(by_runtime), cudaGraphDestroy(by_driver));

@@ -907,9 +907,9 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
     }
 }
 
-/// Graph memory placed right (CUDA 13 and 12): memory nodes added by hand (runtime and driver)
-/// are `graph_alloc` / `graph_free` events like captured ones, their memory the pool's level at
-/// launch; a graph allocation freed outside its graph (`cudaFreeAsync`, `cudaFree`, after a
+/// Graph memory placed right (CUDA 13 and 12): memory nodes added by hand (runtime and driver,
+/// the dedicated adders and the generic `cu(da)GraphAddNode`) are `graph_alloc` / `graph_free`
+/// events like captured ones, their memory the pool's level at launch; a graph allocation freed outside its graph (`cudaFreeAsync`, `cudaFree`, after a
 /// launch) frees nothing the reports count and is no unmatched free; execs and graphs destroyed
 /// with no trim leave the pool held to the end, which `report` says is the driver's pool.
 #[test]
@@ -930,6 +930,9 @@ fn graph_memory_freed_outside_added_by_hand_or_kept_after_destroy_is_reported_ri
              driver-launched taken=6 used=4 reserved=6\n\
              driver-node free-async=0 sync=0 again=0 free=0\n\
              driver-freed taken=6 used=0 reserved=6\n\
+             generic alloc=0 address=set free=0 kernel=801 instantiate=0 launch=0\n\
+             generic-launched taken=6 used=0 reserved=6\n\
+             generic destroy exec=0 graph=0\n\
              destroyed execs=0,0,0 graphs=0,0,0\n\
              end taken=6 used=0 reserved=6\n"
         );
@@ -959,12 +962,18 @@ fn graph_memory_freed_outside_added_by_hand_or_kept_after_destroy_is_reported_ri
                 ("cudaMallocAsync", 4 * MIB),
                 ("cudaGraphAddMemAllocNode", 6 * MIB),
                 ("cuGraphAddMemAllocNode", 3 * MIB),
+                // cudaGraphAddNode, through the driver's generic adder.
+                ("cuGraphAddNode_v2", 2 * MIB),
             ]
         );
-        let (captured, by_runtime, by_driver) = (nodes[0].1, nodes[1].1, nodes[2].1);
+        let (captured, by_runtime, by_driver, generic) =
+            (nodes[0].1, nodes[1].1, nodes[2].1, nodes[3].1);
         assert_eq!(
             of_kind("graph_free"),
-            vec![("cudaGraphAddMemFreeNode".to_string(), by_runtime, 0)]
+            vec![
+                ("cudaGraphAddMemFreeNode".to_string(), by_runtime, 0),
+                ("cuGraphAddNode".to_string(), generic, 0),
+            ]
         );
         // The frees outside the graphs: recorded as the calls they are.
         assert_eq!(

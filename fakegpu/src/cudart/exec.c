@@ -534,6 +534,33 @@ FG_EXPORT cudaError_t cudaGraphChildGraphNodeGetGraph(CUgraphNode node, cudaGrap
     return fg_rt_status(cuGraphChildGraphNodeGetGraph(node, graph));
 }
 
+/* The generic node adder (cudaGraphNodeParams has the driver's layout): memory nodes only,
+ * as the driver's. CUDA 13's takes edge data; CUDA 12's has it in _v2. */
+#if FG_SONAME_MAJOR == 12
+FG_EXPORT cudaError_t cudaGraphAddNode(CUgraphNode *node, cudaGraph_t graph,
+                                       const CUgraphNode *deps, size_t count, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, NULL, count, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphAddNode_v2(CUgraphNode *node, cudaGraph_t graph,
+                                          const CUgraphNode *deps, const void *edges,
+                                          size_t count, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, edges, count, params));
+}
+#else
+FG_EXPORT cudaError_t cudaGraphAddNode(CUgraphNode *node, cudaGraph_t graph,
+                                       const CUgraphNode *deps, const void *edges, size_t count,
+                                       void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, edges, count, params));
+}
+#endif
+
 /* Graph memory nodes: cudaMemAllocNodeParams has the driver's layout. */
 FG_EXPORT cudaError_t cudaGraphAddMemAllocNode(CUgraphNode *node, cudaGraph_t graph,
                                                const CUgraphNode *deps, size_t count,
