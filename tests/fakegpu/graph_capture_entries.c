@@ -4,8 +4,12 @@
  * driver entries come from dlsym on libcuda (one through cuGetProcAddress_v2); `_ptsz`
  * entries capture the thread's default stream (stream 0) and allocate with the `_ptsz`
  * allocation calls on stream 0. Then a begin that fails, an invalidated capture, an end of a
- * stream not capturing. One line per step. Built with -DCUDA_MAJOR=13 or 12. */
+ * stream not capturing; and across threads: a capture begun on the main thread (relaxed mode)
+ * that a second thread's stream joins through an event: that thread's allocation on the joined
+ * stream is a node (5 MiB), its allocation on a stream of its own is memory (7 MiB). One line
+ * per step. Built with -DCUDA_MAJOR=13 or 12. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +35,10 @@ cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t graph
                                                size_t count, int mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
 cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *graph);
+typedef void *cudaEvent_t;
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 
 #define MIB (1024ull * 1024)
 enum { GLOBAL = 0, RELAXED = 2 };
@@ -70,6 +78,23 @@ static void body(int i, const char *name, int begin, int per_thread, end_t end_d
     after |= cudaStreamSynchronize(stream);
     printf("%d %s begin=%d alloc=%d free=%d end=%d graph=%s after=%d destroy=%d\n", i, name, begin,
            alloc, release, end, graph ? "set" : "null", after, graph ? cudaGraphDestroy(graph) : -1);
+}
+
+/* The second thread: joins the capture on `joined`, allocates there and on `own`, joins back. */
+static cudaStream_t joined, own;
+static cudaEvent_t forked, back;
+static int thread_rc[6];
+static void *second_thread(void *unused)
+{
+    (void)unused;
+    void *node = NULL, *memory = NULL;
+    thread_rc[0] = cudaStreamWaitEvent(joined, forked, 0);
+    thread_rc[1] = cudaMallocAsync(&node, 5 * MIB, joined);
+    thread_rc[2] = cudaFreeAsync(node, joined);
+    thread_rc[3] = cudaMallocAsync(&memory, 7 * MIB, own);
+    thread_rc[3] |= cudaFreeAsync(memory, own) | cudaStreamSynchronize(own);
+    thread_rc[4] = cudaEventRecord(back, joined);
+    return NULL;
 }
 
 int main(void)
@@ -136,6 +161,23 @@ int main(void)
     /* An end with no capture. */
     printf("not-capturing end=%d\n", cudaStreamEndCapture(s, &graph));
     void *p = NULL;
-    printf("last alloc=%d free=%d\n", cudaMallocAsync(&p, 3 * MIB, s), cudaFreeAsync(p, s));
+    int last = cudaMallocAsync(&p, 3 * MIB, s);
+    printf("last alloc=%d free=%d\n", last, cudaFreeAsync(p, s));
+
+    /* Across threads. */
+    pthread_t thread;
+    int setup = cudaStreamCreate(&joined) | cudaStreamCreate(&own) | cudaEventCreate(&forked) |
+                cudaEventCreate(&back);
+    begin = cudaStreamBeginCapture(s, RELAXED);
+    int record = cudaEventRecord(forked, s);
+    int started = pthread_create(&thread, NULL, second_thread, NULL);
+    pthread_join(thread, NULL);
+    int rejoin = cudaStreamWaitEvent(s, back, 0);
+    graph = NULL;
+    ended = cudaStreamEndCapture(s, &graph);
+    printf("threads setup=%d begin=%d record=%d thread=%d wait=%d node=%d,%d memory=%d "
+           "record=%d rejoin=%d end=%d graph=%s\n",
+           setup, begin, record, started, thread_rc[0], thread_rc[1], thread_rc[2], thread_rc[3],
+           thread_rc[4], rejoin, ended, graph ? "set" : "null");
     return 0;
 }

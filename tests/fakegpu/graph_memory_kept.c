@@ -132,7 +132,8 @@ int main(void)
     printf("captured begin=%d alloc=%d end=%d instantiate=%d launch=%d\n", begin, alloc, end, inst,
            launch);
     pool("captured-launched");
-    printf("captured free-outside=%d sync=%d\n", cudaFreeAsync(c, s), cudaStreamSynchronize(s));
+    int free_outside = cudaFreeAsync(c, s);
+    printf("captured free-outside=%d sync=%d\n", free_outside, cudaStreamSynchronize(s));
     pool("captured-freed");
 
     /* 2. The runtime's nodes: 6 MiB allocated and freed in the graph. */
@@ -191,8 +192,8 @@ int main(void)
     printf("generic alloc=%d address=%s free=%d kernel=%d instantiate=%d launch=%d\n", add,
            generic_dptr ? "set" : "null", add_free, other, inst, launch);
     pool("generic-launched");
-    printf("generic destroy exec=%d graph=%d\n", cudaGraphExecDestroy(generic_exec),
-           cudaGraphDestroy(generic));
+    int destroy_exec = cudaGraphExecDestroy(generic_exec);
+    printf("generic destroy exec=%d graph=%d\n", destroy_exec, cudaGraphDestroy(generic));
 
     /* 5. Everything destroyed, no trim: the pool keeps its memory. */
     printf("destroyed execs=%d,%d,%d graphs=%d,%d,%d\n", cudaGraphExecDestroy(captured_exec),

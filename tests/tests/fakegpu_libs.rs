@@ -804,7 +804,8 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
 /// nodes: the recorder asks the driver about a call's stream only while the count of captures
 /// in progress is not 0, and each end brings it back to 0 (a failed begin, an invalidated
 /// capture's end, an end with no capture leave it right). `_ptsz` allocations on stream 0
-/// inside a capture of the thread's default stream are nodes too. An entry left unhooked would
+/// inside a capture of the thread's default stream are nodes too. Across threads: another
+/// thread's allocation on a stream joined to the capture is a node, on its own stream memory. An entry left unhooked would
 /// leave the count at 0 and its node recorded as memory.
 #[test]
 fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
@@ -838,7 +839,9 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
             "legacy begin=900\n\
              invalidated begin=0 sync=900 end=901 graph=null\n\
              not-capturing end=401\n\
-             last alloc=0 free=0\n",
+             last alloc=0 free=0\n\
+             threads setup=0 begin=0 record=0 thread=0 wait=0 node=0,0 memory=0 record=0 \
+             rejoin=0 end=0 graph=set\n",
         );
         assert_eq!(run.stdout(), expected);
         // The shim's count after each hooked begin and end (VRAMSHIM_DEBUG): one capture at a
@@ -859,6 +862,8 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
             "begin (result 0): stream captures in progress 1",
             "end (result 901): stream captures in progress 0",
             "end (result 401): stream captures in progress 0",
+            "begin (result 0): stream captures in progress 1",
+            "end (result 0): stream captures in progress 0",
         ] {
             expected_counts.push(line.to_string());
         }
@@ -877,7 +882,7 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
                 )
             })
             .collect();
-        let expected_nodes: Vec<(String, u64)> = ENTRIES
+        let mut expected_nodes: Vec<(String, u64)> = ENTRIES
             .iter()
             .enumerate()
             .map(|(i, (_, per_thread))| {
@@ -889,20 +894,33 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
                 (api.to_string(), (i as u64 + 1) * MIB + i as u64 + 1)
             })
             .collect();
+        // The second thread's, on the stream that joined the main thread's capture.
+        expected_nodes.push(("cudaMallocAsync".to_string(), 5 * MIB));
         assert_eq!(nodes, expected_nodes);
         let graph_frees = events.iter().filter(|e| e["event"] == "graph_free").count();
-        assert_eq!(graph_frees, ENTRIES.len());
+        assert_eq!(graph_frees, ENTRIES.len() + 1);
         let memory: Vec<u64> = events
             .iter()
             .filter(|e| e["event"] == "alloc")
             .map(|e| u64_of(e, "size"))
             .collect();
         let mut expected_memory = vec![MIB; ENTRIES.len()];
-        expected_memory.push(3 * MIB);
+        // After the captures; the second thread's on a stream of its own during one.
+        expected_memory.extend([3 * MIB, 7 * MIB]);
         assert_eq!(memory, expected_memory);
+        let thread_of = |kind: &str, size: u64| {
+            events
+                .iter()
+                .find(|e| e["event"] == kind && e["size"] == size)
+                .map(|e| u64_of(e, "thread"))
+        };
+        let main_thread = thread_of("alloc", 3 * MIB);
+        let second_thread = thread_of("graph_alloc", 5 * MIB);
+        assert!(second_thread.is_some() && second_thread != main_thread);
+        assert_eq!(thread_of("alloc", 7 * MIB), second_thread);
         let log = run.log().to_string_lossy().into_owned();
         let report = json_of(&["report", "--json", &log]);
-        assert_eq!(u64_of(&report["devices"][0], "peak_bytes"), 3 * MIB);
+        assert_eq!(u64_of(&report["devices"][0], "peak_bytes"), 7 * MIB);
         assert_eq!(u64_of(&report["processes"][0], "unmatched_frees"), 0);
     }
 }
