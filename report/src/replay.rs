@@ -47,6 +47,10 @@ pub struct Process {
     /// Frees of addresses that were never seen allocated (allocated before recording began,
     /// or lost to damage or dropping).
     pub unmatched_frees: u64,
+    /// Frees (`cudaFree`, `cudaFreeAsync`...) of a CUDA graph's allocation made outside the
+    /// graph, after a launch: the memory goes back to the device's graph pool, which keeps
+    /// it (its level is recorded by the launches and trims), so they free nothing here.
+    pub graph_frees_outside: u64,
     /// Time of the process's last timed record.
     pub end_ns: u64,
     pub events: u64,
@@ -441,6 +445,9 @@ pub struct State {
     /// Tensor view: physical allocations (process, handle) PyTorch mapped into its
     /// expandable segments: the segments count them, and their release ends nothing live.
     segment_handles: HashSet<(u32, u64)>,
+    /// Addresses of CUDA graph allocations (process, address), from `graph_alloc` events: fixed
+    /// for the node's life, reused at each launch.
+    graph_addresses: HashSet<(u32, u64)>,
     /// Per device, summed over processes; few devices, so a vector beats a map.
     devices: Vec<DeviceBytes>,
     /// Per (process, device).
@@ -1005,6 +1012,7 @@ pub fn run_view(
             dropped: 0,
             dumps: Vec::new(),
             unmatched_frees: 0,
+            graph_frees_outside: 0,
             end_ns: 0,
             events: 0,
             unplaced_blocks: 0,
@@ -1685,6 +1693,10 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
             }
         }
         EventKind::Create | EventKind::Release => (1, event.handle),
+        EventKind::GraphAlloc => {
+            state.graph_addresses.insert((index, event.addr));
+            return Effect::None;
+        }
         // The device's graph pool at its new level (the old one removed by `step_event`).
         EventKind::GraphPool if event.size > 0 => {
             let live = live_of(index, t_ns, event, state.seq);
@@ -1706,6 +1718,10 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
         }
         _ => match state.remove(&key) {
             Some(live) => Effect::Removed(live),
+            None if class == 0 && state.graph_addresses.contains(&(index, value)) => {
+                process.graph_frees_outside += 1;
+                Effect::None
+            }
             None => {
                 process.unmatched_frees += 1;
                 Effect::Unmatched

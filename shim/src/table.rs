@@ -12,7 +12,7 @@ use vramshim_format::EventKind;
 
 use crate::capture::{self, Spec};
 use crate::real::{self, Layer};
-use crate::torch_trace;
+use crate::{stream_capture, torch_trace};
 
 /// One row of the table.
 pub struct HookDef {
@@ -33,7 +33,7 @@ const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
 const CUDA_RT_ERROR_SYMBOL_NOT_FOUND: c_int = 500;
 
 macro_rules! hooks {
-    ($( $layer:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => |$res:ident| $spec:expr; )*) => {
+    ($( $layer:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $(watch $watch:ident ( $($warg:expr),* ),)? |$res:ident| $spec:expr; )*) => {
         /// Index of each hook in [`HOOKS`]; also the `api` number in the log.
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,13 +70,18 @@ macro_rules! hooks {
                     return missing_real(Layer::$layer);
                 }
                 let real: Real = unsafe { std::mem::transmute::<*mut c_void, Real>(real) };
-                capture::hook(
+                // A watched call (stream capture begin/end): its state around the real call,
+                // kept whether or not the call is recorded.
+                $( let watched = stream_capture::$watch::before($($warg),*); )?
+                let result = capture::hook(
                     Hook::$name as u16,
                     Layer::$layer,
                     || unsafe { real($($arg),*) },
                     #[allow(unused_variables)]
                     |$res: c_int| -> Option<Spec> { $spec },
-                )
+                );
+                $( stream_capture::$watch::after(watched, result); )?
+                result
             }
         )*
     };
@@ -105,17 +110,17 @@ hooks! {
         |r| Some(Spec::new(EventKind::Free, p as u64, 0).host());
     // Driver: stream-ordered allocation (each also as the per-thread-default-stream variant).
     Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, false), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, true), out(r, dptr), bytesize as u64).stream(stream));
     Driver fn cuMemAllocFromPoolAsync(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, false), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, true), out(r, dptr), bytesize as u64).stream(stream).handle(pool as u64));
     Driver fn cuMemFreeAsync(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream), dptr).stream(stream));
+        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream, false), dptr).stream(stream));
     Driver fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: Stream) =>
-        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream), dptr).stream(stream));
+        |r| Some(freed(r, stream_ordered(r, EventKind::Free, stream, true), dptr).stream(stream));
     Driver fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) =>
         |r| Some(Spec::new(EventKind::Trim, 0, min_bytes_to_keep as u64).handle(pool as u64));
     // Driver: virtual memory management.
@@ -171,17 +176,17 @@ hooks! {
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
         |r| (!dev_ptr.is_null()).then(|| freed(r, EventKind::Free, dev_ptr as u64).segment_release());
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, false), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, true), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream), dev_ptr as u64).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream, false), dev_ptr as u64).stream(stream));
     Runtime fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) =>
-        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream), dev_ptr as u64).stream(stream));
+        |r| (!dev_ptr.is_null()).then(|| freed(r, stream_ordered(r, EventKind::Free, stream, true), dev_ptr as u64).stream(stream));
     Runtime fn cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, false), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocFromPoolAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: Stream) =>
-        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
+        |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, true), out_ptr(r, dev_ptr), size as u64).stream(stream).handle(pool as u64));
     Runtime fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) =>
         |r| Some(Spec::new(EventKind::Alloc, out_ptr(r, dev_ptr), size as u64));
     Runtime fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) =>
@@ -223,6 +228,58 @@ hooks! {
         |r| graph_pool(Layer::Runtime, None, stream);
     Runtime fn cudaDeviceGraphMemTrim(device: c_int) =>
         |r| graph_pool(Layer::Runtime, Some(device), std::ptr::null_mut());
+    // A graph exec destroyed: the driver keeps the pool until a trim, but if it gave any
+    // back the level says so.
+    Driver fn cuGraphExecDestroy(exec: *mut c_void) =>
+        |r| graph_pool(Layer::Driver, None, std::ptr::null_mut());
+    Runtime fn cudaGraphExecDestroy(exec: *mut c_void) =>
+        |r| graph_pool(Layer::Runtime, None, std::ptr::null_mut());
+    // Memory nodes added by hand: nodes as a capture makes them (no memory until a launch).
+    Driver fn cuGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| memory_node_added(r, graph, params);
+    Driver fn cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: CuDevicePtr) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::GraphFree, dptr, 0).handle(graph as u64));
+    // The generic adder (the runtime's cudaGraphAddNode calls it, whose signature differs
+    // between CUDA 12 and 13): its memory nodes.
+    Driver fn cuGraphAddNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| generic_node_added(r, graph, params);
+    Driver fn cuGraphAddNode_v2(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, params: *const c_void) =>
+        |r| generic_node_added(r, graph, params);
+    Runtime fn cudaGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, params: *const c_void) =>
+        |r| memory_node_added(r, graph, params);
+    Runtime fn cudaGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const c_void, count: usize, dptr: *mut c_void) =>
+        |r| (r == 0).then(|| Spec::new(EventKind::GraphFree, dptr as u64, 0).handle(graph as u64));
+
+    // Stream captures: counted, so that a stream-ordered call asks the driver about its stream
+    // only while one is in progress (`stream_capture`). Every way to begin one, and the ends.
+    Driver fn cuStreamBeginCapture(stream: Stream) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamBeginCapture_ptsz(stream: Stream) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamBeginCapture_v2(stream: Stream, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamBeginCapture_v2_ptsz(stream: Stream, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamBeginCaptureToGraph(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Driver fn cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) =>
+        watch End(stream, false), |r| None;
+    Driver fn cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) =>
+        watch End(stream, true), |r| None;
+    Runtime fn cudaStreamBeginCapture(stream: Stream, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Runtime fn cudaStreamBeginCapture_ptsz(stream: Stream, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Runtime fn cudaStreamBeginCaptureToGraph(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Runtime fn cudaStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
+        watch Begin(stream), |r| None;
+    Runtime fn cudaStreamEndCapture(stream: Stream, graph: *mut *mut c_void) =>
+        watch End(stream, false), |r| None;
+    Runtime fn cudaStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) =>
+        watch End(stream, true), |r| None;
 }
 
 /// `CUipcMemHandle` / `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.
@@ -325,46 +382,69 @@ const GRAPH_POOL_DEVICES: usize = 64;
 static GRAPH_POOL_LEVEL: [std::sync::atomic::AtomicU64; GRAPH_POOL_DEVICES] =
     [const { std::sync::atomic::AtomicU64::new(0) }; GRAPH_POOL_DEVICES];
 
-/// A driver entry point looked up once in the application's libcuda (null = not there).
-fn driver_entry(slot: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
-    let found = slot.load(Ordering::Acquire);
-    if !found.is_null() {
-        return found;
+/// `kind` as recorded for a stream-ordered call on `stream` that returned `result`
+/// (`per_thread`: a `_ptsz` entry point): a graph node kind when the stream is being captured
+/// (the call took or gave back no device memory). The driver is asked only while some capture
+/// is in progress; a failed call is recorded as failed.
+#[inline]
+fn stream_ordered(result: c_int, kind: EventKind, stream: Stream, per_thread: bool) -> EventKind {
+    if result != 0 || !stream_capture::any_in_progress() {
+        return kind;
     }
-    let Some(handle) = real::libcuda() else {
-        return std::ptr::null_mut();
-    };
-    let found = real::real_dlsym(handle, name);
-    slot.store(found, Ordering::Release);
-    found
+    let captured = stream_capture::queryable(stream, per_thread)
+        .and_then(stream_capture::status)
+        .is_some_and(|status| status != 0);
+    match kind {
+        EventKind::Alloc if captured => EventKind::GraphAlloc,
+        EventKind::Free if captured => EventKind::GraphFree,
+        other => other,
+    }
 }
 
-/// `kind` as recorded for a stream-ordered call on `stream` that returned `result`: a graph
-/// node kind when the stream is being captured (the call took or gave back no device memory).
-fn stream_ordered(result: c_int, kind: EventKind, stream: Stream) -> EventKind {
-    // The legacy default stream (0, or CU_STREAM_LEGACY = 1) is never captured, and asking
-    // about it while another stream captures is itself a prohibited call: not asked. A failed
-    // call is recorded as failed.
-    if result != 0 || (stream as usize) < 2 {
-        return kind;
+/// An allocation node added to `graph` by hand: a `graph_alloc` of the node's bytes at the
+/// address the driver fixed (`CUDA_MEM_ALLOC_NODE_PARAMS` / `cudaMemAllocNodeParams`, the same
+/// layout: the pool properties' location at 8, `bytesize` at 104, `dptr` at 112).
+fn memory_node_added(result: c_int, graph: *mut c_void, params: *const c_void) -> Option<Spec> {
+    if result != 0 || params.is_null() {
+        return None;
     }
-    static IS_CAPTURING: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-    let real = driver_entry(&IS_CAPTURING, c"cuStreamIsCapturing");
-    if real.is_null() {
-        return kind;
+    let base = params.cast::<u8>();
+    let (size, addr) = unsafe {
+        (
+            base.add(104).cast::<u64>().read_unaligned(),
+            base.add(112).cast::<u64>().read_unaligned(),
+        )
+    };
+    Some(
+        Spec::new(EventKind::GraphAlloc, addr, size)
+            .handle(graph as u64)
+            .device_opt(prop_device(params)),
+    )
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` / `_MEM_FREE`.
+const NODE_TYPE_MEM_ALLOC: i32 = 10;
+const NODE_TYPE_MEM_FREE: i32 = 11;
+/// Where `CUgraphNodeParams` holds the type's parameters (after the type and 3 reserved ints).
+const NODE_PARAMS_UNION: usize = 16;
+
+/// A node added with the generic `cuGraphAddNode(_v2)`: a memory node as
+/// [`memory_node_added`] (`CUDA_MEM_ALLOC_NODE_PARAMS_v2` has the same layout) or a
+/// `graph_free` (`CUDA_MEM_FREE_NODE_PARAMS`: the address); any other node, nothing.
+fn generic_node_added(result: c_int, graph: *mut c_void, params: *const c_void) -> Option<Spec> {
+    if result != 0 || params.is_null() {
+        return None;
     }
-    let real: unsafe extern "C" fn(Stream, *mut c_int) -> c_int =
-        unsafe { std::mem::transmute::<*mut c_void, _>(real) };
-    let mut status: c_int = 0;
-    // Not the runtime's cudaStreamIsCapturing: a driver query takes no runtime lock and is
-    // not hooked. Status 1 = active, 2 = invalidated (still inside a capture).
-    if unsafe { real(stream, &mut status) } != 0 || status == 0 {
-        return kind;
-    }
+    let base = params.cast::<u8>();
+    let kind = unsafe { base.cast::<i32>().read_unaligned() };
+    let inner = unsafe { base.add(NODE_PARAMS_UNION) };
     match kind {
-        EventKind::Alloc => EventKind::GraphAlloc,
-        EventKind::Free => EventKind::GraphFree,
-        other => other,
+        NODE_TYPE_MEM_ALLOC => memory_node_added(result, graph, inner.cast()),
+        NODE_TYPE_MEM_FREE => {
+            let addr = unsafe { inner.cast::<u64>().read_unaligned() };
+            Some(Spec::new(EventKind::GraphFree, addr, 0).handle(graph as u64))
+        }
+        _ => None,
     }
 }
 
@@ -372,7 +452,7 @@ fn stream_ordered(result: c_int, kind: EventKind, stream: Stream) -> EventKind {
 /// upload or trim, as an event when it changed since the last one recorded.
 fn graph_pool(layer: Layer, device: Option<c_int>, stream: Stream) -> Option<Spec> {
     static GET_ATTRIBUTE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-    let real = driver_entry(&GET_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute");
+    let real = stream_capture::driver_entry(&GET_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute");
     if real.is_null() {
         return None;
     }

@@ -799,6 +799,242 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
     }
 }
 
+/// Every entry point that begins a stream capture (runtime and driver, `_ptsz` too, one through
+/// the driver's resolver) counts the capture, so the stream-ordered calls inside it are graph
+/// nodes: the recorder asks the driver about a call's stream only while the count of captures
+/// in progress is not 0, and each end brings it back to 0 (a failed begin, an invalidated
+/// capture's end, an end with no capture leave it right). `_ptsz` allocations on stream 0
+/// inside a capture of the thread's default stream are nodes too. Across threads: another
+/// thread's allocation on a stream joined to the capture is a node, on its own stream memory. An entry left unhooked would
+/// leave the count at 0 and its node recorded as memory.
+#[test]
+fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
+    const ENTRIES: [(&str, bool); 11] = [
+        ("cudaStreamBeginCapture", false),
+        ("cudaStreamBeginCapture_ptsz", true),
+        ("cudaStreamBeginCaptureToGraph", false),
+        ("cudaStreamBeginCaptureToGraph_ptsz", true),
+        ("cuStreamBeginCapture", false),
+        ("cuStreamBeginCapture_ptsz", true),
+        ("cuStreamBeginCapture_v2", false),
+        ("cuStreamBeginCapture_v2_ptsz", true),
+        ("cuStreamBeginCaptureToGraph", false),
+        ("cuStreamBeginCaptureToGraph_ptsz", true),
+        ("cuGetProcAddress_v2(cuStreamBeginCapture)", false),
+    ];
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_capture_entries", major, &[("VRAMSHIM_DEBUG", 1)]);
+        let mut expected = String::new();
+        for (i, (name, _)) in ENTRIES.iter().enumerate() {
+            if name.starts_with("cuGetProcAddress") {
+                expected.push_str("resolver rc=0 found=0\n");
+            }
+            expected.push_str(&format!(
+                "{} {name} begin=0 alloc=0 free=0 end=0 graph=set after=0 destroy=0\n",
+                i + 1
+            ));
+        }
+        expected.push_str(
+            "legacy begin=900\n\
+             invalidated begin=0 sync=900 end=901 graph=null\n\
+             not-capturing end=401\n\
+             last alloc=0 free=0\n\
+             threads setup=0 begin=0 record=0 thread=0 wait=0 node=0,0 memory=0 record=0 \
+             rejoin=0 end=0 graph=set\n",
+        );
+        assert_eq!(run.stdout(), expected);
+        // The shim's count after each hooked begin and end (VRAMSHIM_DEBUG): one capture at a
+        // time, back to 0 after each; the runtime's inner driver call not counted twice.
+        let counts: Vec<String> = run
+            .stderr()
+            .lines()
+            .filter_map(|line| line.strip_prefix("vramshim: debug: capture "))
+            .map(str::to_owned)
+            .collect();
+        let mut expected_counts = Vec::new();
+        for _ in ENTRIES {
+            expected_counts.push("begin (result 0): stream captures in progress 1".to_string());
+            expected_counts.push("end (result 0): stream captures in progress 0".to_string());
+        }
+        for line in [
+            "begin (result 900): stream captures in progress 0",
+            "begin (result 0): stream captures in progress 1",
+            "end (result 901): stream captures in progress 0",
+            "end (result 401): stream captures in progress 0",
+            "begin (result 0): stream captures in progress 1",
+            "end (result 0): stream captures in progress 0",
+        ] {
+            expected_counts.push(line.to_string());
+        }
+        assert_eq!(counts, expected_counts, "{}", run.stderr());
+        // The log: each capture's allocation is a node of its own size, made by the `_ptsz`
+        // call for the `_ptsz` entries; every allocation after an end is memory.
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let nodes: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| e["event"] == "graph_alloc")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        let mut expected_nodes: Vec<(String, u64)> = ENTRIES
+            .iter()
+            .enumerate()
+            .map(|(i, (_, per_thread))| {
+                let api = if *per_thread {
+                    "cudaMallocAsync_ptsz"
+                } else {
+                    "cudaMallocAsync"
+                };
+                (api.to_string(), (i as u64 + 1) * MIB + i as u64 + 1)
+            })
+            .collect();
+        // The second thread's, on the stream that joined the main thread's capture.
+        expected_nodes.push(("cudaMallocAsync".to_string(), 5 * MIB));
+        assert_eq!(nodes, expected_nodes);
+        let graph_frees = events.iter().filter(|e| e["event"] == "graph_free").count();
+        assert_eq!(graph_frees, ENTRIES.len() + 1);
+        let memory: Vec<u64> = events
+            .iter()
+            .filter(|e| e["event"] == "alloc")
+            .map(|e| u64_of(e, "size"))
+            .collect();
+        let mut expected_memory = vec![MIB; ENTRIES.len()];
+        // After the captures; the second thread's on a stream of its own during one.
+        expected_memory.extend([3 * MIB, 7 * MIB]);
+        assert_eq!(memory, expected_memory);
+        let thread_of = |kind: &str, size: u64| {
+            events
+                .iter()
+                .find(|e| e["event"] == kind && e["size"] == size)
+                .map(|e| u64_of(e, "thread"))
+        };
+        let main_thread = thread_of("alloc", 3 * MIB);
+        let second_thread = thread_of("graph_alloc", 5 * MIB);
+        assert!(second_thread.is_some() && second_thread != main_thread);
+        assert_eq!(thread_of("alloc", 7 * MIB), second_thread);
+        let log = run.log().to_string_lossy().into_owned();
+        let report = json_of(&["report", "--json", &log]);
+        assert_eq!(u64_of(&report["devices"][0], "peak_bytes"), 7 * MIB);
+        assert_eq!(u64_of(&report["processes"][0], "unmatched_frees"), 0);
+    }
+}
+
+/// Graph memory placed right (CUDA 13 and 12): memory nodes added by hand (runtime and driver,
+/// the dedicated adders and the generic `cu(da)GraphAddNode`) are `graph_alloc` / `graph_free`
+/// events like captured ones, their memory the pool's level at launch; a graph allocation freed outside its graph (`cudaFreeAsync`, `cudaFree`, after a
+/// launch) frees nothing the reports count and is no unmatched free; execs and graphs destroyed
+/// with no trim leave the pool held to the end, which `report` says is the driver's pool.
+#[test]
+fn graph_memory_freed_outside_added_by_hand_or_kept_after_destroy_is_reported_right() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_memory_kept", major, &[]);
+        assert_eq!(
+            run.stdout(),
+            "start taken=0 used=0 reserved=0\n\
+             captured begin=0 alloc=0 end=0 instantiate=0 launch=0\n\
+             captured-launched taken=4 used=4 reserved=4\n\
+             captured free-outside=0 sync=0\n\
+             captured-freed taken=4 used=0 reserved=4\n\
+             runtime-nodes alloc=0 address=set free=0 instantiate=0 launch=0\n\
+             runtime-launched taken=6 used=0 reserved=6\n\
+             driver-node alloc=0 address=set instantiate=0 launch=0\n\
+             driver-launched taken=6 used=4 reserved=6\n\
+             driver-node free-async=0 sync=0 again=0 free=0\n\
+             driver-freed taken=6 used=0 reserved=6\n\
+             generic alloc=0 address=set free=0 kernel=801 instantiate=0 launch=0\n\
+             generic-launched taken=6 used=0 reserved=6\n\
+             generic destroy exec=0 graph=0\n\
+             destroyed execs=0,0,0 graphs=0,0,0\n\
+             end taken=6 used=0 reserved=6\n"
+        );
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        let of_kind = |kind: &str| -> Vec<(String, u64, u64)> {
+            events
+                .iter()
+                .filter(|e| e["event"] == kind)
+                .map(|e| {
+                    assert_eq!(e["device"], 0, "{e}");
+                    (
+                        e["api"].as_str().unwrap_or("").to_string(),
+                        u64_of(e, "addr"),
+                        u64_of(e, "size"),
+                    )
+                })
+                .collect()
+        };
+        let nodes = of_kind("graph_alloc");
+        assert_eq!(
+            nodes
+                .iter()
+                .map(|(api, _, size)| (api.as_str(), *size))
+                .collect::<Vec<_>>(),
+            vec![
+                ("cudaMallocAsync", 4 * MIB),
+                ("cudaGraphAddMemAllocNode", 6 * MIB),
+                ("cuGraphAddMemAllocNode", 3 * MIB),
+                // cudaGraphAddNode, through the driver's generic adder.
+                ("cuGraphAddNode_v2", 2 * MIB),
+            ]
+        );
+        let (captured, by_runtime, by_driver, generic) =
+            (nodes[0].1, nodes[1].1, nodes[2].1, nodes[3].1);
+        assert_eq!(
+            of_kind("graph_free"),
+            vec![
+                ("cudaGraphAddMemFreeNode".to_string(), by_runtime, 0),
+                ("cuGraphAddNode".to_string(), generic, 0),
+            ]
+        );
+        // The frees outside the graphs: recorded as the calls they are.
+        assert_eq!(
+            of_kind("free"),
+            vec![
+                ("cudaFreeAsync".to_string(), captured, 0),
+                ("cudaFreeAsync".to_string(), by_driver, 0),
+                ("cudaFree".to_string(), by_driver, 0),
+            ]
+        );
+        assert!(of_kind("alloc").is_empty());
+        // The pool's levels = the program's "taken" after each launch; destroying the execs
+        // changed nothing (no event).
+        assert_eq!(
+            of_kind("graph_pool")
+                .iter()
+                .map(|(api, _, size)| (api.as_str(), *size))
+                .collect::<Vec<_>>(),
+            vec![("cudaGraphLaunch", 4 * MIB), ("cudaGraphLaunch", 6 * MIB)]
+        );
+        let log = run.log().to_string_lossy().into_owned();
+        let report = json_of(&["report", "--json", &log]);
+        let device = &report["devices"][0];
+        assert_eq!(u64_of(device, "peak_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "graph_pool_at_peak_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "live_at_exit_bytes"), 6 * MIB);
+        assert_eq!(u64_of(device, "live_at_exit_count"), 1);
+        assert_eq!(u64_of(device, "graph_pool_at_exit_bytes"), 6 * MIB);
+        let process = &report["processes"][0];
+        assert_eq!(u64_of(process, "unmatched_frees"), 0);
+        assert_eq!(u64_of(process, "graph_frees_outside"), 3);
+        let (code, text, stderr) = vramshim(&["report", &log]);
+        assert_eq!(code, Some(0), "{stderr}");
+        for line in [
+            "  3 frees of CUDA graph allocations outside their graph (back to the graph pool)\n",
+            "  live at exit  6.00 MiB in 1 allocation\n",
+            "  graph pool    6.00 MiB of it at exit (the driver keeps it, destroyed graphs' too, until cudaDeviceGraphMemTrim; not a leak)\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
+        }
+    }
+}
+
 /// Graph structure (CUDA 13 and 12 fakes, whose edge-data arguments differ), under the recorder:
 /// dependencies given at add time (a duplicate refused), added and removed later (twice: 1),
 /// edges, roots and a node's dependencies read back by node index; a captured chain's edge; a

@@ -2899,6 +2899,12 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
         u64_of(&report["devices"][0], "graph_pool_at_peak_bytes"),
         replays[0] - base
     );
+    // The two allocations the graph does not free itself torch frees with cudaFreeAsync after
+    // the replays: frees of graph allocations outside their graph, not unmatched frees (2
+    // unmatched before); trimmed, the pool holds nothing at the end.
+    assert_eq!(u64_of(&report["processes"][0], "unmatched_frees"), 0);
+    assert_eq!(u64_of(&report["processes"][0], "graph_frees_outside"), 2);
+    assert_eq!(u64_of(&report["devices"][0], "graph_pool_at_exit_bytes"), 0);
 }
 
 /// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's

@@ -122,6 +122,21 @@ fn real_cudart_is_handed_the_shims_resolver_and_wrappers() {
         "{stderr}"
     );
     assert!(has("(cuMemHostAlloc, "), "{stderr}");
+    // Every variant through which the real runtime begins or ends a stream capture reaches
+    // the shim's count of captures in progress.
+    for wrapped in [
+        "(cuStreamBeginCapture, 10000, flags 0) -> shim wrapper of cuStreamBeginCapture",
+        "(cuStreamBeginCapture, 10000, flags 2) -> shim wrapper of cuStreamBeginCapture_ptsz",
+        "(cuStreamBeginCapture, 10010, flags 0) -> shim wrapper of cuStreamBeginCapture_v2",
+        "(cuStreamBeginCapture, 10010, flags 2) -> shim wrapper of cuStreamBeginCapture_v2_ptsz",
+        "(cuStreamEndCapture, 10000, flags 0) -> shim wrapper of cuStreamEndCapture",
+        "(cuStreamEndCapture, 10000, flags 2) -> shim wrapper of cuStreamEndCapture_ptsz",
+    ] {
+        assert!(
+            lines.iter().any(|line| line.ends_with(wrapped)),
+            "{wrapped}\n{stderr}"
+        );
+    }
     // Functions the shim does not wrap come back unchanged.
     assert!(
         has("(cuLaunchKernel, ")

@@ -570,6 +570,42 @@ FG_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
     return CUDA_SUCCESS;
 }
 
+/* The per-thread-default-stream variants (`_ptsz`, what code built with nvcc
+ * --default-stream per-thread calls): stream 0 is the calling thread's default stream. */
+static CUstream per_thread_default(CUstream stream)
+{
+    return stream ? stream : (CUstream)(uintptr_t)2;
+}
+
+FG_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    return begin_capture(per_thread_default(stream), NULL, 2);
+}
+
+FG_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
+{
+    return begin_capture(per_thread_default(stream), NULL, mode);
+}
+
+FG_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                                    const CUgraphNode *deps, const void *edges,
+                                                    size_t count, int mode)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(per_thread_default(stream), graph, mode);
+}
+
+FG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
+{
+    return cuStreamEndCapture(per_thread_default(stream), graph);
+}
+
+FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status)
+{
+    return cuStreamIsCapturing(per_thread_default(stream), status);
+}
+
 /* Every generation of cuStreamGetCaptureInfo: the status, and while a capture is active its
  * id, graph and the stream's current dependency (the last node captured on it). */
 CUresult fg_capture_info(CUstream stream, int *status, unsigned long long *id, CUgraph *graph,
@@ -1662,6 +1698,58 @@ FG_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dp
 }
 
 /* Gives back the graph pool's memory no live graph allocation uses. */
+/* The generic cuGraphAddNode's parameters (CUgraphNodeParams): the node type, the type's
+ * parameters in a union at offset 16 (232 bytes; CUDA_MEM_ALLOC_NODE_PARAMS_v2 has the v1
+ * layout), a reserved word. */
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        CUdeviceptr free_dptr; /* CUDA_MEM_FREE_NODE_PARAMS */
+    };
+    long long reserved2;
+} fg_graph_node_params;
+_Static_assert(sizeof(fg_graph_node_params) == 256, "CUgraphNodeParams is 256 bytes");
+
+enum { NODE_TYPE_MEM_ALLOC = 10, NODE_TYPE_MEM_FREE = 11 };
+static bool default_edges(const unsigned char *edges, size_t count);
+
+/* Memory nodes only; another type is logged as unimplemented (once per entry point) and not
+ * supported, as the generated stub did. */
+static CUresult add_node(int *logged, const char *name, CUgraphNode *node, CUgraph graph,
+                         const CUgraphNode *deps, const void *edges, size_t count,
+                         fg_graph_node_params *params)
+{
+    if (!params || !default_edges(edges, count))
+        return params ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    switch (params->type) {
+    case NODE_TYPE_MEM_ALLOC:
+        return cuGraphAddMemAllocNode(node, graph, deps, count, &params->alloc);
+    case NODE_TYPE_MEM_FREE:
+        return cuGraphAddMemFreeNode(node, graph, deps, count, params->free_dptr);
+    default:
+        fg_log_unimplemented(logged, name);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+FG_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  size_t count, fg_graph_node_params *params)
+{
+    static int logged;
+    return add_node(&logged, "cuGraphAddNode", node, graph, deps, NULL, count, params);
+}
+
+FG_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edges, size_t count,
+                                     fg_graph_node_params *params)
+{
+    static int logged;
+    return add_node(&logged, "cuGraphAddNode_v2", node, graph, deps, edges, count, params);
+}
+
 FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     if (!fg_initialized())

@@ -150,6 +150,28 @@ FG_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     return fg_rt_status(cuStreamEndCapture(s, graph));
 }
 
+/* The `_ptsz` variants: stream 0 is the calling thread's default stream. */
+FG_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode)
+{
+    READY();
+    return fg_rt_status(cuStreamBeginCapture_v2_ptsz(s, mode));
+}
+
+FG_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t graph,
+                                                         const CUgraphNode *deps,
+                                                         const void *edges, size_t count,
+                                                         int mode)
+{
+    READY();
+    return fg_rt_status(cuStreamBeginCaptureToGraph_ptsz(s, graph, deps, edges, count, mode));
+}
+
+FG_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *graph)
+{
+    READY();
+    return fg_rt_status(cuStreamEndCapture_ptsz(s, graph));
+}
+
 #if FG_SONAME_MAJOR == 12
 /* CUDA 12: no edge data here; _v2 has it. */
 FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
@@ -511,6 +533,33 @@ FG_EXPORT cudaError_t cudaGraphChildGraphNodeGetGraph(CUgraphNode node, cudaGrap
     READY();
     return fg_rt_status(cuGraphChildGraphNodeGetGraph(node, graph));
 }
+
+/* The generic node adder (cudaGraphNodeParams has the driver's layout): memory nodes only,
+ * as the driver's. CUDA 13's takes edge data; CUDA 12's has it in _v2. */
+#if FG_SONAME_MAJOR == 12
+FG_EXPORT cudaError_t cudaGraphAddNode(CUgraphNode *node, cudaGraph_t graph,
+                                       const CUgraphNode *deps, size_t count, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, NULL, count, params));
+}
+
+FG_EXPORT cudaError_t cudaGraphAddNode_v2(CUgraphNode *node, cudaGraph_t graph,
+                                          const CUgraphNode *deps, const void *edges,
+                                          size_t count, void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, edges, count, params));
+}
+#else
+FG_EXPORT cudaError_t cudaGraphAddNode(CUgraphNode *node, cudaGraph_t graph,
+                                       const CUgraphNode *deps, const void *edges, size_t count,
+                                       void *params)
+{
+    READY();
+    return fg_rt_status(cuGraphAddNode_v2(node, graph, deps, edges, count, params));
+}
+#endif
 
 /* Graph memory nodes: cudaMemAllocNodeParams has the driver's layout. */
 FG_EXPORT cudaError_t cudaGraphAddMemAllocNode(CUgraphNode *node, cudaGraph_t graph,

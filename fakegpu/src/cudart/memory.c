@@ -214,6 +214,20 @@ FG_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t stream)
     return fg_rt_status(cuMemFreeAsync((CUdeviceptr)p, stream));
 }
 
+/* The `_ptsz` variants: stream 0 is the calling thread's default stream. */
+FG_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t stream)
+{
+    READY();
+    return fg_rt_status(cuMemAllocAsync((CUdeviceptr *)p, size,
+                                        stream ? stream : (cudaStream_t)(uintptr_t)2));
+}
+
+FG_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t stream)
+{
+    READY();
+    return fg_rt_status(cuMemFreeAsync((CUdeviceptr)p, stream ? stream : (cudaStream_t)(uintptr_t)2));
+}
+
 FG_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device)
 {
     READY();

@@ -420,6 +420,13 @@ CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                      const void *edges, size_t count, int mode);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                          const CUgraphNode *deps, const void *edges,
+                                          size_t count, int mode);
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edges, size_t count, void *params);
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, void *jit_options,
                            void **jit_values, unsigned int jit_count, void *library_options,
                            void **library_values, unsigned int library_count);

@@ -109,8 +109,16 @@ pub fn with_report<T>(
                 .find(|d| d.device == peak.device)
                 .copied()
                 .unwrap_or_default();
+            // The pool is the driver's until a trim: what it still held at the end.
+            let graph_pool_at_exit = replay
+                .state
+                .live()
+                .filter(|live| live.kind == EventKind::GraphPool && live.device == peak.device)
+                .map(|live| live.size)
+                .sum();
             DeviceSummary {
                 device: peak.device,
+                graph_pool_at_exit,
                 peak: *peak,
                 reserved: peaks.reserved(peak.device),
                 exit_segments: replay.state.segment_totals(peak.device),

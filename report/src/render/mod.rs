@@ -383,6 +383,13 @@ pub fn write_processes(out: &mut dyn Write, processes: &[Process]) -> io::Result
         if let Some(note) = crate::units::resolution_note(header.time_resolution_ns) {
             writeln!(out, "  {note}")?;
         }
+        if process.graph_frees_outside > 0 {
+            writeln!(
+                out,
+                "  {} of CUDA graph allocations outside their graph (back to the graph pool)",
+                counted(process.graph_frees_outside, "free")
+            )?;
+        }
     }
     Ok(())
 }
@@ -406,6 +413,7 @@ pub fn processes_json(processes: &[Process]) -> Value {
                     "duration_ns": process.end_ns,
                     "events": process.events,
                     "unmatched_frees": process.unmatched_frees,
+                    "graph_frees_outside": process.graph_frees_outside,
                     "dropped_events": process.dropped,
                     "ring_dumps": process.dumps.len(),
                     "damage": process.damage.iter().map(|d| json!({"offset": d.offset, "message": d.to_string()})).collect::<Vec<_>>(),

@@ -31,6 +31,9 @@ pub struct DeviceSummary {
     pub peak_groups: Vec<StackGroup>,
     /// Bytes of the device's CUDA graph pool among the peak's live bytes.
     pub graph_pool_at_peak: u64,
+    /// Bytes the device's CUDA graph pool still held at the end (among `exit_bytes`): no trim
+    /// after the last launch, whether or not the graphs were destroyed.
+    pub graph_pool_at_exit: u64,
     /// Tensor view: PyTorch's segments still cached at exit (count, bytes).
     pub exit_segments: (u64, u64),
     pub exit_bytes: u64,
@@ -102,6 +105,7 @@ pub fn json(report: &SummaryReport<'_>) -> Value {
                 "peak_count": d.peak.count,
                 "peak_t_ns": d.peak.t_ns,
                 "graph_pool_at_peak_bytes": d.graph_pool_at_peak,
+                "graph_pool_at_exit_bytes": d.graph_pool_at_exit,
                 "live_at_exit_bytes": d.exit_bytes,
                 "live_at_exit_count": d.exit_count,
                 "failures": d.failures,
@@ -227,6 +231,13 @@ pub fn text(out: &mut dyn Write, report: &SummaryReport<'_>, fold: Fold) -> io::
                 out,
                 "  graph pool    {} of the peak (CUDA graphs' memory, held by the driver's graph pool)",
                 bytes(d.graph_pool_at_peak)
+            )?;
+        }
+        if d.graph_pool_at_exit > 0 {
+            writeln!(
+                out,
+                "  graph pool    {} of it at {end} (the driver keeps it, destroyed graphs' too, until cudaDeviceGraphMemTrim; not a leak)",
+                bytes(d.graph_pool_at_exit)
             )?;
         }
         if d.failures > 0 {
