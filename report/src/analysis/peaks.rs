@@ -135,7 +135,7 @@ impl Observer for Peaks {
         };
         // Only an allocation can raise a peak.
         let device = live.device;
-        let Some(now) = state.devices().iter().find(|d| d.device == device) else {
+        let Some(now) = state.device_totals(device) else {
             return;
         };
         let candidate = Peak {
