@@ -579,6 +579,12 @@ impl State {
         self.segment_change
     }
 
+    /// [`State::segment_change`] where it lies, for observers of every step (no copy).
+    #[inline]
+    pub fn segment_change_ref(&self) -> Option<&SegmentChange> {
+        self.segment_change.as_ref()
+    }
+
     /// Tensor view: files `live` as a segment.
     fn add_segment(&mut self, live: Live) {
         if let Some(old) = self
@@ -723,6 +729,7 @@ impl State {
         self.replaced.as_ref()
     }
 
+    #[inline]
     fn add(&mut self, key: Key, live: Live) {
         self.replaced = self.live.insert(key, live);
         if let Some(old) = self.replaced {
@@ -733,10 +740,14 @@ impl State {
         self.account(&live, true);
     }
 
+    #[inline]
     fn remove(&mut self, key: &Key) -> Option<Live> {
-        let live = self.live.remove(key)?;
-        self.account(&live, false);
-        Some(live)
+        // Accounted where it lies (a `Live` is large: copies show in the replay's profile).
+        let removed = self.live.remove(key);
+        if let Some(live) = &removed {
+            self.account(live, false);
+        }
+        removed
     }
 
     /// Ends every live object of `process`; returns them.

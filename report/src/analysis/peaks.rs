@@ -105,7 +105,7 @@ impl Peaks {
 impl Observer for Peaks {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         if let Step::Event { t_ns, effect, .. } = step {
-            let device = match (state.segment_change(), effect) {
+            let device = match (state.segment_change_ref(), effect) {
                 (Some(SegmentChange::Added(segment)), _) => Some(segment.device),
                 (_, Effect::Added(live)) => Some(live.device),
                 _ => None,

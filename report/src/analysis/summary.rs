@@ -133,7 +133,7 @@ impl Observer for Summary {
                 // allocation the replay folds into the allocator's word on it); its blocks
                 // count among the largest allocations only.
                 let tensor = event.kind.is_tensor();
-                let api = match state.segment_change() {
+                let api = match state.segment_change_ref() {
                     Some(SegmentChange::Added(segment) | SegmentChange::Removed(segment)) => {
                         segment.api
                     }
@@ -143,7 +143,7 @@ impl Observer for Summary {
                 // `ALL` lists the families in declaration order.
                 let index = family as usize;
                 let counts = &mut self.families[*process as usize][index];
-                match state.segment_change() {
+                match state.segment_change_ref() {
                     // (Not held back, the allocation already counted as one.)
                     Some(SegmentChange::Added(segment))
                         if !matches!(effect, Effect::Removed(_)) =>

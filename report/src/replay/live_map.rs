@@ -106,7 +106,7 @@ impl LiveMap {
     #[inline]
     pub(super) fn remove(&mut self, key: &Key) -> Option<Live> {
         let found = self.find(key)?;
-        let live = self.slots[found].live;
+        let removed = Some(self.slots[found].live);
         // Backward shift: later entries of the probe run move up into the hole unless their
         // home lies after the hole (cyclically), so every entry stays reachable from its home.
         let mask = self.slots.len() - 1;
@@ -126,7 +126,7 @@ impl LiveMap {
         }
         self.slots[hole].key.class = EMPTY;
         self.len -= 1;
-        Some(live)
+        removed
     }
 
     /// Every live object, in table order.
