@@ -353,37 +353,77 @@ impl<R: Read> LogReader<R> {
     }
 }
 
-impl<R: Read> Iterator for LogReader<R> {
-    type Item = Item;
-
-    fn next(&mut self) -> Option<Item> {
+impl<R: Read> LogReader<R> {
+    /// Loads chunks until one has records left to read: Ok(false) at the end of the log, the
+    /// damage met on the way as an error.
+    #[inline]
+    fn ready(&mut self) -> Result<bool, Damage> {
         loop {
             if self.chunk_pos < self.chunk.len() {
-                let mut cursor = Cursor::new(&self.chunk);
-                cursor.pos = self.chunk_pos;
-                match self.delta.decode(&mut cursor) {
-                    Ok(record) => {
-                        self.chunk_pos = cursor.pos;
-                        return Some(Item::Record(record));
-                    }
-                    Err(err) => {
-                        self.chunk_pos = self.chunk.len();
-                        return Some(Item::Damage(Damage {
-                            offset: self.chunk_offset,
-                            kind: DamageKind::BadRecord { reason: err.0 },
-                        }));
-                    }
-                }
+                return Ok(true);
             }
             if self.finished {
-                return None;
+                return Ok(false);
             }
             self.chunk.clear();
             self.chunk_pos = 0;
             if let Some(damage) = self.load_chunk() {
-                return Some(Item::Damage(damage));
+                return Err(damage);
             }
         }
+    }
+
+    /// A record of the current chunk did not decode: the rest of the chunk is skipped.
+    #[cold]
+    fn bad_record(&mut self, reason: &'static str) -> Damage {
+        self.chunk_pos = self.chunk.len();
+        Damage {
+            offset: self.chunk_offset,
+            kind: DamageKind::BadRecord { reason },
+        }
+    }
+
+    /// Like [`Iterator::next`], but decodes into `record` (overwritten; an event in place,
+    /// with no copy of it on the way): `Some(Ok(()))` when it now holds the next record,
+    /// `Some(Err(damage))` when damage came first (`record` then holds anything), None at the
+    /// end. For readers of millions of events.
+    #[inline]
+    pub fn next_into(&mut self, record: &mut Record) -> Option<Result<(), Damage>> {
+        match self.ready() {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(damage) => return Some(Err(damage)),
+        }
+        let mut cursor = Cursor::new(&self.chunk);
+        cursor.pos = self.chunk_pos;
+        Some(match self.delta.decode_into(&mut cursor, record) {
+            Ok(()) => {
+                self.chunk_pos = cursor.pos;
+                Ok(())
+            }
+            Err(err) => Err(self.bad_record(err.0)),
+        })
+    }
+}
+
+impl<R: Read> Iterator for LogReader<R> {
+    type Item = Item;
+
+    fn next(&mut self) -> Option<Item> {
+        match self.ready() {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(damage) => return Some(Item::Damage(damage)),
+        }
+        let mut cursor = Cursor::new(&self.chunk);
+        cursor.pos = self.chunk_pos;
+        Some(match self.delta.decode(&mut cursor) {
+            Ok(record) => {
+                self.chunk_pos = cursor.pos;
+                Item::Record(record)
+            }
+            Err(err) => Item::Damage(self.bad_record(err.0)),
+        })
     }
 }
 

@@ -579,27 +579,71 @@ impl DeltaState {
         self.recent_filled = self.recent_filled.max(next as u8 + 1);
     }
 
+    /// Reads the next record from `cursor` into `out`, overwriting it: an event is decoded in
+    /// place (a replay reads millions; each copy of a record costs), other records replace
+    /// `out`. On an error `out` holds anything.
+    #[inline]
+    pub fn decode_into(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        out: &mut Record,
+    ) -> Result<(), DecodeError> {
+        let tag = cursor.u8()?;
+        if tag < TAG_REPEAT || (tag >= TAG_REPEAT + RECENT as u8 && tag < TAG_EVENT) {
+            cursor.pos -= 1;
+            *out = self.decode(cursor)?;
+            return Ok(());
+        }
+        if !matches!(out, Record::Event(_)) {
+            *out = Record::Event(Event::default());
+        }
+        let Record::Event(event) = out else {
+            unreachable!("just made an event");
+        };
+        if tag >= TAG_EVENT {
+            let kind =
+                EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
+            self.decode_event_into(kind, cursor, event)?;
+            self.remember(event);
+        } else {
+            self.decode_repeat_into(tag, cursor, event)?;
+        }
+        Ok(())
+    }
+
+    /// A repeat (`tag` in `TAG_REPEAT..`) into `event`.
+    #[inline]
+    fn decode_repeat_into(
+        &mut self,
+        tag: u8,
+        cursor: &mut Cursor<'_>,
+        event: &mut Event,
+    ) -> Result<(), DecodeError> {
+        let slot = usize::from(tag - TAG_REPEAT);
+        if slot >= usize::from(self.recent_filled) {
+            return Err(DecodeError("repeat of an event not in the chunk"));
+        }
+        let t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
+        *event = self.recent[slot];
+        event.t_ns = t_ns;
+        self.follow(event);
+        Ok(())
+    }
+
     /// Reads the next record from `cursor`.
     pub fn decode(&mut self, cursor: &mut Cursor<'_>) -> Result<Record, DecodeError> {
         let tag = cursor.u8()?;
         if tag >= TAG_EVENT {
             let kind =
                 EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
-            let event = self.decode_event(kind, cursor)?;
+            let mut event = Event::default();
+            self.decode_event_into(kind, cursor, &mut event)?;
             self.remember(&event);
             return Ok(Record::Event(event));
         }
         if (TAG_REPEAT..TAG_REPEAT + RECENT as u8).contains(&tag) {
-            let slot = usize::from(tag - TAG_REPEAT);
-            if slot >= usize::from(self.recent_filled) {
-                return Err(DecodeError("repeat of an event not in the chunk"));
-            }
-            let t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
-            let event = Event {
-                t_ns,
-                ..self.recent[slot]
-            };
-            self.follow(&event);
+            let mut event = Event::default();
+            self.decode_repeat_into(tag, cursor, &mut event)?;
             return Ok(Record::Event(event));
         }
         Ok(match tag {
@@ -681,74 +725,65 @@ impl DeltaState {
         })
     }
 
-    fn decode_event(
+    /// An event's fields after its tag, into `event` (every field written).
+    #[inline]
+    fn decode_event_into(
         &mut self,
         kind: EventKind,
         cursor: &mut Cursor<'_>,
-    ) -> Result<Event, DecodeError> {
+        event: &mut Event,
+    ) -> Result<(), DecodeError> {
         let flags = cursor.u8()?;
-        let api = u16::try_from(cursor.u64()?).map_err(|_| DecodeError("api index too large"))?;
-        let t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
-        let thread = if flags & F_THREAD != 0 {
+        event.kind = kind;
+        event.api = u16::try_from(cursor.u64()?).map_err(|_| DecodeError("api index too large"))?;
+        event.t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
+        event.thread = if flags & F_THREAD != 0 {
             cursor.u32()?
         } else {
             self.thread
         };
-        let device = if flags & F_DEVICE != 0 {
+        event.device = if flags & F_DEVICE != 0 {
             device_from(cursor.i64()?)?
         } else {
             self.device
         };
-        let addr = if flags & F_ADDR != 0 {
+        event.addr = if flags & F_ADDR != 0 {
             self.addr = self.addr.wrapping_add(cursor.i64()? as u64);
             self.addr
         } else {
             0
         };
-        let size = self.size.wrapping_add(cursor.i64()? as u64);
-        self.size = size;
-        let stream = if flags & F_STREAM != 0 {
+        event.size = self.size.wrapping_add(cursor.i64()? as u64);
+        self.size = event.size;
+        event.stream = if flags & F_STREAM != 0 {
             cursor.u64()?
         } else {
             0
         };
-        let handle = if flags & F_HANDLE != 0 {
+        event.handle = if flags & F_HANDLE != 0 {
             cursor.u64()?
         } else {
             0
         };
-        let result = if flags & F_RESULT != 0 {
+        event.result = if flags & F_RESULT != 0 {
             cursor.u32()?
         } else {
             0
         };
-        let mem_info = if flags & F_MEM_INFO != 0 {
+        event.mem_info = if flags & F_MEM_INFO != 0 {
             Some((cursor.u64()?, cursor.u64()?))
         } else {
             None
         };
-        let stack = if flags & F_STACK != 0 {
+        event.stack = if flags & F_STACK != 0 {
             cursor.u32()?
         } else {
             0
         };
-        self.t_ns = t_ns;
-        self.thread = thread;
-        self.device = device;
-        Ok(Event {
-            kind,
-            api,
-            t_ns,
-            thread,
-            device,
-            stream,
-            addr,
-            size,
-            handle,
-            result,
-            stack,
-            mem_info,
-        })
+        self.t_ns = event.t_ns;
+        self.thread = event.thread;
+        self.device = event.device;
+        Ok(())
     }
 }
 

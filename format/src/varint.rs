@@ -60,6 +60,13 @@ impl<'a> Cursor<'a> {
             self.pos += 1;
             return Ok(u64::from(byte));
         }
+        // Two bytes (time deltas of a few microseconds) without the loop too.
+        if let Some(&[low, high]) = self.bytes.get(self.pos..self.pos + 2)
+            && high < 0x80
+        {
+            self.pos += 2;
+            return Ok(u64::from(low & 0x7f) | u64::from(high) << 7);
+        }
         self.u64_multibyte()
     }
 

@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
-    CodeDef, Damage, DamageKind, DumpBegin, Event, EventKind, Frame, Header, Item, LogReader, Mark,
-    MemInfo, ModuleDef, Note, Record,
+    CodeDef, Damage, DamageKind, DumpBegin, Event, EventKind, Exit, Frame, Header, Item, LogReader,
+    Mark, MemInfo, ModuleDef, Note, Record,
 };
 
 use crate::python::PyFrame;
 use crate::{Failure, logfile};
+
+mod live_map;
+use live_map::LiveMap;
 
 /// What a log told us about its process, besides the events.
 pub struct Process {
@@ -436,7 +439,7 @@ pub fn rounded_request(requested: u64) -> u64 {
 /// Everything live at the current step.
 #[derive(Default)]
 pub struct State {
-    live: FxHashMap<Key, Live>,
+    live: LiveMap,
     view: View,
     /// Tensor view: PyTorch's segments, by (process, address).
     segments: BTreeMap<(u32, u64), Segment>,
@@ -452,6 +455,10 @@ pub struct State {
     devices: Vec<DeviceBytes>,
     /// Per (process, device).
     process_devices: Vec<(u32, DeviceBytes)>,
+    /// Indexes in `devices` and `process_devices` of the last entries accounted (hints:
+    /// checked before use).
+    last_device: usize,
+    last_process_device: usize,
     /// Index of the current step among events (0-based), across all logs.
     pub seq: u64,
     /// What the current step's [`Effect::Added`] replaced, if anything.
@@ -469,20 +476,31 @@ impl State {
         &self.devices
     }
 
+    /// The totals of `device`, if it was met (the device last accounted tried first).
+    #[inline]
+    pub fn device_totals(&self, device: i32) -> Option<&DeviceBytes> {
+        match self.devices.get(self.last_device) {
+            Some(entry) if entry.device == device => Some(entry),
+            _ => self.devices.iter().find(|d| d.device == device),
+        }
+    }
+
     /// Live bytes of `device` over all processes.
     pub fn device_bytes(&self, device: i32) -> u64 {
-        self.devices
-            .iter()
-            .find(|d| d.device == device)
-            .map_or(0, |d| d.live_bytes)
+        self.device_totals(device).map_or(0, |d| d.live_bytes)
     }
 
     /// Live bytes of `device` in one process.
     pub fn process_device_bytes(&self, process: u32, device: i32) -> u64 {
-        self.process_devices
-            .iter()
-            .find(|(p, d)| *p == process && d.device == device)
-            .map_or(0, |(_, d)| d.live_bytes)
+        let matches = |(p, d): &&(u32, DeviceBytes)| *p == process && d.device == device;
+        match self.process_devices.get(self.last_process_device) {
+            Some(entry) if matches(&entry) => entry.1.live_bytes,
+            _ => self
+                .process_devices
+                .iter()
+                .find(matches)
+                .map_or(0, |(_, d)| d.live_bytes),
+        }
     }
 
     /// Every live object, in no particular order.
@@ -492,18 +510,14 @@ impl State {
 
     /// Tensor view: PyTorch's segments on `device` now, as (count, bytes).
     pub fn segment_totals(&self, device: i32) -> (u64, u64) {
-        self.devices
-            .iter()
-            .find(|d| d.device == device)
+        self.device_totals(device)
             .map_or((0, 0), |d| (d.segment_count, d.segment_bytes))
     }
 
     /// What the driver handed out on `device` now: in the tensor view PyTorch's segments in
     /// place of its blocks (the driver view's live bytes), else the live bytes.
     pub fn reserved_bytes(&self, device: i32) -> u64 {
-        self.devices
-            .iter()
-            .find(|d| d.device == device)
+        self.device_totals(device)
             .map_or(0, |d| {
                 d.live_bytes
                     .saturating_sub(d.tensor_bytes)
@@ -570,6 +584,12 @@ impl State {
     /// Tensor view: what the current step did to PyTorch's segments; None at other steps.
     pub fn segment_change(&self) -> Option<SegmentChange> {
         self.segment_change
+    }
+
+    /// [`State::segment_change`] where it lies, for observers of every step (no copy).
+    #[inline]
+    pub fn segment_change_ref(&self) -> Option<&SegmentChange> {
+        self.segment_change.as_ref()
     }
 
     /// Tensor view: files `live` as a segment.
@@ -716,6 +736,7 @@ impl State {
         self.replaced.as_ref()
     }
 
+    #[inline]
     fn add(&mut self, key: Key, live: Live) {
         self.replaced = self.live.insert(key, live);
         if let Some(old) = self.replaced {
@@ -726,10 +747,14 @@ impl State {
         self.account(&live, true);
     }
 
+    #[inline]
     fn remove(&mut self, key: &Key) -> Option<Live> {
-        let live = self.live.remove(key)?;
-        self.account(&live, false);
-        Some(live)
+        // Accounted where it lies (a `Live` is large: copies show in the replay's profile).
+        let removed = self.live.remove(key);
+        if let Some(live) = &removed {
+            self.account(live, false);
+        }
+        removed
     }
 
     /// Ends every live object of `process`; returns them.
@@ -755,7 +780,18 @@ impl State {
             }
         }
         let device = live.device;
-        let entry = self.device_entry(device);
+        // Most events name the device and process the last one named: try those first.
+        let entry = match self.devices.get_mut(self.last_device) {
+            Some(entry) if entry.device == device => entry,
+            _ => {
+                let index = match self.devices.iter().position(|d| d.device == device) {
+                    Some(index) => index,
+                    None => self.add_device(device),
+                };
+                self.last_device = index;
+                &mut self.devices[index]
+            }
+        };
         apply(entry, live.size, add);
         if live.kind == EventKind::TensorAlloc {
             entry.tensor_bytes = if add {
@@ -765,13 +801,20 @@ impl State {
             };
         }
         let process = live.process;
-        let index = match self
-            .process_devices
-            .iter()
-            .position(|(p, d)| *p == process && d.device == device)
-        {
-            Some(index) => index,
-            None => self.add_process_device(process, device),
+        let index = match self.process_devices.get(self.last_process_device) {
+            Some((p, d)) if *p == process && d.device == device => self.last_process_device,
+            _ => {
+                let index = match self
+                    .process_devices
+                    .iter()
+                    .position(|(p, d)| *p == process && d.device == device)
+                {
+                    Some(index) => index,
+                    None => self.add_process_device(process, device),
+                };
+                self.last_process_device = index;
+                index
+            }
         };
         apply(&mut self.process_devices[index].1, live.size, add);
     }
@@ -942,8 +985,10 @@ impl Replay {
 /// Logs opened for a replay.
 struct Input {
     reader: LogReader<File>,
-    /// The next timed record, read ahead for merging.
-    pending: Option<Record>,
+    /// The next timed record, read ahead for merging, when `pending` (decoded in place: the
+    /// reader's events are never copied on the way).
+    record: Record,
+    pending: bool,
     finished: bool,
     size_bytes: u64,
 }
@@ -1020,7 +1065,8 @@ pub fn run_view(
         });
         inputs.push(Input {
             reader,
-            pending: None,
+            record: Record::Exit(Exit::default()),
+            pending: false,
             finished: false,
             size_bytes,
         });
@@ -1041,6 +1087,20 @@ pub fn run_view(
     let mut holds: Vec<Vec<Held>> = Vec::new();
     // Emptied holds, kept so that holding a `cudaMalloc` allocates nothing.
     let mut spare: Vec<Vec<Held>> = Vec::new();
+    // The usual hold kept apart from `holds` (which is then empty): one `cudaMalloc`.
+    let mut single: Option<Held> = None;
+    // Per input: the index of `cudaMalloc` among its API names, if it has one.
+    let malloc_apis: Vec<Option<u16>> = processes
+        .iter()
+        .map(|process| {
+            let at = process
+                .header
+                .apis
+                .iter()
+                .position(|name| name == "cudaMalloc")?;
+            u16::try_from(at).ok()
+        })
+        .collect();
     let mut last_device: Option<i32> = None;
     let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
@@ -1051,21 +1111,21 @@ pub fn run_view(
     let mut used: Option<usize> = None;
     loop {
         if let Some(used) = used.take() {
-            inputs[used].pending = None;
+            inputs[used].pending = false;
         }
         // Refill lookahead; definitions are absorbed as they are read.
         for (index, input) in inputs.iter_mut().enumerate() {
-            if input.pending.is_none() && !input.finished {
+            if !input.pending && !input.finished {
                 input.pending = next_timed(input, &mut processes[index]);
             }
         }
-        // The input whose next record is earliest; a single log skips the comparison.
+        // The input whose next record is earliest.
         let mut best: Option<(usize, u64)> = None;
         for (index, input) in inputs.iter().enumerate() {
-            if let Some(record) = &input.pending {
+            if input.pending {
                 let t = processes[index]
                     .start_offset_ns
-                    .saturating_add(record_time(record));
+                    .saturating_add(record_time(&input.record));
                 if best.is_none_or(|(_, best_t)| t < best_t) {
                     best = Some((index, t));
                 }
@@ -1075,9 +1135,7 @@ pub fn run_view(
             complete = true;
             break;
         };
-        let Some(record) = &inputs[index].pending else {
-            break;
-        };
+        let record = &inputs[index].record;
         used = Some(index);
         let process = index as u32;
         state.replaced = None;
@@ -1098,6 +1156,38 @@ pub fn run_view(
                 t_ns,
                 event: *event,
             };
+            // The one held `cudaMalloc` (the usual hold) decided at once, as the general
+            // rules below would: stepped out before this event, taken as the segment this
+            // event names, or, when still undecided, handed to the general holds.
+            if let Some(held) = &single {
+                let own = held.index == index && held.event.thread == event.thread;
+                if own && is_own_segment(std::slice::from_ref(held), index, event) {
+                    take_segment(&mut state, held);
+                    state.held.clear();
+                    single = None;
+                } else if own
+                    || ends_hold(&processes, std::slice::from_ref(held), index, t_ns, event)
+                {
+                    state.held.clear();
+                    let seqs = step_event(
+                        &mut state,
+                        &mut processes,
+                        observers,
+                        held.index,
+                        held.t_ns,
+                        &held.event,
+                    );
+                    end_ns = end_ns.max(held.t_ns);
+                    single = None;
+                    if stops(stop, &seqs) {
+                        break;
+                    }
+                } else {
+                    let mut hold = spare.pop().unwrap_or_default();
+                    hold.extend(single.take());
+                    holds.push(hold);
+                }
+            }
             // Another thread's event ends a hold (its events are stepped first, as they came)
             // when the hold cannot be a segment still to be named: its thread said nothing for
             // HOLD_NS; or its process has no PyTorch tracker (a program without PyTorch: steps
@@ -1108,15 +1198,10 @@ pub fn run_view(
             // ends the main thread's hold); or it touches the held memory. The hold's own
             // thread decides below, however long it took.
             let mut stopped = false;
-            while let Some(stale) = holds.iter().position(|hold| {
-                let first = &hold[0];
-                let other_thread = first.index != index || first.event.thread != event.thread;
-                other_thread
-                    && (t_ns.saturating_sub(first.t_ns) > hold_ns(&processes[first.index])
-                        || !pytorch_tracked(&processes[first.index])
-                        || (first.index == index
-                            && (first.event.device == event.device || touches_hold(hold, event))))
-            }) {
+            while let Some(stale) = holds
+                .iter()
+                .position(|hold| ends_hold(&processes, hold, index, t_ns, event))
+            {
                 stopped = step_hold_out(
                     &mut holds,
                     stale,
@@ -1194,7 +1279,13 @@ pub fn run_view(
                     }
                 }
             }
-            if view == View::Tensors && may_be_segment(&processes[index], event) {
+            if view == View::Tensors && may_be_segment(&malloc_apis[index], event) {
+                if holds.is_empty() && event.kind == EventKind::Alloc {
+                    single = Some(held_now());
+                    state.held.clear();
+                    state.held.push((event.device, event.size));
+                    continue;
+                }
                 let mut hold = spare.pop().unwrap_or_default();
                 hold.push(held_now());
                 holds.push(hold);
@@ -1210,6 +1301,7 @@ pub fn run_view(
             // A dump restarts the live set: what came before it goes first. (Memory samples
             // and notes may come between a segment's allocation and PyTorch's word on it.)
             if matches!(record, Record::DumpBegin(_)) {
+                holds.extend(single.take().map(|held| vec![held]));
                 let before_dump = std::mem::take(&mut holds);
                 state.set_held(holds.iter().flatten());
                 for before in before_dump.iter().flatten() {
@@ -1261,6 +1353,7 @@ pub fn run_view(
             progress.update(inputs.iter().map(|i| i.reader.offset()).sum());
         }
     }
+    holds.extend(single.take().map(|held| vec![held]));
     let after_end = std::mem::take(&mut holds);
     state.set_held(holds.iter().flatten());
     for hold in &after_end {
@@ -1451,24 +1544,29 @@ fn show(
         .max(t_ns.saturating_sub(processes[index].start_offset_ns));
 }
 
-/// Whether `event` may begin one of PyTorch's segments: a `cudaMalloc`, or the first
-/// physical allocation of a range an expandable segment maps.
-fn may_be_segment(process: &Process, event: &Event) -> bool {
+/// Whether `event` may begin one of PyTorch's segments: a `cudaMalloc` (`malloc_api`: its
+/// index among the process's API names), or the first physical allocation of a range an
+/// expandable segment maps.
+fn may_be_segment(malloc_api: &Option<u16>, event: &Event) -> bool {
     event.result == 0
         && event.device >= 0
         && match event.kind {
-            // The name compared in place: no `Cow` for every allocation.
-            EventKind::Alloc => {
-                event.addr != 0
-                    && process
-                        .header
-                        .apis
-                        .get(usize::from(event.api))
-                        .is_some_and(|name| name == "cudaMalloc")
-            }
+            EventKind::Alloc => event.addr != 0 && *malloc_api == Some(event.api),
             EventKind::Create => true,
             _ => false,
         }
+}
+
+/// Whether `event` (of input `index`, at replay time `t_ns`) ends `hold`, another thread's,
+/// which then steps before it: see the rules in [`run_view`].
+fn ends_hold(processes: &[Process], hold: &[Held], index: usize, t_ns: u64, event: &Event) -> bool {
+    let first = &hold[0];
+    let other_thread = first.index != index || first.event.thread != event.thread;
+    other_thread
+        && (t_ns.saturating_sub(first.t_ns) > hold_ns(&processes[first.index])
+            || !pytorch_tracked(&processes[first.index])
+            || (first.index == index
+                && (first.event.device == event.device || touches_hold(hold, event))))
 }
 
 /// Events held back at most (an expandable segment maps a range page by page).
@@ -1589,16 +1687,20 @@ fn start_times(processes: &[Process]) -> Vec<u64> {
     }
 }
 
-/// Reads until a timed record (event, memory sample, note, dump) and absorbs definitions.
-fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
+/// Reads into `input.record` until a timed record (event, memory sample, note, dump) and
+/// absorbs definitions; whether one came.
+fn next_timed(input: &mut Input, process: &mut Process) -> bool {
     loop {
-        match input.reader.next() {
+        match input.reader.next_into(&mut input.record) {
             None => {
                 input.finished = true;
-                return None;
+                return false;
             }
-            Some(Item::Damage(damage)) => process.damage.push(damage),
-            Some(Item::Record(record)) => match record {
+            Some(Err(damage)) => process.damage.push(damage),
+            Some(Ok(())) => match &input.record {
+                Record::Event(_) | Record::MemInfo(_) | Record::Note(_) | Record::DumpBegin(_) => {
+                    return true;
+                }
                 Record::Stack(stack) => {
                     let mut ips = process.stacks.begin();
                     let mut python = Vec::new();
@@ -1621,22 +1723,27 @@ fn next_timed(input: &mut Input, process: &mut Process) -> Option<Record> {
                         process.python_stacks.insert(stack.id, python);
                     }
                 }
-                Record::Code(code) => {
-                    process.codes.insert(code.id, code);
-                }
-                Record::Module(module) => process.modules.push(module),
-                Record::ThreadName(thread) => {
-                    process.thread_names.insert(thread.thread, thread.name);
-                }
                 Record::Dropped(dropped) => {
                     process.dropped = process.dropped.saturating_add(dropped.count);
                 }
-                // Taken as read, like a definition: the recorder writes a mark with the
-                // definitions of its next flush, possibly before events older than it, so
-                // it must not move the replay's clock.
-                Record::Mark(mark) => process.marks.push(mark),
                 Record::Exit(_) => process.exited = true,
-                other => return Some(other),
+                // Definitions kept whole: taken out of the slot.
+                Record::Code(_) | Record::Module(_) | Record::ThreadName(_) | Record::Mark(_) => {
+                    match std::mem::replace(&mut input.record, Record::Exit(Exit::default())) {
+                        Record::Code(code) => {
+                            process.codes.insert(code.id, code);
+                        }
+                        Record::Module(module) => process.modules.push(module),
+                        Record::ThreadName(thread) => {
+                            process.thread_names.insert(thread.thread, thread.name);
+                        }
+                        // Taken as read, like a definition: the recorder writes a mark with
+                        // the definitions of its next flush, possibly before events older
+                        // than it, so it must not move the replay's clock.
+                        Record::Mark(mark) => process.marks.push(mark),
+                        _ => {}
+                    }
+                }
             },
         }
     }
@@ -1802,7 +1909,11 @@ fn apply_tensor(
                 }
             }
         }
-        EventKind::Free if state.remove_segment(index, event.addr).is_some() => Effect::None,
+        EventKind::Free
+            if !state.segments.is_empty() && state.remove_segment(index, event.addr).is_some() =>
+        {
+            Effect::None
+        }
         // Expandable segments: what is mapped where, for PyTorch's word on it.
         EventKind::Map => {
             state

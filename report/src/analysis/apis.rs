@@ -22,7 +22,7 @@ pub enum Family {
 }
 
 impl Family {
-    /// Every family, in report order.
+    /// Every family, in report order (declaration order: a family's index is `as usize`).
     pub const ALL: [Family; 7] = [
         Family::Runtime,
         Family::Driver,

@@ -105,7 +105,7 @@ impl Peaks {
 impl Observer for Peaks {
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         if let Step::Event { t_ns, effect, .. } = step {
-            let device = match (state.segment_change(), effect) {
+            let device = match (state.segment_change_ref(), effect) {
                 (Some(SegmentChange::Added(segment)), _) => Some(segment.device),
                 (_, Effect::Added(live)) => Some(live.device),
                 _ => None,
@@ -135,7 +135,7 @@ impl Observer for Peaks {
         };
         // Only an allocation can raise a peak.
         let device = live.device;
-        let Some(now) = state.devices().iter().find(|d| d.device == device) else {
+        let Some(now) = state.device_totals(device) else {
             return;
         };
         let candidate = Peak {

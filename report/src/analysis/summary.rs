@@ -133,16 +133,17 @@ impl Observer for Summary {
                 // allocation the replay folds into the allocator's word on it); its blocks
                 // count among the largest allocations only.
                 let tensor = event.kind.is_tensor();
-                let api = match state.segment_change() {
+                let api = match state.segment_change_ref() {
                     Some(SegmentChange::Added(segment) | SegmentChange::Removed(segment)) => {
                         segment.api
                     }
                     None => event.api,
                 };
                 let family = self.family_cache.of(processes, *process, api);
-                let index = Family::ALL.iter().position(|f| *f == family).unwrap_or(0);
+                // `ALL` lists the families in declaration order.
+                let index = family as usize;
                 let counts = &mut self.families[*process as usize][index];
-                match state.segment_change() {
+                match state.segment_change_ref() {
                     // (Not held back, the allocation already counted as one.)
                     Some(SegmentChange::Added(segment))
                         if !matches!(effect, Effect::Removed(_)) =>
@@ -161,12 +162,19 @@ impl Observer for Summary {
                             counts.allocated_bytes =
                                 counts.allocated_bytes.saturating_add(live.size);
                         }
-                        let key = (live.size, Reverse(state.seq), LiveKey(*live));
-                        if self.largest.len() < LARGEST {
-                            self.largest.push(Reverse(key));
-                        } else if self.largest.peek().is_some_and(|Reverse(min)| key > *min) {
-                            self.largest.pop();
-                            self.largest.push(Reverse(key));
+                        // Size and sequence number decide (the live object itself only on a
+                        // tie of both): it is copied only when it enters the heap.
+                        let head = (live.size, Reverse(state.seq));
+                        let enters = self.largest.len() < LARGEST
+                            || self.largest.peek().is_some_and(|Reverse(min)| {
+                                let min_head = (min.0, min.1);
+                                head > min_head || (head == min_head && LiveKey(*live) > min.2)
+                            });
+                        if enters {
+                            if self.largest.len() >= LARGEST {
+                                self.largest.pop();
+                            }
+                            self.largest.push(Reverse((head.0, head.1, LiveKey(*live))));
                         }
                     }
                     Effect::Removed(_) | Effect::Unmatched if !tensor => counts.frees += 1,
