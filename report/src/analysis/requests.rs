@@ -826,7 +826,7 @@ mod tests {
             process: 0,
             t_ns: event.t_ns,
             event,
-            effect,
+            effect: &effect,
         };
         requests.convert(&[], &step, |_, r| out.push(r));
         out
@@ -931,7 +931,7 @@ mod tests {
             process: 0,
             t_ns: 0,
             event: &event,
-            effect: Effect::Added(a),
+            effect: &Effect::Added(a),
         };
         what_if.step(&state, &[], &step);
         assert!(what_if.simulators.is_empty());
@@ -957,7 +957,7 @@ mod tests {
             process: 0,
             t_ns: 1,
             event: &event,
-            effect: Effect::Added(b),
+            effect: &Effect::Added(b),
         };
         what_if.step(&state, &[], &step);
         assert!(what_if.finish(&[]).is_ok());
@@ -1002,7 +1002,7 @@ mod tests {
                 process: 0,
                 t_ns: seq,
                 event: &event,
-                effect: Effect::Added(a),
+                effect: &Effect::Added(a),
             };
             what_if.step(&state, &[], &step);
         }
