@@ -865,7 +865,8 @@ pub enum Step<'a> {
         /// Replay time (ns since the earliest start).
         t_ns: u64,
         event: &'a Event,
-        effect: Effect,
+        /// Borrowed, not copied: the live object it holds is a record of ~90 bytes.
+        effect: &'a Effect,
     },
     MemInfo {
         process: u32,
@@ -1533,7 +1534,7 @@ fn show(
         process,
         t_ns,
         event,
-        effect,
+        effect: &effect,
     };
     for observer in observers.iter_mut() {
         observer.step(state, processes, &step);

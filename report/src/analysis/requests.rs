@@ -950,7 +950,7 @@ mod tests {
             process: 0,
             t_ns: event.t_ns,
             event,
-            effect,
+            effect: &effect,
         };
         requests.convert(&[], &step, |_, r| out.push(r));
         out
@@ -1073,7 +1073,7 @@ mod tests {
             process: 0,
             t_ns: 0,
             event: &event,
-            effect: Effect::Added(a),
+            effect: &Effect::Added(a),
         };
         what_if.step(&state, &[], &step);
         assert!(what_if.simulators.is_empty());
@@ -1099,7 +1099,7 @@ mod tests {
             process: 0,
             t_ns: 1,
             event: &event,
-            effect: Effect::Added(b),
+            effect: &Effect::Added(b),
         };
         what_if.step(&state, &[], &step);
         assert!(what_if.finish(&[]).is_ok());
@@ -1144,7 +1144,7 @@ mod tests {
                 process: 0,
                 t_ns: seq,
                 event: &event,
-                effect: Effect::Added(a),
+                effect: &Effect::Added(a),
             };
             what_if.step(&state, &[], &step);
         }

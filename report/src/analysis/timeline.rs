@@ -721,7 +721,7 @@ mod tests {
             process: 0,
             t_ns: 20,
             event: &event,
-            effect: Effect::Added(new),
+            effect: &Effect::Added(new),
         };
         timeline.step(&State::replacing(old), &[], &step);
         timeline.finish();
