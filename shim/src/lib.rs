@@ -34,6 +34,7 @@ mod altstack;
 mod capture;
 mod config;
 mod flight;
+mod imported_pointers;
 mod interpose;
 mod lifecycle;
 mod mark;

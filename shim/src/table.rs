@@ -12,7 +12,7 @@ use vramshim_format::EventKind;
 
 use crate::capture::{self, Spec};
 use crate::real::{self, Layer};
-use crate::{stream_capture, torch_trace};
+use crate::{imported_pointers, stream_capture, torch_trace};
 
 /// One row of the table.
 pub struct HookDef {
@@ -309,67 +309,19 @@ fn ipc_opened(result: c_int, addr: u64) -> Option<Spec> {
     Some(Spec::new(EventKind::Map, addr, size as u64))
 }
 
-/// Addresses of pool pointers imported from another process (`cu(da)MemPoolImportPointer`)
-/// and not yet freed, with how many imports each holds (0 = free slot). Lock-free: a free in
-/// a signal handler or on any thread only looks. A process importing more at once than there
-/// are slots records the rest's frees as frees.
-const IMPORTED_SLOTS: usize = 256;
-static IMPORTED_ADDR: [std::sync::atomic::AtomicU64; IMPORTED_SLOTS] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; IMPORTED_SLOTS];
-static IMPORTED_REFS: [std::sync::atomic::AtomicU32; IMPORTED_SLOTS] =
-    [const { std::sync::atomic::AtomicU32::new(0) }; IMPORTED_SLOTS];
-/// Imports held in all slots: frees look at the slots only while some are.
-static IMPORTED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 /// An imported pool pointer at `addr` (the driver gives the same address to a second import
 /// of the same pointer): recorded as a mapping of the allocation's size, as an IPC open.
 fn pool_pointer_imported(result: c_int, addr: u64, pool: *mut c_void) -> Option<Spec> {
     let spec = ipc_opened(result, addr)?;
-    let counted = IMPORTED_ADDR
-        .iter()
-        .position(|slot| slot.load(Ordering::Acquire) == addr)
-        .or_else(|| {
-            IMPORTED_ADDR.iter().position(|slot| {
-                slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            })
-        });
-    if let Some(slot) = counted {
-        IMPORTED_REFS[slot].fetch_add(1, Ordering::AcqRel);
-        IMPORTED_LIVE.fetch_add(1, Ordering::AcqRel);
-    }
+    imported_pointers::imported(addr);
     Some(spec.handle(pool as u64))
 }
 
 /// What a successful free of `addr` recorded as `kind` did: the unmapping of an imported pool
 /// pointer, else `kind`.
 fn freed(result: c_int, kind: EventKind, addr: u64) -> Spec {
-    if result == 0 && addr != 0 && IMPORTED_LIVE.load(Ordering::Acquire) > 0 {
-        for (slot, held) in IMPORTED_ADDR.iter().enumerate() {
-            if held.load(Ordering::Acquire) != addr {
-                continue;
-            }
-            let refs = &IMPORTED_REFS[slot];
-            let mut current = refs.load(Ordering::Acquire);
-            while current > 0 {
-                match refs.compare_exchange(
-                    current,
-                    current - 1,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        IMPORTED_LIVE.fetch_sub(1, Ordering::AcqRel);
-                        if current == 1 {
-                            let _ =
-                                held.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Acquire);
-                        }
-                        return Spec::new(EventKind::Unmap, addr, 0);
-                    }
-                    Err(now) => current = now,
-                }
-            }
-        }
+    if result == 0 && addr != 0 && imported_pointers::freed(addr) {
+        return Spec::new(EventKind::Unmap, addr, 0);
     }
     Spec::new(kind, addr, 0)
 }

@@ -942,31 +942,14 @@ impl Simulator {
             self.release_cached_blocks();
             if !self.fallen_back.contains(&plan) {
                 // try_plans: the searched engine first, asking for the same workspace.
-                let again = self.malloc(
-                    failure.request_index,
-                    failure.id,
-                    failure.size,
-                    failure.stream,
-                    false,
-                );
-                self.st.allocs -= 1;
-                match again {
+                match self.ask_again(&failure) {
                     Outcome::Oom(failure) => last = failure,
                     other => return other,
                 }
                 self.fallen_back.insert(plan);
             }
         } else if cached {
-            let again = self.malloc(
-                failure.request_index,
-                failure.id,
-                failure.size,
-                failure.stream,
-                false,
-            );
-            // One request, asked twice.
-            self.st.allocs -= 1;
-            match again {
+            match self.ask_again(&failure) {
                 Outcome::Oom(failure) => last = failure,
                 other => return other,
             }
@@ -975,6 +958,19 @@ impl Simulator {
         self.st.workspace_fallbacks += 1;
         self.st.first_fallback.get_or_insert(last);
         Outcome::FellBack(last)
+    }
+
+    /// The failed request asked once more (one request asked twice: not counted again).
+    fn ask_again(&mut self, failure: &OomEvent) -> Outcome {
+        let again = self.malloc(
+            failure.request_index,
+            failure.id,
+            failure.size,
+            failure.stream,
+            false,
+        );
+        self.st.allocs -= 1;
+        again
     }
 
     /// `cudnn.benchmark`'s search workspace ([`Request::SearchWorkspace`]) under `id`:
