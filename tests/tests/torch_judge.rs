@@ -923,33 +923,97 @@ fn resnet_at_tight_capacities(torch: &Torch, finished: &[ResnetRun]) {
 #[test]
 fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
     let Some(torch) = current() else { return };
-    let recordings = judge_ddp(
+    ddp_at_tight_capacities(
         &torch,
+        &[
+            ("ddp-tight-default", 64, "", Some(32 * MIB), 56 * MIB, 1),
+            (
+                "ddp-tight-expandable",
+                64,
+                "expandable_segments:True",
+                Some(32 * MIB),
+                64 * MIB,
+                2,
+            ),
+        ],
+        (56, 64 * MIB),
+    );
+}
+
+/// The same on torch 2.6 (CUDA 12), whose ranks need more (110 MiB reserved each with the
+/// defaults, 106 MiB with expandable segments, on an 8 GiB card). At 106 MiB beside each
+/// rank's cuBLAS handles the two configurations part at the same peak, 111,149,056 bytes:
+/// expandable segments fit; the defaults raise torch's OOM on 2 MiB after 2 retries (the
+/// first, for 20 MiB, freed a cached 2 MiB segment and succeeded; the second freed nothing:
+/// 6 `cudaMalloc`, 1 `cudaFree`). At 60 MiB expandable segments, with 64 MiB mapped, stop
+/// in the autograd thread's `cublasCreate` (the defaults raise on 32 MiB there). `whatif` on
+/// each rank's cudaMallocAsync recording gives each of these, rank by rank, exactly, as it
+/// did at every capacity from 40 to 116 MiB tried by hand (README).
+#[test]
+fn whatif_predicts_each_ddp_ranks_outcome_at_tight_capacities_on_cuda12() {
+    let Some(torch) = cuda12() else { return };
+    ddp_at_tight_capacities(
+        &torch,
+        &[
+            (
+                "ddp-tight-106-default",
+                106,
+                "",
+                Some(2 * MIB),
+                106 * MIB,
+                2,
+            ),
+            (
+                "ddp-tight-106-expandable",
+                106,
+                "expandable_segments:True",
+                None,
+                106 * MIB,
+                0,
+            ),
+        ],
+        (60, 64 * MIB),
+    );
+}
+
+/// One native DDP run at a tight capacity, the same on both ranks: (label, MiB beside each
+/// rank's two cuBLAS handles, config, torch's OOM segment if it raised one,
+/// `max_memory_reserved()`, retries).
+type DdpRun = (&'static str, u64, &'static str, Option<u64>, u64, u64);
+
+/// [`whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity`] for one release: each rank's
+/// cudaMallocAsync recording on an 8 GiB card, then each of `finished` (runs whose ranks
+/// print torch's figures) against `whatif`'s row for that rank; then expandable segments at
+/// `stopped`'s MiB, where each rank's `cublasCreate` fails at `stopped`'s reserved bytes.
+fn ddp_at_tight_capacities(torch: &Torch, finished: &[DdpRun], stopped: (u64, u64)) {
+    let recordings = judge_ddp(
+        torch,
         "ddp-tight-async",
         &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
     );
-    let capacity = 64 * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
-    for (label, config, peak, retries) in [
-        ("ddp-tight-default", "", 56 * MIB, 1),
-        (
-            "ddp-tight-expandable",
-            "expandable_segments:True",
-            64 * MIB,
-            2,
-        ),
-    ] {
+    let capacity = |mib: u64| mib * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
+    for &(label, mib, config, oom, peak, retries) in finished {
         let env: Vec<(&str, &str)> = if config.is_empty() {
             vec![]
         } else {
             vec![("PYTORCH_CUDA_ALLOC_CONF", config)]
         };
-        let ranks = judge_ddp_at(&torch, label, capacity, &env);
+        let ranks = judge_ddp_at(torch, label, capacity(mib), &env);
         for (rank, ((t, log), (_, async_log))) in ranks.iter().zip(&recordings).enumerate() {
             let label = format!("{label} rank {rank}");
             if config.is_empty() {
                 check_device_log(&label, t, log, rank as u64);
+            } else {
+                // Expandable segments map pages, which torch does not count as cudaMalloc:
+                // the log's peak of mapped bytes is its peak reserved.
+                let view = allocator_view_of(log, rank as u64);
+                assert_eq!(
+                    u64_of(&view["reserved"], "peak"),
+                    u64_of(t, "reserved_bytes.all.peak"),
+                    "{label}: {view}"
+                );
             }
-            let (_, rows) = whatif_on(async_log, rank as u64, capacity, None, &[config]);
+            let (_, rows) = whatif_on(async_log, rank as u64, capacity(mib), None, &[config]);
             check_whatif_outcome(&label, &rows[config], t);
             assert_eq!(
                 (
@@ -957,21 +1021,21 @@ fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
                     u64_of(t, "max_memory_reserved"),
                     u64_of(t, "num_alloc_retries"),
                 ),
-                (Some(32 * MIB), peak, retries),
+                (oom, peak, retries),
                 "{label}: {t}"
             );
         }
     }
 
-    // 56 MiB, expandable segments: each rank's autograd thread's cublasCreate fails (its
-    // handle's 64 MiB cuMemAlloc) at 64 MiB reserved, before torch prints its figures;
+    // Expandable segments at the smaller capacity: each rank's autograd thread's
+    // cublasCreate fails (its handle's 64 MiB cuMemAlloc), before torch prints its figures;
     // whatif calls it a library failure on each rank, at that rank's reserved bytes.
+    let (mib, reserved) = stopped;
     let config = "expandable_segments:True";
-    let capacity = 56 * MIB + 2 * CUBLAS_HANDLE + 100 * 1024;
     let run = judge_ddp_process(
-        &torch,
-        "ddp-tight-56-expandable",
-        capacity,
+        torch,
+        &format!("ddp-tight-{mib}-expandable"),
+        capacity(mib),
         &[("PYTORCH_CUDA_ALLOC_CONF", config)],
     );
     let stderr = run.stderr();
@@ -998,12 +1062,12 @@ fn whatif_predicts_each_ddp_ranks_oom_at_a_tight_capacity() {
         assert_eq!(failed.len(), 1, "rank {rank}: {failed:?}");
         assert_eq!(failed[0]["api"], "cuMemAlloc_v2", "{failed:?}");
         let view = allocator_view_of(log, rank);
-        let (_, rows) = whatif_on(async_log, rank, capacity, None, &[config]);
+        let (_, rows) = whatif_on(async_log, rank, capacity(mib), None, &[config]);
         let row = &rows[config];
         let failure = check_library_failure(&format!("rank {rank}"), row, &failed[0], &view);
         assert_eq!(
             (u64_of(failure, "size"), u64_of(failure, "reserved")),
-            (64 * MIB, 64 * MIB),
+            (64 * MIB, reserved),
             "rank {rank}: {failure}"
         );
     }
