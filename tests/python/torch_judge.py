@@ -209,7 +209,7 @@ def main():
     try:
         for name in sys.argv[1].split(","):
             workloads[name]()
-    except torch.OutOfMemoryError as error:
+    except torch.cuda.OutOfMemoryError as error:  # torch.OutOfMemoryError from 2.4 on
         # "Tried to allocate X" names the rounded request; the figures below still hold.
         # The script's innermost line in the traceback: where the failing allocation was made.
         here = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__]
@@ -232,7 +232,7 @@ def main():
         freed = torch.cuda.memory_stats().get("num_device_free", 0)
         try:
             torch.empty(total // 2, dtype=torch.uint8, device="cuda")  # JUDGE: oom
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             after = figures()
             result["oom_retries"] = after["num_alloc_retries"] - result["num_alloc_retries"]
             result["oom_count"] = after["num_ooms"] - result["num_ooms"]
