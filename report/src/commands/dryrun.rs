@@ -651,7 +651,7 @@ fn visible_device_list(count: u32, value: Option<&str>, mig: bool) -> Option<Vec
 }
 
 /// The fakes' device ledger (`VRAMSHIM_FAKEGPU_LEDGER`, laid out in
-/// `fakegpu/src/cuda/ledger.c`, version 1) at the end of the run: per machine device the most
+/// `fakegpu/src/cuda/ledger.c`, version 2) at the end of the run: per machine device the most
 /// bytes in use at once over every process, and charges no hook sees (a context, kernel code)
 /// refused for lack of room, with the first of them.
 struct LedgerEnd {
@@ -681,7 +681,7 @@ fn read_ledger(path: &Path) -> Option<LedgerEnd> {
         word.copy_from_slice(&bytes[at..at + 4]);
         u32::from_ne_bytes(word)
     };
-    if u64_at(0) != LEDGER_MAGIC || u32_at(8) != 1 || u32_at(16) != LEDGER_DEVICES as u32 {
+    if u64_at(0) != LEDGER_MAGIC || u32_at(8) != 2 || u32_at(16) != LEDGER_DEVICES as u32 {
         return None;
     }
     let pid = u32_at(1048) as i32;
