@@ -325,6 +325,37 @@ static int killed(void)
     return 0;
 }
 
+/* "hold X Y": two fork children of the launcher (which makes no CUDA call) hold X and Y
+ * bytes of device 0 at once, then both exit: two processes, two contexts on the card. */
+static int hold(unsigned long long x, unsigned long long y)
+{
+    int ready[2], end[2];
+    if (pipe(ready) || pipe(end))
+        return 1;
+    unsigned long long bytes[2] = {x, y};
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        if ((pids[i] = fork()) == 0) {
+            close(end[1]);
+            void *p;
+            char rc = (char)cudaMalloc(&p, bytes[i]);
+            (void)!write(ready[1], &rc, 1);
+            char c;
+            (void)!read(end[0], &c, 1); /* until the launcher closes it */
+            _exit(0);
+        }
+        char rc;
+        if (read(ready[0], &rc, 1) != 1)
+            return 3;
+        printf("hold process %d malloc %llu rc=%d\n", i + 1, bytes[i], rc);
+        fflush(stdout);
+    }
+    close(end[1]);
+    for (int i = 0; i < 2; i++)
+        waitpid(pids[i], NULL, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     alarm(60); /* a broken run ends instead of hanging the test */
@@ -334,6 +365,8 @@ int main(int argc, char **argv)
         return rounds();
     if (argc == 2 && strcmp(argv[1], "killed") == 0)
         return killed();
+    if (argc == 4 && strcmp(argv[1], "hold") == 0)
+        return hold(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     if (argc == 5 && strcmp(argv[1], "racer") == 0)
         return racer(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && strcmp(argv[1], "a") == 0)

@@ -22,8 +22,9 @@
  *
  * The file: a header (magic, version, slot count; per device the most bytes ever in use at
  * once and the refused charges no hook sees, with the first of them), LEDGER_SLOTS slots of a
- * pid, an in-flight count and a byte count per machine device, then the machine's counters in
- * the place of one more slot. `vramshim dryrun` reads the header at the end. An empty file (as
+ * pid, an in-flight count and a byte count per machine device, then, each in the place of one
+ * more slot, the number of processes that asked each device for memory and the machine's
+ * counters. `vramshim dryrun` reads the header at the end. An empty file (as
  * `vramshim dryrun` makes it) or a missing one is laid out by the first process. A path that
  * cannot be opened, mapped or laid out, or a file of another size or magic: one stderr line,
  * and this process keeps its own bookkeeping. */
@@ -41,7 +42,7 @@
 
 #define LEDGER_MAGIC 0x3172676472646c66ull /* "fldrdgr1" */
 #define LEDGER_VERSION 2u /* 1: no machine counters, 256 slots, charges under the file lock */
-#define LEDGER_SLOTS 255
+#define LEDGER_SLOTS 254
 /* Record-lock offsets: byte 0 guards taking slots, clearing dead ones and recounting; slot I's
  * owner holds byte 1 + I (offsets only: the locks need not lie inside the file). */
 #define LOCK_ALL 0
@@ -51,6 +52,12 @@ struct ledger_slot {
     int32_t pid;       /* 0: free */
     uint32_t inflight; /* the owner's threads between their two updates (recompute_machine) */
     uint64_t used[FG_MAX_DEVICES];
+};
+/* Per device, the processes that ever asked it for memory (each has a context there): the dry
+ * run's smallest fitting card counts one context per process. */
+struct ledger_processes {
+    uint32_t on_device[FG_MAX_DEVICES];
+    uint32_t reserved[66];
 };
 /* The machine's bytes in use per device: the sum of the slots (but for charges in flight). */
 struct ledger_machine {
@@ -72,12 +79,16 @@ struct ledger_file {
     uint64_t refused_bytes, refused_used;
     uint64_t reserved2[2];
     struct ledger_slot slot[LEDGER_SLOTS]; /* 1088 */
+    struct ledger_processes processes;     /* 1088 + 520 * 254 */
     struct ledger_machine machine;         /* 1088 + 520 * 255 */
 };
 _Static_assert(__builtin_offsetof(struct ledger_file, unseen_refused) == 536, "ledger layout");
 _Static_assert(__builtin_offsetof(struct ledger_file, refused_pid) == 1048, "ledger layout");
 _Static_assert(__builtin_offsetof(struct ledger_file, slot) == 1088, "ledger layout");
-_Static_assert(sizeof(struct ledger_slot) == 520 && sizeof(struct ledger_machine) == 520,
+_Static_assert(__builtin_offsetof(struct ledger_file, processes) == 1088 + 520 * 254,
+               "ledger layout");
+_Static_assert(sizeof(struct ledger_slot) == 520 && sizeof(struct ledger_processes) == 520 &&
+                   sizeof(struct ledger_machine) == 520,
                "ledger layout");
 _Static_assert(sizeof(struct ledger_file) == 1088 + 520 * 256, "ledger layout");
 
@@ -130,6 +141,8 @@ static void unlock_ledger(void)
 /* This process's pid, kept here (getpid is a system call): set when the ledger opens and in
  * a fork child. */
 static pid_t this_pid;
+/* The machine's devices this process has asked for memory (counted in the file once). */
+static uint8_t asked_device[FG_MAX_DEVICES];
 
 static pid_t current_pid(void) { return __atomic_load_n(&this_pid, __ATOMIC_RELAXED); }
 
@@ -139,6 +152,7 @@ static void after_fork_parent(void) { pthread_mutex_unlock(&ledger_mutex); }
 static void after_fork_child(void)
 {
     __atomic_store_n(&this_pid, getpid(), __ATOMIC_RELAXED);
+    memset(asked_device, 0, sizeof asked_device); /* a new process: its own contexts */
     pthread_mutex_unlock(&ledger_mutex);
 }
 
@@ -364,6 +378,9 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
 {
     if (!active())
         return FG_LEDGER_OFF;
+    if (!__atomic_load_n(&asked_device[physical], __ATOMIC_RELAXED) &&
+        !__atomic_exchange_n(&asked_device[physical], 1, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&ledger->processes.on_device[physical], 1, __ATOMIC_RELAXED);
     uint64_t used = 0;
     int mine = own_slot_now(current_pid());
     if (mine >= 0 && try_charge(mine, physical, n, capacity, false, &used) == TRY_CHARGED)
