@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prints the cost of CUDA calls through the fake GPU libraries (budget: at most 1 us per call)
+# Prints the cost of CUDA calls through the fake GPU libraries (budget: at most 1 us per call),
+# with and without the device ledger (VRAMSHIM_FAKEGPU_LEDGER),
 # and, when scripts/fetch-torch.sh can provide PyTorch, the time per training step of a small
 # MLP with Adam on the fakes alone and under `vramshim dryrun` (recorder on), default and
 # cudaMallocAsync allocators, medians of 3 interleaved rounds. BENCH_ITERATIONS sets the loop length (default 200000).
@@ -10,8 +11,16 @@ LIB=$PWD/target/release/fakegpu/lib
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 gcc -O2 -o "$WORK/calls" fakegpu/bench/calls.c -L"$LIB" -Wl,-rpath-link,"$LIB" -l:libcudart.so.13
+gcc -O2 -o "$WORK/ledger" fakegpu/bench/ledger.c -L"$LIB" -Wl,-rpath-link,"$LIB" -l:libcudart.so.13
 echo "== CUDA calls through the fakes (one thread)"
 LD_LIBRARY_PATH=$LIB "$WORK/calls" "${BENCH_ITERATIONS:-200000}"
+# The device ledger that `vramshim dryrun` always sets: without it, then with it (a fresh file),
+# this process alone and beside one other process on the card.
+for ledger in "" "$WORK/device-ledger"; do
+    if [ -n "$ledger" ]; then echo "== With a device ledger"; else echo "== Without a device ledger"; fi
+    VRAMSHIM_FAKEGPU_LEDGER=$ledger LD_LIBRARY_PATH=$LIB "$WORK/ledger" \
+        "${BENCH_ITERATIONS:-200000}"
+done
 
 echo "== PyTorch training step on the fakes"
 if ! python=$(bash scripts/fetch-torch.sh 2>/dev/null); then

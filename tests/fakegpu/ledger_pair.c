@@ -6,14 +6,20 @@
  * NVML. The launcher kills A with SIGKILL; B sees A's bytes given back and takes what failed
  * before; a fork child of B allocates on top of B's bytes and gives them back when it exits.
  * After B exits the launcher reads NVML: nothing in use. Given "race": RACERS processes ask at
- * once for memory of which only one can have; one gets it. One line per step, prefixed
+ * once for memory of which only one can have; one gets it. Given "rounds": the same race
+ * ROUNDS times between fork children meeting at a barrier, the winner giving its bytes back
+ * before the next round, then TRIES each as fast as they can; then NVML in the launcher:
+ * nothing in use. Given "killed": processes SIGKILLed while they allocate and free leave
+ * nothing in use. One line per step, prefixed
  * by who printed it; each process flushes before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -196,11 +202,171 @@ static int race(const char *self)
     return 0;
 }
 
+/* "rounds": RACERS fork children (the launcher makes no CUDA call before, so each takes a
+ * slot of its own) race ROUNDS times for RACE_BYTES. Between rounds they meet at a barrier in
+ * shared memory; the first of them counts the round's winners; the winner gives its bytes
+ * back before the next round starts. */
+#define ROUNDS 300
+#define TRIES 20000
+struct arena {
+    pthread_barrier_t barrier;
+    char result[RACERS];
+    int exactly_one, none, several, other;
+    int holders, held_by_two, tries_got, tries_other;
+};
+
+static void rounds_racer(struct arena *arena, int me)
+{
+    cudaFree(NULL); /* the context first, so that the race is between the allocations */
+    for (int round = 0; round < ROUNDS; round++) {
+        pthread_barrier_wait(&arena->barrier);
+        void *p;
+        int rc = cudaMalloc(&p, RACE_BYTES);
+        arena->result[me] = (char)rc;
+        pthread_barrier_wait(&arena->barrier);
+        if (me == 0) {
+            int got = 0, other = 0;
+            for (int i = 0; i < RACERS; i++) {
+                got += arena->result[i] == 0;
+                other += arena->result[i] != 0 && arena->result[i] != 2;
+            }
+            arena->exactly_one += got == 1;
+            arena->none += got == 0;
+            arena->several += got > 1;
+            arena->other += other;
+        }
+        if (rc == 0)
+            cudaFree(p);
+        pthread_barrier_wait(&arena->barrier);
+    }
+    /* Then no rounds: each asks TRIES times, as fast as it can, and gives back at once; a
+     * holder counts itself in shared memory while it holds, so two holding at once is seen. */
+    for (int i = 0; i < TRIES; i++) {
+        void *p;
+        int rc = cudaMalloc(&p, RACE_BYTES);
+        if (rc == 0) {
+            if (__atomic_add_fetch(&arena->holders, 1, __ATOMIC_SEQ_CST) > 1)
+                __atomic_add_fetch(&arena->held_by_two, 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&arena->tries_got, 1, __ATOMIC_RELAXED);
+            __atomic_sub_fetch(&arena->holders, 1, __ATOMIC_SEQ_CST);
+            cudaFree(p);
+        } else if (rc != 2)
+            __atomic_add_fetch(&arena->tries_other, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static int rounds(void)
+{
+    struct arena *arena = mmap(NULL, sizeof *arena, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pthread_barrierattr_t shared;
+    if (arena == MAP_FAILED || pthread_barrierattr_init(&shared) ||
+        pthread_barrierattr_setpshared(&shared, PTHREAD_PROCESS_SHARED) ||
+        pthread_barrier_init(&arena->barrier, &shared, RACERS))
+        return 1;
+    pid_t pids[RACERS];
+    for (int i = 0; i < RACERS; i++)
+        if ((pids[i] = fork()) == 0) {
+            rounds_racer(arena, i);
+            _exit(0);
+        }
+    int clean = 0;
+    for (int i = 0; i < RACERS; i++) {
+        int status;
+        waitpid(pids[i], &status, 0);
+        clean += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    find_nvml();
+    printf("rounds %d processes x %d rounds for %llu bytes: exactly one got them=%d none=%d "
+           "several=%d other errors=%d\n",
+           RACERS, ROUNDS, RACE_BYTES, arena->exactly_one, arena->none, arena->several,
+           arena->other);
+    printf("tries %d processes x %d: some got them=%s held by two at once=%d other errors=%d\n",
+           RACERS, TRIES, arena->tries_got > 0 ? "yes" : "no", arena->held_by_two,
+           arena->tries_other);
+    printf("exited cleanly=%d nvml-used after=%llu\n", clean, nvml_used());
+    return 0;
+}
+
+/* "killed": HAMMERERS fork children allocate and free as fast as they can until SIGKILLed,
+ * KILLINGS times over; each time, after they are gone, NVML in the launcher sees nothing in
+ * use (a process killed between its two updates of the ledger must not leave the machine's
+ * count wrong), and at the end the launcher takes the whole card but its context. */
+#define HAMMERERS 4
+#define KILLINGS 20
+static int killed(void)
+{
+    find_nvml();
+    int clean = 0;
+    for (int k = 0; k < KILLINGS; k++) {
+        pid_t pids[HAMMERERS];
+        for (int i = 0; i < HAMMERERS; i++)
+            if ((pids[i] = fork()) == 0) {
+                for (size_t size = 1 << 20;; size = size * 3 % (200u << 20) + 4096) {
+                    void *p;
+                    if (cudaMalloc(&p, size) == 0)
+                        cudaFree(p);
+                }
+            }
+        usleep(20000);
+        for (int i = 0; i < HAMMERERS; i++) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+        clean += nvml_used() == 0;
+    }
+    void *p;
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    int rc = cudaMalloc(&p, free_bytes);
+    printf("killed %d hammering processes %d times: nothing in use after=%d; then the launcher "
+           "free=%zu malloc free rc=%d\n",
+           HAMMERERS, KILLINGS, clean, free_bytes, rc);
+    return 0;
+}
+
+/* "hold X Y": two fork children of the launcher (which makes no CUDA call) hold X and Y
+ * bytes of device 0 at once, then both exit: two processes, two contexts on the card. */
+static int hold(unsigned long long x, unsigned long long y)
+{
+    int ready[2], end[2];
+    if (pipe(ready) || pipe(end))
+        return 1;
+    unsigned long long bytes[2] = {x, y};
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        if ((pids[i] = fork()) == 0) {
+            close(end[1]);
+            void *p;
+            char rc = (char)cudaMalloc(&p, bytes[i]);
+            (void)!write(ready[1], &rc, 1);
+            char c;
+            (void)!read(end[0], &c, 1); /* until the launcher closes it */
+            _exit(0);
+        }
+        char rc;
+        if (read(ready[0], &rc, 1) != 1)
+            return 3;
+        printf("hold process %d malloc %llu rc=%d\n", i + 1, bytes[i], rc);
+        fflush(stdout);
+    }
+    close(end[1]);
+    for (int i = 0; i < 2; i++)
+        waitpid(pids[i], NULL, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     alarm(60); /* a broken run ends instead of hanging the test */
     if (argc == 2 && strcmp(argv[1], "race") == 0)
         return race(argv[0]);
+    if (argc == 2 && strcmp(argv[1], "rounds") == 0)
+        return rounds();
+    if (argc == 2 && strcmp(argv[1], "killed") == 0)
+        return killed();
+    if (argc == 4 && strcmp(argv[1], "hold") == 0)
+        return hold(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     if (argc == 5 && strcmp(argv[1], "racer") == 0)
         return racer(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && strcmp(argv[1], "a") == 0)

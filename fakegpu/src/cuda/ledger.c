@@ -3,28 +3,36 @@
  * On a real card every process sees the device's total in use (cuMemGetInfo, NVML) and an
  * allocation fails when the card as a whole is full. Here each process keeps its own
  * bookkeeping (fg_devices[].used); with a ledger it also keeps its bytes per device in a slot
- * of a file all processes map shared, and the machine's figure is the sum of the slots of the
- * processes alive.
+ * of a file all processes map shared, and the machine keeps a counter per device of the bytes
+ * in use over all the slots.
+ *
+ * Charging is lock-free: a compare-and-swap on the machine's counter checks the card's
+ * capacity and takes the bytes in one step (two processes cannot both take the last bytes),
+ * then the bytes go on the process's slot. Giving back subtracts from both. No system call.
  *
  * Liveness without any code running at death: a process holds a POSIX record lock (fcntl
  * F_SETLK) on its slot's byte of the file. The kernel drops it when the process ends in any
  * way, SIGKILL included, and pid reuse cannot fool it; a fork child does not inherit it (the
- * child takes a slot of its own at its first charge). Whoever sums a device tries that lock on
- * every occupied slot but its own: when it gets it, the owner is gone, and it clears the slot
- * (the dead process's bytes are given back) before letting go. Checking and charging happen
- * under a lock on byte 0 of the file (and a mutex in the process, since record locks do not
- * exclude the threads of one process), so two processes cannot both take the card's last
- * bytes; that lock too goes with a killed holder.
+ * child takes a slot of its own at its first charge). cuMemGetInfo asks (F_GETLK) whether each
+ * other occupied slot's lock is still held; a charge that does not fit tries every other
+ * slot's lock. A slot whose lock is free belongs to a dead process: under the lock on byte 0
+ * of the file (which also guards taking slots), it is cleared and the machine's counters are
+ * recomputed from the slots alive (see recompute_machine: a process killed between its two
+ * updates leaves the counter off by its charge, and only a recount repairs that).
  *
  * The file: a header (magic, version, slot count; per device the most bytes ever in use at
- * once and the refused charges no hook sees, with the first of them) then LEDGER_SLOTS slots of
- * a pid and a byte count per machine device. `vramshim dryrun` reads the header at the end. An empty file (as `vramshim dryrun` makes it) or a missing one is
- * laid out by the first process. A path that cannot be opened, mapped or laid out, or a file
- * of another size or magic: one stderr line, and this process keeps its own bookkeeping. */
+ * once and the refused charges no hook sees, with the first of them), LEDGER_SLOTS slots of a
+ * pid, an in-flight count and a byte count per machine device, then, each in the place of one
+ * more slot, the number of processes that asked each device for memory and the machine's
+ * counters. `vramshim dryrun` reads the header at the end. An empty file (as
+ * `vramshim dryrun` makes it) or a missing one is laid out by the first process. A path that
+ * cannot be opened, mapped or laid out, or a file of another size or magic: one stderr line,
+ * and this process keeps its own bookkeeping. */
 #include "driver.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,15 +41,27 @@
 #include <unistd.h>
 
 #define LEDGER_MAGIC 0x3172676472646c66ull /* "fldrdgr1" */
-#define LEDGER_VERSION 1u
-#define LEDGER_SLOTS 256
-/* Record-lock offsets: byte 0 guards checking and charging; slot I's owner holds byte 1 + I
- * (offsets only: the locks need not lie inside the file). */
+#define LEDGER_VERSION 2u /* 1: no machine counters, 256 slots, charges under the file lock */
+#define LEDGER_SLOTS 254
+/* Record-lock offsets: byte 0 guards taking slots, clearing dead ones and recounting; slot I's
+ * owner holds byte 1 + I (offsets only: the locks need not lie inside the file). */
 #define LOCK_ALL 0
 #define LOCK_SLOT(i) (1 + (i))
 
 struct ledger_slot {
-    int32_t pid; /* 0: free */
+    int32_t pid;       /* 0: free */
+    uint32_t inflight; /* the owner's threads between their two updates (recompute_machine) */
+    uint64_t used[FG_MAX_DEVICES];
+};
+/* Per device, the processes that ever asked it for memory (each has a context there): the dry
+ * run's smallest fitting card counts one context per process. */
+struct ledger_processes {
+    uint32_t on_device[FG_MAX_DEVICES];
+    uint32_t reserved[66];
+};
+/* The machine's bytes in use per device: the sum of the slots (but for charges in flight). */
+struct ledger_machine {
+    uint32_t recounting; /* set while recompute_machine runs: charges wait for the file lock */
     uint32_t reserved;
     uint64_t used[FG_MAX_DEVICES];
 };
@@ -59,11 +79,18 @@ struct ledger_file {
     uint64_t refused_bytes, refused_used;
     uint64_t reserved2[2];
     struct ledger_slot slot[LEDGER_SLOTS]; /* 1088 */
+    struct ledger_processes processes;     /* 1088 + 520 * 254 */
+    struct ledger_machine machine;         /* 1088 + 520 * 255 */
 };
 _Static_assert(__builtin_offsetof(struct ledger_file, unseen_refused) == 536, "ledger layout");
 _Static_assert(__builtin_offsetof(struct ledger_file, refused_pid) == 1048, "ledger layout");
 _Static_assert(__builtin_offsetof(struct ledger_file, slot) == 1088, "ledger layout");
-_Static_assert(sizeof(struct ledger_file) == 1088 + 520 * LEDGER_SLOTS, "ledger layout");
+_Static_assert(__builtin_offsetof(struct ledger_file, processes) == 1088 + 520 * 254,
+               "ledger layout");
+_Static_assert(sizeof(struct ledger_slot) == 520 && sizeof(struct ledger_processes) == 520 &&
+                   sizeof(struct ledger_machine) == 520,
+               "ledger layout");
+_Static_assert(sizeof(struct ledger_file) == 1088 + 520 * 256, "ledger layout");
 
 static struct ledger_file *ledger; /* NULL: no ledger (unset, or it failed) */
 static int ledger_fd = -1;
@@ -114,15 +141,18 @@ static void unlock_ledger(void)
 /* This process's pid, kept here (getpid is a system call): set when the ledger opens and in
  * a fork child. */
 static pid_t this_pid;
+/* The machine's devices this process has asked for memory (counted in the file once). */
+static uint8_t asked_device[FG_MAX_DEVICES];
 
 static pid_t current_pid(void) { return __atomic_load_n(&this_pid, __ATOMIC_RELAXED); }
 
-/* No thread is inside the ledger when a process forks, so the child's mutex is free. */
+/* No thread is inside the ledger's lock when a process forks, so the child's mutex is free. */
 static void before_fork(void) { pthread_mutex_lock(&ledger_mutex); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&ledger_mutex); }
 static void after_fork_child(void)
 {
     __atomic_store_n(&this_pid, getpid(), __ATOMIC_RELAXED);
+    memset(asked_device, 0, sizeof asked_device); /* a new process: its own contexts */
     pthread_mutex_unlock(&ledger_mutex);
 }
 
@@ -195,15 +225,88 @@ static int slots_taken(void)
     return high < LEDGER_SLOTS ? (int)high : LEDGER_SLOTS;
 }
 
-/* Clears slot I when its owner is gone (its lock free); true when it is. Ledger locked. */
+/* Whether slot I's owner still holds its lock, asked without taking it (F_GETLK), so that a
+ * reader does not make a process taking a slot see this one as held. */
+static bool slot_held(int i)
+{
+    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCK_SLOT(i),
+                         .l_len = 1};
+    int rc;
+    do
+        rc = fcntl(ledger_fd, F_GETLK, &lock);
+    while (rc == -1 && errno == EINTR);
+    return rc != 0 || lock.l_type != F_UNLCK;
+}
+
+/* Clears slot I when its owner is gone (its lock free); true when it is. Ledger locked: the
+ * machine's counters must be recomputed after. */
 static bool reclaim_if_dead(int i)
 {
     if (record_lock(F_SETLK, F_WRLCK, LOCK_SLOT(i)) != 0)
         return false; /* held: the owner runs */
-    memset(ledger->slot[i].used, 0, sizeof ledger->slot[i].used);
-    __atomic_store_n(&ledger->slot[i].pid, 0, __ATOMIC_RELEASE);
+    struct ledger_slot *s = &ledger->slot[i];
+    memset(s->used, 0, sizeof s->used);
+    __atomic_store_n(&s->inflight, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
     record_lock(F_SETLK, F_UNLCK, LOCK_SLOT(i));
     return true;
+}
+
+/* The machine's counters made the sum of the slots alive again, after dead slots were cleared
+ * (ledger locked).
+ *
+ * Why a recount and not a subtraction of the dead slot's bytes: a charge is two updates, the
+ * machine's counter (compare-and-swap, against the capacity) then the process's slot, and a
+ * give-back the slot then the counter. A process SIGKILLed between the two leaves the counter
+ * off by that amount with nothing in its slot to say so; subtracting its slot would keep the
+ * error forever. Recounting from the slots alive drops whatever the dead process had, in its
+ * slot or in flight.
+ *
+ * Why the recount is exact while other processes keep charging without the lock: each charge
+ * or give-back raises its slot's `inflight` before touching anything and lowers it after both
+ * updates; after raising it, it reads `recounting`, and when that is set it backs out
+ * (touching nothing) and does its work under the file lock instead, so after this recount.
+ * Here `recounting` is set before any `inflight` is read; both sides use sequentially
+ * consistent operations, so of a charge and a recount at least one sees the other's flag
+ * (the store-then-load pattern of Dekker's algorithm). A charge that went on is therefore seen
+ * in flight, and the recount waits until its slot's `inflight` is 0 (both updates visible),
+ * or until its owner is found dead (its lock free: cleared like the others). With every slot
+ * alive quiet and no new charge starting, sum of slots = bytes in use, and that is stored. */
+static void recompute_machine(void)
+{
+    __atomic_store_n(&ledger->machine.recounting, 1, __ATOMIC_SEQ_CST);
+    uint64_t sum[FG_MAX_DEVICES] = {0};
+    for (int i = 0, high = slots_taken(); i < high; i++) {
+        struct ledger_slot *s = &ledger->slot[i];
+        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            continue;
+        bool dead = false;
+        for (unsigned spins = 0; __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST); spins++)
+            if (spins % 64 == 63 && i != own_slot_now(current_pid()) && reclaim_if_dead(i)) {
+                dead = true; /* killed in the middle of a charge */
+                break;
+            } else
+                sched_yield(); /* the owner is between two stores */
+        if (dead)
+            continue;
+        for (int d = 0; d < FG_MAX_DEVICES; d++)
+            sum[d] += __atomic_load_n(&s->used[d], __ATOMIC_ACQUIRE);
+    }
+    for (int d = 0; d < FG_MAX_DEVICES; d++)
+        __atomic_store_n(&ledger->machine.used[d], sum[d], __ATOMIC_RELAXED);
+    __atomic_store_n(&ledger->machine.recounting, 0, __ATOMIC_SEQ_CST);
+}
+
+/* Clears the slots of processes gone, and recounts when there were any. Ledger locked. */
+static void reclaim_dead(void)
+{
+    int mine = own_slot_now(current_pid());
+    bool any = false;
+    for (int i = 0, high = slots_taken(); i < high; i++)
+        if (i != mine && __atomic_load_n(&ledger->slot[i].pid, __ATOMIC_ACQUIRE))
+            any |= reclaim_if_dead(i);
+    if (any)
+        recompute_machine();
 }
 
 /* This process's slot, taking one (and its lock) at the first charge; -1 when all are held.
@@ -216,66 +319,58 @@ static int own_slot(void)
     __atomic_store_n(&my_slot, -1, __ATOMIC_RELEASE); /* a fork child: the parent's slot */
     for (int i = 0; i < LEDGER_SLOTS; i++)
         if (record_lock(F_SETLK, F_WRLCK, LOCK_SLOT(i)) == 0) {
-            /* Free, or its owner gone: whatever it held is given back. */
-            memset(ledger->slot[i].used, 0, sizeof ledger->slot[i].used);
-            __atomic_store_n(&ledger->slot[i].pid, (int32_t)pid, __ATOMIC_RELEASE);
+            /* Free, or its owner gone: whatever it held is given back (a recount). */
+            struct ledger_slot *s = &ledger->slot[i];
+            bool stale = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0;
+            memset(s->used, 0, sizeof s->used);
+            __atomic_store_n(&s->inflight, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
             if ((uint32_t)i >= ledger->high)
                 __atomic_store_n(&ledger->high, (uint32_t)i + 1, __ATOMIC_RELEASE);
             __atomic_store_n(&my_slot_pid, pid, __ATOMIC_RELEASE);
             __atomic_store_n(&my_slot, i, __ATOMIC_RELEASE);
+            if (stale)
+                recompute_machine();
             return i;
         }
     return -1;
 }
 
-/* The machine's bytes in use on PHYSICAL, dead processes' slots cleared. Ledger locked. */
-static uint64_t machine_used(int physical)
+static void raise_peak(int physical, uint64_t used)
 {
-    int mine = own_slot_now(current_pid());
-    uint64_t total = 0;
-    for (int i = 0, high = slots_taken(); i < high; i++) {
-        struct ledger_slot *s = &ledger->slot[i];
-        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
-            continue;
-        if (i != mine && reclaim_if_dead(i))
-            continue;
-        total += __atomic_load_n(&s->used[physical], __ATOMIC_RELAXED);
+    uint64_t peak = __atomic_load_n(&ledger->peak[physical], __ATOMIC_RELAXED);
+    while (used > peak && !__atomic_compare_exchange_n(&ledger->peak[physical], &peak, used, true,
+                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+enum { TRY_CHARGED, TRY_FULL, TRY_RECOUNTING };
+
+/* Charges N bytes on PHYSICAL to slot MINE when the machine stays within CAPACITY. LOCKED: the
+ * caller holds the ledger lock (no recount can run). *USED: the machine's bytes in use seen. */
+static int try_charge(int mine, int physical, uint64_t n, uint64_t capacity, bool locked,
+                      uint64_t *used)
+{
+    struct ledger_slot *s = &ledger->slot[mine];
+    __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+    if (!locked && __atomic_load_n(&ledger->machine.recounting, __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
+        return TRY_RECOUNTING;
     }
-    return total;
-}
-
-/* Whether slot I's owner still holds its lock, asked without taking it (F_GETLK), so that a
- * reader does not make a charging process see the slot as held. */
-static bool slot_held(int i)
-{
-    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCK_SLOT(i),
-                         .l_len = 1};
-    int rc;
-    do
-        rc = fcntl(ledger_fd, F_GETLK, &lock);
-    while (rc == -1 && errno == EINTR);
-    return rc != 0 || lock.l_type != F_UNLCK;
-}
-
-/* The same without the ledger's lock (cuMemGetInfo runs at every recorded event under a dry
- * run): one F_GETLK per other process; a dead process found, the locked count clears it. */
-static uint64_t machine_used_unlocked(int physical)
-{
-    int mine = own_slot_now(current_pid());
-    uint64_t total = 0;
-    for (int i = 0, high = slots_taken(); i < high; i++) {
-        struct ledger_slot *s = &ledger->slot[i];
-        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
-            continue;
-        if (i != mine && !slot_held(i)) {
-            lock_ledger();
-            total = machine_used(physical);
-            unlock_ledger();
-            return total;
+    uint64_t *machine = &ledger->machine.used[physical];
+    uint64_t now = __atomic_load_n(machine, __ATOMIC_RELAXED);
+    do {
+        if (now > capacity || n > capacity - now) {
+            __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
+            *used = now;
+            return TRY_FULL;
         }
-        total += __atomic_load_n(&s->used[physical], __ATOMIC_RELAXED);
-    }
-    return total;
+    } while (!__atomic_compare_exchange_n(machine, &now, now + n, true, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    __atomic_add_fetch(&s->used[physical], n, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
+    raise_peak(physical, now + n);
+    return TRY_CHARGED;
 }
 
 int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capacity,
@@ -283,10 +378,19 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
 {
     if (!active())
         return FG_LEDGER_OFF;
+    if (!__atomic_load_n(&asked_device[physical], __ATOMIC_RELAXED) &&
+        !__atomic_exchange_n(&asked_device[physical], 1, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&ledger->processes.on_device[physical], 1, __ATOMIC_RELAXED);
+    uint64_t used = 0;
+    int mine = own_slot_now(current_pid());
+    if (mine >= 0 && try_charge(mine, physical, n, capacity, false, &used) == TRY_CHARGED)
+        return FG_LEDGER_CHARGED;
+    /* No slot yet, a recount under way, or the card looks full: under the lock, with the dead
+     * processes' bytes given back first. */
     lock_ledger();
-    int slot = own_slot();
+    mine = own_slot();
     int result = FG_LEDGER_FULL;
-    if (slot < 0) {
+    if (mine < 0) {
         /* Every slot held: this process counts alone (said once). */
         static int said;
         if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
@@ -295,13 +399,10 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
                     LEDGER_SLOTS);
         result = FG_LEDGER_OFF;
     } else {
-        uint64_t used = machine_used(physical);
-        if (used <= capacity && n <= capacity - used) {
-            __atomic_add_fetch(&ledger->slot[slot].used[physical], n, __ATOMIC_RELAXED);
-            if (used + n > ledger->peak[physical])
-                ledger->peak[physical] = used + n;
+        reclaim_dead();
+        if (try_charge(mine, physical, n, capacity, true, &used) == TRY_CHARGED)
             result = FG_LEDGER_CHARGED;
-        } else if (unseen && ledger->unseen_refused[physical]++ == 0 && !ledger->refused_pid) {
+        else if (unseen && ledger->unseen_refused[physical]++ == 0 && !ledger->refused_pid) {
             ledger->refused_pid = (int32_t)current_pid();
             ledger->refused_device = physical;
             ledger->refused_bytes = n;
@@ -312,24 +413,55 @@ int fg_ledger_charge(int physical, unsigned long long n, unsigned long long capa
     return result;
 }
 
-/* Only this process writes its slot while it runs (threads: atomically): no ledger lock. */
+/* Takes up to N bytes off slot MINE and the machine's counter (both by the same amount). */
+static void give_back(int mine, int physical, uint64_t n)
+{
+    uint64_t *held = &ledger->slot[mine].used[physical];
+    uint64_t now = __atomic_load_n(held, __ATOMIC_RELAXED);
+    uint64_t take;
+    do
+        take = n < now ? n : now;
+    while (!__atomic_compare_exchange_n(held, &now, now - take, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED));
+    __atomic_sub_fetch(&ledger->machine.used[physical], take, __ATOMIC_RELAXED);
+}
+
+/* Only this process writes its slot while it runs (threads: atomically): no ledger lock, but
+ * for a recount under way. */
 void fg_ledger_uncharge(int physical, unsigned long long n)
 {
     int mine = active() ? own_slot_now(current_pid()) : -1;
     if (mine < 0)
         return;
-    uint64_t *used = &ledger->slot[mine].used[physical];
-    uint64_t held = __atomic_load_n(used, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(used, &held, held - (n < held ? n : held), true,
-                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
+    struct ledger_slot *s = &ledger->slot[mine];
+    __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ledger->machine.recounting, __ATOMIC_SEQ_CST)) {
+        give_back(mine, physical, n);
+        __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
+    lock_ledger(); /* after the recount */
+    give_back(mine, physical, n);
+    unlock_ledger();
 }
 
+/* The machine's bytes in use on PHYSICAL: its counter, once every other occupied slot's owner
+ * is known alive (one F_GETLK each); a dead one found, its bytes are given back first. */
 bool fg_ledger_used(int physical, unsigned long long *used)
 {
     if (!active())
         return false;
-    *used = machine_used_unlocked(physical);
+    int mine = own_slot_now(current_pid());
+    for (int i = 0, high = slots_taken(); i < high; i++)
+        if (i != mine && __atomic_load_n(&ledger->slot[i].pid, __ATOMIC_ACQUIRE) &&
+            !slot_held(i)) {
+            lock_ledger();
+            reclaim_dead();
+            unlock_ledger();
+            break;
+        }
+    *used = __atomic_load_n(&ledger->machine.used[physical], __ATOMIC_RELAXED);
     return true;
 }
 
@@ -338,7 +470,7 @@ int fg_ledger_processes(int physical, int max, int32_t *pids, unsigned long long
     if (!active())
         return -1;
     lock_ledger();
-    machine_used(physical); /* clears the slots of processes gone */
+    reclaim_dead();
     int count = 0;
     for (int i = 0, high = slots_taken(); i < high; i++) {
         struct ledger_slot *s = &ledger->slot[i];

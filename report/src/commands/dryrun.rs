@@ -444,10 +444,36 @@ fn verdict(
         Some(r) => needed.max(r.used + r.bytes),
         None => needed,
     };
-    let beyond_context = needed.saturating_sub(gpu.context_bytes);
-    let smallest = gpus::presets()
-        .into_iter()
-        .find(|card| card.memory > beyond_context + card.context_bytes);
+    // The smallest card on which every device's need fits, each process on a device swapping
+    // its context for the other card's (without a ledger: one process).
+    let contexts_on = |device: i32| {
+        machine
+            .processes
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map_or(1, |(_, n)| u64::from(*n).max(1))
+    };
+    let mut demands: Vec<(u64, u64)> = match &failure {
+        Some(failure) => vec![(failure.needed, contexts_on(failure.view.failure.device))],
+        None => device_verdicts
+            .iter()
+            .map(|d| {
+                (
+                    d.peak_used.unwrap_or(d.peak_recorded),
+                    contexts_on(d.device),
+                )
+            })
+            .collect(),
+    };
+    if let Some(r) = &machine.refusal {
+        demands.push((r.used + r.bytes, contexts_on(r.device)));
+    }
+    let smallest = gpus::presets().into_iter().find(|card| {
+        demands.iter().all(|&(need, contexts)| {
+            let beyond_contexts = need.saturating_sub(contexts * gpu.context_bytes);
+            card.memory > beyond_contexts + contexts * card.context_bytes
+        })
+    });
 
     let whatif = match (&failure, &replay) {
         (Some(failure), Some(_)) => {
@@ -651,11 +677,13 @@ fn visible_device_list(count: u32, value: Option<&str>, mig: bool) -> Option<Vec
 }
 
 /// The fakes' device ledger (`VRAMSHIM_FAKEGPU_LEDGER`, laid out in
-/// `fakegpu/src/cuda/ledger.c`, version 1) at the end of the run: per machine device the most
+/// `fakegpu/src/cuda/ledger.c`, version 2) at the end of the run: per machine device the most
 /// bytes in use at once over every process, and charges no hook sees (a context, kernel code)
-/// refused for lack of room, with the first of them.
+/// refused for lack of room, with the first of them; and how many processes asked each device
+/// for memory (each has a context there).
 struct LedgerEnd {
     peak: Vec<u64>,
+    processes: Vec<u32>,
     unseen_refused: Vec<u64>,
     /// Process, machine device, bytes asked, bytes in use then.
     first_refusal: Option<(i32, u32, u64, u64)>,
@@ -664,6 +692,8 @@ struct LedgerEnd {
 const LEDGER_MAGIC: u64 = 0x3172_6764_7264_6c66;
 const LEDGER_DEVICES: usize = 64;
 const LEDGER_SIZE: usize = 1088 + 520 * 256;
+/// Where the processes per device lie (after 254 slots of 520 bytes).
+const LEDGER_PROCESSES: usize = 1088 + 520 * 254;
 
 /// `None` when no process laid the ledger out (no CUDA call), or it is not one.
 fn read_ledger(path: &Path) -> Option<LedgerEnd> {
@@ -681,12 +711,15 @@ fn read_ledger(path: &Path) -> Option<LedgerEnd> {
         word.copy_from_slice(&bytes[at..at + 4]);
         u32::from_ne_bytes(word)
     };
-    if u64_at(0) != LEDGER_MAGIC || u32_at(8) != 1 || u32_at(16) != LEDGER_DEVICES as u32 {
+    if u64_at(0) != LEDGER_MAGIC || u32_at(8) != 2 || u32_at(16) != LEDGER_DEVICES as u32 {
         return None;
     }
     let pid = u32_at(1048) as i32;
     Some(LedgerEnd {
         peak: (0..LEDGER_DEVICES).map(|d| u64_at(24 + 8 * d)).collect(),
+        processes: (0..LEDGER_DEVICES)
+            .map(|d| u32_at(LEDGER_PROCESSES + 4 * d))
+            .collect(),
         unseen_refused: (0..LEDGER_DEVICES).map(|d| u64_at(536 + 8 * d)).collect(),
         first_refusal: (pid != 0).then(|| (pid, u32_at(1052), u64_at(1056), u64_at(1064))),
     })
@@ -696,6 +729,8 @@ fn read_ledger(path: &Path) -> Option<LedgerEnd> {
 #[derive(Default)]
 struct MachineSeen {
     peaks: Vec<(i32, u64)>,
+    /// Processes that took a context on each device.
+    processes: Vec<(i32, u32)>,
     refusal: Option<UnseenRefusal>,
 }
 
@@ -711,6 +746,11 @@ impl LedgerEnd {
                 .iter()
                 .enumerate()
                 .filter_map(|(v, &p)| Some((v as i32, *self.peak.get(p as usize)?)))
+                .collect(),
+            processes: order
+                .iter()
+                .enumerate()
+                .filter_map(|(v, &p)| Some((v as i32, *self.processes.get(p as usize)?)))
                 .collect(),
             refusal: self
                 .first_refusal

@@ -98,7 +98,8 @@ pub struct DryrunReport<'a> {
     pub recovered: u64,
     /// Device memory the job needs at least, on the simulated card.
     pub needed: u64,
-    /// The smallest preset whose memory exceeds what is needed (its own context counted).
+    /// The smallest preset whose memory exceeds what is needed (its own context counted once
+    /// per process that used the device, with a device ledger).
     pub smallest: Option<Gpu>,
     /// The best allocator setting for a per-tensor log that failed.
     pub whatif: Option<Row>,

@@ -1,0 +1,64 @@
+/* The device ledger's cost (VRAMSHIM_FAKEGPU_LEDGER; scripts/bench-fakegpu.sh): a cudaMalloc +
+ * cudaFree pair and cudaMemGetInfo, this process alone on the ledger, then beside one other
+ * process (a fork child holding memory on the same card, so a slot of its own). Run it with
+ * and without the variable. Argument: iterations (default 200000). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int cudaError_t;
+cudaError_t cudaMalloc(void **p, size_t size);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void measure(const char *beside, long n)
+{
+    void *p;
+    size_t free_bytes, total;
+    double start = now();
+    for (long i = 0; i < n; i++) {
+        cudaMalloc(&p, 2 << 20);
+        cudaFree(p);
+    }
+    printf("%-22s cudaMalloc+cudaFree pair %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
+    start = now();
+    for (long i = 0; i < n; i++)
+        cudaMemGetInfo(&free_bytes, &total);
+    printf("%-22s cudaMemGetInfo          %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
+}
+
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 200000;
+    void *p;
+    int ready[2];
+    if (pipe(ready))
+        return 1;
+    cudaMalloc(&p, 1); /* the context and this process's slot outside the timings */
+    cudaFree(p);
+    measure("alone:", n);
+    pid_t other = fork();
+    if (other == 0) {
+        cudaMalloc(&p, 1 << 20); /* the child's own slot */
+        (void)!write(ready[1], "x", 1);
+        pause();
+        _exit(0);
+    }
+    char c;
+    if (read(ready[0], &c, 1) != 1)
+        return 1;
+    measure("beside one process:", n);
+    kill(other, SIGKILL);
+    waitpid(other, NULL, 0);
+    return 0;
+}
