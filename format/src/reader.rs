@@ -163,14 +163,14 @@ impl<R: Read> LogReader<R> {
                 front_pos: 0,
                 inner: source,
             },
-            header,
             offset: (fixed.len() + len) as u64,
             chunk: Vec::new(),
             compressed: Vec::new(),
             decompressor: None,
             chunk_offset: 0,
             chunk_pos: 0,
-            delta: DeltaState::default(),
+            delta: header.chunk_start_state(),
+            header,
             finished: false,
         })
     }
@@ -253,7 +253,7 @@ impl<R: Read> LogReader<R> {
         }
         self.chunk_offset = start;
         self.chunk_pos = 0;
-        self.delta = DeltaState::default();
+        self.delta = self.header.chunk_start_state();
         if compressed && let Err(reason) = self.decompress_chunk() {
             self.chunk.clear();
             return Some(Damage {

@@ -754,7 +754,7 @@ fn dump_text_shows_one_line_per_event() {
         }
     }
     // The header is shown as comments.
-    assert!(stdout.starts_with("# vramshim log, format 3"), "{stdout}");
+    assert!(stdout.starts_with("# vramshim log, format 4"), "{stdout}");
     assert!(
         stdout.contains(&format!("# pid {} ", json[0]["pid"])),
         "{stdout}"
