@@ -45,32 +45,30 @@ fn main() -> ExitCode {
         "header {} bytes: 20 fixed (magic, version, length, crc) + {header_len} body",
         20 + header_len
     );
-    let body = &bytes[20..20 + header_len];
-    let apis: usize = header.apis.iter().map(|a| a.len() + 1).sum();
-    let argv: usize = header.argv.iter().map(|a| a.len() + 1).sum();
-    let env: usize = header
-        .env
-        .iter()
-        .map(|(n, v)| n.len() + 2 + v.as_ref().map_or(0, |v| v.len() + 1))
-        .sum();
+    // Each part's bytes: the header as written less the header written without it.
+    let as_written = header.encode_as(header.version).len();
+    let without = |strip: &dyn Fn(&mut vramshim_format::Header)| {
+        let mut stripped = header.clone();
+        strip(&mut stripped);
+        as_written - stripped.encode_as(header.version).len()
+    };
+    let apis = without(&|h| h.apis.clear());
+    let argv = without(&|h| h.argv.clear());
+    let env = without(&|h| h.env.clear());
+    let strings = without(&|h| {
+        h.hostname.clear();
+        h.stack_mode.clear();
+        h.mode.clear();
+        h.recorder.clear();
+    });
     println!(
-        "  entry-point names ({}): ~{apis}; argv ({}): ~{argv}; env: ~{env}; hostname {}; \
-         stack_mode/mode/recorder {}/{}/{}; rest (ids, times, counts, resolution) ~{}",
+        "  entry-point names ({}): {apis}; argv ({}): {argv}; env ({}): {env}; hostname, \
+         stack mode, mode, recorder: {strings} (+4 lengths); the rest (ids, times, counts, \
+         resolution): {}",
         header.apis.len(),
         header.argv.len(),
-        header.hostname.len() + 1,
-        header.stack_mode.len() + 1,
-        header.mode.len() + 1,
-        header.recorder.len() + 1,
-        body.len() as isize
-            - (apis
-                + argv
-                + env
-                + header.hostname.len()
-                + header.stack_mode.len()
-                + header.mode.len()
-                + header.recorder.len()
-                + 4) as isize
+        header.env.len(),
+        header_len - apis - argv - env - strings - 4
     );
     let mut at = 20 + header_len;
     let mut index = 0;
@@ -79,11 +77,19 @@ fn main() -> ExitCode {
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap_or_default()) as usize;
         let payload = &bytes[at + CHUNK_HEADER_LEN..(at + CHUNK_HEADER_LEN + len).min(bytes.len())];
         let compressed = magic == COMPRESSED_CHUNK_MAGIC;
+        // Version 4 frames say their length; earlier chunks put it first as a u32.
+        let frame = if header.version >= 4 {
+            payload
+        } else {
+            &payload[4..]
+        };
         let records: Vec<u8> = if compressed {
-            let plain_len =
-                u32::from_le_bytes(payload[..4].try_into().unwrap_or_default()) as usize;
+            let plain_len = zstd_safe::get_frame_content_size(frame)
+                .ok()
+                .flatten()
+                .unwrap_or(0) as usize;
             let mut out = Vec::with_capacity(plain_len);
-            if zstd_safe::decompress(&mut out, &payload[4..]).is_err() {
+            if zstd_safe::decompress(&mut out, frame).is_err() {
                 eprintln!("chunk {index}: does not decompress");
             }
             out
@@ -107,7 +113,9 @@ fn main() -> ExitCode {
                     if first_event.is_none() {
                         first_event = Some(size);
                     }
-                    if tag < 0x10 {
+                    if tag >= 0xf0 {
+                        format!("same-time repeat {}", event.kind.name())
+                    } else if tag < 0x10 {
                         format!("repeat {}", event.kind.name())
                     } else {
                         format!("full {}", event.kind.name())
@@ -139,7 +147,7 @@ fn main() -> ExitCode {
             },
             records.len(),
             if compressed {
-                format!(", frame {} bytes", len - 4)
+                format!(", frame {} bytes", frame.len())
             } else {
                 String::new()
             },

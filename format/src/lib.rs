@@ -6,7 +6,8 @@
 //! "VRAMSHIM" | version u32 | header length u32 | header crc32 u32 | header
 //! chunk*:  "VSCK" u32 | payload length u32 | payload crc32 u32 | payload (records)
 //!        |  "VSCZ" u32 | payload length u32 | payload crc32 u32 | payload:
-//!                      records length u32 | zstd frame of the records
+//!                      zstd frame of the records, with their length (version 4+)
+//!                    | records length u32 | zstd frame of the records (versions 2, 3)
 //! ```
 //!
 //! A `VSCZ` chunk (format version 2) holds the same records as a `VSCK` chunk, compressed; its
@@ -40,13 +41,17 @@ pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
 /// The format version this crate writes and the newest it reads (2: compressed chunks; 3: the
 /// graph memory event kinds `graph_alloc`, `graph_free`, `graph_pool`, which older readers do
 /// not know; 4: entry-point names as runs of [`KNOWN_APIS_V4`], times in units of the time
-/// resolution, one-byte repeats of an event at the same time).
+/// resolution, one-byte repeats of an event at the same time, compressed chunks without their
+/// own records length).
 pub const FORMAT_VERSION: u32 = 4;
 /// The first version whose header names entry points by their position in
 /// [`KNOWN_APIS_V4`].
 const COMPACT_APIS_VERSION: u32 = 4;
 /// The first version whose chunks write times in units of the header's time resolution.
 const TIME_UNITS_VERSION: u32 = 4;
+/// The first version whose compressed chunks are the zstd frame alone (its header holds the
+/// records' length); before, the length came first as a `u32`.
+pub(crate) const FRAME_SIZE_VERSION: u32 = 4;
 /// Marks the start of a plain chunk (chunk markers are what a reader resynchronises on after
 /// damage).
 pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";
@@ -398,14 +403,11 @@ impl ChunkBuilder {
         }
         // Decompressing costs the reader time: a chunk that shrinks by less than a quarter
         // is worth more plain.
-        let worth_it = self.compressed.len() + 4 <= self.payload.len() / 4 * 3;
+        let worth_it = self.compressed.len() <= self.payload.len() / 4 * 3;
         if !self.compressed.is_empty() && worth_it {
-            let records_len = (self.payload.len() as u32).to_le_bytes();
-            put_chunk(
-                out,
-                COMPRESSED_CHUNK_MAGIC,
-                &[&records_len, &self.compressed],
-            );
+            // The frame's header holds the records' length (zstd writes it for a one-shot
+            // compression): nothing else is needed.
+            put_chunk(out, COMPRESSED_CHUNK_MAGIC, &[&self.compressed]);
         } else {
             put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
         }

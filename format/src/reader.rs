@@ -7,8 +7,8 @@ use std::io::{self, BufReader, Read};
 use crate::record::{DeltaState, Record};
 use crate::varint::Cursor;
 use crate::{
-    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, Header, MAGIC,
-    MAX_CHUNK_LEN, MAX_HEADER_LEN,
+    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, FRAME_SIZE_VERSION,
+    Header, MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
 };
 
 /// Why a log could not be opened at all.
@@ -267,10 +267,22 @@ impl<R: Read> LogReader<R> {
     /// Replaces the compressed payload in `self.chunk` by the records it holds.
     fn decompress_chunk(&mut self) -> Result<(), &'static str> {
         std::mem::swap(&mut self.chunk, &mut self.compressed);
-        let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
-            return Err("compressed chunk too short");
+        let (len, frame) = if self.header.version >= FRAME_SIZE_VERSION {
+            // The frame's own header says how many bytes it holds.
+            match zstd_safe::get_frame_content_size(&self.compressed) {
+                Ok(Some(len)) => (
+                    usize::try_from(len).unwrap_or(usize::MAX),
+                    &self.compressed[..],
+                ),
+                Ok(None) => return Err("compressed chunk's frame does not say its length"),
+                Err(_) => return Err("compressed chunk does not decompress"),
+            }
+        } else {
+            let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
+                return Err("compressed chunk too short");
+            };
+            (u32::from_le_bytes(*len) as usize, &frame[..])
         };
-        let len = u32::from_le_bytes(*len) as usize;
         if len > MAX_CHUNK_LEN {
             return Err("compressed chunk's records length implausible");
         }

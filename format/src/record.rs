@@ -413,7 +413,8 @@ impl DeltaState {
     fn put_time_delta(&self, out: &mut Vec<u8>, t_ns: u64) {
         put_i64(
             out,
-            (t_ns.wrapping_sub(self.t_ns) as i64) / self.time_unit() as i64,
+            // Wrapping: no resolution passed in can make it panic.
+            (t_ns.wrapping_sub(self.t_ns) as i64).wrapping_div(self.time_unit() as i64),
         );
     }
 

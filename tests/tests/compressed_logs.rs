@@ -318,7 +318,7 @@ fn a_compressed_chunk_that_does_not_decompress_is_skipped() {
     let mut bytes = crafted_log(&[]);
     let third = chunks(&bytes)[2];
     let payload = third.start + CHUNK_HEADER_LEN..third.start + third.len;
-    // Past the records length (4 bytes) and the zstd frame header: block data.
+    // Past the zstd frame header (4 magic bytes, 2 of descriptor and length): block data.
     for byte in &mut bytes[payload.start + 12..payload.end] {
         *byte = 0xff;
     }
