@@ -140,7 +140,9 @@ fn main() -> ExitCode {
             "chunk {index} at {at}: {} bytes = {CHUNK_HEADER_LEN} head + {}{} ({} record bytes{}); first event {} bytes",
             CHUNK_HEADER_LEN + len,
             len,
-            if compressed {
+            if compressed && header.version >= 4 {
+                " zstd payload (frame)"
+            } else if compressed {
                 " zstd payload (4 length + frame)"
             } else {
                 " plain payload"
