@@ -281,7 +281,7 @@ impl<R: Read> LogReader<R> {
             let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
                 return Err("compressed chunk too short");
             };
-            (u32::from_le_bytes(*len) as usize, &frame[..])
+            (u32::from_le_bytes(*len) as usize, frame)
         };
         if len > MAX_CHUNK_LEN {
             return Err("compressed chunk's records length implausible");
