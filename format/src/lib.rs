@@ -6,7 +6,8 @@
 //! "VRAMSHIM" | version u32 | header length u32 | header crc32 u32 | header
 //! chunk*:  "VSCK" u32 | payload length u32 | payload crc32 u32 | payload (records)
 //!        |  "VSCZ" u32 | payload length u32 | payload crc32 u32 | payload:
-//!                      records length u32 | zstd frame of the records
+//!                      zstd frame of the records, with their length (version 4+)
+//!                    | records length u32 | zstd frame of the records (versions 2, 3)
 //! ```
 //!
 //! A `VSCZ` chunk (format version 2) holds the same records as a `VSCK` chunk, compressed; its
@@ -19,9 +20,12 @@
 //! on its own. A reader therefore knows exactly where a torn tail begins (the first chunk that
 //! is incomplete) and can skip a damaged chunk and carry on with the next one.
 
+mod apis;
 mod reader;
 mod record;
 mod varint;
+
+pub use apis::KNOWN_APIS_V4;
 
 pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
 pub use record::{
@@ -36,8 +40,18 @@ use varint::{put_bytes, put_u64};
 pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
 /// The format version this crate writes and the newest it reads (2: compressed chunks; 3: the
 /// graph memory event kinds `graph_alloc`, `graph_free`, `graph_pool`, which older readers do
-/// not know).
-pub const FORMAT_VERSION: u32 = 3;
+/// not know; 4: entry-point names as runs of [`KNOWN_APIS_V4`], times in units of the time
+/// resolution, one-byte repeats of an event at the same time, compressed chunks without their
+/// own records length).
+pub const FORMAT_VERSION: u32 = 4;
+/// The first version whose header names entry points by their position in
+/// [`KNOWN_APIS_V4`].
+const COMPACT_APIS_VERSION: u32 = 4;
+/// The first version whose chunks write times in units of the header's time resolution.
+const TIME_UNITS_VERSION: u32 = 4;
+/// The first version whose compressed chunks are the zstd frame alone (its header holds the
+/// records' length); before, the length came first as a `u32`.
+pub(crate) const FRAME_SIZE_VERSION: u32 = 4;
 /// Marks the start of a plain chunk (chunk markers are what a reader resynchronises on after
 /// damage).
 pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";
@@ -116,6 +130,16 @@ impl Header {
         }
     }
 
+    /// The delta state each chunk of this log starts from (from version 4 on, times are
+    /// written in units of the time resolution; before, in nanoseconds whatever it was).
+    pub fn chunk_start_state(&self) -> DeltaState {
+        if self.version >= TIME_UNITS_VERSION {
+            DeltaState::with_time_resolution(self.time_resolution_ns)
+        } else {
+            DeltaState::default()
+        }
+    }
+
     /// The recorded value of environment variable `name`.
     pub fn env_value(&self, name: &str) -> Option<&str> {
         self.env
@@ -124,8 +148,14 @@ impl Header {
             .and_then(|(_, value)| value.as_deref())
     }
 
-    /// Serialises the header, magic and checksum included.
+    /// Serialises the header, magic and checksum included, as [`FORMAT_VERSION`].
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(FORMAT_VERSION)
+    }
+
+    /// Serialises the header as format `version` writes it (tests write older logs with it).
+    /// Its chunks must hold only records that version knows.
+    pub fn encode_as(&self, version: u32) -> Vec<u8> {
         let mut body = Vec::new();
         put_u64(&mut body, u64::from(self.pid));
         put_u64(&mut body, u64::from(self.ppid));
@@ -148,8 +178,12 @@ impl Header {
             }
         }
         put_u64(&mut body, self.apis.len() as u64);
-        for api in &self.apis {
-            put_bytes(&mut body, api.as_bytes());
+        if version >= COMPACT_APIS_VERSION {
+            put_compact_apis(&mut body, &self.apis);
+        } else {
+            for api in &self.apis {
+                put_bytes(&mut body, api.as_bytes());
+            }
         }
         put_bytes(&mut body, self.stack_mode.as_bytes());
         put_bytes(&mut body, self.mode.as_bytes());
@@ -159,7 +193,7 @@ impl Header {
 
         let mut out = Vec::with_capacity(body.len() + 20);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
         out.extend_from_slice(&body);
@@ -190,8 +224,12 @@ impl Header {
         }
         let api_count = cursor.u64()?;
         let mut apis = Vec::new();
-        for _ in 0..api_count {
-            apis.push(cursor.string()?);
+        if version >= COMPACT_APIS_VERSION {
+            read_compact_apis(&mut cursor, api_count, &mut apis)?;
+        } else {
+            for _ in 0..api_count {
+                apis.push(cursor.string()?);
+            }
         }
         let stack_mode = cursor.string()?;
         let mode = cursor.string()?;
@@ -222,6 +260,57 @@ impl Header {
             time_resolution_ns,
         })
     }
+}
+
+/// Writes `apis` as entries: `n > 0` then `start`: the `n` names of [`KNOWN_APIS_V4`] from
+/// `start` on; `0` then a length-prefixed name: one name the table lacks (or holds out of
+/// order). The recorder's names in the table's order cost three bytes.
+fn put_compact_apis(body: &mut Vec<u8>, apis: &[String]) {
+    let mut at = 0;
+    while at < apis.len() {
+        let Some(start) = KNOWN_APIS_V4.iter().position(|known| *known == apis[at]) else {
+            put_u64(body, 0);
+            put_bytes(body, apis[at].as_bytes());
+            at += 1;
+            continue;
+        };
+        let run = apis[at..]
+            .iter()
+            .zip(&KNOWN_APIS_V4[start..])
+            .take_while(|(name, known)| name.as_str() == **known)
+            .count();
+        put_u64(body, run as u64);
+        put_u64(body, start as u64);
+        at += run;
+    }
+}
+
+/// Reads what [`put_compact_apis`] wrote: `count` names into `apis`.
+fn read_compact_apis(
+    cursor: &mut Cursor<'_>,
+    count: u64,
+    apis: &mut Vec<String>,
+) -> Result<(), DecodeError> {
+    while (apis.len() as u64) < count {
+        let run = cursor.u64()?;
+        if run == 0 {
+            apis.push(cursor.string()?);
+            continue;
+        }
+        let start = cursor.u64()?;
+        let end = start.checked_add(run).filter(|end| {
+            *end <= KNOWN_APIS_V4.len() as u64 && *end - start <= count - apis.len() as u64
+        });
+        let Some(end) = end else {
+            return Err(DecodeError("entry-point names out of range"));
+        };
+        apis.extend(
+            KNOWN_APIS_V4[start as usize..end as usize]
+                .iter()
+                .map(|name| (*name).to_owned()),
+        );
+    }
+    Ok(())
 }
 
 /// zstd level of compressed chunks. On a recorder log of torch tensor events with mixed stacks
@@ -314,14 +403,11 @@ impl ChunkBuilder {
         }
         // Decompressing costs the reader time: a chunk that shrinks by less than a quarter
         // is worth more plain.
-        let worth_it = self.compressed.len() + 4 <= self.payload.len() / 4 * 3;
+        let worth_it = self.compressed.len() <= self.payload.len() / 4 * 3;
         if !self.compressed.is_empty() && worth_it {
-            let records_len = (self.payload.len() as u32).to_le_bytes();
-            put_chunk(
-                out,
-                COMPRESSED_CHUNK_MAGIC,
-                &[&records_len, &self.compressed],
-            );
+            // The frame's header holds the records' length (zstd writes it for a one-shot
+            // compression): nothing else is needed.
+            put_chunk(out, COMPRESSED_CHUNK_MAGIC, &[&self.compressed]);
         } else {
             put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
         }

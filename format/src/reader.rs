@@ -7,8 +7,8 @@ use std::io::{self, BufReader, Read};
 use crate::record::{DeltaState, Record};
 use crate::varint::Cursor;
 use crate::{
-    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, Header, MAGIC,
-    MAX_CHUNK_LEN, MAX_HEADER_LEN,
+    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, FRAME_SIZE_VERSION,
+    Header, MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
 };
 
 /// Why a log could not be opened at all.
@@ -163,14 +163,14 @@ impl<R: Read> LogReader<R> {
                 front_pos: 0,
                 inner: source,
             },
-            header,
             offset: (fixed.len() + len) as u64,
             chunk: Vec::new(),
             compressed: Vec::new(),
             decompressor: None,
             chunk_offset: 0,
             chunk_pos: 0,
-            delta: DeltaState::default(),
+            delta: header.chunk_start_state(),
+            header,
             finished: false,
         })
     }
@@ -253,7 +253,7 @@ impl<R: Read> LogReader<R> {
         }
         self.chunk_offset = start;
         self.chunk_pos = 0;
-        self.delta = DeltaState::default();
+        self.delta = self.header.chunk_start_state();
         if compressed && let Err(reason) = self.decompress_chunk() {
             self.chunk.clear();
             return Some(Damage {
@@ -267,10 +267,22 @@ impl<R: Read> LogReader<R> {
     /// Replaces the compressed payload in `self.chunk` by the records it holds.
     fn decompress_chunk(&mut self) -> Result<(), &'static str> {
         std::mem::swap(&mut self.chunk, &mut self.compressed);
-        let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
-            return Err("compressed chunk too short");
+        let (len, frame) = if self.header.version >= FRAME_SIZE_VERSION {
+            // The frame's own header says how many bytes it holds.
+            match zstd_safe::get_frame_content_size(&self.compressed) {
+                Ok(Some(len)) => (
+                    usize::try_from(len).unwrap_or(usize::MAX),
+                    &self.compressed[..],
+                ),
+                Ok(None) => return Err("compressed chunk's frame does not say its length"),
+                Err(_) => return Err("compressed chunk does not decompress"),
+            }
+        } else {
+            let Some((len, frame)) = self.compressed.split_first_chunk::<4>() else {
+                return Err("compressed chunk too short");
+            };
+            (u32::from_le_bytes(*len) as usize, frame)
         };
-        let len = u32::from_le_bytes(*len) as usize;
         if len > MAX_CHUNK_LEN {
             return Err("compressed chunk's records length implausible");
         }

@@ -322,6 +322,10 @@ const TAG_MARK: u8 = 0x09;
 /// [`DeltaState`]'s recent events; only its time delta follows (format version 2). Loops that
 /// allocate and free the same buffers then cost two or three bytes per event, and decode fast.
 const TAG_REPEAT: u8 = 0x0a;
+/// `TAG_REPEAT_SAME_TIME + slot`: a repeat at the same time (as written) as the event before
+/// it, so nothing follows the tag (format version 4). At a coarse time resolution most events
+/// of a loop are these: one byte each, so a chunk holds twice the events.
+const TAG_REPEAT_SAME_TIME: u8 = 0xf0;
 /// The one tag left between the repeats and the events.
 const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
@@ -357,14 +361,18 @@ pub struct DeltaState {
     recent: [Event; RECENT],
     recent_filled: u8,
     recent_next: u8,
-    /// Encoding only: times are written rounded down to a multiple of this many nanoseconds
-    /// (0 or 1: as they are). Rounding down keeps times in the order they came.
+    /// The log's time resolution (0 or 1: full). The encoder rounds every time down to a
+    /// multiple of it (which keeps times in the order they came) and, from format version 4
+    /// on, writes times and time deltas in units of it: at 10 ms, a loop's next tick costs
+    /// one byte instead of four. The decoder multiplies them back.
     time_step_ns: u64,
 }
 
 impl DeltaState {
-    /// A state whose encoder writes times rounded down to a multiple of `ns` nanoseconds
-    /// (the log header's `time_resolution_ns`).
+    /// A state for a log of time resolution `ns` nanoseconds (the header's
+    /// `time_resolution_ns`): its encoder writes times rounded down to a multiple of it, in
+    /// units of it; its decoder reads them so. Version 3 logs, whose times are nanoseconds
+    /// whatever their resolution, are read with the default state.
     pub fn with_time_resolution(ns: u64) -> DeltaState {
         DeltaState {
             time_step_ns: ns,
@@ -387,13 +395,49 @@ impl DeltaState {
         }
     }
 
+    /// Nanoseconds per unit of the times written.
+    #[inline]
+    fn time_unit(&self) -> u64 {
+        self.time_step_ns.max(1)
+    }
+
+    /// Appends `t_ns` in time units (rounded down, as written).
+    #[inline]
+    fn put_time(&self, out: &mut Vec<u8>, t_ns: u64) {
+        put_u64(out, t_ns / self.time_unit());
+    }
+
+    /// The delta from the previous event's time (both rounded) to `t_ns`, in time units:
+    /// exact, as both are multiples of the unit.
+    #[inline]
+    fn put_time_delta(&self, out: &mut Vec<u8>, t_ns: u64) {
+        put_i64(
+            out,
+            // Wrapping: no resolution passed in can make it panic.
+            (t_ns.wrapping_sub(self.t_ns) as i64).wrapping_div(self.time_unit() as i64),
+        );
+    }
+
+    /// A time written by [`DeltaState::put_time`], in nanoseconds.
+    #[inline]
+    fn read_time(&self, cursor: &mut Cursor<'_>) -> Result<u64, DecodeError> {
+        Ok(cursor.u64()?.wrapping_mul(self.time_unit()))
+    }
+
+    /// The time a delta written by [`DeltaState::put_time_delta`] leads to, in nanoseconds.
+    #[inline]
+    fn read_time_delta(&self, cursor: &mut Cursor<'_>) -> Result<u64, DecodeError> {
+        let units = cursor.i64()? as u64;
+        Ok(self.t_ns.wrapping_add(units.wrapping_mul(self.time_unit())))
+    }
+
     /// Appends `record` to `out`.
     pub fn encode(&mut self, record: &Record, out: &mut Vec<u8>) {
         match record {
             Record::Event(event) => self.encode_event(event, out),
             Record::MemInfo(info) => {
                 out.push(TAG_MEM_INFO);
-                put_u64(out, self.time(info.t_ns));
+                self.put_time(out, info.t_ns);
                 put_i64(out, i64::from(info.device));
                 put_u64(out, info.free);
                 put_u64(out, info.total);
@@ -445,27 +489,27 @@ impl DeltaState {
             }
             Record::Dropped(dropped) => {
                 out.push(TAG_DROPPED);
-                put_u64(out, self.time(dropped.t_ns));
+                self.put_time(out, dropped.t_ns);
                 put_u64(out, dropped.count);
             }
             Record::Note(note) => {
                 out.push(TAG_NOTE);
-                put_u64(out, self.time(note.t_ns));
+                self.put_time(out, note.t_ns);
                 put_bytes(out, note.text.as_bytes());
             }
             Record::Mark(mark) => {
                 out.push(TAG_MARK);
-                put_u64(out, self.time(mark.t_ns));
+                self.put_time(out, mark.t_ns);
                 put_u64(out, u64::from(mark.thread));
                 put_bytes(out, mark.text.as_bytes());
             }
             Record::Exit(exit) => {
                 out.push(TAG_EXIT);
-                put_u64(out, self.time(exit.t_ns));
+                self.put_time(out, exit.t_ns);
             }
             Record::DumpBegin(dump) => {
                 out.push(TAG_DUMP_BEGIN);
-                put_u64(out, self.time(dump.t_ns));
+                self.put_time(out, dump.t_ns);
                 put_bytes(out, dump.reason.as_bytes());
                 put_u64(out, dump.events_discarded);
                 put_u64(out, dump.live_count);
@@ -490,8 +534,12 @@ impl DeltaState {
             .iter()
             .position(|recent| same_but_time(recent, event))
         {
-            out.push(TAG_REPEAT + slot as u8);
-            put_i64(out, t_ns.wrapping_sub(self.t_ns) as i64);
+            if t_ns == self.t_ns {
+                out.push(TAG_REPEAT_SAME_TIME + slot as u8);
+            } else {
+                out.push(TAG_REPEAT + slot as u8);
+                self.put_time_delta(out, t_ns);
+            }
             self.follow(event);
             self.t_ns = t_ns;
             return;
@@ -525,7 +573,7 @@ impl DeltaState {
         out.push(TAG_EVENT + event.kind as u8);
         out.push(flags);
         put_u64(out, u64::from(event.api));
-        put_i64(out, t_ns.wrapping_sub(self.t_ns) as i64);
+        self.put_time_delta(out, t_ns);
         if flags & F_THREAD != 0 {
             put_u64(out, u64::from(event.thread));
         }
@@ -600,7 +648,9 @@ impl DeltaState {
         let Record::Event(event) = out else {
             unreachable!("just made an event");
         };
-        if tag >= TAG_EVENT {
+        if tag >= TAG_REPEAT_SAME_TIME {
+            self.decode_repeat_into(tag, cursor, event)?;
+        } else if tag >= TAG_EVENT {
             let kind =
                 EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
             self.decode_event_into(kind, cursor, event)?;
@@ -611,7 +661,7 @@ impl DeltaState {
         Ok(())
     }
 
-    /// A repeat (`tag` in `TAG_REPEAT..`) into `event`.
+    /// A repeat (`tag` in `TAG_REPEAT..` or `TAG_REPEAT_SAME_TIME..`) into `event`.
     #[inline]
     fn decode_repeat_into(
         &mut self,
@@ -619,11 +669,19 @@ impl DeltaState {
         cursor: &mut Cursor<'_>,
         event: &mut Event,
     ) -> Result<(), DecodeError> {
-        let slot = usize::from(tag - TAG_REPEAT);
+        let (slot, same_time) = if tag >= TAG_REPEAT_SAME_TIME {
+            (usize::from(tag - TAG_REPEAT_SAME_TIME), true)
+        } else {
+            (usize::from(tag - TAG_REPEAT), false)
+        };
         if slot >= usize::from(self.recent_filled) {
             return Err(DecodeError("repeat of an event not in the chunk"));
         }
-        let t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
+        let t_ns = if same_time {
+            self.t_ns
+        } else {
+            self.read_time_delta(cursor)?
+        };
         *event = self.recent[slot];
         event.t_ns = t_ns;
         self.follow(event);
@@ -633,7 +691,9 @@ impl DeltaState {
     /// Reads the next record from `cursor`.
     pub fn decode(&mut self, cursor: &mut Cursor<'_>) -> Result<Record, DecodeError> {
         let tag = cursor.u8()?;
-        if tag >= TAG_EVENT {
+        let repeat = (TAG_REPEAT..TAG_REPEAT + RECENT as u8).contains(&tag)
+            || (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(&tag);
+        if tag >= TAG_EVENT && !repeat {
             let kind =
                 EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
             let mut event = Event::default();
@@ -641,14 +701,14 @@ impl DeltaState {
             self.remember(&event);
             return Ok(Record::Event(event));
         }
-        if (TAG_REPEAT..TAG_REPEAT + RECENT as u8).contains(&tag) {
+        if repeat {
             let mut event = Event::default();
             self.decode_repeat_into(tag, cursor, &mut event)?;
             return Ok(Record::Event(event));
         }
         Ok(match tag {
             TAG_MEM_INFO => Record::MemInfo(MemInfo {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
                 device: device_from(cursor.i64()?)?,
                 free: cursor.u64()?,
                 total: cursor.u64()?,
@@ -690,23 +750,23 @@ impl DeltaState {
                 build_id: cursor.bytes()?.to_vec(),
             }),
             TAG_DROPPED => Record::Dropped(Dropped {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
                 count: cursor.u64()?,
             }),
             TAG_NOTE => Record::Note(Note {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
                 text: cursor.string()?,
             }),
             TAG_MARK => Record::Mark(Mark {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
                 thread: cursor.u32()?,
                 text: cursor.string()?,
             }),
             TAG_EXIT => Record::Exit(Exit {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
             }),
             TAG_DUMP_BEGIN => Record::DumpBegin(DumpBegin {
-                t_ns: cursor.u64()?,
+                t_ns: self.read_time(cursor)?,
                 reason: cursor.string()?,
                 events_discarded: cursor.u64()?,
                 live_count: cursor.u64()?,
@@ -736,7 +796,7 @@ impl DeltaState {
         let flags = cursor.u8()?;
         event.kind = kind;
         event.api = u16::try_from(cursor.u64()?).map_err(|_| DecodeError("api index too large"))?;
-        event.t_ns = self.t_ns.wrapping_add(cursor.i64()? as u64);
+        event.t_ns = self.read_time_delta(cursor)?;
         event.thread = if flags & F_THREAD != 0 {
             cursor.u32()?
         } else {

@@ -481,7 +481,11 @@ fn damaged_chunk_length_loses_only_that_chunk() {
 
 /// `record` with every time rounded down to a multiple of `ns`.
 fn rounded(record: &Record, ns: u64) -> Record {
-    let round = |t: u64| t - t % ns;
+    retimed(record, |t| t - t % ns)
+}
+
+/// `record` with every time `t` replaced by `round(t)`.
+fn retimed(record: &Record, round: impl Fn(u64) -> u64) -> Record {
     let mut record = record.clone();
     match &mut record {
         Record::Event(Event { t_ns, .. })
@@ -528,9 +532,47 @@ fn a_time_resolution_rounds_every_time_down_and_keeps_the_order() {
 }
 
 #[test]
-fn repeated_events_at_a_coarse_resolution_cost_two_bytes() {
+fn version_3_logs_at_a_coarse_resolution_read_their_times_as_nanoseconds() {
+    // A version 3 recorder wrote times rounded to the resolution but in nanoseconds; version 4
+    // writes units of the resolution. Each log reads back the same times.
+    // The sample's times (a few µs), made whole and varied multiples of 10 ms.
+    let records: Vec<Record> = sample_records()
+        .iter()
+        .map(|record| retimed(record, |t| t * 10_000_000))
+        .collect();
+    for (version, chunk_resolution) in [(3, 1), (FORMAT_VERSION, 10_000_000)] {
+        let mut bytes = Header {
+            time_resolution_ns: 10_000_000,
+            ..header()
+        }
+        .encode_as(version);
+        let mut state = DeltaState::with_time_resolution(chunk_resolution);
+        let mut payload = Vec::new();
+        for record in &records {
+            state.encode(record, &mut payload);
+        }
+        // A plain chunk, then the same records compressed as that version lays them out.
+        put_chunk(&mut bytes, CHUNK_MAGIC, &[&payload]);
+        let mut frame = Vec::with_capacity(zstd_safe::compress_bound(payload.len()));
+        zstd_safe::compress(&mut frame, &payload, 1).unwrap();
+        let length = (payload.len() as u32).to_le_bytes();
+        if version == 3 {
+            put_chunk(&mut bytes, COMPRESSED_CHUNK_MAGIC, &[&length, &frame]);
+        } else {
+            put_chunk(&mut bytes, COMPRESSED_CHUNK_MAGIC, &[&frame]);
+        }
+        let (decoded, damage) = read_all(&bytes);
+        assert!(damage.is_empty(), "{damage:?}");
+        let twice: Vec<Record> = records.iter().chain(&records).cloned().collect();
+        assert_eq!(decoded, twice, "version {version}");
+    }
+}
+
+#[test]
+fn repeated_events_at_a_coarse_resolution_cost_one_byte() {
     // One buffer allocated and freed every 150 ns: at 10 ms, every time delta after the first
-    // two events is 0, so a repeat is its tag and a zero byte.
+    // two events is 0, so a repeat is its tag alone; the one event that crosses into the next
+    // 10 ms is a repeat with its time delta.
     let events: Vec<Record> = (0..10_000u64)
         .map(|i| {
             Record::Event(Event {
@@ -540,7 +582,7 @@ fn repeated_events_at_a_coarse_resolution_cost_two_bytes() {
                     EventKind::Free
                 },
                 api: 1,
-                t_ns: 1_000 + 150 * i,
+                t_ns: 1_000 + 150 * i + if i >= 6_000 { 10_000_000 } else { 0 },
                 thread: 7,
                 addr: 0x7000,
                 size: if i % 2 == 0 { 4096 } else { 0 },
@@ -557,13 +599,31 @@ fn repeated_events_at_a_coarse_resolution_cost_two_bytes() {
     for record in &events[2..] {
         delta.encode(record, &mut payload);
     }
-    assert_eq!(payload.len() - first_two, 2 * (events.len() - 2));
+    // The step to the next 10 ms is one unit of the resolution: one byte.
+    assert_eq!(payload.len() - first_two, events.len() - 2 + 1);
+    let mut cursor = Cursor::new(&payload);
+    let mut decoder = DeltaState::with_time_resolution(10_000_000);
+    let mut decoded = Vec::new();
+    while !cursor.is_empty() {
+        decoded.push(decoder.decode(&mut cursor).unwrap());
+    }
+    let expected: Vec<Record> = events
+        .iter()
+        .map(|record| match record {
+            Record::Event(event) => Record::Event(Event {
+                t_ns: event.t_ns - event.t_ns % 10_000_000,
+                ..*event
+            }),
+            other => other.clone(),
+        })
+        .collect();
+    assert_eq!(decoded, expected);
 }
 
 #[test]
 fn a_header_without_a_time_resolution_reads_as_full_resolution() {
     // A header as recorders before the field wrote it: the same body without its last varint.
-    let with_field = header().encode();
+    let with_field = header().encode_as(3);
     let body = &with_field[20..with_field.len() - 1];
     assert_eq!(
         with_field[with_field.len() - 1],
@@ -576,7 +636,13 @@ fn a_header_without_a_time_resolution_reads_as_full_resolution() {
     old.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     old.extend_from_slice(body);
     let reader = LogReader::new(&old[..]).unwrap();
-    assert_eq!(reader.header(), &header());
+    assert_eq!(
+        reader.header(),
+        &Header {
+            version: 3,
+            ..header()
+        }
+    );
     assert_eq!(reader.header().time_resolution_ns, 1);
     // A resolution of 0 ns is refused, never divided by.
     let zero = Header {
@@ -588,4 +654,109 @@ fn a_header_without_a_time_resolution_reads_as_full_resolution() {
         LogReader::new(&zero[..]),
         Err(OpenError::BadHeader(_))
     ));
+}
+
+fn reread(bytes: &[u8]) -> Result<Header, OpenError> {
+    LogReader::new(bytes).map(|reader| reader.header().clone())
+}
+
+#[test]
+fn entry_point_names_are_runs_of_the_known_table_and_names_it_lacks() {
+    let known: Vec<String> = KNOWN_APIS_V4.iter().map(|name| name.to_string()).collect();
+    let lists: Vec<Vec<String>> = vec![
+        Vec::new(),
+        known.clone(),
+        // A hook added in the middle, one removed, two swapped, a duplicate, a stray name.
+        known[..10]
+            .iter()
+            .cloned()
+            .chain(["cuMemNewThing".to_owned()])
+            .chain(known[11..40].iter().cloned())
+            .chain([known[41].clone(), known[40].clone(), known[5].clone()])
+            .chain(known[42..].iter().cloned())
+            .chain(["".to_owned(), "ünïcode".to_owned()])
+            .collect(),
+        vec!["cuMemAlloc_v2".into(), "cuMemFree_v2".into()],
+    ];
+    for apis in lists {
+        let written = Header {
+            apis: apis.clone(),
+            ..header()
+        };
+        for version in [3, FORMAT_VERSION] {
+            let bytes = written.encode_as(version);
+            let read = reread(&bytes).unwrap();
+            assert_eq!(read.apis, apis, "version {version}");
+            assert_eq!(
+                read,
+                Header {
+                    version,
+                    ..written.clone()
+                }
+            );
+        }
+    }
+    // The recorder's own list, in the table's order, costs 3 bytes (a run: its length and
+    // start) and the count, not 1.5 KB.
+    let literal = Header {
+        apis: known.clone(),
+        ..header()
+    }
+    .encode_as(3)
+    .len();
+    let compact = Header {
+        apis: known.clone(),
+        ..header()
+    }
+    .encode()
+    .len();
+    let names: usize = known.iter().map(|name| name.len() + 1).sum();
+    assert_eq!(literal - compact, names - 2);
+}
+
+#[test]
+fn the_known_entry_point_table_is_frozen() {
+    // Version 4 logs name entry points by position in this table: any change to it misreads
+    // them. A new table needs a new format version.
+    let joined = KNOWN_APIS_V4.join("\n");
+    assert_eq!(
+        (KNOWN_APIS_V4.len(), crc32fast::hash(joined.as_bytes())),
+        (81, 0xe98a_d303)
+    );
+}
+
+#[test]
+fn entry_point_runs_out_of_the_table_are_damage() {
+    // Hand-built bodies: a run past the table's end, a run longer than the count, a start
+    // so large that start + length overflows.
+    for (count, entries) in [
+        (2u64, vec![2u64, 80]),
+        (2, vec![3, 0]),
+        (2, vec![2, u64::MAX]),
+    ] {
+        let mut body = Vec::new();
+        put_u64(&mut body, 1); // pid
+        put_u64(&mut body, 1); // ppid
+        put_u64(&mut body, 0); // argc
+        put_u64(&mut body, 0); // start_unix_ns
+        put_u64(&mut body, 0); // start_mono_ns
+        put_bytes(&mut body, b"host");
+        put_u64(&mut body, 0); // env
+        put_u64(&mut body, count);
+        for value in &entries {
+            put_u64(&mut body, *value);
+        }
+        for text in [&b"native"[..], b"stream", b"0.1.0"] {
+            put_bytes(&mut body, text);
+        }
+        let mut log = MAGIC.to_vec();
+        log.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        log.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        log.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        log.extend_from_slice(&body);
+        assert!(
+            matches!(reread(&log), Err(OpenError::BadHeader(_))),
+            "{entries:?}"
+        );
+    }
 }

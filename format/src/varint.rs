@@ -41,6 +41,11 @@ impl<'a> Cursor<'a> {
         self.pos >= self.bytes.len()
     }
 
+    /// Bytes read so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     #[inline]
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         let byte = *self

@@ -318,7 +318,7 @@ fn a_compressed_chunk_that_does_not_decompress_is_skipped() {
     let mut bytes = crafted_log(&[]);
     let third = chunks(&bytes)[2];
     let payload = third.start + CHUNK_HEADER_LEN..third.start + third.len;
-    // Past the records length (4 bytes) and the zstd frame header: block data.
+    // Past the zstd frame header (4 magic bytes, 2 of descriptor and length): block data.
     for byte in &mut bytes[payload.start + 12..payload.end] {
         *byte = 0xff;
     }
@@ -384,6 +384,27 @@ fn a_log_of_the_version_1_recorder_still_reads_exactly() {
     assert!(chunks(&bytes).iter().all(|span| span.magic == CHUNK_MAGIC));
     let (_, lines) = dump(&log);
     assert_eq!(of_type(&lines, "event").len(), 80);
+}
+
+#[test]
+fn a_log_of_the_version_3_recorder_still_reads_exactly() {
+    // Recorded by the version 3 shim (every entry-point name spelled out in the header, repeats
+    // with their time deltas; a compressed chunk, then the exit record's plain chunk) from the
+    // alloc/free loop of scripts/bench_peers.c (40 pairs, depth 3); the JSON is that version's
+    // own dump of it.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let log = fixtures.join("v3-alloc-free.log");
+    let expected = std::fs::read_to_string(fixtures.join("v3-alloc-free.json")).expect("fixture");
+    let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), expected);
+    let bytes = std::fs::read(&log).expect("fixture");
+    assert_eq!(bytes[8..12], 3u32.to_le_bytes());
+    let magics: Vec<[u8; 4]> = chunks(&bytes).iter().map(|span| span.magic).collect();
+    assert_eq!(magics, [COMPRESSED_CHUNK_MAGIC, CHUNK_MAGIC]);
+    let (_, lines) = dump(&log);
+    assert_eq!(of_type(&lines, "event").len(), 80);
+    assert_eq!(lines[0]["apis"].as_array().map(Vec::len), Some(81));
 }
 
 /// CRC-32 (IEEE), as the format uses.
