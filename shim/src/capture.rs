@@ -151,8 +151,9 @@ pub fn record_reported(api: u16, spec: Spec) {
     };
     // No call to stamp around: the entry time is the event's (one clock read, not two:
     // a read costs 40-50 ns on some VMs, a quarter of the event's cost).
-    crate::guard((), || {
-        record(
+    crate::guard((), || match spec.device {
+        DeviceSource::Known(device) => record_reported_on(api, entry.t0, entry.ring, spec, device),
+        _ => record(
             api,
             Layer::Runtime,
             entry.t0,
@@ -160,9 +161,53 @@ pub fn record_reported(api: u16, spec: Spec) {
             entry.ring,
             0,
             |_| Some(spec),
-        )
+        ),
     });
     leave(entry.ring);
+}
+
+/// [`record`] for a reported event on a known device (every tensor event): no call result to
+/// turn into a failure, no device to ask the driver for and so no memory sample, and the slot
+/// handed to the ring by value. The general path took a sixth more instructions per tensor
+/// event (285 against 238 without stacks).
+#[inline(always)]
+fn record_reported_on(api: u16, t_ns: u64, ring: *const Ring, spec: Spec, device: i32) {
+    let kind = spec.kind;
+    let config = process::config();
+    let stack = match config.stack {
+        StackMode::None => 0,
+        _ if kind.releases()
+            && !config.free_stacks
+            && !(spec.segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
+        {
+            0
+        }
+        mode => stacks::capture(mode, config.max_frames, t_ns),
+    };
+    let slot = Slot {
+        t_ns,
+        addr: spec.addr,
+        size: spec.size,
+        stream: spec.stream,
+        handle: spec.handle,
+        aux: [0, 0],
+        has_mem_info: false,
+        stack,
+        result: 0,
+        device,
+        api,
+        kind: kind as u8,
+        tag: SLOT_EVENT,
+    };
+    let ring = unsafe { &*ring };
+    if !ring.push_value(slot) {
+        push(ring, &slot, config.on_full);
+    }
+    if process::finished() {
+        // As in `record`: after the final flush nobody else writes this event.
+        ring.in_progress.store(t_ns + 1, Ordering::SeqCst);
+        writer::flush(writer::FlushKind::Now);
+    }
 }
 
 /// Inside an acquiring hook's spec (before its event is stamped): tells the writer that this

@@ -120,13 +120,20 @@ impl Ring {
     /// Appends `slot`; false if the ring is full. Wakes the writer once the ring is half
     /// full, so a busy thread rarely has to drain its ring itself.
     pub fn push(&self, slot: &Slot) -> bool {
+        self.push_value(*slot)
+    }
+
+    /// [`Ring::push`] of a slot built by the caller, inlined into it: one copy of the slot
+    /// fewer than through a reference.
+    #[inline(always)]
+    pub fn push_value(&self, slot: Slot) -> bool {
         let tail = self.tail.0.load(Ordering::Relaxed);
         let head = self.head.0.load(Ordering::Acquire);
         let used = tail.wrapping_sub(head);
         if used > self.mask {
             return false;
         }
-        unsafe { *self.slots.slot(tail & self.mask).get() = *slot };
+        unsafe { *self.slots.slot(tail & self.mask).get() = slot };
         self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         if used >= self.mask / 2
             && !self.wake_sent.load(Ordering::Relaxed)
