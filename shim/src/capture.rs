@@ -174,16 +174,7 @@ pub fn record_reported(api: u16, spec: Spec) {
 fn record_reported_on(api: u16, t_ns: u64, ring: *const Ring, spec: Spec, device: i32) {
     let kind = spec.kind;
     let config = process::config();
-    let stack = match config.stack {
-        StackMode::None => 0,
-        _ if kind.releases()
-            && !config.free_stacks
-            && !(spec.segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
-        {
-            0
-        }
-        mode => stacks::capture(mode, config.max_frames, t_ns),
-    };
+    let stack = stack_for(config, kind, spec.segment_release, t_ns);
     let slot = Slot {
         t_ns,
         addr: spec.addr,
@@ -402,17 +393,7 @@ fn record(
         DeviceSource::Known(device) => device,
     };
     let config = process::config();
-    // A release is attributed to its allocation, so by default it needs no stack of its own.
-    let stack = match config.stack {
-        StackMode::None => 0,
-        _ if kind.releases()
-            && !config.free_stacks
-            && !(spec.segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
-        {
-            0
-        }
-        mode => stacks::capture(mode, config.max_frames, now),
-    };
+    let stack = stack_for(config, kind, spec.segment_release, now);
     let mem_info = if kind == EventKind::AllocFailed {
         mem_get_info()
     } else {
@@ -448,6 +429,27 @@ fn record(
             crate::flight::request(crate::flight::REQUEST_ALLOC_FAILED);
         }
         writer::flush(writer::FlushKind::Now);
+    }
+}
+
+/// The stack id an event of `kind` records (0: none). A release is attributed to its
+/// allocation, so by default it needs no stack of its own.
+#[inline(always)]
+fn stack_for(
+    config: &crate::config::Config,
+    kind: EventKind,
+    segment_release: bool,
+    now: u64,
+) -> u32 {
+    match config.stack {
+        StackMode::None => 0,
+        _ if kind.releases()
+            && !config.free_stacks
+            && !(segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
+        {
+            0
+        }
+        mode => stacks::capture(mode, config.max_frames, now),
     }
 }
 
