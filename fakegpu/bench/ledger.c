@@ -1,7 +1,9 @@
 /* The device ledger's cost (VRAMSHIM_FAKEGPU_LEDGER; scripts/bench-fakegpu.sh): a cudaMalloc +
  * cudaFree pair and cudaMemGetInfo, this process alone on the ledger, then beside one other
- * process (a fork child holding memory on the same card, so a slot of its own). Run it with
- * and without the variable. Argument: iterations (default 200000). */
+ * process (a fork child holding memory on the same card, so a slot of its own), then, when the
+ * machine has 4 devices (VRAMSHIM_FAKEGPU_COUNT=4), beside three more on the other devices
+ * (DDP's layout: one rank per GPU). Run it with and without the variable. Argument:
+ * iterations (default 200000). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,8 @@ typedef int cudaError_t;
 cudaError_t cudaMalloc(void **p, size_t size);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
 
 static double now(void)
 {
@@ -30,11 +34,11 @@ static void measure(const char *beside, long n)
         cudaMalloc(&p, 2 << 20);
         cudaFree(p);
     }
-    printf("%-22s cudaMalloc+cudaFree pair %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
+    printf("%-24s cudaMalloc+cudaFree pair %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
     start = now();
     for (long i = 0; i < n; i++)
         cudaMemGetInfo(&free_bytes, &total);
-    printf("%-22s cudaMemGetInfo          %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
+    printf("%-24s cudaMemGetInfo          %7.0f ns\n", beside, (now() - start) * 1e9 / (double)n);
 }
 
 int main(int argc, char **argv)
@@ -60,5 +64,28 @@ int main(int argc, char **argv)
     measure("beside one process:", n);
     kill(other, SIGKILL);
     waitpid(other, NULL, 0);
+
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != 0 || devices < 4)
+        return 0;
+    pid_t others[3];
+    for (int d = 1; d < 4; d++) {
+        others[d - 1] = fork();
+        if (others[d - 1] == 0) {
+            cudaSetDevice(d);
+            cudaMalloc(&p, 1 << 20); /* a slot of its own, bytes on device d only */
+            (void)!write(ready[1], "x", 1);
+            pause();
+            _exit(0);
+        }
+    }
+    for (int d = 1; d < 4; d++)
+        if (read(ready[0], &c, 1) != 1)
+            return 1;
+    measure("beside 3 on other GPUs:", n);
+    for (int d = 1; d < 4; d++) {
+        kill(others[d - 1], SIGKILL);
+        waitpid(others[d - 1], NULL, 0);
+    }
     return 0;
 }

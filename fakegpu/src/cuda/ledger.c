@@ -446,21 +446,30 @@ void fg_ledger_uncharge(int physical, unsigned long long n)
     unlock_ledger();
 }
 
-/* The machine's bytes in use on PHYSICAL: its counter, once every other occupied slot's owner
- * is known alive (one F_GETLK each); a dead one found, its bytes are given back first. */
+/* The machine's bytes in use on PHYSICAL: its counter, once the owner of every other slot that
+ * could weigh on it is known alive (one F_GETLK each); a dead one found, its bytes are given
+ * back first. Only slots with bytes on PHYSICAL, or in the middle of a charge (which may be
+ * PHYSICAL's), can: a dead process with nothing there changes nothing there. So a process
+ * alone on its device (DDP's usual one rank per GPU) asks the kernel nothing. */
 bool fg_ledger_used(int physical, unsigned long long *used)
 {
     if (!active())
         return false;
     int mine = own_slot_now(current_pid());
-    for (int i = 0, high = slots_taken(); i < high; i++)
-        if (i != mine && __atomic_load_n(&ledger->slot[i].pid, __ATOMIC_ACQUIRE) &&
-            !slot_held(i)) {
+    for (int i = 0, high = slots_taken(); i < high; i++) {
+        const struct ledger_slot *s = &ledger->slot[i];
+        if (i == mine || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            continue;
+        if (!__atomic_load_n(&s->used[physical], __ATOMIC_ACQUIRE) &&
+            !__atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST))
+            continue;
+        if (!slot_held(i)) {
             lock_ledger();
             reclaim_dead();
             unlock_ledger();
             break;
         }
+    }
     *used = __atomic_load_n(&ledger->machine.used[physical], __ATOMIC_RELAXED);
     return true;
 }
