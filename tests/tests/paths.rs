@@ -476,6 +476,9 @@ fn vramshim_run(args: &[&OsStr], tmp: &Path, cwd: &Path, env: &[(&str, &OsStr)])
 
 /// The size as `vramshim run` prints it.
 fn human(n: u64) -> String {
+    if n < 1024 {
+        return format!("{n} B");
+    }
     let mut value = n as f64 / 1024.0;
     let mut unit = 0;
     const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
