@@ -474,24 +474,13 @@ fn vramshim_run(args: &[&OsStr], tmp: &Path, cwd: &Path, env: &[(&str, &OsStr)])
         .expect("run vramshim")
 }
 
-/// The size as `vramshim run` prints it.
-fn human(n: u64) -> String {
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
-}
-
 fn wrote_line(log: &Path) -> String {
     let size = std::fs::metadata(log).expect("log").len();
-    format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+    format!(
+        "vramshim: wrote {} ({})\n",
+        log.display(),
+        printed_size(size)
+    )
 }
 
 /// The manifest's old name was predictable (`$TMPDIR/vramshim-run-<pid>.manifest`): another

@@ -50,21 +50,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The size as `vramshim run` prints it (binary units, two decimals).
-fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
-}
-
 #[test]
 fn run_passes_the_exit_code_of_a_program_without_cuda() {
     let dir = scratch("run-exit7");
@@ -130,7 +115,11 @@ fn run_names_the_log_of_a_cuda_program() {
     let size = std::fs::metadata(&log).unwrap().len();
     assert_eq!(
         stderr,
-        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+        format!(
+            "vramshim: wrote {} ({})\n",
+            log.display(),
+            printed_size(size)
+        )
     );
     let events = events(&dump);
     assert_eq!(
@@ -182,7 +171,11 @@ fn run_names_every_log_of_a_process_tree() {
         .map(|pid| {
             let log = dir.join(format!("{pid}.vlog"));
             let size = std::fs::metadata(&log).expect("log").len();
-            format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+            format!(
+                "vramshim: wrote {} ({})\n",
+                log.display(),
+                printed_size(size)
+            )
         })
         .collect();
     assert_eq!(text(&output.stderr), expected);
@@ -217,7 +210,11 @@ fn run_without_output_writes_the_default_name_in_the_working_directory() {
     let size = std::fs::metadata(&log).unwrap().len();
     assert_eq!(
         text(&output.stderr),
-        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+        format!(
+            "vramshim: wrote {} ({})\n",
+            log.display(),
+            printed_size(size)
+        )
     );
     assert_eq!(dump[0]["stack_mode"], "none");
     assert_eq!(events(&dump).len(), 3);
@@ -251,7 +248,11 @@ fn run_dies_by_the_signal_that_killed_the_program() {
     let size = std::fs::metadata(&log).expect("the log").len();
     assert_eq!(
         text(&output.stderr),
-        format!("vramshim: wrote {} ({})\n", log.display(), human(size))
+        format!(
+            "vramshim: wrote {} ({})\n",
+            log.display(),
+            printed_size(size)
+        )
     );
     // Every allocation made before the abort is there.
     let recorded: Vec<u64> = events(&dump(&log))

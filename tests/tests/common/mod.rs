@@ -448,3 +448,19 @@ pub fn files_in(dir: &Path) -> Vec<String> {
     names
 }
 pub mod torch;
+
+/// A size as `vramshim` prints it (`report/src/units.rs`): bytes below 1 KiB, else binary
+/// units with two decimals.
+pub fn printed_size(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
