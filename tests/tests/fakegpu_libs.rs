@@ -1632,6 +1632,52 @@ launcher b exited 0
 launcher nvml-used=0
 ";
 
+/// A fork child never hangs on a lock of the fakes (`fork_race.c`), CUDA 13 and 12, under the
+/// recorder and with a device ledger: five threads keep making plain, pool, VMM, capture and IPC
+/// calls (each kind takes its own locks of the fake driver and runtime) while the main thread
+/// forks 200 times, and every child makes each kind of call once and exits 0 within 5 s; then
+/// a child forked from inside a `cudaLaunchHostFunc` callback and one from a
+/// `cudaStreamAddCallback` callback, the threads still running, do the same. Each of the 203
+/// processes writes its own log. Before the fakes took their locks across fork the first or
+/// second child already hung (`forks=1 hung=1`, `forks=2 hung=1`), and both callback children.
+#[test]
+fn fork_children_never_hang_on_a_fake_lock() {
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-fork-race-{major}"));
+        let exe = build_program(&dir, "fork_race", major);
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).expect("create the log folder");
+        let output = Command::new("timeout")
+            .arg("300")
+            .arg(&exe)
+            .arg("200")
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", logs.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run fork_race");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "CUDA {major}: {stdout}\n{stderr}"
+        );
+        assert_eq!(
+            stdout,
+            "forks=200 hung=0 failed=0\n\
+             fork in cudaLaunchHostFunc callback: ok\n\
+             fork in cudaStreamAddCallback callback: ok\n",
+            "CUDA {major}: {stderr}"
+        );
+        assert_eq!(stderr, "", "CUDA {major}");
+        assert_eq!(files_in(&logs).len(), 203, "CUDA {major}");
+    }
+}
+
 fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, String) {
     run_ledger_program(exe, &[], dir, ledger)
 }
