@@ -7,7 +7,9 @@
  * counted as hung (killed), and the forking stops there (forks= says how many were made). Then
  * two forks from inside host callbacks (cudaLaunchHostFunc, cudaStreamAddCallback), the threads
  * still running: the child makes every kind of call too.
- * Prints "forks=N hung=H failed=F" and one line per callback. Built with -DCUDA_MAJOR=13 or 12. */
+ * Prints "forks=N hung=H failed=F" and one line per callback. With "signal" after FORKS: the
+ * threads run and FORKS signals make the main thread fork from its handler (signal_forks).
+ * Built with -DCUDA_MAJOR=13 or 12. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -223,6 +225,72 @@ static void stream_callback(cudaStream_t s, cudaError_t status, void *data)
     *(int *)data = fork_and_wait();
 }
 
+/* Forks from a signal handler that may interrupt the main thread inside a fake call (holding a
+ * fake lock): the child ends at once (_exit is async-signal-safe; a fake call could wait on the
+ * lock the interrupted call holds, as it would in the parent). The main thread's loop avoids
+ * calls that allocate host memory once warm: glibc's own fork waits for malloc's locks. */
+#define SIGNAL_FORKS_MAX 1000
+static volatile pid_t signal_children[SIGNAL_FORKS_MAX];
+static volatile int signal_child_count, signals_sent_done;
+static void fork_in_handler(int sig)
+{
+    (void)sig;
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    if (child > 0 && signal_child_count < SIGNAL_FORKS_MAX)
+        signal_children[signal_child_count++] = child;
+}
+
+struct signal_target {
+    pthread_t thread;
+    int count;
+};
+
+static void *send_signals(void *arg)
+{
+    struct signal_target *t = arg;
+    for (int i = 0; i < t->count; i++) {
+        pthread_kill(t->thread, SIGUSR1);
+        struct timespec pause = {0, 300000};
+        nanosleep(&pause, NULL);
+    }
+    signals_sent_done = 1;
+    return NULL;
+}
+
+static int signal_forks(int count)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = fork_in_handler;
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &action, NULL);
+    struct signal_target target = {pthread_self(), count};
+    pthread_t sender;
+    pthread_create(&sender, NULL, send_signals, &target);
+    void *p[4];
+    size_t free_bytes, total;
+    while (!signals_sent_done) {
+        for (int i = 0; i < 4; i++)
+            cudaMalloc(&p[i], 4096);
+        cudaMemGetInfo(&free_bytes, &total);
+        for (int i = 0; i < 4; i++)
+            cudaFree(p[i]);
+    }
+    pthread_join(sender, NULL);
+    signal(SIGUSR1, SIG_IGN);
+    int hung = 0, failed = 0, failed_kind;
+    for (int i = 0; i < signal_child_count; i++) {
+        int outcome = wait_child(signal_children[i], &failed_kind);
+        hung += outcome == CHILD_HUNG;
+        failed += outcome == CHILD_FAILED;
+    }
+    /* Signals sent while one is being handled merge: fewer forks than signals. */
+    printf("signal forks=%d hung=%d failed=%d\n", signal_child_count, hung, failed);
+    return 0;
+}
+
 static void *driver(const char *name)
 {
     void *fn = dlsym(RTLD_DEFAULT, name);
@@ -248,6 +316,16 @@ int main(int argc, char **argv)
     if (cudaFree(NULL) || cudaStreamCreate(&s)) {
         fprintf(stderr, "no device\n");
         return 2;
+    }
+    if (argc > 2 && !strcmp(argv[2], "signal")) { /* the threads run, the main one is signalled */
+        pthread_t threads[KINDS];
+        for (int k = 0; k < KINDS; k++)
+            pthread_create(&threads[k], NULL, hammer, (void *)(long)k);
+        signal_forks(forks);
+        stop = 1;
+        for (int k = 0; k < KINDS; k++)
+            pthread_join(threads[k], NULL);
+        return 0;
     }
     for (int k = 0; k < KINDS; k++) /* each kind works before any fork */
         if (rounds[k](s)) {

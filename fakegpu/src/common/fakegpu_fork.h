@@ -8,9 +8,9 @@
  * them: a program that forks from a signal handler that interrupted a fake call. Such a lock
  * ("self") is left as it is in parent and child (the interrupted call releases it), and every
  * later lock is only tried, not waited for: another thread holding one may be waiting for a
- * lock the forking thread holds. A lock that try fails ("busy") is left to its holder in the
- * parent and made anew in the child, with one warning line there (its data may be half
- * changed). A fork from a host callback (cuLaunchHostFunc) holds no fake lock: callbacks run
+ * lock the forking thread holds. A lock still held after about a second of tries ("busy") is
+ * treated the same way: left to its holder in the parent and made anew in the child, with one
+ * warning line there (its data may be half changed). A fork from a host callback (cuLaunchHostFunc) holds no fake lock: callbacks run
  * with none held.
  *
  * Which thread holds a mutex is glibc's __data.__owner (the holder's thread id, set by lock and
@@ -19,6 +19,7 @@
 #define FAKEGPU_FORK_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -62,44 +63,32 @@ static inline void fg_fork_begin(struct fg_fork_state *s)
 }
 
 /* Takes M in the prepare walk; true when the forking thread now holds it (taken, or held
- * already). */
+ * already). M is tried, not waited on: glibc sets a mutex's owner a few instructions after
+ * taking it (and clears it a few before giving it back), so a signal landing there shows a lock
+ * the forking thread holds as nobody's. Tried for about a second (holders keep these locks for
+ * one fake call), then left busy and the walk goes on as after a self-held lock. */
 static inline bool fg_fork_take(struct fg_fork_state *s, pthread_mutex_t *m)
 {
-    if (fg_fork_owner(m) == s->forker) {
-        if (s->self_count < FG_FORK_SELF_MAX)
-            s->self[s->self_count++] = m;
-        s->degraded = true;
-        return true;
-    }
-    if (!s->degraded) {
-        pthread_mutex_lock(m);
-        return true;
-    }
-    if (pthread_mutex_trylock(m) == 0)
-        return true;
-    s->busy++;
-    return false;
-}
-
-/* The same for a library whose prepare runs before the fake driver's (libcudart): the forking
- * thread may hold a driver lock that M's holder is waiting for, which this library cannot see,
- * so M is waited for a bounded time only (its holders keep it for one driver call), then left
- * busy. */
-static inline bool fg_fork_take_bounded(struct fg_fork_state *s, pthread_mutex_t *m)
-{
-    if (fg_fork_owner(m) == s->forker) {
-        if (s->self_count < FG_FORK_SELF_MAX)
-            s->self[s->self_count++] = m;
-        s->degraded = true;
-        return true;
-    }
-    for (int tries = 0; tries < 1000; tries++) { /* about a second */
+    for (int tries = 0;; tries++) {
+        if (fg_fork_owner(m) == s->forker) {
+            if (s->self_count < FG_FORK_SELF_MAX)
+                s->self[s->self_count++] = m;
+            s->degraded = true;
+            return true;
+        }
         if (pthread_mutex_trylock(m) == 0)
             return true;
-        struct timespec pause = {0, 1000000};
-        nanosleep(&pause, NULL);
+        if (s->degraded || tries == 20000)
+            break;
+        if (tries < 100) {
+            sched_yield();
+        } else {
+            struct timespec pause = {0, 50000};
+            nanosleep(&pause, NULL);
+        }
     }
     s->busy++;
+    s->degraded = true;
     return false;
 }
 

@@ -33,14 +33,14 @@ static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* primary_lock is held while calling the driver, so it is taken before the driver's locks
  * across fork: this library's constructor runs after the driver's (it links it), and prepare
- * handlers run in reverse order of registration (fakegpu_fork.h, cuda/fork.c). Waited for a
- * bounded time only: a fork from a signal handler may come while this thread holds a driver
- * lock that primary_lock's holder waits for. */
+ * handlers run in reverse order of registration (fakegpu_fork.h, cuda/fork.c). Tried for a
+ * bounded time only (as every lock there): a fork from a signal handler may come while this
+ * thread holds a driver lock that primary_lock's holder waits for. */
 static struct fg_fork_state fork_state;
 static void before_fork(void)
 {
     fg_fork_begin(&fork_state);
-    fg_fork_take_bounded(&fork_state, &primary_lock);
+    fg_fork_take(&fork_state, &primary_lock);
 }
 static void after_fork_parent(void) { fg_fork_release_parent(&fork_state, &primary_lock); }
 static void after_fork_child(void)
