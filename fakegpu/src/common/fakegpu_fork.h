@@ -9,12 +9,13 @@
  * ("self") is left as it is in parent and child (the interrupted call releases it), and every
  * later lock is only tried, not waited for: another thread holding one may be waiting for a
  * lock the forking thread holds. A lock still held after about a second of tries ("busy") is
- * treated the same way: left to its holder in the parent and made anew in the child, with one
- * warning line there (its data may be half changed). A fork from a host callback (cuLaunchHostFunc) holds no fake lock: callbacks run
- * with none held.
+ * treated the same way: left to its holder in the parent and, held by another thread, made
+ * anew in the child, with one warning line there (its data may be half changed). A fork from a
+ * host callback (cuLaunchHostFunc) holds no fake lock: callbacks run with none held.
  *
  * Which thread holds a mutex is glibc's __data.__owner (the holder's thread id, set by lock and
- * trylock of every mutex type, cleared by unlock); without glibc every lock is waited for. */
+ * trylock of every mutex type, cleared by unlock); without glibc no lock is seen as the forking
+ * thread's, and each is only tried. */
 #ifndef FAKEGPU_FORK_H
 #define FAKEGPU_FORK_H
 
