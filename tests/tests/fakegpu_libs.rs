@@ -1632,6 +1632,97 @@ launcher b exited 0
 launcher nvml-used=0
 ";
 
+/// A fork child never hangs on a lock of the fakes (`fork_race.c`), CUDA 13 and 12, under the
+/// recorder and with a device ledger: five threads keep making plain, pool, VMM, capture and IPC
+/// calls (each kind takes its own locks of the fake driver and runtime) while the main thread
+/// forks 200 times, and every child makes each kind of call once and exits 0 within 5 s; then
+/// a child forked from inside a `cudaLaunchHostFunc` callback and one from a
+/// `cudaStreamAddCallback` callback, the threads still running, do the same. Each of the 203
+/// processes writes its own log. Before the fakes took their locks across fork the first or
+/// second child already hung (`forks=1 hung=1`, `forks=2 hung=1`), and both callback children.
+#[test]
+fn fork_children_never_hang_on_a_fake_lock() {
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-fork-race-{major}"));
+        let exe = build_program(&dir, "fork_race", major);
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).expect("create the log folder");
+        let output = Command::new("timeout")
+            .arg("300")
+            .arg(&exe)
+            .arg("200")
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", logs.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run fork_race");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "CUDA {major}: {stdout}\n{stderr}"
+        );
+        assert_eq!(
+            stdout,
+            "forks=200 hung=0 failed=0\n\
+             fork in cudaLaunchHostFunc callback: ok\n\
+             fork in cudaStreamAddCallback callback: ok\n",
+            "CUDA {major}: {stderr}"
+        );
+        assert_eq!(stderr, "", "CUDA {major}");
+        assert_eq!(files_in(&logs).len(), 203, "CUDA {major}");
+    }
+}
+
+/// A fork from a signal handler that may interrupt a fake call (`fork_race.c signal`), CUDA 13
+/// and 12: the five threads run, 300 signals make the main thread, looping allocations, fork
+/// from its handler; the child ends at once. Neither the parent nor a child hangs (the forking
+/// thread's own locks are left to the interrupted call, the rest only tried); a child that had to
+/// make a lock anew says so in one line. Before the locks were tried rather than waited for,
+/// the parent deadlocked in the fork handler in every run (glibc sets a mutex's owner a few
+/// instructions after taking it).
+#[test]
+fn a_fork_from_a_signal_handler_inside_a_fake_call_does_not_hang() {
+    let warning = "vramshim fakegpu: libcuda.so.1: fork from inside a fake call (a signal \
+                   handler?) while other threads were in fake calls: the child's fake GPU state \
+                   may be inconsistent";
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-fork-signal-{major}"));
+        let exe = build_program(&dir, "fork_race", major);
+        let output = Command::new("timeout")
+            .arg("120")
+            .arg(&exe)
+            .args(["300", "signal"])
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("LD_PRELOAD")
+            .env_remove("VRAMSHIM_FAKEGPU_LEDGER")
+            .output()
+            .expect("run fork_race signal");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "CUDA {major}: {stdout}\n{stderr}"
+        );
+        let forks: u32 = stdout
+            .strip_prefix("signal forks=")
+            .and_then(|rest| rest.strip_suffix(" hung=0 failed=0\n"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("CUDA {major}: {stdout}\n{stderr}"));
+        assert!(forks > 0 && forks <= 300, "CUDA {major}: {stdout}");
+        assert!(
+            stderr.lines().all(|line| line == warning),
+            "CUDA {major}: {stderr}"
+        );
+    }
+}
+
 fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, String) {
     run_ledger_program(exe, &[], dir, ledger)
 }

@@ -30,6 +30,7 @@ CUresult fg_current_device(int *dev)
 }
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t *fg_init_lock(void) { return &init_lock; }
 
 FG_EXPORT CUresult cuInit(unsigned int flags)
 {

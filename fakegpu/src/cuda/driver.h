@@ -215,3 +215,20 @@ bool fg_capture_mem_free(CUstream stream, CUdeviceptr dptr, CUresult *rc);
 CUresult fg_graph_mem_free(CUdeviceptr dptr);
 /* A kernel launch on STREAM (fg_kernel_launch, then a node if STREAM captures). */
 CUresult fg_kernel_launch_on(CUstream stream);
+
+/* The locks fork.c takes across fork (its pthread_atfork handlers hold the order), each
+ * module's own. */
+pthread_mutex_t *fg_init_lock(void);          /* context.c: cuInit */
+pthread_mutex_t *fg_capture_lock(void);       /* exec.c: captures, graphs, graph memory */
+pthread_mutex_t *fg_imports_lock(void);       /* pool.c: pointers imported from other pools */
+pthread_mutex_t *fg_pools_lock(void);         /* pool.c: the list of pools */
+/* Calls FN on every pool's lock; the caller holds fg_pools_lock (or is a fork child). */
+void fg_pools_each_lock(void (*fn)(pthread_mutex_t *, void *), void *arg);
+pthread_mutex_t *fg_ipc_lock(void);           /* ipc.c */
+pthread_mutex_t *fg_vmm_lock(void);           /* vmm.c */
+pthread_mutex_t *fg_ledger_lock(void);        /* ledger.c: this process's side of the ledger */
+void fg_ledger_after_fork_child(void);        /* ledger.c: the child is a process of its own */
+pthread_mutex_t *fg_registry_lock(void);      /* memory.c: the registry */
+pthread_mutex_t *fg_host_lock(void);          /* memory.c: host RAM of device data */
+pthread_mutex_t *fg_map_cache_lock(void);     /* memory.c: freed mappings kept */
+pthread_mutex_t *fg_unknown_names_lock(void); /* resolver.c: names logged as unimplemented */

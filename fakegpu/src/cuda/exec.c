@@ -107,6 +107,7 @@ struct capture {
 };
 
 static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t *fg_capture_lock(void) { return &capture_lock; }
 static struct capture *captures;
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
 CUresult cuGraphDestroy(CUgraph graph);

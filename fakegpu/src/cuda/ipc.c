@@ -59,6 +59,7 @@ struct opened {
     unsigned refs;
 };
 static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t *fg_ipc_lock(void) { return &ipc_lock; }
 static struct exported *exports;
 static size_t export_count, export_capacity;
 static struct opened *opens;

@@ -146,14 +146,13 @@ static uint8_t asked_device[FG_MAX_DEVICES];
 
 static pid_t current_pid(void) { return __atomic_load_n(&this_pid, __ATOMIC_RELAXED); }
 
-/* No thread is inside the ledger's lock when a process forks, so the child's mutex is free. */
-static void before_fork(void) { pthread_mutex_lock(&ledger_mutex); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&ledger_mutex); }
-static void after_fork_child(void)
+/* fork.c takes ledger_mutex across fork with the driver's other locks, in their order. */
+pthread_mutex_t *fg_ledger_lock(void) { return &ledger_mutex; }
+
+void fg_ledger_after_fork_child(void)
 {
     __atomic_store_n(&this_pid, getpid(), __ATOMIC_RELAXED);
     memset(asked_device, 0, sizeof asked_device); /* a new process: its own contexts */
-    pthread_mutex_unlock(&ledger_mutex);
 }
 
 static void open_ledger(void)
@@ -208,7 +207,6 @@ static void open_ledger(void)
         return;
     }
     this_pid = getpid();
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     ledger = map;
 }
 

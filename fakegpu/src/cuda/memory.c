@@ -69,6 +69,7 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fg_alloc *entries;
 static size_t entry_count, entry_capacity;
 static uint64_t next_id = 1;
+pthread_mutex_t *fg_registry_lock(void) { return &registry_lock; }
 
 /* Index of the first entry with base > addr. */
 static size_t upper_bound(uint64_t addr)
@@ -179,6 +180,7 @@ static struct {
     uint64_t size;
 } map_cache[MAP_CACHE_ENTRIES];
 static int map_cache_count;
+pthread_mutex_t *fg_map_cache_lock(void) { return &map_cache_lock; }
 
 void *fg_map(uint64_t size)
 {
@@ -235,6 +237,7 @@ static struct span *spans;
 static size_t span_count, span_capacity;
 static uint64_t host_written; /* bytes the spans cover */
 static int host_warned;
+pthread_mutex_t *fg_host_lock(void) { return &host_lock; }
 
 /* Index of the first span that ends after addr. */
 static size_t first_span_after(uint64_t addr)

@@ -55,6 +55,13 @@ struct CUmemPoolHandle_st {
 
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUmemPoolHandle_st *all_pools;
+pthread_mutex_t *fg_pools_lock(void) { return &pools_lock; }
+
+void fg_pools_each_lock(void (*fn)(pthread_mutex_t *, void *), void *arg)
+{
+    for (struct CUmemPoolHandle_st *p = all_pools; p; p = p->next_pool)
+        fn(&p->lock, arg);
+}
 
 static struct CUmemPoolHandle_st *pool_new(int dev, bool user)
 {
@@ -440,6 +447,7 @@ struct imported_ptr {
 static pthread_mutex_t imports_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct imported_ptr *imports;
 static size_t import_count, import_capacity;
+pthread_mutex_t *fg_imports_lock(void) { return &imports_lock; }
 
 /* A handle type other than a POSIX descriptor: fabric and Windows handles are not supported
  * here, anything else is no handle type. */

@@ -65,13 +65,15 @@ static int since(const char *variant)
 
 /* A name the resolver does not know is a function the fake does not implement: it goes to the
  * log of unimplemented functions once (up to 256 distinct names; later ones are not logged). */
+static pthread_mutex_t unknown_names_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t *fg_unknown_names_lock(void) { return &unknown_names_lock; }
+
 static void log_unknown(const char *name)
 {
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static char seen[256][96];
     static int seen_count;
     int logged = 1;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&unknown_names_lock);
     int known = 0;
     for (int i = 0; i < seen_count && !known; i++)
         known = !strncmp(seen[i], name, sizeof seen[i] - 1);
@@ -79,7 +81,7 @@ static void log_unknown(const char *name)
         snprintf(seen[seen_count++], sizeof seen[0], "%s", name);
         logged = 0;
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&unknown_names_lock);
     if (!known)
         fg_log_unimplemented(&logged, name);
 }

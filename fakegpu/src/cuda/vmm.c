@@ -29,6 +29,7 @@ struct physical {
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 
 static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t *fg_vmm_lock(void) { return &vmm_lock; }
 
 struct reservation {
     uint64_t base, size;

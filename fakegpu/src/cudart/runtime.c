@@ -1,5 +1,6 @@
 /* The runtime's state (devices, primary contexts, last error), device queries and errors. */
 #include "runtime.h"
+#include "fakegpu_fork.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -29,6 +30,28 @@ int fg_rt_device(void)
 /* One retain of each device's primary context, made by whichever thread needs it first. */
 static CUcontext primary[64];
 static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* primary_lock is held while calling the driver, so it is taken before the driver's locks
+ * across fork: this library's constructor runs after the driver's (it links it), and prepare
+ * handlers run in reverse order of registration (fakegpu_fork.h, cuda/fork.c). Tried for a
+ * bounded time only (as every lock there): a fork from a signal handler may come while this
+ * thread holds a driver lock that primary_lock's holder waits for. */
+static struct fg_fork_state fork_state;
+static void before_fork(void)
+{
+    fg_fork_begin(&fork_state);
+    fg_fork_take(&fork_state, &primary_lock);
+}
+static void after_fork_parent(void) { fg_fork_release_parent(&fork_state, &primary_lock); }
+static void after_fork_child(void)
+{
+    fg_fork_release_child(&fork_state, &primary_lock);
+    fg_fork_warn_child(&fork_state, "libcudart");
+}
+__attribute__((constructor)) static void register_fork_handlers(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
 
 static CUresult activate(int dev)
 {
