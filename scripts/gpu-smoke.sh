@@ -24,7 +24,7 @@
 # nocache"; nocache needs default's figures), PYSTACKS (default 1; 0 skips the Python-stack
 # check on the async run), WHATIF (default 1; 0 skips the what-if check at
 # the end: `vramshim whatif` on the async log against the default and expandable runs), JUDGE
-# (default 1; 0 skips the judge: scripts/gpu_judge.py, issue 11's exact checks 1-5).
+# (default 1; 0 skips the judge: scripts/gpu_judge.py, issue 11's exact checks 1-6).
 # Exit status 1 if any mode fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -209,13 +209,16 @@ PY
     fi
 fi
 
-# Issue 11's judge (JUDGE=0 skips it): the fake-GPU suite's checks 1-5 on this GPU, exact
+# Issue 11's judge (JUDGE=0 skips it): the fake-GPU suite's checks 1-6 on this GPU, exact
 # (tests/python/torch_judge.py per allocator mode, and DDP where there are two GPUs;
 # scripts/gpu_judge.py compares each log, whatif prediction, Python stack, snapshot export
-# and OOM report with torch's own figures and prints every difference).
+# and OOM report with torch's own figures and prints every difference). Check 6 makes this
+# card tight: a ballast (the driver's cuMemAlloc, outside torch) leaves the ResNet the
+# capacities where whatif predicts an OOM after a retry and a retry that saves the run, and
+# torch's figures there are compared with whatif's at the bytes left free.
 if [ "${JUDGE:-1}" = 1 ]; then
     echo
-    echo "== judge: memory_stats() vs the logs, whatif vs each native mode (0 bytes)"
+    echo "== judge: memory_stats() vs the logs, whatif vs each native mode, tight capacity by a ballast (0 bytes)"
     if "$python" -W ignore scripts/gpu_judge.py "$vramshim" "$target/release/libvramshim.so" \
         "$out_dir/judge"; then
         passed=$((passed + 1))

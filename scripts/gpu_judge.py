@@ -22,10 +22,23 @@ Runs tests/python/torch_judge.py under the recorder (one process per allocator m
   5. torch's real OOM (the MLP, then half the card held and half asked for): `vramshim oom`
      gives the failed request, verdict exceeded_free_memory, torch's one retry (failed, after
      releasing the cached segments: the bytes and count by which torch's reserved bytes and
-     num_device_free moved) and the script's line.
+     num_device_free moved) and the script's line;
+  6. tight capacity on any device, by a ballast: the ResNet recorded under cudaMallocAsync;
+     whatif on that recording picks capacities (MiB beside the libraries' peak, from the
+     mode's whole-card peak down, 4 MiB a step): with the defaults the first where torch's
+     allocator raises an OOM after a retry and the first where a retry lets it finish, with
+     expandable segments the first OOM after a retry. Each is then run natively with
+     JUDGE_BALLAST_LEAVE (torch_judge.py takes the rest of the free memory with the
+     driver's cuMemAlloc once torch's context exists), and whatif at the bytes cudaMemGetInfo
+     then said were free is compared with it: check 1's log figures, the OOM raised or none,
+     the OOM's size (as torch's message prints it), peak reserved, cudaMalloc/cudaFree
+     counts, retries and OOMs (up to the OOM where torch raised one), or check 2's row where
+     it finished; and the bytes the device lost after the ballast that the log does not hold
+     (0: whatif's capacity is the card torch had). Nothing in it is fake-specific: the free
+     bytes are read at run time, so the same check runs on a real GPU.
 Prints every comparison and its difference; exit status 1 if any differs.
 
-usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5]
+usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5,6]
                     [--workloads mlp,transformer,inference,resnet|none] [--no-ddp]
 With --fake the fake GPU libraries are preloaded too (how machines without a GPU check the
 script; the fakes of torch's CUDA major are chosen from torch.version.cuda). DDP needs two
@@ -61,7 +74,7 @@ def option(name, default=None):
 
 
 fake = option("--fake")
-checks = {int(c) for c in option("--checks", "1,2,3,4,5").split(",")}
+checks = {int(c) for c in option("--checks", "1,2,3,4,5,6").split(",")}
 workloads = option("--workloads", "mlp,transformer,inference,resnet")
 bad = 0
 compared = 0
@@ -206,6 +219,34 @@ def check_2(label, row, torch):
         ("num_device_free", row["num_device_free"], torch["num_device_free"]),
         ("num_alloc_retries", row["num_alloc_retries"], torch["num_alloc_retries"]),
         ("num_ooms", row["num_ooms"], torch["num_ooms"]),
+    ])
+
+
+def tried_to_allocate(message):
+    """What torch's OutOfMemoryError says it tried to allocate ("32.00 MiB")."""
+    return " ".join(message.split("Tried to allocate ")[1].split(" ")[:2]).rstrip(".")
+
+
+def torch_size_text(size):
+    """A size as torch's OOM message prints it (c10 format_size)."""
+    if size <= 1 << 10:
+        return f"{size} bytes"
+    for unit, shift in (("KiB", 10), ("MiB", 20), ("GiB", 30)):
+        if size <= 1 << (shift + 10) or unit == "GiB":
+            return f"{size / (1 << shift):.2f} {unit}"
+
+
+def check_2_at_oom(label, oom, torch):
+    """whatif's OOM (its figures when it fails; its totals go on past it, the program stops
+    there) against the native run that raised one."""
+    compare(label, [
+        ("OOM request", torch_size_text(oom["alloc_size"]),
+         tried_to_allocate(torch["failed"]["message"])),
+        ("peak reserved at the OOM", oom["peak_reserved"], torch["max_memory_reserved"]),
+        ("num_device_alloc", oom["num_device_alloc"], torch["num_device_alloc"]),
+        ("num_device_free", oom["num_device_free"], torch["num_device_free"]),
+        ("num_alloc_retries", oom["num_alloc_retries"], torch["num_alloc_retries"]),
+        ("num_ooms", oom["num_ooms"], torch["num_ooms"]),
     ])
 
 
@@ -403,6 +444,100 @@ def check_5():
           (SCRIPT, line)) for i, f in enumerate(failures)])
 
 
+MIB = 1 << 20
+# Check 6's search: at most this many capacities, 4 MiB apart (whatif takes seconds each).
+TIGHT_STEPS = 24
+
+
+def whatif_row(log, capacity, conf):
+    """whatif's row for one configuration at exactly `capacity` bytes."""
+    report = tool_json("whatif", "--json", log, "--capacity", str(capacity), "--config", conf)
+    return report["configs"][0]
+
+
+def outcome(row):
+    """'oom after retry', 'retry saves' or None: the two cases check 6 wants."""
+    if not row.get("library_failure") and row["num_alloc_retries"] >= 1:
+        return "oom after retry" if row.get("oom") else "retry saves"
+    return None
+
+
+def library_bytes_live(log):
+    """The driver-API (cuMemAlloc) bytes the log holds at its end."""
+    live = {}
+    for e in events(log):
+        if e.get("event") == "alloc" and e.get("api") == "cuMemAlloc_v2":
+            live[e["addr"]] = e["size"]
+        elif e.get("event") == "free" and e.get("api") == "cuMemFree_v2":
+            live.pop(e["addr"], None)
+    return sum(live.values())
+
+
+def check_6_run(label, kind, conf, leave, async_log):
+    """One native ResNet run with a ballast leaving `leave` bytes free, against whatif."""
+    env = {"JUDGE_BALLAST_LEAVE": str(leave)}
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    torch, log = run(label, env, "resnet")
+    held = torch["ballast"]
+    free = held["free_after"]
+    print(f"  {label:15} {kind}: ballast {held['taken']} bytes, {free} free of "
+          f"{held['free_before']}")
+    row = whatif_row(async_log, free, conf)
+    check_1(label, torch, log)
+    # whatif's capacity is the bytes free after the ballast: that holds if everything that
+    # took memory since is in the log (torch's segments, the libraries' driver-API
+    # allocations). What the device lost since, less what the log holds at the end, is
+    # memory no hook saw (on a real card, modules loaded lazily would show here).
+    libraries_end = library_bytes_live(log) - held["taken"]
+    unseen = free - held["free_end"] - held["reserved_end"] - libraries_end
+    print(f"  {label:15} at the end: {held['free_end']} free, torch reserved "
+          f"{held['reserved_end']}, the libraries {libraries_end} (ballast left out)")
+    compare(label, [
+        ("bytes taken that no hook saw", unseen, 0),
+        ("torch raised an OOM", torch["failed"] is not None, kind == "oom after retry"),
+        ("whatif predicts an OOM", row.get("oom") is not None, torch["failed"] is not None),
+        ("library failure", row.get("library_failure"), None),
+    ])
+    if torch["failed"] and row.get("oom"):
+        check_2_at_oom(label, row["oom"], torch)
+    elif not torch["failed"]:
+        check_2(label, row, torch)
+
+
+def check_6():
+    """Tight capacity on any device: the ResNet's native runs with a ballast
+    (JUDGE_BALLAST_LEAVE: the driver's memory taken outside torch until that much is free)
+    against whatif on its cudaMallocAsync recording at the bytes left free."""
+    print("== check 6: tight capacity by a ballast (ResNet; default and expandable modes)")
+    _, async_log = run("tight-async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                       "resnet")
+    view = next(d for d in tool_json("allocator", "--json", async_log)["devices"]
+                if d["device"] == 0)
+    # The libraries' own memory (cuBLAS's and cuDNN's handles, driver-API) shares the card
+    # with torch's segments: each capacity tried is some MiB beside their peak.
+    libraries = (view.get("libraries") or {}).get("peak", 0)
+    print(f"  libraries' peak in the recording: {libraries} bytes")
+    # whatif picks the capacities, torch judges them: from the mode's peak at the whole card
+    # down, 4 MiB at a time, the first where a retry lets torch's allocator finish (the
+    # defaults; expandable segments' retries on this workload never do) and the first where
+    # it raises an OOM after a retry.
+    total = device_total(async_log, 0)
+    for mode, conf, wanted in (("default", "", ["oom after retry", "retry saves"]),
+                               ("expandable", "expandable_segments:True",
+                                ["oom after retry"])):
+        whole = whatif_row(async_log, total, conf)["peak_reserved"]
+        chosen = {}
+        for mib in range(whole // MIB, 16, -4)[:TIGHT_STEPS]:
+            kind = outcome(whatif_row(async_log, mib * MIB + libraries, conf))
+            if kind in wanted and kind not in chosen:
+                chosen[kind] = mib
+            if len(chosen) == len(wanted):
+                break
+        compare(f"tight-{mode}", [("cases whatif found", sorted(chosen), wanted)])
+        for kind, mib in sorted(chosen.items(), key=lambda item: item[1]):
+            check_6_run(f"tight-{mode}-{mib}", kind, conf, mib * MIB + libraries, async_log)
+
 if (1 in checks or 2 in checks) and workloads != "none":
     checks_1_and_2()
 if (1 in checks or 2 in checks) and "--no-ddp" not in options:
@@ -411,5 +546,7 @@ if 3 in checks or 4 in checks:
     checks_3_and_4()
 if 5 in checks:
     check_5()
+if 6 in checks:
+    check_6()
 print(f"gpu_judge: {bad} difference(s) in {compared} comparisons; logs under {out_dir}")
 sys.exit(1 if bad else 0)

@@ -14,6 +14,11 @@ Optional environment:
   JUDGE_HISTORY=python|all  record memory history with these stacks (cost comparison)
   JUDGE_WARMUP=1          run the workloads once untimed first (cost comparison)
   JUDGE_CUDNN_BENCHMARK=1 resnet with torch.backends.cudnn.benchmark = True
+  JUDGE_BALLAST_LEAVE=N   a tight card on any device: once torch's CUDA context exists and
+                          before any allocation, take device memory with the driver's
+                          cuMemAlloc (outside torch's allocator) of all but N bytes of what
+                          cudaMemGetInfo says is free; the figures then carry "ballast" (free before and
+                          after it, the bytes taken; free and reserved at the end)
 The workloads' request streams do not depend on the allocator: the same tensors, in the same
 order, whatever the mode, so one tensor-level recording predicts every native configuration.
 """
@@ -181,7 +186,31 @@ def churn():
     torch.cuda.synchronize()
 
 
+def ballast(leave):
+    """Leaves `leave` bytes of the device free for the workload: one cuMemAlloc of the rest,
+    from the driver torch loaded, held until the process ends. Free memory is read after the
+    context exists (what it takes is not the workload's), so the same `leave` gives the same
+    card to torch's allocator on a real device and on the fakes."""
+    import ctypes
+    free_before = torch.cuda.mem_get_info()[0]  # creates the primary context, makes it current
+    if free_before < leave:
+        raise SystemExit(f"JUDGE_BALLAST_LEAVE={leave}: only {free_before} bytes are free")
+    driver = ctypes.CDLL("libcuda.so.1")
+    taken = free_before - leave
+    if taken:
+        pointer = ctypes.c_uint64()
+        status = driver.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(taken))
+        if status != 0:
+            raise SystemExit(f"ballast: cuMemAlloc_v2({taken}) returned {status}")
+    # A real driver takes whole pages (2 MiB): free memory may end up to a page below `leave`.
+    # The judge reads free_after, not `leave`, as the card's size.
+    free_after = torch.cuda.mem_get_info()[0]
+    return {"free_before": free_before, "taken": taken, "free_after": free_after}
+
+
 def main():
+    leave = os.environ.get("JUDGE_BALLAST_LEAVE")
+    held = ballast(int(leave)) if leave else None
     distributed = "LOCAL_RANK" in os.environ
     if distributed:
         import torch.distributed as dist
@@ -217,6 +246,12 @@ def main():
     torch.cuda.synchronize()
     result = figures()
     result["failed"] = failed
+    if held:
+        # Whatever came after the ballast and is still held: torch's segments, the libraries'
+        # handles, and anything no hook sees (the judge says how much that was).
+        held["free_end"] = torch.cuda.mem_get_info()[0]
+        held["reserved_end"] = torch.cuda.memory_reserved()
+    result["ballast"] = held
     result["workload_s"] = time.perf_counter() - started
     # CPU time of every thread of the process: what a recorder adds, less blurred by load.
     result["workload_cpu_s"] = time.process_time() - started_cpu
