@@ -1124,12 +1124,9 @@ pub fn run_view(
         }
         // The input whose next record is earliest (one log, the usual case: nothing to merge).
         let best = match inputs.as_slice() {
-            [input] => input.pending.then(|| {
-                let t = processes[0]
-                    .start_offset_ns
-                    .saturating_add(record_time(&input.record));
-                (0, t)
-            }),
+            [input] => input
+                .pending
+                .then(|| (0, pending_time(input, &processes[0]))),
             _ => earliest_pending(&inputs, &processes),
         };
         let Some((index, t_ns)) = best else {
@@ -1379,14 +1376,20 @@ pub fn run_view(
     })
 }
 
+/// The replay time of `input`'s pending record (its process's start offset added).
+#[inline(always)]
+fn pending_time(input: &Input, process: &Process) -> u64 {
+    process
+        .start_offset_ns
+        .saturating_add(record_time(&input.record))
+}
+
 /// The pending input whose next record is earliest (the first of equals), with its replay time.
 fn earliest_pending(inputs: &[Input], processes: &[Process]) -> Option<(usize, u64)> {
     let mut best: Option<(usize, u64)> = None;
     for (index, input) in inputs.iter().enumerate() {
         if input.pending {
-            let t = processes[index]
-                .start_offset_ns
-                .saturating_add(record_time(&input.record));
+            let t = pending_time(input, &processes[index]);
             if best.is_none_or(|(_, best_t)| t < best_t) {
                 best = Some((index, t));
             }

@@ -118,22 +118,16 @@ impl Observer for Peaks {
                     Some(SegmentChange::Added(segment)) => Some(segment.device),
                     _ => None,
                 };
-                match effect {
-                    Effect::Added(live) => {
-                        self.reserve(state, segment_added.unwrap_or(live.device), *t_ns);
-                        self.added(state, *process, *t_ns, live);
-                    }
-                    Effect::Removed(live) => {
-                        if let Some(device) = segment_added {
-                            self.reserve(state, device, *t_ns);
-                        }
-                        self.ended(live);
-                    }
-                    _ => {
-                        if let Some(device) = segment_added {
-                            self.reserve(state, device, *t_ns);
-                        }
-                    }
+                if let Effect::Added(live) = effect {
+                    self.reserve(state, segment_added.unwrap_or(live.device), *t_ns);
+                    self.added(state, *process, *t_ns, live);
+                    return;
+                }
+                if let Some(device) = segment_added {
+                    self.reserve(state, device, *t_ns);
+                }
+                if let Effect::Removed(live) = effect {
+                    self.ended(live);
                 }
             }
             Step::Dump { cleared, .. } => {
