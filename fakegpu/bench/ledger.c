@@ -1,9 +1,9 @@
 /* The device ledger's cost (VRAMSHIM_FAKEGPU_LEDGER; scripts/bench-fakegpu.sh): a cudaMalloc +
- * cudaFree pair and cudaMemGetInfo, this process alone on the ledger, then beside one other
- * process (a fork child holding memory on the same card, so a slot of its own), then, when the
- * machine has 4 devices (VRAMSHIM_FAKEGPU_COUNT=4), beside three more on the other devices
- * (DDP's layout: one rank per GPU). Run it with and without the variable. Argument:
- * iterations (default 200000). */
+ * cudaFree pair and cudaMemGetInfo, this process alone on the ledger, then beside 1, 2, 4 and 8
+ * other processes (fork children each holding memory on the same card, so a slot of their
+ * own), then, when the machine has 4 devices (VRAMSHIM_FAKEGPU_COUNT=4), beside three on the
+ * other devices only (DDP's layout: one rank per GPU). Run it with and without the variable.
+ * Argument: iterations (default 200000). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,19 +51,32 @@ int main(int argc, char **argv)
     cudaMalloc(&p, 1); /* the context and this process's slot outside the timings */
     cudaFree(p);
     measure("alone:", n);
-    pid_t other = fork();
-    if (other == 0) {
-        cudaMalloc(&p, 1 << 20); /* the child's own slot */
-        (void)!write(ready[1], "x", 1);
-        pause();
-        _exit(0);
+    /* Others on the same card, added until there are 8. */
+    pid_t beside[8];
+    int count = 0;
+    for (int want = 1; want <= 8; want *= 2) {
+        for (; count < want; count++) {
+            beside[count] = fork();
+            if (beside[count] == 0) {
+                cudaMalloc(&p, 1 << 20); /* the child's own slot */
+                (void)!write(ready[1], "x", 1);
+                pause();
+                _exit(0);
+            }
+            char c;
+            if (read(ready[0], &c, 1) != 1)
+                return 1;
+        }
+        char label[32];
+        snprintf(label, sizeof label, "beside %d process%s:", count, count > 1 ? "es" : "");
+        measure(label, n);
+    }
+    for (int i = 0; i < count; i++) {
+        kill(beside[i], SIGKILL);
+        waitpid(beside[i], NULL, 0);
     }
     char c;
-    if (read(ready[0], &c, 1) != 1)
-        return 1;
-    measure("beside one process:", n);
-    kill(other, SIGKILL);
-    waitpid(other, NULL, 0);
+    cudaMemGetInfo(&(size_t){0}, &(size_t){0}); /* their slots cleared outside the timings */
 
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != 0 || devices < 4)

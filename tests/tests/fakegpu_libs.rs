@@ -1940,3 +1940,105 @@ fn one_device_ledger_is_shared_by_the_processes_of_a_machine() {
     assert_eq!(u64_of(&v["devices"][0], "peak_used"), 4u64 << 30);
     assert_eq!(v["unseen_refusal"], serde_json::Value::Null);
 }
+
+/// Runs `ledger_watch MODE` (CUDA `major`) under the recorder on a 1 GiB card whose contexts take
+/// 1 MiB, with a fresh device ledger and `VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS` when given; under
+/// `unshare -Urp --fork` (pid 1 of new user and pid namespaces) when `own_pids`. Its stdout,
+/// after checking that it exited 0 and printed nothing on stderr.
+fn run_ledger_watch(major: u32, mode: &str, sweep_ms: Option<u64>, own_pids: bool) -> String {
+    let dir = scratch(&format!("fakegpu-ledger-watch-{mode}-{major}"));
+    let exe = build_program(&dir, "ledger_watch", major);
+    let mut command = if own_pids {
+        let mut command = Command::new("unshare");
+        command.args(["-Urp", "--fork"]).arg(&exe);
+        command
+    } else {
+        Command::new(&exe)
+    };
+    command
+        .arg(mode)
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", MIB.to_string())
+        .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+        .env_remove("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS")
+        .env_remove("VRAMSHIM_STACK");
+    if let Some(ms) = sweep_ms {
+        command.env("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS", ms.to_string());
+    }
+    let output = command.output().expect("run ledger_watch");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "CUDA {major} {mode}: {stdout}\n{stderr}"
+    );
+    assert_eq!(stderr, "", "CUDA {major} {mode}");
+    stdout
+}
+
+/// `cudaMemGetInfo` on a device ledger learns that another process holding bytes on the card
+/// is gone in one system call whatever their number (`ledger_watch.c`, which counts the fakes'
+/// `fcntl` and `epoll_wait` calls and its own pidfds and epoll sets), CUDA 13 and 12:
+/// - four observer processes each see a victim's 300,000,000 + r bytes, and each one's next
+///   query after the victim is SIGKILLed (a zombie, not reaped) no longer counts them, 10 times;
+///   then 1000 queries each beside the 3 other observers make exactly 1000 `epoll_wait` calls
+///   and no `fcntl` (with the lock sweep set to an hour; one `F_GETLK` per process before).
+///   With the `epoll_wait` taken out, no observer sees a victim gone (`gone at the next
+///   query=0`).
+/// - a process that exec's a program making no CUDA call (its record lock dropped, its pid
+///   alive, so its pidfd silent) is no longer counted by a query 50 ms later (the 10 ms lock
+///   sweep; set to an hour it still is), and a second one's bytes are taken at once by an
+///   allocation that needs them (a charge that does not fit asks every slot's lock).
+/// - a fork child holds none of its parent's pidfds or epoll set, watches the parent and a
+///   helper with two pidfds of its own; the helper SIGKILLed is seen gone by both, the child
+///   by the parent (whose pidfds then are 0).
+/// - pid reuse, in a new pid namespace where clone3 can give a process a chosen pid: a victim
+///   killed and reaped, another process takes its pid before the observer's next query, which
+///   does not count the dead one's bytes and keeps no pidfd (one trusted without asking the
+///   slot's lock would be the newcomer's: that reads 311,048,576 and pidfds=1).
+#[test]
+fn ledger_watches_other_processes_with_one_system_call_per_query() {
+    for major in [13, 12] {
+        assert_eq!(
+            run_ledger_watch(major, "killed", Some(3_600_000), false),
+            "killed 10 victims x 4 observers: counted while alive=40 gone at the next query=40 wrong=0\n\
+             queries beside 3 processes=40000: epoll_wait=40000 fcntl=0; observers exited cleanly=4\n",
+            "CUDA {major}"
+        );
+        // Its own context and 10,000,000 B; a victim (a fork child: the context is the
+        // parent's) 300,000,000 B.
+        assert_eq!(
+            run_ledger_watch(major, "exec", None, false),
+            "exec observer malloc rc=0 used=11048576\n\
+             exec victim allocated: used=311048576\n\
+             exec victim exec'd, 50 ms later: used=11048576\n\
+             second victim allocated: used=311048576; exec'd, at once a malloc of 1062693248 rc=0 used=1073741824\n",
+            "CUDA {major}"
+        );
+        assert_eq!(
+            run_ledger_watch(major, "fork", None, false),
+            "parent beside the helper: used=31048576 pidfds=1 epoll sets=1\n\
+             child after fork: pidfds=0 epoll sets=0\n\
+             child malloc rc=0 used=61048576 pidfds=2 epoll sets=1\n\
+             parent beside the helper and the child: used=61048576 pidfds=2 epoll sets=1\n\
+             parent after the helper was killed: used=41048576\n\
+             child after the helper was killed: used=41048576\n\
+             parent after the child was killed: used=11048576 pidfds=0 epoll sets=1\n",
+            "CUDA {major}"
+        );
+        assert_eq!(
+            run_ledger_watch(major, "reuse", Some(3_600_000), true),
+            "reuse: alone used=11048576; the victim's pid taken by another process=yes; then used=11048576 pidfds=0\n",
+            "CUDA {major}"
+        );
+    }
+    // The exec'd process stays counted until the sweep: an hour here.
+    assert!(
+        run_ledger_watch(13, "exec", Some(3_600_000), false)
+            .contains("exec victim exec'd, 50 ms later: used=311048576\n")
+    );
+}

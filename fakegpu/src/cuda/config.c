@@ -179,6 +179,9 @@ static void load(void)
     read_number("VRAMSHIM_FAKEGPU_MODULE_BYTES", 0, 1ull << 50, &module);
     read_number("VRAMSHIM_FAKEGPU_NCCL_BYTES", 0, 1ull << 50, &nccl);
     read_number("VRAMSHIM_FAKEGPU_FABRIC", 0, 1, &fabric);
+    unsigned long long sweep = 10;
+    read_number("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS", 0, 86400000, &sweep);
+    config.ledger_sweep_ns = (long long)sweep * 1000000;
     config.module_bytes = module;
     config.nccl_bytes = nccl;
     config.fabric = fabric == 1;

@@ -31,6 +31,9 @@ struct fg_config {
     unsigned long long nccl_bytes;   /* an NCCL rank's own memory (read by the fake NCCL) */
     bool fabric; /* an NVLink fabric NVML reports, without the IMEX channel fabric handles need */
     unsigned long long host_bytes; /* host RAM that device data copied in may hold */
+    /* How often cuMemGetInfo asks the record locks of the processes it watches by pidfd
+     * (VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS, default 10 ms): an exec'd one is seen then (ledger.c). */
+    long long ledger_sweep_ns;
     /* MIG (VRAMSHIM_FAKEGPU_MIG): every device of the machine is in MIG mode with one MIG
      * device of this profile ("3g.40gb"); memory, sms and name above are the MIG device's,
      * card_memory and card_name its parent GPU's (what NVML reports for the GPU). */
@@ -227,6 +230,7 @@ void fg_pools_each_lock(void (*fn)(pthread_mutex_t *, void *), void *arg);
 pthread_mutex_t *fg_ipc_lock(void);           /* ipc.c */
 pthread_mutex_t *fg_vmm_lock(void);           /* vmm.c */
 pthread_mutex_t *fg_ledger_lock(void);        /* ledger.c: this process's side of the ledger */
+pthread_mutex_t *fg_ledger_watch_lock(void);  /* ledger.c: cuMemGetInfo's watch of the others */
 void fg_ledger_after_fork_child(void);        /* ledger.c: the child is a process of its own */
 pthread_mutex_t *fg_registry_lock(void);      /* memory.c: the registry */
 pthread_mutex_t *fg_host_lock(void);          /* memory.c: host RAM of device data */

@@ -12,9 +12,10 @@
  *   vmm_lock -> registry_lock -> host_lock (an export moves the mappings' written pages)
  *   pools_lock -> a pool's lock -> device lock (charge), registry_lock, map_cache_lock
  *   device lock (each device's, fg_devices[d].lock) -> ledger_mutex
- *   map_cache_lock, host_lock, unknown_names_lock: nothing inside
- * so: init, capture, imports, ipc, vmm, pools, every pool's, every device's, ledger, registry,
- * host, map cache, unknown names. The parent and child handlers release them in reverse.
+ *   the ledger's watch_mutex (cuMemGetInfo's set of other processes), map_cache_lock,
+ *       host_lock, unknown_names_lock: nothing inside
+ * so: init, capture, imports, ipc, vmm, pools, every pool's, every device's, ledger, ledger
+ * watch, registry, host, map cache, unknown names. The parent and child handlers release them in reverse.
  * The fake runtime (libcudart) holds its own lock while calling the driver: it registers its
  * handlers after this library's (its constructor runs after the driver's, which it links), and
  * prepare handlers run in reverse order of registration, so its lock is taken before these.
@@ -28,7 +29,7 @@ static struct fg_fork_state fork_state;
 
 /* The locks that are not per pool or per device, in the order above; NULL marks where the pools
  * and the devices go. */
-#define FIXED_LOCKS 13
+#define FIXED_LOCKS 14
 static pthread_mutex_t *fixed[FIXED_LOCKS];
 enum { AT_POOLS = 6, AT_DEVICES = 7 };
 
@@ -37,8 +38,8 @@ static void list_fixed(void)
     pthread_mutex_t *order[FIXED_LOCKS] = {
         fg_init_lock(),    fg_capture_lock(), fg_imports_lock(), fg_ipc_lock(),
         fg_vmm_lock(),     fg_pools_lock(),   NULL /* pools */,  NULL /* devices */,
-        fg_ledger_lock(),  fg_registry_lock(), fg_host_lock(),   fg_map_cache_lock(),
-        fg_unknown_names_lock()};
+        fg_ledger_lock(),  fg_ledger_watch_lock(), fg_registry_lock(), fg_host_lock(),
+        fg_map_cache_lock(), fg_unknown_names_lock()};
     for (int i = 0; i < FIXED_LOCKS; i++)
         fixed[i] = order[i];
 }

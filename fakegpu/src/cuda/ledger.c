@@ -13,9 +13,10 @@
  * Liveness without any code running at death: a process holds a POSIX record lock (fcntl
  * F_SETLK) on its slot's byte of the file. The kernel drops it when the process ends in any
  * way, SIGKILL included, and pid reuse cannot fool it; a fork child does not inherit it (the
- * child takes a slot of its own at its first charge). cuMemGetInfo asks (F_GETLK) whether each
- * other occupied slot's lock is still held; a charge that does not fit tries every other
- * slot's lock. A slot whose lock is free belongs to a dead process: under the lock on byte 0
+ * child takes a slot of its own at its first charge). A charge that does not fit tries every
+ * other slot's lock; cuMemGetInfo watches the other processes by pidfds in one epoll set, one
+ * system call whatever their number (see "Liveness at a query" below). A slot whose lock is
+ * free belongs to a dead process: under the lock on byte 0
  * of the file (which also guards taking slots), it is cleared and the machine's counters are
  * recomputed from the slots alive (see recompute_machine: a process killed between its two
  * updates leaves the counter off by its charge, and only a recount repairs that).
@@ -36,9 +37,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same number on every architecture */
+#endif
 
 #define LEDGER_MAGIC 0x3172676472646c66ull /* "fldrdgr1" */
 #define LEDGER_VERSION 2u /* 1: no machine counters, 256 slots, charges under the file lock */
@@ -149,10 +158,13 @@ static pid_t current_pid(void) { return __atomic_load_n(&this_pid, __ATOMIC_RELA
 /* fork.c takes ledger_mutex across fork with the driver's other locks, in their order. */
 pthread_mutex_t *fg_ledger_lock(void) { return &ledger_mutex; }
 
+static void watch_after_fork_child(void);
+
 void fg_ledger_after_fork_child(void)
 {
     __atomic_store_n(&this_pid, getpid(), __ATOMIC_RELAXED);
     memset(asked_device, 0, sizeof asked_device); /* a new process: its own contexts */
+    watch_after_fork_child();
 }
 
 static void open_ledger(void)
@@ -223,9 +235,10 @@ static int slots_taken(void)
     return high < LEDGER_SLOTS ? (int)high : LEDGER_SLOTS;
 }
 
-/* Whether slot I's owner still holds its lock, asked without taking it (F_GETLK), so that a
- * reader does not make a process taking a slot see this one as held. */
-static bool slot_held(int i)
+/* The process holding slot I's lock, asked without taking it (F_GETLK), so that a reader does
+ * not make a process taking a slot see this one as held: 0 when free, -1 when held by a
+ * process this one cannot name (another pid namespace) or when the kernel does not say. */
+static pid_t slot_holder(int i)
 {
     struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCK_SLOT(i),
                          .l_len = 1};
@@ -233,7 +246,11 @@ static bool slot_held(int i)
     do
         rc = fcntl(ledger_fd, F_GETLK, &lock);
     while (rc == -1 && errno == EINTR);
-    return rc != 0 || lock.l_type != F_UNLCK;
+    if (rc != 0)
+        return -1;
+    if (lock.l_type == F_UNLCK)
+        return 0;
+    return lock.l_pid > 0 ? lock.l_pid : -1;
 }
 
 /* Clears slot I when its owner is gone (its lock free); true when it is. Ledger locked: the
@@ -444,11 +461,209 @@ void fg_ledger_uncharge(int physical, unsigned long long n)
     unlock_ledger();
 }
 
+/* Liveness at a query. cuMemGetInfo (and NVML, and `dryrun`'s sampler at every recorded event)
+ * must not count the bytes of a process gone, and must cost well under a microsecond. Only
+ * other slots with bytes on the queried device, or in the middle of a charge (which may be on
+ * it), can change its figure: a process alone on its device (DDP's one rank per GPU) asks the
+ * kernel nothing. For the others, this process keeps a pidfd (pidfd_open) of each one's owner
+ * in one epoll set, and one epoll_wait(..., 0) says whether any of them has ended, whatever
+ * their number. Readable: that process is gone (the kernel closes its files, so drops its
+ * record lock, before it makes its pidfd readable), and the dead slots are cleared and the
+ * counters recounted as in a charge (reclaim_dead). That pidfd is then closed: a dead process
+ * fires once.
+ *
+ * The set follows the slots lazily: each entry remembers the pid it was opened for, and a query
+ * that finds a slot with another pid (retaken, or cleared) closes the old pidfd and, when the
+ * slot matters, opens one for the new owner. Pid reuse: a pidfd is opened on a pid read from
+ * the file, which may by then name another process (the owner died, the pid was reused). So
+ * after opening it, the slot's lock is asked (F_GETLK names its holder): free, the owner is
+ * gone (reclaim); held by that pid, the pidfd is the owner's (opened before the check, while
+ * the holder was alive); held by another process (one clearing or retaking the slot), the
+ * pidfd is not kept and the slot is asked by F_GETLK, as below, until its pid changes.
+ *
+ * What a pidfd cannot see: a process that exec'd a program making no CUDA call lives on with
+ * its lock dropped (the ledger's descriptor is close-on-exec). Such a slot is found by an
+ * F_GETLK of every watched slot that matters once every sweep period per process
+ * (VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS, default 10 ms: the first query after that long asks them
+ * all); a charge that does not fit asks every slot's lock before failing, as always, so no
+ * allocation fails because of it: only cuMemGetInfo can show the exec'd process's bytes, for
+ * at most that period. (An exec into a CUDA program frees the slot at its first charge.)
+ *
+ * Limits: pidfds are opened for at most WATCH_MAX processes, and no more than a sixteenth of
+ * the descriptor limit (RLIMIT_NOFILE), so that the program's own files never lack one; all are
+ * close-on-exec (pidfds always are; the set by EPOLL_CLOEXEC). A slot over the cap, one whose
+ * pidfd cannot be opened (EMFILE, ENOMEM) and every slot on a kernel without pidfd_open
+ * (Linux < 5.3, or a seccomp filter refusing it: ENOSYS, EPERM) is asked by one F_GETLK per
+ * query, as before the set existed; nothing is printed (the answer is the same, only slower).
+ * A fork child must not use its parent's set (the epoll instance is shared with the parent):
+ * the child closes its copies of the descriptors after fork, and every use checks that the set
+ * was made by this process (a child forked from a signal handler interrupting a query). The
+ * set's lock (watch_mutex) is taken across fork with the driver's others (fork.c). */
+#define WATCH_MAX 64
+
+struct watch_entry {
+    int32_t pid; /* the slot's owner this entry was made for; 0: no entry */
+    int fd;      /* its pidfd, in the set; -1: asked by F_GETLK at every query */
+};
+static struct {
+    pid_t maker;       /* the process that made these descriptors; another: a fork child's copy */
+    int epoll_fd;      /* -1: not made yet, or none to be had */
+    bool no_pidfd;     /* pidfd_open refused (old kernel, seccomp) or the set broken */
+    int watched, cap;  /* pidfds open; the most this process takes */
+    long long last_sweep;
+    struct watch_entry slot[LEDGER_SLOTS];
+} watch = {.epoll_fd = -1};
+static pthread_mutex_t watch_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+pthread_mutex_t *fg_ledger_watch_lock(void) { return &watch_mutex; }
+
+/* Forgets the set; CLOSE: its descriptors are this process's copies, closed (never when they
+ * may be the program's: see watch_broken). watch_mutex held, or the child alone after fork. */
+static void watch_forget(bool close_them)
+{
+    if (close_them) {
+        for (int i = 0; i < LEDGER_SLOTS; i++)
+            if (watch.slot[i].pid && watch.slot[i].fd >= 0)
+                close(watch.slot[i].fd);
+        if (watch.epoll_fd >= 0)
+            close(watch.epoll_fd);
+    }
+    memset(watch.slot, 0, sizeof watch.slot);
+    watch.epoll_fd = -1;
+    watch.watched = 0;
+    watch.last_sweep = 0;
+    watch.maker = current_pid();
+    struct rlimit files;
+    long long cap = getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY
+                        ? WATCH_MAX
+                        : (long long)(files.rlim_cur / 16);
+    watch.cap = cap < WATCH_MAX ? (int)cap : WATCH_MAX;
+}
+
+/* The child's copies of its parent's descriptors are closed (the parent keeps the set); when
+ * the fork came from a signal handler interrupting a query in this thread, the lock is still
+ * held and the interrupted query finds the set not its own (watch.maker) and does the same. */
+static void watch_after_fork_child(void)
+{
+    if (pthread_mutex_trylock(&watch_mutex) != 0)
+        return;
+    if (watch.maker)
+        watch_forget(true);
+    pthread_mutex_unlock(&watch_mutex);
+}
+
+/* Entry I's pidfd out of the set and closed (EPOLL_CTL_DEL first: a fork child still holding
+ * a copy of it would keep it in the set past the close). */
+static void unwatch(int i)
+{
+    struct watch_entry *e = &watch.slot[i];
+    if (e->pid && e->fd >= 0) {
+        epoll_ctl(watch.epoll_fd, EPOLL_CTL_DEL, e->fd, NULL);
+        close(e->fd);
+        watch.watched--;
+    }
+    e->pid = 0;
+    e->fd = -1;
+}
+
+/* A descriptor of the set is no longer what it was (the program closed it: a daemon's
+ * close-all): they are forgotten without closing (the numbers may be the program's now) and
+ * every slot is asked by F_GETLK from now on. */
+static void watch_broken(void)
+{
+    watch_forget(false);
+    watch.no_pidfd = true;
+}
+
+/* Makes entry I for PID, the slot's owner as read; false when the owner is found gone. */
+static bool watch_slot(int i, int32_t pid)
+{
+    struct watch_entry *e = &watch.slot[i];
+    e->pid = pid;
+    e->fd = -1;
+    int fd = -1;
+    if (!watch.no_pidfd && watch.watched < watch.cap) {
+        if (watch.epoll_fd < 0)
+            watch.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        if (watch.epoll_fd >= 0) {
+            fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0u);
+            if (fd < 0 && (errno == ENOSYS || errno == EPERM))
+                watch.no_pidfd = true;
+        }
+    }
+    pid_t holder = slot_holder(i);
+    if (fd >= 0) {
+        struct epoll_event event = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+        if (holder == pid && epoll_ctl(watch.epoll_fd, EPOLL_CTL_ADD, fd, &event) == 0) {
+            e->fd = fd;
+            watch.watched++;
+        } else
+            close(fd);
+    }
+    return holder != 0;
+}
+
+static long long monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* the vDSO's: no system call */
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* Whether the owners of the other slots that weigh on PHYSICAL (FIRST the lowest of them) are
+ * all alive; false when one is found gone. */
+static bool others_alive(int physical, int mine, int first, int high)
+{
+    pthread_mutex_lock(&watch_mutex);
+    if (watch.maker != current_pid())
+        watch_forget(watch.maker != 0); /* a fork child's copies, or none yet */
+    bool sweep = false;
+    long long now = monotonic_ns();
+    if (now - watch.last_sweep >= fg_config()->ledger_sweep_ns) {
+        sweep = true;
+        watch.last_sweep = now;
+    }
+    bool alive = true, wait = false;
+    for (int i = 0; i < high && alive; i++) {
+        const struct ledger_slot *s = &ledger->slot[i];
+        int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+        struct watch_entry *e = &watch.slot[i];
+        if (e->pid && e->pid != pid)
+            unwatch(i); /* cleared or retaken since */
+        if (i < first || i == mine || !pid)
+            continue;
+        if (!__atomic_load_n(&s->used[physical], __ATOMIC_ACQUIRE) &&
+            !__atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST))
+            continue;
+        if (!e->pid)
+            alive = watch_slot(i, pid);
+        else if (e->fd < 0 || sweep)
+            alive = slot_holder(i) != 0;
+        wait |= e->fd >= 0;
+    }
+    if (alive && wait) {
+        struct epoll_event events[8];
+        int n;
+        do
+            n = epoll_wait(watch.epoll_fd, events, 8, 0);
+        while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            watch_broken();
+            alive = false; /* not known: reclaim_dead asks every slot */
+        }
+        for (int k = 0; k < n; k++) {
+            uint32_t i = events[k].data.u32;
+            if (i < LEDGER_SLOTS)
+                unwatch((int)i);
+            alive = false;
+        }
+    }
+    pthread_mutex_unlock(&watch_mutex);
+    return alive;
+}
+
 /* The machine's bytes in use on PHYSICAL: its counter, once the owner of every other slot that
- * could weigh on it is known alive (one F_GETLK each); a dead one found, its bytes are given
- * back first. Only slots with bytes on PHYSICAL, or in the middle of a charge (which may be
- * PHYSICAL's), can: a dead process with nothing there changes nothing there. So a process
- * alone on its device (DDP's usual one rank per GPU) asks the kernel nothing. */
+ * could weigh on it is known alive (above); a dead one found, its bytes are given back first. */
 bool fg_ledger_used(int physical, unsigned long long *used)
 {
     if (!active())
@@ -461,12 +676,12 @@ bool fg_ledger_used(int physical, unsigned long long *used)
         if (!__atomic_load_n(&s->used[physical], __ATOMIC_ACQUIRE) &&
             !__atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST))
             continue;
-        if (!slot_held(i)) {
+        if (!others_alive(physical, mine, i, high)) {
             lock_ledger();
             reclaim_dead();
             unlock_ledger();
-            break;
         }
+        break;
     }
     *used = __atomic_load_n(&ledger->machine.used[physical], __ATOMIC_RELAXED);
     return true;
