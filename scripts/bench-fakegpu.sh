@@ -15,11 +15,12 @@ gcc -O2 -o "$WORK/ledger" fakegpu/bench/ledger.c -L"$LIB" -Wl,-rpath-link,"$LIB"
 echo "== CUDA calls through the fakes (one thread)"
 LD_LIBRARY_PATH=$LIB "$WORK/calls" "${BENCH_ITERATIONS:-200000}"
 # The device ledger that `vramshim dryrun` always sets: without it, then with it (a fresh file),
-# this process alone, beside one other process on the card, beside three on the other cards.
+# this process alone, beside 1, 2, 4 and 8 other processes on the card, beside three on the other
+# cards (BENCH_LEDGER_ROUNDS: rounds of each, the fastest printed; default 1).
 for ledger in "" "$WORK/device-ledger"; do
     if [ -n "$ledger" ]; then echo "== With a device ledger"; else echo "== Without a device ledger"; fi
     VRAMSHIM_FAKEGPU_COUNT=4 VRAMSHIM_FAKEGPU_LEDGER=$ledger LD_LIBRARY_PATH=$LIB "$WORK/ledger" \
-        "${BENCH_ITERATIONS:-200000}"
+        "${BENCH_ITERATIONS:-200000}" "${BENCH_LEDGER_ROUNDS:-1}"
 done
 
 echo "== PyTorch training step on the fakes"

@@ -612,6 +612,7 @@ static long long monotonic_ns(void)
 
 /* Whether the owners of the other slots that weigh on PHYSICAL (FIRST the lowest of them) are
  * all alive; false when one is found gone. */
+__attribute__((noinline)) /* the query of a process alone on its device stays short */
 static bool others_alive(int physical, int mine, int first, int high)
 {
     pthread_mutex_lock(&watch_mutex);
