@@ -7,6 +7,8 @@
  *     observer sees it, the victim is SIGKILLed (a zombie, not reaped), and each observer's
  *     next query no longer counts it; then each makes 1000 queries beside the 3 others:
  *     exactly one epoll_wait and no fcntl each (VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS set long).
+ *     A second thread of each observer queries all the while (the counts are per thread); at
+ *     the end each observer holds 3 pidfds (the victims' closed) and one epoll set.
  *   exec: a process that allocated exec's a program that makes no CUDA call (its record lock
  *     goes, its pid lives): after the sweep period the next query does not count it; and a
  *     second such process's bytes are taken at once by an allocation that needs them.
@@ -44,8 +46,8 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 
 #define CONTEXT 1048576ull /* VRAMSHIM_FAKEGPU_CONTEXT_BYTES in the test */
 
-/* The fakes' fcntl and epoll_wait calls, counted per process, then made as system calls. */
-static long fcntl_calls, epoll_wait_calls;
+/* The fakes' fcntl and epoll_wait calls, counted per thread, then made as system calls. */
+static __thread long fcntl_calls, epoll_wait_calls;
 
 int fcntl(int fd, int command, ...)
 {
@@ -131,9 +133,19 @@ static pid_t holder(unsigned long long bytes, int ready)
 
 struct arena {
     pthread_barrier_t barrier;
-    int saw_alive, saw_gone, wrong;
+    int saw_alive, saw_gone, wrong, pidfds, epolls;
     long epoll_waits, fcntls, queries;
 };
+
+/* A second thread of each observer asks as well, all the time: the two share the set. */
+static int hammering = 1;
+static void *hammer(void *unused)
+{
+    (void)unused;
+    while (__atomic_load_n(&hammering, __ATOMIC_RELAXED))
+        used();
+    return NULL;
+}
 
 static void observer(struct arena *arena, int me)
 {
@@ -144,6 +156,9 @@ static void observer(struct arena *arena, int me)
     for (int k = 0; k < OBSERVERS; k++)
         observers += CONTEXT + OBSERVER_BYTES(k);
     pthread_barrier_wait(&arena->barrier); /* every observer holds its bytes */
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, hammer, NULL) != 0)
+        _exit(5);
     for (int r = 0; r < ROUNDS; r++) {
         pthread_barrier_wait(&arena->barrier); /* the victim holds its bytes */
         unsigned long long before = used();
@@ -167,6 +182,13 @@ static void observer(struct arena *arena, int me)
         __atomic_add_fetch(&arena->queries, QUERIES, __ATOMIC_RELAXED);
         pthread_barrier_wait(&arena->barrier); /* the round is over */
     }
+    __atomic_store_n(&hammering, 0, __ATOMIC_RELAXED);
+    pthread_join(thread, NULL);
+    int pidfds, epolls;
+    watch_fds(&pidfds, &epolls); /* the 3 other observers' pidfds: the victims' are closed */
+    __atomic_add_fetch(&arena->pidfds, pidfds, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&arena->epolls, epolls, __ATOMIC_RELAXED);
+    pthread_barrier_wait(&arena->barrier); /* every observer has counted: none has ended */
 }
 
 static int killed(void)
@@ -197,6 +219,7 @@ static int killed(void)
         pthread_barrier_wait(&arena->barrier);
         waitpid(victim, NULL, 0);
     }
+    pthread_barrier_wait(&arena->barrier);
     int clean = 0;
     for (int k = 0; k < OBSERVERS; k++) {
         int status;
@@ -206,9 +229,10 @@ static int killed(void)
     printf("killed %d victims x %d observers: counted while alive=%d gone at the next query=%d "
            "wrong=%d\n",
            ROUNDS, OBSERVERS, arena->saw_alive, arena->saw_gone, arena->wrong);
-    printf("queries beside 3 processes=%ld: epoll_wait=%ld fcntl=%ld; observers exited "
-           "cleanly=%d\n",
-           arena->queries, arena->epoll_waits, arena->fcntls, clean);
+    printf("queries beside 3 processes=%ld: epoll_wait=%ld fcntl=%ld; at the end pidfds=%d "
+           "epoll sets=%d; observers exited cleanly=%d\n",
+           arena->queries, arena->epoll_waits, arena->fcntls, arena->pidfds, arena->epolls,
+           clean);
     return 0;
 }
 

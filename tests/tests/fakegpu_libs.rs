@@ -1986,9 +1986,10 @@ fn run_ledger_watch(major: u32, mode: &str, sweep_ms: Option<u64>, own_pids: boo
 /// - four observer processes each see a victim's 300,000,000 + r bytes, and each one's next
 ///   query after the victim is SIGKILLed (a zombie, not reaped) no longer counts them, 10 times;
 ///   then 1000 queries each beside the 3 other observers make exactly 1000 `epoll_wait` calls
-///   and no `fcntl` (with the lock sweep set to an hour; one `F_GETLK` per process before).
-///   With the `epoll_wait` taken out, no observer sees a victim gone (`gone at the next
-///   query=0`).
+///   and no `fcntl` (with the lock sweep set to an hour; one `F_GETLK` per process before),
+///   while a second thread of each observer queries all the time (the counts are per thread);
+///   at the end each holds 3 pidfds (the 10 victims' closed) and one epoll set. With the
+///   `epoll_wait` taken out, no observer sees a victim gone (`gone at the next query=0`).
 /// - a process that exec's a program making no CUDA call (its record lock dropped, its pid
 ///   alive, so its pidfd silent) is no longer counted by a query 50 ms later (the 10 ms lock
 ///   sweep; set to an hour it still is), and a second one's bytes are taken at once by an
@@ -2006,7 +2007,7 @@ fn ledger_watches_other_processes_with_one_system_call_per_query() {
         assert_eq!(
             run_ledger_watch(major, "killed", Some(3_600_000), false),
             "killed 10 victims x 4 observers: counted while alive=40 gone at the next query=40 wrong=0\n\
-             queries beside 3 processes=40000: epoll_wait=40000 fcntl=0; observers exited cleanly=4\n",
+             queries beside 3 processes=40000: epoll_wait=40000 fcntl=0; at the end pidfds=12 epoll sets=4; observers exited cleanly=4\n",
             "CUDA {major}"
         );
         // Its own context and 10,000,000 B; a victim (a fork child: the context is the

@@ -135,10 +135,16 @@ static int record_lock(int command, short type, off_t at)
     return rc;
 }
 
+static void recompute_machine(void);
+
+/* Takes the ledger lock. A recount flagged but not finished (recounting is set and cleared only
+ * under this lock) means its process died in the middle: it is done again here. */
 static void lock_ledger(void)
 {
     pthread_mutex_lock(&ledger_mutex);
     record_lock(F_SETLKW, F_WRLCK, LOCK_ALL);
+    if (ledger && __atomic_load_n(&ledger->machine.recounting, __ATOMIC_SEQ_CST))
+        recompute_machine();
 }
 
 static void unlock_ledger(void)
@@ -259,6 +265,9 @@ static bool reclaim_if_dead(int i)
 {
     if (record_lock(F_SETLK, F_WRLCK, LOCK_SLOT(i)) != 0)
         return false; /* held: the owner runs */
+    /* Flagged before the slot is emptied: a query that no longer sees the dead slot waits for
+     * the recount instead of reading the counter that still holds its bytes. */
+    __atomic_store_n(&ledger->machine.recounting, 1, __ATOMIC_SEQ_CST);
     struct ledger_slot *s = &ledger->slot[i];
     memset(s->used, 0, sizeof s->used);
     __atomic_store_n(&s->inflight, 0, __ATOMIC_RELAXED);
@@ -337,6 +346,8 @@ static int own_slot(void)
             /* Free, or its owner gone: whatever it held is given back (a recount). */
             struct ledger_slot *s = &ledger->slot[i];
             bool stale = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0;
+            if (stale) /* as in reclaim_if_dead */
+                __atomic_store_n(&ledger->machine.recounting, 1, __ATOMIC_SEQ_CST);
             memset(s->used, 0, sizeof s->used);
             __atomic_store_n(&s->inflight, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
@@ -479,7 +490,10 @@ void fg_ledger_uncharge(int physical, unsigned long long n)
  * after opening it, the slot's lock is asked (F_GETLK names its holder): free, the owner is
  * gone (reclaim); held by that pid, the pidfd is the owner's (opened before the check, while
  * the holder was alive); held by another process (one clearing or retaking the slot), the
- * pidfd is not kept and the slot is asked by F_GETLK, as below, until its pid changes.
+ * pidfd is not kept, the query waits for that process's work under the ledger lock (its
+ * recount done, the figure is right) and the slot is asked by F_GETLK until its pid changes.
+ * Another thread of this process may have taken a death's event and not yet cleared the slot:
+ * the slot, no longer watched, is looked at anew (its lock free: gone).
  *
  * What a pidfd cannot see: a process that exec'd a program making no CUDA call lives on with
  * its lock dropped (the ledger's descriptor is close-on-exec). Such a slot is found by an
@@ -504,6 +518,8 @@ void fg_ledger_uncharge(int physical, unsigned long long n)
 struct watch_entry {
     int32_t pid; /* the slot's owner this entry was made for; 0: no entry */
     int fd;      /* its pidfd, in the set; -1: asked by F_GETLK at every query */
+    bool alias;  /* its lock's holder has another pid here: the owner seen from another pid
+                  * namespace (owner_alive) */
 };
 static struct {
     pid_t maker;       /* the process that made these descriptors; another: a fork child's copy */
@@ -564,6 +580,7 @@ static void unwatch(int i)
     }
     e->pid = 0;
     e->fd = -1;
+    e->alias = false;
 }
 
 /* A descriptor of the set is no longer what it was (the program closed it: a daemon's
@@ -575,12 +592,30 @@ static void watch_broken(void)
     watch.no_pidfd = true;
 }
 
-/* Makes entry I for PID, the slot's owner as read; false when the owner is found gone. */
+/* Whether entry E's process is alive by HOLDER, its slot's lock holder (slot_holder). False
+ * when it is gone, or may be: another process holds the lock, one clearing the slot (the owner
+ * died) or retaking it, and until it has recounted the machine's counter is not yet right; the
+ * caller then takes the ledger lock and reclaims, which waits for that process's work (both
+ * are done under the ledger lock). If after that the slot still names the same pid, the lock is
+ * its owner's under another pid (another pid namespace): E->alias, held means alive. */
+static bool owner_alive(struct watch_entry *e, pid_t holder)
+{
+    if (holder == 0)
+        return false;
+    if (holder == e->pid || holder < 0 || e->alias)
+        return true;
+    e->alias = true;
+    return false;
+}
+
+/* Makes entry I for PID, the slot's owner as read; false when the owner is found gone (or may
+ * be: owner_alive). */
 static bool watch_slot(int i, int32_t pid)
 {
     struct watch_entry *e = &watch.slot[i];
     e->pid = pid;
     e->fd = -1;
+    e->alias = false;
     int fd = -1;
     if (!watch.no_pidfd && watch.watched < watch.cap) {
         if (watch.epoll_fd < 0)
@@ -600,7 +635,7 @@ static bool watch_slot(int i, int32_t pid)
         } else
             close(fd);
     }
-    return holder != 0;
+    return owner_alive(e, holder);
 }
 
 static long long monotonic_ns(void)
@@ -625,24 +660,29 @@ static bool others_alive(int physical, int mine, int first, int high)
         watch.last_sweep = now;
     }
     bool alive = true, wait = false;
-    for (int i = 0; i < high && alive; i++) {
+    for (int i = 0; i < high; i++) {
         const struct ledger_slot *s = &ledger->slot[i];
         int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         struct watch_entry *e = &watch.slot[i];
         if (e->pid && e->pid != pid)
             unwatch(i); /* cleared or retaken since */
-        if (i < first || i == mine || !pid)
+        /* Once a process is found gone the rest is only tidied: the caller reclaims them all. */
+        if (!alive || i < first || i == mine || !pid)
             continue;
         if (!__atomic_load_n(&s->used[physical], __ATOMIC_ACQUIRE) &&
             !__atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST))
             continue;
         if (!e->pid)
             alive = watch_slot(i, pid);
-        else if (e->fd < 0 || sweep)
-            alive = slot_holder(i) != 0;
+        else if (e->fd < 0 || sweep) {
+            pid_t holder = slot_holder(i);
+            alive = owner_alive(e, holder);
+            if (holder == 0)
+                unwatch(i); /* gone (an exec'd process): its pidfd would never fire */
+        }
         wait |= e->fd >= 0;
     }
-    if (alive && wait) {
+    if (wait) {
         struct epoll_event events[8];
         int n;
         do
@@ -655,7 +695,7 @@ static bool others_alive(int physical, int mine, int first, int high)
         for (int k = 0; k < n; k++) {
             uint32_t i = events[k].data.u32;
             if (i < LEDGER_SLOTS)
-                unwatch((int)i);
+                unwatch((int)i); /* ended: readable for ever, its slot reclaimed now */
             alive = false;
         }
     }
@@ -684,7 +724,13 @@ bool fg_ledger_used(int physical, unsigned long long *used)
         }
         break;
     }
-    *used = __atomic_load_n(&ledger->machine.used[physical], __ATOMIC_RELAXED);
+    /* Another process clearing a dead slot (which this scan may no longer have seen) has not
+     * recounted yet: its work is waited for (it holds the ledger lock until done). */
+    if (__atomic_load_n(&ledger->machine.recounting, __ATOMIC_SEQ_CST)) {
+        lock_ledger();
+        unlock_ledger();
+    }
+    *used = __atomic_load_n(&ledger->machine.used[physical], __ATOMIC_ACQUIRE);
     return true;
 }
 
