@@ -19,6 +19,8 @@
  *     process allocates, is killed and reaped, and another process takes its pid before the
  *     observer's next query: that query does not count the dead one's bytes, and watches no
  *     process (its pidfd would be the newcomer's).
+ *   recount: the ledger's "recounting" flag left set (as by a process killed while
+ *     recounting): the next query recounts and clears it.
  * One line per step; each process flushes before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
 #define _GNU_SOURCE
@@ -402,6 +404,29 @@ static int reuse(void)
     return 0;
 }
 
+/* "recount": the state a process killed in the middle of a recount leaves, its flag set
+ * (written here into the file as such a process would have left it): the next query waits for
+ * the ledger lock, finds the flag and recounts; the flag is cleared and the figure exact. */
+#define LEDGER_RECOUNTING 133688 /* struct ledger_file: machine.recounting */
+static int recount(void)
+{
+    void *p;
+    int rc = cudaMalloc(&p, OBSERVER_BYTES(0));
+    int fd = open(getenv("VRAMSHIM_FAKEGPU_LEDGER"), O_RDWR);
+    uint32_t *flag = NULL;
+    char *map = fd < 0 ? MAP_FAILED
+                       : mmap(NULL, LEDGER_RECOUNTING + 8, PROT_READ | PROT_WRITE, MAP_SHARED,
+                              fd, 0);
+    if (map == MAP_FAILED)
+        return 1;
+    flag = (uint32_t *)(map + LEDGER_RECOUNTING);
+    __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+    unsigned long long seen = used();
+    printf("recount: malloc rc=%d; left flagged, a query: used=%llu flag after=%u\n", rc, seen,
+           __atomic_load_n(flag, __ATOMIC_SEQ_CST));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     alarm(60); /* a broken run ends instead of hanging the test */
@@ -418,6 +443,8 @@ int main(int argc, char **argv)
         return fork_mode();
     if (argc == 2 && strcmp(argv[1], "reuse") == 0)
         return reuse();
-    fprintf(stderr, "usage: ledger_watch killed|exec|fork|reuse\n");
+    if (argc == 2 && strcmp(argv[1], "recount") == 0)
+        return recount();
+    fprintf(stderr, "usage: ledger_watch killed|exec|fork|reuse|recount\n");
     return 2;
 }
