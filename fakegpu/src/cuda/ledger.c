@@ -504,7 +504,7 @@ void fg_ledger_uncharge(int physical, unsigned long long n)
  * at most that period. (An exec into a CUDA program frees the slot at its first charge.)
  *
  * Limits: pidfds are opened for at most WATCH_MAX processes, and no more than a sixteenth of
- * the descriptor limit (RLIMIT_NOFILE), so that the program's own files never lack one; all are
+ * the descriptor limit (RLIMIT_NOFILE): the program keeps nearly all its descriptors; all are
  * close-on-exec (pidfds always are; the set by EPOLL_CLOEXEC). A slot over the cap, one whose
  * pidfd cannot be opened (EMFILE, ENOMEM) and every slot on a kernel without pidfd_open
  * (Linux < 5.3, or a seccomp filter refusing it: ENOSYS, EPERM) is asked by one F_GETLK per
