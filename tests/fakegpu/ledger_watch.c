@@ -21,10 +21,13 @@
  *     process (its pidfd would be the newcomer's).
  *   recount: the ledger's "recounting" flag left set (as by a process killed while
  *     recounting): the next query recounts and clears it.
+ *   cap, nopidfd: the open-file limit low (at most 3 pidfds), or pidfd_open refused (seccomp):
+ *     the processes not watched are asked by fcntl, and every figure stays exact.
  * One line per step; each process flushes before it answers, so the output's order is fixed.
  * Built with -DCUDA_MAJOR=13 or 12 (the same calls). */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -35,7 +38,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -427,6 +435,71 @@ static int recount(void)
     return 0;
 }
 
+/* "cap" and "nopidfd": this process and 5 others holding memory; first (before any CUDA call)
+ * the open-file limit is set to 48 (the fakes then take at most 3 pidfds) or pidfd_open is
+ * refused by a seccomp filter (ENOSYS, as on Linux before 5.3). The processes past the cap, or
+ * all, are asked by one fcntl each per query; every figure stays exact, and one watched and
+ * one unwatched process killed are seen gone at the next query. Nothing on stderr. */
+#define OTHERS 5
+static int limits(const char *mode)
+{
+    if (strcmp(mode, "cap") == 0) {
+        struct rlimit files = {48, 48};
+        if (setrlimit(RLIMIT_NOFILE, &files) != 0)
+            return 1;
+    } else {
+        struct sock_filter filter[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_open, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog program = {sizeof filter / sizeof filter[0], filter};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
+            return 1;
+    }
+    int ready[2];
+    if (pipe(ready))
+        return 1;
+    void *p;
+    cudaMalloc(&p, OBSERVER_BYTES(0));
+    pid_t others[OTHERS];
+    unsigned long long expected = CONTEXT + OBSERVER_BYTES(0);
+    for (int k = 0; k < OTHERS; k++) {
+        others[k] = holder(OBSERVER_BYTES(k + 1), ready[1]);
+        wait_byte(ready[0]);
+        expected += OBSERVER_BYTES(k + 1); /* fork children: the context is the parent's */
+    }
+    unsigned long long seen = used();
+    long waits = epoll_wait_calls, fcntls = fcntl_calls;
+    int wrong = 0;
+    for (int q = 0; q < 100; q++)
+        wrong += used() != expected;
+    waits = epoll_wait_calls - waits;
+    fcntls = fcntl_calls - fcntls;
+    int pidfds, epolls;
+    watch_fds(&pidfds, &epolls);
+    printf("%s: beside %d processes used=%llu (%s) pidfds=%d; 100 queries: epoll_wait=%ld "
+           "fcntl=%ld wrong=%d\n",
+           mode, OTHERS, seen, seen == expected ? "exact" : "wrong", pidfds, waits, fcntls,
+           wrong);
+    kill(others[0], SIGKILL);
+    kill(others[OTHERS - 1], SIGKILL);
+    wait_dead(others[0]);
+    wait_dead(others[OTHERS - 1]);
+    expected -= OBSERVER_BYTES(1) + OBSERVER_BYTES(OTHERS);
+    seen = used();
+    watch_fds(&pidfds, &epolls);
+    printf("%s: the first and last killed: used=%llu (%s) pidfds=%d\n", mode, seen,
+           seen == expected ? "exact" : "wrong", pidfds);
+    for (int k = 0; k < OTHERS; k++) {
+        kill(others[k], SIGKILL);
+        waitpid(others[k], NULL, 0);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     alarm(60); /* a broken run ends instead of hanging the test */
@@ -445,6 +518,8 @@ int main(int argc, char **argv)
         return reuse();
     if (argc == 2 && strcmp(argv[1], "recount") == 0)
         return recount();
-    fprintf(stderr, "usage: ledger_watch killed|exec|fork|reuse|recount\n");
+    if (argc == 2 && (strcmp(argv[1], "cap") == 0 || strcmp(argv[1], "nopidfd") == 0))
+        return limits(argv[1]);
+    fprintf(stderr, "usage: ledger_watch killed|exec|fork|reuse|recount|cap|nopidfd\n");
     return 2;
 }

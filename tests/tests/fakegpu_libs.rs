@@ -2002,6 +2002,10 @@ fn run_ledger_watch(major: u32, mode: &str, sweep_ms: Option<u64>, own_pids: boo
 ///   killed and reaped, another process takes its pid before the observer's next query, which
 ///   does not count the dead one's bytes and keeps no pidfd (one trusted without asking the
 ///   slot's lock would be the newcomer's: that reads 311,048,576 and pidfds=1).
+/// - the open-file limit at 48 (at most 3 pidfds) beside 5 processes: 3 watched, the other 2
+///   asked by `fcntl` at each query (1 `epoll_wait` + 2 `fcntl`); `pidfd_open` refused by a
+///   seccomp filter (ENOSYS, as before Linux 5.3): 5 `fcntl` a query, nothing printed; either
+///   way every figure exact, a watched and an unwatched process killed seen gone at once.
 /// - the ledger's recount flag left set, as by a process killed while recounting: the next
 ///   query recounts and clears it (the base commit's fakes left it set: every later charge
 ///   took the file lock).
@@ -2033,6 +2037,20 @@ fn ledger_watches_other_processes_with_one_system_call_per_query() {
              parent after the helper was killed: used=41048576\n\
              child after the helper was killed: used=41048576\n\
              parent after the child was killed: used=11048576 pidfds=0 epoll sets=1\n",
+            "CUDA {major}"
+        );
+        // Five others (fork children: 20,000,000 to 60,000,000 B each) beside this process's
+        // context and 10,000,000 B.
+        assert_eq!(
+            run_ledger_watch(major, "cap", Some(3_600_000), false),
+            "cap: beside 5 processes used=211048576 (exact) pidfds=3; 100 queries: epoll_wait=100 fcntl=200 wrong=0\n\
+             cap: the first and last killed: used=131048576 (exact) pidfds=2\n",
+            "CUDA {major}"
+        );
+        assert_eq!(
+            run_ledger_watch(major, "nopidfd", Some(3_600_000), false),
+            "nopidfd: beside 5 processes used=211048576 (exact) pidfds=0; 100 queries: epoll_wait=0 fcntl=500 wrong=0\n\
+             nopidfd: the first and last killed: used=131048576 (exact) pidfds=0\n",
             "CUDA {major}"
         );
         assert_eq!(
