@@ -473,7 +473,24 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     };
     let mut spec = Spec::new(kind, addr, size).device(device);
     spec.stream = stream;
+    if kind == EventKind::TensorAlloc && captured(stream) {
+        spec.handle = CAPTURED_BLOCK;
+    }
     capture::record_reported(api(), spec);
+}
+
+/// The `handle` of a `tensor_alloc` handed out while its stream was being captured into a
+/// CUDA graph: under `torch.cuda.graph` the block comes from the capture's private pool.
+pub const CAPTURED_BLOCK: u64 = 1;
+
+/// Whether `stream` is being captured now. The driver is asked only while some capture is
+/// in progress (one atomic load otherwise), and never about the legacy default stream
+/// (asking about it during another stream's capture is itself a prohibited call).
+fn captured(stream: u64) -> bool {
+    crate::stream_capture::any_in_progress()
+        && crate::stream_capture::queryable(stream as *mut c_void, false)
+            .and_then(crate::stream_capture::status)
+            .is_some_and(|status| status != 0)
 }
 
 /// The first `segment_alloc` entry against the `cudaMalloc` this thread has just recorded, or

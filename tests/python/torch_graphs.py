@@ -9,7 +9,12 @@ reduce-overhead: torch.compile(mode="reduce-overhead") of a small model, run unt
 graph replays; with inductor's counters.
 async-graph: under backend:cudaMallocAsync, a small model captured and replayed twice, then the
 graph pool trimmed (cudaDeviceGraphMemTrim); the device's used bytes (cudaMemGetInfo) at each
-step."""
+step.
+private-pool: a model captured by torch.cuda.graph (warm-up on a side stream, capture, three
+replays), then eager work on the default stream with the graph alive; torch's memory_stats()
+figures (the native allocator's private pool, or graph memory nodes under cudaMallocAsync).
+With JUDGE_FRACTION=F torch.cuda.set_per_process_memory_fraction(F) first, and an OOM of the
+eager work is caught ("failed": its message's first line)."""
 import ctypes
 import json
 import os
@@ -149,7 +154,51 @@ def async_graph():
                       "after_trim": used()}))
 
 
-{"graph": captured, "reduce-overhead": reduce_overhead,
+def private_pool():
+    if os.environ.get("JUDGE_FRACTION"):
+        torch.cuda.set_per_process_memory_fraction(float(os.environ["JUDGE_FRACTION"]))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    static_x = torch.randn(512, 1024).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_x)  # kept alive: its block stays allocated in the pool
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    after_replays = figures()
+    # Eager work with the graph alive: the model again, bigger activations, on the default
+    # stream (the private pool's cached blocks are not its to take).
+    failed = None
+    try:
+        for rows in (512, 2048, 1024):
+            out = model(torch.randn(rows, 1024, device="cuda"))
+            del out
+    except torch.OutOfMemoryError as e:
+        failed = str(e).split("\n")[0]
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "private-pool", "backend": torch.cuda.get_allocator_backend(),
+                      "failed": failed, "out_shape": list(static_out.shape),
+                      "after_replays": after_replays, **figures()}))
+
+
+def figures():
+    s = torch.cuda.memory_stats()
+    keys = ["reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
+            "reserved_bytes.all.current", "num_device_alloc", "num_device_free",
+            "num_alloc_retries", "num_ooms"]
+    out = {key: s.get(key, 0) for key in keys}
+    out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    return out
+
+
+{"graph": captured, "private-pool": private_pool, "reduce-overhead": reduce_overhead,
  "async-graph": async_graph}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)

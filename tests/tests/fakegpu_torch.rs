@@ -2907,6 +2907,159 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
     assert_eq!(u64_of(&report["devices"][0], "graph_pool_at_exit_bytes"), 0);
 }
 
+/// `whatif` through a CUDA graph (`tests/python/torch_graphs.py private-pool`, torch 2.15): a
+/// model captured by `torch.cuda.graph` after a warm-up on a side stream, replayed three
+/// times, then eager work with the graph alive. The native allocator serves the capture from a
+/// private pool whose segments nothing else takes and neither `empty_cache()` nor the retry
+/// before an OOM gives back while the graph lives. `whatif` models it from both kinds of
+/// recording: the `cudaMallocAsync` one (the captured calls are graph memory nodes) and the
+/// default allocator's tensor view (the recorder marks the blocks handed out to a captured
+/// stream). Every row equals the native run's `memory_stats()`: on 80 GiB, and on 1 GiB at a
+/// memory fraction of 0.135 (138.24 MiB allowed), where the defaults raise an OOM after a retry
+/// that could not release the pool's free 2 MiB segment (without the pool modelled `whatif`
+/// said it fits there: the retry released it) and expandable segments fit; at 0.125 both raise.
+#[test]
+fn whatif_models_a_cuda_graphs_private_pool_as_torch_does() {
+    let Some(torch) = current() else {
+        return;
+    };
+    let recorded = |conf: &str| {
+        let env: Vec<(&str, &str)> = if conf.is_empty() {
+            Vec::new()
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", conf)]
+        };
+        let run = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "private-pool",
+            80 << 30,
+            &env,
+            true,
+        );
+        assert_eq!(run.result["out_shape"], serde_json::json!([512, 1024]));
+        run.log.expect("recorded")
+    };
+    let async_log = recorded("backend:cudaMallocAsync");
+    let tensor_log = recorded("");
+    const GIB: u64 = 1 << 30;
+    // (PYTORCH_CUDA_ALLOC_CONF, card, memory fraction, expected (peak reserved, peak allocated,
+    // peak requested, cudaMalloc, cudaFree, retries, OOMs, raised)).
+    type Figures = (u64, u64, u64, u64, u64, u64, u64, bool);
+    let cases: [(&str, u64, Option<&str>, Figures); 5] = [
+        (
+            "",
+            80 * GIB,
+            None,
+            (146_800_640, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+        ),
+        (
+            "expandable_segments:True",
+            80 * GIB,
+            None,
+            (150_994_944, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+        ),
+        (
+            "",
+            GIB,
+            Some("0.135"),
+            (113_246_208, 89_149_440, 89_149_440, 9, 2, 1, 1, true),
+        ),
+        (
+            "expandable_segments:True",
+            GIB,
+            Some("0.135"),
+            (150_994_944, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+        ),
+        (
+            "",
+            GIB,
+            Some("0.125"),
+            (113_246_208, 89_149_440, 89_149_440, 9, 2, 1, 1, true),
+        ),
+    ];
+    for (conf, memory, fraction, expected) in cases {
+        let label = format!("{conf:?} on {memory} B at fraction {fraction:?}");
+        let mut env = vec![("PYTORCH_CUDA_ALLOC_CONF", conf)];
+        if let Some(fraction) = fraction {
+            env.push(("JUDGE_FRACTION", fraction));
+        }
+        let native = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "private-pool",
+            memory,
+            &env,
+            false,
+        );
+        let t = &native.result;
+        assert_eq!(t["backend"], "native", "{label}: {t}");
+        let torch_figures: Figures = (
+            u64_of(t, "max_memory_reserved"),
+            u64_of(t, "allocated_bytes.all.peak"),
+            u64_of(t, "requested_bytes.all.peak"),
+            u64_of(t, "num_device_alloc"),
+            u64_of(t, "num_device_free"),
+            u64_of(t, "num_alloc_retries"),
+            u64_of(t, "num_ooms"),
+            !t["failed"].is_null(),
+        );
+        assert_eq!(torch_figures, expected, "{label}: torch {t}");
+        if expected.7 {
+            // torch's own message counts the pool's free bytes apart: 10 MiB left in its
+            // 20 MiB segment and its free 2 MiB small segment.
+            let message = t["failed"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("with 12.00 MiB allocated in private pools (e.g., CUDA Graphs)"),
+                "{label}: {message}"
+            );
+        }
+        for log in [&async_log, &tensor_log] {
+            let mut args = vec![
+                "whatif".to_string(),
+                log.display().to_string(),
+                "--json".into(),
+                "--capacity".into(),
+                format!("{}MiB", memory >> 20),
+                "--config".into(),
+                conf.into(),
+            ];
+            if let Some(fraction) = fraction {
+                args.extend(["--memory-fraction".into(), fraction.into()]);
+            }
+            let report = json_of(&args);
+            let row = &arr(&report["configs"])[0];
+            let requests = &report["requests"];
+            // One capture of five allocations (the two linear layers' outputs, the ReLU's and
+            // two 1 MiB temporaries of the matrix products), seen by either recording.
+            assert_eq!(
+                (
+                    u64_of(requests, "graph_captures"),
+                    u64_of(requests, "graph_allocs")
+                ),
+                (1, 5),
+                "{label}: {report}"
+            );
+            let predicted: Figures = (
+                u64_of(row, "peak_reserved"),
+                u64_of(row, "peak_allocated"),
+                u64_of(row, "peak_requested"),
+                u64_of(row, "num_device_alloc"),
+                u64_of(row, "num_device_free"),
+                u64_of(row, "num_alloc_retries"),
+                u64_of(row, "num_ooms"),
+                row["fits"] == false,
+            );
+            assert_eq!(
+                predicted,
+                expected,
+                "{label}: whatif of {} {row}",
+                log.display()
+            );
+        }
+    }
+}
+
 /// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's
 /// CUDA graph trees record one graph and replay it, and the log replays to torch's counters.
 #[test]

@@ -67,6 +67,8 @@ pub struct Requests {
     /// ([`Request::ExternalAlloc`]).
     pub external_allocs: u64,
     pub source: Source,
+    /// CUDA graph captures in a stream-ordered recording (see [`GraphCaptures`]).
+    pub graphs: GraphCaptures,
     /// Family of each api index, per process.
     families: Vec<Vec<Family>>,
     /// Tensor view, per (process, thread) that allocated: whether an allocating call failed
@@ -74,6 +76,35 @@ pub struct Requests {
     /// [`Requests::segment_released`]).
     threads: Vec<ThreadSince>,
 }
+
+/// CUDA graph captures: an allocation made while its stream was captured is one PyTorch's
+/// native allocator serves from the capture's private pool. In a recording of stream-ordered
+/// allocations (`backend:cudaMallocAsync`, or a program allocating per buffer) those are the
+/// `graph_alloc`s (graph memory nodes), freed by their `graph_free` or by a free of their
+/// address after the capture (which CUDA allows); in the default allocator's tensor view,
+/// the `tensor_alloc`s the recorder marked as handed out to a captured stream. A capture is
+/// a run of such allocations on one stream of the followed device (frees in between); it
+/// ends at the process's next other allocation, failure, trim or graph launch there (the
+/// recording has no event of its own for the capture's end), and each capture gets a private
+/// pool of its own ([`Request::BeginCapture`]). The recording does not say when a graph is
+/// destroyed: no pool is released.
+#[derive(Clone, Debug, Default)]
+pub struct GraphCaptures {
+    /// The capture under way: (process, stream, pool id).
+    current: Option<(u32, u64, u64)>,
+    /// Captures seen.
+    pub captures: u64,
+    /// Allocations made in captures.
+    pub allocs: u64,
+    /// Graph allocations not yet freed: (process, address) → request id.
+    live: FxHashMap<(u32, u64), u64>,
+}
+
+/// The `handle` the recorder gives a `tensor_alloc` handed out to a stream being captured.
+const CAPTURED_BLOCK: u64 = 1;
+
+/// Request ids of graph allocations start here (above any recorded sequence number).
+const GRAPH_ID_BASE: u64 = 1 << 62;
 
 #[derive(Clone, Copy, Debug)]
 struct ThreadSince {
@@ -179,6 +210,10 @@ impl Requests {
                 size: live.requested,
                 stream: live.stream,
             });
+        }
+        if live.kind == EventKind::GraphPool {
+            // The driver's graph pool: its memory is what the captures' requests take.
+            return None;
         }
         if live.kind != EventKind::Alloc {
             self.vmm_creates += 1;
@@ -288,8 +323,121 @@ impl Requests {
         }
     }
 
+    /// A CUDA graph capture's part of one event (see [`GraphCaptures`]): ends the capture
+    /// under way when the event is the process's other work on the device, begins one at a
+    /// captured allocation, and turns captured allocations and frees of their addresses into
+    /// requests. Returns whether the event was a graph allocation's (no other request then).
+    fn graph_step(
+        &mut self,
+        processes: &[Process],
+        process: u32,
+        event: &vramshim_format::Event,
+        effect: &Effect,
+        t_ns: u64,
+        sink: &mut impl FnMut(u64, Request),
+    ) -> bool {
+        let graph_kind = matches!(event.kind, EventKind::GraphAlloc | EventKind::GraphFree);
+        if graph_kind
+            && !matches!(
+                self.source,
+                Source::StreamOrdered | Source::All | Source::Undecided
+            )
+        {
+            return false;
+        }
+        let on_device = event.device >= 0 && self.device.is_none_or(|d| d == event.device);
+        // A block the default allocator handed out to a captured stream (the recorder marks
+        // it): from the capture's private pool.
+        let captured_block = match effect {
+            Effect::Added(live) if live.kind == EventKind::TensorAlloc => {
+                (live.handle == CAPTURED_BLOCK).then_some(live.stream)
+            }
+            _ => None,
+        };
+        // Frees go on during a capture (its own blocks, freed and reused inside it).
+        let other_work = on_device
+            && !graph_kind
+            && captured_block.is_none()
+            && (matches!(effect, Effect::Added(_) | Effect::Failed)
+                || matches!(event.kind, EventKind::Trim | EventKind::GraphPool));
+        if other_work
+            && let Some((p, _, pool)) = self.graphs.current
+            && p == process
+        {
+            self.graphs.current = None;
+            sink(t_ns, Request::EndCapture { pool });
+        }
+        if let Some(stream) = captured_block {
+            if self.follows(event.device) {
+                self.graphs.allocs += 1;
+                self.capture_on(process, stream, t_ns, sink);
+            }
+            return false;
+        }
+        match event.kind {
+            EventKind::GraphAlloc => {
+                if event.result != 0
+                    || self.family(processes, process, event.api) != Family::StreamOrdered
+                    || !self.follows(event.device)
+                {
+                    return false;
+                }
+                self.capture_on(process, event.stream, t_ns, sink);
+                let id = GRAPH_ID_BASE + self.graphs.allocs;
+                self.graphs.allocs += 1;
+                self.allocs += 1;
+                self.graphs.live.insert((process, event.addr), id);
+                sink(
+                    t_ns,
+                    Request::Alloc {
+                        id,
+                        size: event.size,
+                        stream: event.stream,
+                    },
+                );
+                true
+            }
+            EventKind::GraphFree | EventKind::Free
+                if matches!(effect, Effect::None | Effect::Unmatched) && on_device =>
+            {
+                if let Some(id) = self.graphs.live.remove(&(process, event.addr)) {
+                    self.frees += 1;
+                    sink(t_ns, Request::Free { id });
+                }
+                graph_kind
+            }
+            _ => graph_kind,
+        }
+    }
+
+    /// Makes the capture under way the one of `process` on `stream`: ends another, begins a
+    /// new one (with a private pool of its own).
+    fn capture_on(
+        &mut self,
+        process: u32,
+        stream: u64,
+        t_ns: u64,
+        sink: &mut impl FnMut(u64, Request),
+    ) {
+        if self
+            .graphs
+            .current
+            .is_some_and(|(p, s, _)| p == process && s == stream)
+        {
+            return;
+        }
+        if let Some((_, _, pool)) = self.graphs.current.take() {
+            sink(t_ns, Request::EndCapture { pool });
+        }
+        self.graphs.captures += 1;
+        let pool = self.graphs.captures;
+        self.graphs.current = Some((process, stream, pool));
+        sink(t_ns, Request::BeginCapture { pool, stream });
+    }
+
     /// The requests one replay step makes, in order (at most one, except for a ring-mode
-    /// dump, which ends every live allocation of its process), passed to `sink`.
+    /// dump, which ends every live allocation of its process, and CUDA graph captures, see
+    /// [`GraphCaptures`]), passed to `sink`.
     pub fn convert(
         &mut self,
         processes: &[Process],
@@ -298,11 +446,14 @@ impl Requests {
     ) {
         match step {
             Step::Event {
+                process,
                 t_ns,
                 event,
                 effect,
-                ..
             } => {
+                if self.graph_step(processes, *process, event, effect, *t_ns, &mut sink) {
+                    return;
+                }
                 let request = match effect {
                     Effect::Added(live) => self.alloc(processes, live),
                     Effect::Removed(live) => self.free(processes, live),
