@@ -14,7 +14,10 @@ private-pool: a model captured by torch.cuda.graph (warm-up on a side stream, ca
 replays), then eager work on the default stream with the graph alive; torch's memory_stats()
 figures (the native allocator's private pool, or graph memory nodes under cudaMallocAsync).
 With JUDGE_FRACTION=F torch.cuda.set_per_process_memory_fraction(F) first, and an OOM of the
-eager work is caught ("failed": its message's first line)."""
+eager work is caught ("failed": its message's first line).
+graphed-callables: make_graphed_callables of the same model (forward and backward graphs in one
+shared private pool), three training steps, then the same eager work; memory_stats() figures
+(whatif overstates them: it gives each capture a pool of its own, see README)."""
 import ctypes
 import json
 import os
@@ -188,6 +191,27 @@ def private_pool():
                       "after_replays": after_replays, **figures()}))
 
 
+def graphed_callables():
+    """make_graphed_callables of a model: its forward and backward graphs share one private
+    pool; three training steps through them, then the same eager work as private-pool."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(512, 1024, device="cuda")
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+    for _ in range(3):
+        graphed(x).sum().backward()
+    torch.cuda.synchronize()
+    # The module's forward is the graphed one now: the eager work goes through its weights.
+    first, second = model[0], model[2]
+    for rows in (512, 2048, 1024):
+        hidden = nn.functional.relu(first(torch.randn(rows, 1024, device="cuda")))
+        out = nn.functional.linear(hidden, second.weight, second.bias)
+        del hidden, out
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "graphed-callables", "backend": torch.cuda.get_allocator_backend(),
+                      **figures()}))
+
+
 def figures():
     s = torch.cuda.memory_stats()
     keys = ["reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
@@ -198,7 +222,7 @@ def figures():
     return out
 
 
-{"graph": captured, "private-pool": private_pool, "reduce-overhead": reduce_overhead,
+{"graph": captured, "private-pool": private_pool, "graphed-callables": graphed_callables, "reduce-overhead": reduce_overhead,
  "async-graph": async_graph}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)
