@@ -1163,6 +1163,70 @@ mod tests {
         assert_eq!(super::conv_workspace_call(tensor.into_iter()), None);
     }
 
+    /// The default allocator's tensor view: blocks the recorder marked as handed out to a
+    /// captured stream (handle 1) make a capture with a private pool of its own; frees go on
+    /// inside it; the next unmarked block ends it; the graph pool's level is no VMM memory.
+    #[test]
+    fn captured_blocks_make_captures_with_private_pools() {
+        let mut requests = Requests::new(None);
+        let event = Event::default();
+        let captured = |seq, size| Live {
+            handle: super::CAPTURED_BLOCK,
+            ..live(seq, 0, EventKind::TensorAlloc, size, 9)
+        };
+        let a = captured(1, 8 * MIB);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(a)),
+            vec![
+                Request::BeginCapture { pool: 1, stream: 9 },
+                Request::Alloc {
+                    id: 1,
+                    size: 8 * MIB,
+                    stream: 9
+                }
+            ]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Removed(a)),
+            vec![Request::Free { id: 1 }]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(captured(2, MIB))),
+            vec![Request::Alloc {
+                id: 2,
+                size: MIB,
+                stream: 9
+            }]
+        );
+        let eager = live(3, 0, EventKind::TensorAlloc, MIB, 0);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(eager)),
+            vec![
+                Request::EndCapture { pool: 1 },
+                Request::Alloc {
+                    id: 3,
+                    size: MIB,
+                    stream: 0
+                }
+            ]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(captured(4, MIB)))[0],
+            Request::BeginCapture { pool: 2, stream: 9 }
+        );
+        assert_eq!((requests.graphs.captures, requests.graphs.allocs), (2, 3));
+        let pool_level = Event {
+            kind: EventKind::GraphPool,
+            ..Event::default()
+        };
+        let level = live(5, 0, EventKind::GraphPool, 6 * MIB, 0);
+        assert_eq!(
+            convert(&mut requests, &pool_level, Effect::Added(level)),
+            vec![Request::EndCapture { pool: 2 }]
+        );
+        assert_eq!(requests.vmm_creates, 0);
+    }
+
     #[test]
     fn allocations_frees_and_trims_become_requests() {
         let mut requests = Requests::new(None);
