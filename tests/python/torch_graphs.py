@@ -15,6 +15,8 @@ replays), then eager work on the default stream with the graph alive; torch's me
 figures (the native allocator's private pool, or graph memory nodes under cudaMallocAsync).
 With JUDGE_FRACTION=F torch.cuda.set_per_process_memory_fraction(F) first, and an OOM of the
 eager work is caught ("failed": its message's first line).
+shared-pool: two graphs captured into one private pool (torch.cuda.graph(pool=...)), replayed,
+then the same eager work; memory_stats() figures.
 graphed-callables: make_graphed_callables of the same model (forward and backward graphs in one
 shared private pool), three training steps, then the same eager work; memory_stats() figures
 (whatif overstates them: it gives each capture a pool of its own, see README)."""
@@ -157,6 +159,38 @@ def async_graph():
                       "after_trim": used()}))
 
 
+def shared_pool():
+    """Two graphs captured into one private pool (torch.cuda.graph(pool=...)): the model's
+    forward, then its forward on twice the rows; each replayed, then the eager work."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    small = torch.randn(512, 1024).cuda()
+    large = torch.randn(1024, 1024).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(small)
+            model(large)
+    torch.cuda.current_stream().wait_stream(side)
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        out_small = model(small)
+    # The second capture may take the blocks the first one freed (its intermediates).
+    with torch.cuda.graph(second, pool=first.pool()):
+        out_large = model(large)
+    for graph in (first, second, first, second):
+        graph.replay()
+    torch.cuda.synchronize()
+    del out_small  # freed back into the pool (outside its graph, after a launch)
+    for rows in (512, 2048, 1024):
+        out = model(torch.randn(rows, 1024, device="cuda"))
+        del out
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "shared-pool", "backend": torch.cuda.get_allocator_backend(),
+                      "out_shape": list(out_large.shape), **figures()}))
+
+
 def private_pool():
     if os.environ.get("JUDGE_FRACTION"):
         torch.cuda.set_per_process_memory_fraction(float(os.environ["JUDGE_FRACTION"]))
@@ -222,7 +256,7 @@ def figures():
     return out
 
 
-{"graph": captured, "private-pool": private_pool, "graphed-callables": graphed_callables, "reduce-overhead": reduce_overhead,
+{"graph": captured, "private-pool": private_pool, "shared-pool": shared_pool, "graphed-callables": graphed_callables, "reduce-overhead": reduce_overhead,
  "async-graph": async_graph}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)

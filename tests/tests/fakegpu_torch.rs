@@ -3009,6 +3009,107 @@ fn whatif_models_a_cuda_graphs_private_pool_as_torch_does() {
     }
 }
 
+/// Two graphs captured into one private pool (`torch_graphs.py shared-pool`, torch 2.15:
+/// `torch.cuda.graph(second, pool=first.pool())`, the second capture taking blocks the first
+/// freed), then eager work. Torch 2.15's allocator entries name their pool, which the recorder
+/// puts in the captured blocks' `handle`: `whatif` on the default allocator's recording shares
+/// the pool and equals torch (201,326,592 B reserved, 14 `cudaMalloc`s, 3 frees; expandable
+/// segments 192,937,984, 13, 2). A `cudaMallocAsync` recording does not say which pool a
+/// capture used: each gets its own, one 2 MiB small segment too many.
+#[test]
+fn whatif_shares_a_private_pool_between_captures_as_torch_does() {
+    let Some(torch) = current() else {
+        return;
+    };
+    let recorded = |conf: &str| {
+        let run = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "shared-pool",
+            80 * GIB,
+            &[("PYTORCH_CUDA_ALLOC_CONF", conf)],
+            true,
+        );
+        assert_eq!(run.result["out_shape"], serde_json::json!([1024, 1024]));
+        run.log.expect("recorded")
+    };
+    let tensor_log = recorded("");
+    let async_log = recorded("backend:cudaMallocAsync");
+    // (reserved, allocated, requested, cudaMalloc, cudaFree)
+    for (conf, expected) in [
+        ("", (201_326_592, 136_335_360, 136_335_360, 14, 3)),
+        (EXPANDABLE, (192_937_984, 136_335_360, 136_335_360, 13, 2)),
+    ] {
+        let native = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "shared-pool",
+            80 * GIB,
+            &[("PYTORCH_CUDA_ALLOC_CONF", conf)],
+            false,
+        );
+        let t = &native.result;
+        let figures = |v: &Value, keys: [&str; 5]| {
+            (
+                u64_of(v, keys[0]),
+                u64_of(v, keys[1]),
+                u64_of(v, keys[2]),
+                u64_of(v, keys[3]),
+                u64_of(v, keys[4]),
+            )
+        };
+        assert_eq!(
+            figures(
+                t,
+                [
+                    "max_memory_reserved",
+                    "allocated_bytes.all.peak",
+                    "requested_bytes.all.peak",
+                    "num_device_alloc",
+                    "num_device_free"
+                ]
+            ),
+            expected,
+            "{conf:?}: torch {t}"
+        );
+        let row_keys = [
+            "peak_reserved",
+            "peak_allocated",
+            "peak_requested",
+            "num_device_alloc",
+            "num_device_free",
+        ];
+        let row = |log: &Path| {
+            let report = json_of(&[
+                "whatif".to_string(),
+                log.display().to_string(),
+                "--json".into(),
+                "--capacity".into(),
+                "80GiB".into(),
+                "--config".into(),
+                conf.into(),
+            ]);
+            arr(&report["configs"])[0].clone()
+        };
+        let shared = row(&tensor_log);
+        assert_eq!(figures(&shared, row_keys), expected, "{conf:?}: {shared}");
+        // Not modelled from a cudaMallocAsync recording: two pools, 2 MiB and one segment more.
+        let apart = row(&async_log);
+        let (reserved, allocated, requested, mallocs, frees) = expected;
+        assert_eq!(
+            figures(&apart, row_keys),
+            (
+                reserved + (2 << 20),
+                allocated,
+                requested,
+                mallocs + 1,
+                frees
+            ),
+            "{conf:?}: {apart}"
+        );
+    }
+}
+
 const GIB: u64 = 1 << 30;
 const EXPANDABLE: &str = "expandable_segments:True";
 

@@ -100,8 +100,11 @@ pub struct GraphCaptures {
     live: FxHashMap<(u32, u64), u64>,
 }
 
-/// The `handle` the recorder gives a `tensor_alloc` handed out to a stream being captured.
+/// The `handle` the recorder gives a `tensor_alloc` handed out to a stream being captured ...
 const CAPTURED_BLOCK: u64 = 1;
+/// ... or this bit and the block's pool, where PyTorch names it (2.15): captures that share a
+/// pool share it.
+const CAPTURED_POOL: u64 = 1 << 63;
 
 /// Request ids of graph allocations start here (above any recorded sequence number).
 const GRAPH_ID_BASE: u64 = 1 << 62;
@@ -350,7 +353,11 @@ impl Requests {
         // it): from the capture's private pool.
         let captured_block = match effect {
             Effect::Added(live) if live.kind == EventKind::TensorAlloc => {
-                (live.handle == CAPTURED_BLOCK).then_some(live.stream)
+                if live.handle & CAPTURED_POOL != 0 {
+                    Some((live.stream, Some(live.handle)))
+                } else {
+                    (live.handle == CAPTURED_BLOCK).then_some((live.stream, None))
+                }
             }
             _ => None,
         };
@@ -367,10 +374,10 @@ impl Requests {
             self.graphs.current = None;
             sink(t_ns, Request::EndCapture { pool });
         }
-        if let Some(stream) = captured_block {
+        if let Some((stream, pool)) = captured_block {
             if self.follows(event.device) {
                 self.graphs.allocs += 1;
-                self.capture_on(process, stream, t_ns, sink);
+                self.capture_on(process, stream, pool, t_ns, sink);
             }
             return false;
         }
@@ -382,7 +389,7 @@ impl Requests {
                 {
                     return false;
                 }
-                self.capture_on(process, event.stream, t_ns, sink);
+                self.capture_on(process, event.stream, None, t_ns, sink);
                 let id = GRAPH_ID_BASE + self.graphs.allocs;
                 self.graphs.allocs += 1;
                 self.allocs += 1;
@@ -410,19 +417,20 @@ impl Requests {
         }
     }
 
-    /// Makes the capture under way the one of `process` on `stream`: ends another, begins a
-    /// new one (with a private pool of its own).
+    /// Makes the capture under way the one of `process` on `stream` into `pool` (as the
+    /// recording names it, else a private pool of its own): ends another, begins a new one.
     fn capture_on(
         &mut self,
         process: u32,
         stream: u64,
+        pool: Option<u64>,
         t_ns: u64,
         sink: &mut impl FnMut(u64, Request),
     ) {
-        if self
-            .graphs
-            .current
-            .is_some_and(|(p, s, _)| p == process && s == stream)
+        if let Some((p, s, current)) = self.graphs.current
+            && p == process
+            && s == stream
+            && pool.is_none_or(|pool| pool == current)
         {
             return;
         }
@@ -430,7 +438,8 @@ impl Requests {
             sink(t_ns, Request::EndCapture { pool });
         }
         self.graphs.captures += 1;
-        let pool = self.graphs.captures;
+        // Pools the recording names have the top bit set; the others are counted.
+        let pool = pool.unwrap_or(self.graphs.captures);
         self.graphs.current = Some((process, stream, pool));
         sink(t_ns, Request::BeginCapture { pool, stream });
     }
