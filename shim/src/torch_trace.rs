@@ -545,15 +545,17 @@ fn verify(action: i32, device: i32, addr: u64, size: u64, mempool: u64) {
             .is_ok()
         {
             capture::stack_segment_releases();
-            let pools = if mempool == 0 {
-                "; its entries name their memory pool"
-            } else {
-                ""
-            };
             note(format!(
                 "torch: recording tensors: PyTorch's {entry} of {size} bytes at {addr:#x} \
-                 on device {device} matches the {call} recorded{pools}"
+                 on device {device} matches the {call} recorded"
             ));
+            if mempool == 0 {
+                note(
+                    "torch: its entries name their memory pool (blocks of a CUDA graph's \
+                     private pool are recorded with it)"
+                        .to_string(),
+                );
+            }
         }
     } else {
         step_aside(
