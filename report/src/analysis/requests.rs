@@ -1234,6 +1234,32 @@ mod tests {
             vec![Request::EndCapture { pool: 2 }]
         );
         assert_eq!(requests.vmm_creates, 0);
+        // Blocks naming their pool (torch 2.15) begin a capture into it (the recorded id),
+        // stay in it while they name it, and a block of another pool begins another.
+        let pooled = |seq, pool: u64| Live {
+            handle: super::CAPTURED_POOL | pool,
+            ..live(seq, 0, EventKind::TensorAlloc, MIB, 9)
+        };
+        let p = super::CAPTURED_POOL | 7;
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(6, 7)))[0],
+            Request::BeginCapture { pool: p, stream: 9 }
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(7, 7))).len(),
+            1,
+            "the same capture"
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(8, 8)))[..2],
+            [
+                Request::EndCapture { pool: p },
+                Request::BeginCapture {
+                    pool: super::CAPTURED_POOL | 8,
+                    stream: 9
+                }
+            ]
+        );
     }
 
     #[test]
