@@ -400,8 +400,27 @@ fn generic_node_added(result: c_int, graph: *mut c_void, params: *const c_void) 
     }
 }
 
-/// The graph pool's level on `device` (the current device when `None`) after a launch,
-/// upload or trim, as an event when it changed since the last one recorded.
+/// The device of `stream` (a created stream, not the legacy or per-thread default one) from
+/// the driver's `cuStreamGetDevice` (CUDA 12.8 on); `None` when it cannot be asked.
+fn stream_device(stream: Stream) -> Option<c_int> {
+    static GET_DEVICE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    if (stream as usize) <= 2 {
+        return None;
+    }
+    let real = stream_capture::driver_entry(&GET_DEVICE, c"cuStreamGetDevice");
+    if real.is_null() {
+        return None;
+    }
+    let real: unsafe extern "C" fn(Stream, *mut c_int) -> c_int =
+        unsafe { std::mem::transmute::<*mut c_void, _>(real) };
+    let mut device: c_int = -1;
+    (unsafe { real(stream, &mut device) } == 0 && device >= 0).then_some(device)
+}
+
+/// The graph pool's level on `device` after a launch, upload or trim, as an event when it
+/// changed since the last one recorded. Without a device: the launch stream's (a captured
+/// graph's memory is its stream's device's, whatever device is current), else the current
+/// device.
 fn graph_pool(layer: Layer, device: Option<c_int>, stream: Stream) -> Option<Spec> {
     static GET_ATTRIBUTE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
     let real = stream_capture::driver_entry(&GET_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute");
@@ -410,7 +429,9 @@ fn graph_pool(layer: Layer, device: Option<c_int>, stream: Stream) -> Option<Spe
     }
     let real: unsafe extern "C" fn(c_int, c_int, *mut u64) -> c_int =
         unsafe { std::mem::transmute::<*mut c_void, _>(real) };
-    let device = device.unwrap_or_else(|| capture::current_device(layer));
+    let device = device
+        .or_else(|| stream_device(stream))
+        .unwrap_or_else(|| capture::current_device(layer));
     let slot = usize::try_from(device)
         .ok()
         .and_then(|d| GRAPH_POOL_LEVEL.get(d))?;

@@ -455,7 +455,7 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
         if action != ACTION_SEGMENT_ALLOC && action != ACTION_SEGMENT_MAP {
             return;
         }
-        crate::guard((), || verify(action, device, addr, size));
+        crate::guard((), || verify(action, device, addr, size, field(MEMPOOL_AT)));
         // The checked segment is recorded too once the layout is trusted.
         if STATE.load(Ordering::Acquire) != RECORDING {
             return;
@@ -473,12 +473,52 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     };
     let mut spec = Spec::new(kind, addr, size).device(device);
     spec.stream = stream;
+    if kind == EventKind::TensorAlloc && captured(stream) {
+        // Both halves of the pair (a graph's own pool and a user's `MemPool` use one each);
+        // read only where the layout has the pair, so never past an older, shorter entry.
+        let pool = if MEMPOOL_FIELD.load(Ordering::Relaxed) {
+            (field(MEMPOOL_AT) << 32) ^ field(MEMPOOL_AT + 8)
+        } else {
+            0
+        };
+        spec.handle = if pool == 0 {
+            CAPTURED_BLOCK
+        } else {
+            CAPTURED_POOL | (pool & !CAPTURED_POOL)
+        };
+    }
     capture::record_reported(api(), spec);
+}
+
+/// The `handle` of a `tensor_alloc` handed out while its stream was being captured into a
+/// CUDA graph: under `torch.cuda.graph` the block comes from the capture's private pool.
+pub const CAPTURED_BLOCK: u64 = 1;
+/// ... or this bit with the pool's id, where `TraceEntry` carries it (`mempool_`, PyTorch
+/// 2.15: a graph's pool is `{id, 0}`): captures that share a pool (`torch.cuda.graph(pool=)`,
+/// `make_graphed_callables`) share the id.
+pub const CAPTURED_POOL: u64 = 1 << 63;
+/// Where `TraceEntry::mempool_.first` is (after `size_`), when the layout has it. Inside
+/// every layout the tracker attaches to (PyTorch 2.2 on, the first with
+/// `attachAllocatorTraceTracker`): `time_` is there in 2.2 – 2.6.
+const MEMPOOL_AT: usize = 48;
+/// Whether the layout has `mempool_` at [`MEMPOOL_AT`]: decided at the checked first
+/// `segment_alloc` (an ordinary segment, pool `{0, 0}`), where older layouts have `time_`
+/// there, a clock reading that is never 0.
+static MEMPOOL_FIELD: AtomicBool = AtomicBool::new(false);
+
+/// Whether `stream` is being captured now. The driver is asked only while some capture is
+/// in progress (one atomic load otherwise), and never about the legacy default stream
+/// (asking about it during another stream's capture is itself a prohibited call).
+fn captured(stream: u64) -> bool {
+    crate::stream_capture::any_in_progress()
+        && crate::stream_capture::queryable(stream as *mut c_void, false)
+            .and_then(crate::stream_capture::status)
+            .is_some_and(|status| status != 0)
 }
 
 /// The first `segment_alloc` entry against the `cudaMalloc` this thread has just recorded, or
 /// the first `segment_map` against the range its `cuMemMap` calls have just mapped.
-fn verify(action: i32, device: i32, addr: u64, size: u64) {
+fn verify(action: i32, device: i32, addr: u64, size: u64, mempool: u64) {
     let (call, (call_addr, call_size)) = if action == ACTION_SEGMENT_MAP {
         let (start, end) = LAST_MAP.try_with(Cell::get).unwrap_or((0, 0));
         ("cuMemMap", (start, end.wrapping_sub(start)))
@@ -498,6 +538,8 @@ fn verify(action: i32, device: i32, addr: u64, size: u64) {
     let broken = std::env::var_os("VRAMSHIM_TEST_TORCH_LAYOUT_BREAK").is_some_and(|v| v == "1");
     let read_size = if broken { size ^ 1 } else { size };
     if call_addr != 0 && (addr, read_size, device) == (call_addr, call_size, current) {
+        // Set before recording starts, so that every entry recorded sees it.
+        MEMPOOL_FIELD.store(mempool == 0, Ordering::Relaxed);
         if STATE
             .compare_exchange(UNVERIFIED, RECORDING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -507,6 +549,13 @@ fn verify(action: i32, device: i32, addr: u64, size: u64) {
                 "torch: recording tensors: PyTorch's {entry} of {size} bytes at {addr:#x} \
                  on device {device} matches the {call} recorded"
             ));
+            if mempool == 0 {
+                note(
+                    "torch: its entries name their memory pool (blocks of a CUDA graph's \
+                     private pool are recorded with it)"
+                        .to_string(),
+                );
+            }
         }
     } else {
         step_aside(

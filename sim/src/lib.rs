@@ -24,9 +24,14 @@
 //! assert_eq!(s.num_device_alloc, 1);
 //! ```
 //!
-//! Not modelled: CUDA graph private pools, `record_stream` (blocks freed while in use on
-//! another stream), free-memory callbacks, IPC, and the other backends
-//! (`cudaMallocAsync`, no caching).
+//! CUDA graphs' private pools are modelled ([`Request::BeginCapture`],
+//! [`Request::EndCapture`], [`Request::ReleasePool`]): a captured stream's allocations come
+//! from the capture's pool, whose segments only it uses and which `empty_cache()` and the
+//! retry release only once no graph uses it; no release-and-retry while a capture is under
+//! way. Checkpointing a pool's state (inductor's CUDA graph trees) is not.
+//!
+//! Not modelled: `record_stream` (blocks freed while in use on another stream), free-memory
+//! callbacks, IPC, and the other backends (`cudaMallocAsync`, no caching).
 //!
 //! Modelling choices:
 //!

@@ -148,6 +148,34 @@ pub enum Request {
         /// Bytes given back.
         size: u64,
     },
+    /// A CUDA graph capture begins on `stream` (`torch.cuda.graph`'s `capture_begin`, which
+    /// calls the allocator's `beginAllocateToPool`): until the matching
+    /// [`EndCapture`](Request::EndCapture), allocations on `stream` come from private pool
+    /// `pool` (made at its first capture; a later capture naming it shares it, as
+    /// `torch.cuda.graph(pool=...)` and `make_graphed_callables` do), whose segments are its
+    /// own: no other stream or pool takes its cached blocks, and neither `empty_cache()` nor
+    /// the retry before an OOM gives them back until the pool is released
+    /// ([`ReleasePool`](Request::ReleasePool)). While any capture is under way an allocation
+    /// that finds no memory does not release cached segments and retry.
+    BeginCapture {
+        /// The private pool's id (torch's `MempoolId_t`, any value).
+        pool: u64,
+        /// The stream being captured.
+        stream: u64,
+    },
+    /// The capture into `pool` ended (`endAllocateToPool`): allocations on its stream come
+    /// from the ordinary pools again; blocks of the private pool freed later go back to it.
+    EndCapture {
+        /// The private pool's id.
+        pool: u64,
+    },
+    /// A graph that used `pool` was destroyed or reset (`releasePool`): when no graph uses
+    /// it any more, its fully free segments are given back at the next `empty_cache()` or
+    /// retry, like the ordinary pools' (its blocks still stay its own).
+    ReleasePool {
+        /// The private pool's id.
+        pool: u64,
+    },
 }
 
 /// What a request did.
@@ -389,6 +417,15 @@ struct Pool {
     gc_calls: u64,
 }
 
+/// A CUDA graph's private pool (PyTorch's `PrivatePool`): its blocks are those of the stream
+/// numbers made for it.
+struct PrivatePool {
+    /// The caller's id for it.
+    id: u64,
+    /// Captures (graphs) using it; at 0 it is freeable.
+    use_count: u32,
+}
+
 struct ExpSeg {
     base: u64,
     page: u64,
@@ -411,10 +448,17 @@ pub struct Simulator {
     segs: Vec<ExpSeg>,
     /// Released expandable segments (small, large), whose address ranges are reused.
     free_segs: [Vec<u32>; 2],
-    /// Stream values by stream number.
-    streams: Vec<u64>,
-    /// The last stream looked up: (value, number).
-    last_stream: (u64, u32),
+    /// Stream values by stream number, with the private pool the number belongs to (an
+    /// index into `private`, or NONE for the ordinary pools): a private pool's blocks get
+    /// stream numbers of their own, so every search, which stays within one stream number,
+    /// stays within the pool.
+    streams: Vec<(u64, u32)>,
+    /// The last stream looked up: (value, private pool, number).
+    last_stream: (u64, u32, u32),
+    /// Private pools ever made, by index.
+    private: Vec<PrivatePool>,
+    /// Captures under way: (stream, private pool index).
+    captures: Vec<(u64, u32)>,
     live: HashMap<u64, u32, BuildIdHasher>,
     /// Rising: the next free address; falling: the lowest address handed out so far.
     next_addr: u64,
@@ -448,7 +492,9 @@ impl Simulator {
             segs: Vec::new(),
             free_segs: [Vec::new(), Vec::new()],
             streams: Vec::new(),
-            last_stream: (0, NONE),
+            last_stream: (0, NONE, NONE),
+            private: Vec::new(),
+            captures: Vec::new(),
             live: HashMap::default(),
             next_addr: ADDR_BASE,
             order: AddressOrder::Rising,
@@ -570,6 +616,27 @@ impl Simulator {
                 self.release_cached_blocks();
                 Outcome::Ok
             }
+            Request::BeginCapture { pool, stream } => {
+                self.begin_capture(pool, stream);
+                return Outcome::Ok;
+            }
+            Request::EndCapture { pool } => {
+                if let Some(i) = self
+                    .captures
+                    .iter()
+                    .position(|&(_, p)| self.private[p as usize].id == pool)
+                {
+                    self.captures.remove(i);
+                }
+                return Outcome::Ok;
+            }
+            Request::ReleasePool { pool } => {
+                if let Some(p) = self.live_private_pool(pool) {
+                    let p = &mut self.private[p as usize];
+                    p.use_count = p.use_count.saturating_sub(1);
+                }
+                return Outcome::Ok;
+            }
         };
         self.st.requests += 1;
         if self.peak_pending {
@@ -616,7 +683,7 @@ impl Simulator {
                 address: b.addr,
                 total_size: 0,
                 allocated_size: 0,
-                stream: self.streams[b.stream as usize],
+                stream: self.streams[b.stream as usize].0,
                 small: b.small,
                 expandable: b.seg != NONE,
                 blocks: Vec::new(),
@@ -845,20 +912,74 @@ impl Simulator {
         }
     }
 
-    /// The number of stream value `stream`, numbering new streams as they come.
+    /// The number of stream value `stream` in the pools an allocation on it uses now (a
+    /// private pool's while a capture into it is under way on that stream: `get_pool`),
+    /// numbering new streams as they come.
     fn stream_index(&mut self, stream: u64) -> u32 {
-        if self.last_stream.1 != NONE && self.last_stream.0 == stream {
-            return self.last_stream.1;
+        let pool = if self.captures.is_empty() {
+            NONE
+        } else {
+            self.captures
+                .iter()
+                .find(|&&(s, _)| s == stream)
+                .map_or(NONE, |&(_, p)| p)
+        };
+        if self.last_stream.2 != NONE && self.last_stream.0 == stream && self.last_stream.1 == pool
+        {
+            return self.last_stream.2;
         }
-        let i = match self.streams.iter().position(|&s| s == stream) {
+        let i = match self.streams.iter().position(|&s| s == (stream, pool)) {
             Some(i) => i as u32,
             None => {
-                self.streams.push(stream);
+                self.streams.push((stream, pool));
                 (self.streams.len() - 1) as u32
             }
         };
-        self.last_stream = (stream, i);
+        self.last_stream = (stream, pool, i);
         i
+    }
+
+    // ---- CUDA graphs' private pools -------------------------------------------------------
+
+    /// The private pool `id` that some graph still uses, if any.
+    fn live_private_pool(&self, id: u64) -> Option<u32> {
+        self.private
+            .iter()
+            .rposition(|p| p.id == id && p.use_count > 0)
+            .map(|i| i as u32)
+    }
+
+    /// `beginAllocateToPool`: a new pool for `id`, or the live one of that id shared.
+    fn begin_capture(&mut self, id: u64, stream: u64) {
+        let p = match self.live_private_pool(id) {
+            Some(p) => {
+                self.private[p as usize].use_count += 1;
+                p
+            }
+            None => {
+                self.private.push(PrivatePool { id, use_count: 1 });
+                (self.private.len() - 1) as u32
+            }
+        };
+        self.captures.retain(|&(s, _)| s != stream);
+        self.captures.push((stream, p));
+    }
+
+    /// Whether blocks of stream number `stream` may be given back to the driver: those of
+    /// the ordinary pools, and of private pools no graph uses any more
+    /// (`graph_pools_freeable`).
+    fn releasable(&self, stream: u32) -> bool {
+        match self.streams.get(stream as usize) {
+            Some(&(_, pool)) if pool != NONE => self.private[pool as usize].use_count == 0,
+            _ => true,
+        }
+    }
+
+    /// Whether stream number `stream` belongs to a private pool.
+    fn is_private(&self, stream: u32) -> bool {
+        self.streams
+            .get(stream as usize)
+            .is_some_and(|&(_, pool)| pool != NONE)
     }
 
     // ---- statistics -----------------------------------------------------------------------
@@ -1103,7 +1224,9 @@ impl Simulator {
                 if found.is_none() && self.release_available_cached_blocks(small, sidx, size) {
                     found = self.alloc_block(small, sidx, size, alloc_size, false);
                 }
-                if found.is_none() {
+                // No release-and-retry while a capture is under way (torch's malloc:
+                // `C10_LIKELY(captures_underway.empty()) && release_cached_blocks(...)`).
+                if found.is_none() && self.captures.is_empty() {
                     self.release_cached_blocks();
                     found = self.alloc_block(small, sidx, size, alloc_size, true);
                 }
@@ -1404,6 +1527,10 @@ impl Simulator {
         to_unmap.clear();
         for &b in self.pools[pool_index(small)].blocks.values() {
             let blk = &self.slab[b as usize];
+            if !self.releasable(blk.stream) {
+                // A private pool some graph still uses keeps its segments.
+                continue;
+            }
             if blk.seg != NONE {
                 to_unmap.push(b);
             } else if !blk.is_split() {
@@ -1442,7 +1569,16 @@ impl Simulator {
         let target = self.st.reserved - gc_threshold;
         let calls = self.pools[1].gc_calls;
         let age = |b: &Block| calls - b.gc_base;
-        let freeable = |b: &Block| !b.is_split() && b.seg == NONE;
+        // Only the ordinary large pool is collected (`garbage_collect_cached_blocks` walks
+        // `large_blocks`), never a private pool's.
+        let private: Vec<bool> = (0..self.streams.len() as u32)
+            .map(|i| self.is_private(i))
+            .collect();
+        let freeable = |b: &Block| {
+            !b.is_split()
+                && b.seg == NONE
+                && !private.get(b.stream as usize).copied().unwrap_or(false)
+        };
 
         let mut total_age = 0.0f64;
         let mut count = 0usize;

@@ -1136,3 +1136,177 @@ fn random_streams_keep_invariants() {
         );
     }
 }
+
+// ---- CUDA graphs' private pools ----------------------------------------------------------------
+// `c10/cuda/CUDACachingAllocator.cpp` (PyTorch 2.5 – 2.15): `beginAllocateToPool` makes (or
+// shares) a `PrivatePool` and adds the capture to `captures_underway`; `get_pool` serves a
+// request on a captured stream from that pool's own small / large `BlockPool`s;
+// `endAllocateToPool` takes the capture off; `releasePool` counts a graph down and at 0 puts
+// the pool in `graph_pools_freeable`, whose blocks `release_cached_blocks` alone releases;
+// `malloc` releases cached blocks and retries only `if (C10_LIKELY(captures_underway.empty()))`.
+
+fn begin(s: &mut Simulator, pool: u64, stream: u64) {
+    s.apply(0, &Request::BeginCapture { pool, stream });
+    s.validate().unwrap();
+}
+
+fn end(s: &mut Simulator, pool: u64) {
+    s.apply(0, &Request::EndCapture { pool });
+    s.validate().unwrap();
+}
+
+fn release_pool(s: &mut Simulator, pool: u64) {
+    s.apply(0, &Request::ReleasePool { pool });
+    s.validate().unwrap();
+}
+
+#[test]
+fn a_capture_allocates_from_its_own_segments_which_eager_work_never_takes() {
+    let mut s = sim("");
+    // Eager: a 3 MiB block of a 20 MiB segment on stream 5, freed: the segment is cached.
+    alloc(&mut s, 1, 3 * MIB, 5);
+    free(&mut s, 1);
+    // Captured on the same stream: the cached segment is not the pool's, so a new one.
+    begin(&mut s, 1, 5);
+    alloc(&mut s, 2, 3 * MIB, 5);
+    end(&mut s, 1);
+    assert_eq!(s.stats().num_device_alloc, 2);
+    // After the capture its block goes back to the private pool ...
+    free(&mut s, 2);
+    // ... so eager 18 MiB takes the eager segment (split: 2 MiB left), and the next 18 MiB
+    // needs a third segment (of 18 MiB) although the private pool holds a free 20 MiB one.
+    alloc(&mut s, 3, 18 * MIB, 5);
+    alloc(&mut s, 4, 18 * MIB, 5);
+    let st = s.stats();
+    assert_eq!((st.num_device_alloc, st.reserved), (3, 58 * MIB));
+    // empty_cache() gives back what is fully free in the ordinary pools only: the third
+    // segment; the private pool's free segment stays.
+    free(&mut s, 4);
+    empty_cache(&mut s);
+    let st = s.stats();
+    assert_eq!((st.num_device_free, st.reserved), (1, 40 * MIB));
+    assert_eq!(
+        layout(&s),
+        vec![
+            vec![(18 * MIB, true), (2 * MIB, false)],
+            vec![(20 * MIB, false)],
+        ]
+    );
+}
+
+#[test]
+fn a_released_pool_gives_its_free_segments_back_at_the_next_empty_cache() {
+    let mut s = sim("");
+    begin(&mut s, 7, 3);
+    alloc(&mut s, 1, 3 * MIB, 3); // private 20 MiB segment
+    alloc(&mut s, 2, 4096, 3); // private 2 MiB small segment
+    end(&mut s, 7);
+    free(&mut s, 1);
+    free(&mut s, 2);
+    empty_cache(&mut s);
+    assert_eq!(
+        (s.stats().num_device_free, s.stats().reserved),
+        (0, 22 * MIB)
+    );
+    // The graph is reset: the pool is freeable, but releasing waits for empty_cache (or a
+    // retry).
+    release_pool(&mut s, 7);
+    assert_eq!(s.stats().reserved, 22 * MIB);
+    empty_cache(&mut s);
+    assert_eq!((s.stats().num_device_free, s.stats().reserved), (2, 0));
+}
+
+#[test]
+fn no_release_and_retry_while_a_capture_is_under_way() {
+    let mut s = sim_cap("", 40 * MIB);
+    alloc(&mut s, 1, 12 * MIB, 0);
+    free(&mut s, 1); // a cached 12 MiB segment
+    begin(&mut s, 1, 9);
+    // 30 MiB in the capture: 12 + 30 > 40 and no retry during a capture → OOM, the cached
+    // segment kept.
+    assert!(matches!(alloc(&mut s, 2, 30 * MIB, 9), Outcome::Oom(_)));
+    let st = s.stats();
+    assert_eq!(
+        (st.num_alloc_retries, st.num_ooms, st.num_device_free),
+        (0, 1, 0)
+    );
+    end(&mut s, 1);
+    // After it the same request releases the cached segment and retries: it fits.
+    assert_eq!(alloc(&mut s, 3, 30 * MIB, 9), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!(
+        (st.num_alloc_retries, st.num_device_free, st.reserved),
+        (1, 1, 30 * MIB)
+    );
+}
+
+#[test]
+fn a_retry_does_not_release_a_live_pools_free_segments() {
+    let mut s = sim_cap("", 40 * MIB);
+    begin(&mut s, 1, 9);
+    alloc(&mut s, 1, 12 * MIB, 9);
+    end(&mut s, 1);
+    free(&mut s, 1); // the pool's 12 MiB segment, free
+    // 30 MiB eager: 12 + 30 > 40; the retry may not release the pool's segment → OOM.
+    assert!(matches!(alloc(&mut s, 2, 30 * MIB, 0), Outcome::Oom(_)));
+    let st = s.stats();
+    assert_eq!(
+        (st.num_alloc_retries, st.num_ooms, st.num_device_free),
+        (1, 1, 0)
+    );
+    // Once no graph uses the pool, the retry releases it and the request fits.
+    release_pool(&mut s, 1);
+    assert_eq!(alloc(&mut s, 3, 30 * MIB, 0), Outcome::Ok);
+    let st = s.stats();
+    assert_eq!(
+        (st.num_alloc_retries, st.num_device_free, st.reserved),
+        (2, 1, 30 * MIB)
+    );
+}
+
+#[test]
+fn captures_sharing_a_pool_reuse_its_blocks_and_keep_it_until_both_are_released() {
+    let mut s = sim("");
+    // Two graphs captured into one pool (torch.cuda.graph(pool=...), make_graphed_callables).
+    begin(&mut s, 4, 2);
+    alloc(&mut s, 1, 3 * MIB, 2);
+    free(&mut s, 1);
+    end(&mut s, 4);
+    begin(&mut s, 4, 2);
+    alloc(&mut s, 2, 3 * MIB, 2); // the first capture's freed block: no new segment
+    end(&mut s, 4);
+    assert_eq!(s.stats().num_device_alloc, 1);
+    free(&mut s, 2);
+    release_pool(&mut s, 4);
+    empty_cache(&mut s);
+    assert_eq!(
+        s.stats().reserved,
+        20 * MIB,
+        "one graph still uses the pool"
+    );
+    release_pool(&mut s, 4);
+    empty_cache(&mut s);
+    assert_eq!(s.stats().reserved, 0);
+    // A new capture after that gets a new pool (and a new segment).
+    begin(&mut s, 4, 2);
+    alloc(&mut s, 3, 3 * MIB, 2);
+    end(&mut s, 4);
+    assert_eq!(s.stats().num_device_alloc, 2);
+}
+
+#[test]
+fn a_private_pool_maps_an_expandable_segment_of_its_own() {
+    let mut s = sim("expandable_segments:True");
+    alloc(&mut s, 1, 3 * MIB, 0); // maps a 20 MiB page of the ordinary large segment
+    free(&mut s, 1);
+    begin(&mut s, 1, 0);
+    alloc(&mut s, 2, 3 * MIB, 0); // the pool's own segment: another 20 MiB page
+    end(&mut s, 1);
+    free(&mut s, 2);
+    let st = s.stats();
+    assert_eq!((st.num_device_alloc, st.reserved), (2, 40 * MIB));
+    // empty_cache() unmaps the ordinary segment's free page only.
+    empty_cache(&mut s);
+    let st = s.stats();
+    assert_eq!((st.num_device_free, st.reserved), (1, 20 * MIB));
+}

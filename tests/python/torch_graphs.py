@@ -9,7 +9,17 @@ reduce-overhead: torch.compile(mode="reduce-overhead") of a small model, run unt
 graph replays; with inductor's counters.
 async-graph: under backend:cudaMallocAsync, a small model captured and replayed twice, then the
 graph pool trimmed (cudaDeviceGraphMemTrim); the device's used bytes (cudaMemGetInfo) at each
-step."""
+step.
+private-pool: a model captured by torch.cuda.graph (warm-up on a side stream, capture, three
+replays), then eager work on the default stream with the graph alive; torch's memory_stats()
+figures (the native allocator's private pool, or graph memory nodes under cudaMallocAsync).
+With JUDGE_FRACTION=F torch.cuda.set_per_process_memory_fraction(F) first, and an OOM of the
+eager work is caught ("failed": its message's first line).
+shared-pool: two graphs captured into one private pool (torch.cuda.graph(pool=...)), replayed,
+then the same eager work; memory_stats() figures.
+graphed-callables: make_graphed_callables of the same model (forward and backward graphs in one
+shared private pool), three training steps, then the same eager work; memory_stats() figures
+(whatif overstates them: it gives each capture a pool of its own, see README)."""
 import ctypes
 import json
 import os
@@ -149,7 +159,104 @@ def async_graph():
                       "after_trim": used()}))
 
 
-{"graph": captured, "reduce-overhead": reduce_overhead,
+def shared_pool():
+    """Two graphs captured into one private pool (torch.cuda.graph(pool=...)): the model's
+    forward, then its forward on twice the rows; each replayed, then the eager work."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    small = torch.randn(512, 1024).cuda()
+    large = torch.randn(1024, 1024).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(small)
+            model(large)
+    torch.cuda.current_stream().wait_stream(side)
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        out_small = model(small)
+    # The second capture may take the blocks the first one freed (its intermediates).
+    with torch.cuda.graph(second, pool=first.pool()):
+        out_large = model(large)
+    for graph in (first, second, first, second):
+        graph.replay()
+    torch.cuda.synchronize()
+    del out_small  # freed back into the pool (outside its graph, after a launch)
+    for rows in (512, 2048, 1024):
+        out = model(torch.randn(rows, 1024, device="cuda"))
+        del out
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "shared-pool", "backend": torch.cuda.get_allocator_backend(),
+                      "out_shape": list(out_large.shape), **figures()}))
+
+
+def private_pool():
+    if os.environ.get("JUDGE_FRACTION"):
+        torch.cuda.set_per_process_memory_fraction(float(os.environ["JUDGE_FRACTION"]))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    static_x = torch.randn(512, 1024).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_x)  # kept alive: its block stays allocated in the pool
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    after_replays = figures()
+    # Eager work with the graph alive: the model again, bigger activations, on the default
+    # stream (the private pool's cached blocks are not its to take).
+    failed = None
+    try:
+        for rows in (512, 2048, 1024):
+            out = model(torch.randn(rows, 1024, device="cuda"))
+            del out
+    except torch.OutOfMemoryError as e:
+        failed = str(e).split("\n")[0]
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "private-pool", "backend": torch.cuda.get_allocator_backend(),
+                      "failed": failed, "out_shape": list(static_out.shape),
+                      "after_replays": after_replays, **figures()}))
+
+
+def graphed_callables():
+    """make_graphed_callables of a model: its forward and backward graphs share one private
+    pool; three training steps through them, then the same eager work as private-pool."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(512, 1024, device="cuda")
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+    for _ in range(3):
+        graphed(x).sum().backward()
+    torch.cuda.synchronize()
+    # The module's forward is the graphed one now: the eager work goes through its weights.
+    first, second = model[0], model[2]
+    for rows in (512, 2048, 1024):
+        hidden = nn.functional.relu(first(torch.randn(rows, 1024, device="cuda")))
+        out = nn.functional.linear(hidden, second.weight, second.bias)
+        del hidden, out
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "graphed-callables", "backend": torch.cuda.get_allocator_backend(),
+                      **figures()}))
+
+
+def figures():
+    s = torch.cuda.memory_stats()
+    keys = ["reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
+            "reserved_bytes.all.current", "num_device_alloc", "num_device_free",
+            "num_alloc_retries", "num_ooms"]
+    out = {key: s.get(key, 0) for key in keys}
+    out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    return out
+
+
+{"graph": captured, "private-pool": private_pool, "shared-pool": shared_pool, "graphed-callables": graphed_callables, "reduce-overhead": reduce_overhead,
  "async-graph": async_graph}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)

@@ -925,6 +925,58 @@ fn every_way_to_begin_a_capture_makes_its_stream_ordered_calls_graph_nodes() {
     }
 }
 
+/// A graph launched while another device is current (`tests/fakegpu/graph_pool_device.c`, two
+/// fake devices, CUDA 13 and 12): its memory is its stream's device's (device 1), and the
+/// recorder reads that device's graph pool after the launch, not the current device's (which
+/// recorded nothing before: device 0's pool never changed). The exec's destroy with device 0
+/// current changes nothing; the trim of device 1 gives the pool back.
+#[test]
+fn a_graph_launched_while_another_device_is_current_records_its_own_devices_pool() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_pool_device", major, &[("VRAMSHIM_FAKEGPU_COUNT", 2)]);
+        assert_eq!(
+            run.stdout(),
+            "capture set=0 stream=0 begin=0 malloc=0 free=0 end=0 instantiate=0\n\
+             launch set=0 launch=0 sync=0\n\
+             launched device0=0 device1=4\n\
+             destroy exec=0 graph=0\n\
+             destroyed device0=0 device1=4\n\
+             trim 0\n\
+             trimmed device0=0 device1=0\n\
+             teardown 0\n"
+        );
+        let dump = dump(&run.log());
+        let pool: Vec<(String, i64, u64)> = events(&dump)
+            .iter()
+            .filter(|e| e["event"] == "graph_pool")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    e["device"].as_i64().unwrap_or(-1),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            pool,
+            vec![
+                ("cudaGraphLaunch".to_string(), 1, 4 * MIB),
+                ("cudaDeviceGraphMemTrim".to_string(), 1, 0),
+            ]
+        );
+        let log = run.log().to_string_lossy().into_owned();
+        let report = json_of(&["report", "--json", &log]);
+        let device1 = arr(&report["devices"])
+            .iter()
+            .find(|d| d["device"] == 1)
+            .cloned()
+            .unwrap_or_else(|| panic!("no device 1: {report}"));
+        assert_eq!(u64_of(&device1, "graph_pool_at_peak_bytes"), 4 * MIB);
+        assert_eq!(u64_of(&device1, "graph_pool_at_exit_bytes"), 0);
+    }
+}
+
 /// Graph memory placed right (CUDA 13 and 12): memory nodes added by hand (runtime and driver,
 /// the dedicated adders and the generic `cu(da)GraphAddNode`) are `graph_alloc` / `graph_free`
 /// events like captured ones, their memory the pool's level at launch; a graph allocation freed outside its graph (`cudaFreeAsync`, `cudaFree`, after a

@@ -2907,6 +2907,334 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
     assert_eq!(u64_of(&report["devices"][0], "graph_pool_at_exit_bytes"), 0);
 }
 
+/// `whatif` through a CUDA graph (`tests/python/torch_graphs.py private-pool`): a model
+/// captured by `torch.cuda.graph` after a warm-up on a side stream, replayed three times, then
+/// eager work with the graph alive. The native allocator serves the capture from a private
+/// pool whose segments nothing else takes and neither `empty_cache()` nor the retry before an
+/// OOM gives back while the graph lives. `whatif` models it from both kinds of recording: the
+/// `cudaMallocAsync` one (the captured calls are graph memory nodes) and the default
+/// allocator's tensor view (the recorder marks the blocks handed out to a captured stream).
+/// Every row equals the native run's `memory_stats()`. Torch 2.15: on 80 GiB, and on 1 GiB at
+/// a memory fraction of 0.135 (138.24 MiB allowed), where the defaults raise an OOM after a
+/// retry that could not release the pool's free 2 MiB segment (without the pool modelled
+/// `whatif` said they fit there: the retry released it) and expandable segments fit; at 0.125
+/// both raise. Torch 2.6 (CUDA 12; its workload allocates more): on 80 GiB, at 0.23 (both
+/// raise) and at 0.24 (the defaults fit, expandable segments raise).
+#[test]
+fn whatif_models_a_cuda_graphs_private_pool_as_torch_does() {
+    if let Some(torch) = current() {
+        private_pool_whatif(
+            &torch,
+            5,
+            &[
+                (
+                    "",
+                    80 * GIB,
+                    None,
+                    (146_800_640, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+                ),
+                (
+                    EXPANDABLE,
+                    80 * GIB,
+                    None,
+                    (150_994_944, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+                ),
+                (
+                    "",
+                    GIB,
+                    Some("0.135"),
+                    (113_246_208, 89_149_440, 89_149_440, 9, 2, 1, 1, true),
+                ),
+                (
+                    EXPANDABLE,
+                    GIB,
+                    Some("0.135"),
+                    (150_994_944, 121_655_296, 121_655_296, 10, 2, 0, 0, false),
+                ),
+                (
+                    "",
+                    GIB,
+                    Some("0.125"),
+                    (113_246_208, 89_149_440, 89_149_440, 9, 2, 1, 1, true),
+                ),
+            ],
+        );
+    }
+    if let Some(torch) = torches()
+        .into_iter()
+        .find(|t| t.release.version == CUDA12.version)
+    {
+        private_pool_whatif(
+            &torch,
+            6,
+            &[
+                (
+                    "",
+                    80 * GIB,
+                    None,
+                    (249_561_088, 222_319_616, 222_318_608, 14, 2, 0, 0, false),
+                ),
+                (
+                    EXPANDABLE,
+                    80 * GIB,
+                    None,
+                    (257_949_696, 222_319_616, 222_318_608, 17, 2, 0, 0, false),
+                ),
+                (
+                    "",
+                    GIB,
+                    Some("0.23"),
+                    (216_006_656, 189_813_760, 189_812_752, 13, 2, 1, 1, true),
+                ),
+                (
+                    EXPANDABLE,
+                    GIB,
+                    Some("0.23"),
+                    (236_978_176, 189_813_760, 189_812_752, 16, 3, 2, 1, true),
+                ),
+                (
+                    "",
+                    GIB,
+                    Some("0.24"),
+                    (249_561_088, 222_319_616, 222_318_608, 14, 2, 0, 0, false),
+                ),
+                (
+                    EXPANDABLE,
+                    GIB,
+                    Some("0.24"),
+                    (236_978_176, 189_813_760, 189_812_752, 16, 2, 1, 1, true),
+                ),
+            ],
+        );
+    }
+}
+
+/// Two graphs captured into one private pool (`torch_graphs.py shared-pool`, torch 2.15:
+/// `torch.cuda.graph(second, pool=first.pool())`, the second capture taking blocks the first
+/// freed), then eager work. Torch 2.15's allocator entries name their pool, which the recorder
+/// puts in the captured blocks' `handle`: `whatif` on the default allocator's recording shares
+/// the pool and equals torch (201,326,592 B reserved, 14 `cudaMalloc`s, 3 frees; expandable
+/// segments 192,937,984, 13, 2). A `cudaMallocAsync` recording does not say which pool a
+/// capture used: each gets its own, one 2 MiB small segment too many.
+#[test]
+fn whatif_shares_a_private_pool_between_captures_as_torch_does() {
+    let Some(torch) = current() else {
+        return;
+    };
+    let recorded = |conf: &str| {
+        let run = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "shared-pool",
+            80 * GIB,
+            &[("PYTORCH_CUDA_ALLOC_CONF", conf)],
+            true,
+        );
+        assert_eq!(run.result["out_shape"], serde_json::json!([1024, 1024]));
+        run.log.expect("recorded")
+    };
+    let tensor_log = recorded("");
+    let async_log = recorded("backend:cudaMallocAsync");
+    // (reserved, allocated, requested, cudaMalloc, cudaFree)
+    for (conf, expected) in [
+        ("", (201_326_592, 136_335_360, 136_335_360, 14, 3)),
+        (EXPANDABLE, (192_937_984, 136_335_360, 136_335_360, 13, 2)),
+    ] {
+        let native = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "shared-pool",
+            80 * GIB,
+            &[("PYTORCH_CUDA_ALLOC_CONF", conf)],
+            false,
+        );
+        let t = &native.result;
+        let figures = |v: &Value, keys: [&str; 5]| {
+            (
+                u64_of(v, keys[0]),
+                u64_of(v, keys[1]),
+                u64_of(v, keys[2]),
+                u64_of(v, keys[3]),
+                u64_of(v, keys[4]),
+            )
+        };
+        assert_eq!(
+            figures(
+                t,
+                [
+                    "max_memory_reserved",
+                    "allocated_bytes.all.peak",
+                    "requested_bytes.all.peak",
+                    "num_device_alloc",
+                    "num_device_free"
+                ]
+            ),
+            expected,
+            "{conf:?}: torch {t}"
+        );
+        let row_keys = [
+            "peak_reserved",
+            "peak_allocated",
+            "peak_requested",
+            "num_device_alloc",
+            "num_device_free",
+        ];
+        let row = |log: &Path| {
+            let report = json_of(&[
+                "whatif".to_string(),
+                log.display().to_string(),
+                "--json".into(),
+                "--capacity".into(),
+                "80GiB".into(),
+                "--config".into(),
+                conf.into(),
+            ]);
+            arr(&report["configs"])[0].clone()
+        };
+        let shared = row(&tensor_log);
+        assert_eq!(figures(&shared, row_keys), expected, "{conf:?}: {shared}");
+        // Not modelled from a cudaMallocAsync recording: two pools, 2 MiB and one segment more.
+        let apart = row(&async_log);
+        let (reserved, allocated, requested, mallocs, frees) = expected;
+        assert_eq!(
+            figures(&apart, row_keys),
+            (
+                reserved + (2 << 20),
+                allocated,
+                requested,
+                mallocs + 1,
+                frees
+            ),
+            "{conf:?}: {apart}"
+        );
+    }
+}
+
+const GIB: u64 = 1 << 30;
+const EXPANDABLE: &str = "expandable_segments:True";
+
+/// Peak reserved, peak allocated, peak requested, `cudaMalloc`s, `cudaFree`s, retries, OOMs,
+/// and whether the eager work raised an OOM.
+type PoolFigures = (u64, u64, u64, u64, u64, u64, u64, bool);
+
+/// [`whatif_models_a_cuda_graphs_private_pool_as_torch_does`] for one release: its two
+/// recordings (one capture of `graph_allocs` allocations each), then per case
+/// (`PYTORCH_CUDA_ALLOC_CONF`, card, memory fraction, expected figures) the native run and
+/// `whatif`'s row from each recording.
+fn private_pool_whatif(
+    torch: &Torch,
+    graph_allocs: u64,
+    cases: &[(&str, u64, Option<&str>, PoolFigures)],
+) {
+    eprintln!("torch {}", torch.release.version);
+    let recorded = |conf: &str| {
+        let env: Vec<(&str, &str)> = if conf.is_empty() {
+            Vec::new()
+        } else {
+            vec![("PYTORCH_CUDA_ALLOC_CONF", conf)]
+        };
+        let run = run_torch_script(
+            torch,
+            "torch_graphs.py",
+            "private-pool",
+            80 * GIB,
+            &env,
+            true,
+        );
+        assert_eq!(run.result["out_shape"], serde_json::json!([512, 1024]));
+        run.log.expect("recorded")
+    };
+    let async_log = recorded("backend:cudaMallocAsync");
+    let tensor_log = recorded("");
+    for &(conf, memory, fraction, expected) in cases {
+        let label = format!(
+            "torch {}, {conf:?} on {memory} B at fraction {fraction:?}",
+            torch.release.version
+        );
+        let mut env = vec![("PYTORCH_CUDA_ALLOC_CONF", conf)];
+        if let Some(fraction) = fraction {
+            env.push(("JUDGE_FRACTION", fraction));
+        }
+        let native = run_torch_script(
+            torch,
+            "torch_graphs.py",
+            "private-pool",
+            memory,
+            &env,
+            false,
+        );
+        let t = &native.result;
+        assert_eq!(t["backend"], "native", "{label}: {t}");
+        let torch_figures: PoolFigures = (
+            u64_of(t, "max_memory_reserved"),
+            u64_of(t, "allocated_bytes.all.peak"),
+            u64_of(t, "requested_bytes.all.peak"),
+            u64_of(t, "num_device_alloc"),
+            u64_of(t, "num_device_free"),
+            u64_of(t, "num_alloc_retries"),
+            u64_of(t, "num_ooms"),
+            !t["failed"].is_null(),
+        );
+        assert_eq!(torch_figures, expected, "{label}: torch {t}");
+        if expected.7 {
+            // torch's own message counts the pool's free bytes apart: with the defaults 10 MiB
+            // left in its 20 MiB segment and its free 2 MiB small segment; with expandable
+            // segments the pool's mapped pages hold 20 MiB free.
+            let pool_free = if conf.is_empty() { "12.00" } else { "20.00" };
+            let message = t["failed"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(&format!(
+                    "with {pool_free} MiB allocated in private pools (e.g., CUDA Graphs)"
+                )),
+                "{label}: {message}"
+            );
+        }
+        for log in [&async_log, &tensor_log] {
+            let mut args = vec![
+                "whatif".to_string(),
+                log.display().to_string(),
+                "--json".into(),
+                "--capacity".into(),
+                format!("{}MiB", memory >> 20),
+                "--config".into(),
+                conf.into(),
+            ];
+            if let Some(fraction) = fraction {
+                args.extend(["--memory-fraction".into(), fraction.into()]);
+            }
+            let report = json_of(&args);
+            let row = &arr(&report["configs"])[0];
+            let requests = &report["requests"];
+            // One capture (the two linear layers' outputs, the ReLU's and 1 MiB temporaries
+            // of the matrix products), seen by either recording.
+            assert_eq!(
+                (
+                    u64_of(requests, "graph_captures"),
+                    u64_of(requests, "graph_allocs")
+                ),
+                (1, graph_allocs),
+                "{label}: {report}"
+            );
+            let predicted: PoolFigures = (
+                u64_of(row, "peak_reserved"),
+                u64_of(row, "peak_allocated"),
+                u64_of(row, "peak_requested"),
+                u64_of(row, "num_device_alloc"),
+                u64_of(row, "num_device_free"),
+                u64_of(row, "num_alloc_retries"),
+                u64_of(row, "num_ooms"),
+                row["fits"] == false,
+            );
+            assert_eq!(
+                predicted,
+                expected,
+                "{label}: whatif of {} {row}",
+                log.display()
+            );
+        }
+    }
+}
+
 /// torch.compile(mode="reduce-overhead") of a small model (the 2.15 extras: triton): inductor's
 /// CUDA graph trees record one graph and replay it, and the log replays to torch's counters.
 #[test]

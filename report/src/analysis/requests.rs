@@ -67,6 +67,8 @@ pub struct Requests {
     /// ([`Request::ExternalAlloc`]).
     pub external_allocs: u64,
     pub source: Source,
+    /// CUDA graph captures in a stream-ordered recording (see [`GraphCaptures`]).
+    pub graphs: GraphCaptures,
     /// Family of each api index, per process.
     families: Vec<Vec<Family>>,
     /// Tensor view, per (process, thread) that allocated: whether an allocating call failed
@@ -74,6 +76,38 @@ pub struct Requests {
     /// [`Requests::segment_released`]).
     threads: Vec<ThreadSince>,
 }
+
+/// CUDA graph captures: an allocation made while its stream was captured is one PyTorch's
+/// native allocator serves from the capture's private pool. In a recording of stream-ordered
+/// allocations (`backend:cudaMallocAsync`, or a program allocating per buffer) those are the
+/// `graph_alloc`s (graph memory nodes), freed by their `graph_free` or by a free of their
+/// address after the capture (which CUDA allows); in the default allocator's tensor view,
+/// the `tensor_alloc`s the recorder marked as handed out to a captured stream. A capture is
+/// a run of such allocations on one stream of the followed device (frees in between); it
+/// ends at the process's next other allocation, failure, trim or graph launch there (the
+/// recording has no event of its own for the capture's end), and each capture gets a private
+/// pool of its own ([`Request::BeginCapture`]). The recording does not say when a graph is
+/// destroyed: no pool is released.
+#[derive(Clone, Debug, Default)]
+pub struct GraphCaptures {
+    /// The capture under way: (process, stream, pool id).
+    current: Option<(u32, u64, u64)>,
+    /// Captures seen.
+    pub captures: u64,
+    /// Allocations made in captures.
+    pub allocs: u64,
+    /// Graph allocations not yet freed: (process, address) → request id.
+    live: FxHashMap<(u32, u64), u64>,
+}
+
+/// The `handle` the recorder gives a `tensor_alloc` handed out to a stream being captured ...
+const CAPTURED_BLOCK: u64 = 1;
+/// ... or this bit and the block's pool, where PyTorch names it (2.15): captures that share a
+/// pool share it.
+const CAPTURED_POOL: u64 = 1 << 63;
+
+/// Request ids of graph allocations start here (above any recorded sequence number).
+const GRAPH_ID_BASE: u64 = 1 << 62;
 
 #[derive(Clone, Copy, Debug)]
 struct ThreadSince {
@@ -179,6 +213,10 @@ impl Requests {
                 size: live.requested,
                 stream: live.stream,
             });
+        }
+        if live.kind == EventKind::GraphPool {
+            // The driver's graph pool: its memory is what the captures' requests take.
+            return None;
         }
         if live.kind != EventKind::Alloc {
             self.vmm_creates += 1;
@@ -288,8 +326,127 @@ impl Requests {
         }
     }
 
+    /// A CUDA graph capture's part of one event (see [`GraphCaptures`]): ends the capture
+    /// under way when the event is the process's other work on the device, begins one at a
+    /// captured allocation, and turns captured allocations and frees of their addresses into
+    /// requests. Returns whether the event was a graph allocation's (no other request then).
+    fn graph_step(
+        &mut self,
+        processes: &[Process],
+        process: u32,
+        event: &vramshim_format::Event,
+        effect: &Effect,
+        t_ns: u64,
+        sink: &mut impl FnMut(u64, Request),
+    ) -> bool {
+        let graph_kind = matches!(event.kind, EventKind::GraphAlloc | EventKind::GraphFree);
+        if graph_kind
+            && !matches!(
+                self.source,
+                Source::StreamOrdered | Source::All | Source::Undecided
+            )
+        {
+            return false;
+        }
+        let on_device = event.device >= 0 && self.device.is_none_or(|d| d == event.device);
+        // A block the default allocator handed out to a captured stream (the recorder marks
+        // it): from the capture's private pool.
+        let captured_block = match effect {
+            Effect::Added(live) if live.kind == EventKind::TensorAlloc => {
+                if live.handle & CAPTURED_POOL != 0 {
+                    Some((live.stream, Some(live.handle)))
+                } else {
+                    (live.handle == CAPTURED_BLOCK).then_some((live.stream, None))
+                }
+            }
+            _ => None,
+        };
+        // Frees go on during a capture (its own blocks, freed and reused inside it).
+        let other_work = on_device
+            && !graph_kind
+            && captured_block.is_none()
+            && (matches!(effect, Effect::Added(_) | Effect::Failed)
+                || matches!(event.kind, EventKind::Trim | EventKind::GraphPool));
+        if other_work
+            && let Some((p, _, pool)) = self.graphs.current
+            && p == process
+        {
+            self.graphs.current = None;
+            sink(t_ns, Request::EndCapture { pool });
+        }
+        if let Some((stream, pool)) = captured_block {
+            if self.follows(event.device) {
+                self.graphs.allocs += 1;
+                self.capture_on(process, stream, pool, t_ns, sink);
+            }
+            return false;
+        }
+        match event.kind {
+            EventKind::GraphAlloc => {
+                if event.result != 0
+                    || self.family(processes, process, event.api) != Family::StreamOrdered
+                    || !self.follows(event.device)
+                {
+                    return false;
+                }
+                self.capture_on(process, event.stream, None, t_ns, sink);
+                let id = GRAPH_ID_BASE + self.graphs.allocs;
+                self.graphs.allocs += 1;
+                self.allocs += 1;
+                self.graphs.live.insert((process, event.addr), id);
+                sink(
+                    t_ns,
+                    Request::Alloc {
+                        id,
+                        size: event.size,
+                        stream: event.stream,
+                    },
+                );
+                true
+            }
+            EventKind::GraphFree | EventKind::Free
+                if matches!(effect, Effect::None | Effect::Unmatched) && on_device =>
+            {
+                if let Some(id) = self.graphs.live.remove(&(process, event.addr)) {
+                    self.frees += 1;
+                    sink(t_ns, Request::Free { id });
+                }
+                graph_kind
+            }
+            _ => graph_kind,
+        }
+    }
+
+    /// Makes the capture under way the one of `process` on `stream` into `pool` (as the
+    /// recording names it, else a private pool of its own): ends another, begins a new one.
+    fn capture_on(
+        &mut self,
+        process: u32,
+        stream: u64,
+        pool: Option<u64>,
+        t_ns: u64,
+        sink: &mut impl FnMut(u64, Request),
+    ) {
+        if let Some((p, s, current)) = self.graphs.current
+            && p == process
+            && s == stream
+            && pool.is_none_or(|pool| pool == current)
+        {
+            return;
+        }
+        if let Some((_, _, pool)) = self.graphs.current.take() {
+            sink(t_ns, Request::EndCapture { pool });
+        }
+        self.graphs.captures += 1;
+        // Pools the recording names have the top bit set; the others are counted.
+        let pool = pool.unwrap_or(self.graphs.captures);
+        self.graphs.current = Some((process, stream, pool));
+        sink(t_ns, Request::BeginCapture { pool, stream });
+    }
+
     /// The requests one replay step makes, in order (at most one, except for a ring-mode
-    /// dump, which ends every live allocation of its process), passed to `sink`.
+    /// dump, which ends every live allocation of its process, and CUDA graph captures, see
+    /// [`GraphCaptures`]), passed to `sink`.
     pub fn convert(
         &mut self,
         processes: &[Process],
@@ -298,11 +455,14 @@ impl Requests {
     ) {
         match step {
             Step::Event {
+                process,
                 t_ns,
                 event,
                 effect,
-                ..
             } => {
+                if self.graph_step(processes, *process, event, effect, *t_ns, &mut sink) {
+                    return;
+                }
                 let request = match effect {
                     Effect::Added(live) => self.alloc(processes, live),
                     Effect::Removed(live) => self.free(processes, live),
@@ -1010,6 +1170,96 @@ mod tests {
             "at::native::cudnn_convolution(at::Tensor const&)",
         ];
         assert_eq!(super::conv_workspace_call(tensor.into_iter()), None);
+    }
+
+    /// The default allocator's tensor view: blocks the recorder marked as handed out to a
+    /// captured stream (handle 1) make a capture with a private pool of its own; frees go on
+    /// inside it; the next unmarked block ends it; the graph pool's level is no VMM memory.
+    #[test]
+    fn captured_blocks_make_captures_with_private_pools() {
+        let mut requests = Requests::new(None);
+        let event = Event::default();
+        let captured = |seq, size| Live {
+            handle: super::CAPTURED_BLOCK,
+            ..live(seq, 0, EventKind::TensorAlloc, size, 9)
+        };
+        let a = captured(1, 8 * MIB);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(a)),
+            vec![
+                Request::BeginCapture { pool: 1, stream: 9 },
+                Request::Alloc {
+                    id: 1,
+                    size: 8 * MIB,
+                    stream: 9
+                }
+            ]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Removed(a)),
+            vec![Request::Free { id: 1 }]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(captured(2, MIB))),
+            vec![Request::Alloc {
+                id: 2,
+                size: MIB,
+                stream: 9
+            }]
+        );
+        let eager = live(3, 0, EventKind::TensorAlloc, MIB, 0);
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(eager)),
+            vec![
+                Request::EndCapture { pool: 1 },
+                Request::Alloc {
+                    id: 3,
+                    size: MIB,
+                    stream: 0
+                }
+            ]
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(captured(4, MIB)))[0],
+            Request::BeginCapture { pool: 2, stream: 9 }
+        );
+        assert_eq!((requests.graphs.captures, requests.graphs.allocs), (2, 3));
+        let pool_level = Event {
+            kind: EventKind::GraphPool,
+            ..Event::default()
+        };
+        let level = live(5, 0, EventKind::GraphPool, 6 * MIB, 0);
+        assert_eq!(
+            convert(&mut requests, &pool_level, Effect::Added(level)),
+            vec![Request::EndCapture { pool: 2 }]
+        );
+        assert_eq!(requests.vmm_creates, 0);
+        // Blocks naming their pool (torch 2.15) begin a capture into it (the recorded id),
+        // stay in it while they name it, and a block of another pool begins another.
+        let pooled = |seq, pool: u64| Live {
+            handle: super::CAPTURED_POOL | pool,
+            ..live(seq, 0, EventKind::TensorAlloc, MIB, 9)
+        };
+        let p = super::CAPTURED_POOL | 7;
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(6, 7)))[0],
+            Request::BeginCapture { pool: p, stream: 9 }
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(7, 7))).len(),
+            1,
+            "the same capture"
+        );
+        assert_eq!(
+            convert(&mut requests, &event, Effect::Added(pooled(8, 8)))[..2],
+            [
+                Request::EndCapture { pool: p },
+                Request::BeginCapture {
+                    pool: super::CAPTURED_POOL | 8,
+                    stream: 9
+                }
+            ]
+        );
     }
 
     #[test]

@@ -252,6 +252,14 @@ pub fn with_report<T>(
             if sims.requests.cudnn_probes == 1 { "was" } else { "were" },
         ));
     }
+    let graphs = &sims.requests.graphs;
+    if graphs.captures > 0 {
+        notes.push(format!(
+            "{} made while a stream was captured into a CUDA graph ({}) are served from a private pool per capture, as torch.cuda.graph's are: its segments serve only that capture's allocations, and neither empty_cache() nor the retry before an OOM gives them back while the graph lives; the recording does not say when a graph is destroyed, so every graph is taken to live to the end",
+            counted(graphs.allocs, "allocation"),
+            counted(graphs.captures, "capture"),
+        ));
+    }
     if sims.requests.vmm_creates > 0 {
         notes.push(format!(
             "{} VMM physical allocations (cuMemCreate) on the device are not replayed",

@@ -173,6 +173,8 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "empty_cache": r.empty_cache,
             "failed_in_recording": r.failed,
             "cudnn_benchmark_probes": r.cudnn_probes,
+            "graph_captures": r.graphs.captures,
+            "graph_allocs": r.graphs.allocs,
             "left_out": r.skipped,
             "other_libraries": r.external_allocs,
             "other_devices": r.other_devices,
