@@ -79,7 +79,7 @@ pub unsafe extern "C" fn _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(
     total_reserved: usize,
     device: Device,
 ) {
-    if device.kind == DEVICE_TYPE_CUDA && torch_trace::reporting() {
+    if device.kind == DEVICE_TYPE_CUDA && torch_trace::reporting() && crate::process::is_on() {
         crate::guard((), || {
             on_report(
                 ptr as u64,

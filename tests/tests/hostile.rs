@@ -811,7 +811,12 @@ fn the_fake_libnvtoolsext_initialises_once_under_racing_threads_and_forks() {
 /// event, no warning, every child exits 0. Without the shim nothing defines the function.
 #[test]
 fn the_profiler_report_interposer_is_inert_without_pytorch_on_any_thread_and_in_children() {
-    let run = hostile("profiler-report", &["profiler-report", "8", "2000"], &[], MINUTE);
+    let run = hostile(
+        "profiler-report",
+        &["profiler-report", "8", "2000"],
+        &[],
+        MINUTE,
+    );
     assert_exited_cleanly(&run);
     assert_eq!(run.value("found"), 1, "{}", run.stdout);
     assert_eq!(run.value("calls"), 1 + 8 * 2000);
@@ -824,9 +829,10 @@ fn the_profiler_report_interposer_is_inert_without_pytorch_on_any_thread_and_in_
         let dump = dump(log);
         let events = events(&dump);
         assert!(
-            events
-                .iter()
-                .all(|e| !e["event"].as_str().unwrap_or_default().starts_with("tensor_")),
+            events.iter().all(|e| !e["event"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("tensor_")),
             "{}",
             log.display()
         );
