@@ -170,6 +170,9 @@ fn on_report(addr: u64, delta: i64, allocated: u64, mut reserved: u64, device: i
         return fail(format!("a report names device {device}"));
     };
     let size = delta.unsigned_abs();
+    if size == 0 {
+        return;
+    }
     let Some(mut books) = books() else {
         return fail("the shim's segment books stayed busy".into());
     };
