@@ -274,7 +274,7 @@ def snapshot():
         if not failed:
             try:
                 torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:  # torch 2.1 has no torch.OutOfMemoryError
                 failed.update(allocated=torch.cuda.memory_allocated(),
                               reserved=torch.cuda.memory_reserved())
 

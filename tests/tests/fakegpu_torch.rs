@@ -620,6 +620,114 @@ fn torch_2_1_profiler_still_sees_its_memory_and_the_log_has_the_same_blocks() {
     assert_eq!(u64_of(r, "allocated_peak"), 41_955_840);
 }
 
+/// torch 2.1.2 through an out-of-memory error (its release of cached segments and retry),
+/// `empty_cache()` and a block used on another stream (`snapshot` mode, which ends right after
+/// torch's snapshot): the log's blocks are torch's trace entry for entry by action and
+/// address up to the snapshot, but for the pending block's `free_completed`, which this route
+/// records at once; the blocks live there are the snapshot's `active_allocated` ones, address
+/// and size; the tensor peak is torch's allocated peak plus the two cuBLAS handles. Torch 2.1
+/// frees 16 more blocks after its snapshot (its garbage collector, before the script's
+/// `os._exit`): in the log, not in torch's trace.
+#[test]
+fn torch_2_1_blocks_through_an_oom_empty_cache_and_another_stream_are_torchs() {
+    let Some(torch) = torch_2_1() else { return };
+    let run = run_torch(
+        &torch,
+        "snapshot",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "none")],
+        true,
+    );
+    let r = &run.result;
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    assert!(r["failed"].is_object(), "{r}");
+    assert_eq!(
+        (u64_of(r, "num_ooms"), u64_of(r, "num_alloc_retries")),
+        (1, 1),
+        "{r}"
+    );
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    assert!(
+        !dump
+            .iter()
+            .filter_map(|v| v["text"].as_str())
+            .any(|t| t.starts_with("torch: tensor blocks no longer recorded")),
+        "stepped aside"
+    );
+    let recorded: Vec<(String, u64, u64)> = events(&dump)
+        .iter()
+        .filter_map(|e| {
+            let action = torch_action(e["event"].as_str()?)?;
+            Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
+        })
+        .collect();
+    let torch_entries: Vec<(String, u64, u64)> = history_entries(r)
+        .into_iter()
+        .filter(|(action, _, _)| {
+            ["alloc", "free_requested", "free_completed", "segment_alloc"]
+                .contains(&action.as_str())
+        })
+        .collect();
+    let pending: Vec<Vec<Value>> = arr(&r["segments"])
+        .iter()
+        .flat_map(|segment| arr(&segment[2]).iter().map(|block| arr(block).clone()))
+        .filter(|block| block[2] == "active_pending_free")
+        .collect();
+    assert_eq!(pending.len(), 1);
+    let pending_at = pending[0][0].as_u64().unwrap();
+    // Ours: the pending block's free_completed right after its free_requested.
+    let n = torch_entries.len() + 1;
+    assert_eq!(
+        recorded[n - 2..n]
+            .iter()
+            .map(|(a, addr, _)| (a.as_str(), *addr))
+            .collect::<Vec<_>>(),
+        [
+            ("free_requested", pending_at),
+            ("free_completed", pending_at)
+        ]
+    );
+    let ours: Vec<(String, u64)> = recorded[..n - 1]
+        .iter()
+        .map(|(a, addr, _)| (a.clone(), *addr))
+        .collect();
+    let theirs: Vec<(String, u64)> = torch_entries
+        .iter()
+        .map(|(a, addr, _)| (a.clone(), *addr))
+        .collect();
+    assert_eq!(ours, theirs);
+    assert_eq!(
+        recorded.len() - n,
+        2 * 16,
+        "the blocks torch frees after its snapshot"
+    );
+    let mut live: std::collections::BTreeMap<u64, u64> = Default::default();
+    for (action, addr, size) in &recorded[..n] {
+        match action.as_str() {
+            "alloc" => assert!(live.insert(*addr, *size).is_none()),
+            "free_requested" => assert!(live.remove(addr).is_some()),
+            _ => {}
+        }
+    }
+    let mut active: Vec<(u64, u64)> = arr(&r["segments"])
+        .iter()
+        .flat_map(|segment| arr(&segment[2]).iter())
+        .filter(|block| block[2] == "active_allocated")
+        .map(|block| (block[0].as_u64().unwrap(), block[1].as_u64().unwrap()))
+        .collect();
+    active.sort();
+    assert_eq!(live.into_iter().collect::<Vec<_>>(), active);
+    assert_eq!(active.len(), 116);
+    let peak = json_of(&[OsStr::new("peak"), OsStr::new("--json"), log.as_os_str()]);
+    assert_eq!(
+        u64_of(&arr(&peak["devices"])[0], "bytes"),
+        u64_of(r, "allocated_peak") + 2 * CUBLAS_HANDLE,
+        "{peak}"
+    );
+}
+
 /// A torch 2.1.2 report that does not match the segments recorded (the 100th reads one byte
 /// more reserved, by a test setting): the blocks stop there, with one note and one warning;
 /// the program runs on as usual and its segments are still recorded.
