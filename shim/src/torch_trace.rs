@@ -24,6 +24,10 @@
 //! ignored; on a mismatch the tracker stays attached but inert, with one note and one warning.
 //! Any failure to find or check the allocator leaves tensors unrecorded, with one note and one
 //! warning, never a crash.
+//!
+//! PyTorch 2.1's allocator has no `attachAllocatorTraceTracker`: found so here (the symbol
+//! missing, the rest in place), the blocks are taken from its profiler report instead
+//! (`torch_report`, which this module's state switches on).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
@@ -214,12 +218,10 @@ fn try_attach() -> Result<(), String> {
 /// those reports, when they reach the shim.
 fn report_instead() -> Result<(), String> {
     if !report_interposed() {
-        return Err(
-            "no NativeCachingAllocator::attachAllocatorTraceTracker, and \
-                    c10::reportMemoryUsageToProfiler resolves elsewhere than the shim (not \
-                    preloaded?)"
-                .into(),
-        );
+        let reason = "no NativeCachingAllocator::attachAllocatorTraceTracker, and \
+                      c10::reportMemoryUsageToProfiler resolves elsewhere than the shim \
+                      (not preloaded?)";
+        return Err(reason.into());
     }
     let break_at = std::env::var("VRAMSHIM_TEST_TORCH_REPORT_BREAK")
         .ok()
@@ -245,6 +247,7 @@ pub const REPORT_SYMBOL: &CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_
 /// never).
 static REPORT_BREAK_AT: AtomicU64 = AtomicU64::new(0);
 
+/// The test setting above (0 = never).
 pub fn report_break_at() -> u64 {
     REPORT_BREAK_AT.load(Ordering::Relaxed)
 }
