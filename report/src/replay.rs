@@ -1398,14 +1398,15 @@ fn earliest_pending(inputs: &[Input], processes: &[Process]) -> Option<(usize, u
     best
 }
 
-/// Whether PyTorch's allocator tracker is in `process`: it said so in a note when it attached
-/// (inside the first `cudaMalloc`, before that call's event), or it handed out a tensor.
+/// Whether PyTorch's allocator tracker (or, in PyTorch 2.1, its profiler report) is in
+/// `process`: it said so in a note when it attached (inside the first `cudaMalloc`, before
+/// that call's event), or it handed out a tensor.
 fn pytorch_tracked(process: &Process) -> bool {
     process.tensor_allocs > 0
-        || process
-            .notes
-            .iter()
-            .any(|note| note.text.starts_with("torch: tracker attached"))
+        || process.notes.iter().any(|note| {
+            note.text.starts_with("torch: tracker attached")
+                || note.text.starts_with("torch: profiler report interposed")
+        })
 }
 
 /// Whether `event` (of the hold's process, another thread) concerns memory held back: an

@@ -13,7 +13,7 @@
 //! | layer | modules | |
 //! |---|---|---|
 //! | lifecycle | `lifecycle` | start, fork, signals, `_exit`/exec, thread exit; registers the starter and the libcuda resolver below at load |
-//! | entry points | `interpose` → `resolver` → `table` → `torch_trace`, `stream_capture`; `mark` | exported `dlsym`, the driver's resolver, the hook table; the tracker attached to PyTorch's caching allocator (its tensors, reported by the allocator itself); the stream captures in progress; the program's own annotations (`vramshim_mark`) |
+//! | entry points | `interpose` → `resolver` → `table` → `torch_report` → `torch_trace`, `stream_capture`; `mark` | exported `dlsym`, the driver's resolver, the hook table; the tracker attached to PyTorch's caching allocator (its tensors, reported by the allocator itself), or in PyTorch 2.1 its profiler report interposed; the stream captures in progress; the program's own annotations (`vramshim_mark`) |
 //! | capture | `capture` → `stacks` → `python`, `unwind` | the hot path: what a hooked call records, call stacks |
 //! | writer | `writer` → `flight` | drains the rings, owns the log; ring mode's window |
 //! | base | `ring`, `real`, `altstack`, `process`, `config`, `sync` | rings, real functions, alternate stacks, settings and state, fork-safe locks |
@@ -47,6 +47,7 @@ mod stacks;
 mod stream_capture;
 mod sync;
 mod table;
+mod torch_report;
 mod torch_trace;
 mod unwind;
 mod writer;

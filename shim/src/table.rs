@@ -12,7 +12,7 @@ use vramshim_format::EventKind;
 
 use crate::capture::{self, Spec};
 use crate::real::{self, Layer};
-use crate::{imported_pointers, stream_capture, torch_trace};
+use crate::{imported_pointers, stream_capture, torch_report, torch_trace};
 
 /// One row of the table.
 pub struct HookDef {
@@ -33,7 +33,7 @@ const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
 const CUDA_RT_ERROR_SYMBOL_NOT_FOUND: c_int = 500;
 
 macro_rules! hooks {
-    ($( $layer:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $(watch $watch:ident ( $($warg:expr),* ),)? |$res:ident| $spec:expr; )*) => {
+    ($( $layer:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $(watch $($watch:ident)::+ ( $($warg:expr),* ),)? |$res:ident| $spec:expr; )*) => {
         /// Index of each hook in [`HOOKS`]; also the `api` number in the log.
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,9 +70,9 @@ macro_rules! hooks {
                     return missing_real(Layer::$layer);
                 }
                 let real: Real = unsafe { std::mem::transmute::<*mut c_void, Real>(real) };
-                // A watched call (stream capture begin/end): its state around the real call,
-                // kept whether or not the call is recorded.
-                $( let watched = stream_capture::$watch::before($($warg),*); )?
+                // A watched call (stream capture begin/end, PyTorch 2.1's unmaps): its state
+                // around the real call, kept whether or not the call is recorded.
+                $( let watched = $($watch)::+::before($($warg),*); )?
                 let result = capture::hook(
                     Hook::$name as u16,
                     Layer::$layer,
@@ -80,7 +80,7 @@ macro_rules! hooks {
                     #[allow(unused_variables)]
                     |$res: c_int| -> Option<Spec> { $spec },
                 );
-                $( stream_capture::$watch::after(watched, result); )?
+                $( $($watch)::+::after(watched, result); )?
                 result
             }
         )*
@@ -139,7 +139,9 @@ hooks! {
         };
     // Under expandable segments PyTorch's segment releases are unmaps (one per page, each
     // followed by its cuMemRelease): the unmap keeps the stack that tells a retry apart.
+    // With PyTorch 2.1's profiler report, an unmap inside one of its ranges is its segment_unmap.
     Driver fn cuMemUnmap(ptr: CuDevicePtr, size: usize) =>
+        watch torch_report::Unmap(ptr, size),
         |r| Some(Spec::new(EventKind::Unmap, ptr, size as u64).segment_release());
     // Driver: arrays (opaque handles, no device address).
     Driver fn cuArrayCreate_v2(array: *mut *mut c_void, desc: *const ArrayDescriptor) =>
@@ -174,7 +176,10 @@ hooks! {
         };
     Runtime fn cudaFree(dev_ptr: *mut c_void) =>
         // cudaFree(NULL) is the idiom for "create the context": no memory involved.
-        |r| (!dev_ptr.is_null()).then(|| freed(r, EventKind::Free, dev_ptr as u64).segment_release());
+        |r| {
+            torch_report::after_cuda_free(r, dev_ptr as u64);
+            (!dev_ptr.is_null()).then(|| freed(r, EventKind::Free, dev_ptr as u64).segment_release())
+        };
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
         |r| Some(Spec::new(stream_ordered(r, EventKind::Alloc, stream, false), out_ptr(r, dev_ptr), size as u64).stream(stream));
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream) =>
@@ -253,33 +258,33 @@ hooks! {
     // Stream captures: counted, so that a stream-ordered call asks the driver about its stream
     // only while one is in progress (`stream_capture`). Every way to begin one, and the ends.
     Driver fn cuStreamBeginCapture(stream: Stream) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamBeginCapture_ptsz(stream: Stream) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamBeginCapture_v2(stream: Stream, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamBeginCapture_v2_ptsz(stream: Stream, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamBeginCaptureToGraph(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Driver fn cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) =>
-        watch End(stream, false), |r| None;
+        watch stream_capture::End(stream, false), |r| None;
     Driver fn cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) =>
-        watch End(stream, true), |r| None;
+        watch stream_capture::End(stream, true), |r| None;
     Runtime fn cudaStreamBeginCapture(stream: Stream, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Runtime fn cudaStreamBeginCapture_ptsz(stream: Stream, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Runtime fn cudaStreamBeginCaptureToGraph(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Runtime fn cudaStreamBeginCaptureToGraph_ptsz(stream: Stream, graph: *mut c_void, deps: *const c_void, edges: *const c_void, count: usize, mode: c_int) =>
-        watch Begin(stream), |r| None;
+        watch stream_capture::Begin(stream), |r| None;
     Runtime fn cudaStreamEndCapture(stream: Stream, graph: *mut *mut c_void) =>
-        watch End(stream, false), |r| None;
+        watch stream_capture::End(stream, false), |r| None;
     Runtime fn cudaStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) =>
-        watch End(stream, true), |r| None;
+        watch stream_capture::End(stream, true), |r| None;
 }
 
 /// `CUipcMemHandle` / `cudaIpcMemHandle_t`: 64 opaque bytes, passed by value.

@@ -24,6 +24,10 @@
 //! ignored; on a mismatch the tracker stays attached but inert, with one note and one warning.
 //! Any failure to find or check the allocator leaves tensors unrecorded, with one note and one
 //! warning, never a crash.
+//!
+//! PyTorch 2.1's allocator has no `attachAllocatorTraceTracker`: found so here (the symbol
+//! missing, the rest in place), the blocks are taken from its profiler report instead
+//! (`torch_report`, which this module's state switches on).
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
@@ -48,6 +52,9 @@ const UNVERIFIED: u8 = 1;
 const RECORDING: u8 = 2;
 /// Stepped aside for good (the reason is in the log's notes).
 const OFF: u8 = 3;
+/// No tracker in this PyTorch (2.1): its blocks come from `c10::reportMemoryUsageToProfiler`
+/// ([`torch_report`](crate::torch_report)).
+const REPORTING: u8 = 4;
 
 /// The `api` index of [`API_NAME`].
 static TENSOR_API: AtomicU16 = AtomicU16::new(0);
@@ -95,7 +102,8 @@ struct Symbols {
     /// Where a `NativeCachingAllocator`'s vtable pointer points.
     native_vptr: usize,
     initialized: InitializedFn,
-    attach: AttachFn,
+    /// `None` in releases without the tracker (2.1).
+    attach: Option<AttachFn>,
 }
 
 // Plain addresses in a loaded library, never written through.
@@ -197,14 +205,100 @@ fn try_attach() -> Result<(), String> {
     if !unsafe { (symbols.initialized)(allocator) } {
         return Ok(());
     }
+    let Some(attach_fn) = symbols.attach else {
+        return report_instead();
+    };
     STATE.store(UNVERIFIED, Ordering::Release);
-    attach(symbols, allocator);
+    attach(attach_fn, allocator);
     note("torch: tracker attached to PyTorch's caching allocator; checking its layout".into());
     Ok(())
 }
 
+/// PyTorch 2.1's allocator has no tracker but reports every block to its profiler: record
+/// those reports, when they reach the shim.
+fn report_instead() -> Result<(), String> {
+    if !report_interposed() {
+        let reason = "no NativeCachingAllocator::attachAllocatorTraceTracker, and \
+                      c10::reportMemoryUsageToProfiler resolves elsewhere than the shim \
+                      (not preloaded?)";
+        return Err(reason.into());
+    }
+    let break_at = std::env::var("VRAMSHIM_TEST_TORCH_REPORT_BREAK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    REPORT_BREAK_AT.store(break_at, Ordering::Relaxed);
+    STATE.store(REPORTING, Ordering::Release);
+    note(
+        "torch: profiler report interposed: PyTorch's allocator has no \
+         attachAllocatorTraceTracker; its blocks are taken from \
+         c10::reportMemoryUsageToProfiler (block sizes, no requested sizes, no streams, frees \
+         at the request), each checked against the segments recorded"
+            .into(),
+    );
+    Ok(())
+}
+
+/// `c10::reportMemoryUsageToProfiler`, which the shim defines (`torch_report`).
+pub const REPORT_SYMBOL: &CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+
+/// Tests: the report of this number (1 = the first) reads one byte more reserved than PyTorch
+/// said, to prove the route steps aside cleanly (`VRAMSHIM_TEST_TORCH_REPORT_BREAK`; 0 =
+/// never).
+static REPORT_BREAK_AT: AtomicU64 = AtomicU64::new(0);
+
+/// The test setting above (0 = never).
+pub fn report_break_at() -> u64 {
+    REPORT_BREAK_AT.load(Ordering::Relaxed)
+}
+
+/// Whether calls to `c10::reportMemoryUsageToProfiler` reach the shim's definition: the
+/// process's first is in the shim's own file (not so when the shim was not preloaded).
+fn report_interposed() -> bool {
+    let first = real::real_dlsym(libc::RTLD_DEFAULT, REPORT_SYMBOL);
+    let mut theirs: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut ours: libc::Dl_info = unsafe { std::mem::zeroed() };
+    !first.is_null()
+        && unsafe { libc::dladdr(first, &mut theirs) } != 0
+        && unsafe { libc::dladdr(report_interposed as *const c_void, &mut ours) } != 0
+        && theirs.dli_fbase == ours.dli_fbase
+}
+
+/// Whether blocks come from PyTorch's profiler report (see [`REPORTING`]).
+#[inline]
+pub fn reporting() -> bool {
+    STATE.load(Ordering::Relaxed) == REPORTING
+}
+
+/// This thread's last `cudaMalloc` (address, size) and the range its last `cuMemMap` calls
+/// mapped back to back (start, end), each forgotten: a report takes them as its segment at
+/// most once.
+pub fn take_segment_calls() -> ((u64, u64), (u64, u64)) {
+    let malloc = LAST_MALLOC
+        .try_with(|last| last.replace((0, 0)))
+        .unwrap_or((0, 0));
+    let map = LAST_MAP
+        .try_with(|last| last.replace((0, 0)))
+        .unwrap_or((0, 0));
+    (malloc, map)
+}
+
+/// The reports stopped matching the segments: no more blocks for the rest of the process.
+pub fn stop_reporting(reason: &str) {
+    if STATE
+        .compare_exchange(REPORTING, OFF, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    note(format!("torch: tensor blocks no longer recorded: {reason}"));
+    crate::warn(&format!(
+        "PyTorch tensor blocks no longer recorded ({reason}); segments still are"
+    ));
+}
+
 /// Attaches one more generation of the tracker to every device allocator that exists now.
-fn attach(symbols: &Symbols, allocator: *mut c_void) {
+fn attach(attach_fn: AttachFn, allocator: *mut c_void) {
     let generation = GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
     // Attaching may wait for other threads inside the allocator, whose events must then be
     // writable even if their buffers fill: they are older than anything this call records.
@@ -216,7 +310,7 @@ fn attach(symbols: &Symbols, allocator: *mut c_void) {
     };
     // The callee copies the function into each device allocator; the argument is ours to
     // destroy afterwards (Itanium ABI), and destroying it is a no-op.
-    unsafe { (symbols.attach)(allocator, &mut tracker) };
+    unsafe { attach_fn(allocator, &mut tracker) };
 }
 
 /// PyTorch creates a device's allocator when the device is first used, without the trackers
@@ -233,10 +327,12 @@ fn reattach_for_new_device() {
     if owner.load(Ordering::Acquire) != 0 || SEARCHING_NOW.swap(true, Ordering::Acquire) {
         return;
     }
-    if let Some(symbols) = SYMBOLS.get() {
+    if let Some(symbols) = SYMBOLS.get()
+        && let Some(attach_fn) = symbols.attach
+    {
         let allocator = unsafe { std::ptr::read_volatile(symbols.allocator) };
         if !allocator.is_null() && GENERATION.load(Ordering::Acquire) < MAX_ATTACHES {
-            attach(symbols, allocator);
+            attach(attach_fn, allocator);
         }
     }
     SEARCHING_NOW.store(false, Ordering::Release);
@@ -270,10 +366,6 @@ fn find_symbols() -> Result<Option<Symbols>, String> {
         value.ok_or_else(|| format!("{path}: no {name} in its .symtab (stripped?)"))
     };
     let allocator_value = need("allocator", found.allocator)?;
-    let attach = need(
-        "NativeCachingAllocator::attachAllocatorTraceTracker",
-        found.attach,
-    )?;
     let initialized = need("NativeCachingAllocator::initialized", found.initialized)?;
     let vtable = need("NativeCachingAllocator's vtable", found.vtable)?;
     let bias = (allocator as u64).wrapping_sub(allocator_value);
@@ -283,7 +375,9 @@ fn find_symbols() -> Result<Option<Symbols>, String> {
         // The object's vtable pointer skips offset-to-top and the type info.
         native_vptr: at(vtable) + 16,
         initialized: unsafe { std::mem::transmute::<usize, InitializedFn>(at(initialized)) },
-        attach: unsafe { std::mem::transmute::<usize, AttachFn>(at(attach)) },
+        attach: found
+            .attach
+            .map(|attach| unsafe { std::mem::transmute::<usize, AttachFn>(at(attach)) }),
     }))
 }
 
@@ -393,7 +487,7 @@ fn step_aside(reason: &str, warn: bool) {
     }
 }
 
-fn note(text: String) {
+pub fn note(text: String) {
     writer::define(Record::Note(Note { t_ns: 0, text }));
 }
 
@@ -427,7 +521,8 @@ unsafe extern "C" fn manage(dest: *mut [usize; 2], source: *const [usize; 2], op
 /// allocator's lock.
 unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     let state = STATE.load(Ordering::Acquire);
-    if state == OFF || state == SEARCHING || entry.is_null() || data.is_null() {
+    if state == OFF || state == SEARCHING || state == REPORTING || entry.is_null() || data.is_null()
+    {
         return;
     }
     let generation = unsafe { (*data)[0] };
@@ -570,6 +665,6 @@ fn verify(action: i32, device: i32, addr: u64, size: u64, mempool: u64) {
 }
 
 /// The `api` number of tensor events, as the hook table gave it.
-fn api() -> u16 {
+pub fn api() -> u16 {
     TENSOR_API.load(Ordering::Relaxed)
 }

@@ -44,10 +44,19 @@
  *                              calls exit(CODE) while they go on.
  *   exit-in-atexit N CODE      N pairs, then returns from main; an atexit handler makes one
  *                              more pair and calls exit(CODE) from inside exit.
+ *   profiler-report THREADS N  PyTorch 2.1's c10::reportMemoryUsageToProfiler, which the shim
+ *                              defines, called with no PyTorch loaded: once from a constructor
+ *                              (before the shim records anything), then N times from each of
+ *                              THREADS threads (CUDA and CPU devices) while the main thread
+ *                              makes N pairs and VMM cycles and forks 4 children that call it
+ *                              and make a pair. Prints found=0 when nothing defines it,
+ *                              else found=1 calls=<count> children=<exited 0>.
  */
 #include "common.h"
 #include "cuda.h"
 
+#include <dlfcn.h>
+#include <stdint.h>
 #include <link.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -463,6 +472,84 @@ static int exit_in_atexit(int n, int code)
     return 0;
 }
 
+/* ---- profiler-report ---- */
+
+typedef struct {
+    signed char type, index;
+} c10_device;
+typedef void (*report_fn)(void *, long, size_t, size_t, c10_device);
+static report_fn g_report;
+static long g_report_calls[64];
+
+__attribute__((constructor)) static void report_before_main(void)
+{
+    g_report = (report_fn)dlsym(RTLD_DEFAULT,
+                                "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+    if (g_report) {
+        c10_device cuda = {1, 0};
+        g_report((void *)0x200000, 512, 512, 2 * MiB, cuda);
+    }
+}
+
+struct report_args {
+    int slot;
+    long n;
+};
+
+static void *reporting_thread(void *arg)
+{
+    struct report_args *a = arg;
+    for (long i = 0; i < a->n; i++) {
+        c10_device device = {(signed char)(i & 1), 0}; /* CUDA (1) and CPU (0) */
+        long size = (i & 2) ? -512 : 512;
+        g_report((void *)(uintptr_t)(0x200000 + 512 * (i % 64)), size, 512, 2 * MiB, device);
+        g_report_calls[a->slot]++;
+    }
+    return NULL;
+}
+
+static int profiler_report(int threads, long n)
+{
+    if (!g_report) {
+        printf("found=0\n");
+        return 0;
+    }
+    if (threads > 60)
+        threads = 60;
+    setup();
+    pthread_t tids[60];
+    struct report_args args[60];
+    for (int t = 0; t < threads; t++) {
+        args[t] = (struct report_args){t, n};
+        pthread_create(&tids[t], NULL, reporting_thread, &args[t]);
+    }
+    int children_ok = 0;
+    for (long i = 0; i < n; i++) {
+        free1(alloc1());
+        map_cycle();
+        if (i % (n / 4 > 0 ? n / 4 : 1) == 0 && children_ok < 4) {
+            pid_t child = fork();
+            if (child == 0) {
+                c10_device cuda = {1, 0};
+                for (int k = 0; k < 1000; k++)
+                    g_report((void *)0x200000, (k & 1) ? -512 : 512, 0, 2 * MiB, cuda);
+                free1(alloc1());
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(child, &status, 0);
+            children_ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        }
+    }
+    long calls = 1;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tids[t], NULL);
+        calls += g_report_calls[t];
+    }
+    printf("found=1 calls=%ld children=%d\n", calls, children_ok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     g_prog = "hostile";
@@ -518,6 +605,8 @@ int main(int argc, char **argv)
         setup();
         return exit_thread(a, b);
     }
+    if (strcmp(mode, "profiler-report") == 0)
+        return profiler_report(a, b);
     if (strcmp(mode, "exit-in-atexit") == 0) {
         setup();
         return exit_in_atexit(a, b);

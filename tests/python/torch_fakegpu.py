@@ -234,13 +234,30 @@ def trace():
                                   "segment_map", "segment_unmap")]
     known = [[t.data_ptr(), t.nbytes] for t in known]
     segments = [[s["address"], s["total_size"]] for s in snapshot["segments"]]
+    blocks = sorted([b["address"], b["size"]] for s in snapshot["segments"] for b in s["blocks"]
+                    if b["state"] == "active_allocated")
     figures = stats()
     # What is still allocated once the program's own tensors are gone: what torch itself
     # keeps to its exit (2.6 and older never free their cuBLAS workspaces).
     del model, layer, optimizer, x
     s = torch.cuda.memory_stats()
-    say(mode="trace", entries=entries, known=known, segments=segments, **figures,
+    say(mode="trace", entries=entries, known=known, segments=segments, blocks=blocks, **figures,
         kept=[s["allocation.all.current"], s["allocated_bytes.all.current"]])
+
+
+def profiled():
+    """PyTorch's legacy profiler with memory on (torch 2.1: its allocator reports each block to
+    the profiler through c10::reportMemoryUsageToProfiler): each op's CUDA memory change, and the
+    blocks of the tensors made, in order."""
+    from torch.autograd.profiler_legacy import profile
+    with profile(profile_memory=True, use_cuda=True) as prof:
+        a = torch.empty(1000, 3, device="cuda")
+        b = torch.empty(7, dtype=torch.uint8, device="cuda")
+        c = torch.ones(5 << 20, device="cuda") + 1
+        addresses = [a.data_ptr(), b.data_ptr(), c.data_ptr()]
+        del a, c
+    say(mode="profiled", ops=[[e.name, e.cuda_memory_usage] for e in prof.function_events],
+        addresses=addresses, allocated_peak=torch.cuda.max_memory_allocated())
 
 
 def snapshot():
@@ -257,7 +274,7 @@ def snapshot():
         if not failed:
             try:
                 torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:  # torch 2.1 has no torch.OutOfMemoryError
                 failed.update(allocated=torch.cuda.memory_allocated(),
                               reserved=torch.cuda.memory_reserved())
 
@@ -341,4 +358,4 @@ def visible():
 
 {"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
  "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
- "trace": trace, "two_devices": two_devices, "visible": visible, "snapshot": snapshot}[sys.argv[1]]()
+ "trace": trace, "profiled": profiled, "two_devices": two_devices, "visible": visible, "snapshot": snapshot}[sys.argv[1]]()

@@ -803,3 +803,46 @@ fn the_fake_libnvtoolsext_initialises_once_under_racing_threads_and_forks() {
     assert_eq!(with_mark("nvtx pop: children: child"), children);
     assert_eq!(failed, 100 - children);
 }
+
+/// PyTorch 2.1's `c10::reportMemoryUsageToProfiler`, which the shim defines, called where
+/// PyTorch is not loaded: from a constructor before anything is recorded, from 8 threads at
+/// once (CUDA and CPU devices) beside allocations, VMM cycles and 4 forked children that call
+/// it too. Nothing to pass the calls on to and no PyTorch allocator: each call returns, no
+/// event, no warning, every child exits 0. Without the shim nothing defines the function.
+#[test]
+fn the_profiler_report_interposer_is_inert_without_pytorch_on_any_thread_and_in_children() {
+    let run = hostile(
+        "profiler-report",
+        &["profiler-report", "8", "2000"],
+        &[],
+        MINUTE,
+    );
+    assert_exited_cleanly(&run);
+    assert_eq!(run.value("found"), 1, "{}", run.stdout);
+    assert_eq!(run.value("calls"), 1 + 8 * 2000);
+    assert_eq!(run.value("children"), 4);
+    assert!(!run.stderr.contains("vramshim:"), "{}", run.stderr);
+    let logs = run.logs();
+    // The parent's log and one per child (each made a pair).
+    assert_eq!(logs.len(), 5, "{logs:?}");
+    for log in &logs {
+        let dump = dump(log);
+        let events = events(&dump);
+        assert!(
+            events.iter().all(|e| !e["event"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("tensor_")),
+            "{}",
+            log.display()
+        );
+        assert!(
+            notes(&dump).iter().all(|n| !n.starts_with("torch:")),
+            "{}",
+            log.display()
+        );
+    }
+    let plain = hostile_plain("profiler-report", &["profiler-report", "8", "2000"], MINUTE);
+    assert_exited_cleanly(&plain);
+    assert_eq!(plain.value("found"), 0, "{}", plain.stdout);
+}
