@@ -399,7 +399,8 @@ impl ChunkBuilder {
     /// header's `time_resolution_ns`; 1: full resolution). Records keep the order they are
     /// pushed in.
     pub fn with_time_resolution(mut self, ns: u64) -> Self {
-        self.delta = DeltaState::with_time_resolution(ns).with_first_thread(self.delta.first_thread());
+        self.delta =
+            DeltaState::with_time_resolution(ns).with_first_thread(self.delta.first_thread());
         self
     }
 

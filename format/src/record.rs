@@ -334,9 +334,10 @@ pub(crate) const TAG_RUN: u8 = 0xf8;
 /// Longest cycle of records a run repeats (tags `TAG_RUN..=0xff`).
 pub(crate) const MAX_RUN_PERIOD: usize = 8;
 /// Most records the runs of one chunk may expand to: more than a chunk of the recorder's
-/// holds (it closes chunks at 256 KiB of records, a run's records counted one byte each), so
-/// only damage passes it; it bounds the work a crafted chunk can cause.
-pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 20;
+/// holds (it closes chunks at 256 KiB of records, a run's records counted one byte each, so
+/// at most about 320 Ki records), so only damage passes it; it bounds the work a crafted
+/// chunk can cause. The encoder writes plainly what a chunk's runs cannot take.
+pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
 /// The one tag left between the repeats and the events.
 const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
@@ -1023,7 +1024,9 @@ impl RunWriter {
     pub(crate) fn after_record(&mut self, payload: &mut Vec<u8>, start: usize) {
         let repeat = (payload.len() == start + 1)
             .then(|| payload[start])
-            .filter(|tag| (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(tag));
+            .filter(|tag| {
+                (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(tag)
+            });
         if self.period != 0 {
             let expected = payload[start - self.period + self.count as usize % self.period];
             if repeat == Some(expected) && self.expanded + self.count < MAX_RUN_RECORDS {

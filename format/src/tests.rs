@@ -872,10 +872,14 @@ fn runs_of_any_cycle_read_back_exactly() {
     let mut t = 0u64;
     let mut seed = 12345u64;
     for round in 0..400u64 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let period = (seed >> 33) as usize % 9 + 1;
         let count = (seed >> 40) as usize % 40;
-        let cycle: Vec<usize> = (0..period).map(|at| (at * 3 + round as usize) % 4).collect();
+        let cycle: Vec<usize> = (0..period)
+            .map(|at| (at * 3 + round as usize) % 4)
+            .collect();
         for at in 0..count {
             t += (seed >> 20) % 3 * 1_000;
             records.push(Record::Event(Event {
@@ -948,17 +952,30 @@ fn a_run_that_does_not_fit_its_chunk_is_damage() {
     let run = |period: u8| 0xf8 + period - 1;
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (vec![run(1), 5], "run of records not in the chunk"),
-        ([&event[..], &[run(2), 5]].concat(), "run of records that are not same-time repeats"),
-        ([&event[..], &[same, run(1), 0]].concat(), "empty run of records"),
+        (
+            [&event[..], &[run(2), 5]].concat(),
+            "run of records that are not same-time repeats",
+        ),
+        (
+            [&event[..], &[same, run(1), 0]].concat(),
+            "empty run of records",
+        ),
         (
             [&event[..], &[same, run(1), 0x80, 0x80, 0x80, 0x01]].concat(),
             "runs of records longer than a chunk holds",
         ),
         (
-            [&event[..], &[same, same, run(1), 0xff, 0xff, 0x3f, run(1), 0x02]].concat(),
+            [
+                &event[..],
+                &[same, same, run(1), 0xff, 0xff, 0x1f, run(1), 0x02],
+            ]
+            .concat(),
             "runs of records longer than a chunk holds",
         ),
-        ([&event[..], &[same, run(1)]].concat(), "record runs past the end of its chunk"),
+        (
+            [&event[..], &[same, run(1)]].concat(),
+            "record runs past the end of its chunk",
+        ),
     ];
     for (payload, reason) in cases {
         let mut bytes = header().encode();
@@ -982,7 +999,7 @@ fn a_run_that_does_not_fit_its_chunk_is_damage() {
         );
         assert_eq!(decoded.last(), Some(&mark), "{reason}");
     }
-    // A run up to the limit reads: 2^20 - 1 records after the one written plainly.
+    // A run up to the limit reads: that many records after the one written plainly.
     let mut payload = [&event[..], &[same]].concat();
     payload.push(run(1));
     varint::put_u64(&mut payload, u64::from(MAX_RUN_RECORDS));
@@ -998,19 +1015,31 @@ fn recorded_environment_variables_are_named_by_their_place() {
     let env = vec![
         ("CUDA_VISIBLE_DEVICES".to_owned(), Some("0,1".to_owned())),
         ("PYTORCH_CUDA_ALLOC_CONF".to_owned(), None),
-        ("PYTORCH_ALLOC_CONF".to_owned(), Some("expandable_segments:True".to_owned())),
+        (
+            "PYTORCH_ALLOC_CONF".to_owned(),
+            Some("expandable_segments:True".to_owned()),
+        ),
         ("PYTORCH_NO_CUDA_MEMORY_CACHING".to_owned(), None),
         ("SOMETHING_ELSE".to_owned(), Some("x".to_owned())),
     ];
     let written = Header { env, ..header() };
     for version in [3, 4, FORMAT_VERSION] {
         let read = reread(&written.encode_as(version)).unwrap();
-        assert_eq!(read, Header { version, ..written.clone() });
+        assert_eq!(
+            read,
+            Header {
+                version,
+                ..written.clone()
+            }
+        );
     }
     // Each of the four known names costs one byte instead of its length and itself; the
     // other one byte more (the 0 before it).
     let names: usize = RECORDED_ENV.iter().map(|name| name.len() + 1 - 1).sum();
-    assert_eq!(written.encode_as(4).len() - written.encode().len(), names - 1);
+    assert_eq!(
+        written.encode_as(4).len() - written.encode().len(),
+        names - 1
+    );
     // A place past the list is damage.
     let mut bad = Header {
         env: vec![("CUDA_VISIBLE_DEVICES".to_owned(), None)],
@@ -1068,4 +1097,32 @@ fn modules_are_one_address_and_two_distances() {
             assert_eq!(absolute.len() - compact.len(), 7 + 7 - 1 - 3);
         }
     }
+}
+
+#[test]
+fn a_chunk_s_runs_stop_at_their_limit_and_the_rest_is_written_plainly() {
+    // 600,000 same-time events in one chunk of a builder that never closes it early: the runs
+    // take what the decoder accepts, the rest is one byte each; all read back.
+    let records = at_10ms(
+        &loop_pairs(300_000, 0)
+            .iter()
+            .map(|r| retimed(r, |_| 0))
+            .collect::<Vec<_>>(),
+    );
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    for record in &records {
+        chunk.push(record);
+    }
+    let header_len = bytes.len();
+    chunk.finish_into(&mut bytes);
+    let plain = 600_000 - MAX_RUN_RECORDS as usize;
+    assert!(
+        bytes.len() - header_len > plain,
+        "{} bytes",
+        bytes.len() - header_len
+    );
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
 }
