@@ -113,7 +113,10 @@ fn main() -> ExitCode {
                     if first_event.is_none() {
                         first_event = Some(size);
                     }
-                    if tag >= 0xf0 {
+                    // A run's bytes count with its last record.
+                    if tag >= 0xf8 {
+                        format!("in runs: {}", event.kind.name())
+                    } else if tag >= 0xf0 {
                         format!("same-time repeat {}", event.kind.name())
                     } else if tag < 0x10 {
                         format!("repeat {}", event.kind.name())

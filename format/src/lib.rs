@@ -34,6 +34,7 @@ pub use record::{
 };
 pub use varint::{Cursor, DecodeError};
 
+use record::RunWriter;
 use varint::{put_bytes, put_u64};
 
 /// First eight bytes of every log.
@@ -42,8 +43,13 @@ pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
 /// graph memory event kinds `graph_alloc`, `graph_free`, `graph_pool`, which older readers do
 /// not know; 4: entry-point names as runs of [`KNOWN_APIS_V4`], times in units of the time
 /// resolution, one-byte repeats of an event at the same time, compressed chunks without their
-/// own records length).
-pub const FORMAT_VERSION: u32 = 4;
+/// own records length; 5: runs of same-time repeats, each chunk's thread starting at the pid,
+/// modules as one address and two short distances, the recorded environment variables named
+/// by their place in [`RECORDED_ENV`]).
+pub const FORMAT_VERSION: u32 = 5;
+/// The first version of runs, chunks starting at the pid's thread, short module addresses
+/// and environment variables by place.
+const RUNS_VERSION: u32 = 5;
 /// The first version whose header names entry points by their position in
 /// [`KNOWN_APIS_V4`].
 const COMPACT_APIS_VERSION: u32 = 4;
@@ -133,10 +139,15 @@ impl Header {
     /// The delta state each chunk of this log starts from (from version 4 on, times are
     /// written in units of the time resolution; before, in nanoseconds whatever it was).
     pub fn chunk_start_state(&self) -> DeltaState {
-        if self.version >= TIME_UNITS_VERSION {
+        let state = if self.version >= TIME_UNITS_VERSION {
             DeltaState::with_time_resolution(self.time_resolution_ns)
         } else {
             DeltaState::default()
+        };
+        if self.version >= RUNS_VERSION {
+            state.with_first_thread(self.pid)
+        } else {
+            state.with_absolute_modules()
         }
     }
 
@@ -168,7 +179,16 @@ impl Header {
         put_bytes(&mut body, self.hostname.as_bytes());
         put_u64(&mut body, self.env.len() as u64);
         for (name, value) in &self.env {
-            put_bytes(&mut body, name.as_bytes());
+            match RECORDED_ENV.iter().position(|known| known == name) {
+                // Its place in the list, from 1: a name the list lacks is spelled out after a 0.
+                Some(place) if version >= RUNS_VERSION => put_u64(&mut body, place as u64 + 1),
+                _ => {
+                    if version >= RUNS_VERSION {
+                        put_u64(&mut body, 0);
+                    }
+                    put_bytes(&mut body, name.as_bytes());
+                }
+            }
             match value {
                 Some(value) => {
                     body.push(1);
@@ -215,7 +235,17 @@ impl Header {
         let env_count = cursor.u64()?;
         let mut env = Vec::new();
         for _ in 0..env_count {
-            let name = cursor.string()?;
+            let name = if version >= RUNS_VERSION {
+                match cursor.u64()? {
+                    0 => cursor.string()?,
+                    place => RECORDED_ENV
+                        .get(usize::try_from(place - 1).unwrap_or(usize::MAX))
+                        .ok_or(DecodeError("recorded environment variable out of range"))?
+                        .to_string(),
+                }
+            } else {
+                cursor.string()?
+            };
             let value = match cursor.u8()? {
                 0 => None,
                 _ => Some(cursor.string()?),
@@ -318,16 +348,37 @@ fn read_compact_apis(
 /// 1.4x and 1.75x its CPU; the writer's time is what the recorder is judged on.
 pub const ZSTD_LEVEL: i32 = 1;
 
+/// Chunks of at most this many record bytes are stored compressed whenever that is shorter;
+/// larger ones only when it saves a quarter of their bytes.
+const SMALL_CHUNK_BYTES: usize = 16 << 10;
+
 /// Collects records into one chunk.
-#[derive(Default)]
 pub struct ChunkBuilder {
     payload: Vec<u8>,
     delta: DeltaState,
+    runs: RunWriter,
     records: usize,
     /// Created by the first compressed chunk and reused for every later one (a builder that
     /// writes plain chunks only never allocates one).
     compressor: Option<zstd_safe::CCtx<'static>>,
     compressed: Vec<u8>,
+}
+
+/// No thread has this id: a builder told no first thread writes every chunk's first event's
+/// thread, so any reader's start state reads it.
+const NO_THREAD: u32 = u32::MAX;
+
+impl Default for ChunkBuilder {
+    fn default() -> Self {
+        ChunkBuilder {
+            payload: Vec::new(),
+            delta: DeltaState::default().with_first_thread(NO_THREAD),
+            runs: RunWriter::default(),
+            records: 0,
+            compressor: None,
+            compressed: Vec::new(),
+        }
+    }
 }
 
 impl ChunkBuilder {
@@ -348,19 +399,33 @@ impl ChunkBuilder {
     /// header's `time_resolution_ns`; 1: full resolution). Records keep the order they are
     /// pushed in.
     pub fn with_time_resolution(mut self, ns: u64) -> Self {
-        self.delta = DeltaState::with_time_resolution(ns);
+        self.delta =
+            DeltaState::with_time_resolution(ns).with_first_thread(self.delta.first_thread());
+        self
+    }
+
+    /// A builder whose chunks start their thread at `thread`, as a reader of a log of
+    /// [`FORMAT_VERSION`] does (at the header's pid): the first events of the process's main
+    /// thread then cost no thread id. Without it, every chunk's first event writes its
+    /// thread.
+    pub fn with_first_thread(mut self, thread: u32) -> Self {
+        self.delta = self.delta.with_first_thread(thread);
         self
     }
 
     /// Appends one record.
     pub fn push(&mut self, record: &Record) {
+        let start = self.payload.len();
         self.delta.encode(record, &mut self.payload);
+        self.runs.after_record(&mut self.payload, start);
         self.records += 1;
     }
 
-    /// Payload bytes so far.
+    /// Payload bytes so far, a run's records counted as the byte each takes written plainly:
+    /// a caller that closes chunks at a payload size bounds the records a chunk holds as
+    /// before runs existed (and the payload itself, which is shorter).
     pub fn payload_len(&self) -> usize {
-        self.payload.len()
+        self.payload.len() + self.runs.saved()
     }
 
     /// Records so far.
@@ -378,6 +443,7 @@ impl ChunkBuilder {
         if self.records == 0 {
             return;
         }
+        self.runs.end(&mut self.payload);
         put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
         self.reset();
     }
@@ -388,6 +454,7 @@ impl ChunkBuilder {
         if self.records == 0 {
             return;
         }
+        self.runs.end(&mut self.payload);
         self.compressed.clear();
         // Room for the worst case, so that the frame is never cut short for want of space.
         self.compressed
@@ -402,8 +469,13 @@ impl ChunkBuilder {
             self.compressed.clear();
         }
         // Decompressing costs the reader time: a chunk that shrinks by less than a quarter
-        // is worth more plain.
-        let worth_it = self.compressed.len() <= self.payload.len() / 4 * 3;
+        // is worth more plain, unless it is small (a log's first chunk, its modules and
+        // stacks; a few microseconds to decompress): then any byte saved counts.
+        let worth_it = if self.payload.len() <= SMALL_CHUNK_BYTES {
+            self.compressed.len() < self.payload.len()
+        } else {
+            self.compressed.len() <= self.payload.len() / 4 * 3
+        };
         if !self.compressed.is_empty() && worth_it {
             // The frame's header holds the records' length (zstd writes it for a one-shot
             // compression): nothing else is needed.
@@ -417,6 +489,7 @@ impl ChunkBuilder {
     fn reset(&mut self) {
         self.payload.clear();
         self.delta = self.delta.restarted();
+        self.runs = RunWriter::default();
         self.records = 0;
     }
 }

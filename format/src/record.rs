@@ -326,6 +326,18 @@ const TAG_REPEAT: u8 = 0x0a;
 /// it, so nothing follows the tag (format version 4). At a coarse time resolution most events
 /// of a loop are these: one byte each, so a chunk holds twice the events.
 const TAG_REPEAT_SAME_TIME: u8 = 0xf0;
+/// `TAG_RUN + period - 1` then a count `n` (format version 5): the `period` one-byte
+/// same-time repeats written just before this record, repeated in turn for `n` more records
+/// (a loop of `period` events at one time costs one record per time step, not one byte per
+/// event).
+pub(crate) const TAG_RUN: u8 = 0xf8;
+/// Longest cycle of records a run repeats (tags `TAG_RUN..=0xff`).
+pub(crate) const MAX_RUN_PERIOD: usize = 8;
+/// Most records the runs of one chunk may expand to: more than a chunk of the recorder's
+/// holds (it closes chunks at 256 KiB of records, a run's records counted one byte each, so
+/// at most about 320 Ki records), so only damage passes it; it bounds the work a crafted
+/// chunk can cause. The encoder writes plainly what a chunk's runs cannot take.
+pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
 /// The one tag left between the repeats and the events.
 const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
@@ -366,6 +378,19 @@ pub struct DeltaState {
     /// on, writes times and time deltas in units of it: at 10 ms, a loop's next tick costs
     /// one byte instead of four. The decoder multiplies them back.
     time_step_ns: u64,
+    /// The thread each chunk's state starts from (format version 5: the process id, so the
+    /// main thread's first event of a chunk costs no thread id; before, 0).
+    first_thread: u32,
+    /// Modules written as before format version 5 (each address in full), not as the
+    /// range's length and its distance from the load bias.
+    absolute_modules: bool,
+    /// Records of the run being decoded still to come (0: none); the cursor stays on the
+    /// run record until the last.
+    run_left: u32,
+    /// Records of the current run decoded so far.
+    run_done: u32,
+    /// Records every run of this chunk expanded to so far (bounded by `MAX_RUN_RECORDS`).
+    run_records: u32,
 }
 
 impl DeltaState {
@@ -380,9 +405,35 @@ impl DeltaState {
         }
     }
 
-    /// The state at the start of a new chunk, with the same time resolution.
+    /// The same state, but each chunk's first thread is `thread` (format version 5: the
+    /// header's pid): a chunk's events of that thread write no thread id until another
+    /// thread's event comes.
+    pub fn with_first_thread(mut self, thread: u32) -> DeltaState {
+        self.first_thread = thread;
+        self.thread = thread;
+        self
+    }
+
+    /// The thread each chunk's state starts from.
+    pub(crate) fn first_thread(&self) -> u32 {
+        self.first_thread
+    }
+
+    /// The same state, reading modules as format versions before 5 wrote them.
+    pub(crate) fn with_absolute_modules(mut self) -> DeltaState {
+        self.absolute_modules = true;
+        self
+    }
+
+    /// The state at the start of a new chunk, with the same settings.
     pub(crate) fn restarted(&self) -> DeltaState {
-        DeltaState::with_time_resolution(self.time_step_ns)
+        DeltaState {
+            time_step_ns: self.time_step_ns,
+            first_thread: self.first_thread,
+            thread: self.first_thread,
+            absolute_modules: self.absolute_modules,
+            ..DeltaState::default()
+        }
     }
 
     /// `t_ns` as written: rounded down to the time resolution.
@@ -482,9 +533,17 @@ impl DeltaState {
             Record::Module(module) => {
                 out.push(TAG_MODULE);
                 put_bytes(out, module.path.as_bytes());
-                put_u64(out, module.load_bias);
-                put_u64(out, module.start);
-                put_u64(out, module.end);
+                if self.absolute_modules {
+                    put_u64(out, module.load_bias);
+                    put_u64(out, module.start);
+                    put_u64(out, module.end);
+                } else {
+                    // A shared object's load bias is its start, and its range is short: one
+                    // address in full, not three.
+                    put_u64(out, module.start);
+                    put_u64(out, module.end.wrapping_sub(module.start));
+                    put_i64(out, module.start.wrapping_sub(module.load_bias) as i64);
+                }
                 put_bytes(out, &module.build_id);
             }
             Record::Dropped(dropped) => {
@@ -648,7 +707,9 @@ impl DeltaState {
         let Record::Event(event) = out else {
             unreachable!("just made an event");
         };
-        if tag >= TAG_REPEAT_SAME_TIME {
+        if tag >= TAG_RUN {
+            self.decode_run_into(tag, cursor, event)?;
+        } else if tag >= TAG_REPEAT_SAME_TIME {
             self.decode_repeat_into(tag, cursor, event)?;
         } else if tag >= TAG_EVENT {
             let kind =
@@ -688,9 +749,51 @@ impl DeltaState {
         Ok(())
     }
 
+    /// The next record of the run whose record (tag `tag`) the cursor is on, into `event`.
+    /// The cursor stays on the run record until its last record is read.
+    fn decode_run_into(
+        &mut self,
+        tag: u8,
+        cursor: &mut Cursor<'_>,
+        event: &mut Event,
+    ) -> Result<(), DecodeError> {
+        let at = cursor.pos - 1;
+        let period = usize::from(tag - TAG_RUN) + 1;
+        let count = cursor.u32()?;
+        if self.run_left == 0 {
+            if count == 0 {
+                return Err(DecodeError("empty run of records"));
+            }
+            if count > MAX_RUN_RECORDS - self.run_records {
+                return Err(DecodeError("runs of records longer than a chunk holds"));
+            }
+            self.run_records += count;
+            self.run_left = count;
+            self.run_done = 0;
+        }
+        let Some(cycle) = at.checked_sub(period).map(|start| &cursor.bytes[start..at]) else {
+            return Err(DecodeError("run of records not in the chunk"));
+        };
+        let repeat = cycle[self.run_done as usize % period];
+        if !(TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(&repeat) {
+            return Err(DecodeError("run of records that are not same-time repeats"));
+        }
+        self.run_done += 1;
+        self.run_left -= 1;
+        if self.run_left > 0 {
+            cursor.pos = at;
+        }
+        self.decode_repeat_into(repeat, cursor, event)
+    }
+
     /// Reads the next record from `cursor`.
     pub fn decode(&mut self, cursor: &mut Cursor<'_>) -> Result<Record, DecodeError> {
         let tag = cursor.u8()?;
+        if tag >= TAG_RUN {
+            let mut event = Event::default();
+            self.decode_run_into(tag, cursor, &mut event)?;
+            return Ok(Record::Event(event));
+        }
         let repeat = (TAG_REPEAT..TAG_REPEAT + RECENT as u8).contains(&tag)
             || (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(&tag);
         if tag >= TAG_EVENT && !repeat {
@@ -742,13 +845,23 @@ impl DeltaState {
                 }
                 Record::Stack(StackDef { id, frames })
             }
-            TAG_MODULE => Record::Module(ModuleDef {
-                path: cursor.string()?,
-                load_bias: cursor.u64()?,
-                start: cursor.u64()?,
-                end: cursor.u64()?,
-                build_id: cursor.bytes()?.to_vec(),
-            }),
+            TAG_MODULE => {
+                let path = cursor.string()?;
+                let (load_bias, start, end) = if self.absolute_modules {
+                    (cursor.u64()?, cursor.u64()?, cursor.u64()?)
+                } else {
+                    let start = cursor.u64()?;
+                    let end = start.wrapping_add(cursor.u64()?);
+                    (start.wrapping_sub(cursor.i64()? as u64), start, end)
+                };
+                Record::Module(ModuleDef {
+                    path,
+                    load_bias,
+                    start,
+                    end,
+                    build_id: cursor.bytes()?.to_vec(),
+                })
+            }
             TAG_DROPPED => Record::Dropped(Dropped {
                 t_ns: self.read_time(cursor)?,
                 count: cursor.u64()?,
@@ -879,4 +992,109 @@ fn same_but_time(a: &Event, b: &Event) -> bool {
 
 fn device_from(value: i64) -> Result<i32, DecodeError> {
     i32::try_from(value).map_err(|_| DecodeError("device ordinal out of range"))
+}
+
+/// The encoder's side of runs ([`TAG_RUN`]): watches the records appended to a chunk's payload
+/// and gathers a cycle of one-byte same-time repeats that comes round again into one run
+/// record.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RunWriter {
+    /// One-byte same-time repeats written last, in a row, at the payload's end.
+    plain: usize,
+    /// The period of the run being gathered (0: none); its cycle is the payload's last
+    /// `period` bytes.
+    period: usize,
+    /// Records of the run being gathered (not in the payload).
+    count: u32,
+    /// Records every run record of this chunk stands for.
+    expanded: u32,
+    /// Bytes the chunk's runs saved: records counted as written plainly, one byte each, less
+    /// the run records.
+    saved: usize,
+}
+
+impl RunWriter {
+    /// Bytes the payload would hold with every run written plainly.
+    pub(crate) fn saved(&self) -> usize {
+        self.saved + self.count as usize
+    }
+
+    /// A record was appended to `payload` from `start` on: the record joins the run being
+    /// gathered, or ends it (the run is then written before the record), or starts one.
+    pub(crate) fn after_record(&mut self, payload: &mut Vec<u8>, start: usize) {
+        let repeat = (payload.len() == start + 1)
+            .then(|| payload[start])
+            .filter(|tag| {
+                (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(tag)
+            });
+        if self.period != 0 {
+            let expected = payload[start - self.period + self.count as usize % self.period];
+            if repeat == Some(expected) && self.expanded + self.count < MAX_RUN_RECORDS {
+                payload.pop();
+                self.count += 1;
+                return;
+            }
+            // The run goes before the record just appended.
+            let (bytes, len) = self.end_at(payload, start);
+            payload.extend_from_slice(&bytes[..len]);
+            payload[start..].rotate_right(len);
+        }
+        let Some(repeat) = repeat else {
+            self.plain = 0;
+            return;
+        };
+        // The record's position in its own bytes' terms, after whatever the run became.
+        let at = payload.len() - 1;
+        let known = self.plain.min(MAX_RUN_PERIOD);
+        if let Some(period) = (1..=known).find(|back| payload[at - back] == repeat) {
+            payload.pop();
+            self.period = period;
+            self.count = 1;
+        } else {
+            self.plain += 1;
+        }
+    }
+
+    /// Writes the run being gathered, if any, at the payload's end: plainly when that is as
+    /// short.
+    pub(crate) fn end(&mut self, payload: &mut Vec<u8>) {
+        let (bytes, len) = self.end_at(payload, payload.len());
+        payload.extend_from_slice(&bytes[..len]);
+    }
+
+    /// Ends the run being gathered, whose cycle ends at `at` in `payload`: the bytes that
+    /// stand for it (at most a tag and a count).
+    fn end_at(&mut self, payload: &[u8], at: usize) -> ([u8; 11], usize) {
+        let mut bytes = [0u8; 11];
+        if self.period == 0 {
+            return (bytes, 0);
+        }
+        let cycle = &payload[at - self.period..at];
+        let count = self.count as usize;
+        let len = if count <= 2 {
+            for done in 0..count {
+                bytes[done] = cycle[done % self.period];
+            }
+            self.plain += count;
+            count
+        } else {
+            bytes[0] = TAG_RUN + (self.period - 1) as u8;
+            let mut value = self.count;
+            let mut len = 1;
+            while value >= 0x80 {
+                bytes[len] = (value as u8) | 0x80;
+                value >>= 7;
+                len += 1;
+            }
+            bytes[len] = value as u8;
+            len += 1;
+            self.saved += count - len;
+            self.expanded += self.count;
+            self.plain = 0;
+            len
+        };
+        self.period = 0;
+        self.count = 0;
+        (bytes, len)
+    }
 }

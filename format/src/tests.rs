@@ -1,4 +1,5 @@
 use super::*;
+use crate::record::MAX_RUN_RECORDS;
 
 fn header() -> Header {
     Header {
@@ -540,13 +541,18 @@ fn version_3_logs_at_a_coarse_resolution_read_their_times_as_nanoseconds() {
         .iter()
         .map(|record| retimed(record, |t| t * 10_000_000))
         .collect();
-    for (version, chunk_resolution) in [(3, 1), (FORMAT_VERSION, 10_000_000)] {
+    for (version, chunk_resolution) in [(3, 1), (4, 10_000_000), (FORMAT_VERSION, 10_000_000)] {
         let mut bytes = Header {
             time_resolution_ns: 10_000_000,
             ..header()
         }
         .encode_as(version);
         let mut state = DeltaState::with_time_resolution(chunk_resolution);
+        if version < 5 {
+            state = state.with_absolute_modules();
+        } else {
+            state = state.with_first_thread(header().pid);
+        }
         let mut payload = Vec::new();
         for record in &records {
             state.encode(record, &mut payload);
@@ -708,7 +714,7 @@ fn entry_point_names_are_runs_of_the_known_table_and_names_it_lacks() {
         apis: known.clone(),
         ..header()
     }
-    .encode()
+    .encode_as(4)
     .len();
     let names: usize = known.iter().map(|name| name.len() + 1).sum();
     assert_eq!(literal - compact, names - 2);
@@ -759,4 +765,364 @@ fn entry_point_runs_out_of_the_table_are_damage() {
             "{entries:?}"
         );
     }
+}
+
+/// Alloc/free pairs of thread 4242 (the header's pid) at address 0x7000_0000_0000, two every
+/// microsecond from `from_ns` on.
+fn loop_pairs(pairs: u64, from_ns: u64) -> Vec<Record> {
+    (0..2 * pairs)
+        .map(|i| {
+            Record::Event(Event {
+                kind: if i % 2 == 0 {
+                    EventKind::Alloc
+                } else {
+                    EventKind::Free
+                },
+                api: 31,
+                t_ns: from_ns + 500 * i,
+                thread: 4242,
+                addr: 0x7000_0000_0000,
+                size: if i % 2 == 0 { 4096 } else { 0 },
+                stack: if i % 2 == 0 { 1 } else { 0 },
+                ..Event::default()
+            })
+        })
+        .collect()
+}
+
+/// `records` with every time rounded down to 10 ms, as a log at that resolution reads them.
+fn at_10ms(records: &[Record]) -> Vec<Record> {
+    records
+        .iter()
+        .map(|record| retimed(record, |t| t - t % 10_000_000))
+        .collect()
+}
+
+#[test]
+fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
+    // 100,000 alloc/free pairs over 100 ms at 10 ms: ten time steps. The chunk holds the
+    // first pair in full (14 + 7 bytes: tag, flags, api, time, address, size, stack; the
+    // free's address delta and size delta; no thread: the chunk starts at the pid's), two
+    // more same-time repeats and a run of the rest of the first 10 ms (1 + 3 bytes); then,
+    // for each of the nine later steps, the alloc that crosses into it (a repeat and its
+    // time delta: 2 bytes), the free and the next alloc (1 byte each), and a run of the rest
+    // of the step (4 bytes): 21 + 2 + 4 + 9 * 8 = 99 bytes for 200,000 events.
+    let records = loop_pairs(100_000, 0);
+    let header = Header {
+        time_resolution_ns: 10_000_000,
+        ..header()
+    };
+    let mut bytes = header.encode();
+    let mut chunk = ChunkBuilder::new()
+        .with_time_resolution(10_000_000)
+        .with_first_thread(header.pid);
+    for record in &records {
+        chunk.push(record);
+    }
+    // Counted as the records would be written without runs: one byte each after the first
+    // pair (and the crossing allocs' time deltas).
+    assert_eq!(chunk.payload_len(), 21 + 200_000 - 2 + 9);
+    let header_len = bytes.len();
+    chunk.finish_into(&mut bytes);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 99);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, at_10ms(&records));
+    // A chunk this small is stored compressed whenever that is shorter (the nine steps' bytes
+    // are alike).
+    let mut bytes = header.encode();
+    for record in &records {
+        chunk.push(record);
+    }
+    chunk.finish_compressed_into(&mut bytes);
+    assert_eq!(bytes[header_len..header_len + 4], COMPRESSED_CHUNK_MAGIC);
+    assert!(bytes.len() - header_len < CHUNK_HEADER_LEN + 99);
+    assert_eq!(read_all(&bytes).0, at_10ms(&records));
+    // The same chunk without the first thread: the first event writes its thread (2 bytes).
+    let mut chunk = ChunkBuilder::new().with_time_resolution(10_000_000);
+    let mut bytes = header.encode();
+    for record in &records {
+        chunk.push(record);
+    }
+    chunk.finish_into(&mut bytes);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 101);
+    assert_eq!(read_all(&bytes).0, at_10ms(&records));
+}
+
+#[test]
+fn runs_of_any_cycle_read_back_exactly() {
+    // Cycles of 1 to 9 same-time events (9 is past the longest run: written plainly), cut
+    // short, broken by another event or a definition, at two resolutions, plain and
+    // compressed, split over chunks of several sizes.
+    let shapes: Vec<Event> = (0..4u64)
+        .map(|i| Event {
+            kind: if i % 2 == 0 {
+                EventKind::Alloc
+            } else {
+                EventKind::Free
+            },
+            api: i as u16,
+            thread: 4242 + (i / 2) as u32,
+            addr: 0x7000 + 0x100 * i,
+            size: 64 << i,
+            ..Event::default()
+        })
+        .collect();
+    let mut records = Vec::new();
+    let mut t = 0u64;
+    let mut seed = 12345u64;
+    for round in 0..400u64 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let period = (seed >> 33) as usize % 9 + 1;
+        let count = (seed >> 40) as usize % 40;
+        let cycle: Vec<usize> = (0..period)
+            .map(|at| (at * 3 + round as usize) % 4)
+            .collect();
+        for at in 0..count {
+            t += (seed >> 20) % 3 * 1_000;
+            records.push(Record::Event(Event {
+                t_ns: t,
+                ..shapes[cycle[at % period]]
+            }));
+        }
+        match round % 5 {
+            0 => records.push(Record::Event(Event {
+                t_ns: t,
+                size: round,
+                ..shapes[0]
+            })),
+            1 => records.push(Record::Mark(Mark {
+                t_ns: t,
+                thread: 1,
+                text: "m".into(),
+            })),
+            2 => t += 10_000_000,
+            _ => {}
+        }
+    }
+    for resolution in [1, 10_000_000] {
+        for per_chunk in [7, 100, 100_000] {
+            for compressed in [false, true] {
+                let header = Header {
+                    time_resolution_ns: resolution,
+                    ..header()
+                };
+                let mut bytes = header.encode();
+                let mut chunk = ChunkBuilder::new()
+                    .with_time_resolution(resolution)
+                    .with_first_thread(header.pid);
+                for record in &records {
+                    chunk.push(record);
+                    if chunk.records() == per_chunk {
+                        if compressed {
+                            chunk.finish_compressed_into(&mut bytes);
+                        } else {
+                            chunk.finish_into(&mut bytes);
+                        }
+                    }
+                }
+                chunk.finish_into(&mut bytes);
+                let (decoded, damage) = read_all(&bytes);
+                assert!(damage.is_empty(), "{damage:?}");
+                let expected: Vec<Record> = records
+                    .iter()
+                    .map(|record| retimed(record, |t| t - t % resolution))
+                    .collect();
+                assert_eq!(decoded, expected, "{resolution} ns, {per_chunk} per chunk");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_that_does_not_fit_its_chunk_is_damage() {
+    // Each payload: an event (remembered in slot 0), then records that end in a bad run; the
+    // reader reports the chunk's rest skipped and reads the next chunk.
+    let mut event = Vec::new();
+    DeltaState::default().encode(
+        &Record::Event(Event {
+            addr: 0x7000,
+            ..Event::default()
+        }),
+        &mut event,
+    );
+    let same = 0xf0;
+    let run = |period: u8| 0xf8 + period - 1;
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (vec![run(1), 5], "run of records not in the chunk"),
+        (
+            [&event[..], &[run(2), 5]].concat(),
+            "run of records that are not same-time repeats",
+        ),
+        (
+            [&event[..], &[same, run(1), 0]].concat(),
+            "empty run of records",
+        ),
+        (
+            [&event[..], &[same, run(1), 0x80, 0x80, 0x80, 0x01]].concat(),
+            "runs of records longer than a chunk holds",
+        ),
+        (
+            [
+                &event[..],
+                &[same, same, run(1), 0xff, 0xff, 0x1f, run(1), 0x02],
+            ]
+            .concat(),
+            "runs of records longer than a chunk holds",
+        ),
+        (
+            [&event[..], &[same, run(1)]].concat(),
+            "record runs past the end of its chunk",
+        ),
+    ];
+    for (payload, reason) in cases {
+        let mut bytes = header().encode();
+        let chunk_at = bytes.len() as u64;
+        put_chunk(&mut bytes, CHUNK_MAGIC, &[&payload]);
+        let mut next = ChunkBuilder::new();
+        let mark = Record::Mark(Mark {
+            t_ns: 5,
+            thread: 1,
+            text: "after".into(),
+        });
+        next.push(&mark);
+        next.finish_into(&mut bytes);
+        let (decoded, damage) = read_all(&bytes);
+        assert_eq!(
+            damage,
+            [Damage {
+                offset: chunk_at,
+                kind: DamageKind::BadRecord { reason }
+            }]
+        );
+        assert_eq!(decoded.last(), Some(&mark), "{reason}");
+    }
+    // A run up to the limit reads: that many records after the one written plainly.
+    let mut payload = [&event[..], &[same]].concat();
+    payload.push(run(1));
+    varint::put_u64(&mut payload, u64::from(MAX_RUN_RECORDS));
+    let mut bytes = header().encode();
+    put_chunk(&mut bytes, CHUNK_MAGIC, &[&payload]);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded.len(), 2 + MAX_RUN_RECORDS as usize);
+}
+
+#[test]
+fn recorded_environment_variables_are_named_by_their_place() {
+    let env = vec![
+        ("CUDA_VISIBLE_DEVICES".to_owned(), Some("0,1".to_owned())),
+        ("PYTORCH_CUDA_ALLOC_CONF".to_owned(), None),
+        (
+            "PYTORCH_ALLOC_CONF".to_owned(),
+            Some("expandable_segments:True".to_owned()),
+        ),
+        ("PYTORCH_NO_CUDA_MEMORY_CACHING".to_owned(), None),
+        ("SOMETHING_ELSE".to_owned(), Some("x".to_owned())),
+    ];
+    let written = Header { env, ..header() };
+    for version in [3, 4, FORMAT_VERSION] {
+        let read = reread(&written.encode_as(version)).unwrap();
+        assert_eq!(
+            read,
+            Header {
+                version,
+                ..written.clone()
+            }
+        );
+    }
+    // Each of the four known names costs one byte instead of its length and itself; the
+    // other one byte more (the 0 before it).
+    let names: usize = RECORDED_ENV.iter().map(|name| name.len() + 1 - 1).sum();
+    assert_eq!(
+        written.encode_as(4).len() - written.encode().len(),
+        names - 1
+    );
+    // A place past the list is damage.
+    let mut bad = Header {
+        env: vec![("CUDA_VISIBLE_DEVICES".to_owned(), None)],
+        ..header()
+    }
+    .encode();
+    let at = bad
+        .windows(2)
+        .position(|pair| pair == [1, 1])
+        .expect("the entry: count 1, place 1");
+    bad[at + 1] = 9;
+    let body_crc = crc32fast::hash(&bad[20..]);
+    bad[16..20].copy_from_slice(&body_crc.to_le_bytes());
+    assert!(matches!(reread(&bad), Err(OpenError::BadHeader(_))));
+}
+
+#[test]
+fn modules_are_one_address_and_two_distances() {
+    // A shared object (bias = start) and a non-PIE executable (bias 0), read back exactly
+    // from this version and from version 4's absolute layout.
+    let modules = [
+        ModuleDef {
+            path: "/lib/x86_64-linux-gnu/libc.so.6".into(),
+            load_bias: 0x7f75_932a_a000,
+            start: 0x7f75_932a_a000,
+            end: 0x7f75_9348_bf50,
+            build_id: vec![0x93; 20],
+        },
+        ModuleDef {
+            path: "/usr/bin/prog".into(),
+            load_bias: 0,
+            start: 0x40_0000,
+            end: 0x40_2000,
+            build_id: Vec::new(),
+        },
+    ];
+    for module in modules {
+        let record = Record::Module(module.clone());
+        let mut compact = Vec::new();
+        DeltaState::default().encode(&record, &mut compact);
+        let mut absolute = Vec::new();
+        DeltaState::default()
+            .with_absolute_modules()
+            .encode(&record, &mut absolute);
+        for (payload, mut state) in [
+            (&compact, DeltaState::default()),
+            (&absolute, DeltaState::default().with_absolute_modules()),
+        ] {
+            let mut cursor = Cursor::new(payload);
+            assert_eq!(state.decode(&mut cursor), Ok(record.clone()));
+            assert!(cursor.is_empty());
+        }
+        if module.load_bias == module.start {
+            // 7-byte bias and end become a 1-byte 0 and a 3-byte length.
+            assert_eq!(absolute.len() - compact.len(), 7 + 7 - 1 - 3);
+        }
+    }
+}
+
+#[test]
+fn a_chunk_s_runs_stop_at_their_limit_and_the_rest_is_written_plainly() {
+    // 600,000 same-time events in one chunk of a builder that never closes it early: the runs
+    // take what the decoder accepts, the rest is one byte each; all read back.
+    let records = at_10ms(
+        &loop_pairs(300_000, 0)
+            .iter()
+            .map(|r| retimed(r, |_| 0))
+            .collect::<Vec<_>>(),
+    );
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    for record in &records {
+        chunk.push(record);
+    }
+    let header_len = bytes.len();
+    chunk.finish_into(&mut bytes);
+    let plain = 600_000 - MAX_RUN_RECORDS as usize;
+    assert!(
+        bytes.len() - header_len > plain,
+        "{} bytes",
+        bytes.len() - header_len
+    );
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
 }

@@ -174,7 +174,7 @@ fn create_log(
     ring_events: Option<usize>,
 ) -> Result<writer::Output, String> {
     let unrecorded = "the program runs unrecorded";
-    match writer::open_log(wanted, header, start_mono_ns, ring_events) {
+    match writer::open_log(wanted, header, pid, start_mono_ns, ring_events) {
         Ok(output) => return Ok(output),
         Err(writer::OpenError::Exists) => {}
         Err(writer::OpenError::Failed(why)) => {
@@ -213,7 +213,7 @@ fn create_log(
         if n > 1 {
             candidate.push(format!(".{n}"));
         }
-        match writer::open_log(&candidate, header, start_mono_ns, ring_events) {
+        match writer::open_log(&candidate, header, pid, start_mono_ns, ring_events) {
             Ok(output) => {
                 crate::warn(&format!(
                     "{} already exists; logging to {}",

@@ -147,10 +147,11 @@ pub enum OpenError {
 
 /// Creates `path` as a new log: atomically, never through a symlink, never opening what is
 /// already there (`O_EXCL`: an existing FIFO or device is not opened, so nothing blocks),
-/// mode 0600.
+/// mode 0600. `pid` is the header's: every chunk starts its thread there.
 pub fn open_log(
     path: &OsString,
     header: &[u8],
+    pid: u32,
     start_mono_ns: u64,
     ring_events: Option<usize>,
 ) -> Result<Output, OpenError> {
@@ -188,7 +189,8 @@ pub fn open_log(
         // Times are rounded to the resolution only as they are encoded: the merge of the
         // threads' rings (`flush_locked`) orders them at full resolution.
         chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM)
-            .with_time_resolution(crate::process::config().time_resolution_ns),
+            .with_time_resolution(crate::process::config().time_resolution_ns)
+            .with_first_thread(pid),
         batch: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
         crashing: false,
@@ -332,12 +334,14 @@ pub fn flush(kind: FlushKind) {
     };
     if let Some(output) = guard.as_mut() {
         output.crashing = kind == FlushKind::Crash;
-        flush_locked(output, kind);
+        flush_locked(output, kind, true);
         output.crashing = false;
     }
 }
 
-fn flush_locked(output: &mut Output, kind: FlushKind) {
+/// Drains and writes; `finish`: false leaves the last chunk open for a record to follow (a
+/// crash's chunk is always written).
+fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
     let crash = kind == FlushKind::Crash;
     {
         let mut rings = match kind {
@@ -460,7 +464,9 @@ fn flush_locked(output: &mut Output, kind: FlushKind) {
             return;
         }
     }
-    finish_chunk(output);
+    if finish {
+        finish_chunk(output);
+    }
 }
 
 /// How long the writer thread may sleep: `interval`, or less when a chunk left open is due
@@ -565,16 +571,17 @@ pub fn final_note(text: &str) {
     }
 }
 
-/// Writes everything buffered, then the exit record stamped now, in a chunk of its own (a
-/// reader older than the record loses that chunk only). Once per process: `exit` called
-/// again from an `atexit` handler, or from two threads, writes one record.
+/// Writes everything buffered, then the exit record stamped now, at the end of the same chunk
+/// (format 5: no reader older than the record reads the log, so it needs no chunk of its
+/// own). Once per process: `exit` called again from an `atexit` handler, or from two
+/// threads, writes one record.
 pub fn exit_record() {
     if busy_on_this_thread() || EXIT_WRITTEN.swap(true, Ordering::AcqRel) {
         return;
     }
-    flush(FlushKind::Final);
     let mut guard = OUTPUT.lock();
     if let Some(output) = guard.as_mut() {
+        flush_locked(output, FlushKind::Final, false);
         let t_ns = process::now_ns().saturating_sub(output.start_mono_ns);
         push_record(output, &Record::Exit(vramshim_format::Exit { t_ns }));
         finish_chunk(output);

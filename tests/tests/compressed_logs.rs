@@ -407,6 +407,29 @@ fn a_log_of_the_version_3_recorder_still_reads_exactly() {
     assert_eq!(lines[0]["apis"].as_array().map(Vec::len), Some(81));
 }
 
+#[test]
+fn a_log_of_the_version_4_recorder_still_reads_exactly() {
+    // Recorded by the version 4 shim at VRAMSHIM_TIME_RESOLUTION=10ms with native stacks
+    // (entry points as runs of the frozen table, times in 10 ms units, one-byte same-time
+    // repeats, each module's three addresses in full, every chunk's thread starting at 0, the
+    // exit record in a chunk of its own) from the alloc/free loop of scripts/bench_peers.c
+    // (40 pairs, depth 3); the JSON is that version's own dump of it.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let log = fixtures.join("v4-alloc-free.log");
+    let expected = std::fs::read_to_string(fixtures.join("v4-alloc-free.json")).expect("fixture");
+    let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), expected);
+    let bytes = std::fs::read(&log).expect("fixture");
+    assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+    let magics: Vec<[u8; 4]> = chunks(&bytes).iter().map(|span| span.magic).collect();
+    assert_eq!(magics, [COMPRESSED_CHUNK_MAGIC, CHUNK_MAGIC]);
+    let (_, lines) = dump(&log);
+    assert_eq!(of_type(&lines, "event").len(), 80);
+    assert_eq!(of_type(&lines, "module").len(), 8);
+    assert_eq!(lines[0]["time_resolution_ns"], 10_000_000);
+}
+
 /// CRC-32 (IEEE), as the format uses.
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
