@@ -1591,6 +1591,267 @@ fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
     }
 }
 
+/// A MIG device of a layout, as `devices layout` prints it: profile, bytes, SMs, GPU instance.
+type MigSpec = (&'static str, u64, i32, u32);
+
+/// What `devices layout` prints on fake A100 80GB cards (80 GiB, 108 SMs) whose MIG devices
+/// are `cards` (`None`: out of MIG mode) when CUDA sees `seen` (card, MIG index) in that order:
+/// each CUDA device's figures with 8 MiB taken on it; NVML's GPUs (a MIG card's used bytes the
+/// sum over its MIG devices, and the processes on each with its GPU instance id and compute
+/// instance 0; out of MIG mode ids 0xFFFFFFFF), their MIG devices by index (6 past the last,
+/// 2 past 7; 3 out of MIG mode) with their GPU and compute instance ids.
+fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> String {
+    const CARD: u64 = 80 << 30;
+    const TAKEN: u64 = 8 * MIB;
+    let mig_uuid =
+        |card: u32, index: u32| format!("46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}");
+    let mut text = format!(
+        "cuda count={} rc={}\n",
+        seen.len(),
+        if seen.is_empty() { 100 } else { 0 }
+    );
+    for (d, &(card, index)) in seen.iter().enumerate() {
+        let (name, total, sms, uuid) = match index {
+            Some(k) => {
+                let (profile, bytes, sms, _) = cards[card as usize].expect("MIG card")[k as usize];
+                (
+                    format!("NVIDIA A100-SXM4-80GB MIG {profile}"),
+                    bytes,
+                    sms,
+                    mig_uuid(card, k),
+                )
+            }
+            None => (
+                "NVIDIA A100-SXM4-80GB".to_owned(),
+                CARD,
+                108,
+                format!("46414b45-4750-5500-0000-0000000000{card:02x}"),
+            ),
+        };
+        text.push_str(&format!(
+            "cuda {d} name={name} total={total} sms={sms} uuid_v2={uuid} malloc rc=0 free={}\n",
+            total - TAKEN
+        ));
+    }
+    text.push_str(&format!("nvml init=0 count={} rc=0\n", cards.len()));
+    let on = |card: u32, index: Option<u32>| seen.contains(&(card, index));
+    let entry = |taken: bool, gi: i32, ci: i32| {
+        if taken {
+            format!(" processes n=1 rc=0 self:{TAKEN}:{gi}:{ci}")
+        } else {
+            " processes n=0 rc=0".to_owned()
+        }
+    };
+    for (n, spec) in cards.iter().enumerate() {
+        let n = n as u32;
+        match spec {
+            None => text.push_str(&format!(
+                "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=0/0 max=0 gi \
+                 rc=3{}\nnvml gpu {n} mig 0 rc=3\n",
+                if on(n, None) { TAKEN } else { 0 },
+                entry(on(n, None), -1, -1)
+            )),
+            Some(devices) => {
+                let taken: Vec<(u32, u32)> = (0..devices.len() as u32)
+                    .filter(|&k| on(n, Some(k)))
+                    .map(|k| (k, devices[k as usize].3))
+                    .collect();
+                let listed: String = if taken.is_empty() {
+                    " processes n=0 rc=0".to_owned()
+                } else {
+                    format!(
+                        " processes n={} rc=0{}",
+                        taken.len(),
+                        taken
+                            .iter()
+                            .map(|(_, gi)| format!(" self:{TAKEN}:{gi}:0"))
+                            .collect::<String>()
+                    )
+                };
+                text.push_str(&format!(
+                    "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=1/1 max=7 \
+                     gi rc=3{listed}\n",
+                    TAKEN * taken.len() as u64
+                ));
+                for k in 0..8u32 {
+                    match devices.get(k as usize) {
+                        Some(&(profile, bytes, _, gi)) => text.push_str(&format!(
+                            "nvml gpu {n} mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} \
+                             uuid=MIG-{} total={bytes} used={} gi={gi} rc=0 ci=0 rc=0 parent=1 \
+                             by-uuid=1{}\n",
+                            mig_uuid(n, k),
+                            if on(n, Some(k)) { TAKEN } else { 0 },
+                            entry(on(n, Some(k)), gi as i32, 0)
+                        )),
+                        None => text.push_str(&format!(
+                            "nvml gpu {n} mig {k} rc={}\n",
+                            if k == 7 { 2 } else { 6 }
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    text
+}
+
+/// MIG layouts (`VRAMSHIM_FAKEGPU_MIG`, cards separated by `;`) on fake A100 80GB cards: several
+/// MIG devices per card of mixed profiles and cards out of MIG mode. Each MIG device has its
+/// share of the card (the first one's `_MEMORY`/`_SMS` per memory and compute slice: 10 GiB
+/// and 14 SMs), its placement's GPU instance id (3g at slice 0: 1; 2g at 4: 5; 1g at 6: 13;
+/// "1g.10gb,4g.40gb": the 4g at 0, the 1g at 4: 11), its own memory (8 MiB taken on the one
+/// CUDA sees shows there, in its process entry and in its card's total only). CUDA sees the
+/// cards out of MIG mode and one MIG device: unset, card 0's first beside card 1; a `MIG-` UUID
+/// its device; an index its card's first MIG device, which ends the list; an ambiguous prefix
+/// none. Layouts a card cannot hold are refused with the reason, and CUDA and NVML do not start.
+#[test]
+fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
+    let dir = scratch("fakegpu-mig-layout");
+    let exe = build_program(&dir, "devices", 13);
+    const G: u64 = 1 << 30;
+    let env = |layout: &str, first: &str, memory: u64, sms: u32| {
+        vec![
+            ("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string()),
+            ("VRAMSHIM_FAKEGPU_CARD_MEMORY", (80 * G).to_string()),
+            ("VRAMSHIM_FAKEGPU_SMS", sms.to_string()),
+            ("VRAMSHIM_FAKEGPU_CARD_SMS", "108".to_owned()),
+            (
+                "VRAMSHIM_FAKEGPU_NAME",
+                format!("NVIDIA A100-SXM4-80GB MIG {first}"),
+            ),
+            ("VRAMSHIM_FAKEGPU_MIG", layout.to_owned()),
+        ]
+    };
+    let run = |count: u32, visible: Option<&str>, env: &[(&str, String)]| {
+        let (code, stdout, stderr) = run_devices(&exe, "layout", count, visible, env);
+        assert_eq!(code, Some(0), "{visible:?}: {stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let mig = |card: u32, index: u32| {
+        format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}")
+    };
+
+    // Three cards: three MIG devices, out of MIG mode, two MIG devices placed out of order.
+    let card0: &[MigSpec] = &[
+        ("3g.40gb", 40 * G, 42, 1),
+        ("2g.20gb", 20 * G, 28, 5),
+        ("1g.10gb", 10 * G, 14, 13),
+    ];
+    let card2: &[MigSpec] = &[("4g.40gb", 40 * G, 56, 1), ("1g.10gb", 10 * G, 14, 11)];
+    let cards = [Some(card0), None, Some(card2)];
+    let mixed = env(
+        "3g.40gb,2g.20gb,1g.10gb;none;1g.10gb,4g.40gb",
+        "3g.40gb",
+        40 * G,
+        42,
+    );
+    for (visible, seen) in [
+        (None, vec![(0, Some(0)), (1, None)]),
+        (Some(mig(2, 1)), vec![(2, Some(1))]),
+        (Some(mig(0, 2)), vec![(0, Some(2))]),
+        (Some("2,1".to_owned()), vec![(2, Some(0))]),
+        (Some("1,2,0".to_owned()), vec![(1, None), (2, Some(0))]),
+        (Some(uuid(0)), vec![(0, Some(0))]),
+        (
+            Some("MIG-46414b45-4d49-4700-0000-0000000001".to_owned()),
+            vec![],
+        ),
+    ] {
+        let (stdout, stderr) = run(3, visible.as_deref(), &mixed);
+        assert_eq!(stderr, "", "{visible:?}");
+        assert_eq!(
+            stdout,
+            layout_output(&cards, &seen),
+            "CUDA_VISIBLE_DEVICES={visible:?}"
+        );
+    }
+
+    // A whole card, and one of four MIG devices (three 2g and a 1g) that fill another.
+    let card1: &[MigSpec] = &[
+        ("2g.20gb", 20 * G, 28, 3),
+        ("2g.20gb", 20 * G, 28, 4),
+        ("2g.20gb", 20 * G, 28, 5),
+        ("1g.10gb", 10 * G, 14, 13),
+    ];
+    let whole: &[MigSpec] = &[("7g.80gb", 80 * G, 98, 0)];
+    let full = env(
+        "7g.80gb;2g.20gb,2g.20gb,2g.20gb,1g.10gb",
+        "7g.80gb",
+        80 * G,
+        98,
+    );
+    for (visible, seen) in [(None, (0, 0)), (Some(mig(1, 2)), (1, 2))] {
+        let (stdout, stderr) = run(2, visible.as_deref(), &full);
+        assert_eq!(stderr, "");
+        assert_eq!(
+            stdout,
+            layout_output(&[Some(whole), Some(card1)], &[(seen.0, Some(seen.1))]),
+            "CUDA_VISIBLE_DEVICES={visible:?}"
+        );
+    }
+
+    // One card's entry stands for every card.
+    let each: &[MigSpec] = &[("4g.40gb", 40 * G, 56, 1), ("3g.40gb", 40 * G, 42, 2)];
+    let (stdout, _) = run(
+        2,
+        Some(&uuid(1)),
+        &env("4g.40gb,3g.40gb", "4g.40gb", 40 * G, 56),
+    );
+    assert_eq!(
+        stdout,
+        layout_output(&[Some(each), Some(each)], &[(1, Some(0))])
+    );
+
+    // Layouts no card can have: one line with the reason; CUDA and NVML do not start.
+    for (layout, why) in [
+        (
+            "4g.40gb,2g.20gb,2g.20gb;none;none",
+            "card 0: 4g.40gb,2g.20gb,2g.20gb take 8 compute slices, a card has 7",
+        ),
+        (
+            "none;3g.40gb,3g.40gb,1g.10gb;none",
+            "card 1: 3g.40gb,3g.40gb,1g.10gb do not fit the card's 8 memory slices at the \
+             placements the MIG user guide gives",
+        ),
+        (
+            "3g.40gb;none",
+            "it names 2 cards and the machine has 3 (VRAMSHIM_FAKEGPU_COUNT)",
+        ),
+        (
+            "none;6g.60gb;none",
+            "card 1: 6g.60gb: no MIG profile has 6 compute slices (1g, 2g, 3g, 4g, 7g)",
+        ),
+        (
+            "none;none;1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb",
+            "card 2: more than 7 MIG devices on one card",
+        ),
+        (
+            "3g.40gb;;none",
+            "card 1: an empty profile (a card's entry is its MIG profiles, comma-separated, or \
+             none)",
+        ),
+        (
+            "3g.40gb,3g;none;none",
+            "card 0: \"3g\" is not a MIG profile such as 3g.40gb (or none for a card out of \
+             MIG mode)",
+        ),
+    ] {
+        let (stdout, stderr) = run(3, None, &env(layout, "3g.40gb", 40 * G, 42));
+        assert_eq!(
+            stdout, "cuda count=0 rc=3\nnvml init=9 count=0 rc=1\n",
+            "{layout}"
+        );
+        assert_eq!(
+            stderr,
+            format!(
+                "vramshim fakegpu: VRAMSHIM_FAKEGPU_MIG=\"{layout}\" is invalid: {why}; CUDA \
+                 initialisation fails\n"
+            ),
+            "{layout}"
+        );
+    }
+}
+
 /// What `ledger_pair` prints with a device ledger on a 1 GiB card whose contexts take 1 MiB:
 /// B sees A's context and allocation (701,048,577 B) beside its own context, fails one byte
 /// past what is free, takes exactly what is free; NVML lists both processes; A killed by
