@@ -7,7 +7,9 @@
  * MIG mode, MIG device handles and their figures on every GPU). argv[1] "layout": the same for
  * a MIG layout of several MIG devices per card (each CUDA device's figures and 8 MiB on each;
  * every GPU's MIG devices by index with their GPU and compute instance ids and the processes
- * NVML lists on the GPU and on each MIG device, with their instance ids). */
+ * NVML lists on the GPU and on each MIG device, with their instance ids; the GPU-instance
+ * profiles each GPU offers and the instances of each; each MIG device's attributes and its GPU
+ * instance's info). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -228,6 +230,20 @@ static void print_processes(int (*list)(void *, unsigned *, nvml_process *), voi
                entries[i].used, (int)entries[i].gpu_instance, (int)entries[i].compute_instance);
 }
 
+/* nvmlGpuInstanceProfileInfo_t, nvmlGpuInstanceInfo_t, nvmlDeviceAttributes_t. */
+typedef struct {
+    unsigned id, p2p, slices, instances, sms, copy_engines, decoders, encoders, jpegs, ofas;
+    unsigned long long memory_mb;
+} nvml_gi_profile;
+typedef struct {
+    void *device;
+    unsigned id, profile_id, start, size;
+} nvml_gi_info;
+typedef struct {
+    unsigned sms, copy_engines, decoders, encoders, jpegs, ofas, gi_slices, ci_slices;
+    unsigned long long memory_mb;
+} nvml_attributes;
+
 static int layout(void)
 {
     int count = -1;
@@ -282,6 +298,14 @@ static int layout(void)
     int (*ci_id)(void *, unsigned *) = nvml_function(nvml, "nvmlDeviceGetComputeInstanceId");
     int (*list)(void *, unsigned *, nvml_process *) =
         nvml_function(nvml, "nvmlDeviceGetComputeRunningProcesses_v3");
+    int (*profile_info)(void *, unsigned, nvml_gi_profile *) =
+        nvml_function(nvml, "nvmlDeviceGetGpuInstanceProfileInfo");
+    int (*instances_of)(void *, unsigned, void **, unsigned *) =
+        nvml_function(nvml, "nvmlDeviceGetGpuInstances");
+    int (*instance_by_id)(void *, unsigned, void **) =
+        nvml_function(nvml, "nvmlDeviceGetGpuInstanceById");
+    int (*instance_info)(void *, nvml_gi_info *) = nvml_function(nvml, "nvmlGpuInstanceGetInfo");
+    int (*attributes)(void *, nvml_attributes *) = nvml_function(nvml, "nvmlDeviceGetAttributes_v2");
     unsigned n = 0;
     int rc_init = init();
     rc = get_count(&n);
@@ -300,6 +324,22 @@ static int layout(void)
         printf("nvml gpu %u name=%s total=%llu used=%llu mig=%u/%u max=%u gi rc=%d", i, text,
                m.total, m.used, current, pending, max, gi_rc);
         print_processes(list, gpu);
+        printf("\n");
+        /* NVML_GPU_INSTANCE_PROFILE_1_SLICE .. 7_SLICE, 1_SLICE_REV2, and 1_SLICE_REV1 (+me). */
+        static const unsigned profiles[] = {0, 1, 2, 3, 4, 9, 7};
+        printf("nvml gpu %u profiles", i);
+        for (unsigned p = 0; p < sizeof profiles / sizeof *profiles; p++) {
+            nvml_gi_profile info = {0};
+            void *instances[8];
+            unsigned existing = 8;
+            int info_rc = profile_info(gpu, profiles[p], &info);
+            int list_rc = instances_of(gpu, profiles[p], instances, &existing);
+            if (info_rc || list_rc)
+                printf(" %u:%d:%d", profiles[p], info_rc, list_rc);
+            else
+                printf(" %u:id=%u,slices=%u,count=%u,sms=%u,mb=%llu,now=%u", profiles[p], info.id,
+                       info.slices, info.instances, info.sms, info.memory_mb, existing);
+        }
         printf("\n");
         for (unsigned k = 0; k < (max ? max + 1 : 1); k++) {
             void *migd = NULL, *parent = NULL, *found = NULL;
@@ -324,6 +364,17 @@ static int layout(void)
                    found == migd);
             print_processes(list, migd);
             printf("\n");
+            nvml_attributes a = {0};
+            nvml_gi_info gi_info = {0};
+            void *instance = NULL;
+            int attributes_rc = attributes(migd, &a);
+            int by_id_rc = instance_by_id(gpu, gi, &instance);
+            int info_rc = by_id_rc ? -1 : instance_info(instance, &gi_info);
+            printf("nvml gpu %u mig %u attributes rc=%d sms=%u slices=%u/%u mb=%llu instance rc=%d "
+                   "info rc=%d id=%u profile=%u placement=%u+%u same=%d\n",
+                   i, k, attributes_rc, a.sms, a.gi_slices, a.ci_slices, a.memory_mb, by_id_rc,
+                   info_rc, gi_info.id, gi_info.profile_id, gi_info.start, gi_info.size,
+                   gi_info.device == gpu);
         }
     }
     return 0;

@@ -372,7 +372,8 @@ fn a_mig_slice_is_the_card() {
 }
 
 /// `--gpu a100-80gb --gpus 2 --mig "4g.40gb,1g.10gb;7g.80gb"` with `CUDA_VISIBLE_DEVICES`
-/// naming card 0's second MIG device (the 1g.10gb, placed after the 4g instance): the verdict,
+/// naming card 0's second MIG device by a unique prefix of its UUID (the 1g.10gb, placed after
+/// the 4g instance at memory slice 4: GPU instance 11): the verdict (and its `mig` part),
 /// the driver's `cuMemGetInfo` and the failing allocation are that slice's (1/8 of the card,
 /// 14 SMs); naming card 1 instead gives the whole card's 7g.80gb, where the same run fits.
 /// The product fakes (which read the layout), not the test fakes.
@@ -393,15 +394,26 @@ fn a_mig_layout_judges_the_mig_device_the_program_sees() {
         "4g.40gb,1g.10gb;7g.80gb",
         "--json",
     ];
-    for (visible, name, memory, sms, code) in [
+    let first = "MIG-46414b45-4d49-4700-0000-000000000100";
+    // CUDA_VISIBLE_DEVICES, the device's profile, bytes, SMs, the program's exit code, and the
+    // verdict's MIG device: card, index, GPU instance (the 1g.10gb is placed at slice 4), UUID.
+    for (visible, name, memory, sms, code, device) in [
         (
-            "MIG-46414b45-4d49-4700-0000-000000000100",
+            "MIG-46414b45-4d49-4700-0000-00000000010",
             "1g.10gb",
             card / 8,
             14,
             Some(3),
+            (0, 1, 11, first),
         ),
-        ("1", "7g.80gb", card, 98, Some(0)),
+        (
+            "1",
+            "7g.80gb",
+            card,
+            98,
+            Some(0),
+            (1, 0, 0, "MIG-46414b45-4d49-4700-0000-000000000001"),
+        ),
     ] {
         let run = dryrun(
             "mig-layout",
@@ -419,6 +431,18 @@ fn a_mig_layout_judges_the_mig_device_the_program_sees() {
         );
         assert_eq!(u(&v["gpu"]["memory"]), memory);
         assert_eq!(u(&v["gpu"]["sms"]), sms);
+        assert_eq!(
+            v["mig"],
+            serde_json::json!({
+                "layout": "4g.40gb,1g.10gb;7g.80gb",
+                "device": {
+                    "card": device.0,
+                    "index": device.1,
+                    "gpu_instance": device.2,
+                    "uuid": device.3,
+                },
+            })
+        );
         let devices = arr(&v["devices"]);
         assert_eq!(devices.len(), 1, "{v}");
         assert_eq!(u(&devices[0]["capacity"]), memory, "{}", devices[0]);

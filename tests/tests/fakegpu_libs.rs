@@ -1647,7 +1647,8 @@ fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> S
         match spec {
             None => text.push_str(&format!(
                 "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=0/0 max=0 gi \
-                 rc=3{}\nnvml gpu {n} mig 0 rc=3\n",
+                 rc=3{}\nnvml gpu {n} profiles 0:3:3 1:3:3 2:3:3 3:3:3 4:3:3 9:3:3 7:3:3\n\
+                 nvml gpu {n} mig 0 rc=3\n",
                 if on(n, None) { TAKEN } else { 0 },
                 entry(on(n, None), -1, -1)
             )),
@@ -1673,16 +1674,62 @@ fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> S
                      gi rc=3{listed}\n",
                     TAKEN * taken.len() as u64
                 ));
+                // The guide's GPU-instance profiles (NVML number: driver id, compute slices,
+                // placements, memory eighths), 10 GiB a memory slice and 14 SMs a compute
+                // slice, and how many of each this card holds; +me (7): not supported.
+                text.push_str(&format!("nvml gpu {n} profiles"));
+                for (profile, id, slices, placements, eighths) in [
+                    (0, 19, 1, 7, 1),
+                    (1, 14, 2, 3, 2),
+                    (2, 9, 3, 2, 4),
+                    (3, 5, 4, 1, 4),
+                    (4, 0, 7, 1, 8),
+                    (9, 15, 1, 4, 2),
+                ] {
+                    let now = devices
+                        .iter()
+                        .filter(|d| (d.2 / 14, d.1 / (10 << 30)) == (slices, eighths))
+                        .count();
+                    text.push_str(&format!(
+                        " {profile}:id={id},slices={slices},count={placements},sms={},mb={},now={now}",
+                        slices * 14,
+                        eighths * 10240
+                    ));
+                }
+                text.push_str(" 7:3:3\n");
                 for k in 0..8u32 {
                     match devices.get(k as usize) {
-                        Some(&(profile, bytes, _, gi)) => text.push_str(&format!(
-                            "nvml gpu {n} mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} \
-                             uuid=MIG-{} total={bytes} used={} gi={gi} rc=0 ci=0 rc=0 parent=1 \
-                             by-uuid=1{}\n",
-                            mig_uuid(n, k),
-                            if on(n, Some(k)) { TAKEN } else { 0 },
-                            entry(on(n, Some(k)), gi as i32, 0)
-                        )),
+                        Some(&(profile, bytes, sms, gi)) => {
+                            let eighths = bytes / (10 << 30);
+                            let start = match eighths {
+                                8 => 0,
+                                4 => (gi - 1) * 4,
+                                2 => (gi - 3) * 2,
+                                _ => gi - 7,
+                            };
+                            let id = match (sms / 14, eighths) {
+                                (1, 1) => 19,
+                                (1, 2) => 15,
+                                (2, _) => 14,
+                                (3, _) => 9,
+                                (4, _) => 5,
+                                _ => 0,
+                            };
+                            text.push_str(&format!(
+                                "nvml gpu {n} mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} \
+                                 uuid=MIG-{} total={bytes} used={} gi={gi} rc=0 ci=0 rc=0 \
+                                 parent=1 by-uuid=1{}\n\
+                                 nvml gpu {n} mig {k} attributes rc=0 sms={sms} slices={}/{} \
+                                 mb={} instance rc=0 info rc=0 id={gi} profile={id} \
+                                 placement={start}+{eighths} same=1\n",
+                                mig_uuid(n, k),
+                                if on(n, Some(k)) { TAKEN } else { 0 },
+                                entry(on(n, Some(k)), gi as i32, 0),
+                                sms / 14,
+                                sms / 14,
+                                bytes >> 20
+                            ))
+                        }
                         None => text.push_str(&format!(
                             "nvml gpu {n} mig {k} rc={}\n",
                             if k == 7 { 2 } else { 6 }

@@ -371,6 +371,8 @@ static void read_mig_layout(const char *value, unsigned long long memory, unsign
     config.mig = true;
     unsigned long long per_eighth = memory / (unsigned long long)base->eighths;
     unsigned long long per_slice = sms / (unsigned long long)base->slices;
+    config.mig_eighth = per_eighth;
+    config.mig_slice_sms = (int)per_slice;
     int units = 0;
     for (int p = 0; p < config.physical_count; p++) {
         struct fg_card *c = &config.cards[p];

@@ -58,6 +58,8 @@ struct fg_config {
     struct fg_card cards[FG_MAX_DEVICES];
     unsigned long long card_memory;
     int card_sms;
+    unsigned long long mig_eighth; /* bytes of one memory slice (an eighth of a card) */
+    int mig_slice_sms;             /* SMs of one compute slice */
     char card_name[256];
     /* Per visible ordinal: the MIG device of card physical[v] it is (-1: the whole card), and
      * its memory unit: the key of its bytes in the device ledger, and of IPC and pools (a card

@@ -287,6 +287,18 @@ FG_EXPORT int vramshim_fakegpu_card_unit(int physical)
     return config->cards[physical].unit;
 }
 
+/* With cards in MIG mode: the bytes of one memory slice (an eighth of a card) and the SMs of
+ * one compute slice, as the MIG devices have them; 0 when no card is in MIG mode. */
+FG_EXPORT int vramshim_fakegpu_mig_slices(unsigned long long *eighth, int *slice_sms)
+{
+    const struct fg_config *config = fg_config();
+    if (!config->mig || !eighth || !slice_sms)
+        return 0;
+    *eighth = config->mig_eighth;
+    *slice_sms = config->mig_slice_sms;
+    return 1;
+}
+
 /* This process's bytes on memory UNIT (NVML lists it alone without a ledger). */
 FG_EXPORT unsigned long long vramshim_fakegpu_unit_used(int unit)
 {

@@ -40,6 +40,7 @@ int vramshim_fakegpu_mig_device(int physical, int index, struct vramshim_fakegpu
 int vramshim_fakegpu_unit_processes(int unit, int max, int *pids, unsigned long long *used);
 unsigned long long vramshim_fakegpu_unit_used(int unit);
 int vramshim_fakegpu_card_unit(int physical);
+int vramshim_fakegpu_mig_slices(unsigned long long *eighth, int *slice_sms);
 
 struct nvml_device {
     int index; /* the machine's device */
@@ -320,6 +321,172 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsig
         return NVML_ERROR_NOT_SUPPORTED;
     *id = 0;
     return NVML_SUCCESS;
+}
+
+/* GPU-instance profiles (NVML_GPU_INSTANCE_PROFILE_*: 1_SLICE 0, 2_SLICE 1, 3_SLICE 2, 4_SLICE
+ * 3, 7_SLICE 4, 1_SLICE_REV2 9, the 1g instance with 2/8 of the memory) on the cards the fakes
+ * put in MIG mode (A100, H100, H200): compute slices, memory eighths, the driver's profile id
+ * (as `nvidia-smi mig -lgip` lists it: 19, 14, 9, 5, 0, 15) and the placements a card has (the
+ * MIG user guide's). Others (+me, 6 and 8 slices): not supported. */
+static const struct {
+    unsigned profile, slices, eighths, id, placements;
+} gi_profiles[] = {
+    {0, 1, 1, 19, 7}, {1, 2, 2, 14, 3}, {2, 3, 4, 9, 2},
+    {3, 4, 4, 5, 1},  {4, 7, 8, 0, 1},  {9, 1, 2, 15, 4},
+};
+
+/* The entry of gi_profiles for PROFILE, or -1. */
+static int gi_profile(unsigned profile)
+{
+    for (int i = 0; i < (int)(sizeof gi_profiles / sizeof *gi_profiles); i++)
+        if (gi_profiles[i].profile == profile)
+            return i;
+    return -1;
+}
+
+/* nvmlGpuInstanceProfileInfo_t: id, isP2pSupported, sliceCount, instanceCount,
+ * multiprocessorCount, copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount (the
+ * engines are not modelled: 0), memorySizeMB. */
+typedef struct {
+    unsigned id, p2p, slices, instances, sms, copy_engines, decoders, encoders, jpegs, ofas;
+    unsigned long long memory_mb;
+} nvmlGpuInstanceProfileInfo_t;
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                           nvmlGpuInstanceProfileInfo_t *info)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !info)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long eighth;
+    int slice_sms, p = gi_profile(profile);
+    if (!mig_count(device->index) || !vramshim_fakegpu_mig_slices(&eighth, &slice_sms))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (p < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->id = gi_profiles[p].id;
+    info->slices = gi_profiles[p].slices;
+    info->instances = gi_profiles[p].placements;
+    info->sms = gi_profiles[p].slices * (unsigned)slice_sms;
+    info->memory_mb = (eighth * gi_profiles[p].eighths) >> 20;
+    return NVML_SUCCESS;
+}
+
+/* A GPU instance handle: the GPU and the MIG device (its one compute instance) it holds. */
+struct nvml_gpu_instance {
+    int index, mig;
+};
+static struct nvml_gpu_instance gpu_instances[64][MAX_MIG_DEVICES];
+
+/* nvmlGpuInstanceInfo_t: the GPU's handle, the instance id, the profile id (the driver's, as in
+ * nvmlGpuInstanceProfileInfo_t), its placement (first memory slice, slices). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned id, profile_id, start, size;
+} nvmlGpuInstanceInfo_t;
+
+/* The GPU instance with id ID on the GPU DEVICE (the real call needs privileges; the fake's
+ * does not). */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                    struct nvml_gpu_instance **instance)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !instance)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    int count = mig_count(device->index);
+    if (!count)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (int k = 0; k < count; k++) {
+        struct vramshim_fakegpu_mig_info info;
+        vramshim_fakegpu_mig_device(device->index, k, &info);
+        if ((unsigned)info.gpu_instance_id == id) {
+            gpu_instances[device->index][k] = (struct nvml_gpu_instance){device->index, k};
+            *instance = &gpu_instances[device->index][k];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* The GPU instances of PROFILE (an NVML_GPU_INSTANCE_PROFILE_* value) on DEVICE, by id. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile,
+                                                 struct nvml_gpu_instance **instances,
+                                                 unsigned int *count)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !count || !instances)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    int migs = mig_count(device->index), p = gi_profile(profile);
+    if (!migs || p < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int k = 0; k < migs; k++) {
+        struct vramshim_fakegpu_mig_info info;
+        vramshim_fakegpu_mig_device(device->index, k, &info);
+        if ((unsigned)info.slices == gi_profiles[p].slices &&
+            (unsigned)info.eighths == gi_profiles[p].eighths) {
+            gpu_instances[device->index][k] = (struct nvml_gpu_instance){device->index, k};
+            instances[n++] = &gpu_instances[device->index][k];
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(struct nvml_gpu_instance *instance,
+                                              nvmlGpuInstanceInfo_t *info)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    struct nvml_gpu_instance *first = &gpu_instances[0][0];
+    if (!instance || !info || instance < first || instance >= first + 64 * MAX_MIG_DEVICES ||
+        instance->mig >= mig_count(instance->index))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct vramshim_fakegpu_mig_info mig;
+    vramshim_fakegpu_mig_device(instance->index, instance->mig, &mig);
+    memset(info, 0, sizeof *info);
+    info->device = &devices[instance->index];
+    info->id = (unsigned)mig.gpu_instance_id;
+    for (size_t p = 0; p < sizeof gi_profiles / sizeof *gi_profiles; p++)
+        if (gi_profiles[p].slices == (unsigned)mig.slices &&
+            gi_profiles[p].eighths == (unsigned)mig.eighths)
+            info->profile_id = gi_profiles[p].id;
+    info->start = (unsigned)mig.start;
+    info->size = (unsigned)mig.eighths;
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceAttributes_t: multiprocessorCount, the shared engines (copy, decoder, encoder,
+ * JPEG, OFA: not modelled, 0), gpuInstanceSliceCount, computeInstanceSliceCount, memorySizeMB.
+ * A MIG device handle's are its instance's; a GPU handle's the whole card's (7 slices). */
+typedef struct {
+    unsigned sms, copy_engines, decoders, encoders, jpegs, ofas, gpu_instance_slices,
+        compute_instance_slices;
+    unsigned long long memory_mb;
+} nvmlDeviceAttributes_t;
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                                  nvmlDeviceAttributes_t *attributes)
+{
+    nvmlReturn_t rc = check_any(device);
+    if (rc || !attributes)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->mig)
+        return NVML_ERROR_NOT_SUPPORTED; /* the whole card's: not modelled */
+    struct vramshim_fakegpu_mig_info info = mig_info(device);
+    memset(attributes, 0, sizeof *attributes);
+    attributes->sms = (unsigned)info.sms;
+    attributes->gpu_instance_slices = (unsigned)info.slices;
+    attributes->compute_instance_slices = (unsigned)info.slices;
+    attributes->memory_mb = info.total >> 20;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device,
+                                               nvmlDeviceAttributes_t *attributes)
+{
+    return nvmlDeviceGetAttributes_v2(device, attributes);
 }
 
 FG_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig,

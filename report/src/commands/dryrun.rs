@@ -23,7 +23,7 @@ use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
 use crate::gpus::{self, Gpu};
 use crate::python::{PYTHON_MODULE, StackView};
 use crate::render::dryrun::{
-    self as render, DeviceVerdict, DryrunReport, FailureVerdict, UnseenRefusal,
+    self as render, DeviceVerdict, DryrunReport, FailureVerdict, MigSeen, UnseenRefusal,
 };
 use crate::render::frames::Fold;
 use crate::render::oom::FailureView;
@@ -268,6 +268,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let visible_value =
         std::env::var_os("CUDA_VISIBLE_DEVICES").map(|v| v.to_string_lossy().into_owned());
     let mut gpu = gpu;
+    let mut mig_seen = None;
     let (visible, seen, visible_list) = match &layout {
         None => {
             let list = visible_device_list(args.gpus, visible_value.as_deref());
@@ -283,9 +284,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 .map(|(card, index)| counts[..card as usize].iter().sum::<u32>() + index)
                 .into_iter()
                 .collect();
-            if let Some((card, index)) = found {
-                gpu = layout.cards[card as usize][index as usize].gpu.clone();
-            }
+            let device = found.map(|(card, index)| {
+                let device = &layout.cards[card as usize][index as usize];
+                gpu = device.gpu.clone();
+                let uuid = format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}");
+                (card, index, device.gpu_instance, uuid)
+            });
+            mig_seen = Some(MigSeen {
+                layout: layout.text.clone(),
+                device,
+            });
             let seen = list.len() as u32;
             (visible_value.as_ref().map(|_| seen), seen, Some(list))
         }
@@ -295,7 +303,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .unwrap_or_default();
     match verdict(
         &gpu,
-        (args.gpus, visible, seen, machine),
+        (args.gpus, visible, seen, machine, mig_seen),
         &command_line,
         status,
         &logs,
@@ -313,7 +321,7 @@ fn verdict(
     gpu: &Gpu,
     // The machine: its cards, how many the program names and sees, and what its device ledger
     // said.
-    (count, visible, seen, machine): (u32, Option<u32>, u32, MachineSeen),
+    (count, visible, seen, machine, mig): (u32, Option<u32>, u32, MachineSeen, Option<MigSeen>),
     command: &[String],
     status: ExitStatus,
     logs: &[PathBuf],
@@ -521,6 +529,7 @@ fn verdict(
     let report = DryrunReport {
         gpu,
         count,
+        mig,
         visible,
         command,
         status,
