@@ -1771,6 +1771,18 @@ fn torch_on_a_mig_layout_sees_the_mig_device_it_names() {
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
         assert_eq!(v["gpu"]["name"], name.as_str(), "{v}");
         assert_eq!(u64_of(&v["gpu"], "memory"), bytes);
+        assert_eq!(
+            v["mig"],
+            serde_json::json!({
+                "layout": "3g.40gb,2g.20gb,1g.10gb;7g.80gb",
+                "device": {
+                    "card": card,
+                    "index": index,
+                    "gpu_instance": layout[card as usize][index as usize].2,
+                    "uuid": mig_uuid(card, index),
+                },
+            })
+        );
         let devices = arr(&v["devices"]);
         assert_eq!(devices.len(), 1, "{v}");
         assert_eq!(u64_of(&devices[0], "capacity"), bytes);
