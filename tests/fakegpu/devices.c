@@ -9,7 +9,8 @@
  * every GPU's MIG devices by index with their GPU and compute instance ids and the processes
  * NVML lists on the GPU and on each MIG device, with their instance ids; the GPU-instance
  * profiles each GPU offers and the instances of each; each MIG device's attributes and its GPU
- * instance's info). */
+ * instance's info). argv[1] "hold": 100 MiB allocated on device 0, a line said, and the
+ * process waits until its stdin closes (another process's use of a device). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -380,6 +381,17 @@ static int layout(void)
     return 0;
 }
 
+static int hold(void)
+{
+    void *p;
+    printf("held rc=%d\n", cudaMalloc(&p, 100 << 20));
+    fflush(stdout);
+    char byte;
+    while (read(0, &byte, 1) > 0)
+        ;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "visible"))
@@ -390,6 +402,8 @@ int main(int argc, char **argv)
         return mig();
     if (argc == 2 && !strcmp(argv[1], "layout"))
         return layout();
+    if (argc == 2 && !strcmp(argv[1], "hold"))
+        return hold();
     fprintf(stderr, "usage: devices visible|module\n");
     return 2;
 }

@@ -1599,8 +1599,13 @@ type MigSpec = (&'static str, u64, i32, u32);
 /// each CUDA device's figures with 8 MiB taken on it; NVML's GPUs (a MIG card's used bytes the
 /// sum over its MIG devices, and the processes on each with its GPU instance id and compute
 /// instance 0; out of MIG mode ids 0xFFFFFFFF), their MIG devices by index (6 past the last,
-/// 2 past 7; 3 out of MIG mode) with their GPU and compute instance ids.
-fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> String {
+/// 2 past 7; 3 out of MIG mode) with their GPU and compute instance ids. `others`: another
+/// process holding bytes on (card, MIG index), listed before this one (an earlier ledger slot).
+fn layout_output(
+    cards: &[Option<&[MigSpec]>],
+    seen: &[(u32, Option<u32>)],
+    others: &[(u32, u32, u64)],
+) -> String {
     const CARD: u64 = 80 << 30;
     const TAKEN: u64 = 8 * MIB;
     let mig_uuid =
@@ -1653,26 +1658,41 @@ fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> S
                 entry(on(n, None), -1, -1)
             )),
             Some(devices) => {
-                let taken: Vec<(u32, u32)> = (0..devices.len() as u32)
-                    .filter(|&k| on(n, Some(k)))
-                    .map(|k| (k, devices[k as usize].3))
-                    .collect();
-                let listed: String = if taken.is_empty() {
-                    " processes n=0 rc=0".to_owned()
-                } else {
-                    format!(
-                        " processes n={} rc=0{}",
-                        taken.len(),
-                        taken
-                            .iter()
-                            .map(|(_, gi)| format!(" self:{TAKEN}:{gi}:0"))
-                            .collect::<String>()
-                    )
+                // Each MIG device's process entries (others first) and bytes in use.
+                let entries = |k: u32| -> Vec<String> {
+                    let gi = devices[k as usize].3;
+                    let mut list: Vec<String> = others
+                        .iter()
+                        .filter(|o| (o.0, o.1) == (n, k))
+                        .map(|o| format!("other:{}:{gi}:0", o.2))
+                        .collect();
+                    if on(n, Some(k)) {
+                        list.push(format!("self:{TAKEN}:{gi}:0"));
+                    }
+                    list
                 };
+                let in_use = |k: u32| -> u64 {
+                    others
+                        .iter()
+                        .filter(|o| (o.0, o.1) == (n, k))
+                        .map(|o| o.2)
+                        .sum::<u64>()
+                        + if on(n, Some(k)) { TAKEN } else { 0 }
+                };
+                let listing = |list: Vec<String>| -> String {
+                    let mut text = format!(" processes n={} rc=0", list.len());
+                    for entry in list {
+                        text.push(' ');
+                        text.push_str(&entry);
+                    }
+                    text
+                };
+                let all: Vec<String> = (0..devices.len() as u32).flat_map(entries).collect();
                 text.push_str(&format!(
                     "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=1/1 max=7 \
-                     gi rc=3{listed}\n",
-                    TAKEN * taken.len() as u64
+                     gi rc=3{}\n",
+                    (0..devices.len() as u32).map(in_use).sum::<u64>(),
+                    listing(all)
                 ));
                 // The guide's GPU-instance profiles (NVML number: driver id, compute slices,
                 // placements, memory eighths), 10 GiB a memory slice and 14 SMs a compute
@@ -1723,8 +1743,8 @@ fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> S
                                  mb={} instance rc=0 info rc=0 id={gi} profile={id} \
                                  placement={start}+{eighths} same=1\n",
                                 mig_uuid(n, k),
-                                if on(n, Some(k)) { TAKEN } else { 0 },
-                                entry(on(n, Some(k)), gi as i32, 0),
+                                in_use(k),
+                                listing(entries(k)),
                                 sms / 14,
                                 sms / 14,
                                 bytes >> 20
@@ -1750,7 +1770,11 @@ fn layout_output(cards: &[Option<&[MigSpec]>], seen: &[(u32, Option<u32>)]) -> S
 /// CUDA sees shows there, in its process entry and in its card's total only). CUDA sees the
 /// cards out of MIG mode and one MIG device: unset, card 0's first beside card 1; a `MIG-` UUID
 /// its device; an index its card's first MIG device, which ends the list; an ambiguous prefix
-/// none. Layouts a card cannot hold are refused with the reason, and CUDA and NVML do not start.
+/// none. NVML: the guide's GPU-instance profiles on a MIG card (driver ids, placements, SMs,
+/// MB, how many the card holds; +me and any card out of MIG mode: 3), each MIG device's
+/// attributes and GPU instance (by id: its id, profile id, placement). With a device ledger a
+/// second process on another MIG device of the card counts on that one only. Layouts a card
+/// cannot hold are refused with the reason, and CUDA and NVML do not start.
 #[test]
 fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
     let dir = scratch("fakegpu-mig-layout");
@@ -1808,7 +1832,7 @@ fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
         assert_eq!(stderr, "", "{visible:?}");
         assert_eq!(
             stdout,
-            layout_output(&cards, &seen),
+            layout_output(&cards, &seen, &[]),
             "CUDA_VISIBLE_DEVICES={visible:?}"
         );
     }
@@ -1832,7 +1856,7 @@ fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
         assert_eq!(stderr, "");
         assert_eq!(
             stdout,
-            layout_output(&[Some(whole), Some(card1)], &[(seen.0, Some(seen.1))]),
+            layout_output(&[Some(whole), Some(card1)], &[(seen.0, Some(seen.1))], &[]),
             "CUDA_VISIBLE_DEVICES={visible:?}"
         );
     }
@@ -1846,7 +1870,41 @@ fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
     );
     assert_eq!(
         stdout,
-        layout_output(&[Some(each), Some(each)], &[(1, Some(0))])
+        layout_output(&[Some(each), Some(each)], &[(1, Some(0))], &[])
+    );
+
+    // Two processes on two MIG devices of one card, through the device ledger: A holds
+    // 100 MiB on card 0's 3g.40gb; B, on its 1g.10gb, has its whole 10 GiB but its own 8 MiB
+    // (A's bytes are another MIG device's), and NVML shows A on the 3g.40gb only, with its GPU
+    // instance id, and the card's used bytes as both.
+    let ledger = dir.join("ledger");
+    let mut holder = Command::new(&exe)
+        .arg("hold")
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_COUNT", "3")
+        .env("VRAMSHIM_FAKEGPU_LEDGER", &ledger)
+        .env("CUDA_VISIBLE_DEVICES", mig(0, 0))
+        .envs(mixed.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().expect("stdout")),
+        &mut said,
+    )
+    .expect("read the holder");
+    assert_eq!(said, "held rc=0\n");
+    let mut with_ledger = mixed.clone();
+    with_ledger.push(("VRAMSHIM_FAKEGPU_LEDGER", ledger.display().to_string()));
+    let (stdout, stderr) = run(3, Some(&mig(0, 2)), &with_ledger);
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait for the holder").success());
+    assert_eq!(stderr, "");
+    assert_eq!(
+        stdout,
+        layout_output(&cards, &[(0, Some(2))], &[(0, 0, 100 * MIB)])
     );
 
     // Layouts no card can have: one line with the reason; CUDA and NVML do not start.
