@@ -1511,8 +1511,9 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
 /// `mem_get_info` and `total_memory`, 42 SMs, its MIG UUID), the first card's with
 /// `CUDA_VISIBLE_DEVICES` unset, the second's when it names that MIG device; NVML (as
 /// nvidia-smi asks) lists both GPUs in MIG mode with the card's name and 84,975,550,464 B and
-/// one MIG device each (the slice's name, `MIG-` UUID and bytes), the 512 MiB context estimate
-/// and torch's 1 GiB in use on the MIG device torch has; torch's own OOM message gives the
+/// one MIG device each (the slice's name, `MIG-` UUID and bytes, GPU instance 1: a 3g instance
+/// at memory slice 0), the 512 MiB context estimate and torch's 1 GiB in use on the MIG device
+/// torch has, in one process entry with its instance ids; torch's own OOM message gives the
 /// slice as the capacity; the verdict lists one device.
 #[test]
 fn torch_on_a_mig_slice_sees_one_device_of_the_slice() {
