@@ -239,7 +239,13 @@ pub fn mig_profiles(gpu: &Gpu) -> Vec<String> {
 
 /// The MIG instance `profile` (e.g. `3g.40gb`) of the preset `gpu`, as CUDA shows it: the
 /// slice's memory and SMs, named as the driver names it ("NVIDIA A100-SXM4-80GB MIG 3g.40gb").
+#[cfg(test)]
 pub fn mig(gpu: &Gpu, profile: &str) -> Result<Gpu, String> {
+    mig_shape(gpu, profile).map(|(slice, _, _)| slice)
+}
+
+/// [`mig`], with the profile's compute slices and memory eighths.
+fn mig_shape(gpu: &Gpu, profile: &str) -> Result<(Gpu, u32, u64), String> {
     let Some((_, sms_per_slice, gbs)) = MIG_PRESETS.iter().find(|(key, _, _)| *key == gpu.key)
     else {
         let capable: Vec<&str> = MIG_PRESETS.iter().map(|(key, _, _)| *key).collect();
@@ -272,7 +278,165 @@ pub fn mig(gpu: &Gpu, profile: &str) -> Result<Gpu, String> {
     // A MIG instance has no NVLink fabric of its own to offer.
     slice.fabric = false;
     slice.source = "MIG user guide: memory fraction of the card (estimate)";
-    Ok(slice)
+    Ok((slice, *slices, *eighths))
+}
+
+/// Where each GPU-instance shape of [`MIG_SHAPES`] may start on a card's 8 memory slices, from
+/// the MIG user guide's "Supported MIG Profiles" placements (the same on A100, H100 and H200;
+/// `nvidia-smi mig -lgipp` lists them); a card has 7 compute slices.
+const MIG_PLACEMENTS: [(u32, u64, &[u64]); 6] = [
+    (1, 1, &[0, 1, 2, 3, 4, 5, 6]),
+    (1, 2, &[0, 2, 4, 6]),
+    (2, 2, &[0, 2, 4]),
+    (3, 4, &[0, 4]),
+    (4, 4, &[0]),
+    (7, 8, &[0]),
+];
+
+/// One MIG device of a [`MigLayout`]: the slice as CUDA shows it, its profile (`3g.40gb`)
+/// and its GPU instance id (by placement, as the driver numbers them).
+#[derive(Clone, Debug)]
+pub struct MigDevice {
+    pub gpu: Gpu,
+    pub profile: String,
+    pub gpu_instance: u32,
+}
+
+/// The MIG devices of the cards (`dryrun --mig LAYOUT`): each card's in NVML's index order
+/// (by GPU instance id), the layout as the fakes read it (`VRAMSHIM_FAKEGPU_MIG`) and its
+/// first MIG device (whose figures `VRAMSHIM_FAKEGPU_MEMORY`/`_SMS`/`_NAME` carry).
+#[derive(Clone, Debug)]
+pub struct MigLayout {
+    pub cards: Vec<Vec<MigDevice>>,
+    pub text: String,
+    pub first: Gpu,
+}
+
+/// Places `shapes` (compute slices, eighths) from `k` on, `used` the memory slices taken: the
+/// start of each, the first that lets all fit in the layout's order, as the fakes place them.
+fn place(shapes: &[(u32, u64)], k: usize, used: u8, starts: &mut Vec<u64>) -> bool {
+    let Some(&(slices, eighths)) = shapes.get(k) else {
+        return true;
+    };
+    for (_, _, options) in MIG_PLACEMENTS
+        .iter()
+        .filter(|(s, e, _)| (*s, *e) == (slices, eighths))
+    {
+        for &start in options.iter() {
+            let mask = (((1u16 << eighths) - 1) << start) as u8;
+            if used & mask != 0 {
+                continue;
+            }
+            starts.push(start);
+            if place(shapes, k + 1, used | mask, starts) {
+                return true;
+            }
+            starts.pop();
+        }
+    }
+    false
+}
+
+/// `layout` for `count` cards of the preset `card`: each card's MIG profiles, comma-separated,
+/// cards separated by `;` (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's entry stands for
+/// every card. Refused, with why: a profile the card lacks, more than 7 on a card, a set no
+/// placement of the MIG user guide fits on one card (memory slices, or more than 7 compute
+/// slices), a number of entries other than 1 or `count`, and `none` (a card out of MIG mode
+/// beside MIG ones: the fakes take it, but the verdict judges the one device a process sees).
+pub fn mig_layout(card: &Gpu, layout: &str, count: u32) -> Result<MigLayout, String> {
+    let entries: Vec<&str> = layout.split(';').collect();
+    if entries.len() > 1 && entries.len() != count as usize {
+        return Err(format!(
+            "--mig {layout:?} names {} cards and --gpus is {count} (one entry stands for every card)",
+            entries.len()
+        ));
+    }
+    let mut cards = Vec::new();
+    let mut texts = Vec::new();
+    let mut first = None;
+    for (index, entry) in entries.iter().enumerate() {
+        let entry = entry.trim();
+        if entry.eq_ignore_ascii_case("none") {
+            return Err(format!(
+                "--mig: card {index} out of MIG mode (none): dryrun simulates cards that are all \
+                 in MIG mode (its verdict judges the one MIG device a process sees); the fakes \
+                 alone take it (VRAMSHIM_FAKEGPU_MIG)"
+            ));
+        }
+        let mut devices = Vec::new();
+        let mut shapes = Vec::new();
+        for profile in entry.split(',') {
+            if profile.trim().is_empty() {
+                return Err(format!(
+                    "--mig: card {index}: an empty profile in {entry:?} (a card's entry is its \
+                     MIG profiles, comma-separated; cards are separated by ;)"
+                ));
+            }
+            let (gpu, slices, eighths) = mig_shape(card, profile)?;
+            let name = gpu
+                .name
+                .rsplit_once(" MIG ")
+                .map_or(String::new(), |(_, p)| p.to_owned());
+            first.get_or_insert_with(|| gpu.clone());
+            shapes.push((slices, eighths));
+            devices.push(MigDevice {
+                gpu,
+                profile: name,
+                gpu_instance: 0,
+            });
+        }
+        if devices.len() > 7 {
+            return Err(format!(
+                "--mig: card {index}: {} MIG devices, a card holds 7 at most",
+                devices.len()
+            ));
+        }
+        let compute: u32 = shapes.iter().map(|(slices, _)| slices).sum();
+        let mut starts = Vec::new();
+        if compute > 7 || !place(&shapes, 0, 0, &mut starts) {
+            let profiles: Vec<&str> = devices.iter().map(|d| d.profile.as_str()).collect();
+            return Err(if compute > 7 {
+                format!(
+                    "--mig: card {index}: {} take {compute} compute slices, a {} has 7",
+                    profiles.join(","),
+                    card.key
+                )
+            } else {
+                format!(
+                    "--mig: card {index}: {} do not fit the 8 memory slices of a {} at the \
+                     placements the MIG user guide gives",
+                    profiles.join(","),
+                    card.key
+                )
+            });
+        }
+        texts.push(
+            devices
+                .iter()
+                .map(|d| d.profile.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        for (device, (&start, &(_, eighths))) in devices.iter_mut().zip(starts.iter().zip(&shapes))
+        {
+            device.gpu_instance = match eighths {
+                8 => 0,
+                4 => 1 + start / 4,
+                2 => 3 + start / 2,
+                _ => 7 + start,
+            } as u32;
+        }
+        devices.sort_by_key(|d| d.gpu_instance);
+        cards.push(devices);
+    }
+    while cards.len() < count as usize {
+        cards.push(cards[0].clone());
+    }
+    Ok(MigLayout {
+        cards,
+        text: texts.join(";"),
+        first: first.ok_or_else(|| "--mig: an empty layout".to_owned())?,
+    })
 }
 
 /// Other names `--gpu` takes, normalised, with the key they stand for.
@@ -393,6 +557,87 @@ mod tests {
             mig(&find("t4").unwrap(), "1g.5gb")
                 .unwrap_err()
                 .starts_with("--mig: t4 has no MIG")
+        );
+    }
+
+    /// Layouts: placed as the fakes place them (a search in the layout's order), numbered by
+    /// GPU instance id; refused when no placement of the MIG user guide fits them.
+    #[test]
+    fn mig_layouts_are_placed_and_impossible_ones_refused() {
+        let a100 = find("a100-80gb").unwrap();
+        let layout = mig_layout(&a100, "1g.10gb,3g.40gb,2g.20gb;7g.80gb", 2).unwrap();
+        assert_eq!(layout.text, "1g.10gb,3g.40gb,2g.20gb;7g.80gb");
+        assert_eq!(layout.first.name, "NVIDIA A100-SXM4-80GB MIG 1g.10gb");
+        let card0: Vec<(&str, u32, u64, u32)> = layout.cards[0]
+            .iter()
+            .map(|d| (d.profile.as_str(), d.gpu_instance, d.gpu.memory, d.gpu.sms))
+            .collect();
+        let eighth = (81_039u64 << 20) / 8;
+        // 1g at slice 0 (GI 7), 3g at 4 (GI 2), 2g at 2 (GI 4).
+        assert_eq!(
+            card0,
+            [
+                ("3g.40gb", 2, eighth * 4, 42),
+                ("2g.20gb", 4, eighth * 2, 28),
+                ("1g.10gb", 7, eighth, 14)
+            ]
+        );
+        assert_eq!(layout.cards[1][0].gpu_instance, 0);
+        // One entry stands for every card.
+        let every = mig_layout(&a100, "3g.40gb,4g.40gb", 3).unwrap();
+        assert_eq!(every.cards.len(), 3);
+        assert_eq!(
+            every.cards[2]
+                .iter()
+                .map(|d| d.gpu_instance)
+                .collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(
+            mig_layout(
+                &a100,
+                "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb",
+                1
+            )
+            .unwrap()
+            .cards[0]
+                .iter()
+                .map(|d| d.gpu_instance)
+                .collect::<Vec<_>>(),
+            [7, 8, 9, 10, 11, 12, 13]
+        );
+        for (bad, why) in [
+            (
+                "4g.40gb,4g.40gb",
+                "--mig: card 0: 4g.40gb,4g.40gb take 8 compute slices, a a100-80gb has 7",
+            ),
+            (
+                "3g.40gb,3g.40gb,1g.10gb",
+                "--mig: card 0: 3g.40gb,3g.40gb,1g.10gb do not fit the 8 memory slices of a \
+                 a100-80gb at the placements the MIG user guide gives",
+            ),
+            (
+                "3g.40gb;3g.40gb;3g.40gb",
+                "--mig \"3g.40gb;3g.40gb;3g.40gb\" names 3 cards and --gpus is 2 (one entry \
+                 stands for every card)",
+            ),
+            (
+                "3g.40gb,,1g.10gb;7g.80gb",
+                "--mig: card 0: an empty profile in \"3g.40gb,,1g.10gb\" (a card's entry is its \
+                 MIG profiles, comma-separated; cards are separated by ;)",
+            ),
+            (
+                "7g.80gb;3g.20gb",
+                "unknown MIG profile \"3g.20gb\" for a100-80gb: valid profiles are 1g.10gb, \
+                 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+            ),
+        ] {
+            assert_eq!(mig_layout(&a100, bad, 2).unwrap_err(), why, "{bad}");
+        }
+        assert!(
+            mig_layout(&a100, "7g.80gb;none", 2)
+                .unwrap_err()
+                .starts_with("--mig: card 1 out of MIG mode (none)")
         );
     }
 }

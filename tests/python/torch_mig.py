@@ -1,6 +1,7 @@
 """What PyTorch and an nvidia-smi-like NVML query see on a MIG device (`vramshim dryrun --mig`,
-tests/tests/fakegpu_torch.rs): one JSON line of figures, then an allocation larger than the
-slice, which fails with torch's OutOfMemoryError (its message printed on the last line)."""
+tests/tests/fakegpu_torch.rs): one JSON line of figures (with every GPU's MIG devices, their
+GPU instance ids and the processes on each), then an allocation larger than the slice, which
+fails with torch's OutOfMemoryError (its message printed on the last line)."""
 
 import ctypes
 import json
@@ -29,6 +30,17 @@ def nvml_view():
         return {"name": name.value.decode(), "uuid": uuid.value.decode(),
                 "total": memory.total, "used": memory.used}
 
+    class Process(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong),
+                    ("gpu_instance", ctypes.c_uint), ("compute_instance", ctypes.c_uint)]
+
+    def processes(handle):
+        """[used bytes, GPU instance id, compute instance id] of each process (this one)."""
+        entries = (Process * 8)()
+        n = ctypes.c_uint(8)
+        assert nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(n), entries) == 0
+        return [[e.used, e.gpu_instance, e.compute_instance] for e in entries[:n.value]]
+
     gpus = []
     for index in range(count.value):
         handle = ctypes.c_void_p()
@@ -46,9 +58,13 @@ def nvml_view():
                 continue
             is_mig = ctypes.c_uint()
             assert nvml.nvmlDeviceIsMigDeviceHandle(mig, ctypes.byref(is_mig)) == 0
+            gpu_instance = ctypes.c_uint()
+            assert nvml.nvmlDeviceGetGpuInstanceId(mig, ctypes.byref(gpu_instance)) == 0
             device = describe(mig)
             device["index"] = mig_index
             device["is_mig"] = is_mig.value
+            device["gpu_instance"] = gpu_instance.value
+            device["processes"] = processes(mig)
             gpu["mig_devices"].append(device)
         gpus.append(gpu)
     return gpus

@@ -371,11 +371,117 @@ fn a_mig_slice_is_the_card() {
     );
 }
 
+/// `--gpu a100-80gb --gpus 2 --mig "4g.40gb,1g.10gb;7g.80gb"` with `CUDA_VISIBLE_DEVICES`
+/// naming card 0's second MIG device by a unique prefix of its UUID (the 1g.10gb, placed after
+/// the 4g instance at memory slice 4: GPU instance 11): the verdict (and its `mig` part),
+/// the driver's `cuMemGetInfo` and the failing allocation are that slice's (1/8 of the card,
+/// 14 SMs); naming card 1 instead gives the whole card's 7g.80gb, where the same run fits.
+/// The product fakes (which read the layout), not the test fakes.
+#[test]
+fn a_mig_layout_judges_the_mig_device_the_program_sees() {
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir")
+        .to_path_buf();
+    let card = 81_039 * MIB;
+    let command = train(&["8192", "2048", "1", "1"]);
+    let layout = [
+        "--gpu",
+        "a100-80gb",
+        "--gpus",
+        "2",
+        "--mig",
+        "4g.40gb,1g.10gb;7g.80gb",
+        "--json",
+    ];
+    let first = "MIG-46414b45-4d49-4700-0000-000000000100";
+    // CUDA_VISIBLE_DEVICES, the device's profile, bytes, SMs, the program's exit code, and the
+    // verdict's MIG device: card, index, GPU instance (the 1g.10gb is placed at slice 4), UUID.
+    for (visible, name, memory, sms, code, device) in [
+        (
+            "MIG-46414b45-4d49-4700-0000-00000000010",
+            "1g.10gb",
+            card / 8,
+            14,
+            Some(3),
+            (0, 1, 11, first),
+        ),
+        (
+            "1",
+            "7g.80gb",
+            card,
+            98,
+            Some(0),
+            (1, 0, 0, "MIG-46414b45-4d49-4700-0000-000000000001"),
+        ),
+    ] {
+        let run = dryrun(
+            "mig-layout",
+            Some(&fakes),
+            &layout,
+            &refs(&command),
+            &[("CUDA_VISIBLE_DEVICES", visible)],
+        );
+        assert_eq!(run.code, code, "{visible}: {}", run.stderr);
+        let v = run.json();
+        assert_eq!(v["fits"], code == Some(0), "{visible}");
+        assert_eq!(
+            v["gpu"]["name"],
+            format!("NVIDIA A100-SXM4-80GB MIG {name}").as_str()
+        );
+        assert_eq!(u(&v["gpu"]["memory"]), memory);
+        assert_eq!(u(&v["gpu"]["sms"]), sms);
+        assert_eq!(
+            v["mig"],
+            serde_json::json!({
+                "layout": "4g.40gb,1g.10gb;7g.80gb",
+                "device": {
+                    "card": device.0,
+                    "index": device.1,
+                    "gpu_instance": device.2,
+                    "uuid": device.3,
+                },
+            })
+        );
+        let devices = arr(&v["devices"]);
+        assert_eq!(devices.len(), 1, "{v}");
+        assert_eq!(u(&devices[0]["capacity"]), memory, "{}", devices[0]);
+        let dump = dump(&only_log(&run));
+        let samples: Vec<&Value> = dump.iter().filter(|r| r["type"] == "mem_info").collect();
+        assert!(!samples.is_empty());
+        assert!(
+            samples.iter().all(|s| u(&s["total"]) == memory),
+            "{visible}: {samples:?}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_and_missing_fakes_are_clear_errors() {
     let fakes = fakes_dir("args");
     let command = train(&["1", "1", "1", "1"]);
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
+        (
+            &["--gpu", "a100-80gb", "--mig", "3g.40gb,4g.40gb,1g.10gb"],
+            "--mig: card 0: 3g.40gb,4g.40gb,1g.10gb take 8 compute slices, a a100-80gb has 7",
+        ),
+        (
+            &[
+                "--gpu",
+                "h100",
+                "--gpus",
+                "2",
+                "--mig",
+                "7g.80gb;3g.40gb,3g.40gb,1g.10gb",
+            ],
+            "--mig: card 1: 3g.40gb,3g.40gb,1g.10gb do not fit the 8 memory slices of a h100 \
+             at the placements the MIG user guide gives",
+        ),
+        (
+            &["--gpu", "a100-40gb", "--gpus", "2", "--mig", "7g.40gb;none"],
+            "--mig: card 1 out of MIG mode (none): dryrun simulates cards that are all in MIG \
+             mode",
+        ),
         (
             &["--gpu", "a100-80gb", "--mig", "3g.20gb"],
             "unknown MIG profile \"3g.20gb\" for a100-80gb: valid profiles are 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",

@@ -1643,6 +1643,372 @@ fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
     }
 }
 
+/// A MIG device of a layout, as `devices layout` prints it: profile, bytes, SMs, GPU instance.
+type MigSpec = (&'static str, u64, i32, u32);
+
+/// What `devices layout` prints on fake A100 80GB cards (80 GiB, 108 SMs) whose MIG devices
+/// are `cards` (`None`: out of MIG mode) when CUDA sees `seen` (card, MIG index) in that order:
+/// each CUDA device's figures with 8 MiB taken on it; NVML's GPUs (a MIG card's used bytes the
+/// sum over its MIG devices, and the processes on each with its GPU instance id and compute
+/// instance 0; out of MIG mode ids 0xFFFFFFFF), their MIG devices by index (6 past the last,
+/// 2 past 7; 3 out of MIG mode) with their GPU and compute instance ids. `others`: another
+/// process holding bytes on (card, MIG index), listed before this one (an earlier ledger slot).
+fn layout_output(
+    cards: &[Option<&[MigSpec]>],
+    seen: &[(u32, Option<u32>)],
+    others: &[(u32, u32, u64)],
+) -> String {
+    const CARD: u64 = 80 << 30;
+    const TAKEN: u64 = 8 * MIB;
+    let mig_uuid =
+        |card: u32, index: u32| format!("46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}");
+    let mut text = format!(
+        "cuda count={} rc={}\n",
+        seen.len(),
+        if seen.is_empty() { 100 } else { 0 }
+    );
+    for (d, &(card, index)) in seen.iter().enumerate() {
+        let (name, total, sms, uuid) = match index {
+            Some(k) => {
+                let (profile, bytes, sms, _) = cards[card as usize].expect("MIG card")[k as usize];
+                (
+                    format!("NVIDIA A100-SXM4-80GB MIG {profile}"),
+                    bytes,
+                    sms,
+                    mig_uuid(card, k),
+                )
+            }
+            None => (
+                "NVIDIA A100-SXM4-80GB".to_owned(),
+                CARD,
+                108,
+                format!("46414b45-4750-5500-0000-0000000000{card:02x}"),
+            ),
+        };
+        text.push_str(&format!(
+            "cuda {d} name={name} total={total} sms={sms} uuid_v2={uuid} malloc rc=0 free={}\n",
+            total - TAKEN
+        ));
+    }
+    text.push_str(&format!("nvml init=0 count={} rc=0\n", cards.len()));
+    let on = |card: u32, index: Option<u32>| seen.contains(&(card, index));
+    let entry = |taken: bool, gi: i32, ci: i32| {
+        if taken {
+            format!(" processes n=1 rc=0 self:{TAKEN}:{gi}:{ci}")
+        } else {
+            " processes n=0 rc=0".to_owned()
+        }
+    };
+    for (n, spec) in cards.iter().enumerate() {
+        let n = n as u32;
+        match spec {
+            None => text.push_str(&format!(
+                "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=0/0 max=0 gi \
+                 rc=3{}\nnvml gpu {n} profiles 0:3:3 1:3:3 2:3:3 3:3:3 4:3:3 9:3:3 7:3:3\n\
+                 nvml gpu {n} mig 0 rc=3\n",
+                if on(n, None) { TAKEN } else { 0 },
+                entry(on(n, None), -1, -1)
+            )),
+            Some(devices) => {
+                // Each MIG device's process entries (others first) and bytes in use.
+                let entries = |k: u32| -> Vec<String> {
+                    let gi = devices[k as usize].3;
+                    let mut list: Vec<String> = others
+                        .iter()
+                        .filter(|o| (o.0, o.1) == (n, k))
+                        .map(|o| format!("other:{}:{gi}:0", o.2))
+                        .collect();
+                    if on(n, Some(k)) {
+                        list.push(format!("self:{TAKEN}:{gi}:0"));
+                    }
+                    list
+                };
+                let in_use = |k: u32| -> u64 {
+                    others
+                        .iter()
+                        .filter(|o| (o.0, o.1) == (n, k))
+                        .map(|o| o.2)
+                        .sum::<u64>()
+                        + if on(n, Some(k)) { TAKEN } else { 0 }
+                };
+                let listing = |list: Vec<String>| -> String {
+                    let mut text = format!(" processes n={} rc=0", list.len());
+                    for entry in list {
+                        text.push(' ');
+                        text.push_str(&entry);
+                    }
+                    text
+                };
+                let all: Vec<String> = (0..devices.len() as u32).flat_map(entries).collect();
+                text.push_str(&format!(
+                    "nvml gpu {n} name=NVIDIA A100-SXM4-80GB total={CARD} used={} mig=1/1 max=7 \
+                     gi rc=3{}\n",
+                    (0..devices.len() as u32).map(in_use).sum::<u64>(),
+                    listing(all)
+                ));
+                // The guide's GPU-instance profiles (NVML number: driver id, compute slices,
+                // placements, memory eighths), 10 GiB a memory slice and 14 SMs a compute
+                // slice, and how many of each this card holds; +me (7): not supported.
+                text.push_str(&format!("nvml gpu {n} profiles"));
+                for (profile, id, slices, placements, eighths) in [
+                    (0, 19, 1, 7, 1),
+                    (1, 14, 2, 3, 2),
+                    (2, 9, 3, 2, 4),
+                    (3, 5, 4, 1, 4),
+                    (4, 0, 7, 1, 8),
+                    (9, 15, 1, 4, 2),
+                ] {
+                    let now = devices
+                        .iter()
+                        .filter(|d| (d.2 / 14, d.1 / (10 << 30)) == (slices, eighths))
+                        .count();
+                    text.push_str(&format!(
+                        " {profile}:id={id},slices={slices},count={placements},sms={},mb={},now={now}",
+                        slices * 14,
+                        eighths * 10240
+                    ));
+                }
+                text.push_str(" 7:3:3\n");
+                for k in 0..8u32 {
+                    match devices.get(k as usize) {
+                        Some(&(profile, bytes, sms, gi)) => {
+                            let eighths = bytes / (10 << 30);
+                            let start = match eighths {
+                                8 => 0,
+                                4 => (gi - 1) * 4,
+                                2 => (gi - 3) * 2,
+                                _ => gi - 7,
+                            };
+                            let id = match (sms / 14, eighths) {
+                                (1, 1) => 19,
+                                (1, 2) => 15,
+                                (2, _) => 14,
+                                (3, _) => 9,
+                                (4, _) => 5,
+                                _ => 0,
+                            };
+                            text.push_str(&format!(
+                                "nvml gpu {n} mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} \
+                                 uuid=MIG-{} total={bytes} used={} gi={gi} rc=0 ci=0 rc=0 \
+                                 parent=1 by-uuid=1{}\n\
+                                 nvml gpu {n} mig {k} attributes rc=0 sms={sms} slices={}/{} \
+                                 mb={} instance rc=0 info rc=0 id={gi} profile={id} \
+                                 placement={start}+{eighths} same=1\n",
+                                mig_uuid(n, k),
+                                in_use(k),
+                                listing(entries(k)),
+                                sms / 14,
+                                sms / 14,
+                                bytes >> 20
+                            ))
+                        }
+                        None => text.push_str(&format!(
+                            "nvml gpu {n} mig {k} rc={}\n",
+                            if k == 7 { 2 } else { 6 }
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    text
+}
+
+/// MIG layouts (`VRAMSHIM_FAKEGPU_MIG`, cards separated by `;`) on fake A100 80GB cards: several
+/// MIG devices per card of mixed profiles and cards out of MIG mode. Each MIG device has its
+/// share of the card (the first one's `_MEMORY`/`_SMS` per memory and compute slice: 10 GiB
+/// and 14 SMs), its placement's GPU instance id (3g at slice 0: 1; 2g at 4: 5; 1g at 6: 13;
+/// "1g.10gb,4g.40gb": the 4g at 0, the 1g at 4: 11), its own memory (8 MiB taken on the one
+/// CUDA sees shows there, in its process entry and in its card's total only). CUDA sees the
+/// cards out of MIG mode and one MIG device: unset, card 0's first beside card 1; a `MIG-` UUID
+/// its device; an index its card's first MIG device, which ends the list; an ambiguous prefix
+/// none. NVML: the guide's GPU-instance profiles on a MIG card (driver ids, placements, SMs,
+/// MB, how many the card holds; +me and any card out of MIG mode: 3), each MIG device's
+/// attributes and GPU instance (by id: its id, profile id, placement). With a device ledger a
+/// second process on another MIG device of the card counts on that one only. Layouts a card
+/// cannot hold are refused with the reason, and CUDA and NVML do not start.
+#[test]
+fn mig_layouts_place_several_mig_devices_per_card_and_cards_out_of_mig_mode() {
+    let dir = scratch("fakegpu-mig-layout");
+    let exe = build_program(&dir, "devices", 13);
+    const G: u64 = 1 << 30;
+    let env = |layout: &str, first: &str, memory: u64, sms: u32| {
+        vec![
+            ("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string()),
+            ("VRAMSHIM_FAKEGPU_CARD_MEMORY", (80 * G).to_string()),
+            ("VRAMSHIM_FAKEGPU_SMS", sms.to_string()),
+            ("VRAMSHIM_FAKEGPU_CARD_SMS", "108".to_owned()),
+            (
+                "VRAMSHIM_FAKEGPU_NAME",
+                format!("NVIDIA A100-SXM4-80GB MIG {first}"),
+            ),
+            ("VRAMSHIM_FAKEGPU_MIG", layout.to_owned()),
+        ]
+    };
+    let run = |count: u32, visible: Option<&str>, env: &[(&str, String)]| {
+        let (code, stdout, stderr) = run_devices(&exe, "layout", count, visible, env);
+        assert_eq!(code, Some(0), "{visible:?}: {stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let mig = |card: u32, index: u32| {
+        format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}")
+    };
+
+    // Three cards: three MIG devices, out of MIG mode, two MIG devices placed out of order.
+    let card0: &[MigSpec] = &[
+        ("3g.40gb", 40 * G, 42, 1),
+        ("2g.20gb", 20 * G, 28, 5),
+        ("1g.10gb", 10 * G, 14, 13),
+    ];
+    let card2: &[MigSpec] = &[("4g.40gb", 40 * G, 56, 1), ("1g.10gb", 10 * G, 14, 11)];
+    let cards = [Some(card0), None, Some(card2)];
+    let mixed = env(
+        "3g.40gb,2g.20gb,1g.10gb;none;1g.10gb,4g.40gb",
+        "3g.40gb",
+        40 * G,
+        42,
+    );
+    for (visible, seen) in [
+        (None, vec![(0, Some(0)), (1, None)]),
+        (Some(mig(2, 1)), vec![(2, Some(1))]),
+        (Some(mig(0, 2)), vec![(0, Some(2))]),
+        (Some("2,1".to_owned()), vec![(2, Some(0))]),
+        (Some("1,2,0".to_owned()), vec![(1, None), (2, Some(0))]),
+        (Some(uuid(0)), vec![(0, Some(0))]),
+        (
+            Some("MIG-46414b45-4d49-4700-0000-0000000001".to_owned()),
+            vec![],
+        ),
+    ] {
+        let (stdout, stderr) = run(3, visible.as_deref(), &mixed);
+        assert_eq!(stderr, "", "{visible:?}");
+        assert_eq!(
+            stdout,
+            layout_output(&cards, &seen, &[]),
+            "CUDA_VISIBLE_DEVICES={visible:?}"
+        );
+    }
+
+    // A whole card, and one of four MIG devices (three 2g and a 1g) that fill another.
+    let card1: &[MigSpec] = &[
+        ("2g.20gb", 20 * G, 28, 3),
+        ("2g.20gb", 20 * G, 28, 4),
+        ("2g.20gb", 20 * G, 28, 5),
+        ("1g.10gb", 10 * G, 14, 13),
+    ];
+    let whole: &[MigSpec] = &[("7g.80gb", 80 * G, 98, 0)];
+    let full = env(
+        "7g.80gb;2g.20gb,2g.20gb,2g.20gb,1g.10gb",
+        "7g.80gb",
+        80 * G,
+        98,
+    );
+    for (visible, seen) in [(None, (0, 0)), (Some(mig(1, 2)), (1, 2))] {
+        let (stdout, stderr) = run(2, visible.as_deref(), &full);
+        assert_eq!(stderr, "");
+        assert_eq!(
+            stdout,
+            layout_output(&[Some(whole), Some(card1)], &[(seen.0, Some(seen.1))], &[]),
+            "CUDA_VISIBLE_DEVICES={visible:?}"
+        );
+    }
+
+    // One card's entry stands for every card.
+    let each: &[MigSpec] = &[("4g.40gb", 40 * G, 56, 1), ("3g.40gb", 40 * G, 42, 2)];
+    let (stdout, _) = run(
+        2,
+        Some(&uuid(1)),
+        &env("4g.40gb,3g.40gb", "4g.40gb", 40 * G, 56),
+    );
+    assert_eq!(
+        stdout,
+        layout_output(&[Some(each), Some(each)], &[(1, Some(0))], &[])
+    );
+
+    // Two processes on two MIG devices of one card, through the device ledger: A holds
+    // 100 MiB on card 0's 3g.40gb; B, on its 1g.10gb, has its whole 10 GiB but its own 8 MiB
+    // (A's bytes are another MIG device's), and NVML shows A on the 3g.40gb only, with its GPU
+    // instance id, and the card's used bytes as both.
+    let ledger = dir.join("ledger");
+    let mut holder = Command::new(&exe)
+        .arg("hold")
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_COUNT", "3")
+        .env("VRAMSHIM_FAKEGPU_LEDGER", &ledger)
+        .env("CUDA_VISIBLE_DEVICES", mig(0, 0))
+        .envs(mixed.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().expect("stdout")),
+        &mut said,
+    )
+    .expect("read the holder");
+    assert_eq!(said, "held rc=0\n");
+    let mut with_ledger = mixed.clone();
+    with_ledger.push(("VRAMSHIM_FAKEGPU_LEDGER", ledger.display().to_string()));
+    let (stdout, stderr) = run(3, Some(&mig(0, 2)), &with_ledger);
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait for the holder").success());
+    assert_eq!(stderr, "");
+    assert_eq!(
+        stdout,
+        layout_output(&cards, &[(0, Some(2))], &[(0, 0, 100 * MIB)])
+    );
+
+    // Layouts no card can have: one line with the reason; CUDA and NVML do not start.
+    for (layout, why) in [
+        (
+            "4g.40gb,2g.20gb,2g.20gb;none;none",
+            "card 0: 4g.40gb,2g.20gb,2g.20gb take 8 compute slices, a card has 7",
+        ),
+        (
+            "none;3g.40gb,3g.40gb,1g.10gb;none",
+            "card 1: 3g.40gb,3g.40gb,1g.10gb do not fit the card's 8 memory slices at the \
+             placements the MIG user guide gives",
+        ),
+        (
+            "3g.40gb;none",
+            "it names 2 cards and the machine has 3 (VRAMSHIM_FAKEGPU_COUNT)",
+        ),
+        (
+            "none;6g.60gb;none",
+            "card 1: 6g.60gb: no MIG profile has 6 compute slices (1g, 2g, 3g, 4g, 7g)",
+        ),
+        (
+            "none;none;1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb",
+            "card 2: more than 7 MIG devices on one card",
+        ),
+        (
+            "3g.40gb;;none",
+            "card 1: an empty profile (a card's entry is its MIG profiles, comma-separated, or \
+             none)",
+        ),
+        (
+            "3g.40gb,3g;none;none",
+            "card 0: \"3g\" is not a MIG profile such as 3g.40gb (or none for a card out of \
+             MIG mode)",
+        ),
+    ] {
+        let (stdout, stderr) = run(3, None, &env(layout, "3g.40gb", 40 * G, 42));
+        assert_eq!(
+            stdout, "cuda count=0 rc=3\nnvml init=9 count=0 rc=1\n",
+            "{layout}"
+        );
+        assert_eq!(
+            stderr,
+            format!(
+                "vramshim fakegpu: VRAMSHIM_FAKEGPU_MIG=\"{layout}\" is invalid: {why}; CUDA \
+                 initialisation fails\n"
+            ),
+            "{layout}"
+        );
+    }
+}
+
 /// What `ledger_pair` prints with a device ledger on a 1 GiB card whose contexts take 1 MiB:
 /// B sees A's context and allocation (701,048,577 B) beside its own context, fails one byte
 /// past what is free, takes exactly what is free; NVML lists both processes; A killed by

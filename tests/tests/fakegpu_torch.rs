@@ -1787,8 +1787,9 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
 /// `mem_get_info` and `total_memory`, 42 SMs, its MIG UUID), the first card's with
 /// `CUDA_VISIBLE_DEVICES` unset, the second's when it names that MIG device; NVML (as
 /// nvidia-smi asks) lists both GPUs in MIG mode with the card's name and 84,975,550,464 B and
-/// one MIG device each (the slice's name, `MIG-` UUID and bytes), the 512 MiB context estimate
-/// and torch's 1 GiB in use on the MIG device torch has; torch's own OOM message gives the
+/// one MIG device each (the slice's name, `MIG-` UUID and bytes, GPU instance 1: a 3g instance
+/// at memory slice 0), the 512 MiB context estimate and torch's 1 GiB in use on the MIG device
+/// torch has, in one process entry with its instance ids; torch's own OOM message gives the
 /// slice as the capacity; the verdict lists one device.
 #[test]
 fn torch_on_a_mig_slice_sees_one_device_of_the_slice() {
@@ -1867,6 +1868,12 @@ fn torch_on_a_mig_slice_sees_one_device_of_the_slice() {
                         "used": on_it,
                         "index": 0,
                         "is_mig": 1,
+                        "gpu_instance": 1,
+                        "processes": if n == seen {
+                            serde_json::json!([[used, 1, 0]])
+                        } else {
+                            serde_json::json!([])
+                        },
                     }],
                 }),
                 "{visible:?}"
@@ -1896,6 +1903,167 @@ fn torch_on_a_mig_slice_sees_one_device_of_the_slice() {
                 Value::Null
             }
         );
+    }
+}
+
+/// `vramshim dryrun --gpu A100-80GB --mig "3g.40gb,2g.20gb,1g.10gb;7g.80gb" --gpus 2` of real
+/// torch 2.15 (`torch_mig.py`): card 0 holds three MIG devices, placed at memory slices 0, 4
+/// and 6 (GPU instances 1, 5 and 13), card 1 one 7g.80gb (GPU instance 0). Torch sees one
+/// device (`device_count()` 1): card 0's 3g.40gb with `CUDA_VISIBLE_DEVICES` unset (42 SMs,
+/// 42,487,775,232 B), the 1g.10gb its `MIG-` UUID names (14 SMs, 10,621,943,808 B = 1/8 of the
+/// card), card 1's 7g.80gb for index 1 (98 SMs, 84,975,550,464 B); `mem_get_info` and its OOM
+/// message give that device's capacity. NVML lists both cards in MIG mode with all four MIG
+/// devices (name, `MIG-` UUID with the MIG index before the card's byte, bytes, GPU instance
+/// id); the 512 MiB context and torch's 1 GiB are in use on the MIG device torch has only, with
+/// one process entry there carrying its GPU instance id and compute instance 0, and the GPU's
+/// used bytes are its MIG devices' sum. The verdict judges that device.
+#[test]
+fn torch_on_a_mig_layout_sees_the_mig_device_it_names() {
+    let Some(torch) = current() else { return };
+    const CARD: u64 = 84_975_550_464;
+    const EIGHTH: u64 = CARD / 8;
+    let used = 512 * MIB + 1024 * MIB;
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let mig_uuid = |card: u32, index: u32| {
+        format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}")
+    };
+    // Each card's MIG devices by index: profile, bytes, GPU instance id.
+    let layout: [&[(&str, u64, u32)]; 2] = [
+        &[
+            ("3g.40gb", 4 * EIGHTH, 1),
+            ("2g.20gb", 2 * EIGHTH, 5),
+            ("1g.10gb", EIGHTH, 13),
+        ],
+        &[("7g.80gb", CARD, 0)],
+    ];
+    // CUDA_VISIBLE_DEVICES, the (card, MIG index) torch sees, its SMs and torch's OOM line.
+    let cases = [
+        (None, (0, 0), 42, "39.57 GiB of which 38.07 GiB is free"),
+        (
+            Some(mig_uuid(0, 2)),
+            (0, 2),
+            14,
+            "9.89 GiB of which 8.39 GiB is free",
+        ),
+        (
+            Some("1".to_owned()),
+            (1, 0),
+            98,
+            "79.14 GiB of which 77.64 GiB is free",
+        ),
+    ];
+    for (visible, (card, index), sms, capacity) in cases {
+        let logs = scratch("torch-mig-layout");
+        let mut command = Command::new(vramshim_tool());
+        command
+            .args([
+                "dryrun",
+                "--gpu",
+                "A100-80GB",
+                "--mig",
+                "3g.40gb,2g.20gb,1g.10gb;7g.80gb",
+                "--gpus",
+                "2",
+                "--json",
+                "-o",
+            ])
+            .arg(logs.join("%p.vlog"))
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/torch_mig.py"))
+            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VRAMSHIM_STACK");
+        if let Some(visible) = &visible {
+            command.env("CUDA_VISIBLE_DEVICES", visible);
+        }
+        let output = command.output().expect("run vramshim dryrun");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{visible:?}: {stderr}");
+        let figures: Value = stderr
+            .lines()
+            .find_map(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+        let (profile, bytes, _) = layout[card as usize][index as usize];
+        let name = format!("NVIDIA A100-SXM4-80GB MIG {profile}");
+        assert_eq!(figures["device_count"], 1, "{visible:?}: {figures}");
+        assert_eq!(figures["name"], name.as_str(), "{visible:?}");
+        assert_eq!(u64_of(&figures, "total_memory"), bytes, "{visible:?}");
+        assert_eq!(u64_of(&figures, "mem_get_info_total"), bytes, "{visible:?}");
+        assert_eq!(figures["sms"], sms, "{visible:?}");
+        assert_eq!(
+            format!("MIG-{}", figures["uuid"].as_str().unwrap_or_default()),
+            mig_uuid(card, index)
+        );
+        assert_eq!(u64_of(&figures, "taken_by_one_gib"), 1024 * MIB);
+        let nvml = arr(&figures["nvml"]);
+        assert_eq!(nvml.len(), 2, "{figures}");
+        for (n, gpu) in nvml.iter().enumerate() {
+            let n = n as u32;
+            let devices: Vec<Value> = layout[n as usize]
+                .iter()
+                .enumerate()
+                .map(|(k, &(profile, bytes, gpu_instance))| {
+                    let here = (n, k as u32) == (card, index);
+                    serde_json::json!({
+                        "name": format!("NVIDIA A100-SXM4-80GB MIG {profile}"),
+                        "uuid": mig_uuid(n, k as u32),
+                        "total": bytes,
+                        "used": if here { used } else { 0 },
+                        "index": k,
+                        "is_mig": 1,
+                        "gpu_instance": gpu_instance,
+                        "processes": if here {
+                            serde_json::json!([[used, gpu_instance, 0]])
+                        } else {
+                            serde_json::json!([])
+                        },
+                    })
+                })
+                .collect();
+            assert_eq!(
+                gpu,
+                &serde_json::json!({
+                    "name": "NVIDIA A100-SXM4-80GB",
+                    "uuid": format!("GPU-46414b45-4750-5500-0000-0000000000{n:02x}"),
+                    "total": CARD,
+                    "used": if n == card { used } else { 0 },
+                    "mig_mode": [1, 1],
+                    "max_mig_devices": 7,
+                    "mig_devices": devices,
+                }),
+                "{visible:?}"
+            );
+        }
+        assert!(
+            stderr.contains(&format!("GPU 0 has a total capacity of {capacity}")),
+            "{visible:?}: {stderr}"
+        );
+        let v: Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        assert_eq!(v["gpu"]["name"], name.as_str(), "{v}");
+        assert_eq!(u64_of(&v["gpu"], "memory"), bytes);
+        assert_eq!(
+            v["mig"],
+            serde_json::json!({
+                "layout": "3g.40gb,2g.20gb,1g.10gb;7g.80gb",
+                "device": {
+                    "card": card,
+                    "index": index,
+                    "gpu_instance": layout[card as usize][index as usize].2,
+                    "uuid": mig_uuid(card, index),
+                },
+            })
+        );
+        let devices = arr(&v["devices"]);
+        assert_eq!(devices.len(), 1, "{v}");
+        assert_eq!(u64_of(&devices[0], "capacity"), bytes);
+        assert_eq!(u64_of(&devices[0], "peak_recorded"), 1024 * MIB, "{v}");
     }
 }
 

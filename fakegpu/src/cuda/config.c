@@ -14,11 +14,17 @@
  *                                   channel), as on the H100/H200 systems measured (default 0)
  *   VRAMSHIM_FAKEGPU_HOST_BYTES     host RAM that device data copied in may hold (default: a
  *                                   quarter of the machine's RAM)
- *   VRAMSHIM_FAKEGPU_MIG            a MIG profile, "<N>g.<M>gb" (such as 3g.40gb): every device
- *                                   is in MIG mode with one MIG device of that profile, which
- *                                   MEMORY, SMS and NAME then describe (default: no MIG)
+ *   VRAMSHIM_FAKEGPU_MIG            a MIG layout (default: no MIG): each card's MIG profiles,
+ *                                   "<N>g.<M>gb" comma-separated, or "none" (out of MIG mode),
+ *                                   cards separated by ';' ("3g.40gb,2g.20gb;none"); one card's
+ *                                   entry stands for every card ("3g.40gb": one 3g.40gb MIG
+ *                                   device on each). MEMORY, SMS and NAME describe the
+ *                                   layout's first MIG device; the others scale from it by the
+ *                                   MIG user guide's fractions (see read_mig_layout)
  *   VRAMSHIM_FAKEGPU_CARD_MEMORY    with MIG, the whole card's bytes, as NVML reports its GPU
  *                                   (default: MEMORY)
+ *   VRAMSHIM_FAKEGPU_CARD_SMS       with MIG, a whole card's SMs (a card out of MIG mode;
+ *                                   default: SMS)
  *   VRAMSHIM_FAKEGPU_LEDGER         a file every process of the machine shares as one device
  *                                   ledger (read in ledger.c; unusable: one line, and the
  *                                   process counts alone)
@@ -69,40 +75,55 @@ void fg_physical_uuid(int physical, unsigned char out[16])
     out[15] = (unsigned char)physical;
 }
 
-void fg_mig_uuid(int physical, unsigned char out[16])
+void fg_mig_uuid(int physical, int index, unsigned char out[16])
 {
     memset(out, 0, 16);
     memcpy(out, "FAKEMIG", 7);
+    out[14] = (unsigned char)index;
     out[15] = (unsigned char)physical;
 }
 
+static void uuid_string(const unsigned char u[16], const char *prefix, char *text, size_t n)
+{
+    snprintf(text, n, "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             prefix, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+             u[12], u[13], u[14], u[15]);
+}
+
 /* The device whose UUID text ("GPU-" or "MIG-" and 36 characters) starts with ENTRY, which
- * starts with PREFIX ("GPU-" or "MIG-"; MIG devices exist only in MIG mode); -1 when none
- * does, -2 when several do. */
-static int device_of_uuid(const char *entry, size_t length, const char *prefix)
+ * starts with PREFIX ("GPU-" or "MIG-"; MIG devices exist only on cards in MIG mode): the card
+ * (*INDEX its MIG device, or -1); -1 when none does, -2 when several do. */
+static int device_of_uuid(const char *entry, size_t length, const char *prefix, int *index)
 {
     int found = -1;
     bool mig = strcmp(prefix, "MIG-") == 0;
-    if (mig && !config.mig)
-        return -1;
-    for (int p = 0; p < config.physical_count; p++) {
-        unsigned char u[16];
-        char text[48];
-        if (mig)
-            fg_mig_uuid(p, u);
-        else
-            fg_physical_uuid(p, u);
-        snprintf(text, sizeof text,
-                 "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, u[0],
-                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-                 u[14], u[15]);
-        if (length <= strlen(text) && strncasecmp(text, entry, length) == 0) {
-            if (found != -1)
-                return -2;
-            found = p;
+    *index = -1;
+    for (int p = 0; p < config.physical_count; p++)
+        for (int i = 0; i < (mig ? config.cards[p].mig_count : 1); i++) {
+            unsigned char u[16];
+            char text[48];
+            if (mig)
+                fg_mig_uuid(p, i, u);
+            else
+                fg_physical_uuid(p, u);
+            uuid_string(u, prefix, text, sizeof text);
+            if (length <= strlen(text) && strncasecmp(text, entry, length) == 0) {
+                if (found != -1)
+                    return -2;
+                found = p;
+                *index = mig ? i : -1;
+            }
         }
-    }
     return found;
+}
+
+/* Makes card P's device (MIG device INDEX of it, or the card) visible as the next ordinal. */
+static void add_visible(int p, int index)
+{
+    int v = config.count++;
+    config.physical[v] = p;
+    config.mig_index[v] = index;
+    config.unit[v] = index >= 0 ? config.cards[p].mig[index].unit : config.cards[p].unit;
 }
 
 /* CUDA_VISIBLE_DEVICES as the driver reads it: unset, every device; otherwise a comma-separated
@@ -110,18 +131,24 @@ static int device_of_uuid(const char *entry, size_t length, const char *prefix)
  * of them, in the order given. The first entry that is not valid (not a number, a negative one,
  * an index past the last device, a UUID no device or several devices match, a form other than
  * the first entry's) ends the list; a device named twice leaves no device visible. An empty
- * value: no device. In MIG mode entries may also be "MIG-" UUIDs (or unique prefixes), and a
- * process sees one MIG device at most, as CUDA enumerates a single MIG device: the first the
- * list names (by index or UUID its GPU's), the first GPU's when the variable is unset. */
+ * value: no device. With cards in MIG mode entries may also be "MIG-" UUIDs (or unique
+ * prefixes), and a process sees one MIG device at most, as CUDA enumerates a single MIG device
+ * (the MIG user guide, "CUDA Device Enumeration"): the first the list names (by index or GPU
+ * UUID, a MIG card's MIG device 0), which ends the list; unset: the cards out of MIG mode and
+ * the first MIG card's MIG device 0, in the machine's order. */
 static void apply_visible_devices(void)
 {
     const char *list = getenv("CUDA_VISIBLE_DEVICES");
     config.count = 0;
     if (!list) {
+        bool mig_seen = false;
         for (int p = 0; p < config.physical_count; p++)
-            config.physical[config.count++] = p;
-        if (config.mig)
-            config.count = 1;
+            if (config.cards[p].mig_count == 0)
+                add_visible(p, -1);
+            else if (!mig_seen) {
+                add_visible(p, 0);
+                mig_seen = true;
+            }
         return;
     }
     const char *first = list + strspn(list, " \t");
@@ -132,12 +159,12 @@ static void apply_visible_devices(void)
         size_t trimmed = length - (size_t)(start - entry);
         while (trimmed && (start[trimmed - 1] == ' ' || start[trimmed - 1] == '\t'))
             trimmed--;
-        int device = -1;
+        int device = -1, index = -1;
         if (uuids) {
             if (trimmed > 4 && strncmp(start, "GPU-", 4) == 0)
-                device = device_of_uuid(start, trimmed, "GPU-");
+                device = device_of_uuid(start, trimmed, "GPU-", &index);
             else if (trimmed > 4 && strncmp(start, "MIG-", 4) == 0)
-                device = device_of_uuid(start, trimmed, "MIG-");
+                device = device_of_uuid(start, trimmed, "MIG-", &index);
             if (device == -2) {
                 config.count = 0; /* an ambiguous prefix: the driver shows nothing */
                 return;
@@ -145,26 +172,260 @@ static void apply_visible_devices(void)
         } else {
             const char *digits = start + (*start == '+');
             if (*start != '-' && *digits >= '0' && *digits <= '9') {
-                unsigned long long index = 0;
-                while (*digits >= '0' && *digits <= '9' && index < FG_MAX_DEVICES)
-                    index = index * 10 + (unsigned)(*digits++ - '0');
-                device = index < (unsigned long long)config.physical_count ? (int)index : -1;
+                unsigned long long number = 0;
+                while (*digits >= '0' && *digits <= '9' && number < FG_MAX_DEVICES)
+                    number = number * 10 + (unsigned)(*digits++ - '0');
+                device = number < (unsigned long long)config.physical_count ? (int)number : -1;
             }
         }
         if (device < 0)
             return;
+        if (index < 0 && config.cards[device].mig_count > 0)
+            index = 0; /* a MIG card named by index or GPU UUID: its first MIG device */
         for (int v = 0; v < config.count; v++)
-            if (config.physical[v] == device) {
+            if (config.physical[v] == device && config.mig_index[v] == index) {
                 config.count = 0;
                 return;
             }
-        config.physical[config.count++] = device;
-        if (config.mig)
+        add_visible(device, index);
+        if (index >= 0)
             return; /* one MIG device per process */
         entry += length;
         if (*entry == ',')
             entry++;
     }
+}
+
+/* GPU-instance shapes on the MIG-capable cards (A100 40/80GB, H100, H200), from NVIDIA's
+ * Multi-Instance GPU User Guide ("Supported MIG Profiles": 8 memory slices and 7 compute
+ * slices per card; each profile's placements, as `nvidia-smi mig -lgipp` lists them): compute
+ * slices, memory slices (eighths of the card), and the memory slices an instance may start at. */
+static const struct {
+    int slices, eighths, start_count, starts[7];
+} mig_shapes[] = {
+    {1, 1, 7, {0, 1, 2, 3, 4, 5, 6}}, /* 1g.5gb  (A100 40GB), 1g.10gb (80GB), 1g.18gb (H200) */
+    {1, 2, 4, {0, 2, 4, 6}},          /* 1g.10gb (A100 40GB), 1g.20gb (80GB), 1g.35gb (H200) */
+    {2, 2, 3, {0, 2, 4}},             /* 2g.10gb, 2g.20gb, 2g.35gb */
+    {3, 4, 2, {0, 4}},                /* 3g.20gb, 3g.40gb, 3g.71gb */
+    {4, 4, 1, {0}},                   /* 4g.20gb, 4g.40gb, 4g.71gb */
+    {7, 8, 1, {0}},                   /* 7g.40gb, 7g.80gb, 7g.141gb */
+};
+
+/* Places card P's MIG devices from K on, memory slices USED taken: the first placement of each
+ * in the layout's order that lets all fit (a search: "1g.10gb,4g.40gb" puts the 4g instance
+ * at slice 0 and the 1g one after it). */
+static bool place(struct fg_card *card, int k, unsigned used)
+{
+    if (k == card->mig_count)
+        return true;
+    struct fg_mig_device *m = &card->mig[k];
+    for (size_t s = 0; s < sizeof mig_shapes / sizeof *mig_shapes; s++) {
+        if (mig_shapes[s].slices != m->slices || mig_shapes[s].eighths != m->eighths)
+            continue;
+        for (int i = 0; i < mig_shapes[s].start_count; i++) {
+            unsigned mask = ((1u << m->eighths) - 1) << mig_shapes[s].starts[i];
+            if (used & mask)
+                continue;
+            m->start = mig_shapes[s].starts[i];
+            if (place(card, k + 1, used | mask))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* A GPU instance's id as the driver numbers it by placement: the whole card 0, a half (4
+ * memory slices) 1-2, a quarter 3-6, an eighth 7-14 (GI 2 is the 3g instance at slice 4). */
+static int gpu_instance_id(const struct fg_mig_device *m)
+{
+    switch (m->eighths) {
+    case 8: return 0;
+    case 4: return 1 + m->start / 4;
+    case 2: return 3 + m->start / 2;
+    default: return 7 + m->start;
+    }
+}
+
+static int by_gpu_instance(const void *a, const void *b)
+{
+    return ((const struct fg_mig_device *)a)->gi_id - ((const struct fg_mig_device *)b)->gi_id;
+}
+
+static void invalid_layout(const char *value, int card, const char *why)
+{
+    char text[320];
+    if (card >= 0)
+        snprintf(text, sizeof text, "card %d: %s", card, why);
+    else
+        snprintf(text, sizeof text, "%s", why);
+    invalid("VRAMSHIM_FAKEGPU_MIG", value, text);
+}
+
+/* VRAMSHIM_FAKEGPU_MIG: the cards' MIG devices. A profile's memory share is the guide's: 3g
+ * and 4g take 4/8 of the card, 2g 2/8, 7g all; a 1g profile 1/8 or 2/8 (1g.10gb and 1g.20gb
+ * of an 80 GB card), told apart by its GB figure against an eighth of CARD_MEMORY. The
+ * layout's first MIG device has MEMORY bytes and SMS SMs; the others the same bytes per memory
+ * slice and SMs per compute slice. Refused: a profile that is not <N>g.<M>gb with N one of 1,
+ * 2, 3, 4, 7; more than 7 on a card; a set no placement fits on one card (the guide's
+ * placements, which also keep a card within its 7 compute slices); a number of cards' entries
+ * other than 1 or the machine's; more than 64 memory units in all. */
+static void read_mig_layout(const char *value, unsigned long long memory, unsigned long long sms)
+{
+    int entries = 1;
+    for (const char *c = value; *c; c++)
+        entries += *c == ';';
+    bool single = !strchr(value, ';') && !strchr(value, ',');
+    if (entries > 1 && entries != config.physical_count) {
+        char why[160];
+        snprintf(why, sizeof why, "it names %d cards and the machine has %d (VRAMSHIM_FAKEGPU_COUNT)",
+                 entries, config.physical_count);
+        invalid_layout(value, -1, why);
+        return;
+    }
+    const struct fg_mig_device *base = NULL;
+    const char *entry = value;
+    for (int card = 0; card < entries; card++) {
+        size_t length = strcspn(entry, ";");
+        struct fg_card *c = &config.cards[card];
+        c->mig_count = 0;
+        if (length == 0 || entry[0] == ',' || entry[length - 1] == ',') {
+            if (single)
+                invalid("VRAMSHIM_FAKEGPU_MIG", value, "expected a MIG profile such as 3g.40gb");
+            else
+                invalid_layout(value, card, "an empty profile (a card's entry is its MIG "
+                                            "profiles, comma-separated, or none)");
+            return;
+        }
+        if (length == 4 && strncmp(entry, "none", 4) == 0) {
+            entry += length + (entry[length] == ';');
+            continue;
+        }
+        for (const char *item = entry; item < entry + length;) {
+            size_t n = strcspn(item, ",;");
+            char profile[32];
+            unsigned slices = 0, gb = 0;
+            int end = -1;
+            bool ok = n > 0 && n < sizeof profile;
+            if (ok) {
+                memcpy(profile, item, n);
+                profile[n] = 0;
+                ok = sscanf(profile, "%ug.%ugb%n", &slices, &gb, &end) == 2 &&
+                     end == (int)n && gb >= 1 && profile[0] >= '1' && profile[0] <= '9' &&
+                     !strpbrk(profile, " +-");
+            }
+            if (!ok) {
+                if (single)
+                    invalid("VRAMSHIM_FAKEGPU_MIG", value, "expected a MIG profile such as 3g.40gb");
+                else {
+                    char why[160];
+                    snprintf(why, sizeof why,
+                             "\"%.*s\" is not a MIG profile such as 3g.40gb (or none for a card "
+                             "out of MIG mode)", (int)(n < 40 ? n : 40), item);
+                    invalid_layout(value, card, why);
+                }
+                return;
+            }
+            if (slices != 1 && slices != 2 && slices != 3 && slices != 4 && slices != 7) {
+                char why[160];
+                snprintf(why, sizeof why,
+                         "%s: no MIG profile has %u compute slices (1g, 2g, 3g, 4g, 7g)", profile,
+                         slices);
+                invalid_layout(value, card, why);
+                return;
+            }
+            if (c->mig_count == FG_MAX_MIG) {
+                invalid_layout(value, card, "more than 7 MIG devices on one card");
+                return;
+            }
+            struct fg_mig_device *m = &c->mig[c->mig_count++];
+            memset(m, 0, sizeof *m);
+            strcpy(m->profile, profile);
+            m->slices = (int)slices;
+            m->eighths = slices == 7 ? 8 : slices >= 3 ? 4 : 2;
+            /* 1g: an eighth of the card or two, whichever its GB figure is nearer. */
+            if (slices == 1 && (double)gb * 1e9 * 8 < 1.5 * (double)config.card_memory)
+                m->eighths = 1;
+            if (!base)
+                base = m;
+            item += n + (item[n] == ',');
+        }
+        if (!place(c, 0, 0)) {
+            char why[256];
+            int compute = 0;
+            for (int k = 0; k < c->mig_count; k++)
+                compute += c->mig[k].slices;
+            snprintf(why, sizeof why,
+                     compute > 7 ? "%.*s take %d compute slices, a card has 7"
+                                 : "%.*s do not fit the card's 8 memory slices at the placements "
+                                   "the MIG user guide gives",
+                     (int)(length < 120 ? length : 120), entry, compute);
+            invalid_layout(value, card, why);
+            return;
+        }
+        entry += length + (entry[length] == ';');
+    }
+    for (int card = entries; card < config.physical_count; card++)
+        config.cards[card] = config.cards[0];
+    if (!base)
+        return; /* every card out of MIG mode */
+    config.mig = true;
+    unsigned long long per_eighth = memory / (unsigned long long)base->eighths;
+    unsigned long long per_slice = sms / (unsigned long long)base->slices;
+    config.mig_eighth = per_eighth;
+    config.mig_slice_sms = (int)per_slice;
+    int units = 0;
+    for (int p = 0; p < config.physical_count; p++) {
+        struct fg_card *c = &config.cards[p];
+        for (int k = 0; k < c->mig_count; k++) {
+            c->mig[k].gi_id = gpu_instance_id(&c->mig[k]);
+            c->mig[k].memory = per_eighth * (unsigned long long)c->mig[k].eighths;
+            c->mig[k].sms = (int)(per_slice * (unsigned long long)c->mig[k].slices);
+        }
+        qsort(c->mig, (size_t)c->mig_count, sizeof *c->mig, by_gpu_instance);
+        if (c->mig_count == 0)
+            c->unit = units++;
+        for (int k = 0; k < c->mig_count; k++)
+            c->mig[k].unit = units++;
+    }
+    if (units > FG_MAX_DEVICES)
+        invalid_layout(value, -1, "more than 64 devices (cards out of MIG mode and MIG devices)");
+}
+
+unsigned long long fg_device_capacity(int v)
+{
+    int index = v >= 0 && v < config.count ? config.mig_index[v] : -1;
+    if (index >= 0)
+        return config.cards[config.physical[v]].mig[index].memory;
+    return config.mig ? config.card_memory : config.memory;
+}
+
+int fg_device_sms(int v)
+{
+    int index = v >= 0 && v < config.count ? config.mig_index[v] : -1;
+    if (index >= 0)
+        return config.cards[config.physical[v]].mig[index].sms;
+    return config.mig ? config.card_sms : config.sms;
+}
+
+/* A MIG device is named after its card ("NVIDIA A100-SXM4-80GB MIG 3g.40gb"): NAME for the
+ * profile of the layout's first MIG device. */
+void fg_mig_name(int physical, int index, char *out, size_t n)
+{
+    const char *profile = config.cards[physical].mig[index].profile;
+    const char *suffix = strstr(config.name, " MIG ");
+    if (suffix && strcmp(suffix + 5, profile) == 0)
+        snprintf(out, n, "%s", config.name);
+    else
+        snprintf(out, n, "%.200s MIG %.31s", config.card_name, profile);
+}
+
+void fg_device_name(int v, char *out, size_t n)
+{
+    int index = v >= 0 && v < config.count ? config.mig_index[v] : -1;
+    if (index < 0)
+        snprintf(out, n, "%s", config.mig ? config.card_name : config.name);
+    else
+        fg_mig_name(config.physical[v], index, out, n);
 }
 
 static void load(void)
@@ -192,29 +453,23 @@ static void load(void)
                                                     : 1ull << 30;
     read_number("VRAMSHIM_FAKEGPU_HOST_BYTES", 0, 1ull << 50, &host);
     config.host_bytes = host;
-    const char *mig = getenv("VRAMSHIM_FAKEGPU_MIG");
-    if (mig) {
-        unsigned slices = 0, gb = 0;
-        int end = -1;
-        if (strlen(mig) >= sizeof config.mig_profile ||
-            sscanf(mig, "%ug.%ugb%n", &slices, &gb, &end) != 2 || end != (int)strlen(mig) ||
-            slices < 1 || slices > 8 || gb < 1 || mig[0] < '0' || mig[0] > '9' ||
-            strchr(mig, ' ') || strchr(mig, '-') || strchr(mig, '+'))
-            invalid("VRAMSHIM_FAKEGPU_MIG", mig, "expected a MIG profile such as 3g.40gb");
-        else {
-            config.mig = true;
-            strcpy(config.mig_profile, mig);
-        }
-    }
-    unsigned long long card_memory = memory;
+    unsigned long long card_memory = memory, card_sms = sms;
     read_number("VRAMSHIM_FAKEGPU_CARD_MEMORY", 1, 1ull << 50, &card_memory);
+    read_number("VRAMSHIM_FAKEGPU_CARD_SMS", 1, 1024, &card_sms);
     config.card_memory = card_memory;
+    config.card_sms = (int)card_sms;
     config.physical_count = (int)count;
-    apply_visible_devices();
+    const char *mig = getenv("VRAMSHIM_FAKEGPU_MIG");
+    if (mig)
+        read_mig_layout(mig, memory, sms);
     config.memory = memory;
     if (config.valid && config.mig && card_memory < memory)
         invalid("VRAMSHIM_FAKEGPU_CARD_MEMORY", getenv("VRAMSHIM_FAKEGPU_CARD_MEMORY"),
                 "smaller than the MIG device's VRAMSHIM_FAKEGPU_MEMORY");
+    if (!config.mig)
+        for (int p = 0; p < config.physical_count; p++)
+            config.cards[p].unit = p;
+    apply_visible_devices();
     config.sms = (int)sms;
     config.context_bytes = context;
     if (config.valid && context > memory)

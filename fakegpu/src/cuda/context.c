@@ -99,7 +99,7 @@ FG_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
         return rc;
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "%s", fg_config()->name);
+    fg_device_name(dev, name, (size_t)len);
     return CUDA_SUCCESS;
 }
 
@@ -110,7 +110,7 @@ FG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return rc;
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
-    *bytes = fg_config()->memory;
+    *bytes = fg_device_capacity(dev);
     return CUDA_SUCCESS;
 }
 
@@ -124,8 +124,9 @@ static CUresult device_uuid(CUuuid *uuid, CUdevice dev, bool mig)
         return rc;
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
-    if (mig && fg_config()->mig)
-        fg_mig_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
+    if (mig && fg_config()->mig_index[dev] >= 0)
+        fg_mig_uuid(fg_config()->physical[dev], fg_config()->mig_index[dev],
+                    (unsigned char *)uuid->bytes);
     else
         fg_physical_uuid(fg_config()->physical[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
@@ -189,7 +190,7 @@ static int attribute_value(int attribute, CUdevice dev, int *value)
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *value = 1980000; break;
     case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: *value = 512; break;
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = c->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = fg_device_sms(dev); break;
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: *value = 0; break;
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: *value = 1; break;

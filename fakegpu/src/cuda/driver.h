@@ -17,6 +17,26 @@
 /* VMM granularity, also the rounding of default-pool reservations. */
 #define FG_GRANULARITY (2ull << 20)
 
+/* The most MIG devices one card holds (A100, H100, H200: seven 1g instances). */
+#define FG_MAX_MIG 7
+/* A MIG device (a GPU instance with one compute instance using all of it): its profile
+ * ("3g.40gb"), compute slices, memory eighths and first memory slice (its placement), GPU
+ * instance id, bytes, SMs and memory unit. */
+struct fg_mig_device {
+    char profile[32];
+    int slices, eighths, start, gi_id;
+    unsigned long long memory;
+    int sms, unit;
+};
+/* A card of the machine: mig_count 0 when it is out of MIG mode, else its MIG devices by
+ * index (NVML's nvmlDeviceGetMigDeviceHandleByIndex order: by GPU instance id); unit: the
+ * memory unit of the whole card (out of MIG mode). */
+struct fg_card {
+    int mig_count;
+    struct fg_mig_device mig[FG_MAX_MIG];
+    int unit;
+};
+
 /* The simulated machine, read once from VRAMSHIM_FAKEGPU_* (config.c). */
 struct fg_config {
     int count;          /* devices the program sees: CUDA_VISIBLE_DEVICES applied */
@@ -34,21 +54,36 @@ struct fg_config {
     /* How often cuMemGetInfo asks the record locks of the processes it watches by pidfd
      * (VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS, default 10 ms): an exec'd one is seen then (ledger.c). */
     long long ledger_sweep_ns;
-    /* MIG (VRAMSHIM_FAKEGPU_MIG): every device of the machine is in MIG mode with one MIG
-     * device of this profile ("3g.40gb"); memory, sms and name above are the MIG device's,
-     * card_memory and card_name its parent GPU's (what NVML reports for the GPU). */
+    /* MIG (VRAMSHIM_FAKEGPU_MIG, config.c): the cards in MIG mode and their MIG devices;
+     * mig: at least one card is. card_* describe a whole card (NVML's GPU, a card out of MIG
+     * mode beside MIG ones); memory, sms and name above the layout's first MIG device. */
     bool mig;
-    char mig_profile[32];
+    struct fg_card cards[FG_MAX_DEVICES];
     unsigned long long card_memory;
+    int card_sms;
+    unsigned long long mig_eighth; /* bytes of one memory slice (an eighth of a card) */
+    int mig_slice_sms;             /* SMs of one compute slice */
     char card_name[256];
+    /* Per visible ordinal: the MIG device of card physical[v] it is (-1: the whole card), and
+     * its memory unit: the key of its bytes in the device ledger, and of IPC and pools (a card
+     * out of MIG mode or a MIG device; the card's index without a layout of several MIG
+     * devices on a card). */
+    int mig_index[FG_MAX_DEVICES];
+    int unit[FG_MAX_DEVICES];
     bool valid; /* false: a variable was invalid (already said on stderr); cuInit fails */
 };
 const struct fg_config *fg_config(void);
 /* The UUID of the machine's device PHYSICAL: "FAKEGPU", zeros, the index in the last byte. */
 void fg_physical_uuid(int physical, unsigned char out[16]);
-/* The UUID of the MIG device of the machine's device PHYSICAL: "FAKEMIG", zeros, the index in
- * the last byte (printed "MIG-46414b45-4d49-4700-0000-0000000000NN"). */
-void fg_mig_uuid(int physical, unsigned char out[16]);
+/* The UUID of MIG device INDEX of the machine's device PHYSICAL: "FAKEMIG", zeros, the index
+ * in byte 14 and the card in the last byte (printed "MIG-46414b45-4d49-4700-0000-00000000MMNN"). */
+void fg_mig_uuid(int physical, int index, unsigned char out[16]);
+/* What the visible ordinal V is: its bytes, SMs and name (a MIG device's or a card's). */
+unsigned long long fg_device_capacity(int v);
+int fg_device_sms(int v);
+void fg_device_name(int v, char *out, size_t n);
+/* The name of MIG device INDEX of the machine's device PHYSICAL. */
+void fg_mig_name(int physical, int index, char *out, size_t n);
 
 struct CUctx_st {
     int device;

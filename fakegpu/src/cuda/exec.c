@@ -1072,7 +1072,10 @@ FG_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_si
     if (!min_grid || !block_size || !f)
         return CUDA_ERROR_INVALID_VALUE;
     *block_size = limit > 0 && limit < 1024 ? limit : 1024;
-    *min_grid = fg_config()->sms * (2048 / *block_size);
+    int dev = -1;
+    if (fg_current_device(&dev))
+        dev = -1;
+    *min_grid = fg_device_sms(dev) * (2048 / *block_size);
     return CUDA_SUCCESS;
 }
 

@@ -38,7 +38,7 @@ struct ipc_mem_handle {
     uint64_t size;    /* of the allocation */
     int32_t pid;      /* the exporting process */
     int32_t fd;       /* the memory file's descriptor there */
-    int32_t physical; /* the machine's device it is on */
+    int32_t physical; /* the memory unit it is on (the machine's device, or a MIG device) */
     uint32_t reserved[5];
 };
 _Static_assert(sizeof(struct ipc_mem_handle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 64 bytes");
@@ -132,7 +132,7 @@ static CUresult share_allocation(const struct fg_alloc *a, struct exported *out)
     }
     int physical = a->device;
     if (a->device >= 0 && a->device < fg_config()->count)
-        physical = fg_config()->physical[a->device];
+        physical = fg_config()->unit[a->device];
     out->base = a->base;
     out->alloc_id = a->id;
     out->fd = fd;
@@ -313,7 +313,7 @@ bool fg_ipc_process_running(int32_t pid, int32_t fd, uint64_t inode, uint64_t no
 static int visible_ordinal(int physical, int fallback)
 {
     for (int i = 0; i < fg_config()->count; i++)
-        if (fg_config()->physical[i] == physical)
+        if (fg_config()->unit[i] == physical)
             return i;
     return fallback;
 }

@@ -14,8 +14,8 @@ struct fg_device fg_devices[FG_MAX_DEVICES];
 static bool reserve(int dev, unsigned long long n, bool unseen)
 {
     struct fg_device *d = &fg_devices[dev];
-    unsigned long long capacity = fg_config()->memory;
-    switch (fg_ledger_charge(fg_config()->physical[dev], n, capacity, unseen)) {
+    unsigned long long capacity = fg_device_capacity(dev);
+    switch (fg_ledger_charge(fg_config()->unit[dev], n, capacity, unseen)) {
     case FG_LEDGER_FULL: return false;
     case FG_LEDGER_CHARGED: break;
     default:
@@ -36,13 +36,13 @@ void fg_device_release(int dev, unsigned long long n)
     if (n > d->used)
         n = d->used;
     d->used -= n;
-    fg_ledger_uncharge(fg_config()->physical[dev], n);
+    fg_ledger_uncharge(fg_config()->unit[dev], n);
 }
 
 unsigned long long fg_device_used(int dev)
 {
     unsigned long long used;
-    if (fg_ledger_used(fg_config()->physical[dev], &used))
+    if (fg_ledger_used(fg_config()->unit[dev], &used))
         return used;
     return fg_devices[dev].used;
 }
@@ -454,7 +454,7 @@ FG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (!free_bytes || !total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fg_devices[dev].lock);
-    unsigned long long used = fg_device_used(dev), capacity = fg_config()->memory;
+    unsigned long long used = fg_device_used(dev), capacity = fg_device_capacity(dev);
     *total_bytes = capacity;
     *free_bytes = used < capacity ? capacity - used : 0;
     pthread_mutex_unlock(&fg_devices[dev].lock);

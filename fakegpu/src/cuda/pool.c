@@ -472,7 +472,7 @@ FG_EXPORT CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPo
     pthread_mutex_lock(&pool->lock);
     if (pool->file_fd < 0) {
         char name[64];
-        int physical = pool->device < fg_config()->count ? fg_config()->physical[pool->device] : 0;
+        int physical = pool->device < fg_config()->count ? fg_config()->unit[pool->device] : 0;
         snprintf(name, sizeof name, POOL_FILE_PREFIX "%d-%016llx", physical,
                  (unsigned long long)pool->nonce);
         int fd = memfd_create(name, MFD_CLOEXEC);
@@ -510,7 +510,7 @@ FG_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, vo
     if (sscanf(link, "/memfd:" POOL_FILE_PREFIX "%d-%16llx", &physical, &nonce) != 2)
         return CUDA_ERROR_INVALID_VALUE; /* not a pool a fake driver exported */
     for (int i = 0; i < fg_config()->count; i++)
-        if (fg_config()->physical[i] == physical)
+        if (fg_config()->unit[i] == physical)
             dev = i;
     struct CUmemPoolHandle_st *p = pool_new(dev, true);
     if (!p)

@@ -3,6 +3,7 @@
  * see build.py); the library is linked -Bsymbolic, so like the real driver the resolver hands
  * out its own functions, never an interposer's. */
 #include "driver.h"
+#include "fakegpu_mig.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,7 +195,7 @@ FG_EXPORT int vramshim_fakegpu_physical_count(void)
     return config->valid ? config->physical_count : -1;
 }
 
-/* The name and compute capability of the machine's device PHYSICAL. */
+/* The name and compute capability of the machine's device PHYSICAL (a whole card's name). */
 FG_EXPORT int vramshim_fakegpu_physical_device(int physical, char *name, int len, int *cc_major,
                                                int *cc_minor)
 {
@@ -202,59 +203,104 @@ FG_EXPORT int vramshim_fakegpu_physical_device(int physical, char *name, int len
     if (physical < 0 || physical >= config->physical_count || !name || len <= 0 || !cc_major ||
         !cc_minor)
         return -1;
-    snprintf(name, (size_t)len, "%s", config->name);
+    snprintf(name, (size_t)len, "%s", config->mig ? config->card_name : config->name);
     *cc_major = config->cc_major;
     *cc_minor = config->cc_minor;
     return 0;
 }
 
-/* MIG mode of every device (1 or 0), and then the MIG profile, the parent GPU's name and
- * memory (NAME gets LEN bytes at most). */
-FG_EXPORT int vramshim_fakegpu_mig(char *profile, int profile_len, char *name, int len,
-                                   unsigned long long *card_memory)
+/* The bytes in use on memory UNIT: every process's with a device ledger, else this process's
+ * (0 when it does not see it). */
+static unsigned long long unit_used(int unit)
 {
     const struct fg_config *config = fg_config();
-    if (!config->mig)
-        return 0;
-    if (profile && profile_len > 0)
-        snprintf(profile, (size_t)profile_len, "%s", config->mig_profile);
-    if (name && len > 0)
-        snprintf(name, (size_t)len, "%s", config->card_name);
-    if (card_memory)
-        *card_memory = config->card_memory;
-    return 1;
+    unsigned long long used = 0;
+    if (fg_ledger_used(unit, &used) || !fg_initialized())
+        return used;
+    for (int v = 0; v < config->count; v++)
+        if (config->unit[v] == unit) {
+            pthread_mutex_lock(&fg_devices[v].lock);
+            used = fg_devices[v].used;
+            pthread_mutex_unlock(&fg_devices[v].lock);
+        }
+    return used;
 }
 
-/* The bytes in use on the machine's device PHYSICAL and its capacity: every process's with a
- * device ledger (VRAMSHIM_FAKEGPU_LEDGER), else this process's (0 when it does not see it). */
-FG_EXPORT int vramshim_fakegpu_device_memory(int physical, unsigned long long *used,
-                                             unsigned long long *total)
+/* The machine's device PHYSICAL as NVML's GPU handle shows it: its MIG devices (0 when it is
+ * out of MIG mode), its capacity and the bytes in use on it (in MIG mode the sum over its MIG
+ * devices); -1 when there is no such device. */
+FG_EXPORT int vramshim_fakegpu_card(int physical, unsigned long long *total,
+                                    unsigned long long *used)
 {
     const struct fg_config *config = fg_config();
     if (physical < 0 || physical >= config->physical_count || !used || !total)
         return -1;
-    *total = config->memory;
+    const struct fg_card *card = &config->cards[physical];
+    *total = config->mig ? config->card_memory : config->memory;
     *used = 0;
-    if (fg_ledger_used(physical, used))
-        return 0;
-    if (!fg_initialized())
-        return 0;
-    for (int v = 0; v < config->count; v++)
-        if (config->physical[v] == physical) {
-            pthread_mutex_lock(&fg_devices[v].lock);
-            *used = fg_devices[v].used;
-            pthread_mutex_unlock(&fg_devices[v].lock);
-        }
+    if (card->mig_count == 0)
+        *used = unit_used(card->unit);
+    for (int k = 0; k < card->mig_count; k++)
+        *used += unit_used(card->mig[k].unit);
+    return card->mig_count;
+}
+
+/* MIG device INDEX of the machine's device PHYSICAL; -1 when there is none. */
+FG_EXPORT int vramshim_fakegpu_mig_device(int physical, int index,
+                                          struct vramshim_fakegpu_mig_info *out)
+{
+    const struct fg_config *config = fg_config();
+    if (physical < 0 || physical >= config->physical_count || !out || index < 0 ||
+        index >= config->cards[physical].mig_count)
+        return -1;
+    const struct fg_mig_device *m = &config->cards[physical].mig[index];
+    memset(out, 0, sizeof *out);
+    snprintf(out->profile, sizeof out->profile, "%s", m->profile);
+    fg_mig_name(physical, index, out->name, sizeof out->name);
+    out->total = m->memory;
+    out->used = unit_used(m->unit);
+    out->gpu_instance_id = m->gi_id;
+    out->start = m->start;
+    out->eighths = m->eighths;
+    out->slices = m->slices;
+    out->sms = m->sms;
+    out->unit = m->unit;
     return 0;
 }
 
-/* The processes holding memory on the machine's device PHYSICAL, from the device ledger: up to
- * MAX pids and their bytes, and their number; -1 without a ledger. */
-FG_EXPORT int vramshim_fakegpu_device_processes(int physical, int max, int *pids,
-                                                unsigned long long *used)
+/* The processes holding memory on memory UNIT (a card out of MIG mode or a MIG device), from
+ * the device ledger: up to MAX pids and their bytes, and their number; -1 without a ledger. */
+FG_EXPORT int vramshim_fakegpu_unit_processes(int unit, int max, int *pids,
+                                              unsigned long long *used)
+{
+    if (unit < 0 || unit >= FG_MAX_DEVICES || max < 0 || (max && (!pids || !used)))
+        return -1;
+    return fg_ledger_processes(unit, max, pids, used);
+}
+
+/* The memory unit of the machine's device PHYSICAL out of MIG mode; -1 when there is none. */
+FG_EXPORT int vramshim_fakegpu_card_unit(int physical)
 {
     const struct fg_config *config = fg_config();
-    if (physical < 0 || physical >= config->physical_count || max < 0 || (max && (!pids || !used)))
+    if (physical < 0 || physical >= config->physical_count || config->cards[physical].mig_count)
         return -1;
-    return fg_ledger_processes(physical, max, pids, used);
+    return config->cards[physical].unit;
+}
+
+/* With cards in MIG mode: the bytes of one memory slice (an eighth of a card) and the SMs of
+ * one compute slice, as the MIG devices have them; 0 when no card is in MIG mode. */
+FG_EXPORT int vramshim_fakegpu_mig_slices(unsigned long long *eighth, int *slice_sms)
+{
+    const struct fg_config *config = fg_config();
+    if (!config->mig || !eighth || !slice_sms)
+        return 0;
+    *eighth = config->mig_eighth;
+    *slice_sms = config->mig_slice_sms;
+    return 1;
+}
+
+/* This process's bytes on memory UNIT (NVML lists it alone without a ledger). */
+FG_EXPORT unsigned long long vramshim_fakegpu_unit_used(int unit)
+{
+    return unit >= 0 && unit < FG_MAX_DEVICES ? unit_used(unit) : 0;
 }

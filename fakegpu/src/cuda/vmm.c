@@ -313,7 +313,7 @@ FG_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAll
     if (p->memfd < 0) {
         char name[64];
         uint64_t nonce = 0;
-        int physical = p->device < fg_config()->count ? fg_config()->physical[p->device] : 0;
+        int physical = p->device < fg_config()->count ? fg_config()->unit[p->device] : 0;
         int fd = -1;
         if (getrandom(&nonce, sizeof nonce, 0) == sizeof nonce) {
             snprintf(name, sizeof name, VMM_FILE_PREFIX "%d-%016llx", physical,
@@ -372,7 +372,7 @@ FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     }
     p->device = dev;
     for (int i = 0; i < fg_config()->count; i++)
-        if (fg_config()->physical[i] == physical)
+        if (fg_config()->unit[i] == physical)
             p->device = i;
     p->size = (uint64_t)st.st_size;
     p->refs = 1;

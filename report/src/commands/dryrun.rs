@@ -23,7 +23,7 @@ use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
 use crate::gpus::{self, Gpu};
 use crate::python::{PYTHON_MODULE, StackView};
 use crate::render::dryrun::{
-    self as render, DeviceVerdict, DryrunReport, FailureVerdict, UnseenRefusal,
+    self as render, DeviceVerdict, DryrunReport, FailureVerdict, MigSeen, UnseenRefusal,
 };
 use crate::render::frames::Fold;
 use crate::render::oom::FailureView;
@@ -40,9 +40,11 @@ pub struct Args {
     /// The card to simulate (`--list-gpus` shows them; default h100).
     #[arg(long, value_name = "MODEL", conflicts_with = "memory")]
     gpu: Option<String>,
-    /// Run on one MIG instance of the `--gpu` card, e.g. `--gpu a100-80gb --mig 3g.40gb`
-    /// (A100 40/80GB, H100, H200; a bad profile lists the valid ones).
-    #[arg(long, value_name = "PROFILE", requires = "gpu")]
+    /// Run on a MIG instance of the `--gpu` card, e.g. `--gpu a100-80gb --mig 3g.40gb`
+    /// (A100 40/80GB, H100, H200; a bad profile lists the valid ones), or a layout of several
+    /// per card: each card's profiles comma-separated, cards separated by `;`
+    /// (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's entry stands for every card.
+    #[arg(long, value_name = "LAYOUT", requires = "gpu")]
     mig: Option<String>,
     /// A custom card with this much device memory, e.g. 24GiB, 512MiB (binary units).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -164,10 +166,12 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         (None, None) => gpus::find("h100").map_err(Failure::input)?,
     };
     let card = gpu.clone();
-    let gpu = match &args.mig {
-        Some(profile) => gpus::mig(&gpu, profile).map_err(Failure::input)?,
-        None => gpu,
+    let layout = match &args.mig {
+        Some(text) => Some(gpus::mig_layout(&card, text, args.gpus).map_err(Failure::input)?),
+        None => None,
     };
+    // The fakes take the first MIG device's figures and scale the others from them.
+    let gpu = layout.as_ref().map_or(gpu, |layout| layout.first.clone());
     let fakes = find_fakes()?;
     let lib = fakes.join("lib");
     let library = launch::find_library()?;
@@ -216,18 +220,20 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "VRAMSHIM_FAKEGPU_FABRIC",
             if gpu.fabric { "1" } else { "0" },
         );
-    // MIG: the fakes put every card in MIG mode with one MIG device of the profile (the
-    // slice above, which CUDA sees), NVML reporting the whole card for its GPU handle.
-    match gpu.name.rsplit_once(" MIG ") {
-        Some((_, profile)) if args.mig.is_some() => {
+    // MIG: the fakes put the cards in MIG mode with the layout's MIG devices (one of which
+    // CUDA sees), NVML reporting the whole card for its GPU handle.
+    match &layout {
+        Some(layout) => {
             command
-                .env("VRAMSHIM_FAKEGPU_MIG", profile)
-                .env("VRAMSHIM_FAKEGPU_CARD_MEMORY", card.memory.to_string());
+                .env("VRAMSHIM_FAKEGPU_MIG", &layout.text)
+                .env("VRAMSHIM_FAKEGPU_CARD_MEMORY", card.memory.to_string())
+                .env("VRAMSHIM_FAKEGPU_CARD_SMS", card.sms.to_string());
         }
-        _ => {
+        None => {
             command
                 .env_remove("VRAMSHIM_FAKEGPU_MIG")
-                .env_remove("VRAMSHIM_FAKEGPU_CARD_MEMORY");
+                .env_remove("VRAMSHIM_FAKEGPU_CARD_MEMORY")
+                .env_remove("VRAMSHIM_FAKEGPU_CARD_SMS");
         }
     }
     if let Some(nvtx) = nvtx {
@@ -259,26 +265,45 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     // The program's own CUDA_VISIBLE_DEVICES picks among the simulated cards, as on a node.
-    let mig = args.mig.is_some();
-    let mut visible_list = visible_device_list(
-        args.gpus,
-        std::env::var_os("CUDA_VISIBLE_DEVICES")
-            .map(|v| v.to_string_lossy().into_owned())
-            .as_deref(),
-        mig,
-    );
-    let visible = visible_list.as_ref().map(|list| list.len() as u32);
-    // A process enumerates one MIG device at most (the first card's when nothing is named).
-    let seen = visible.unwrap_or(if mig { args.gpus.min(1) } else { args.gpus });
-    if mig && visible_list.is_none() {
-        visible_list = Some((0..seen).collect());
-    }
+    let visible_value =
+        std::env::var_os("CUDA_VISIBLE_DEVICES").map(|v| v.to_string_lossy().into_owned());
+    let mut gpu = gpu;
+    let mut mig_seen = None;
+    let (visible, seen, visible_list) = match &layout {
+        None => {
+            let list = visible_device_list(args.gpus, visible_value.as_deref());
+            let visible = list.as_ref().map(|list| list.len() as u32);
+            (visible, visible.unwrap_or(args.gpus), list)
+        }
+        Some(layout) => {
+            // A process enumerates one MIG device at most (card 0's first when nothing is
+            // named); its memory unit is the ledger's device.
+            let counts: Vec<u32> = layout.cards.iter().map(|c| c.len() as u32).collect();
+            let found = visible_mig_device(&counts, visible_value.as_deref());
+            let list: Vec<u32> = found
+                .map(|(card, index)| counts[..card as usize].iter().sum::<u32>() + index)
+                .into_iter()
+                .collect();
+            let device = found.map(|(card, index)| {
+                let device = &layout.cards[card as usize][index as usize];
+                gpu = device.gpu.clone();
+                let uuid = format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}");
+                (card, index, device.gpu_instance, uuid)
+            });
+            mig_seen = Some(MigSeen {
+                layout: layout.text.clone(),
+                device,
+            });
+            let seen = list.len() as u32;
+            (visible_value.as_ref().map(|_| seen), seen, Some(list))
+        }
+    };
     let machine = ledger_end
         .map(|end| end.as_seen(args.gpus, visible_list.as_deref()))
         .unwrap_or_default();
     match verdict(
         &gpu,
-        (args.gpus, visible, seen, machine),
+        (args.gpus, visible, seen, machine, mig_seen),
         &command_line,
         status,
         &logs,
@@ -296,7 +321,7 @@ fn verdict(
     gpu: &Gpu,
     // The machine: its cards, how many the program names and sees, and what its device ledger
     // said.
-    (count, visible, seen, machine): (u32, Option<u32>, u32, MachineSeen),
+    (count, visible, seen, machine, mig): (u32, Option<u32>, u32, MachineSeen, Option<MigSeen>),
     command: &[String],
     status: ExitStatus,
     logs: &[PathBuf],
@@ -504,6 +529,7 @@ fn verdict(
     let report = DryrunReport {
         gpu,
         count,
+        mig,
         visible,
         command,
         status,
@@ -630,24 +656,17 @@ fn python_frame(frames: &[SymFrame]) -> Option<SymFrame> {
 /// read as the fake driver (and the real one) reads it: `None` when the variable is unset;
 /// indices (`"1gpu"` is 1) or `GPU-` UUIDs and unique prefixes of the fakes' UUIDs, the first
 /// entry that is not a device ending the list; a device named twice or an ambiguous prefix:
-/// none. With `mig` (every card in MIG mode) `MIG-` UUIDs name the cards' MIG devices too, and
-/// the program sees the first device named only (CUDA enumerates one MIG device).
-fn visible_device_list(count: u32, value: Option<&str>, mig: bool) -> Option<Vec<u32>> {
+/// none. (Cards in MIG mode: [`visible_mig_device`].)
+fn visible_device_list(count: u32, value: Option<&str>) -> Option<Vec<u32>> {
     let value = value?;
     let first = value.trim_start_matches([' ', '\t']);
-    let uuids = first.starts_with("GPU-") || first.starts_with("MIG-");
+    let uuids = first.starts_with("GPU-");
     let mut seen: Vec<u32> = Vec::new();
     for entry in value.split(',') {
         let entry = entry.trim_matches([' ', '\t']);
         let device = if uuids {
-            let prefix = if entry.starts_with("MIG-") && mig {
-                "mig-46414b45-4d49-4700"
-            } else {
-                "gpu-46414b45-4750-5500"
-            };
-            if entry.len() <= 4
-                || !(entry.starts_with("GPU-") || (mig && entry.starts_with("MIG-")))
-            {
+            let prefix = "gpu-46414b45-4750-5500";
+            if entry.len() <= 4 || !entry.starts_with("GPU-") {
                 None
             } else {
                 let entry = entry.to_ascii_lowercase();
@@ -669,11 +688,33 @@ fn visible_device_list(count: u32, value: Option<&str>, mig: bool) -> Option<Vec
             return Some(Vec::new());
         }
         seen.push(device);
-        if mig {
-            break;
-        }
     }
     Some(seen)
+}
+
+/// The MIG device a program sees on cards all in MIG mode (`counts`: each card's MIG devices)
+/// under `CUDA_VISIBLE_DEVICES`, as the fake driver reads it: unset, card 0's MIG device 0;
+/// else the first entry's: an index or `GPU-` UUID (or unique prefix) names its card's MIG
+/// device 0, a `MIG-` UUID (or unique prefix) that MIG device; `None` when the first entry
+/// names none, or several.
+fn visible_mig_device(counts: &[u32], value: Option<&str>) -> Option<(u32, u32)> {
+    let Some(value) = value else {
+        return (counts.first().copied().unwrap_or(0) > 0).then_some((0, 0));
+    };
+    let entry = value.split(',').next()?.trim_matches([' ', '\t']);
+    if entry.starts_with("MIG-") && entry.len() > 4 {
+        let entry = entry.to_ascii_lowercase();
+        let matches: Vec<(u32, u32)> = (0..counts.len() as u32)
+            .flat_map(|card| (0..counts[card as usize]).map(move |index| (card, index)))
+            .filter(|(card, index)| {
+                format!("mig-46414b45-4d49-4700-0000-00000000{index:02x}{card:02x}")
+                    .starts_with(&entry)
+            })
+            .collect();
+        return (matches.len() == 1).then(|| matches[0]);
+    }
+    let card = *visible_device_list(counts.len() as u32, Some(entry))?.first()?;
+    Some((card, 0))
 }
 
 /// The fakes' device ledger (`VRAMSHIM_FAKEGPU_LEDGER`, laid out in
@@ -767,10 +808,10 @@ impl LedgerEnd {
 
 #[cfg(test)]
 mod visible_tests {
-    use super::visible_device_list;
+    use super::{visible_device_list, visible_mig_device};
 
-    fn visible_devices(count: u32, value: Option<&str>, mig: bool) -> Option<u32> {
-        visible_device_list(count, value, mig).map(|list| list.len() as u32)
+    fn visible_devices(count: u32, value: Option<&str>) -> Option<u32> {
+        visible_device_list(count, value).map(|list| list.len() as u32)
     }
 
     #[test]
@@ -787,45 +828,59 @@ mod visible_tests {
             ("GPU-46414b45-4750-5500-0000-00000000000", 0),
             ("MIG-46414b45", 0),
         ] {
-            assert_eq!(
-                visible_devices(4, Some(value), false),
-                Some(seen),
-                "{value:?}"
-            );
+            assert_eq!(visible_devices(4, Some(value)), Some(seen), "{value:?}");
         }
+        assert_eq!(visible_devices(4, Some(&format!("{},1", uuid(2)))), Some(1));
         assert_eq!(
-            visible_devices(4, Some(&format!("{},1", uuid(2))), false),
-            Some(1)
-        );
-        assert_eq!(
-            visible_devices(4, Some(&format!("{},{}", uuid(3), uuid(1))), false),
+            visible_devices(4, Some(&format!("{},{}", uuid(3), uuid(1)))),
             Some(2)
         );
-        assert_eq!(visible_devices(4, None, false), None);
+        assert_eq!(visible_devices(4, None), None);
         // MIG mode: one MIG device at most, named by its MIG- UUID (or a prefix) or its card.
         let mig = |d: u32| format!("MIG-46414b45-4d49-4700-0000-0000000000{d:02x}");
+        let one_each = [1, 1, 1, 1];
         for (value, seen) in [
-            (mig(2), 1),
-            (format!("{},{}", mig(3), mig(1)), 1),
-            ("MIG-46414b45-4d49".to_owned(), 0),
-            ("MIG-46414b45-4d49-4700-0000-00000000000".to_owned(), 0),
-            (format!("{},1", uuid(2)), 1),
-            ("2,0".to_owned(), 1),
-            ("x".to_owned(), 0),
+            (mig(2), Some((2, 0))),
+            (format!("{},{}", mig(3), mig(1)), Some((3, 0))),
+            ("MIG-46414b45-4d49".to_owned(), None),
+            ("MIG-46414b45-4d49-4700-0000-00000000000".to_owned(), None),
+            (format!("{},1", uuid(2)), Some((2, 0))),
+            ("2,0".to_owned(), Some((2, 0))),
+            ("x".to_owned(), None),
         ] {
             assert_eq!(
-                visible_devices(4, Some(&value), true),
-                Some(seen),
+                visible_mig_device(&one_each, Some(&value)),
+                seen,
                 "{value:?}"
             );
         }
-        assert_eq!(visible_devices(4, Some(&mig(1)), false), Some(0));
-        // The order is the program's: its device 0 is the machine's card 2.
-        assert_eq!(visible_device_list(4, Some("2,0"), false), Some(vec![2, 0]));
+        // Several MIG devices on a card: the MIG index is the UUID's byte before the card's.
+        let layout = [3, 1, 2];
+        assert_eq!(visible_mig_device(&layout, None), Some((0, 0)));
         assert_eq!(
-            visible_device_list(4, Some(&format!("{},{}", uuid(3), uuid(1))), false),
+            visible_mig_device(&layout, Some("MIG-46414b45-4d49-4700-0000-000000000102")),
+            Some((2, 1))
+        );
+        assert_eq!(
+            visible_mig_device(&layout, Some("MIG-46414b45-4d49-4700-0000-000000000200")),
+            Some((0, 2))
+        );
+        assert_eq!(
+            visible_mig_device(&layout, Some("MIG-46414b45-4d49-4700-0000-000000000201")),
+            None
+        );
+        assert_eq!(
+            visible_mig_device(&layout, Some("MIG-46414b45-4d49-4700-0000-0000000001")),
+            None
+        );
+        assert_eq!(visible_mig_device(&layout, Some("1")), Some((1, 0)));
+        assert_eq!(visible_devices(4, Some(&mig(1))), Some(0));
+        // The order is the program's: its device 0 is the machine's card 2.
+        assert_eq!(visible_device_list(4, Some("2,0")), Some(vec![2, 0]));
+        assert_eq!(
+            visible_device_list(4, Some(&format!("{},{}", uuid(3), uuid(1)))),
             Some(vec![3, 1])
         );
-        assert_eq!(visible_device_list(4, Some(&mig(2)), true), Some(vec![2]));
+        assert_eq!(visible_mig_device(&one_each, Some(&mig(2))), Some((2, 0)));
     }
 }

@@ -82,9 +82,17 @@ pub struct UnseenRefusal {
     pub count: u64,
 }
 
+/// The MIG layout of the cards (`--mig`) and the MIG device the program sees, if any: its
+/// card, index there, GPU instance id and UUID.
+pub struct MigSeen {
+    pub layout: String,
+    pub device: Option<(u32, u32, u32, String)>,
+}
+
 pub struct DryrunReport<'a> {
     pub gpu: &'a Gpu,
     pub count: u32,
+    pub mig: Option<MigSeen>,
     /// The cards `CUDA_VISIBLE_DEVICES` leaves the program; `None` when it is unset.
     pub visible: Option<u32>,
     pub command: &'a [String],
@@ -220,6 +228,15 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
     json!({
         "gpu": gpu_json(report.gpu),
         "count": report.count,
+        "mig": report.mig.as_ref().map(|mig| json!({
+            "layout": mig.layout,
+            "device": mig.device.as_ref().map(|(card, index, gpu_instance, uuid)| json!({
+                "card": card,
+                "index": index,
+                "gpu_instance": gpu_instance,
+                "uuid": uuid,
+            })),
+        })),
         "visible_devices": report.visible,
         "command": report.command,
         "exit": exit_json(report.status),
@@ -267,12 +284,20 @@ fn place_text(frame: &SymFrame) -> String {
 
 pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
     let gpu = report.gpu;
+    // In MIG mode the program has one MIG device, whatever the cards hold (the line below).
+    let card = if report.mig.is_some() {
+        format!("{} ({}", gpu.name, bytes(gpu.memory))
+    } else {
+        format!(
+            "{} x {} ({} each",
+            report.count,
+            gpu.name,
+            bytes(gpu.memory)
+        )
+    };
     writeln!(
         out,
-        "\nvramshim dryrun: {} x {} ({} each, compute capability {}.{}, {} SMs; a CUDA context takes {}, the first kernel {}, each NCCL rank {}: {})",
-        report.count,
-        gpu.name,
-        bytes(gpu.memory),
+        "\nvramshim dryrun: {card}, compute capability {}.{}, {} SMs; a CUDA context takes {}, the first kernel {}, each NCCL rank {}: {})",
         gpu.cc.0,
         gpu.cc.1,
         gpu.sms,
@@ -285,6 +310,22 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
             "estimates"
         }
     )?;
+    if let Some(mig) = &report.mig {
+        match &mig.device {
+            Some((card, index, gpu_instance, uuid)) => writeln!(
+                out,
+                "MIG: {} holding {}; the program's device is card {card}'s MIG device {index} (GPU instance {gpu_instance}, {uuid}), the one MIG device CUDA enumerates",
+                counted(u64::from(report.count), "card"),
+                mig.layout
+            )?,
+            None => writeln!(
+                out,
+                "MIG: {} holding {}; CUDA_VISIBLE_DEVICES names none of their MIG devices",
+                counted(u64::from(report.count), "card"),
+                mig.layout
+            )?,
+        }
+    }
     if let Some(visible) = report.visible {
         writeln!(
             out,
