@@ -22,8 +22,9 @@ BENCH_CALLGRIND=1: instead, one pass per mode under callgrind (BENCH_CALLGRIND_M
 alone, vramshim_none, vramshim_mixed, torch_python, torch_all; BENCH_JOBS processes at a time),
 its counts zeroed and dumped around the window by a small library's client requests (built
 here with callgrind.h): every thread's instructions per tensor event above the fakes alone,
-deterministic where the times are not (no cache misses or lock waits counted). About 10
-minutes of a loaded core per process, mostly importing torch.
+far steadier than the times (no cache misses or lock waits counted), though whole-process
+counts still differ by a few percent between runs. Minutes of a core per process, mostly
+importing torch.
 """
 import json
 import os
