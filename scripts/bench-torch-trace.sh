@@ -15,14 +15,26 @@
 # ratio of each pair of blocks; costs are then in units of a CPU-loop event, medians of
 # BENCH_ROUNDS (default 8) interleaved rounds. The writer thread's lagging work partly falls
 # into the CPU blocks, which flatters the shim a little.
+#
+# BENCH_WORKLOAD=steps: real training steps instead of the loop (scripts/bench_torch_steps.py:
+# tests/python/torch_judge.py's MLP, transformer and ResNet trained with Adam, BENCH_STEPS to
+# choose, BENCH_BLOCKS passes timed per process, BENCH_ROUNDS interleaved rounds, default 5),
+# under the fakes alone, vramshim (none, mixed, native, python) and PyTorch's history
+# ("python", "all", and enabled="state"); tensor events counted from the shim's log and from
+# PyTorch's trace; each ratio's median, min and max over the rounds. BENCH_NORMALISED=1 there
+# times a CPU reference loop after each block and works on the ratios; BENCH_CALLGRIND=1 counts
+# instructions under callgrind instead (one pass a mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p vramshim -p vramshim-fakegpu --quiet
+cargo build --release -p vramshim -p vramshim-fakegpu -p vramshim-report --quiet
 LIB=$PWD/target/release/fakegpu/lib
 SHIM=$PWD/target/release/libvramshim.so
 if ! python=$(bash scripts/fetch-torch.sh 2>/dev/null); then
     echo "SKIPPED: PyTorch could not be installed (scripts/fetch-torch.sh)"
     exit 0
+fi
+if [ "${BENCH_WORKLOAD:-loop}" = steps ]; then
+    exec "$python" -W ignore scripts/bench_torch_steps.py "$PWD/target/release"
 fi
 preload=""
 for soname in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 \

@@ -299,10 +299,11 @@ def main():
     print(json.dumps(result), flush=True)
 
 
-main()
-# Leave without finalising the interpreter: the autograd thread may still be dropping the last
-# backward's state, whose decref then meets the finalising interpreter (std::terminate; the
-# torch/CPython exit race tests/python/torch_cudnn.py describes). The recorder flushes its log
-# on _exit as on exit.
-sys.stderr.flush()
-os._exit(0)
+if __name__ == "__main__":  # imported by scripts/bench_torch_steps.py for its workloads
+    main()
+    # Leave without finalising the interpreter: the autograd thread may still be dropping the
+    # last backward's state, whose decref then meets the finalising interpreter (std::terminate;
+    # the torch/CPython exit race tests/python/torch_cudnn.py describes). The recorder flushes
+    # its log on _exit as on exit.
+    sys.stderr.flush()
+    os._exit(0)

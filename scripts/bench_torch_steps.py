@@ -1,0 +1,317 @@
+"""The training-step workload of scripts/bench-torch-trace.sh (BENCH_WORKLOAD=steps).
+
+  bench_torch_steps.py RELEASE_DIR            the driver: interleaved rounds, figures printed
+  bench_torch_steps.py --worker HISTORY ...   one measured process (run by the driver)
+
+Each process imports tests/python/torch_judge.py's workloads (an MLP, a transformer and a ResNet
+trained with Adam: tensors made inside nn.Module calls, on autograd's thread and for the
+optimizer's state), runs them once untimed (CUDA's, cuDNN's and the allocator's first-use costs),
+starts PyTorch's memory history if asked, then times BENCH_BLOCKS blocks, each one pass of the
+workloads: the CPU time of the whole process (every thread: the recorder's writer, autograd's)
+per block. Tensor events are counted from the shim's log (tensor_alloc, tensor_free_requested,
+tensor_free stamped inside the timed window) and from PyTorch's own trace (alloc,
+free_requested, free_completed); the cost per event is (median block - the fakes alone's median
+block) / tensor events per block, per round, against the same round's fakes alone.
+
+BENCH_NORMALISED=1: after each block the process also times a fixed CPU reference (the bench
+loop's tensor loop at depth 10 on the CPU, BENCH_REFERENCE_PAIRS pairs) and keeps the median of
+the ratios block / reference, which cancels a shared host's phases of speed; costs are then in
+units of a CPU-loop event (a third of a reference pair), as in the loop's normalised mode.
+
+BENCH_CALLGRIND=1: instead, one pass per mode under callgrind (BENCH_CALLGRIND_MODES, default
+alone, vramshim_none, vramshim_mixed, torch_python, torch_all; BENCH_JOBS processes at a time),
+its counts zeroed and dumped around the window by a small library's client requests (built
+here with callgrind.h): every thread's instructions per tensor event above the fakes alone,
+far steadier than the times (no cache misses or lock waits counted), though whole-process
+counts still differ by a few percent between runs. Minutes of a core per process, mostly
+importing torch.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKES = ["libcuda.so.1", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13",
+         "libcudnn.so.9", "libnccl.so.2", "libnvidia-ml.so.1", "libcusparse.so.12",
+         "libcusolver.so.12", "libcufft.so.12", "libcurand.so.10", "libnvrtc.so.13",
+         "libnvJitLink.so.13", "libcupti.so.13", "libcufile.so.0", "libnvshmem_host.so.3",
+         "libcusparseLt.so.0"]
+SHIM_TENSOR_EVENTS = ("tensor_alloc", "tensor_free_requested", "tensor_free")
+TORCH_TENSOR_EVENTS = ("alloc", "free_requested", "free_completed")
+
+
+def worker(history, workloads, blocks, reference_pairs):
+    """One process: prints its block times, window and PyTorch's trace counts as JSON."""
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    import torch_judge
+
+    steps = [getattr(torch_judge, name) for name in workloads.split(",")]
+
+    def one_pass():
+        for step in steps:
+            step()
+        torch.cuda.synchronize()
+
+    def alloc_free():
+        x = torch.empty(1024)
+        del x
+
+    def reference(depth):  # the bench loop's tensor loop, on the CPU, at depth ~10
+        if depth == 0:
+            for _ in range(reference_pairs):
+                alloc_free()
+        else:
+            reference(depth - 1)
+
+    one_pass()
+    if reference_pairs:
+        reference(8)
+    if history == "state":
+        torch.cuda.memory._record_memory_history(enabled="state", stacks="python")
+    elif history != "off":
+        torch.cuda.memory._record_memory_history(stacks=history)
+    block_s, reference_s = [], []
+    # Under callgrind (the driver's BENCH_CALLGRIND=1): its counts zeroed at the window's start
+    # and dumped at its end, every thread's.
+    counter = os.environ.get("BENCH_WINDOW_LIBRARY")
+    counter = __import__("ctypes").CDLL(counter) if counter else None
+    if counter:
+        counter.window_start()
+    window_start = time.monotonic_ns()
+    for _ in range(blocks):
+        start = time.process_time()
+        one_pass()
+        block_s.append(time.process_time() - start)
+        if reference_pairs:
+            start = time.process_time()
+            reference(8)
+            reference_s.append(time.process_time() - start)
+    window_end = time.monotonic_ns()
+    if counter:
+        counter.window_end()
+    trace = {}
+    if history in ("python", "all"):
+        for device in torch.cuda.memory._snapshot()["device_traces"]:
+            for entry in device:
+                trace[entry["action"]] = trace.get(entry["action"], 0) + 1
+    print(json.dumps({"block_s": block_s, "reference_s": reference_s, "trace": trace,
+                      "window": [window_start, window_end], "torch": torch.__version__}),
+          flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # as torch_judge.py: no interpreter finalisation beside autograd's thread
+
+
+MODES = {  # name: (PyTorch history, VRAMSHIM_STACK or None for no shim)
+    "alone": ("off", None),
+    "vramshim_none": ("off", "none"),
+    "vramshim_mixed": ("off", "mixed"),
+    "vramshim_native": ("off", "native"),
+    "vramshim_python": ("off", "python"),
+    "torch_python": ("python", None),
+    "torch_all": ("all", None),
+    "torch_state": ("state", None),
+}
+
+
+def shim_events(release, logs, window):
+    """Tensor events of the logs in `logs` stamped inside the window (CLOCK_MONOTONIC ns)."""
+    paths = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
+    dump = subprocess.run([os.path.join(release, "vramshim"), "dump", "--json", *paths],
+                          capture_output=True, text=True, check=True).stdout
+    start_mono, count = 0, 0
+    for line in dump.splitlines():
+        record = json.loads(line)
+        kind = record.get("type")
+        if kind == "header":
+            start_mono = record["start_mono_ns"]
+        elif kind == "event" and record.get("event") in SHIM_TENSOR_EVENTS:
+            if window[0] <= start_mono + record["t_ns"] <= window[1]:
+                count += 1
+    return count
+
+
+def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
+    """One worker process of `mode`; with `callgrind` (the window library's path) under
+    callgrind, adding "instructions": every thread's, inside the timed window."""
+    history, stack = MODES[mode]
+    lib = os.path.join(release, "fakegpu", "lib")
+    preload = [os.path.join(lib, f) for f in FAKES]
+    if stack:
+        preload.insert(0, os.path.join(release, "libvramshim.so"))
+    with tempfile.TemporaryDirectory() as logs:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTORCH_", "JUDGE_", "VRAMSHIM_")) and k != "LD_PRELOAD"}
+        env.update(LD_PRELOAD=":".join(preload), LD_LIBRARY_PATH=lib,
+                   VRAMSHIM_FAKEGPU_MEMORY=str(8 << 30),
+                   VRAMSHIM_OUTPUT=os.path.join(logs, "%p.vlog"))
+        if stack:
+            env["VRAMSHIM_STACK"] = stack
+        command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--worker",
+                   history, workloads, str(blocks), str(reference_pairs)]
+        if callgrind:
+            env.update(BENCH_WINDOW_LIBRARY=callgrind, PYTHONHASHSEED="0")
+            command = ["valgrind", "--tool=callgrind", "--dump-instr=no",
+                       f"--callgrind-out-file={logs}/callgrind.out"] + command
+        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        if stack:
+            result["events"] = shim_events(release, logs, result["window"])
+        elif history in ("python", "all"):
+            result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
+        if callgrind:
+            # The window's dump (part 1): its "summary:" line is every thread's instructions.
+            with open(os.path.join(logs, "callgrind.out.1")) as part:
+                result["instructions"] = next(int(line.split()[1]) for line in part
+                                              if line.startswith("summary:"))
+    return result
+
+
+WINDOW_C = """#include <valgrind/callgrind.h>
+void window_start(void) { CALLGRIND_ZERO_STATS; }
+void window_end(void) { CALLGRIND_DUMP_STATS_AT("window"); }
+"""
+
+
+def instructions(release):
+    """BENCH_CALLGRIND=1: one process a mode under callgrind (BENCH_JOBS at a time); every
+    thread's instructions inside the window, per tensor event above the fakes alone."""
+    import concurrent.futures
+    workloads = os.environ.get("BENCH_STEPS", "mlp,transformer,resnet")
+    modes = os.environ.get("BENCH_CALLGRIND_MODES",
+                           "alone,vramshim_none,vramshim_mixed,torch_python,torch_all").split(",")
+    with tempfile.TemporaryDirectory() as work:
+        library = os.path.join(work, "libwindow.so")
+        with open(os.path.join(work, "window.c"), "w") as source:
+            source.write(WINDOW_C)
+        built = subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", library,
+                                os.path.join(work, "window.c")], capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"SKIPPED: no callgrind.h to build the window marks ({built.stderr.strip()})")
+            return
+        load_start = loadavg()
+        jobs = int(os.environ.get("BENCH_JOBS", "2"))
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            results = dict(zip(modes, pool.map(
+                lambda mode: run(release, mode, workloads, 1, 0, library), modes)))
+    counted = {m: r["events"] for m, r in results.items() if r.get("events")}
+    print(f"== training steps ({workloads}), PyTorch {results[modes[0]]['torch']}, one pass "
+          f"under callgrind a mode; load average {load_start} at the start, {loadavg()} at "
+          "the end")
+    print("tensor events in the window: " + ", ".join(f"{m} {e}" for m, e in counted.items()))
+    alone = results["alone"]["instructions"]
+    events = statistics.median(counted.values())
+    per_event = {}
+    for mode, result in results.items():
+        extra = result["instructions"] - alone
+        per_event[mode] = extra / result.get("events", events)
+        print(f"{mode:16} {result['instructions']:15,} instructions, {extra:+13,} above the "
+              f"fakes alone, {per_event[mode]:9.1f} per tensor event")
+    if "vramshim_mixed" in per_event:
+        for theirs, goal in (("torch_python", 0.5), ("torch_all", 0.1)):
+            if per_event.get(theirs, 0) > 0:
+                print(f"vramshim mixed / torch stacks={theirs[6:]}: "
+                      f"{per_event['vramshim_mixed'] / per_event[theirs]:.3f} (goal <= {goal})")
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def spread(values):
+    return f"{statistics.median(values):8.3f}  (min {min(values):.3f}, max {max(values):.3f})"
+
+
+def driver(release):
+    workloads = os.environ.get("BENCH_STEPS", "mlp,transformer,resnet")
+    rounds = int(os.environ.get("BENCH_ROUNDS", "5"))
+    blocks = int(os.environ.get("BENCH_BLOCKS", "5"))
+    normalised = os.environ.get("BENCH_NORMALISED") == "1"
+    reference_pairs = int(os.environ.get("BENCH_REFERENCE_PAIRS", "20000")) if normalised else 0
+    load_start = loadavg()
+    per_round = []  # per round: mode -> (statistic, tensor events per block or None)
+    all_events = {mode: [] for mode in MODES}
+    reference_event_ns = []
+    version = "?"
+    for _ in range(rounds):
+        figures = {}
+        for mode in MODES:
+            result = run(release, mode, workloads, blocks, reference_pairs)
+            if normalised:
+                stat = statistics.median(
+                    b / r for b, r in zip(result["block_s"], result["reference_s"]))
+                reference_event_ns.extend(r / (3 * reference_pairs) * 1e9
+                                          for r in result["reference_s"])
+            else:
+                stat = statistics.median(result["block_s"]) * 1e9  # ns
+            events = result.get("events")
+            if events is not None:
+                all_events[mode].append(events / blocks)
+            figures[mode] = stat
+            version = result["torch"]
+        per_round.append(figures)
+    load_end = loadavg()
+    # PyTorch's "state" history keeps no trace: its events are the trace's of the same stream.
+    events = {mode: statistics.median(e) for mode, e in all_events.items() if e}
+    events["torch_state"] = events["torch_python"]
+    events["alone"] = None
+    unit = "CPU-loop events" if normalised else "ns"
+    print(f"== training steps ({workloads}), PyTorch {version}: {rounds} interleaved "
+          f"rounds x {blocks} blocks; load average {load_start} at the start, {load_end} at "
+          f"the end")
+    print("tensor events per block: " + ", ".join(
+        f"{mode} {statistics.median(e):.0f}" + ("" if min(e) == max(e) else
+                                                  f" ({min(e):.0f}-{max(e):.0f})")
+        for mode, e in all_events.items() if e))
+    if normalised:
+        print("== block / CPU reference per process (medians of its blocks); rounds:")
+        for mode in MODES:
+            values = [r[mode] for r in per_round]
+            print(f"{mode:16} {spread(values)}")
+        print(f"one CPU-loop event: {statistics.median(reference_event_ns):.1f} ns (median of "
+              "every reference block)")
+    else:
+        print("== CPU time per block, ms (medians of each process's blocks); rounds:")
+        for mode in MODES:
+            values = [r[mode] / 1e6 for r in per_round]
+            print(f"{mode:16} {spread(values)}")
+    cost = {}
+    for mode in MODES:
+        if mode == "alone":
+            continue
+        per_event = []
+        for r in per_round:
+            extra = r[mode] - r["alone"]
+            if normalised:  # block/reference ratio -> CPU-loop events per tensor event
+                extra *= 3 * reference_pairs
+            per_event.append(extra / events[mode])
+        cost[mode] = per_event
+    print(f"== cost per tensor event above the fakes alone, {unit}: median (min, max) of "
+          f"{rounds} rounds")
+    for mode, values in cost.items():
+        print(f"{mode:16} {spread(values)}")
+    for theirs, goal in (("torch_python", 0.5), ("torch_all", 0.1)):
+        ratios = [ours / their for ours, their in zip(cost["vramshim_mixed"], cost[theirs])
+                  if their > 0]
+        name = theirs.replace("torch_", "")
+        if ratios:
+            of_medians = statistics.median(cost["vramshim_mixed"]) / statistics.median(
+                cost[theirs])
+            print(f"vramshim mixed / torch stacks={name}: {spread(ratios)} over {len(ratios)} "
+                  f"of {rounds} rounds (goal <= {goal}); of the medians {of_medians:.3f}")
+        else:
+            print(f"vramshim mixed / torch stacks={name}: PyTorch's cost within the noise")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif os.environ.get("BENCH_CALLGRIND") == "1":
+        instructions(sys.argv[1])
+    else:
+        driver(sys.argv[1])
