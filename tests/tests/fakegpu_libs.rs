@@ -1784,7 +1784,7 @@ fn a_fork_from_a_signal_handler_inside_a_fake_call_does_not_hang() {
 /// still blocked; the child says once that it made locks anew, and its own `cudaMalloc`,
 /// `cudaFree` and `cudaMemGetInfo` give exact figures; the parent's query returns once the holder
 /// lets go, without the victim's bytes. With the try bounded by a count (20000 tries, "about a
-/// second") the fork took 4 s on this loaded machine; with the locks waited for it takes the
+/// second") the fork took 2.9 – 4 s on this loaded machine; with the locks waited for it takes the
 /// holder's 3 s and the child prints no warning.
 #[test]
 fn a_fork_while_a_fake_lock_is_busy_past_a_second_leaves_it_to_its_holder() {
