@@ -2141,6 +2141,137 @@ fn a_fork_from_a_signal_handler_inside_a_fake_call_does_not_hang() {
     }
 }
 
+/// A fork while another thread holds fake locks for longer than a second (`fork_busy_lock.c`),
+/// CUDA 13 and 12, under the recorder with a fresh device ledger: a holder process keeps the
+/// ledger file's byte-0 record lock for 3 s after a victim process holding 300,000,000 bytes is
+/// SIGKILLed; a thread's `cudaMemGetInfo` then holds device 0's lock and the ledger's mutex while
+/// it waits on that record lock to clear the victim's slot. The main thread forks: the fork
+/// returns after the one second each busy lock is tried (not the 3 s of the holder), the query
+/// still blocked; the child says once that it made locks anew, and its own `cudaMalloc`,
+/// `cudaFree` and `cudaMemGetInfo` give exact figures; the parent's query returns once the holder
+/// lets go, without the victim's bytes. With the try bounded by a count (20000 tries, "about a
+/// second") the fork took 2.9 – 4 s on this loaded machine; with the locks waited for it takes the
+/// holder's 3 s and the child prints no warning.
+#[test]
+fn a_fork_while_a_fake_lock_is_busy_past_a_second_leaves_it_to_its_holder() {
+    let warning = "vramshim fakegpu: libcuda.so.1: fork from inside a fake call (a signal \
+                   handler?) while other threads were in fake calls: the child's fake GPU state \
+                   may be inconsistent\n";
+    let context = MIB;
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-fork-busy-lock-{major}"));
+        let exe = build_program(&dir, "fork_busy_lock", major);
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).expect("create the log folder");
+        let output = Command::new("timeout")
+            .arg("60")
+            .arg(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", logs.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.to_string())
+            .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+            .env_remove("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS")
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run fork_busy_lock");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "CUDA {major}: {stdout}\n{stderr}"
+        );
+        // The child is the only process that made locks anew: exactly one line.
+        assert_eq!(stderr, warning, "CUDA {major}: {stdout}");
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 10, "CUDA {major}: {stdout}");
+        let parent = context + 10_000_000;
+        let fixed = [
+            format!("parent malloc 10000000 used={parent}"),
+            format!(
+                "victim malloc 300000000, parent sees used={}",
+                parent + 300_000_000
+            ),
+            "victim killed: yes".to_owned(),
+            "query thread blocked in fcntl: yes".to_owned(),
+            format!("child malloc 5000000 rc=0 used={}", parent + 5_000_000),
+            format!("child free rc=0 used={parent}"),
+        ];
+        assert_eq!(lines[..6], fixed, "CUDA {major}: {stdout}");
+        // "fork returned in F ms, S ms after the lock was taken, the query still blocked: yes"
+        let (fork_ms, since_ms) = lines[6]
+            .strip_prefix("fork returned in ")
+            .and_then(|rest| {
+                rest.strip_suffix(" ms after the lock was taken, the query still blocked: yes")
+            })
+            .and_then(|rest| rest.split_once(" ms, "))
+            .and_then(|(f, s)| Some((f.parse::<u64>().ok()?, s.parse::<u64>().ok()?)))
+            .unwrap_or_else(|| panic!("CUDA {major}: {stdout}"));
+        // One second of tries on device 0's lock (the ledger's is then only tried once), well
+        // before the holder's 3 s are over.
+        assert!(
+            (1000..2000).contains(&fork_ms) && since_ms < 2500,
+            "CUDA {major}: {stdout}"
+        );
+        let query_ms: u64 = lines[7]
+            .strip_prefix(&format!("query rc=0 used={parent}, returned "))
+            .and_then(|rest| rest.strip_suffix(" ms after the lock was taken"))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("CUDA {major}: {stdout}"));
+        assert!((3000..10_000).contains(&query_ms), "CUDA {major}: {stdout}");
+        assert_eq!(
+            lines[8..],
+            [
+                "child exited 0, holder exited 0".to_owned(),
+                format!("parent free rc=0 used={context}"),
+            ],
+            "CUDA {major}: {stdout}"
+        );
+        // Logs: the parent's and the child's complete; the victim's (SIGKILLed) at most its one
+        // allocation; the holder made no CUDA call and wrote none.
+        let mut recorded: Vec<Vec<(String, String, u64)>> = files_in(&logs)
+            .iter()
+            .map(|name| {
+                events(&dump(&logs.join(name)))
+                    .iter()
+                    .map(|e| {
+                        (
+                            e["event"].as_str().unwrap_or_default().to_owned(),
+                            e["api"].as_str().unwrap_or_default().to_owned(),
+                            u64_of(e, "size"),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        recorded.sort();
+        let event = |kind: &str, api: &str, size: u64| (kind.to_owned(), api.to_owned(), size);
+        assert_eq!(recorded.len(), 3, "CUDA {major}: {recorded:?}");
+        assert!(
+            recorded[0].is_empty() || recorded[0] == [event("alloc", "cudaMalloc", 300_000_000)],
+            "CUDA {major}: {recorded:?}"
+        );
+        let mut complete = recorded[1..].to_vec();
+        complete.sort_by_key(|log| log[0].2);
+        assert_eq!(
+            complete,
+            [
+                vec![
+                    event("alloc", "cudaMalloc", 5_000_000),
+                    event("free", "cudaFree", 0)
+                ],
+                vec![
+                    event("alloc", "cudaMalloc", 10_000_000),
+                    event("free", "cudaFree", 0)
+                ],
+            ],
+            "CUDA {major}"
+        );
+    }
+}
+
 fn run_ledger_pair(exe: &Path, dir: &Path, ledger: Option<&Path>) -> (String, String) {
     run_ledger_program(exe, &[], dir, ledger)
 }

@@ -8,7 +8,7 @@
  * them: a program that forks from a signal handler that interrupted a fake call. Such a lock
  * ("self") is left as it is in parent and child (the interrupted call releases it), and every
  * later lock is only tried, not waited for: another thread holding one may be waiting for a
- * lock the forking thread holds. A lock still held after about a second of tries ("busy") is
+ * lock the forking thread holds. A lock still held after a second of tries ("busy") is
  * treated the same way: left to its holder in the parent and, held by another thread, made
  * anew in the child, with one warning line there (its data may be half changed). A fork from a
  * host callback (cuLaunchHostFunc) holds no fake lock: callbacks run with none held.
@@ -63,13 +63,28 @@ static inline void fg_fork_begin(struct fg_fork_state *s)
     s->forker = (pid_t)syscall(SYS_gettid);
 }
 
+/* How long a lock another thread holds is tried before it is left busy. */
+#define FG_FORK_TRY_NS 1000000000ll
+
+/* Nanoseconds on the monotonic clock (clock_gettime is async-signal-safe: a fork from a signal
+ * handler may run this). */
+static inline long long fg_fork_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
 /* Takes M in the prepare walk; true when the forking thread now holds it (taken, or held
  * already). M is tried, not waited on: glibc sets a mutex's owner a few instructions after
  * taking it (and clears it a few before giving it back), so a signal landing there shows a lock
- * the forking thread holds as nobody's. Tried for about a second (holders keep these locks for
- * one fake call), then left busy and the walk goes on as after a self-held lock. */
+ * the forking thread holds as nobody's. Tried for a second by the clock (holders keep these
+ * locks for one fake call; a count of tries is no bound: on a loaded machine each short sleep
+ * lasts several times what it asks, and 20000 tries took 4 s), then left busy and the walk goes
+ * on as after a self-held lock. */
 static inline bool fg_fork_take(struct fg_fork_state *s, pthread_mutex_t *m)
 {
+    long long deadline = 0;
     for (int tries = 0;; tries++) {
         if (fg_fork_owner(m) == s->forker) {
             if (s->self_count < FG_FORK_SELF_MAX)
@@ -79,7 +94,12 @@ static inline bool fg_fork_take(struct fg_fork_state *s, pthread_mutex_t *m)
         }
         if (pthread_mutex_trylock(m) == 0)
             return true;
-        if (s->degraded || tries == 20000)
+        if (s->degraded)
+            break;
+        long long now = fg_fork_now_ns();
+        if (!deadline)
+            deadline = now + FG_FORK_TRY_NS;
+        else if (now >= deadline)
             break;
         if (tries < 100) {
             sched_yield();
