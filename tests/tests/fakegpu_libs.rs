@@ -2105,9 +2105,9 @@ fn fork_children_never_hang_on_a_fake_lock() {
 /// instructions after taking it).
 #[test]
 fn a_fork_from_a_signal_handler_inside_a_fake_call_does_not_hang() {
-    let warning = "vramshim fakegpu: libcuda.so.1: fork from inside a fake call (a signal \
-                   handler?) while other threads were in fake calls: the child's fake GPU state \
-                   may be inconsistent";
+    let warning = "vramshim fakegpu: libcuda.so.1: forked while a fake lock was busy (another \
+                   thread held it past a second, or the fork came from a signal handler inside a \
+                   fake call): made anew in the child, whose fake GPU state may be inconsistent";
     for major in [13, 12] {
         let dir = scratch(&format!("fakegpu-fork-signal-{major}"));
         let exe = build_program(&dir, "fork_race", major);
@@ -2154,9 +2154,9 @@ fn a_fork_from_a_signal_handler_inside_a_fake_call_does_not_hang() {
 /// holder's 3 s and the child prints no warning.
 #[test]
 fn a_fork_while_a_fake_lock_is_busy_past_a_second_leaves_it_to_its_holder() {
-    let warning = "vramshim fakegpu: libcuda.so.1: fork from inside a fake call (a signal \
-                   handler?) while other threads were in fake calls: the child's fake GPU state \
-                   may be inconsistent\n";
+    let warning = "vramshim fakegpu: libcuda.so.1: forked while a fake lock was busy (another \
+                   thread held it past a second, or the fork came from a signal handler inside a \
+                   fake call): made anew in the child, whose fake GPU state may be inconsistent\n";
     let context = MIB;
     for major in [13, 12] {
         let dir = scratch(&format!("fakegpu-fork-busy-lock-{major}"));

@@ -146,8 +146,9 @@ static inline void fg_fork_warn_child(const struct fg_fork_state *s, const char 
         return;
     static const char head[] = "vramshim fakegpu: ";
     static const char tail[] =
-        ": fork from inside a fake call (a signal handler?) while other threads were in fake "
-        "calls: the child's fake GPU state may be inconsistent\n";
+        ": forked while a fake lock was busy (another thread held it past a second, or the fork "
+        "came from a signal handler inside a fake call): made anew in the child, whose fake GPU "
+        "state may be inconsistent\n";
     char line[512];
     size_t n = 0, len = strlen(library);
     if (len > 128)
