@@ -736,18 +736,20 @@ impl State {
         self.replaced.as_ref()
     }
 
-    #[inline]
+    #[inline(always)]
     fn add(&mut self, key: Key, live: Live) {
-        self.replaced = self.live.insert(key, live);
-        if let Some(old) = self.replaced {
+        // (`replaced` written whole only when something was: a `Live` is large.)
+        self.replaced = None;
+        if let Some(old) = self.live.insert(key, live) {
             // The same address allocated twice without a free in between: the free was lost
             // (damage, dropping). The newer allocation replaces the older one.
             self.account(&old, false);
+            self.replaced = Some(old);
         }
         self.account(&live, true);
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, key: &Key) -> Option<Live> {
         // Accounted where it lies (a `Live` is large: copies show in the replay's profile).
         let removed = self.live.remove(key);
@@ -887,6 +889,30 @@ pub enum Step<'a> {
 /// An analysis fed by the replay.
 pub trait Observer {
     fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>);
+}
+
+/// The analyses one replay feeds, each shown every step in order: a slice of observers
+/// (called through `dyn`), or a pair of known types, which [`run_view_with`] compiles into the
+/// replay loop (no call per observer and step: the overview's hot path).
+pub trait Observers {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>);
+}
+
+impl Observers for [&mut dyn Observer] {
+    #[inline]
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        for observer in self.iter_mut() {
+            observer.step(state, processes, step);
+        }
+    }
+}
+
+impl<A: Observer, B: Observer> Observers for (&mut A, &mut B) {
+    #[inline(always)]
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        self.0.step(state, processes, step);
+        self.1.step(state, processes, step);
+    }
 }
 
 /// Where a replay stops.
@@ -1035,6 +1061,16 @@ struct Held {
 pub fn run_view(
     paths: &[PathBuf],
     observers: &mut [&mut dyn Observer],
+    stop: Stop,
+    view: View,
+) -> Result<Replay, Failure> {
+    run_view_with(paths, observers, stop, view)
+}
+
+/// Like [`run_view`], for any set of observers.
+pub fn run_view_with<O: Observers + ?Sized>(
+    paths: &[PathBuf],
+    observers: &mut O,
     stop: Stop,
     view: View,
 ) -> Result<Replay, Failure> {
@@ -1321,9 +1357,7 @@ pub fn run_view(
                         t_ns,
                         info,
                     };
-                    for observer in observers.iter_mut() {
-                        observer.step(&state, &processes, &step);
-                    }
+                    observers.step(&state, &processes, &step);
                 }
                 Record::DumpBegin(begin) => {
                     let cleared = state.clear_process(process);
@@ -1333,9 +1367,7 @@ pub fn run_view(
                         t_ns,
                         cleared: &cleared,
                     };
-                    for observer in observers.iter_mut() {
-                        observer.step(&state, &processes, &step);
-                    }
+                    observers.step(&state, &processes, &step);
                 }
                 Record::Note(note) => processes[index].notes.push(note.clone()),
                 Record::Dropped(dropped) => {
@@ -1436,13 +1468,13 @@ fn hold_ns(process: &Process) -> u64 {
 /// Takes hold `at` out of `holds` and steps its events as they came (the other holds stay
 /// held), keeping its emptied `Vec` in `spare` for the next hold; whether `stop` was reached.
 #[allow(clippy::too_many_arguments)]
-fn step_hold_out(
+fn step_hold_out<O: Observers + ?Sized>(
     holds: &mut Vec<Vec<Held>>,
     at: usize,
     spare: &mut Vec<Vec<Held>>,
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     stop: Stop,
     end_ns: &mut u64,
 ) -> bool {
@@ -1455,10 +1487,10 @@ fn step_hold_out(
 }
 
 /// Steps `events` in order; whether the replay stops there.
-fn step_all(
+fn step_all<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     stop: Stop,
     events: &[Held],
     end_ns: &mut u64,
@@ -1487,10 +1519,12 @@ fn stops(stop: Stop, seqs: &std::ops::Range<u64>) -> bool {
 
 /// Applies one event and shows it to the observers; returns the sequence numbers of its steps
 /// (one, or more when PyTorch's mapping ends several live physical allocations at once).
-fn step_event(
+// One body for every caller, with `apply`, `show` and the observers inlined into it.
+#[inline(never)]
+fn step_event<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     index: usize,
     t_ns: u64,
     event: &Event,
@@ -1539,10 +1573,11 @@ fn step_event(
 }
 
 /// Shows one step of `held`'s event to the observers.
-fn show(
+#[inline(always)]
+fn show<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     index: usize,
     t_ns: u64,
     event: &Event,
@@ -1555,9 +1590,7 @@ fn show(
         event,
         effect: &effect,
     };
-    for observer in observers.iter_mut() {
-        observer.step(state, processes, &step);
-    }
+    observers.step(state, processes, &step);
     state.seq += 1;
     processes[index].end_ns = processes[index]
         .end_ns
@@ -1709,9 +1742,26 @@ fn start_times(processes: &[Process]) -> Vec<u64> {
 
 /// Reads into `input.record` until a timed record (event, memory sample, note, dump) and
 /// absorbs definitions; whether one came.
+#[inline(always)]
 fn next_timed(input: &mut Input, process: &mut Process) -> bool {
+    // The usual record, an event, read here; everything else apart (its code kept out of
+    // the replay loop).
+    match input.reader.next_into(&mut input.record) {
+        Some(Ok(())) if matches!(input.record, Record::Event(_)) => true,
+        first => next_timed_after(input, process, first),
+    }
+}
+
+/// [`next_timed`] after its first read gave `first`, something other than an event.
+#[inline(never)]
+fn next_timed_after(
+    input: &mut Input,
+    process: &mut Process,
+    first: Option<Result<(), Damage>>,
+) -> bool {
+    let mut next = first;
     loop {
-        match input.reader.next_into(&mut input.record) {
+        match next {
             None => {
                 input.finished = true;
                 return false;
@@ -1766,6 +1816,7 @@ fn next_timed(input: &mut Input, process: &mut Process) -> bool {
                 }
             },
         }
+        next = input.reader.next_into(&mut input.record);
     }
 }
 
@@ -1795,6 +1846,7 @@ fn graph_pool_key(process: u32, device: i32) -> Key {
 }
 
 /// Applies one event to the live state.
+#[inline(always)]
 fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event: &Event) -> Effect {
     if event.kind == EventKind::AllocFailed {
         return Effect::Failed;
@@ -1802,7 +1854,11 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
     if event.result != 0 {
         return Effect::None;
     }
+    // (The tensor view changes nothing for allocations, nor for frees while PyTorch holds no
+    // segment: the usual events skip the call.)
     if state.view == View::Tensors
+        && !(matches!(event.kind, EventKind::Alloc | EventKind::Create)
+            || event.kind == EventKind::Free && state.segments.is_empty())
         && let Some(effect) = apply_tensor(state, process, index, t_ns, event)
     {
         return effect;

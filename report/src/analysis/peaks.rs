@@ -105,6 +105,7 @@ impl Peaks {
 }
 
 impl Observer for Peaks {
+    #[inline(always)]
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         match step {
             Step::Event {

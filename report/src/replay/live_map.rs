@@ -81,7 +81,7 @@ impl LiveMap {
     }
 
     /// Files `live` under `key`; returns what the key held before, if anything.
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, key: Key, live: Live) -> Option<Live> {
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow();
@@ -103,7 +103,7 @@ impl LiveMap {
     }
 
     /// Takes `key`'s object out, if it is there.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove(&mut self, key: &Key) -> Option<Live> {
         let found = self.find(key)?;
         let removed = Some(self.slots[found].live);
