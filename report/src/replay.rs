@@ -1519,9 +1519,46 @@ fn stops(stop: Stop, seqs: &std::ops::Range<u64>) -> bool {
 
 /// Applies one event and shows it to the observers; returns the sequence numbers of its steps
 /// (one, or more when PyTorch's mapping ends several live physical allocations at once).
+#[inline(always)]
+fn step_event<O: Observers + ?Sized>(
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut O,
+    index: usize,
+    t_ns: u64,
+    event: &Event,
+) -> std::ops::Range<u64> {
+    // The usual event, a successful allocation or free by address that the tensor view
+    // leaves as the driver view has it, stepped here in the replay loop; the rest apart.
+    let plain = event.result == 0
+        && event.addr != 0
+        && match event.kind {
+            EventKind::Alloc => true,
+            EventKind::Free => state.view == View::Driver || state.segments.is_empty(),
+            _ => false,
+        };
+    if !plain {
+        return step_event_general(state, processes, observers, index, t_ns, event);
+    }
+    let process = index as u32;
+    let first = state.seq;
+    state.replaced = None;
+    state.segment_change = None;
+    let key = Key {
+        process,
+        class: 0,
+        value: event.addr,
+    };
+    let effect = file_or_end(state, &mut processes[index], process, t_ns, event, key);
+    processes[index].events += 1;
+    show(state, processes, observers, index, t_ns, event, effect);
+    first..state.seq
+}
+
+/// [`step_event`] for every event.
 // One body for every caller, with `apply`, `show` and the observers inlined into it.
 #[inline(never)]
-fn step_event<O: Observers + ?Sized>(
+fn step_event_general<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
     observers: &mut O,
@@ -1893,6 +1930,20 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
         class,
         value,
     };
+    file_or_end(state, process, index, t_ns, event, key)
+}
+
+/// Applies an allocation (`Alloc`, `Create`: files it under `key`) or a release (ends what
+/// `key` holds) to the live state.
+#[inline(always)]
+fn file_or_end(
+    state: &mut State,
+    process: &mut Process,
+    index: u32,
+    t_ns: u64,
+    event: &Event,
+    key: Key,
+) -> Effect {
     match event.kind {
         EventKind::Alloc | EventKind::Create => {
             let live = live_of(index, t_ns, event, state.seq);
@@ -1901,7 +1952,7 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
         }
         _ => match state.remove(&key) {
             Some(live) => Effect::Removed(live),
-            None if class == 0 && state.graph_addresses.contains(&(index, value)) => {
+            None if key.class == 0 && state.graph_addresses.contains(&(index, key.value)) => {
                 process.graph_frees_outside += 1;
                 Effect::None
             }

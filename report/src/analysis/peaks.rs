@@ -143,7 +143,7 @@ impl Observer for Peaks {
 
 impl Peaks {
     /// An allocation: the only step that can raise a peak.
-    #[inline]
+    #[inline(always)]
     fn added(&mut self, state: &State, process: u32, t_ns: u64, live: &Live) {
         let device = live.device;
         let Some(now) = state.device_totals(device) else {
