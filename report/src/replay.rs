@@ -751,12 +751,20 @@ impl State {
 
     #[inline(always)]
     fn remove(&mut self, key: &Key) -> Option<Live> {
-        // Accounted where it lies (a `Live` is large: copies show in the replay's profile).
-        let removed = self.live.remove(key);
-        if let Some(live) = &removed {
-            self.account(live, false);
-        }
-        removed
+        self.remove_with(key, |live| *live)
+    }
+
+    /// Ends `key`'s object, if it is there, as `made` makes it from the object (see
+    /// [`LiveMap::remove_with`]).
+    #[inline(always)]
+    fn remove_with<T>(&mut self, key: &Key, made: impl FnOnce(&Live) -> T) -> Option<T> {
+        // Accounted from the fields it needs (a `Live` is large: copies show in the replay's
+        // profile).
+        let (removed, process, device, size, kind) = self.live.remove_with(key, |live| {
+            (made(live), live.process, live.device, live.size, live.kind)
+        })?;
+        self.account_parts(process, device, size, kind, false);
+        Some(removed)
     }
 
     /// Ends every live object of `process`; returns them.
@@ -774,6 +782,12 @@ impl State {
     // replay's profile.
     #[inline(always)]
     fn account(&mut self, live: &Live, add: bool) {
+        self.account_parts(live.process, live.device, live.size, live.kind, add);
+    }
+
+    /// [`State::account`] of a live object of `process`, `device`, `size` bytes and `kind`.
+    #[inline(always)]
+    fn account_parts(&mut self, process: u32, device: i32, size: u64, kind: EventKind, add: bool) {
         fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
             if add {
                 entry.live_bytes = entry.live_bytes.saturating_add(size);
@@ -783,7 +797,6 @@ impl State {
                 entry.live_count = entry.live_count.saturating_sub(1);
             }
         }
-        let device = live.device;
         // Most events name the device and process the last one named: try those first.
         let entry = match self.devices.get_mut(self.last_device) {
             Some(entry) if entry.device == device => entry,
@@ -796,15 +809,14 @@ impl State {
                 &mut self.devices[index]
             }
         };
-        apply(entry, live.size, add);
-        if live.kind == EventKind::TensorAlloc {
+        apply(entry, size, add);
+        if kind == EventKind::TensorAlloc {
             entry.tensor_bytes = if add {
-                entry.tensor_bytes.saturating_add(live.size)
+                entry.tensor_bytes.saturating_add(size)
             } else {
-                entry.tensor_bytes.saturating_sub(live.size)
+                entry.tensor_bytes.saturating_sub(size)
             };
         }
-        let process = live.process;
         let index = match self.process_devices.get(self.last_process_device) {
             Some((p, d)) if *p == process && d.device == device => self.last_process_device,
             _ => {
@@ -820,7 +832,7 @@ impl State {
                 index
             }
         };
-        apply(&mut self.process_devices[index].1, live.size, add);
+        apply(&mut self.process_devices[index].1, size, add);
     }
 
     #[cold]
@@ -1149,21 +1161,27 @@ pub fn run_view_with<O: Observers + ?Sized>(
     // The input whose lookahead the last step used where it lay (not moved out): read anew.
     let mut used: Option<usize> = None;
     loop {
-        if let Some(used) = used.take() {
-            inputs[used].pending = false;
-        }
-        // Refill lookahead; definitions are absorbed as they are read.
-        for (index, input) in inputs.iter_mut().enumerate() {
-            if !input.pending && !input.finished {
-                input.pending = next_timed(input, &mut processes[index]);
+        // The input whose next record is earliest, after the lookahead is refilled
+        // (definitions are absorbed as they are read). One log, the usual case, has nothing to
+        // merge: its record is read and taken at once.
+        let best = if let ([input], [only]) = (inputs.as_mut_slice(), processes.as_mut_slice()) {
+            if used.take().is_some() {
+                input.pending = false;
             }
-        }
-        // The input whose next record is earliest (one log, the usual case: nothing to merge).
-        let best = match inputs.as_slice() {
-            [input] => input
-                .pending
-                .then(|| (0, pending_time(input, &processes[0]))),
-            _ => earliest_pending(&inputs, &processes),
+            if !input.pending && !input.finished {
+                input.pending = next_timed(input, only);
+            }
+            input.pending.then(|| (0, pending_time(input, only)))
+        } else {
+            if let Some(used) = used.take() {
+                inputs[used].pending = false;
+            }
+            for (index, input) in inputs.iter_mut().enumerate() {
+                if !input.pending && !input.finished {
+                    input.pending = next_timed(input, &mut processes[index]);
+                }
+            }
+            earliest_pending(&inputs, &processes)
         };
         let Some((index, t_ns)) = best else {
             complete = true;
@@ -1946,12 +1964,15 @@ fn file_or_end(
 ) -> Effect {
     match event.kind {
         EventKind::Alloc | EventKind::Create => {
-            let live = live_of(index, t_ns, event, state.seq);
-            state.add(key, live);
-            Effect::Added(live)
+            // Made in its final place, then filed (one copy of the `Live`, not two).
+            let effect = Effect::Added(live_of(index, t_ns, event, state.seq));
+            if let Effect::Added(live) = &effect {
+                state.add(key, *live);
+            }
+            effect
         }
-        _ => match state.remove(&key) {
-            Some(live) => Effect::Removed(live),
+        _ => match state.remove_with(&key, |live| Effect::Removed(*live)) {
+            Some(effect) => effect,
             None if key.class == 0 && state.graph_addresses.contains(&(index, key.value)) => {
                 process.graph_frees_outside += 1;
                 Effect::None

@@ -95,6 +95,7 @@ impl Peaks {
             .collect()
     }
 
+    #[inline(always)]
     fn ended(&mut self, live: &Live) {
         if let Some(index) = self.total.iter().position(|p| p.device == live.device)
             && live.seq <= self.total[index].seq
