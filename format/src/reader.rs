@@ -399,7 +399,7 @@ impl<R: Read> LogReader<R> {
     /// with no copy of it on the way): `Some(Ok(()))` when it now holds the next record,
     /// `Some(Err(damage))` when damage came first (`record` then holds anything), None at the
     /// end. For readers of millions of events.
-    #[inline]
+    #[inline(always)]
     pub fn next_into(&mut self, record: &mut Record) -> Option<Result<(), Damage>> {
         match self.ready() {
             Ok(true) => {}

@@ -689,7 +689,7 @@ impl DeltaState {
     /// Reads the next record from `cursor` into `out`, overwriting it: an event is decoded in
     /// place (a replay reads millions; each copy of a record costs), other records replace
     /// `out`. On an error `out` holds anything.
-    #[inline]
+    #[inline(always)]
     pub fn decode_into(
         &mut self,
         cursor: &mut Cursor<'_>,
@@ -723,7 +723,7 @@ impl DeltaState {
     }
 
     /// A repeat (`tag` in `TAG_REPEAT..` or `TAG_REPEAT_SAME_TIME..`) into `event`.
-    #[inline]
+    #[inline(always)]
     fn decode_repeat_into(
         &mut self,
         tag: u8,

@@ -736,25 +736,35 @@ impl State {
         self.replaced.as_ref()
     }
 
-    #[inline]
+    #[inline(always)]
     fn add(&mut self, key: Key, live: Live) {
-        self.replaced = self.live.insert(key, live);
-        if let Some(old) = self.replaced {
+        // (`replaced` written whole only when something was: a `Live` is large.)
+        self.replaced = None;
+        if let Some(old) = self.live.insert(key, live) {
             // The same address allocated twice without a free in between: the free was lost
             // (damage, dropping). The newer allocation replaces the older one.
             self.account(&old, false);
+            self.replaced = Some(old);
         }
         self.account(&live, true);
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, key: &Key) -> Option<Live> {
-        // Accounted where it lies (a `Live` is large: copies show in the replay's profile).
-        let removed = self.live.remove(key);
-        if let Some(live) = &removed {
-            self.account(live, false);
-        }
-        removed
+        self.remove_with(key, |live| *live)
+    }
+
+    /// Ends `key`'s object, if it is there, as `made` makes it from the object (see
+    /// [`LiveMap::remove_with`]).
+    #[inline(always)]
+    fn remove_with<T>(&mut self, key: &Key, made: impl FnOnce(&Live) -> T) -> Option<T> {
+        // Accounted from the fields it needs (a `Live` is large: copies show in the replay's
+        // profile).
+        let (removed, process, device, size, kind) = self.live.remove_with(key, |live| {
+            (made(live), live.process, live.device, live.size, live.kind)
+        })?;
+        self.account_parts(process, device, size, kind, false);
+        Some(removed)
     }
 
     /// Ends every live object of `process`; returns them.
@@ -772,6 +782,12 @@ impl State {
     // replay's profile.
     #[inline(always)]
     fn account(&mut self, live: &Live, add: bool) {
+        self.account_parts(live.process, live.device, live.size, live.kind, add);
+    }
+
+    /// [`State::account`] of a live object of `process`, `device`, `size` bytes and `kind`.
+    #[inline(always)]
+    fn account_parts(&mut self, process: u32, device: i32, size: u64, kind: EventKind, add: bool) {
         fn apply(entry: &mut DeviceBytes, size: u64, add: bool) {
             if add {
                 entry.live_bytes = entry.live_bytes.saturating_add(size);
@@ -781,7 +797,6 @@ impl State {
                 entry.live_count = entry.live_count.saturating_sub(1);
             }
         }
-        let device = live.device;
         // Most events name the device and process the last one named: try those first.
         let entry = match self.devices.get_mut(self.last_device) {
             Some(entry) if entry.device == device => entry,
@@ -794,15 +809,14 @@ impl State {
                 &mut self.devices[index]
             }
         };
-        apply(entry, live.size, add);
-        if live.kind == EventKind::TensorAlloc {
+        apply(entry, size, add);
+        if kind == EventKind::TensorAlloc {
             entry.tensor_bytes = if add {
-                entry.tensor_bytes.saturating_add(live.size)
+                entry.tensor_bytes.saturating_add(size)
             } else {
-                entry.tensor_bytes.saturating_sub(live.size)
+                entry.tensor_bytes.saturating_sub(size)
             };
         }
-        let process = live.process;
         let index = match self.process_devices.get(self.last_process_device) {
             Some((p, d)) if *p == process && d.device == device => self.last_process_device,
             _ => {
@@ -818,7 +832,7 @@ impl State {
                 index
             }
         };
-        apply(&mut self.process_devices[index].1, live.size, add);
+        apply(&mut self.process_devices[index].1, size, add);
     }
 
     #[cold]
@@ -887,6 +901,30 @@ pub enum Step<'a> {
 /// An analysis fed by the replay.
 pub trait Observer {
     fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>);
+}
+
+/// The analyses one replay feeds, each shown every step in order: a slice of observers
+/// (called through `dyn`), or a pair of known types, which [`run_view_with`] compiles into the
+/// replay loop (no call per observer and step: the overview's hot path).
+pub trait Observers {
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>);
+}
+
+impl Observers for [&mut dyn Observer] {
+    #[inline]
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        for observer in self.iter_mut() {
+            observer.step(state, processes, step);
+        }
+    }
+}
+
+impl<A: Observer, B: Observer> Observers for (&mut A, &mut B) {
+    #[inline(always)]
+    fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
+        self.0.step(state, processes, step);
+        self.1.step(state, processes, step);
+    }
 }
 
 /// Where a replay stops.
@@ -1038,6 +1076,16 @@ pub fn run_view(
     stop: Stop,
     view: View,
 ) -> Result<Replay, Failure> {
+    run_view_with(paths, observers, stop, view)
+}
+
+/// Like [`run_view`], for any set of observers.
+pub fn run_view_with<O: Observers + ?Sized>(
+    paths: &[PathBuf],
+    observers: &mut O,
+    stop: Stop,
+    view: View,
+) -> Result<Replay, Failure> {
     let mut inputs = Vec::with_capacity(paths.len());
     let mut processes = Vec::with_capacity(paths.len());
     for path in paths {
@@ -1113,21 +1161,27 @@ pub fn run_view(
     // The input whose lookahead the last step used where it lay (not moved out): read anew.
     let mut used: Option<usize> = None;
     loop {
-        if let Some(used) = used.take() {
-            inputs[used].pending = false;
-        }
-        // Refill lookahead; definitions are absorbed as they are read.
-        for (index, input) in inputs.iter_mut().enumerate() {
-            if !input.pending && !input.finished {
-                input.pending = next_timed(input, &mut processes[index]);
+        // The input whose next record is earliest, after the lookahead is refilled
+        // (definitions are absorbed as they are read). One log, the usual case, has nothing to
+        // merge: its record is read and taken at once.
+        let best = if let ([input], [only]) = (inputs.as_mut_slice(), processes.as_mut_slice()) {
+            if used.take().is_some() {
+                input.pending = false;
             }
-        }
-        // The input whose next record is earliest (one log, the usual case: nothing to merge).
-        let best = match inputs.as_slice() {
-            [input] => input
-                .pending
-                .then(|| (0, pending_time(input, &processes[0]))),
-            _ => earliest_pending(&inputs, &processes),
+            if !input.pending && !input.finished {
+                input.pending = next_timed(input, only);
+            }
+            input.pending.then(|| (0, pending_time(input, only)))
+        } else {
+            if let Some(used) = used.take() {
+                inputs[used].pending = false;
+            }
+            for (index, input) in inputs.iter_mut().enumerate() {
+                if !input.pending && !input.finished {
+                    input.pending = next_timed(input, &mut processes[index]);
+                }
+            }
+            earliest_pending(&inputs, &processes)
         };
         let Some((index, t_ns)) = best else {
             complete = true;
@@ -1321,9 +1375,7 @@ pub fn run_view(
                         t_ns,
                         info,
                     };
-                    for observer in observers.iter_mut() {
-                        observer.step(&state, &processes, &step);
-                    }
+                    observers.step(&state, &processes, &step);
                 }
                 Record::DumpBegin(begin) => {
                     let cleared = state.clear_process(process);
@@ -1333,9 +1385,7 @@ pub fn run_view(
                         t_ns,
                         cleared: &cleared,
                     };
-                    for observer in observers.iter_mut() {
-                        observer.step(&state, &processes, &step);
-                    }
+                    observers.step(&state, &processes, &step);
                 }
                 Record::Note(note) => processes[index].notes.push(note.clone()),
                 Record::Dropped(dropped) => {
@@ -1437,13 +1487,13 @@ fn hold_ns(process: &Process) -> u64 {
 /// Takes hold `at` out of `holds` and steps its events as they came (the other holds stay
 /// held), keeping its emptied `Vec` in `spare` for the next hold; whether `stop` was reached.
 #[allow(clippy::too_many_arguments)]
-fn step_hold_out(
+fn step_hold_out<O: Observers + ?Sized>(
     holds: &mut Vec<Vec<Held>>,
     at: usize,
     spare: &mut Vec<Vec<Held>>,
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     stop: Stop,
     end_ns: &mut u64,
 ) -> bool {
@@ -1456,10 +1506,10 @@ fn step_hold_out(
 }
 
 /// Steps `events` in order; whether the replay stops there.
-fn step_all(
+fn step_all<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     stop: Stop,
     events: &[Held],
     end_ns: &mut u64,
@@ -1488,10 +1538,49 @@ fn stops(stop: Stop, seqs: &std::ops::Range<u64>) -> bool {
 
 /// Applies one event and shows it to the observers; returns the sequence numbers of its steps
 /// (one, or more when PyTorch's mapping ends several live physical allocations at once).
-fn step_event(
+#[inline(always)]
+fn step_event<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
+    index: usize,
+    t_ns: u64,
+    event: &Event,
+) -> std::ops::Range<u64> {
+    // The usual event, a successful allocation or free by address that the tensor view
+    // leaves as the driver view has it, stepped here in the replay loop; the rest apart.
+    let plain = event.result == 0
+        && event.addr != 0
+        && match event.kind {
+            EventKind::Alloc => true,
+            EventKind::Free => state.view == View::Driver || state.segments.is_empty(),
+            _ => false,
+        };
+    if !plain {
+        return step_event_general(state, processes, observers, index, t_ns, event);
+    }
+    let process = index as u32;
+    let first = state.seq;
+    state.replaced = None;
+    state.segment_change = None;
+    let key = Key {
+        process,
+        class: 0,
+        value: event.addr,
+    };
+    let effect = file_or_end(state, &mut processes[index], process, t_ns, event, key);
+    processes[index].events += 1;
+    show(state, processes, observers, index, t_ns, event, effect);
+    first..state.seq
+}
+
+/// [`step_event`] for every event.
+// One body for every caller, with `apply`, `show` and the observers inlined into it.
+#[inline(never)]
+fn step_event_general<O: Observers + ?Sized>(
+    state: &mut State,
+    processes: &mut [Process],
+    observers: &mut O,
     index: usize,
     t_ns: u64,
     event: &Event,
@@ -1540,10 +1629,11 @@ fn step_event(
 }
 
 /// Shows one step of `held`'s event to the observers.
-fn show(
+#[inline(always)]
+fn show<O: Observers + ?Sized>(
     state: &mut State,
     processes: &mut [Process],
-    observers: &mut [&mut dyn Observer],
+    observers: &mut O,
     index: usize,
     t_ns: u64,
     event: &Event,
@@ -1556,9 +1646,7 @@ fn show(
         event,
         effect: &effect,
     };
-    for observer in observers.iter_mut() {
-        observer.step(state, processes, &step);
-    }
+    observers.step(state, processes, &step);
     state.seq += 1;
     processes[index].end_ns = processes[index]
         .end_ns
@@ -1710,9 +1798,26 @@ fn start_times(processes: &[Process]) -> Vec<u64> {
 
 /// Reads into `input.record` until a timed record (event, memory sample, note, dump) and
 /// absorbs definitions; whether one came.
+#[inline(always)]
 fn next_timed(input: &mut Input, process: &mut Process) -> bool {
+    // The usual record, an event, read here; everything else apart (its code kept out of
+    // the replay loop).
+    match input.reader.next_into(&mut input.record) {
+        Some(Ok(())) if matches!(input.record, Record::Event(_)) => true,
+        first => next_timed_after(input, process, first),
+    }
+}
+
+/// [`next_timed`] after its first read gave `first`, something other than an event.
+#[inline(never)]
+fn next_timed_after(
+    input: &mut Input,
+    process: &mut Process,
+    first: Option<Result<(), Damage>>,
+) -> bool {
+    let mut next = first;
     loop {
-        match input.reader.next_into(&mut input.record) {
+        match next {
             None => {
                 input.finished = true;
                 return false;
@@ -1767,6 +1872,7 @@ fn next_timed(input: &mut Input, process: &mut Process) -> bool {
                 }
             },
         }
+        next = input.reader.next_into(&mut input.record);
     }
 }
 
@@ -1796,6 +1902,7 @@ fn graph_pool_key(process: u32, device: i32) -> Key {
 }
 
 /// Applies one event to the live state.
+#[inline(always)]
 fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event: &Event) -> Effect {
     if event.kind == EventKind::AllocFailed {
         return Effect::Failed;
@@ -1803,7 +1910,11 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
     if event.result != 0 {
         return Effect::None;
     }
+    // (The tensor view changes nothing for allocations, nor for frees while PyTorch holds no
+    // segment: the usual events skip the call.)
     if state.view == View::Tensors
+        && !(matches!(event.kind, EventKind::Alloc | EventKind::Create)
+            || event.kind == EventKind::Free && state.segments.is_empty())
         && let Some(effect) = apply_tensor(state, process, index, t_ns, event)
     {
         return effect;
@@ -1838,15 +1949,32 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
         class,
         value,
     };
+    file_or_end(state, process, index, t_ns, event, key)
+}
+
+/// Applies an allocation (`Alloc`, `Create`: files it under `key`) or a release (ends what
+/// `key` holds) to the live state.
+#[inline(always)]
+fn file_or_end(
+    state: &mut State,
+    process: &mut Process,
+    index: u32,
+    t_ns: u64,
+    event: &Event,
+    key: Key,
+) -> Effect {
     match event.kind {
         EventKind::Alloc | EventKind::Create => {
-            let live = live_of(index, t_ns, event, state.seq);
-            state.add(key, live);
-            Effect::Added(live)
+            // Made in its final place, then filed (one copy of the `Live`, not two).
+            let effect = Effect::Added(live_of(index, t_ns, event, state.seq));
+            if let Effect::Added(live) = &effect {
+                state.add(key, *live);
+            }
+            effect
         }
-        _ => match state.remove(&key) {
-            Some(live) => Effect::Removed(live),
-            None if class == 0 && state.graph_addresses.contains(&(index, value)) => {
+        _ => match state.remove_with(&key, |live| Effect::Removed(*live)) {
+            Some(effect) => effect,
+            None if key.class == 0 && state.graph_addresses.contains(&(index, key.value)) => {
                 process.graph_frees_outside += 1;
                 Effect::None
             }

@@ -95,6 +95,7 @@ impl Peaks {
             .collect()
     }
 
+    #[inline(always)]
     fn ended(&mut self, live: &Live) {
         if let Some(index) = self.total.iter().position(|p| p.device == live.device)
             && live.seq <= self.total[index].seq
@@ -105,6 +106,7 @@ impl Peaks {
 }
 
 impl Observer for Peaks {
+    #[inline(always)]
     fn step(&mut self, state: &State, _processes: &[Process], step: &Step<'_>) {
         match step {
             Step::Event {
@@ -142,7 +144,7 @@ impl Observer for Peaks {
 
 impl Peaks {
     /// An allocation: the only step that can raise a peak.
-    #[inline]
+    #[inline(always)]
     fn added(&mut self, state: &State, process: u32, t_ns: u64, live: &Live) {
         let device = live.device;
         let Some(now) = state.device_totals(device) else {

@@ -112,6 +112,7 @@ impl Summary {
 }
 
 impl Observer for Summary {
+    #[inline(always)]
     fn step(&mut self, state: &State, processes: &[Process], step: &Step<'_>) {
         match step {
             Step::Event {

@@ -73,9 +73,9 @@ pub fn with_report<T>(
     // One pass: counts, samples, peaks and the exact live set at each peak.
     let mut peaks = Peaks::default();
     let mut counts = Summary::new(select.logs.len(), select.device);
-    let replay = replay::run_view(
+    let replay = replay::run_view_with(
         &select.logs,
-        &mut [&mut peaks, &mut counts],
+        &mut (&mut peaks, &mut counts),
         Stop::End,
         segments.view(),
     )?;

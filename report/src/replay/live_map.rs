@@ -81,7 +81,7 @@ impl LiveMap {
     }
 
     /// Files `live` under `key`; returns what the key held before, if anything.
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, key: Key, live: Live) -> Option<Live> {
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow();
@@ -103,10 +103,17 @@ impl LiveMap {
     }
 
     /// Takes `key`'s object out, if it is there.
-    #[inline]
-    pub(super) fn remove(&mut self, key: &Key) -> Option<Live> {
+    #[cfg(test)]
+    fn remove(&mut self, key: &Key) -> Option<Live> {
+        self.remove_with(key, |live| *live)
+    }
+
+    /// Takes `key`'s object out, if it is there, as `made` makes it from the object (where it
+    /// lies: made into its final place, a `Live` is not copied on the way).
+    #[inline(always)]
+    pub(super) fn remove_with<T>(&mut self, key: &Key, made: impl FnOnce(&Live) -> T) -> Option<T> {
         let found = self.find(key)?;
-        let removed = Some(self.slots[found].live);
+        let removed = Some(made(&self.slots[found].live));
         // Backward shift: later entries of the probe run move up into the hole unless their
         // home lies after the hole (cyclically), so every entry stays reachable from its home.
         let mask = self.slots.len() - 1;
