@@ -92,36 +92,40 @@ pub unsafe extern "C" fn _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE(
     }
     let mut real = REAL_REPORT.load(Ordering::Acquire);
     if real.is_null() {
-        real = real_report();
-        if real.is_null() {
-            return;
-        }
+        // Asked once: asking the loader at every call would put `dlopen`s on every thread,
+        // and a fork in the middle of one leaves the child a loader it cannot use.
+        real = real_report().unwrap_or(NO_REAL_REPORT);
         REAL_REPORT.store(real, Ordering::Release);
+    }
+    if real == NO_REAL_REPORT {
+        return;
     }
     let real: ReportFn = unsafe { std::mem::transmute::<*mut c_void, ReportFn>(real) };
     unsafe { real(ptr, alloc_size, total_allocated, total_reserved, device) };
 }
 
+/// [`REAL_REPORT`] once the first call found nothing to forward to.
+const NO_REAL_REPORT: *mut c_void = usize::MAX as *mut c_void;
+
 /// The definition the shim's hides: the next one in the global scope (another interposer),
 /// else `libc10.so`'s own. PyTorch loads `libc10.so` into a local scope (its extension module
-/// is opened without `RTLD_GLOBAL`), where `RTLD_NEXT` does not look.
-fn real_report() -> *mut c_void {
+/// is opened without `RTLD_GLOBAL`), where `RTLD_NEXT` does not look. PyTorch's calls come
+/// from `libc10_cuda.so`, which needs `libc10.so` loaded, so the first of them finds it; a
+/// program that calls the function without PyTorch gets `None`, kept for the process.
+fn real_report() -> Option<*mut c_void> {
     let next = real::next(REPORT_SYMBOL);
     if !next.is_null() {
-        return next;
+        return Some(next);
     }
     let handle =
         unsafe { libc::dlopen(c"libc10.so".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if handle.is_null() {
-        return std::ptr::null_mut();
+        return None;
     }
     let own = real::real_dlsym(handle, REPORT_SYMBOL);
     unsafe { libc::dlclose(handle) };
     let ours = _ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE as *const c_void;
-    if std::ptr::eq(own.cast_const(), ours) {
-        return std::ptr::null_mut();
-    }
-    own
+    (!own.is_null() && !std::ptr::eq(own.cast_const(), ours)).then_some(own)
 }
 
 /// A segment PyTorch holds, as recorded: a `cudaMalloc`, or a range mapped back to back.
