@@ -57,7 +57,7 @@ const BANK_PAIRS: usize = 8;
 /// pair's least recently used way. framehop checks its own slot's address and modules
 /// generation on every lookup, so a tag that is stale only costs a miss, never a wrong rule.
 /// Memory: `2 * BANK_PAIRS` framehop caches (8 KiB of slots each, and a gimli context) and
-/// 9 bytes of tags a slot pair: about 200 KiB a walking thread, made with the thread's cache.
+/// 17 bytes of tags a set (68 KiB): about 200 KiB for a thread that gets them.
 struct RuleBanks {
     caches: Box<[CacheX86_64]>,
     /// The address each framehop slot last looked up: `tags[way][pair * 509 + slot]`.
