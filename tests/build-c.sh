@@ -107,5 +107,7 @@ spawn "$bin/nocuda" "$progs/nocuda.c" -- "${testflags[@]}"
 # The same call paths with and without frame pointers (tests/tests/native_stacks.rs).
 spawn "$bin/stack_paths" "$progs/stack_paths.c" -- "${testflags[@]}" "${link_cuda[@]}"
 spawn "$bin/stack_paths_nofp" "$progs/stack_paths.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
+spawn "$bin/stack_many" "$progs/stack_many.c" -- "${testflags[@]}" "${link_cuda[@]}"
+spawn "$bin/stack_many_nofp" "$progs/stack_many.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/bench" "$progs/bench.c" -- "${benchflags[@]}" "${link_cuda[@]}"
 wait_all

@@ -18,7 +18,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// Bytes of a loaded object, valid while the object stays loaded.
 #[derive(Clone, Copy, Default)]
@@ -39,9 +39,76 @@ const MEMO_READS: usize = 2 * MEMO_FRAMES + 8;
 /// Frames one walk may remember (the callers ask for at most 256 + 16).
 const MEMO_FRAMES: usize = 288;
 
-/// A thread's unwinding state: framehop's rule cache, and its last walk.
+/// Slots in one framehop rule cache (fixed inside the crate, `rule_cache.rs`: direct-mapped,
+/// slot `address % 509`).
+const FRAMEHOP_SLOTS: usize = 509;
+/// Groups of two framehop caches a thread keeps: see [`RuleBanks`].
+const BANK_PAIRS: usize = 8;
+
+/// framehop's rule cache, made larger and two-way set-associative from the outside.
+///
+/// One framehop cache holds a rule per slot `address % 509`; a training step's walks cross
+/// some 400 distinct return addresses on one thread, so hot ones share slots and evict each
+/// other on every walk, and each miss re-parses DWARF CFI (gimli: most of a walk's cost).
+/// framehop has no API to read or insert a rule, nor to size its cache, but `unwind_frame`
+/// takes the cache to use per frame: here an address picks a pair of caches by
+/// `(address / 509) % BANK_PAIRS` (a set of `509 * BANK_PAIRS`), and one of the two by the
+/// tags kept here: the way whose framehop slot last looked this address up, or else the
+/// pair's least recently used way. framehop checks its own slot's address and modules
+/// generation on every lookup, so a tag that is stale only costs a miss, never a wrong rule.
+/// Memory: `2 * BANK_PAIRS` framehop caches (8 KiB of slots each, and a gimli context) and
+/// 17 bytes of tags a set (68 KiB): about 200 KiB for a thread that gets them.
+struct RuleBanks {
+    caches: Box<[CacheX86_64]>,
+    /// The address each framehop slot last looked up: `tags[way][pair * 509 + slot]`.
+    tags: [Box<[u64]>; 2],
+    /// Which way of each set served last (0 or 1).
+    recent: Box<[u8]>,
+}
+
+impl RuleBanks {
+    fn new() -> RuleBanks {
+        let sets = BANK_PAIRS * FRAMEHOP_SLOTS;
+        RuleBanks {
+            caches: (0..2 * BANK_PAIRS).map(|_| CacheX86_64::new()).collect(),
+            tags: [
+                vec![0; sets].into_boxed_slice(),
+                vec![0; sets].into_boxed_slice(),
+            ],
+            recent: vec![0; sets].into_boxed_slice(),
+        }
+    }
+
+    /// The framehop cache to unwind the frame at `lookup` (its lookup address) with.
+    fn for_address(&mut self, lookup: u64) -> &mut CacheX86_64 {
+        let slot = (lookup % FRAMEHOP_SLOTS as u64) as usize;
+        let pair = (lookup / FRAMEHOP_SLOTS as u64 % BANK_PAIRS as u64) as usize;
+        let set = pair * FRAMEHOP_SLOTS + slot;
+        let way = if self.tags[0][set] == lookup {
+            0
+        } else if self.tags[1][set] == lookup {
+            1
+        } else {
+            let lru = 1 - self.recent[set] as usize;
+            self.tags[lru][set] = lookup;
+            lru
+        };
+        self.recent[set] = way as u8;
+        &mut self.caches[2 * pair + way]
+    }
+}
+
+/// Slot conflicts in a thread's first framehop cache after which it gets [`RuleBanks`]: a
+/// thread that walks a few stacks keeps costing one 8 KiB cache (100 short-lived threads
+/// alive at once, `tests/tests/shim_memory.rs`), one whose walks thrash it gets the banks.
+const CONFLICTS_BEFORE_BANKS: u64 = 64;
+
+/// A thread's unwinding state: framehop's rule caches, and its last walk.
 pub struct ThreadCache {
+    /// The rule cache while the thread's walks fit it.
     rules: CacheX86_64,
+    /// The larger one, once `rules` has had [`CONFLICTS_BEFORE_BANKS`] slot conflicts.
+    banks: Option<Box<RuleBanks>>,
     last: LastWalk,
 }
 
@@ -49,6 +116,7 @@ impl ThreadCache {
     pub fn new() -> ThreadCache {
         ThreadCache {
             rules: CacheX86_64::new(),
+            banks: None,
             last: LastWalk {
                 valid: false,
                 unwinder: std::ptr::null(),
@@ -216,19 +284,31 @@ pub fn walk(
         }
         Ok(word)
     };
-    let mut iter = unwinder.iter_frames(
-        ip,
-        UnwindRegsX86_64::new(ip, sp, bp),
-        &mut cache.rules,
-        &mut read_stack,
-    );
+    if cache.banks.is_none()
+        && cache.rules.stats().miss_wrong_address_count >= CONFLICTS_BEFORE_BANKS
+    {
+        // Allocates, as the thread's first walk (this cache) and framehop's misses do.
+        cache.banks = Some(Box::new(RuleBanks::new()));
+    }
+    // framehop's `iter_frames`, one frame at a time, each frame's rule from its cache.
+    let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+    let mut address = FrameAddress::from_instruction_pointer(ip);
     let mut count = 0;
     while count < frames.len() {
-        match iter.next() {
-            Ok(Some(frame)) => {
-                frames[count].write(frame.address());
-                count += 1;
-            }
+        frames[count].write(address.address());
+        count += 1;
+        if count == frames.len() {
+            break;
+        }
+        let rules = match &mut cache.banks {
+            Some(banks) => banks.for_address(address.address_for_lookup()),
+            None => &mut cache.rules,
+        };
+        match unwinder.unwind_frame(address, &mut regs, rules, &mut read_stack) {
+            Ok(Some(return_address)) => match FrameAddress::from_return_address(return_address) {
+                Some(next) => address = next,
+                None => break,
+            },
             _ => break,
         }
     }

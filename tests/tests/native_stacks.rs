@@ -108,3 +108,114 @@ fn same_site_through_different_callers_with_frame_pointers() {
 fn same_site_through_different_callers_without_frame_pointers() {
     check_paths("stack_paths_nofp");
 }
+
+/// The function of each return address in `ips` (the call before it), all in one module.
+fn functions(dump: &[Value], ips: &[u64]) -> Vec<String> {
+    let module_of = |ip: u64| {
+        dump.iter()
+            .filter(|r| r["type"] == "module")
+            .find(|m| u64_of(m, "start") <= ip && ip < u64_of(m, "end"))
+            .unwrap_or_else(|| panic!("no module holds {ip:#x}"))
+    };
+    let module = module_of(ips[0]);
+    let offsets: Vec<String> = ips
+        .iter()
+        .map(|&ip| {
+            assert_eq!(module_of(ip)["path"], module["path"], "{ip:#x}");
+            format!("{:#x}", ip - u64_of(module, "load_bias") - 1)
+        })
+        .collect();
+    let output = std::process::Command::new("addr2line")
+        .arg("-f")
+        .arg("-e")
+        .arg(module["path"].as_str().expect("module path"))
+        .args(&offsets)
+        .output()
+        .expect("addr2line (binutils) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Two lines an address: the function, then file:line.
+    let names: Vec<String> = text.lines().step_by(2).map(str::to_owned).collect();
+    assert_eq!(names.len(), ips.len(), "addr2line printed:\n{text}");
+    names
+}
+
+/// A thread whose walks cross more distinct return addresses than framehop's 509-slot rule
+/// cache holds moves to the shim's larger cache while it runs (`stack_many.c`: 1,024 callers
+/// in turn, so at least 1,024 - 509 slot conflicts in the first pass, far above the 64 that
+/// trigger the move). Every walk, before, during and after the move, must still find its own
+/// caller: 2,048 rounds, each caller twice, each time the same stack, 1,024 stacks in all,
+/// each `site <- f_<caller> <- main`.
+fn check_many_callers(program_name: &str) {
+    const CALLERS: usize = 1024;
+    const ROUNDS: usize = 2 * CALLERS;
+    let run = run_under_shim(
+        program_name,
+        program_name,
+        &[&ROUNDS.to_string()],
+        &[("VRAMSHIM_STACK", "native")],
+    );
+    assert!(
+        run.output.status.success(),
+        "{program_name} failed:\n{}",
+        run.stderr()
+    );
+    assert_eq!(run.stderr(), "", "the shim printed something");
+    let dump = dump(&run.log());
+    let stacks: HashMap<u64, Vec<u64>> = dump
+        .iter()
+        .filter(|r| r["type"] == "stack")
+        .map(|r| {
+            let frames = arr(&r["frames"])
+                .iter()
+                .map(|f| f.as_u64().expect("native frame"))
+                .collect();
+            (u64_of(r, "id"), frames)
+        })
+        .collect();
+    let events = events(&dump);
+    let allocs = select(&events, "alloc", "cuMemAlloc_v2");
+    assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
+    let mut id_of_caller: Vec<Option<u64>> = vec![None; CALLERS];
+    for (round, alloc) in allocs.iter().enumerate() {
+        let id = u64_of(alloc, "stack");
+        let caller = round % CALLERS;
+        match id_of_caller[caller] {
+            Some(known) => assert_eq!(id, known, "round {round}: caller {caller}"),
+            None => id_of_caller[caller] = Some(id),
+        }
+    }
+    let ids: Vec<u64> = id_of_caller.iter().map(|id| id.expect("seen")).collect();
+    let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), CALLERS, "one stack per caller");
+    let innermost: Vec<u64> = ids
+        .iter()
+        .flat_map(|id| {
+            let frames = &stacks[id];
+            assert!(frames.len() >= 3, "stack {id}: {frames:x?}");
+            frames[..3].to_vec()
+        })
+        .collect();
+    let names = functions(&dump, &innermost);
+    for (caller, found) in names.chunks(3).enumerate() {
+        // The caller's name: its index in five base-4 digits.
+        let digits: String = (0..5)
+            .rev()
+            .map(|place| char::from(b'0' + (caller >> (2 * place) & 3) as u8))
+            .collect();
+        assert_eq!(
+            found,
+            ["site".to_owned(), format!("f_{digits}"), "main".to_owned()],
+            "caller {caller}"
+        );
+    }
+}
+
+#[test]
+fn more_callers_than_one_rule_cache_holds_with_frame_pointers() {
+    check_many_callers("stack_many");
+}
+
+#[test]
+fn more_callers_than_one_rule_cache_holds_without_frame_pointers() {
+    check_many_callers("stack_many_nofp");
+}
