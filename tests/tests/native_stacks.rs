@@ -31,12 +31,13 @@ fn source_line(dump: &[Value], ip: u64) -> String {
     file.split(' ').next().unwrap_or(file).to_owned()
 }
 
-fn check_paths(program_name: &str) {
-    const ROUNDS: usize = 300;
+/// Runs `program_name ROUNDS` under the shim with native stacks: its stacks by id (return
+/// addresses) and its whole dump, after checking it succeeded and the shim printed nothing.
+fn record_native(program_name: &str, rounds: usize) -> (HashMap<u64, Vec<u64>>, Vec<Value>) {
     let run = run_under_shim(
         program_name,
         program_name,
-        &[&ROUNDS.to_string()],
+        &[&rounds.to_string()],
         &[("VRAMSHIM_STACK", "native")],
     );
     assert!(
@@ -46,7 +47,7 @@ fn check_paths(program_name: &str) {
     );
     assert_eq!(run.stderr(), "", "the shim printed something");
     let dump = dump(&run.log());
-    let stacks: HashMap<u64, Vec<u64>> = dump
+    let stacks = dump
         .iter()
         .filter(|r| r["type"] == "stack")
         .map(|r| {
@@ -57,6 +58,12 @@ fn check_paths(program_name: &str) {
             (u64_of(r, "id"), frames)
         })
         .collect();
+    (stacks, dump)
+}
+
+fn check_paths(program_name: &str) {
+    const ROUNDS: usize = 300;
+    let (stacks, dump) = record_native(program_name, ROUNDS);
     let events = events(&dump);
     let allocs = select(&events, "alloc", "cuMemAlloc_v2");
     assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
@@ -148,30 +155,7 @@ fn functions(dump: &[Value], ips: &[u64]) -> Vec<String> {
 fn check_many_callers(program_name: &str) {
     const CALLERS: usize = 1024;
     const ROUNDS: usize = 2 * CALLERS;
-    let run = run_under_shim(
-        program_name,
-        program_name,
-        &[&ROUNDS.to_string()],
-        &[("VRAMSHIM_STACK", "native")],
-    );
-    assert!(
-        run.output.status.success(),
-        "{program_name} failed:\n{}",
-        run.stderr()
-    );
-    assert_eq!(run.stderr(), "", "the shim printed something");
-    let dump = dump(&run.log());
-    let stacks: HashMap<u64, Vec<u64>> = dump
-        .iter()
-        .filter(|r| r["type"] == "stack")
-        .map(|r| {
-            let frames = arr(&r["frames"])
-                .iter()
-                .map(|f| f.as_u64().expect("native frame"))
-                .collect();
-            (u64_of(r, "id"), frames)
-        })
-        .collect();
+    let (stacks, dump) = record_native(program_name, ROUNDS);
     let events = events(&dump);
     let allocs = select(&events, "alloc", "cuMemAlloc_v2");
     assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
