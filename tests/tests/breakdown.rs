@@ -59,7 +59,8 @@ fn recorded(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "{name} failed:\n{stdout}\n{stderr}"
+        "{name} failed ({}):\n{stdout}\n{stderr}",
+        output.status
     );
     let last = stdout.lines().last().expect("the script's figures");
     let figures: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
