@@ -126,9 +126,6 @@ PY
 
 wheels cu13 "${CU13[@]}"
 wheels cu12 "${CU12[@]}"
-# cuDNN 8's sub-libraries (libcudnn_cnn_infer.so.8 exports 38,537 C++ symbols) are loaded only
-# by the real libcudnn.so.8; the fake libcudnn.so.8 holds the whole API itself.
-rm -f "$OUT"/cu12/libcudnn_*.so.8.syms
 header_driver
 debs
 say "done: $(ls "$OUT"/*/*.syms | wc -l) libraries under $OUT (downloads kept in $WORK)"

@@ -105,6 +105,37 @@ def resnet_trace():
     print(json.dumps({"mode": "resnet_trace", "entries": entries, **stats()}))
 
 
+def fused_conv_add_relu():
+    """torch's fused convolution + add + bias + ReLU (cuDNN 8's runtime fusion), under
+    warnings recorded: on cuDNN 8 torch first dlopens libcudnn_cnn_infer.so.8 and warns when it
+    cannot. Its output shape, the warnings, and the libcudnn files mapped afterwards."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.randn(2, 8, 16, 16, device="cuda")
+        w = torch.randn(8, 8, 3, 3, device="cuda")
+        z = torch.randn(2, 8, 16, 16, device="cuda")
+        bias = torch.randn(8, device="cuda")
+        y = torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, [1, 1], [1, 1], [1, 1], 1)
+        torch.cuda.synchronize()
+    with open("/proc/self/maps") as maps:
+        mapped = sorted({line.split()[-1] for line in maps if "/libcudnn" in line})
+    return {"fused": list(y.shape), "warnings": [str(c.message) for c in caught],
+            "mapped": mapped}
+
+
+def fused():
+    """The fused convolution alone."""
+    print(json.dumps({"mode": "fused", **fused_conv_add_relu(), **stats()}))
+
+
+def resnet_fused():
+    """Three ResNet training steps, then the fused convolution."""
+    steps = resnet_steps(3)
+    print(json.dumps({"mode": "resnet_fused", "steps": steps, **fused_conv_add_relu(),
+                      **stats()}))
+
+
 def attention():
     """Scaled dot-product attention forward and backward through cuDNN only."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -119,7 +150,7 @@ def attention():
 
 {"conv_workspace": conv_workspace,
  "conv_workspace_benchmark": lambda: conv_workspace(benchmark=True), "resnet": resnet, "resnet_trace": resnet_trace,
- "attention": attention}[sys.argv[1]]()
+ "attention": attention, "fused": fused, "resnet_fused": resnet_fused}[sys.argv[1]]()
 # Every mode leaves without finalising the interpreter: otherwise the autograd thread may still
 # be dropping the last backward's GraphTask, whose thread-local state holds a Python object;
 # its decref then meets the finalising interpreter, which ends the thread with pthread_exit

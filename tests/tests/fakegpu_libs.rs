@@ -324,6 +324,199 @@ fn every_listed_symbol_is_exported_under_its_real_soname_and_version() {
     assert!(checked > 19000, "only {checked} symbols checked");
 }
 
+/// cuDNN 8's six sub-libraries, in the order `cudnn8_sublibs.c` links them.
+const CUDNN8_SUBLIBS: [&str; 6] = [
+    "libcudnn_ops_infer.so.8",
+    "libcudnn_ops_train.so.8",
+    "libcudnn_cnn_infer.so.8",
+    "libcudnn_cnn_train.so.8",
+    "libcudnn_adv_infer.so.8",
+    "libcudnn_adv_train.so.8",
+];
+
+/// `tests/fakegpu/cudnn8_sublibs.c` linked against the fake sub-libraries (`sublibs`) or
+/// against libcudnn.so.8 alone, and the fake `libcudart.so.12`.
+fn build_cudnn8_program(dir: &Path, sublibs: bool) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cudnn8_sublibs.c");
+    let exe = dir.join(if sublibs {
+        "cudnn8_sublibs"
+    } else {
+        "cudnn8_main"
+    });
+    let mut command = Command::new("gcc");
+    command
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .arg(format!("-L{}", vramshim_fakegpu::LIB_DIR))
+        .arg(format!("-Wl,-rpath-link,{}", vramshim_fakegpu::LIB_DIR));
+    if sublibs {
+        command.arg("-DSUBLIBS");
+        command.args(CUDNN8_SUBLIBS.iter().map(|soname| format!("-l:{soname}")));
+    } else {
+        command.arg("-l:libcudnn.so.8");
+    }
+    let status = command.arg("-l:libcudart.so.12").status().expect("run gcc");
+    assert!(status.success(), "gcc failed for {}", source.display());
+    exe
+}
+
+/// What `cudnn8_sublibs.c` prints, the sub-libraries' own line included or not.
+fn cudnn8_program_output(sublibs: bool) -> String {
+    let mut text = String::from(
+        "version 8902 property=8.9.2\n\
+         checks ops_infer=0 ops_train=0 cnn_infer=0 cnn_train=0 adv_infer=0 adv_train=0\n\
+         handle rc=0 bytes=25348 stream rc=0 rc=0 null=1\n\
+         tensor rc=0 rc=0 rc=0 get rc=0 type=0 dims=4 dim=1x64x128x128 stride=1048576,16384,128,1\n\
+         conv descriptor rc=0 set rc=0\n\
+         legacy workspace rc=3000 rc=3000 bytes=12345 text=CUDNN_STATUS_NOT_SUPPORTED\n\
+         compute forward rc=0 backward_filter rc=0 output_unchanged=1 bn_reserve rc=0 bytes=0\n\
+         backend finalize op=0 graph=0 heur=0 results rc=0 engines=2 workspace rc=0 rc=0 bytes=37748736,0\n\
+         plan rc=0 workspace rc=0 bytes=37748736 execute rc=0\n\
+         backend destroyed=10\n\
+         adv rnn rc=0 rc=0 ctc rc=0 rc=0 workspace rc=3000\n",
+    );
+    if sublibs {
+        text.push_str("sub-library only rc=3000 rc=3000 pooling rc=3000\n");
+    }
+    text.push_str("destroy rc=0 used_after_minus_before=0\n");
+    text
+}
+
+/// A program linked against cuDNN 8's sub-libraries (each function bound to the sub-library
+/// that exports it, under its version node, as NVIDIA's import libraries bind it) runs on the
+/// fakes with libcudnn.so.8's behaviour: the same statuses, descriptors kept across libraries
+/// (an ops_infer handle and tensors used by cnn_infer and cnn_train), the backend's engines and
+/// workspaces, the handle's own memory; unimplemented functions, the sub-libraries' own among
+/// them, return CUDNN_STATUS_NOT_SUPPORTED and are logged once. Under `vramshim dryrun` (no
+/// library path) the program finds the sub-libraries among the preloaded fakes.
+#[test]
+fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
+    let dir = scratch("fakegpu-cudnn8-sublibs");
+    let exe = build_cudnn8_program(&dir, true);
+    let imports: std::collections::HashSet<String> = {
+        let output = Command::new("readelf")
+            .args(["--dyn-syms", "-W"])
+            .arg(&exe)
+            .output()
+            .expect("run readelf");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(7).map(str::to_owned))
+            .collect()
+    };
+    for wanted in [
+        "cudnnCreate@libcudnn_ops_infer.so.8",
+        "cudnnGetBatchNormalizationTrainingExReserveSpaceSize@libcudnn_ops_train.so.8",
+        "cudnnConvolutionForward@libcudnn_cnn_infer.so.8",
+        "cudnnBackendExecute@libcudnn_cnn_infer.so.8",
+        "cudnnConvolutionBackwardFilter@libcudnn_cnn_train.so.8",
+        "cudnnCreateRNNDescriptor@libcudnn_adv_infer.so.8",
+        "cudnnCreateCTCLossDescriptor@libcudnn_adv_train.so.8",
+        "cudnnGetConvolutionBackwardDataWorkspaceSizeInternal@libcudnn_cnn_infer.so.8",
+    ] {
+        assert!(
+            imports.contains(wanted),
+            "{} does not import {wanted}",
+            exe.display()
+        );
+    }
+
+    let unimplemented = dir.join("unimplemented.txt");
+    let output = Command::new(&exe)
+        .env("LD_PRELOAD", shim())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", &unimplemented)
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run cudnn8_sublibs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout, cudnn8_program_output(true));
+    // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward to
+    // it), the last two by the sub-libraries' own stubs.
+    assert_eq!(
+        std::fs::read_to_string(&unimplemented).expect("log of unimplemented"),
+        "cudnnGetConvolutionForwardWorkspaceSize\n\
+         cudnnGetCTCLossWorkspaceSize_v8\n\
+         cudnnGetConvolutionBackwardDataWorkspaceSizeInternal\n\
+         cudnnPooling4dBackward\n"
+    );
+    let run = Run { output, dir };
+    let dump = dump(&run.log());
+    let events = events(&dump);
+    let sizes =
+        |list: Vec<&serde_json::Value>| list.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>();
+    // The handle (made through ops_infer) takes cuDNN's own memory through the driver, as
+    // libcudnn.so.8's does, and gives it back at cudnnDestroy.
+    assert_eq!(
+        sizes(select(&events, "alloc", "cuMemAlloc_v2")),
+        vec![25_344, 4]
+    );
+    assert_eq!(sizes(select(&events, "alloc", "cuMemHostAlloc")), vec![4]);
+    assert_eq!(select(&events, "free", "cuMemFree_v2").len(), 2);
+    assert_eq!(select(&events, "free", "cuMemFreeHost").len(), 1);
+    assert_eq!(
+        sizes(select(&events, "alloc", "cudaMalloc")),
+        vec![4 * MIB, 4 * MIB, 147_456]
+    );
+    assert_eq!(select(&events, "free", "cudaFree").len(), 3);
+
+    // The same program linked against libcudnn.so.8: the same lines, less the sub-libraries'
+    // own functions.
+    let exe_main = build_cudnn8_program(&run.dir, false);
+    let output = Command::new(&exe_main)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run cudnn8_main");
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        cudnn8_program_output(false)
+    );
+
+    // Under dryrun, with no library path: the sub-libraries are among the fakes it preloads.
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let output = Command::new(vramshim_tool())
+        .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
+        .arg(run.dir.join("dryrun-%p.vlog"))
+        .arg("--")
+        .arg(&exe)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // The program's stdout went to stderr (stdout carries the verdict).
+    assert_eq!(stderr, cudnn8_program_output(true));
+    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(verdict["fits"], true, "{verdict}");
+    let device = &verdict["devices"][0];
+    // Two 4 MiB buffers, the 144 KiB filter and the handle's 25,344 + 4 bytes.
+    let peak = 8 * MIB + 147_456 + 25_348;
+    assert_eq!(u64_of(device, "peak_recorded"), peak, "{verdict}");
+    assert_eq!(
+        u64_of(device, "peak_used"),
+        peak + u64_of(&verdict["gpu"], "context_bytes"),
+        "{verdict}"
+    );
+}
+
 /// Runs `host_bound` (16 MiB copies into 128 MiB of fake device memory) with
 /// `VRAMSHIM_FAKEGPU_HOST_BYTES=bound`: (exit code, stdout, stderr).
 fn run_host_bound(exe: &Path, bound: &str) -> (Option<i32>, String, String) {

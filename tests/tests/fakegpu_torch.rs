@@ -14,8 +14,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::torch::{
-    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, TORCH_FAKES_CUDA121, repo,
-    rounded_async_peak,
+    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, TORCH_FAKES_CUDA121, preload_of,
+    repo, rounded_async_peak,
 };
 use common::*;
 use serde_json::Value;
@@ -65,9 +65,22 @@ const CUDA12_OLD: Release = Release {
 
 const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
 
+/// cuDNN 8's sub-libraries, which the real libcudnn.so.8 dlopens and torch 2.1 – 2.3 itself
+/// dlopens (libcudnn_cnn_infer.so.8, before a fused convolution); the fakes forward them to
+/// the fake libcudnn.so.8.
+const CUDNN8_SUBLIBS: [&str; 6] = [
+    "libcudnn_ops_infer.so.8",
+    "libcudnn_ops_train.so.8",
+    "libcudnn_cnn_infer.so.8",
+    "libcudnn_cnn_train.so.8",
+    "libcudnn_adv_infer.so.8",
+    "libcudnn_adv_train.so.8",
+];
+
 /// torch 2.3.1+cu121: the newest release built with cuDNN 8 (8.9.2), which it links as
 /// libcudnn.so.8; tested for the cuDNN 8 fake and the tensor history (its exception names
-/// predate the other tests' scripts).
+/// predate the other tests' scripts). The sub-libraries are preloaded after libcudnn.so.8, as
+/// `vramshim dryrun` preloads them.
 const CUDNN8: Release = Release {
     version: "2.3.1",
     cuda: "12.1",
@@ -78,6 +91,12 @@ const CUDNN8: Release = Release {
         "libcublas.so.12",
         "libcublasLt.so.12",
         "libcudnn.so.8",
+        CUDNN8_SUBLIBS[0],
+        CUDNN8_SUBLIBS[1],
+        CUDNN8_SUBLIBS[2],
+        CUDNN8_SUBLIBS[3],
+        CUDNN8_SUBLIBS[4],
+        CUDNN8_SUBLIBS[5],
         "libnccl.so.2",
         "libnvidia-ml.so.1",
         "libcusparse.so.12",
@@ -2586,6 +2605,93 @@ fn trains_through_the_fake_cudnn_8(torch: &Torch) {
         assert_eq!(step[1], step[0] + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE), "{r}");
     }
     assert_log_is_torchs(&run, (16, 0, 170 * MIB));
+}
+
+/// torch 2.1.2 with cuDNN 8's sub-libraries present: three ResNet training steps (forward and
+/// backward through the fake cuDNN) decide as torch did without them (the same segments and
+/// peak, the log replaying to torch's counters, the driver's used bytes torch's reserved bytes
+/// plus the handles' memory), then the fused convolution + add + ReLU finds
+/// libcudnn_cnn_infer.so.8 (the preloaded fake, by its SONAME) where torch dlopens it, with no
+/// warning. Without the sub-libraries (neither preloaded nor on the library path) the same
+/// fused call warns that cnn_infer could not be opened: what the first run's check tells apart.
+#[test]
+fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
+    let Some(python) = install(&CUDNN8_TORCH21) else {
+        return;
+    };
+    let torch = Torch {
+        release: &CUDNN8_TORCH21,
+        python,
+    };
+    // As /proc/self/maps names files: symbolic links resolved.
+    let lib = Path::new(vramshim_fakegpu::LIB_DIR)
+        .canonicalize()
+        .expect("fake library directory");
+    let run = run_cudnn(&torch, "resnet_fused", 80 << 30, &[]);
+    let r = &run.result;
+    let steps = pairs(&r["steps"]);
+    assert_eq!(steps.len(), 3, "{r}");
+    for step in &steps {
+        assert_eq!(step[1], step[0] + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE), "{r}");
+    }
+    assert_log_is_torchs(&run, (16, 0, 170 * MIB));
+    assert_eq!(r["fused"], serde_json::json!([2, 8, 16, 16]), "{r}");
+    assert_eq!(r["warnings"], serde_json::json!([]), "{r}");
+    let mut mapped: Vec<String> = std::iter::once("libcudnn.so.8")
+        .chain(CUDNN8_SUBLIBS)
+        .map(|soname| lib.join(soname).display().to_string())
+        .collect();
+    mapped.sort();
+    assert_eq!(r["mapped"], serde_json::json!(mapped), "{r}");
+
+    // The control: a library path holding every fake but the sub-libraries.
+    let dir = scratch("torch-2.1.2-no-sublibs");
+    let bare = dir.join("lib");
+    std::fs::create_dir_all(&bare).expect("scratch lib");
+    for entry in std::fs::read_dir(&lib).expect("fakes") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if !CUDNN8_SUBLIBS.contains(&name.as_str()) {
+            std::os::unix::fs::symlink(&path, bare.join(&name)).expect("symlink");
+        }
+    }
+    let preload: Vec<&str> = CUDNN8_TORCH21
+        .fakes
+        .iter()
+        .copied()
+        .filter(|soname| !CUDNN8_SUBLIBS.contains(soname))
+        .collect();
+    let preload = preload_of(&preload);
+    let run = run_torch_script(
+        &torch,
+        "torch_cudnn.py",
+        "fused",
+        80 << 30,
+        &[
+            ("LD_PRELOAD", preload.as_str()),
+            ("LD_LIBRARY_PATH", bare.to_str().expect("UTF-8 path")),
+        ],
+        false,
+    );
+    let r = &run.result;
+    assert_eq!(r["fused"], serde_json::json!([2, 8, 16, 16]), "{r}");
+    let warnings = r["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "{r}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .is_some_and(|w| w.starts_with("Attempt to open cnn_infer failed")),
+        "{r}"
+    );
+    assert_eq!(
+        r["mapped"],
+        serde_json::json!([lib.join("libcudnn.so.8").display().to_string()]),
+        "{r}"
+    );
 }
 
 /// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend

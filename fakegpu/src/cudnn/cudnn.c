@@ -1,5 +1,6 @@
 /* The fake cuDNN 9 (libcudnn.so.9), and cuDNN 8 (libcudnn.so.8, the same sources built with
- * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older): version queries, handles and their streams, error
+ * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older; its six sub-libraries forward to it): version
+ * queries, handles and their streams, error
  * strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
  * compute functions that complete at once in noop.txt. */
 #include <stddef.h>
@@ -48,6 +49,18 @@ struct cudnn_handle {
 FG_EXPORT size_t cudnnGetVersion(void) { return FG_CUDNN_VERSION; }
 FG_EXPORT size_t cudnnGetCudartVersion(void) { return FG_CUDNN_CUDART; }
 FG_EXPORT size_t cudnnGetMaxDeviceVersion(void) { return 1200; }
+
+#if FG_SONAME_MAJOR == 8
+/* Each sub-library's check that it is the same release as libcudnn.so.8 (the real ones return
+ * CUDNN_STATUS_VERSION_MISMATCH otherwise). The fake sub-libraries forward these to the fake
+ * libcudnn.so.8 (fakegpu/build.py's FORWARDS), which is always their own release. */
+FG_EXPORT cudnnStatus_t cudnnOpsInferVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnOpsTrainVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnCnnInferVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnCnnTrainVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnAdvInferVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnAdvTrainVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+#endif
 
 FG_EXPORT cudnnStatus_t cudnnGetProperty(int type, int *value)
 {
