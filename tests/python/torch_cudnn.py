@@ -106,33 +106,40 @@ def resnet_trace():
 
 
 def fused_conv_add_relu():
-    """torch's fused convolution + add + bias + ReLU (cuDNN 8's runtime fusion), under
-    warnings recorded: on cuDNN 8 torch first dlopens libcudnn_cnn_infer.so.8 and warns when it
-    cannot. Its output shape, the warnings, and the libcudnn files mapped afterwards."""
+    """torch's fused convolution + add + bias + ReLU (cuDNN 8's runtime fusion): its output
+    shape."""
+    x = torch.randn(2, 8, 16, 16, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    z = torch.randn(2, 8, 16, 16, device="cuda")
+    bias = torch.randn(8, device="cuda")
+    y = torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, [1, 1], [1, 1], [1, 1], 1)
+    torch.cuda.synchronize()
+    return list(y.shape)
+
+
+def with_warnings(work):
+    """Runs `work` with every warning recorded (on cuDNN 8 torch dlopens
+    libcudnn_cnn_infer.so.8 at its first convolution and warns when it cannot): what it
+    returned, the warnings, and the libcudnn files mapped afterwards."""
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        x = torch.randn(2, 8, 16, 16, device="cuda")
-        w = torch.randn(8, 8, 3, 3, device="cuda")
-        z = torch.randn(2, 8, 16, 16, device="cuda")
-        bias = torch.randn(8, device="cuda")
-        y = torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, [1, 1], [1, 1], [1, 1], 1)
-        torch.cuda.synchronize()
+        result = work()
     with open("/proc/self/maps") as maps:
         mapped = sorted({line.split()[-1] for line in maps if "/libcudnn" in line})
-    return {"fused": list(y.shape), "warnings": [str(c.message) for c in caught],
-            "mapped": mapped}
+    return result, {"warnings": [str(c.message) for c in caught], "mapped": mapped}
 
 
 def fused():
     """The fused convolution alone."""
-    print(json.dumps({"mode": "fused", **fused_conv_add_relu(), **stats()}))
+    shape, seen = with_warnings(fused_conv_add_relu)
+    print(json.dumps({"mode": "fused", "fused": shape, **seen, **stats()}))
 
 
 def resnet_fused():
     """Three ResNet training steps, then the fused convolution."""
-    steps = resnet_steps(3)
-    print(json.dumps({"mode": "resnet_fused", "steps": steps, **fused_conv_add_relu(),
+    (steps, shape), seen = with_warnings(lambda: (resnet_steps(3), fused_conv_add_relu()))
+    print(json.dumps({"mode": "resnet_fused", "steps": steps, "fused": shape, **seen,
                       **stats()}))
 
 

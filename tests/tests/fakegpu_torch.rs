@@ -66,8 +66,8 @@ const CUDA12_OLD: Release = Release {
 const RELEASES: [&Release; 3] = [&CURRENT, &CUDA12, &CUDA12_OLD];
 
 /// cuDNN 8's sub-libraries, which the real libcudnn.so.8 dlopens and torch 2.1 – 2.3 itself
-/// dlopens (libcudnn_cnn_infer.so.8, before a fused convolution); the fakes forward them to
-/// the fake libcudnn.so.8.
+/// dlopens (libcudnn_cnn_infer.so.8, at the first convolution); the fakes forward them to the
+/// fake libcudnn.so.8.
 const CUDNN8_SUBLIBS: [&str; 6] = [
     "libcudnn_ops_infer.so.8",
     "libcudnn_ops_train.so.8",
@@ -2610,10 +2610,11 @@ fn trains_through_the_fake_cudnn_8(torch: &Torch) {
 /// torch 2.1.2 with cuDNN 8's sub-libraries present: three ResNet training steps (forward and
 /// backward through the fake cuDNN) decide as torch did without them (the same segments and
 /// peak, the log replaying to torch's counters, the driver's used bytes torch's reserved bytes
-/// plus the handles' memory), then the fused convolution + add + ReLU finds
-/// libcudnn_cnn_infer.so.8 (the preloaded fake, by its SONAME) where torch dlopens it, with no
-/// warning. Without the sub-libraries (neither preloaded nor on the library path) the same
-/// fused call warns that cnn_infer could not be opened: what the first run's check tells apart.
+/// plus the handles' memory), and a fused convolution + add + ReLU runs; torch's `dlopen` of
+/// libcudnn_cnn_infer.so.8 at its first convolution finds the preloaded fake by its SONAME:
+/// no warning in the whole run. Without the sub-libraries (neither preloaded nor on the library
+/// path) the fused convolution alone warns that cnn_infer could not be opened: what the first
+/// run's check tells apart.
 #[test]
 fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
     let Some(python) = install(&CUDNN8_TORCH21) else {
