@@ -111,7 +111,8 @@ const CUDNN8: Release = Release {
 };
 
 /// torch 2.2.2+cu121: cuDNN 8.9.2 as well, linked as libcudnn.so.8 alone (torch itself
-/// `dlopen`s libcudnn_cnn_infer.so.8 only to warn when it is missing); the same fakes as 2.3.1.
+/// `dlopen`s libcudnn_cnn_infer.so.8 at its first convolution, and warns where it is missing);
+/// the same fakes as 2.3.1.
 const CUDNN8_TORCH22: Release = Release {
     version: "2.2.2",
     ..CUDNN8
