@@ -2615,7 +2615,7 @@ fn trains_through_the_fake_cudnn_8(torch: &Torch) {
 /// libcudnn_cnn_infer.so.8 at its first convolution finds the preloaded fake by its SONAME:
 /// no warning in the whole run. Without the sub-libraries (neither preloaded nor on the library
 /// path) the fused convolution alone warns that cnn_infer could not be opened: what the first
-/// run's check tells apart.
+/// run's check tells apart. The same under `vramshim dryrun`, judged by its verdict.
 #[test]
 fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
     let Some(python) = install(&CUDNN8_TORCH21) else {
@@ -2645,6 +2645,27 @@ fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
         .collect();
     mapped.sort();
     assert_eq!(r["mapped"], serde_json::json!(mapped), "{r}");
+
+    // Under `vramshim dryrun`, which preloads every fake (the sub-libraries after
+    // libcudnn.so.8): no warning either, and the verdict's peak is torch's reserved bytes, the
+    // handles, and the H200's measured context and first kernel.
+    let (v, r) = dryrun_h200(
+        &torch,
+        "torch-2.1.2-dryrun-sublibs",
+        "torch_cudnn.py",
+        "resnet_fused",
+        &[],
+    );
+    assert_eq!(r["warnings"], serde_json::json!([]), "{r}");
+    assert_eq!(u64_of(&r, "reserved_bytes_peak"), 170 * MIB, "{r}");
+    let (context, kernels) = (552_402_944, 96_468_992);
+    let expected = 170 * MIB + context + kernels + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
+    for step in pairs(&r["steps"]) {
+        assert_eq!(step, vec![170 * MIB, expected], "{r}");
+    }
+    let device = &arr(&v["devices"])[0];
+    assert_eq!(u64_of(device, "peak_used"), expected, "{v}");
+    assert_eq!(v["fits"], true, "{v}");
 
     // The control: a library path holding every fake but the sub-libraries.
     let dir = scratch("torch-2.1.2-no-sublibs");
