@@ -1,7 +1,6 @@
 /* The fake cuDNN 9 (libcudnn.so.9), and cuDNN 8 (libcudnn.so.8, the same sources built with
  * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older; its six sub-libraries forward to it): version
- * queries, handles and their streams, error
- * strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
+ * queries, handles and their streams, error strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
  * compute functions that complete at once in noop.txt. */
 #include <stddef.h>
 #include <stdlib.h>
