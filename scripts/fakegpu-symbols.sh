@@ -30,7 +30,8 @@ CU12=(
     # libnvToolsExt.so.1, which torch 2.4 and older link (12.9's wheel has only NVTX 3's
     # interop library).
     nvidia-nvtx-cu12==12.1.105
-    # cuDNN 8 (libcudnn.so.8), which torch 2.3 and older link: the release torch 2.3 pins.
+    # cuDNN 8 (libcudnn.so.8 and its six sub-libraries), which torch 2.3 and older link: the
+    # release torch 2.3 pins.
     nvidia-cudnn-cu12==8.9.2.26
 )
 # Debian suite holding the newest driver packages.
