@@ -3,9 +3,11 @@
  * and each process holding memory is listed; without one this process is the only one on each
  * device and holds everything in use (PyTorch's out-of-memory message reads "this process has
  * ... in use" from here). A card in MIG mode (VRAMSHIM_FAKEGPU_MIG) has the MIG devices the
- * driver's layout gives it: MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex) answer for
- * each (its name, "MIG-" UUID, memory, GPU and compute instance ids, processes), GPU handles for
- * the whole card (its name and memory, the bytes in use over its MIG devices). */
+ * driver's layout gives it: MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex, one per
+ * compute instance) answer for each (its name, "MIG-" UUID, its GPU instance's memory, GPU and
+ * compute instance ids, processes), GPU handles for the whole card (its name and memory, the
+ * bytes in use over its GPU instances). GPU and compute instances can be created and destroyed
+ * here, in this process's view only (see the MIG state below). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdbool.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fakegpu_fork.h"
 #include "fakegpu_mig.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
@@ -212,6 +215,27 @@ static void load_mig(void)
     }
 }
 
+/* mig_lock is held while calling the driver (the bytes in use on a GPU instance), so it is
+ * taken before the driver's locks across fork, as libcudart's is: this library's constructor
+ * runs after the driver's (it links it), and prepare handlers run in reverse order of
+ * registration (fakegpu_fork.h). */
+static struct fg_fork_state fork_state;
+static void before_fork(void)
+{
+    fg_fork_begin(&fork_state);
+    fg_fork_take(&fork_state, &mig_lock);
+}
+static void after_fork_parent(void) { fg_fork_release_parent(&fork_state, &mig_lock); }
+static void after_fork_child(void)
+{
+    fg_fork_release_child(&fork_state, &mig_lock);
+    fg_fork_warn_child(&fork_state, "libnvidia-ml");
+}
+__attribute__((constructor)) static void register_fork_handlers(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
 static void lock_mig(void)
 {
     pthread_once(&mig_once, load_mig);
@@ -296,13 +320,15 @@ static struct mig_view mig_view(nvmlDevice_t device)
     v.ci_slices = ci->slices;
     v.unit = gi->unit;
     v.uuid_index = ci->uuid_index;
-    char card_name[200] = "";
-    vramshim_fakegpu_physical_device(gi->card, card_name, sizeof card_name, &major, &minor);
+    char profile[48];
     if (ci->slices == v.gi_slices)
-        snprintf(v.name, sizeof v.name, "%s MIG %s", card_name, gi->name);
+        snprintf(profile, sizeof profile, "%s", gi->name);
     else
-        snprintf(v.name, sizeof v.name, "%s MIG %dc.%s", card_name, ci->slices, gi->name);
+        snprintf(profile, sizeof profile, "%dc.%s", ci->slices, gi->name);
     unlock_mig();
+    char card_name[200] = "";
+    vramshim_fakegpu_physical_device(v.card, card_name, sizeof card_name, &major, &minor);
+    snprintf(v.name, sizeof v.name, "%s MIG %s", card_name, profile);
     v.total = eighth * (unsigned long long)v.eighths;
     v.sms = slice_sms * v.ci_slices;
     return v;
