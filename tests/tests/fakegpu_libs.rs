@@ -2901,3 +2901,81 @@ fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_
         );
     }
 }
+
+/// A fork while another thread is inside an NVML MIG call holding the fake NVML's MIG lock for
+/// longer than a second (`fork_nvml_mig.c`), on `3g.40gb[2c,1c]` with a fresh device ledger: a
+/// victim holding 300,000,000 bytes on the GPU instance is SIGKILLed while a holder process
+/// keeps the ledger file's byte-0 record lock for 5 s; a thread's `nvmlComputeInstanceDestroy`
+/// then holds the MIG lock (and the driver's ledger mutex) while it waits on that record lock
+/// to learn whether the GPU instance is in use. The main thread forks: the fork returns after a
+/// second of tries per busy library lock (NVML's, then the driver's), the call still blocked;
+/// the child says so once per library and its own NVML MIG calls answer (MIG device 0, its
+/// name); the parent's call returns 0 once the holder lets go (the victim's bytes given back:
+/// nothing in use). Without NVML's fork handler the child hung on the MIG lock (`timeout`: 124).
+#[test]
+fn a_fork_while_an_nvml_mig_call_holds_its_lock_leaves_the_child_a_usable_nvml() {
+    let warning = |library: &str| {
+        format!(
+            "vramshim fakegpu: {library}: forked while a fake lock was busy (another thread held \
+             it past a second, or the fork came from a signal handler inside a fake call): made \
+             anew in the child, whose fake GPU state may be inconsistent\n"
+        )
+    };
+    let dir = scratch("fakegpu-fork-nvml-mig");
+    let exe = build_program(&dir, "fork_nvml_mig", 13);
+    let output = Command::new("timeout")
+        .arg("60")
+        .arg(&exe)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (40u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CARD_MEMORY", (80u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_SMS", "42")
+        .env("VRAMSHIM_FAKEGPU_NAME", "NVIDIA A100-SXM4-80GB MIG 3g.40gb")
+        .env("VRAMSHIM_FAKEGPU_MIG", "3g.40gb[2c,1c]")
+        .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+        .env_remove("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("run fork_nvml_mig");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    // The child is the only process that made locks anew: one line per library (child
+    // handlers run in the order they were registered: the driver's first).
+    assert_eq!(
+        stderr,
+        format!(
+            "{}{}",
+            warning("libcuda.so.1"),
+            warning("libnvidia-ml.so.1")
+        ),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 7, "{stdout}");
+    assert_eq!(
+        lines[..5],
+        [
+            "nvml init=0 gpu rc=0 gi rc=0 1c rc=0 n=1",
+            "victim killed: yes",
+            "destroy blocked: yes",
+            "child mig 0 rc=0 name rc=0 NVIDIA A100-SXM4-80GB MIG 2c.3g.40gb",
+            "child exit=0",
+        ],
+        "{stdout}"
+    );
+    let fork_ms: u64 = lines[5]
+        .strip_prefix("fork took ")
+        .and_then(|rest| rest.strip_suffix(" ms, destroy still blocked: yes"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // A second of tries on NVML's MIG lock, a second on the driver's ledger mutex (each
+    // library's handler waits for its own), well before the holder's 5 s are over.
+    assert!((2000..4000).contains(&fork_ms), "{stdout}");
+    let destroy_ms: u64 = lines[6]
+        .strip_prefix("destroy rc=0 after ")
+        .and_then(|rest| rest.strip_suffix(" ms"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!((5000..15_000).contains(&destroy_ms), "{stdout}");
+}

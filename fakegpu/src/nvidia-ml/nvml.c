@@ -229,7 +229,7 @@ static void after_fork_parent(void) { fg_fork_release_parent(&fork_state, &mig_l
 static void after_fork_child(void)
 {
     fg_fork_release_child(&fork_state, &mig_lock);
-    fg_fork_warn_child(&fork_state, "libnvidia-ml");
+    fg_fork_warn_child(&fork_state, "libnvidia-ml.so.1");
 }
 __attribute__((constructor)) static void register_fork_handlers(void)
 {
