@@ -4,7 +4,8 @@
  * and compute instance ids, memory, attributes) and the GPU used bytes.
  * argv[1] "hold": 100 MiB allocated on device 0, a line said, and the process waits until its
  * stdin closes. argv[1] "manage": NVML's create/destroy calls on card 0 with their return codes,
- * and the MIG devices after each step; card 1 (out of MIG mode) refuses. argv[1] "busy": the
+ * the placements and remaining capacity of the profiles, and the MIG devices after each step;
+ * card 1 (out of MIG mode) refuses. argv[1] "busy": the
  * destroy calls on card 0's GPU instance 1 while memory is in use on it. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -187,6 +188,43 @@ static void gpu_instance(const char *what, void *gpu, void *gi)
     printf("\n");
 }
 
+/* The placements and remaining capacity of GPU-instance profiles (driver ids) on GPU. */
+static void capacity(void *gpu)
+{
+    static const unsigned ids[] = {19, 20, 15, 14, 9, 5, 0};
+    printf("capacity");
+    for (unsigned i = 0; i < sizeof ids / sizeof *ids; i++) {
+        nvml_placement at[8];
+        unsigned n = 0, left = 99;
+        int rc = f("nvmlDeviceGetGpuInstancePossiblePlacements_v2")(gpu, ids[i], at, &n);
+        int left_rc = f("nvmlDeviceGetGpuInstanceRemainingCapacity")(gpu, ids[i], &left);
+        printf(" %u:rc=%d,left=%u(rc=%d),at=", ids[i], rc, left, left_rc);
+        for (unsigned k = 0; k < n; k++)
+            printf("%s%u+%u", k ? "/" : "", at[k].start, at[k].size);
+    }
+    printf("\n");
+}
+
+/* The same for compute-instance profiles 0 - 4 of GPU instance GI. */
+static void ci_capacity(const char *what, void *gi)
+{
+    printf("%s ci capacity", what);
+    for (unsigned p = 0; p < 5; p++) {
+        nvml_placement at[8];
+        unsigned n = 0, left = 99;
+        int rc = f("nvmlGpuInstanceGetComputeInstancePossiblePlacements")(gi, p, at, &n);
+        int left_rc = f("nvmlGpuInstanceGetComputeInstanceRemainingCapacity")(gi, p, &left);
+        if (rc) {
+            printf(" %u:rc=%d", p, rc);
+            continue;
+        }
+        printf(" %u:left=%u(rc=%d),at=", p, left, left_rc);
+        for (unsigned k = 0; k < n; k++)
+            printf("%s%u+%u", k ? "/" : "", at[k].start, at[k].size);
+    }
+    printf("\n");
+}
+
 static int manage(void)
 {
     nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
@@ -213,6 +251,8 @@ static int manage(void)
     gpu_instance("gi 13", gpu, gi13);
     f("nvmlDeviceGetGpuInstanceById")(gpu, 1u, &gi1);
     gpu_instance("gi 1", gpu, gi1);
+    capacity(gpu);
+    ci_capacity("gi 1", gi1);
 
     /* Compute-instance profiles of the 3g instance. */
     printf("ci profiles");
@@ -249,6 +289,7 @@ static int manage(void)
     printf(" again rc=%d", f("nvmlGpuInstanceDestroy")(gi1));
     printf(" by id rc=%d\n", f("nvmlDeviceGetGpuInstanceById")(gpu, 1u, &gi));
     mig_devices(0, gpu);
+    capacity(gpu);
 
     /* Creating GPU instances: +me (one a card), placements, then a 3g where the old one was. */
     nvml_placement at4 = {4, 4}, at2 = {2, 4}, size2 = {0, 2};
@@ -277,6 +318,14 @@ static int manage(void)
     printf(" 3c rc=%d 4c rc=%d\n", f("nvmlGpuInstanceCreateComputeInstance")(created, 2u, &gi),
            f("nvmlGpuInstanceCreateComputeInstance")(created, 3u, &gi));
     gpu_instance("created", gpu, created);
+    ci_capacity("created", created);
+    void *by_id = NULL;
+    nvml_ci_info by_id_info = {0};
+    rc = f("nvmlGpuInstanceGetComputeInstanceById")(created, 1u, &by_id);
+    f("nvmlComputeInstanceGetInfo_v2")(by_id, &by_id_info);
+    printf("ci by id 1 rc=%d id=%u at=%u+%u", rc, by_id_info.id, by_id_info.placement.start,
+           by_id_info.placement.size);
+    printf(" 5 rc=%d\n", f("nvmlGpuInstanceGetComputeInstanceById")(created, 5u, &gi));
     mig_devices(0, gpu);
     printf("destroy gi rc=%d\n", f("nvmlGpuInstanceDestroy")(created));
 

@@ -2710,7 +2710,9 @@ fn compute_instances_output(seen: usize, count: u32, held: u64) -> String {
 /// ledger (100 MiB held on the 2c lowers the 1c's `cudaMemGetInfo` and nothing on the 2g
 /// instance), and NVML refuses to destroy a compute instance or GPU instance in use (19) until
 /// the holder has gone. NVML's create/destroy calls: the +me profile (driver id 20, one a card),
-/// compute-instance profiles of a 3g instance, every documented refusal (no room 23, in use 19,
+/// compute-instance profiles of a 3g instance, the possible placements and remaining capacity
+/// of every GPU-instance and compute-instance profile (before and after), every documented
+/// refusal (no room 23, in use 19,
 /// bad placement or profile 2, a profile larger than the instance 3, MIG mode off 3, a stale
 /// handle 2, before nvmlInit 1) and a round trip (destroy the 3g instance, create one where it
 /// was with two 1c compute instances: new MIG devices with the next UUIDs), seen by this
@@ -2813,12 +2815,22 @@ fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_
          at=0+1 same=1] 1:rc=3 2:rc=3 3:rc=3 4:rc=3\n\
          gi 1 info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0:[rc=0 id=1 profile=0 at=2+1 \
          same=1] 1:[rc=0 id=0 profile=1 at=0+2 same=1] 2: 3:rc=3 4:rc=3\n\
+         capacity 19:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         20:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         15:rc=0,left=0(rc=0),at=0+2/2+2/4+2/6+2 14:rc=0,left=0(rc=0),at=0+2/2+2/4+2 \
+         9:rc=0,left=0(rc=0),at=0+4/4+4 5:rc=0,left=0(rc=0),at=0+4 0:rc=0,left=0(rc=0),at=0+8\n\
+         gi 1 ci capacity 0:left=0(rc=0),at=0+1/1+1/2+1 1:left=0(rc=0),at=0+2 \
+         2:left=0(rc=0),at=0+3 3:rc=3 4:rc=3\n\
          ci profiles 0:rc=0,id=0,slices=1,instances=3,sms=14 \
          1:rc=0,id=1,slices=2,instances=1,sms=28 2:rc=0,id=2,slices=3,instances=1,sms=42 3:rc=3 \
          4:rc=3 5:rc=3 9:rc=2 engine1:rc=2 v2:rc=0,name=MIG 1c.3g.40gb,sms=14 bad-version:rc=2\n\
          full: create 1c rc=23 destroy gi rc=19\n\
          destroy 1c rc=0 again rc=2 2c rc=0 gi rc=0 again rc=2 by id rc=6\n\
          {rest}gpu 0 mig 3 rc=6\n\
+         capacity 19:rc=0,left=4(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         20:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         15:rc=0,left=2(rc=0),at=0+2/2+2/4+2/6+2 14:rc=0,left=2(rc=0),at=0+2/2+2/4+2 \
+         9:rc=0,left=1(rc=0),at=0+4/4+4 5:rc=0,left=1(rc=0),at=0+4 0:rc=0,left=0(rc=0),at=0+8\n\
          create +me rc=23 3g at 4 rc=23 at 2 rc=2 size 2 rc=2 profile 6 rc=2 3g rc=0 another \
          rc=23\n\
          created info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0: 1: 2: 3:rc=3 4:rc=3\n\
@@ -2827,6 +2839,9 @@ fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_
          rc=3\n\
          created info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0:[rc=0 id=0 profile=0 \
          at=0+1 same=1],[rc=0 id=1 profile=0 at=2+1 same=1] 1: 2: 3:rc=3 4:rc=3\n\
+         created ci capacity 0:left=1(rc=0),at=0+1/1+1/2+1 1:left=0(rc=0),at=0+2 \
+         2:left=0(rc=0),at=0+3 3:rc=3 4:rc=3\n\
+         ci by id 1 rc=0 id=1 at=2+1 5 rc=6\n\
          {}{}{}{}{}gpu 0 mig 5 rc=6\n\
          destroy gi rc=19\n\
          card 1: create rc=3 profile rc=3 by id rc=3\n",

@@ -789,6 +789,73 @@ FG_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t dev
     return create_gpu_instance(device, profile_id, placement, true, instance);
 }
 
+/* The placements of the profile whose driver id is PROFILE_ID (the guide's, whatever is
+ * placed now): their number, and with PLACEMENTS (large enough, as NVML asks) each one. Cards
+ * out of MIG mode: not supported (the fakes do not model which cards could be in it). */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
+                                                                     unsigned int profile_id,
+                                                                     nvml_placement *placements,
+                                                                     unsigned int *count)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !count)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    if (!in_mig_mode(device->index))
+        return NVML_ERROR_NOT_SUPPORTED;
+    int p = gi_profile_by_id(profile_id);
+    if (p < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int starts[8], n = gi_starts(p, starts);
+    for (int i = 0; placements && i < n; i++)
+        placements[i] = (nvml_placement){(unsigned)starts[i], gi_profiles[p].eighths};
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device,
+                                                                  unsigned int profile_id,
+                                                                  nvml_placement *placements,
+                                                                  unsigned int *count)
+{
+    return nvmlDeviceGetGpuInstancePossiblePlacements_v2(device, profile_id, placements, count);
+}
+
+/* How many more GPU instances of the profile whose driver id is PROFILE_ID fit now: its free
+ * placements (a profile's placements do not overlap one another), within the card's compute
+ * slices left and, for +me, its one set of media extensions. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
+                                                                 unsigned int profile_id,
+                                                                 unsigned int *count)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !count)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    if (!in_mig_mode(device->index))
+        return NVML_ERROR_NOT_SUPPORTED;
+    int p = gi_profile_by_id(profile_id);
+    if (p < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int starts[8], n = gi_starts(p, starts);
+    unsigned taken = 0;
+    int compute = 0, media = 0, free_placements = 0;
+    lock_mig();
+    const struct nvml_gi *card = gpu_instances[device->index];
+    for (int g = 0; g < MAX_GI_IDS; g++)
+        if (card[g].live && card[g].profile >= 0) {
+            taken |= ((1u << gi_profiles[card[g].profile].eighths) - 1) << card[g].start;
+            compute += (int)gi_profiles[card[g].profile].slices;
+            media += (int)gi_profiles[card[g].profile].media;
+        }
+    unlock_mig();
+    for (int i = 0; i < n; i++)
+        free_placements += !(taken & (((1u << gi_profiles[p].eighths) - 1) << starts[i]));
+    int fit = (7 - compute) / (int)gi_profiles[p].slices;
+    if (gi_profiles[p].media)
+        fit = fit < 1 - media ? fit : 1 - media;
+    *count = (unsigned)(free_placements < fit ? free_placements : fit);
+    return NVML_SUCCESS;
+}
+
 /* In use: memory held on its GPU instance by any process (the ledger knows memory per GPU
  * instance, not which compute instance a process runs on). */
 static bool memory_in_use(const struct nvml_gi *gi)
@@ -1005,6 +1072,65 @@ FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(struct nvml_gi *gi,
             instances[n++] = &gi->ci[c];
     unlock_mig();
     *count = n;
+    return NVML_SUCCESS;
+}
+
+/* The placements of compute-instance profile PROFILE_ID within GPU instance GI (see
+ * place_compute in the driver's config.c), and how many more of it fit now (its placements do
+ * not overlap one another). */
+FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+    struct nvml_gi *gi, unsigned int profile_id, nvml_placement *placements, unsigned int *count)
+{
+    nvmlComputeInstanceProfileInfo_t info;
+    nvmlReturn_t rc = ci_profile_info(gi, profile_id, 0, &info, NULL, 0);
+    if (rc)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned step = info.slices == 3 ? 4 : info.slices;
+    for (unsigned i = 0; placements && i < info.instances; i++)
+        placements[i] = (nvml_placement){i * step, info.slices};
+    *count = info.instances;
+    return NVML_SUCCESS;
+}
+
+FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(struct nvml_gi *gi,
+                                                                          unsigned int profile_id,
+                                                                          unsigned int *count)
+{
+    nvmlComputeInstanceProfileInfo_t info;
+    nvmlReturn_t rc = ci_profile_info(gi, profile_id, 0, &info, NULL, 0);
+    if (rc)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned step = info.slices == 3 ? 4 : info.slices, taken = 0, free_placements = 0;
+    lock_mig();
+    for (int c = 0; live_gi(gi) && c < MAX_CI_IDS; c++)
+        if (gi->ci[c].live)
+            taken |= ((1u << gi->ci[c].slices) - 1) << gi->ci[c].start;
+    unlock_mig();
+    for (unsigned i = 0; i < info.instances; i++)
+        free_placements += !(taken & (((1u << info.slices) - 1) << (i * step)));
+    *count = free_placements;
+    return NVML_SUCCESS;
+}
+
+/* The compute instance with id ID in GPU instance GI. */
+FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(struct nvml_gi *gi, unsigned int id,
+                                                             struct nvml_ci **instance)
+{
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_UNINITIALIZED;
+    lock_mig();
+    bool live = live_gi(gi);
+    bool found = live && id < MAX_CI_IDS && gi->ci[id].live;
+    unlock_mig();
+    if (!live || !instance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!found)
+        return NVML_ERROR_NOT_FOUND;
+    *instance = &gi->ci[id];
     return NVML_SUCCESS;
 }
 
