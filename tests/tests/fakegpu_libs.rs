@@ -1828,7 +1828,7 @@ fn layout_output(
 /// cards out of MIG mode and one MIG device: unset, card 0's first beside card 1; a `MIG-` UUID
 /// its device; an index its card's first MIG device, which ends the list; an ambiguous prefix
 /// none. NVML: the guide's GPU-instance profiles on a MIG card (driver ids, placements, SMs,
-/// MB, how many the card holds; +me and any card out of MIG mode: 3), each MIG device's
+/// MB, how many the card holds, +me among them; a card out of MIG mode: 3), each MIG device's
 /// attributes and GPU instance (by id: its id, profile id, placement). With a device ledger a
 /// second process on another MIG device of the card counts on that one only. Layouts a card
 /// cannot hold are refused with the reason, and CUDA and NVML do not start.

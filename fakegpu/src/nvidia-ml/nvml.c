@@ -269,16 +269,25 @@ static bool in_mig_mode(int index)
     return index >= 0 && index < 64 && card_in_mig[index];
 }
 
-/* A MIG device handle of a live compute instance. */
+/* A MIG device handle: a compute instance's handle field, live or not. */
 static bool is_mig_handle(nvmlDevice_t device)
 {
     const char *p = (const char *)device, *first = (const char *)gpu_instances;
-    return device && p >= first && p < first + sizeof gpu_instances;
+    if (!device || p < first || p >= first + sizeof gpu_instances)
+        return false;
+    size_t in_gi = (size_t)(p - first) % sizeof(struct nvml_gi);
+    size_t offset = offsetof(struct nvml_gi, ci) + offsetof(struct nvml_ci, handle);
+    return in_gi >= offset && (in_gi - offset) % sizeof(struct nvml_ci) == 0 &&
+           (in_gi - offset) / sizeof(struct nvml_ci) < MAX_CI_IDS;
 }
 
-/* A GPU handle or a MIG device handle of a live compute instance. */
+/* A GPU handle or a MIG device handle of a live compute instance (any other pointer into the
+ * MIG state, such as a GPU instance handle: invalid). */
 static nvmlReturn_t check_any(nvmlDevice_t device)
 {
+    const char *p = (const char *)device, *first = (const char *)gpu_instances;
+    if (p >= first && p < first + sizeof gpu_instances && !is_mig_handle(device))
+        return NVML_ERROR_INVALID_ARGUMENT;
     if (is_mig_handle(device)) {
         if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
             return NVML_ERROR_UNINITIALIZED;
