@@ -2895,6 +2895,10 @@ fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_
              such as 3g.40gb[2c,1c]",
         ),
         (
+            "3g.40gb[2c,]",
+            "card 0: 3g.40gb: \"\" is not a compute instance such as 1c (compute slices, then c)",
+        ),
+        (
             "2g.20gb[2c;none",
             "card 0: \"2g.20gb[2c\": compute instances are written [<C>c,...] after the profile, \
              such as 3g.40gb[2c,1c]",

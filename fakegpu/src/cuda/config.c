@@ -366,7 +366,7 @@ static bool read_gpu_instance(const char *item, size_t n, struct layout_gi *gi, 
         gi->ci_slices[0] = gi->slices;
         return true;
     }
-    for (const char *c = computes; *c;) {
+    for (const char *c = computes;;) {
         size_t length = strcspn(c, ",");
         unsigned count = 0;
         int used = -1;
@@ -396,7 +396,9 @@ static bool read_gpu_instance(const char *item, size_t n, struct layout_gi *gi, 
             return false;
         }
         gi->ci_slices[gi->ci_count++] = (int)count;
-        c += length + (c[length] == ',');
+        if (c[length] != ',')
+            break;
+        c += length + 1; /* a comma last leaves an empty item: refused above */
     }
     return true;
 }
