@@ -247,6 +247,28 @@ static int manage(void)
            profile.slices, profile.instances, profile.sms, profile.memory_mb);
     rc = f("nvmlDeviceGetGpuInstances")(gpu, profile.id, cis, &n);
     printf(" instances rc=%d n=%u\n", rc, n);
+    /* The versioned query: v2 (a name after v1's fields), v3 (no P2P field, capabilities). */
+    struct {
+        unsigned version, id, p2p, slices, instances, sms, engines[5];
+        unsigned long long memory_mb;
+        char name[96];
+    } gi_v2 = {0};
+    struct {
+        unsigned version, id, slices, instances, sms, engines[5];
+        unsigned long long memory_mb;
+        char name[96];
+        unsigned capabilities;
+    } gi_v3 = {0};
+    gi_v2.version = (unsigned)sizeof gi_v2 | 2u << 24;
+    rc = f("nvmlDeviceGetGpuInstanceProfileInfoV")(gpu, 7u, &gi_v2);
+    printf("profile v2 7 rc=%d id=%u slices=%u instances=%u sms=%u mb=%llu name=%s", rc, gi_v2.id,
+           gi_v2.slices, gi_v2.instances, gi_v2.sms, gi_v2.memory_mb, gi_v2.name);
+    gi_v3.version = (unsigned)sizeof gi_v3 | 3u << 24;
+    rc = f("nvmlDeviceGetGpuInstanceProfileInfoV")(gpu, 4u, &gi_v3);
+    printf(" v3 4 rc=%d id=%u slices=%u instances=%u sms=%u mb=%llu name=%s", rc, gi_v3.id,
+           gi_v3.slices, gi_v3.instances, gi_v3.sms, gi_v3.memory_mb, gi_v3.name);
+    gi_v3.version = 3u << 24;
+    printf(" bad-version rc=%d\n", f("nvmlDeviceGetGpuInstanceProfileInfoV")(gpu, 4u, &gi_v3));
     f("nvmlDeviceGetGpuInstanceById")(gpu, 13u, &gi13);
     gpu_instance("gi 13", gpu, gi13);
     f("nvmlDeviceGetGpuInstanceById")(gpu, 1u, &gi1);

@@ -2710,7 +2710,9 @@ fn compute_instances_output(seen: usize, count: u32, held: u64) -> String {
 /// ledger (100 MiB held on the 2c lowers the 1c's `cudaMemGetInfo` and nothing on the 2g
 /// instance), and NVML refuses to destroy a compute instance or GPU instance in use (19) until
 /// the holder has gone. NVML's create/destroy calls: the +me profile (driver id 20, one a card),
-/// compute-instance profiles of a 3g instance, the possible placements and remaining capacity
+/// `nvmlDeviceGetGpuInstanceProfileInfoV` v2 and v3 (the +me profile's name from the layout,
+/// 7g.80gb's from the guide's table for an 80 GB card), compute-instance profiles of a 3g
+/// instance, the possible placements and remaining capacity
 /// of every GPU-instance and compute-instance profile (before and after), every documented
 /// refusal (no room 23, in use 19,
 /// bad placement or profile 2, a profile larger than the instance 3, MIG mode off 3, a stale
@@ -2811,6 +2813,8 @@ fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_
     let expected = format!(
         "before init create rc=1\n\
          +me profile rc=0 id=20 slices=1 instances=1 sms=14 mb=10240 instances rc=0 n=1\n\
+         profile v2 7 rc=0 id=20 slices=1 instances=1 sms=14 mb=10240 name=MIG 1g.10gb+me v3 4 \
+         rc=0 id=0 slices=7 instances=1 sms=98 mb=81920 name=MIG 7g.80gb bad-version rc=2\n\
          gi 13 info rc=0 id=13 profile=20 placement=6+1 same=1 cis 0:[rc=0 id=0 profile=0 \
          at=0+1 same=1] 1:rc=3 2:rc=3 3:rc=3 4:rc=3\n\
          gi 1 info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0:[rc=0 id=1 profile=0 at=2+1 \

@@ -163,6 +163,29 @@ static int gi_id_of(int eighths, int start)
     return eighths == 8 ? 0 : eighths == 4 ? 1 + start / 4 : eighths == 2 ? 3 + start / 2 : 7 + start;
 }
 
+/* The name of GPU-instance profile P on card CARD (mig_lock held): the layout's for it where
+ * the card has or had an instance of it, else the MIG user guide's, by the card's memory (its
+ * A100 40GB, A100 80GB/H100 and H200 tables: 1g.5gb ... 7g.40gb, 1g.10gb ... 7g.80gb, 1g.18gb
+ * ... 7g.141gb), "+me" after it for the media extensions. */
+static void profile_name(int card, int p, char *out, size_t n)
+{
+    for (int g = 0; g < MAX_GI_IDS; g++)
+        if (gpu_instances[card][g].profile == p && gpu_instances[card][g].name[0]) {
+            snprintf(out, n, "%s", gpu_instances[card][g].name);
+            return;
+        }
+    /* GB figures by shape: 1g of 1/8, 1g of 2/8, 2g, 3g, 4g, 7g. */
+    static const unsigned gb[3][6] = {
+        {5, 10, 10, 20, 20, 40}, {10, 20, 20, 40, 40, 80}, {18, 35, 35, 71, 71, 141}};
+    unsigned long long total = 0, used = 0;
+    vramshim_fakegpu_card(card, &total, &used);
+    int size = total < (48ull << 30) ? 0 : total < (100ull << 30) ? 1 : 2;
+    unsigned slices = gi_profiles[p].slices, eighths = gi_profiles[p].eighths;
+    int shape = slices == 1 ? (eighths == 1 ? 0 : 1) : slices == 2 ? 2 : slices == 3 ? 3
+                : slices == 4 ? 4 : 5;
+    snprintf(out, n, "%ug.%ugb%s", slices, gb[size][shape], gi_profiles[p].media ? "+me" : "");
+}
+
 /* Compute-instance profiles (NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE 0 .. 4_SLICE 3, 7_SLICE 4;
  * their id is the same number, as `nvidia-smi mig -lcip` lists them): compute slices. */
 static const int ci_slices_of[] = {1, 2, 3, 4, 7};
@@ -611,6 +634,57 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, 
     return NVML_SUCCESS;
 }
 
+/* nvmlGpuInstanceProfileInfo_v2_t (a version first, then v1's fields, a name of 96 bytes
+ * last) and _v3_t (v1's without isP2pSupported, the name, then capabilities). */
+typedef struct {
+    unsigned version, id, p2p, slices, instances, sms, copy_engines, decoders, encoders, jpegs,
+        ofas;
+    unsigned long long memory_mb;
+    char name[96];
+} nvml_gi_profile_v2;
+typedef struct {
+    unsigned version, id, slices, instances, sms, copy_engines, decoders, encoders, jpegs, ofas;
+    unsigned long long memory_mb;
+    char name[96];
+    unsigned capabilities;
+} nvml_gi_profile_v3;
+#define GI_PROFILE_V2 ((unsigned)(sizeof(nvml_gi_profile_v2) | (2u << 24)))
+#define GI_PROFILE_V3 ((unsigned)(sizeof(nvml_gi_profile_v3) | (3u << 24)))
+
+/* The versioned one: v2 or v3 (another version: INVALID_ARGUMENT, as NVML documents for
+ * info->version), with the profile's name ("MIG 1g.10gb+me", as `nvidia-smi mig -lgip` shows
+ * it) and no capabilities (P2P, graphics: 0). */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                            void *info)
+{
+    nvmlReturn_t rc = check(device);
+    if (rc || !info)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    unsigned version = *(unsigned *)info;
+    if (version != GI_PROFILE_V2 && version != GI_PROFILE_V3)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlGpuInstanceProfileInfo_t plain;
+    rc = nvmlDeviceGetGpuInstanceProfileInfo(device, profile, &plain);
+    if (rc)
+        return rc;
+    char name[96] = "MIG ";
+    lock_mig();
+    profile_name(device->index, gi_profile(profile), name + 4, sizeof name - 4);
+    unlock_mig();
+    if (version == GI_PROFILE_V2) {
+        nvml_gi_profile_v2 *v2 = info;
+        *v2 = (nvml_gi_profile_v2){version, plain.id, plain.p2p, plain.slices, plain.instances,
+                                   plain.sms, 0, 0, 0, 0, 0, plain.memory_mb, {0}};
+        memcpy(v2->name, name, sizeof name);
+    } else {
+        nvml_gi_profile_v3 *v3 = info;
+        *v3 = (nvml_gi_profile_v3){version, plain.id, plain.slices, plain.instances, plain.sms,
+                                   0, 0, 0, 0, 0, plain.memory_mb, {0}, 0};
+        memcpy(v3->name, name, sizeof name);
+    }
+    return NVML_SUCCESS;
+}
+
 typedef struct {
     unsigned start, size;
 } nvml_placement;
@@ -715,8 +789,7 @@ FG_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(struct nvml_gi *instance, nvmlGpuI
 
 /* Creates a GPU instance of the profile whose driver id is PROFILE_ID on DEVICE, at PLACEMENT
  * or (NULL) the first free one of the guide's, with no compute instance (as the driver does;
- * `nvidia-smi mig -cgi -C` adds them). Its name: the layout's for that profile where it has
- * one, else "<N>g.<GiB>gb". */
+ * `nvidia-smi mig -cgi -C` adds them), named by profile_name. */
 static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned profile_id,
                                         const nvml_placement *placement, bool placed,
                                         struct nvml_gi **instance)
@@ -744,16 +817,14 @@ static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned profile_id
     struct nvml_gi *card = gpu_instances[device->index];
     unsigned taken = 0;
     int compute = 0, media = 0;
-    char name[32] = "";
+    char name[32];
+    profile_name(device->index, p, name, sizeof name);
     for (int g = 0; g < MAX_GI_IDS; g++)
         if (card[g].live && card[g].profile >= 0) {
             taken |= ((1u << gi_profiles[card[g].profile].eighths) - 1) << card[g].start;
             compute += (int)gi_profiles[card[g].profile].slices;
             media += (int)gi_profiles[card[g].profile].media;
         }
-    for (int g = 0; g < MAX_GI_IDS; g++)
-        if (card[g].profile == p && card[g].name[0]) /* a layout's or a created one's */
-            snprintf(name, sizeof name, "%s", card[g].name);
     struct nvml_gi *gi = NULL;
     if (compute + (int)gi_profiles[p].slices <= 7 && media + (int)gi_profiles[p].media <= 1)
         for (int i = 0; i < n && !gi; i++) {
@@ -761,12 +832,6 @@ static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned profile_id
             if (!(taken & mask))
                 gi = &card[gi_id_of((int)gi_profiles[p].eighths, starts[i])];
             if (gi) {
-                char own[32];
-                unsigned long long eighth = 0;
-                int slice_sms;
-                vramshim_fakegpu_mig_slices(&eighth, &slice_sms);
-                snprintf(own, sizeof own, "%ug.%llugb%s", gi_profiles[p].slices,
-                         (eighth * gi_profiles[p].eighths) >> 30, gi_profiles[p].media ? "+me" : "");
                 memset(gi, 0, sizeof *gi);
                 gi->live = true;
                 gi->card = device->index;
@@ -774,7 +839,7 @@ static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned profile_id
                 gi->profile = p;
                 gi->start = starts[i];
                 gi->unit = -1;
-                snprintf(gi->name, sizeof gi->name, "%s", name[0] ? name : own);
+                snprintf(gi->name, sizeof gi->name, "%s", name);
             }
         }
     unlock_mig();
