@@ -293,13 +293,15 @@ const MIG_PLACEMENTS: [(u32, u64, &[u64]); 6] = [
     (7, 8, &[0]),
 ];
 
-/// One MIG device of a [`MigLayout`]: the slice as CUDA shows it, its profile (`3g.40gb`)
-/// and its GPU instance id (by placement, as the driver numbers them).
+/// One MIG device of a [`MigLayout`] (a compute instance of a GPU instance): the device as
+/// CUDA shows it (its GPU instance's memory, its own SMs; named after the profile, `... MIG
+/// 3g.40gb`, `1g.10gb+me`, `1c.3g.40gb` for 1 of a 3g instance's 3 compute slices), its GPU
+/// instance id (by placement, as the driver numbers them) and compute instance id.
 #[derive(Clone, Debug)]
 pub struct MigDevice {
     pub gpu: Gpu,
-    pub profile: String,
     pub gpu_instance: u32,
+    pub compute_instance: u32,
 }
 
 /// The MIG devices of the cards (`dryrun --mig LAYOUT`): each card's in NVML's index order
@@ -337,12 +339,133 @@ fn place(shapes: &[(u32, u64)], k: usize, used: u8, starts: &mut Vec<u64>) -> bo
     false
 }
 
-/// `layout` for `count` cards of the preset `card`: each card's MIG profiles, comma-separated,
-/// cards separated by `;` (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's entry stands for
-/// every card. Refused, with why: a profile the card lacks, more than 7 on a card, a set no
-/// placement of the MIG user guide fits on one card (memory slices, or more than 7 compute
-/// slices), a number of entries other than 1 or `count`, and `none` (a card out of MIG mode
-/// beside MIG ones: the fakes take it, but the verdict judges the one device a process sees).
+/// Where a compute instance of `c` compute slices may start within a GPU instance of
+/// `slices`, as `nvidia-smi mig -lcipp` lists them: multiples of `c` (of 4 for 3) that keep it
+/// inside. Places `computes` from `k` on, `used` the compute slices taken, as the fakes do.
+fn place_compute(computes: &[u32], slices: u32, k: usize, used: u8, starts: &mut Vec<u32>) -> bool {
+    let Some(&c) = computes.get(k) else {
+        return true;
+    };
+    let step = if c == 3 { 4 } else { c };
+    let mut start = 0;
+    while start + c <= slices {
+        let mask = (((1u16 << c) - 1) << start) as u8;
+        if used & mask == 0 {
+            starts.push(start);
+            if place_compute(computes, slices, k + 1, used | mask, starts) {
+                return true;
+            }
+            starts.pop();
+        }
+        start += step;
+    }
+    false
+}
+
+/// A card's entry split at its commas outside brackets (`3g.40gb[2c,1c],1g.10gb`).
+fn layout_items(entry: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0i32, 0);
+    for (at, c) in entry.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth <= 0 => {
+                items.push(&entry[from..at]);
+                from = at + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&entry[from..]);
+    items
+}
+
+/// One GPU instance of a layout: its shape, media extensions, profile name and compute
+/// instances' slices.
+struct LayoutInstance {
+    gpu: Gpu,
+    slices: u32,
+    eighths: u64,
+    profile: String,
+    computes: Vec<u32>,
+}
+
+/// Reads `item` (`<N>g.<M>gb`, `+me`, then `[<C>c,...]`) of card `index`.
+fn layout_instance(card: &Gpu, index: usize, item: &str) -> Result<LayoutInstance, String> {
+    let item = item.trim();
+    let (base, computes) = match item.split_once('[') {
+        Some((base, rest)) => match rest.strip_suffix(']') {
+            Some(inner) if !inner.trim().is_empty() => (base, Some(inner)),
+            _ => {
+                return Err(format!(
+                    "--mig: card {index}: {item:?}: compute instances are written [<C>c,...] \
+                     after the profile, such as 3g.40gb[2c,1c]"
+                ));
+            }
+        },
+        None => (item, None),
+    };
+    let (base, media) = match base.trim().strip_suffix("+me") {
+        Some(base) => (base, true),
+        None => (base, false),
+    };
+    let (mut gpu, slices, eighths) = mig_shape(card, base)?;
+    let mut profile = gpu
+        .name
+        .rsplit_once(" MIG ")
+        .map_or(String::new(), |(_, p)| p.to_owned());
+    if media {
+        if eighths != 1 {
+            return Err(format!(
+                "--mig: card {index}: {profile}+me: media extensions (+me) come with the 1g \
+                 profile of one memory slice only (MIG user guide)"
+            ));
+        }
+        profile.push_str("+me");
+        gpu.name.push_str("+me");
+    }
+    let computes = match computes {
+        None => vec![slices],
+        Some(inner) => {
+            let mut list = Vec::new();
+            for text in inner.split(',') {
+                let c = text
+                    .trim()
+                    .strip_suffix('c')
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .filter(|c| [1, 2, 3, 4, 7].contains(c) && *c <= slices)
+                    .ok_or_else(|| {
+                        format!(
+                            "--mig: card {index}: {profile}: {:?} is not a compute instance it \
+                             can hold (1c, 2c, 3c, 4c or 7c, at most its {slices} compute slices)",
+                            text.trim()
+                        )
+                    })?;
+                list.push(c);
+            }
+            list
+        }
+    };
+    Ok(LayoutInstance {
+        gpu,
+        slices,
+        eighths,
+        profile,
+        computes,
+    })
+}
+
+/// `layout` for `count` cards of the preset `card`: each card's GPU instances (MIG profiles),
+/// comma-separated, cards separated by `;` (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's
+/// entry stands for every card. A profile may take `+me` (the 1g profile of one memory slice,
+/// one a card) and its compute instances in brackets (`3g.40gb[2c,1c]`; none: one filling it):
+/// each compute instance is a MIG device with its own SMs and its GPU instance's memory.
+/// Refused, with why: a profile the card lacks, more than 7 on a card, a set no placement of
+/// the MIG user guide fits on one card (memory slices, or more than 7 compute slices),
+/// compute instances their GPU instance cannot hold, a number of entries other than 1 or
+/// `count`, and `none` (a card out of MIG mode beside MIG ones: the fakes take it, but the
+/// verdict judges the one device a process sees).
 pub fn mig_layout(card: &Gpu, layout: &str, count: u32) -> Result<MigLayout, String> {
     let entries: Vec<&str> = layout.split(';').collect();
     if entries.len() > 1 && entries.len() != count as usize {
@@ -363,38 +486,40 @@ pub fn mig_layout(card: &Gpu, layout: &str, count: u32) -> Result<MigLayout, Str
                  alone take it (VRAMSHIM_FAKEGPU_MIG)"
             ));
         }
-        let mut devices = Vec::new();
-        let mut shapes = Vec::new();
-        for profile in entry.split(',') {
-            if profile.trim().is_empty() {
+        let mut instances = Vec::new();
+        for item in layout_items(entry) {
+            if item.trim().is_empty() {
                 return Err(format!(
                     "--mig: card {index}: an empty profile in {entry:?} (a card's entry is its \
                      MIG profiles, comma-separated; cards are separated by ;)"
                 ));
             }
-            let (gpu, slices, eighths) = mig_shape(card, profile)?;
-            let name = gpu
-                .name
-                .rsplit_once(" MIG ")
-                .map_or(String::new(), |(_, p)| p.to_owned());
-            first.get_or_insert_with(|| gpu.clone());
-            shapes.push((slices, eighths));
-            devices.push(MigDevice {
-                gpu,
-                profile: name,
-                gpu_instance: 0,
-            });
+            let instance = layout_instance(card, index, item)?;
+            first.get_or_insert_with(|| instance.gpu.clone());
+            instances.push(instance);
         }
-        if devices.len() > 7 {
+        if instances.len() > 7 {
             return Err(format!(
                 "--mig: card {index}: {} MIG devices, a card holds 7 at most",
-                devices.len()
+                instances.len()
             ));
         }
+        if instances
+            .iter()
+            .filter(|i| i.profile.ends_with("+me"))
+            .count()
+            > 1
+        {
+            return Err(format!(
+                "--mig: card {index}: more than one +me profile (a card has one set of media \
+                 extensions)"
+            ));
+        }
+        let shapes: Vec<(u32, u64)> = instances.iter().map(|i| (i.slices, i.eighths)).collect();
+        let profiles: Vec<&str> = instances.iter().map(|i| i.profile.as_str()).collect();
         let compute: u32 = shapes.iter().map(|(slices, _)| slices).sum();
         let mut starts = Vec::new();
         if compute > 7 || !place(&shapes, 0, 0, &mut starts) {
-            let profiles: Vec<&str> = devices.iter().map(|d| d.profile.as_str()).collect();
             return Err(if compute > 7 {
                 format!(
                     "--mig: card {index}: {} take {compute} compute slices, a {} has 7",
@@ -410,23 +535,57 @@ pub fn mig_layout(card: &Gpu, layout: &str, count: u32) -> Result<MigLayout, Str
                 )
             });
         }
-        texts.push(
-            devices
-                .iter()
-                .map(|d| d.profile.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-        for (device, (&start, &(_, eighths))) in devices.iter_mut().zip(starts.iter().zip(&shapes))
-        {
-            device.gpu_instance = match eighths {
+        let mut items = Vec::new();
+        let mut devices = Vec::new();
+        for (instance, &start) in instances.iter().zip(&starts) {
+            let mut compute_starts = Vec::new();
+            if instance.computes.len() > 7
+                || !place_compute(
+                    &instance.computes,
+                    instance.slices,
+                    0,
+                    0,
+                    &mut compute_starts,
+                )
+            {
+                return Err(format!(
+                    "--mig: card {index}: {}: its compute instances do not fit its {} compute \
+                     slices at the placements the driver gives",
+                    instance.profile, instance.slices
+                ));
+            }
+            let gpu_instance = match instance.eighths {
                 8 => 0,
                 4 => 1 + start / 4,
                 2 => 3 + start / 2,
                 _ => 7 + start,
             } as u32;
+            let whole = instance.computes == [instance.slices];
+            items.push(if whole {
+                instance.profile.clone()
+            } else {
+                let list: Vec<String> = instance.computes.iter().map(|c| format!("{c}c")).collect();
+                format!("{}[{}]", instance.profile, list.join(","))
+            });
+            let per_slice = instance.gpu.sms / instance.slices;
+            for (id, &c) in instance.computes.iter().enumerate() {
+                let profile = if c == instance.slices {
+                    instance.profile.clone()
+                } else {
+                    format!("{c}c.{}", instance.profile)
+                };
+                let mut gpu = instance.gpu.clone();
+                gpu.sms = per_slice * c;
+                gpu.name = format!("{} MIG {profile}", card.name);
+                devices.push(MigDevice {
+                    gpu,
+                    gpu_instance,
+                    compute_instance: id as u32,
+                });
+            }
         }
-        devices.sort_by_key(|d| d.gpu_instance);
+        texts.push(items.join(","));
+        devices.sort_by_key(|d| (d.gpu_instance, d.compute_instance));
         cards.push(devices);
     }
     while cards.len() < count as usize {
@@ -570,7 +729,10 @@ mod tests {
         assert_eq!(layout.first.name, "NVIDIA A100-SXM4-80GB MIG 1g.10gb");
         let card0: Vec<(&str, u32, u64, u32)> = layout.cards[0]
             .iter()
-            .map(|d| (d.profile.as_str(), d.gpu_instance, d.gpu.memory, d.gpu.sms))
+            .map(|d| {
+                let profile = d.gpu.name.rsplit_once(" MIG ").map_or("", |(_, p)| p);
+                (profile, d.gpu_instance, d.gpu.memory, d.gpu.sms)
+            })
             .collect();
         let eighth = (81_039u64 << 20) / 8;
         // 1g at slice 0 (GI 7), 3g at 4 (GI 2), 2g at 2 (GI 4).
@@ -639,5 +801,81 @@ mod tests {
                 .unwrap_err()
                 .starts_with("--mig: card 1 out of MIG mode (none)")
         );
+    }
+
+    /// Compute instances (`[2c,1c]`) and `+me`: a MIG device per compute instance, by GPU then
+    /// compute instance id, its GPU instance's memory and its own SMs; the layout text as the
+    /// fakes read it; what a card cannot hold is refused as the fakes refuse it.
+    #[test]
+    fn mig_layouts_take_compute_instances_and_media_extensions() {
+        let a100 = find("a100-80gb").unwrap();
+        let layout = mig_layout(&a100, "3g.40gb[2c,1c], 1g.10gb+me ,2g.20gb[1c,1c]", 1).unwrap();
+        assert_eq!(layout.text, "3g.40gb[2c,1c],1g.10gb+me,2g.20gb[1c,1c]");
+        assert_eq!(layout.first.name, "NVIDIA A100-SXM4-80GB MIG 3g.40gb");
+        assert_eq!(layout.first.sms, 42);
+        let eighth = (81_039u64 << 20) / 8;
+        let card0: Vec<(String, u32, u32, u64, u32)> = layout.cards[0]
+            .iter()
+            .map(|d| {
+                let name = d.gpu.name.clone();
+                (
+                    name,
+                    d.gpu_instance,
+                    d.compute_instance,
+                    d.gpu.memory,
+                    d.gpu.sms,
+                )
+            })
+            .collect();
+        let name = |p: &str| format!("NVIDIA A100-SXM4-80GB MIG {p}");
+        assert_eq!(
+            card0,
+            [
+                (name("2c.3g.40gb"), 1, 0, eighth * 4, 28),
+                (name("1c.3g.40gb"), 1, 1, eighth * 4, 14),
+                (name("1c.2g.20gb"), 5, 0, eighth * 2, 14),
+                (name("1c.2g.20gb"), 5, 1, eighth * 2, 14),
+                (name("1g.10gb+me"), 13, 0, eighth, 14),
+            ]
+        );
+        // A compute instance filling its GPU instance is written without brackets.
+        assert_eq!(mig_layout(&a100, "7g.80gb[7c]", 1).unwrap().text, "7g.80gb");
+        let h100 = find("h100").unwrap();
+        assert_eq!(
+            mig_layout(&h100, "7g.80gb[3c,4c]", 1).unwrap().cards[0]
+                .iter()
+                .map(|d| (d.compute_instance, d.gpu.sms))
+                .collect::<Vec<_>>(),
+            [(0, 48), (1, 64)]
+        );
+        for (bad, why) in [
+            (
+                "3g.40gb+me",
+                "--mig: card 0: 3g.40gb+me: media extensions (+me) come with the 1g profile of \
+                 one memory slice only (MIG user guide)",
+            ),
+            (
+                "1g.10gb+me,1g.10gb+me",
+                "--mig: card 0: more than one +me profile (a card has one set of media \
+                 extensions)",
+            ),
+            (
+                "3g.40gb[2c,2c]",
+                "--mig: card 0: 3g.40gb: its compute instances do not fit its 3 compute slices \
+                 at the placements the driver gives",
+            ),
+            (
+                "3g.40gb[4c]",
+                "--mig: card 0: 3g.40gb: \"4c\" is not a compute instance it can hold (1c, 2c, \
+                 3c, 4c or 7c, at most its 3 compute slices)",
+            ),
+            (
+                "3g.40gb[]",
+                "--mig: card 0: \"3g.40gb[]\": compute instances are written [<C>c,...] after \
+                 the profile, such as 3g.40gb[2c,1c]",
+            ),
+        ] {
+            assert_eq!(mig_layout(&a100, bad, 1).unwrap_err(), why, "{bad}");
+        }
     }
 }

@@ -334,7 +334,8 @@ static int layout(void)
             void *instances[8];
             unsigned existing = 8;
             int info_rc = profile_info(gpu, profiles[p], &info);
-            int list_rc = instances_of(gpu, profiles[p], instances, &existing);
+            /* Listed by the driver's profile id (info.id), as NVML documents. */
+            int list_rc = instances_of(gpu, info_rc ? profiles[p] : info.id, instances, &existing);
             if (info_rc || list_rc)
                 printf(" %u:%d:%d", profiles[p], info_rc, list_rc);
             else

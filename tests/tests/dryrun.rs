@@ -456,6 +456,75 @@ fn a_mig_layout_judges_the_mig_device_the_program_sees() {
     }
 }
 
+/// `--mig "3g.40gb[2c,1c],1g.10gb+me;7g.80gb"`: compute instances are MIG devices of their
+/// own. `CUDA_VISIBLE_DEVICES` naming card 0's MIG device 1 (the 1c compute instance of the 3g
+/// instance, GPU instance 1): the verdict judges its GPU instance's 40 GiB with its own 14 SMs
+/// (the run fits); MIG device 2 (the +me instance, placed at memory slice 4: GPU instance 11):
+/// an eighth of the card, where it does not. The product fakes, which read the layout.
+#[test]
+fn a_mig_layout_with_compute_instances_judges_the_compute_instance_the_program_sees() {
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir")
+        .to_path_buf();
+    let card = 81_039 * MIB;
+    let command = train(&["8192", "2048", "1", "1"]);
+    let layout_text = "3g.40gb[2c,1c],1g.10gb+me;7g.80gb";
+    let layout = [
+        "--gpu",
+        "a100-80gb",
+        "--gpus",
+        "2",
+        "--mig",
+        layout_text,
+        "--json",
+    ];
+    for (index, name, memory, sms, code, gpu_instance) in [
+        (1, "1c.3g.40gb", card / 8 * 4, 14, Some(0), 1),
+        (2, "1g.10gb+me", card / 8, 14, Some(3), 11),
+    ] {
+        let uuid = format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}00");
+        let run = dryrun(
+            "mig-ci",
+            Some(&fakes),
+            &layout,
+            &refs(&command),
+            &[("CUDA_VISIBLE_DEVICES", uuid.as_str())],
+        );
+        assert_eq!(run.code, code, "{uuid}: {}", run.stderr);
+        let v = run.json();
+        assert_eq!(v["fits"], code == Some(0), "{uuid}");
+        assert_eq!(
+            v["gpu"]["name"],
+            format!("NVIDIA A100-SXM4-80GB MIG {name}").as_str()
+        );
+        assert_eq!(u(&v["gpu"]["memory"]), memory);
+        assert_eq!(u(&v["gpu"]["sms"]), sms);
+        assert_eq!(
+            v["mig"],
+            serde_json::json!({
+                "layout": layout_text,
+                "device": {
+                    "card": 0,
+                    "index": index,
+                    "gpu_instance": gpu_instance,
+                    "uuid": uuid,
+                },
+            })
+        );
+        let devices = arr(&v["devices"]);
+        assert_eq!(devices.len(), 1, "{v}");
+        assert_eq!(u(&devices[0]["capacity"]), memory, "{}", devices[0]);
+        let dump = dump(&only_log(&run));
+        let samples: Vec<&Value> = dump.iter().filter(|r| r["type"] == "mem_info").collect();
+        assert!(!samples.is_empty());
+        assert!(
+            samples.iter().all(|s| u(&s["total"]) == memory),
+            "{uuid}: {samples:?}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_and_missing_fakes_are_clear_errors() {
     let fakes = fakes_dir("args");

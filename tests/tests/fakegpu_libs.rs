@@ -1812,7 +1812,7 @@ fn mig_mode_shows_one_mig_device_to_cuda_and_the_slices_to_nvml() {
 
     // A profile that is not one: one line; CUDA (cudaErrorInitializationError) and NVML
     // (driver not loaded) do not start.
-    for bad in ["3g", "3g.40", "g.40gb", "3g.40gb+me", "-3g.40gb"] {
+    for bad in ["3g", "3g.40", "g.40gb", "3g.40gb+mx", "-3g.40gb"] {
         let (code, stdout, stderr) = run_devices(
             &exe,
             "mig",
@@ -1940,20 +1940,25 @@ fn layout_output(
                     listing(all)
                 ));
                 // The guide's GPU-instance profiles (NVML number: driver id, compute slices,
-                // placements, memory eighths), 10 GiB a memory slice and 14 SMs a compute
-                // slice, and how many of each this card holds; +me (7): not supported.
+                // instances a card holds, memory eighths, media extensions), 10 GiB a memory
+                // slice and 14 SMs a compute slice, and how many of each this card holds (+me,
+                // 7: one a card, the driver's id 20).
                 text.push_str(&format!("nvml gpu {n} profiles"));
-                for (profile, id, slices, placements, eighths) in [
-                    (0, 19, 1, 7, 1),
-                    (1, 14, 2, 3, 2),
-                    (2, 9, 3, 2, 4),
-                    (3, 5, 4, 1, 4),
-                    (4, 0, 7, 1, 8),
-                    (9, 15, 1, 4, 2),
+                for (profile, id, slices, placements, eighths, media) in [
+                    (0, 19, 1, 7, 1, false),
+                    (1, 14, 2, 3, 2, false),
+                    (2, 9, 3, 2, 4, false),
+                    (3, 5, 4, 1, 4, false),
+                    (4, 0, 7, 1, 8, false),
+                    (9, 15, 1, 4, 2, false),
+                    (7, 20, 1, 1, 1, true),
                 ] {
                     let now = devices
                         .iter()
-                        .filter(|d| (d.2 / 14, d.1 / (10 << 30)) == (slices, eighths))
+                        .filter(|d| {
+                            (d.2 / 14, d.1 / (10 << 30)) == (slices, eighths)
+                                && d.0.ends_with("+me") == media
+                        })
                         .count();
                     text.push_str(&format!(
                         " {profile}:id={id},slices={slices},count={placements},sms={},mb={},now={now}",
@@ -1961,7 +1966,7 @@ fn layout_output(
                         eighths * 10240
                     ));
                 }
-                text.push_str(" 7:3:3\n");
+                text.push('\n');
                 for k in 0..8u32 {
                     match devices.get(k as usize) {
                         Some(&(profile, bytes, sms, gi)) => {
@@ -2016,7 +2021,7 @@ fn layout_output(
 /// cards out of MIG mode and one MIG device: unset, card 0's first beside card 1; a `MIG-` UUID
 /// its device; an index its card's first MIG device, which ends the list; an ambiguous prefix
 /// none. NVML: the guide's GPU-instance profiles on a MIG card (driver ids, placements, SMs,
-/// MB, how many the card holds; +me and any card out of MIG mode: 3), each MIG device's
+/// MB, how many the card holds, +me among them; a card out of MIG mode: 3), each MIG device's
 /// attributes and GPU instance (by id: its id, profile id, placement). With a device ledger a
 /// second process on another MIG device of the card counts on that one only. Layouts a card
 /// cannot hold are refused with the reason, and CUDA and NVML do not start.
@@ -2829,4 +2834,364 @@ fn ledger_watches_other_processes_with_one_system_call_per_query() {
         run_ledger_watch(13, "exec", Some(3_600_000), false)
             .contains("exec victim exec'd, 50 ms later: used=311048576\n")
     );
+}
+
+/// A MIG device of the compute-instance layout below: the profile it is named after, its GPU
+/// instance and compute instance ids, its GPU instance's bytes and compute slices, its own
+/// compute slices (14 SMs each).
+type CiSpec = (&'static str, u32, u32, u64, u32, u32);
+
+/// Card 0 of `3g.40gb[2c,1c],1g.10gb+me,2g.20gb[1c,1c];none` on fake A100 80GB cards: the 3g
+/// instance at memory slice 0 (GPU instance 1) with a 2c and a 1c compute instance (ids 0, 1 in
+/// the order given); the +me instance, placed after the 2g one could not fit at slice 4, at 6
+/// (GPU instance 13); the 2g instance at 4 (GPU instance 5) with two 1c. By GPU instance id,
+/// then compute instance id: NVML's MIG device index and the MIG UUID's index byte.
+const CI_LAYOUT: [CiSpec; 5] = [
+    ("2c.3g.40gb", 1, 0, 40 << 30, 3, 2),
+    ("1c.3g.40gb", 1, 1, 40 << 30, 3, 1),
+    ("1c.2g.20gb", 5, 0, 20 << 30, 2, 1),
+    ("1c.2g.20gb", 5, 1, 20 << 30, 2, 1),
+    ("1g.10gb+me", 13, 0, 10 << 30, 1, 1),
+];
+
+/// What `mig_instances show` prints when this process sees MIG device `seen` of [`CI_LAYOUT`]
+/// first of `count` CUDA devices (8 MiB of its own taken there) and `held` bytes are another
+/// process's on GPU instance 1:
+/// the CUDA device (its GPU instance's bytes, free before and after the 8 MiB), then NVML's MIG
+/// devices with the bytes in use on their GPU instance, and the card's used bytes once each.
+fn compute_instances_output(seen: usize, count: u32, held: u64) -> String {
+    const CARD: u64 = 80 << 30;
+    const OWN: u64 = 8 * MIB;
+    let uuid = |k: usize| format!("MIG-46414b45-4d49-4700-0000-00000000{k:02x}00");
+    let used =
+        |gi: u32| (if gi == 1 { held } else { 0 }) + if CI_LAYOUT[seen].1 == gi { OWN } else { 0 };
+    let (profile, gi, _, bytes, _, slices) = CI_LAYOUT[seen];
+    let mut text = format!(
+        "cuda count={count} rc=0\n\
+         cuda 0 name=NVIDIA A100-SXM4-80GB MIG {profile} total={bytes} sms={} uuid={} free={} \
+         malloc rc=0 free={} info-total={bytes}\n\
+         nvml init=0 count=2\n\
+         gpu 0 total={CARD} used={}\n",
+        slices * 14,
+        uuid(seen),
+        bytes - used(gi) + OWN,
+        bytes - used(gi),
+        held + OWN
+    );
+    for (k, &(profile, gi, ci, bytes, gi_slices, slices)) in CI_LAYOUT.iter().enumerate() {
+        text.push_str(&format!(
+            "gpu 0 mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} uuid={} gi={gi} ci={ci} \
+             total={bytes} used={} attributes rc=0 sms={} slices={gi_slices}/{slices} mb={}\n",
+            uuid(k),
+            used(gi),
+            slices * 14,
+            bytes >> 20
+        ));
+    }
+    text.push_str(&format!(
+        "gpu 0 mig 5 rc=6\ngpu 1 total={CARD} used=0\ngpu 1 mig 0 rc=3\n"
+    ));
+    text
+}
+
+/// MIG compute instances (`VRAMSHIM_FAKEGPU_MIG` with `[2c,1c]` after a profile) and `+me`
+/// profiles, on 2 fake A100 80GB cards (card 1 out of MIG mode). CUDA: each compute instance
+/// is a device of its own (its name "... MIG 2c.3g.40gb", its SMs, its MIG UUID) with its GPU
+/// instance's memory; NVML: a MIG device handle per compute instance with its ids and
+/// attributes, memory in use per GPU instance (the card's counted once per GPU instance). Two
+/// processes on two compute instances of one GPU instance share its memory through the device
+/// ledger (100 MiB held on the 2c lowers the 1c's `cudaMemGetInfo` and nothing on the 2g
+/// instance), and NVML refuses to destroy a compute instance or GPU instance in use (19) until
+/// the holder has gone. NVML's create/destroy calls: the +me profile (driver id 20, one a card),
+/// `nvmlDeviceGetGpuInstanceProfileInfoV` v2 and v3 (the +me profile's name from the layout,
+/// 7g.80gb's from the guide's table for an 80 GB card), compute-instance profiles of a 3g
+/// instance, the possible placements and remaining capacity
+/// of every GPU-instance and compute-instance profile (before and after), every documented
+/// refusal (no room 23, in use 19,
+/// bad placement or profile 2, a profile larger than the instance 3, MIG mode off 3, a stale
+/// handle 2, before nvmlInit 1) and a round trip (destroy the 3g instance, create one where it
+/// was with two 1c compute instances: new MIG devices with the next UUIDs), seen by this
+/// process only: the next process sees the layout. Layouts with compute instances or +me no
+/// card allows: one line with the reason.
+#[test]
+fn mig_compute_instances_share_their_gpu_instance_and_nvml_creates_and_destroys_them() {
+    let dir = scratch("fakegpu-mig-ci");
+    let exe = build_program(&dir, "mig_instances", 13);
+    let layout = "3g.40gb[2c,1c],1g.10gb+me,2g.20gb[1c,1c];none";
+    let env = |layout: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("VRAMSHIM_FAKEGPU_MEMORY", (40u64 << 30).to_string()),
+            ("VRAMSHIM_FAKEGPU_CARD_MEMORY", (80u64 << 30).to_string()),
+            ("VRAMSHIM_FAKEGPU_SMS", "42".to_owned()),
+            ("VRAMSHIM_FAKEGPU_CARD_SMS", "108".to_owned()),
+            (
+                "VRAMSHIM_FAKEGPU_NAME",
+                "NVIDIA A100-SXM4-80GB MIG 3g.40gb".to_owned(),
+            ),
+            ("VRAMSHIM_FAKEGPU_MIG", layout.to_owned()),
+        ]
+    };
+    let mig = |k: usize| format!("MIG-46414b45-4d49-4700-0000-00000000{k:02x}00");
+    let run = |mode: &str, visible: Option<&str>, env: &[(&str, String)]| {
+        let (code, stdout, stderr) = run_devices(&exe, mode, 2, visible, env);
+        assert_eq!(code, Some(0), "{mode} {visible:?}: {stdout}\n{stderr}");
+        assert_eq!(stderr, "", "{mode} {visible:?}");
+        stdout
+    };
+
+    // Each compute instance as CUDA's device (unset: MIG device 0, the 2c, before card 1).
+    let fresh = env(layout);
+    assert_eq!(run("show", None, &fresh), compute_instances_output(0, 2, 0));
+    for k in 1..CI_LAYOUT.len() {
+        assert_eq!(
+            run("show", Some(&mig(k)), &fresh),
+            compute_instances_output(k, 1, 0),
+            "CUDA_VISIBLE_DEVICES={}",
+            mig(k)
+        );
+    }
+
+    // Two processes on the 3g instance's two compute instances share its 40 GiB.
+    let ledger = dir.join("ledger");
+    let mut shared = fresh.clone();
+    shared.push(("VRAMSHIM_FAKEGPU_LEDGER", ledger.display().to_string()));
+    let mut holder = Command::new(&exe)
+        .arg("hold")
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_COUNT", "2")
+        .env("CUDA_VISIBLE_DEVICES", mig(0))
+        .envs(shared.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().expect("stdout")),
+        &mut said,
+    )
+    .expect("read the holder");
+    assert_eq!(said, "held rc=0\n");
+    let beside = run("show", Some(&mig(1)), &shared);
+    let elsewhere = run("show", Some(&mig(2)), &shared);
+    let busy = run("busy", None, &shared);
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait for the holder").success());
+    assert_eq!(beside, compute_instances_output(1, 1, 100 * MIB));
+    assert_eq!(elsewhere, compute_instances_output(2, 1, 100 * MIB));
+    assert_eq!(busy, "busy: destroy 1c rc=19 gi rc=19\n");
+    // The holder gone: the 1c goes; the GPU instance still has its 2c.
+    assert_eq!(
+        run("busy", None, &shared),
+        "busy: destroy 1c rc=0 gi rc=19\n"
+    );
+
+    // NVML's create and destroy calls, in this process.
+    let line = |k: usize, uuid: usize, spec: CiSpec| {
+        let (profile, gi, ci, bytes, gi_slices, slices) = spec;
+        format!(
+            "gpu 0 mig {k} name=NVIDIA A100-SXM4-80GB MIG {profile} uuid={} gi={gi} ci={ci} \
+             total={bytes} used=0 attributes rc=0 sms={} slices={gi_slices}/{slices} mb={}\n",
+            mig(uuid),
+            slices * 14,
+            bytes >> 20
+        )
+    };
+    let rest = format!(
+        "{}{}{}",
+        line(0, 2, CI_LAYOUT[2]),
+        line(1, 3, CI_LAYOUT[3]),
+        line(2, 4, CI_LAYOUT[4])
+    );
+    let expected = format!(
+        "before init create rc=1\n\
+         +me profile rc=0 id=20 slices=1 instances=1 sms=14 mb=10240 instances rc=0 n=1\n\
+         profile v2 7 rc=0 id=20 slices=1 instances=1 sms=14 mb=10240 name=MIG 1g.10gb+me v3 4 \
+         rc=0 id=0 slices=7 instances=1 sms=98 mb=81920 name=MIG 7g.80gb bad-version rc=2\n\
+         gi 13 info rc=0 id=13 profile=20 placement=6+1 same=1 cis 0:[rc=0 id=0 profile=0 \
+         at=0+1 same=1] 1:rc=3 2:rc=3 3:rc=3 4:rc=3\n\
+         gi 1 info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0:[rc=0 id=1 profile=0 at=2+1 \
+         same=1] 1:[rc=0 id=0 profile=1 at=0+2 same=1] 2: 3:rc=3 4:rc=3\n\
+         capacity 19:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         20:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         15:rc=0,left=0(rc=0),at=0+2/2+2/4+2/6+2 14:rc=0,left=0(rc=0),at=0+2/2+2/4+2 \
+         9:rc=0,left=0(rc=0),at=0+4/4+4 5:rc=0,left=0(rc=0),at=0+4 0:rc=0,left=0(rc=0),at=0+8\n\
+         gi 1 ci capacity 0:left=0(rc=0),at=0+1/1+1/2+1 1:left=0(rc=0),at=0+2 \
+         2:left=0(rc=0),at=0+3 3:rc=3 4:rc=3\n\
+         ci profiles 0:rc=0,id=0,slices=1,instances=3,sms=14 \
+         1:rc=0,id=1,slices=2,instances=1,sms=28 2:rc=0,id=2,slices=3,instances=1,sms=42 3:rc=3 \
+         4:rc=3 5:rc=3 9:rc=2 engine1:rc=2 v2:rc=0,name=MIG 1c.3g.40gb,sms=14 bad-version:rc=2\n\
+         full: create 1c rc=23 destroy gi rc=19\n\
+         destroy 1c rc=0 again rc=2 2c rc=0 gi rc=0 again rc=2 by id rc=6\n\
+         {rest}gpu 0 mig 3 rc=6\n\
+         capacity 19:rc=0,left=4(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         20:rc=0,left=0(rc=0),at=0+1/1+1/2+1/3+1/4+1/5+1/6+1 \
+         15:rc=0,left=2(rc=0),at=0+2/2+2/4+2/6+2 14:rc=0,left=2(rc=0),at=0+2/2+2/4+2 \
+         9:rc=0,left=1(rc=0),at=0+4/4+4 5:rc=0,left=1(rc=0),at=0+4 0:rc=0,left=0(rc=0),at=0+8\n\
+         create +me rc=23 3g at 4 rc=23 at 2 rc=2 size 2 rc=2 profile 6 rc=2 3g rc=0 another \
+         rc=23\n\
+         created info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0: 1: 2: 3:rc=3 4:rc=3\n\
+         {rest}gpu 0 mig 3 rc=6\n\
+         create 1c rc=0 2c at 1 rc=2 at 2 rc=2 at 0 rc=23 2c rc=23 1c at 2 rc=0 3c rc=23 4c \
+         rc=3\n\
+         created info rc=0 id=1 profile=9 placement=0+4 same=1 cis 0:[rc=0 id=0 profile=0 \
+         at=0+1 same=1],[rc=0 id=1 profile=0 at=2+1 same=1] 1: 2: 3:rc=3 4:rc=3\n\
+         created ci capacity 0:left=1(rc=0),at=0+1/1+1/2+1 1:left=0(rc=0),at=0+2 \
+         2:left=0(rc=0),at=0+3 3:rc=3 4:rc=3\n\
+         ci by id 1 rc=0 id=1 at=2+1 5 rc=6\n\
+         {}{}{}{}{}gpu 0 mig 5 rc=6\n\
+         destroy gi rc=19\n\
+         card 1: create rc=3 profile rc=3 by id rc=3\n",
+        line(0, 5, ("1c.3g.40gb", 1, 0, 40 << 30, 3, 1)),
+        line(1, 6, ("1c.3g.40gb", 1, 1, 40 << 30, 3, 1)),
+        line(2, 2, CI_LAYOUT[2]),
+        line(3, 3, CI_LAYOUT[3]),
+        line(4, 4, CI_LAYOUT[4])
+    );
+    assert_eq!(run("manage", None, &fresh), expected);
+    // Not kept: the next process sees the layout.
+    assert_eq!(run("show", None, &fresh), compute_instances_output(0, 2, 0));
+
+    // Compute instances and +me a card does not allow.
+    for (layout, why) in [
+        (
+            "3g.40gb+me",
+            "card 0: 3g.40gb+me: media extensions (+me) come with the 1g profile of one memory \
+             slice only (1g.5gb+me, 1g.10gb+me, 1g.18gb+me)",
+        ),
+        (
+            "1g.20gb+me;none",
+            "card 0: 1g.20gb+me: media extensions (+me) come with the 1g profile of one memory \
+             slice only (1g.5gb+me, 1g.10gb+me, 1g.18gb+me)",
+        ),
+        (
+            "1g.10gb+me,1g.10gb+me;none",
+            "card 0: more than one +me profile (a card has one set of media extensions)",
+        ),
+        (
+            "none;3g.40gb[2c,2c]",
+            "card 1: 3g.40gb: its compute instances do not fit its 3 compute slices at the \
+             placements the driver gives",
+        ),
+        (
+            "3g.40gb[4c]",
+            "card 0: 3g.40gb: no 4c compute instance (1c, 2c, 3c, 4c or 7c, at most its 3 \
+             compute slices)",
+        ),
+        (
+            "7g.80gb[1c,1c,1c,1c,1c,1c,1c,1c]",
+            "card 0: 7g.80gb: more than 7 compute instances",
+        ),
+        (
+            "3g.40gb[1x]",
+            "card 0: 3g.40gb: \"1x\" is not a compute instance such as 1c (compute slices, then c)",
+        ),
+        (
+            "3g.40gb[]",
+            "card 0: \"3g.40gb[]\": compute instances are written [<C>c,...] after the profile, \
+             such as 3g.40gb[2c,1c]",
+        ),
+        (
+            "3g.40gb[2c,]",
+            "card 0: 3g.40gb: \"\" is not a compute instance such as 1c (compute slices, then c)",
+        ),
+        (
+            "2g.20gb[2c;none",
+            "card 0: \"2g.20gb[2c\": compute instances are written [<C>c,...] after the profile, \
+             such as 3g.40gb[2c,1c]",
+        ),
+    ] {
+        let (code, stdout, stderr) = run_devices(&exe, "show", 2, None, &env(layout));
+        assert_eq!(code, Some(0), "{layout}: {stdout}");
+        assert_eq!(
+            stdout, "cuda count=0 rc=3\nnvml init=9 count=0\n",
+            "{layout}"
+        );
+        assert_eq!(
+            stderr,
+            format!(
+                "vramshim fakegpu: VRAMSHIM_FAKEGPU_MIG=\"{layout}\" is invalid: {why}; CUDA \
+                 initialisation fails\n"
+            ),
+            "{layout}"
+        );
+    }
+}
+
+/// A fork while another thread is inside an NVML MIG call holding the fake NVML's MIG lock for
+/// longer than a second (`fork_nvml_mig.c`), on `3g.40gb[2c,1c]` with a fresh device ledger: a
+/// victim holding 300,000,000 bytes on the GPU instance is SIGKILLed while a holder process
+/// keeps the ledger file's byte-0 record lock for 5 s; a thread's `nvmlComputeInstanceDestroy`
+/// then holds the MIG lock (and the driver's ledger mutex) while it waits on that record lock
+/// to learn whether the GPU instance is in use. The main thread forks: the fork returns after a
+/// second of tries per busy library lock (NVML's, then the driver's), the call still blocked;
+/// the child says so once per library and its own NVML MIG calls answer (MIG device 0, its
+/// name); the parent's call returns 0 once the holder lets go (the victim's bytes given back:
+/// nothing in use). Without NVML's fork handler the child hung on the MIG lock (`timeout`: 124).
+#[test]
+fn a_fork_while_an_nvml_mig_call_holds_its_lock_leaves_the_child_a_usable_nvml() {
+    let warning = |library: &str| {
+        format!(
+            "vramshim fakegpu: {library}: forked while a fake lock was busy (another thread held \
+             it past a second, or the fork came from a signal handler inside a fake call): made \
+             anew in the child, whose fake GPU state may be inconsistent\n"
+        )
+    };
+    let dir = scratch("fakegpu-fork-nvml-mig");
+    let exe = build_program(&dir, "fork_nvml_mig", 13);
+    let output = Command::new("timeout")
+        .arg("60")
+        .arg(&exe)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (40u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_CARD_MEMORY", (80u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_SMS", "42")
+        .env("VRAMSHIM_FAKEGPU_NAME", "NVIDIA A100-SXM4-80GB MIG 3g.40gb")
+        .env("VRAMSHIM_FAKEGPU_MIG", "3g.40gb[2c,1c]")
+        .env("VRAMSHIM_FAKEGPU_LEDGER", dir.join("ledger"))
+        .env_remove("VRAMSHIM_FAKEGPU_LEDGER_SWEEP_MS")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("run fork_nvml_mig");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    // The child is the only process that made locks anew: one line per library (child
+    // handlers run in the order they were registered: the driver's first).
+    assert_eq!(
+        stderr,
+        format!(
+            "{}{}",
+            warning("libcuda.so.1"),
+            warning("libnvidia-ml.so.1")
+        ),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 7, "{stdout}");
+    assert_eq!(
+        lines[..5],
+        [
+            "nvml init=0 gpu rc=0 gi rc=0 1c rc=0 n=1",
+            "victim killed: yes",
+            "destroy blocked: yes",
+            "child mig 0 rc=0 name rc=0 NVIDIA A100-SXM4-80GB MIG 2c.3g.40gb",
+            "child exit=0",
+        ],
+        "{stdout}"
+    );
+    let fork_ms: u64 = lines[5]
+        .strip_prefix("fork took ")
+        .and_then(|rest| rest.strip_suffix(" ms, destroy still blocked: yes"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // A second of tries on NVML's MIG lock, a second on the driver's ledger mutex (each
+    // library's handler waits for its own), well before the holder's 5 s are over.
+    assert!((2000..4000).contains(&fork_ms), "{stdout}");
+    let destroy_ms: u64 = lines[6]
+        .strip_prefix("destroy rc=0 after ")
+        .and_then(|rest| rest.strip_suffix(" ms"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!((5000..15_000).contains(&destroy_ms), "{stdout}");
 }

@@ -2087,6 +2087,122 @@ fn torch_on_a_mig_layout_sees_the_mig_device_it_names() {
     }
 }
 
+/// `vramshim dryrun --gpu A100-80GB --mig "3g.40gb[2c,1c],1g.10gb+me"` of real torch 2.15
+/// (`torch_mig.py`) with `CUDA_VISIBLE_DEVICES` naming MIG device 1, the 1c compute instance of
+/// the 3g instance (GPU instance 1): torch sees one device named `... MIG 1c.3g.40gb` with 14
+/// SMs and the GPU instance's 42,487,775,232 B (`mem_get_info`, `total_memory`, the OOM
+/// message's capacity). NVML lists three MIG devices: the 2c (28 SMs' instance share) and the 1c
+/// of GPU instance 1, both showing the 512 MiB context and torch's 1 GiB in use (their GPU
+/// instance's memory), and the +me instance at memory slice 4 (GPU instance 11, an eighth,
+/// nothing in use); the card's used bytes count them once. Torch's process entry is listed on
+/// both compute instances of its GPU instance, with each one's compute instance id (the ledger
+/// keeps memory per GPU instance, not which compute instance a process runs on: README).
+#[test]
+fn torch_on_a_compute_instance_sees_its_sms_and_its_gpu_instances_memory() {
+    let Some(torch) = current() else { return };
+    const CARD: u64 = 84_975_550_464;
+    const EIGHTH: u64 = CARD / 8;
+    let used = 512 * MIB + 1024 * MIB;
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let mig_uuid = |index: u32| format!("MIG-46414b45-4d49-4700-0000-00000000{index:02x}00");
+    let logs = scratch("torch-mig-ci");
+    let output = Command::new(vramshim_tool())
+        .args([
+            "dryrun",
+            "--gpu",
+            "A100-80GB",
+            "--mig",
+            "3g.40gb[2c,1c],1g.10gb+me",
+            "--json",
+            "-o",
+        ])
+        .arg(logs.join("%p.vlog"))
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("tests/python/torch_mig.py"))
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env("CUDA_VISIBLE_DEVICES", mig_uuid(1))
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("VRAMSHIM_STACK")
+        .output()
+        .expect("run vramshim dryrun");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let figures: Value = stderr
+        .lines()
+        .find_map(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    assert_eq!(figures["device_count"], 1, "{figures}");
+    assert_eq!(figures["name"], "NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb");
+    assert_eq!(u64_of(&figures, "total_memory"), 4 * EIGHTH);
+    assert_eq!(u64_of(&figures, "mem_get_info_total"), 4 * EIGHTH);
+    assert_eq!(figures["sms"], 14);
+    assert_eq!(
+        format!("MIG-{}", figures["uuid"].as_str().unwrap_or_default()),
+        mig_uuid(1)
+    );
+    assert_eq!(u64_of(&figures, "taken_by_one_gib"), 1024 * MIB);
+    let device = |index: u32, profile: &str, bytes: u64, gi: u32, ci: u32, held: u64| {
+        serde_json::json!({
+            "name": format!("NVIDIA A100-SXM4-80GB MIG {profile}"),
+            "uuid": mig_uuid(index),
+            "total": bytes,
+            "used": held,
+            "index": index,
+            "is_mig": 1,
+            "gpu_instance": gi,
+            "processes": if held > 0 {
+                serde_json::json!([[held, gi, ci]])
+            } else {
+                serde_json::json!([])
+            },
+        })
+    };
+    assert_eq!(
+        figures["nvml"],
+        serde_json::json!([{
+            "name": "NVIDIA A100-SXM4-80GB",
+            "uuid": "GPU-46414b45-4750-5500-0000-000000000000",
+            "total": CARD,
+            "used": used,
+            "mig_mode": [1, 1],
+            "max_mig_devices": 7,
+            "mig_devices": [
+                device(0, "2c.3g.40gb", 4 * EIGHTH, 1, 0, used),
+                device(1, "1c.3g.40gb", 4 * EIGHTH, 1, 1, used),
+                device(2, "1g.10gb+me", EIGHTH, 11, 0, 0),
+            ],
+        }]),
+    );
+    assert!(
+        stderr.contains("GPU 0 has a total capacity of 39.57 GiB of which 38.07 GiB is free"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(
+        v["gpu"]["name"], "NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb",
+        "{v}"
+    );
+    assert_eq!(u64_of(&v["gpu"], "memory"), 4 * EIGHTH);
+    assert_eq!(v["gpu"]["sms"], 14);
+    assert_eq!(
+        v["mig"],
+        serde_json::json!({
+            "layout": "3g.40gb[2c,1c],1g.10gb+me",
+            "device": {"card": 0, "index": 1, "gpu_instance": 1, "uuid": mig_uuid(1)},
+        })
+    );
+    let devices = arr(&v["devices"]);
+    assert_eq!(devices.len(), 1, "{v}");
+    assert_eq!(u64_of(&devices[0], "capacity"), 4 * EIGHTH);
+    assert_eq!(u64_of(&devices[0], "peak_recorded"), 1024 * MIB, "{v}");
+}
+
 /// Live bytes through the log of device 0: `up` events add their size, `down` events take
 /// back the size their address was given (or their own size, for unmaps). Returns (ups, downs,
 /// peak live bytes).

@@ -211,14 +211,23 @@ static const struct {
     {7, 8, 1, {0}},                   /* 7g.40gb, 7g.80gb, 7g.141gb */
 };
 
-/* Places card P's MIG devices from K on, memory slices USED taken: the first placement of each
- * in the layout's order that lets all fit (a search: "1g.10gb,4g.40gb" puts the 4g instance
- * at slice 0 and the 1g one after it). */
-static bool place(struct fg_card *card, int k, unsigned used)
+/* A GPU instance of a layout being read: its profile, shape, placement, media extensions and
+ * compute instances (compute slices each, and where each starts within it). */
+struct layout_gi {
+    char profile[32];
+    int slices, eighths, start;
+    bool media;
+    int ci_count, ci_slices[FG_MAX_MIG], ci_start[FG_MAX_MIG];
+};
+
+/* Places a card's GPU instances from K on, memory slices USED taken: the first placement of
+ * each in the layout's order that lets all fit (a search: "1g.10gb,4g.40gb" puts the 4g
+ * instance at slice 0 and the 1g one after it). */
+static bool place(struct layout_gi *gis, int count, int k, unsigned used)
 {
-    if (k == card->mig_count)
+    if (k == count)
         return true;
-    struct fg_mig_device *m = &card->mig[k];
+    struct layout_gi *m = &gis[k];
     for (size_t s = 0; s < sizeof mig_shapes / sizeof *mig_shapes; s++) {
         if (mig_shapes[s].slices != m->slices || mig_shapes[s].eighths != m->eighths)
             continue;
@@ -227,9 +236,29 @@ static bool place(struct fg_card *card, int k, unsigned used)
             if (used & mask)
                 continue;
             m->start = mig_shapes[s].starts[i];
-            if (place(card, k + 1, used | mask))
+            if (place(gis, count, k + 1, used | mask))
                 return true;
         }
+    }
+    return false;
+}
+
+/* Places a GPU instance's compute instances from K on, compute slices USED taken, the same
+ * way. Where a compute instance of C slices may start within a GPU instance of S slices, as
+ * `nvidia-smi mig -lcipp` lists them: at multiples of C (of 4 for 3 slices) with C <= S and
+ * start + C <= S (a 7g instance: 1c at 0-6, 2c at 0/2/4, 3c at 0/4, 4c and 7c at 0). */
+static bool place_compute(struct layout_gi *gi, int k, unsigned used)
+{
+    if (k == gi->ci_count)
+        return true;
+    int c = gi->ci_slices[k], step = c == 3 ? 4 : c;
+    for (int start = 0; start + c <= gi->slices; start += step) {
+        unsigned mask = ((1u << c) - 1) << start;
+        if (used & mask)
+            continue;
+        gi->ci_start[k] = start;
+        if (place_compute(gi, k + 1, used | mask))
+            return true;
     }
     return false;
 }
@@ -246,9 +275,10 @@ static int gpu_instance_id(const struct fg_mig_device *m)
     }
 }
 
-static int by_gpu_instance(const void *a, const void *b)
+static int by_instance(const void *a, const void *b)
 {
-    return ((const struct fg_mig_device *)a)->gi_id - ((const struct fg_mig_device *)b)->gi_id;
+    const struct fg_mig_device *x = a, *y = b;
+    return x->gi_id != y->gi_id ? x->gi_id - y->gi_id : x->ci_id - y->ci_id;
 }
 
 static void invalid_layout(const char *value, int card, const char *why)
@@ -261,14 +291,132 @@ static void invalid_layout(const char *value, int card, const char *why)
     invalid("VRAMSHIM_FAKEGPU_MIG", value, text);
 }
 
-/* VRAMSHIM_FAKEGPU_MIG: the cards' MIG devices. A profile's memory share is the guide's: 3g
- * and 4g take 4/8 of the card, 2g 2/8, 7g all; a 1g profile 1/8 or 2/8 (1g.10gb and 1g.20gb
- * of an 80 GB card), told apart by its GB figure against an eighth of CARD_MEMORY. The
- * layout's first MIG device has MEMORY bytes and SMS SMs; the others the same bytes per memory
- * slice and SMs per compute slice. Refused: a profile that is not <N>g.<M>gb with N one of 1,
- * 2, 3, 4, 7; more than 7 on a card; a set no placement fits on one card (the guide's
- * placements, which also keep a card within its 7 compute slices); a number of cards' entries
- * other than 1 or the machine's; more than 64 memory units in all. */
+/* The length of the layout item at ITEM: up to a ',' outside brackets, a ';' or the end. */
+static size_t item_length(const char *item, const char *end)
+{
+    size_t n = 0;
+    int depth = 0;
+    while (item + n < end && item[n] != ';' && (item[n] != ',' || depth > 0)) {
+        depth += item[n] == '[' ? 1 : item[n] == ']' ? -1 : 0;
+        n++;
+    }
+    return n;
+}
+
+/* Reads one GPU instance of a layout, "<N>g.<M>gb", "+me" for media extensions, then its
+ * compute instances "[<C>c,...]" (none: one filling it), into GI; false with WHY (and
+ * *NOT_PROFILE when the text is not a profile at all). */
+static bool read_gpu_instance(const char *item, size_t n, struct layout_gi *gi, char *why,
+                              size_t why_size, bool *not_profile)
+{
+    char text[96];
+    *not_profile = false;
+    memset(gi, 0, sizeof *gi);
+    if (n == 0 || n >= sizeof text) {
+        *not_profile = true;
+        return false;
+    }
+    memcpy(text, item, n);
+    text[n] = 0;
+    char *bracket = strchr(text, '[');
+    const char *computes = NULL;
+    if (bracket) {
+        if (text[n - 1] != ']' || bracket[1] == ']') {
+            snprintf(why, why_size,
+                     "\"%.40s\": compute instances are written [<C>c,...] after the profile, "
+                     "such as 3g.40gb[2c,1c]", text);
+            return false;
+        }
+        text[n - 1] = 0;
+        *bracket = 0;
+        computes = bracket + 1;
+    }
+    size_t base = strlen(text);
+    if (base > 3 && strcmp(text + base - 3, "+me") == 0) {
+        gi->media = true;
+        text[base - 3] = 0;
+    }
+    unsigned slices = 0, gb = 0;
+    int end = -1;
+    if (strlen(text) >= sizeof gi->profile - 3 ||
+        sscanf(text, "%ug.%ugb%n", &slices, &gb, &end) != 2 || end != (int)strlen(text) ||
+        gb < 1 || text[0] < '1' || text[0] > '9' || strpbrk(text, " +-[]")) {
+        *not_profile = true;
+        return false;
+    }
+    if (slices != 1 && slices != 2 && slices != 3 && slices != 4 && slices != 7) {
+        snprintf(why, why_size, "%s: no MIG profile has %u compute slices (1g, 2g, 3g, 4g, 7g)",
+                 text, slices);
+        return false;
+    }
+    snprintf(gi->profile, sizeof gi->profile, "%.28s%s", text, gi->media ? "+me" : "");
+    gi->slices = (int)slices;
+    gi->eighths = slices == 7 ? 8 : slices >= 3 ? 4 : 2;
+    /* 1g: an eighth of the card or two, whichever its GB figure is nearer. */
+    if (slices == 1 && (double)gb * 1e9 * 8 < 1.5 * (double)config.card_memory)
+        gi->eighths = 1;
+    if (gi->media && gi->eighths != 1) {
+        snprintf(why, why_size,
+                 "%s: media extensions (+me) come with the 1g profile of one memory slice only "
+                 "(1g.5gb+me, 1g.10gb+me, 1g.18gb+me)", gi->profile);
+        return false;
+    }
+    if (!computes) {
+        gi->ci_count = 1;
+        gi->ci_slices[0] = gi->slices;
+        return true;
+    }
+    for (const char *c = computes;;) {
+        size_t length = strcspn(c, ",");
+        unsigned count = 0;
+        int used = -1;
+        char ci[16];
+        bool ok = length > 0 && length < sizeof ci;
+        if (ok) {
+            memcpy(ci, c, length);
+            ci[length] = 0;
+            ok = sscanf(ci, "%uc%n", &count, &used) == 1 && used == (int)length &&
+                 ci[0] >= '1' && ci[0] <= '9';
+        }
+        if (!ok) {
+            snprintf(why, why_size,
+                     "%s: \"%.*s\" is not a compute instance such as 1c (compute slices, then c)",
+                     gi->profile, (int)(length < 20 ? length : 20), c);
+            return false;
+        }
+        if ((count != 1 && count != 2 && count != 3 && count != 4 && count != 7) ||
+            (int)count > gi->slices) {
+            snprintf(why, why_size,
+                     "%s: no %uc compute instance (1c, 2c, 3c, 4c or 7c, at most its %d "
+                     "compute slices)", gi->profile, count, gi->slices);
+            return false;
+        }
+        if (gi->ci_count == FG_MAX_MIG) {
+            snprintf(why, why_size, "%s: more than 7 compute instances", gi->profile);
+            return false;
+        }
+        gi->ci_slices[gi->ci_count++] = (int)count;
+        if (c[length] != ',')
+            break;
+        c += length + 1; /* a comma last leaves an empty item: refused above */
+    }
+    return true;
+}
+
+/* VRAMSHIM_FAKEGPU_MIG: the cards' GPU instances, each with its compute instances (the MIG
+ * devices). A profile's memory share is the guide's: 3g and 4g take 4/8 of the card, 2g 2/8,
+ * 7g all; a 1g profile 1/8 or 2/8 (1g.10gb and 1g.20gb of an 80 GB card), told apart by its GB
+ * figure against an eighth of CARD_MEMORY. "+me" (1g of one memory slice only, one per card:
+ * the guide's "a single 1g profile can include media extensions") has its base profile's
+ * memory and SMs. "[2c,1c]" after a profile: its compute instances, placed in order as the
+ * driver places them, ids 0, 1, ... in the order given; each one a MIG device with its own SMs
+ * and the GPU instance's memory. The layout's first GPU instance has MEMORY bytes and SMS SMs
+ * (all its compute slices'); the others the same bytes per memory slice and SMs per compute
+ * slice. Refused: a profile that is not <N>g.<M>gb[+me][[<C>c,...]] with N one of 1, 2, 3, 4,
+ * 7; more than 7 GPU instances on a card; a set no placement fits on one card (the guide's
+ * placements, which also keep a card within its 7 compute slices), or compute instances no
+ * placement fits in their GPU instance; a number of cards' entries other than 1 or the
+ * machine's; more than 64 memory units in all. */
 static void read_mig_layout(const char *value, unsigned long long memory, unsigned long long sms)
 {
     int entries = 1;
@@ -282,7 +430,8 @@ static void read_mig_layout(const char *value, unsigned long long memory, unsign
         invalid_layout(value, -1, why);
         return;
     }
-    const struct fg_mig_device *base = NULL;
+    struct layout_gi first;
+    bool have_first = false;
     const char *entry = value;
     for (int card = 0; card < entries; card++) {
         size_t length = strcspn(entry, ";");
@@ -300,60 +449,43 @@ static void read_mig_layout(const char *value, unsigned long long memory, unsign
             entry += length + (entry[length] == ';');
             continue;
         }
+        struct layout_gi gis[FG_MAX_MIG];
+        int gi_count = 0, media = 0;
         for (const char *item = entry; item < entry + length;) {
-            size_t n = strcspn(item, ",;");
-            char profile[32];
-            unsigned slices = 0, gb = 0;
-            int end = -1;
-            bool ok = n > 0 && n < sizeof profile;
-            if (ok) {
-                memcpy(profile, item, n);
-                profile[n] = 0;
-                ok = sscanf(profile, "%ug.%ugb%n", &slices, &gb, &end) == 2 &&
-                     end == (int)n && gb >= 1 && profile[0] >= '1' && profile[0] <= '9' &&
-                     !strpbrk(profile, " +-");
-            }
-            if (!ok) {
-                if (single)
+            size_t n = item_length(item, entry + length);
+            struct layout_gi gi;
+            char why[200];
+            bool not_profile;
+            if (!read_gpu_instance(item, n, &gi, why, sizeof why, &not_profile)) {
+                if (not_profile && single)
                     invalid("VRAMSHIM_FAKEGPU_MIG", value, "expected a MIG profile such as 3g.40gb");
-                else {
-                    char why[160];
+                else if (not_profile) {
                     snprintf(why, sizeof why,
                              "\"%.*s\" is not a MIG profile such as 3g.40gb (or none for a card "
                              "out of MIG mode)", (int)(n < 40 ? n : 40), item);
                     invalid_layout(value, card, why);
-                }
+                } else
+                    invalid_layout(value, card, why);
                 return;
             }
-            if (slices != 1 && slices != 2 && slices != 3 && slices != 4 && slices != 7) {
-                char why[160];
-                snprintf(why, sizeof why,
-                         "%s: no MIG profile has %u compute slices (1g, 2g, 3g, 4g, 7g)", profile,
-                         slices);
-                invalid_layout(value, card, why);
-                return;
-            }
-            if (c->mig_count == FG_MAX_MIG) {
+            if (gi_count == FG_MAX_MIG) {
                 invalid_layout(value, card, "more than 7 MIG devices on one card");
                 return;
             }
-            struct fg_mig_device *m = &c->mig[c->mig_count++];
-            memset(m, 0, sizeof *m);
-            strcpy(m->profile, profile);
-            m->slices = (int)slices;
-            m->eighths = slices == 7 ? 8 : slices >= 3 ? 4 : 2;
-            /* 1g: an eighth of the card or two, whichever its GB figure is nearer. */
-            if (slices == 1 && (double)gb * 1e9 * 8 < 1.5 * (double)config.card_memory)
-                m->eighths = 1;
-            if (!base)
-                base = m;
+            media += gi.media;
+            if (media > 1) {
+                invalid_layout(value, card, "more than one +me profile (a card has one set of "
+                                            "media extensions)");
+                return;
+            }
+            gis[gi_count++] = gi;
             item += n + (item[n] == ',');
         }
-        if (!place(c, 0, 0)) {
+        if (!place(gis, gi_count, 0, 0)) {
             char why[256];
             int compute = 0;
-            for (int k = 0; k < c->mig_count; k++)
-                compute += c->mig[k].slices;
+            for (int k = 0; k < gi_count; k++)
+                compute += gis[k].slices;
             snprintf(why, sizeof why,
                      compute > 7 ? "%.*s take %d compute slices, a card has 7"
                                  : "%.*s do not fit the card's 8 memory slices at the placements "
@@ -362,15 +494,47 @@ static void read_mig_layout(const char *value, unsigned long long memory, unsign
             invalid_layout(value, card, why);
             return;
         }
+        for (int k = 0; k < gi_count; k++) {
+            struct layout_gi *gi = &gis[k];
+            if (!place_compute(gi, 0, 0)) {
+                char why[200];
+                snprintf(why, sizeof why,
+                         "%.31s: its compute instances do not fit its %d compute slices at the "
+                         "placements the driver gives", gi->profile, gi->slices);
+                invalid_layout(value, card, why);
+                return;
+            }
+            if (!have_first) {
+                first = *gi;
+                have_first = true;
+            }
+            for (int i = 0; i < gi->ci_count; i++) {
+                struct fg_mig_device *m = &c->mig[c->mig_count++];
+                memset(m, 0, sizeof *m);
+                strcpy(m->profile, gi->profile);
+                m->slices = gi->slices;
+                m->eighths = gi->eighths;
+                m->start = gi->start;
+                m->media = gi->media;
+                m->ci_slices = gi->ci_slices[i];
+                m->ci_start = gi->ci_start[i];
+                m->ci_id = i;
+                if (m->ci_slices == m->slices)
+                    snprintf(m->ci_profile, sizeof m->ci_profile, "%.31s", gi->profile);
+                else
+                    snprintf(m->ci_profile, sizeof m->ci_profile, "%dc.%.31s", m->ci_slices,
+                             gi->profile);
+            }
+        }
         entry += length + (entry[length] == ';');
     }
     for (int card = entries; card < config.physical_count; card++)
         config.cards[card] = config.cards[0];
-    if (!base)
+    if (!have_first)
         return; /* every card out of MIG mode */
     config.mig = true;
-    unsigned long long per_eighth = memory / (unsigned long long)base->eighths;
-    unsigned long long per_slice = sms / (unsigned long long)base->slices;
+    unsigned long long per_eighth = memory / (unsigned long long)first.eighths;
+    unsigned long long per_slice = sms / (unsigned long long)first.slices;
     config.mig_eighth = per_eighth;
     config.mig_slice_sms = (int)per_slice;
     int units = 0;
@@ -379,13 +543,15 @@ static void read_mig_layout(const char *value, unsigned long long memory, unsign
         for (int k = 0; k < c->mig_count; k++) {
             c->mig[k].gi_id = gpu_instance_id(&c->mig[k]);
             c->mig[k].memory = per_eighth * (unsigned long long)c->mig[k].eighths;
-            c->mig[k].sms = (int)(per_slice * (unsigned long long)c->mig[k].slices);
+            c->mig[k].sms = (int)(per_slice * (unsigned long long)c->mig[k].ci_slices);
         }
-        qsort(c->mig, (size_t)c->mig_count, sizeof *c->mig, by_gpu_instance);
+        qsort(c->mig, (size_t)c->mig_count, sizeof *c->mig, by_instance);
         if (c->mig_count == 0)
             c->unit = units++;
+        /* One memory unit per GPU instance: its compute instances share its memory. */
         for (int k = 0; k < c->mig_count; k++)
-            c->mig[k].unit = units++;
+            c->mig[k].unit = k > 0 && c->mig[k].gi_id == c->mig[k - 1].gi_id ? c->mig[k - 1].unit
+                                                                             : units++;
     }
     if (units > FG_MAX_DEVICES)
         invalid_layout(value, -1, "more than 64 devices (cards out of MIG mode and MIG devices)");
@@ -407,11 +573,12 @@ int fg_device_sms(int v)
     return config.mig ? config.card_sms : config.sms;
 }
 
-/* A MIG device is named after its card ("NVIDIA A100-SXM4-80GB MIG 3g.40gb"): NAME for the
+/* A MIG device is named after its card and compute instance ("NVIDIA A100-SXM4-80GB MIG
+ * 3g.40gb", "... MIG 1c.3g.40gb" for a compute instance of 1 of its 3 slices): NAME for the
  * profile of the layout's first MIG device. */
 void fg_mig_name(int physical, int index, char *out, size_t n)
 {
-    const char *profile = config.cards[physical].mig[index].profile;
+    const char *profile = config.cards[physical].mig[index].ci_profile;
     const char *suffix = strstr(config.name, " MIG ");
     if (suffix && strcmp(suffix + 5, profile) == 0)
         snprintf(out, n, "%s", config.name);

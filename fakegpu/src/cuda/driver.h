@@ -17,19 +17,28 @@
 /* VMM granularity, also the rounding of default-pool reservations. */
 #define FG_GRANULARITY (2ull << 20)
 
-/* The most MIG devices one card holds (A100, H100, H200: seven 1g instances). */
+/* The most MIG devices one card holds (A100, H100, H200: 7 compute slices, so seven 1g
+ * instances or seven 1c compute instances). */
 #define FG_MAX_MIG 7
-/* A MIG device (a GPU instance with one compute instance using all of it): its profile
- * ("3g.40gb"), compute slices, memory eighths and first memory slice (its placement), GPU
- * instance id, bytes, SMs and memory unit. */
+/* A MIG device: one compute instance of a GPU instance (CUDA and NVML's MIG device handles
+ * show compute instances). Its GPU instance's profile ("3g.40gb", "1g.10gb+me"), compute
+ * slices, memory eighths, first memory slice (its placement), GPU instance id, media
+ * extensions and bytes (shared by the GPU instance's compute instances), then the compute
+ * instance's: the profile it is named after ("1c.3g.40gb", or "3g.40gb" when it fills its GPU
+ * instance), compute slices, first compute slice within the GPU instance, id and SMs; unit:
+ * the GPU instance's memory unit. */
 struct fg_mig_device {
     char profile[32];
     int slices, eighths, start, gi_id;
+    bool media;
     unsigned long long memory;
+    char ci_profile[40];
+    int ci_slices, ci_start, ci_id;
     int sms, unit;
 };
 /* A card of the machine: mig_count 0 when it is out of MIG mode, else its MIG devices by
- * index (NVML's nvmlDeviceGetMigDeviceHandleByIndex order: by GPU instance id); unit: the
+ * index (NVML's nvmlDeviceGetMigDeviceHandleByIndex order: by GPU instance id, then compute
+ * instance id; a GPU instance's compute instances are neighbours); unit: the
  * memory unit of the whole card (out of MIG mode). */
 struct fg_card {
     int mig_count;

@@ -227,8 +227,8 @@ static unsigned long long unit_used(int unit)
 }
 
 /* The machine's device PHYSICAL as NVML's GPU handle shows it: its MIG devices (0 when it is
- * out of MIG mode), its capacity and the bytes in use on it (in MIG mode the sum over its MIG
- * devices); -1 when there is no such device. */
+ * out of MIG mode), its capacity and the bytes in use on it (in MIG mode the sum over its GPU
+ * instances); -1 when there is no such device. */
 FG_EXPORT int vramshim_fakegpu_card(int physical, unsigned long long *total,
                                     unsigned long long *used)
 {
@@ -241,7 +241,8 @@ FG_EXPORT int vramshim_fakegpu_card(int physical, unsigned long long *total,
     if (card->mig_count == 0)
         *used = unit_used(card->unit);
     for (int k = 0; k < card->mig_count; k++)
-        *used += unit_used(card->mig[k].unit);
+        if (k == 0 || card->mig[k].unit != card->mig[k - 1].unit) /* once per GPU instance */
+            *used += unit_used(card->mig[k].unit);
     return card->mig_count;
 }
 
@@ -265,6 +266,10 @@ FG_EXPORT int vramshim_fakegpu_mig_device(int physical, int index,
     out->slices = m->slices;
     out->sms = m->sms;
     out->unit = m->unit;
+    out->media = m->media;
+    out->ci_id = m->ci_id;
+    out->ci_slices = m->ci_slices;
+    out->ci_start = m->ci_start;
     return 0;
 }
 

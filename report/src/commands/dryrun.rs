@@ -43,7 +43,9 @@ pub struct Args {
     /// Run on a MIG instance of the `--gpu` card, e.g. `--gpu a100-80gb --mig 3g.40gb`
     /// (A100 40/80GB, H100, H200; a bad profile lists the valid ones), or a layout of several
     /// per card: each card's profiles comma-separated, cards separated by `;`
-    /// (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's entry stands for every card.
+    /// (`3g.40gb,2g.20gb,1g.10gb;7g.80gb`); one card's entry stands for every card. A profile
+    /// may take `+me` (`1g.10gb+me`) and its compute instances (`3g.40gb[2c,1c]`: two MIG
+    /// devices sharing the instance's memory).
     #[arg(long, value_name = "LAYOUT", requires = "gpu")]
     mig: Option<String>,
     /// A custom card with this much device memory, e.g. 24GiB, 512MiB (binary units).
