@@ -842,6 +842,10 @@ pub struct WhatIf {
     /// The recording's PyTorch (from its first process), and its tie rule.
     pub torch_version: Option<String>,
     pub ties: Ties,
+    /// The first process's PyTorch blocks came from its profiler report (PyTorch 2.1, see
+    /// [`Process::tensors_reported_as_blocks`]): their sizes are the requests simulated,
+    /// and with no version read the tie rule is that of releases before 2.2.
+    pub blocks_reported: bool,
     /// Tells cuDNN convolution workspaces apart (only when one might matter: see
     /// [`WhatIf::apply`]).
     workspaces: ConvWorkspaces,
@@ -880,6 +884,7 @@ impl WhatIf {
             order: AddressOrder::Rising,
             torch_version: None,
             ties: Ties::default(),
+            blocks_reported: false,
             workspaces: ConvWorkspaces::default(),
             probes: Default::default(),
             version_read: false,
@@ -1020,6 +1025,19 @@ impl Observer for WhatIf {
             self.torch_version = torch_version(process);
             if let Some(version) = &self.torch_version {
                 self.ties = Ties::of_version(version);
+            }
+        }
+        // The recorder's note comes before the first block, so before the simulators start.
+        if !self.blocks_reported
+            && !self.started()
+            && let Some(process) = processes.first()
+            && process.tensors_reported_as_blocks()
+        {
+            self.blocks_reported = true;
+            if self.torch_version.is_none() {
+                // Only releases before 2.2 have no allocator tracker; they break ties by
+                // address, as every release up to 2.6 measured does.
+                self.ties = Ties::ByAddress;
             }
         }
         if let Step::MemInfo { info, .. } = step {
