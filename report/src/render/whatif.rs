@@ -260,6 +260,8 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
     let votes = report.votes;
     let torch = match &report.torch_version {
         Some(version) => format!("torch {version}"),
+        // Without a version, ties by address come only from a log whose blocks came from the
+        // profiler report (`WhatIf::blocks_reported`).
         None if report.ties == Ties::ByAddress => {
             "torch's version not found; its blocks came from the profiler report, so it is older than 2.2, which".to_string()
         }
