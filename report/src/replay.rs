@@ -79,7 +79,21 @@ impl Process {
             .cloned()
             .unwrap_or_else(|| thread.to_string())
     }
+
+    /// Whether the process's PyTorch blocks came from its profiler report (PyTorch 2.1, whose
+    /// allocator has no trace tracker; the recorder said so in a note before the first
+    /// block): each block's size, never the bytes asked for; no stream; freed at the request;
+    /// no `oom` entry of PyTorch's.
+    pub fn tensors_reported_as_blocks(&self) -> bool {
+        self.notes
+            .iter()
+            .any(|note| note.text.starts_with(REPORT_ROUTE_NOTE))
+    }
 }
+
+/// How the recorder's note begins when it takes PyTorch's blocks from
+/// `c10::reportMemoryUsageToProfiler` (`shim/src/torch_trace.rs`).
+pub const REPORT_ROUTE_NOTE: &str = "torch: profiler report interposed";
 
 /// The native stacks of one process by id, every frame in one flat vector: logs can define
 /// millions of stacks, and a vector per stack would cost a heap block and its header each.
@@ -1455,7 +1469,7 @@ fn pytorch_tracked(process: &Process) -> bool {
     process.tensor_allocs > 0
         || process.notes.iter().any(|note| {
             note.text.starts_with("torch: tracker attached")
-                || note.text.starts_with("torch: profiler report interposed")
+                || note.text.starts_with(REPORT_ROUTE_NOTE)
         })
 }
 

@@ -822,6 +822,315 @@ fn a_torch_2_1_report_that_does_not_match_stops_the_blocks_with_one_note_and_one
     );
 }
 
+/// Runs `tests/python/torch_block_sizes.py MODE` on torch 2.1.2 under `conf`
+/// (`PYTORCH_CUDA_ALLOC_CONF`), recorded or not, with no stacks.
+fn block_sizes_run(torch: &Torch, mode: &str, conf: &str, recorded: bool) -> TorchRun {
+    let env = [
+        ("VRAMSHIM_STACK", "none"),
+        ("PYTORCH_CUDA_ALLOC_CONF", conf),
+    ];
+    let run = run_torch_script(
+        torch,
+        "torch_block_sizes.py",
+        mode,
+        80 << 30,
+        &env,
+        recorded,
+    );
+    assert_eq!(run.result["conf"], conf);
+    run
+}
+
+/// The number of `action` entries in torch's history as the workload printed it.
+fn history_count(entries: &[(String, u64, u64)], action: &str) -> u64 {
+    entries.iter().filter(|(a, _, _)| a == action).count() as u64
+}
+
+/// `export --pytorch-snapshot` of a torch 2.1.2 recording (its blocks from the profiler
+/// report): an MLP trained with Adam, the cache emptied, then a transformer step and a caught
+/// out-of-memory error, the recording ending at torch's own snapshot. The snapshot's segments
+/// (address, total size) and their blocks (address, size, state) are torch's own, exactly,
+/// blocks larger than their requests included; its trace is torch's history entry for entry
+/// (blocks with their block sizes). What the route cannot know is said in the document and on
+/// stderr: requested_size is the block's size, the stream 0, and each failed cudaMalloc is an
+/// `oom` entry (torch's one `oom` is the second, its retry after releasing its cache).
+#[test]
+fn torch_2_1_snapshot_export_has_torchs_segments_and_blocks() {
+    let Some(torch) = torch_2_1() else { return };
+    let run = block_sizes_run(&torch, "mixed", "", true);
+    let r = &run.result;
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    assert_eq!(
+        (u64_of(r, "num_ooms"), u64_of(r, "num_alloc_retries")),
+        (1, 1),
+        "{r}"
+    );
+    let log = run.log.as_ref().expect("log");
+    let pid = dump(log)
+        .iter()
+        .find(|v| v["type"] == "header")
+        .map(|h| u64_of(h, "pid"))
+        .expect("header");
+    let exported = log.parent().expect("log dir").join("snapshot.json");
+    let (code, _, stderr) = vramshim(&[
+        OsStr::new("export"),
+        log.as_os_str(),
+        OsStr::new("--pytorch-snapshot"),
+        OsStr::new("-o"),
+        exported.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let snapshot: Value =
+        serde_json::from_str(&std::fs::read_to_string(&exported).expect("export")).expect("json");
+    // What the document cannot know, said in it and on stderr.
+    let unknown = snapshot["allocator_settings"]["vramshim_unknown"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no vramshim_unknown: {}", snapshot["allocator_settings"]));
+    assert!(
+        unknown.starts_with(&format!(
+            "PyTorch's blocks of pid {pid} come from its profiler report (PyTorch 2.1: no \
+             allocator tracker), which gives no requested sizes, streams or oom entries: "
+        )),
+        "{unknown}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l == format!("vramshim: note: {unknown}")),
+        "{stderr}"
+    );
+    // Memory outside torch's allocator: cuBLAS's two handles, 3 cuMemAlloc_v2 each.
+    let libraries: Vec<(u64, u64)> = events(&dump(log))
+        .into_iter()
+        .filter(|e| e["event"] == "alloc" && e["api"] == "cuMemAlloc_v2")
+        .map(|e| (u64_of(e, "addr"), u64_of(e, "size")))
+        .collect();
+    assert_eq!(libraries.len(), 6);
+    let (outside, ours): (Vec<&Value>, Vec<&Value>) = arr(&snapshot["segments"])
+        .iter()
+        .partition(|s| s.get("vramshim_outside").is_some());
+    let mut outside: Vec<(u64, u64)> = outside
+        .iter()
+        .map(|s| (u64_of(s, "address"), u64_of(s, "total_size")))
+        .collect();
+    outside.sort();
+    let mut expected_outside = libraries.clone();
+    expected_outside.sort();
+    assert_eq!(outside, expected_outside);
+    // Torch's segments and blocks, exactly.
+    type Blocks = Vec<(u64, u64, String)>;
+    let mut mine: Vec<(u64, u64, Blocks)> = ours
+        .iter()
+        .map(|s| {
+            assert_eq!(u64_of(s, "stream"), 0);
+            let blocks = arr(&s["blocks"])
+                .iter()
+                .map(|b| {
+                    // An active block's size stands for its request, which the route lacks.
+                    if b["state"] != "inactive" {
+                        assert_eq!(b["requested_size"], b["size"], "{b}");
+                    }
+                    (
+                        u64_of(b, "address"),
+                        u64_of(b, "size"),
+                        b["state"].as_str().expect("state").to_owned(),
+                    )
+                })
+                .collect();
+            (u64_of(s, "address"), u64_of(s, "total_size"), blocks)
+        })
+        .collect();
+    mine.sort();
+    let mut theirs: Vec<(u64, u64, Blocks)> = arr(&r["segments"])
+        .iter()
+        .map(|s| {
+            let blocks = arr(&s[2])
+                .iter()
+                .map(|b| {
+                    (
+                        b[0].as_u64().expect("address"),
+                        b[1].as_u64().expect("size"),
+                        b[2].as_str().expect("state").to_owned(),
+                    )
+                })
+                .collect();
+            (
+                s[0].as_u64().expect("address"),
+                s[1].as_u64().expect("size"),
+                blocks,
+            )
+        })
+        .collect();
+    theirs.sort();
+    assert_eq!(mine, theirs);
+    let state_count = |state: &str| {
+        theirs
+            .iter()
+            .flat_map(|(_, _, blocks)| blocks)
+            .filter(|(_, _, s)| s == state)
+            .count()
+    };
+    assert!(
+        state_count("active_allocated") > 50 && state_count("inactive") > 5,
+        "{theirs:?}"
+    );
+    assert!(theirs.len() > 10, "{}", theirs.len());
+    // The trace: torch's history entry for entry, less the libraries' segment_alloc + alloc
+    // pairs and the oom entries; a block's entries carry its block size (at least the
+    // request, in steps of 512 bytes), a segment's its size.
+    let trace: Vec<(String, u64, u64)> = arr(&arr(&snapshot["device_traces"])[0])
+        .iter()
+        .map(trace_entry)
+        .filter(|(action, addr, size)| {
+            !(matches!(action.as_str(), "segment_alloc" | "alloc")
+                && libraries.contains(&(*addr, *size)))
+        })
+        .collect();
+    let torch_trace = history_entries(r);
+    let (ooms, trace): (Vec<_>, Vec<_>) = trace.into_iter().partition(|(a, _, _)| a == "oom");
+    let (torch_ooms, torch_trace): (Vec<_>, Vec<_>) =
+        torch_trace.into_iter().partition(|(a, _, _)| a == "oom");
+    let actions = |entries: &[(String, u64, u64)]| -> Vec<(String, u64)> {
+        entries
+            .iter()
+            .map(|(a, addr, _)| (a.clone(), *addr))
+            .collect()
+    };
+    assert_eq!(actions(&trace), actions(&torch_trace));
+    let mut larger = 0;
+    for (ours, theirs) in trace.iter().zip(&torch_trace) {
+        if ours.0.starts_with("segment") || ours.2 == theirs.2 {
+            assert_eq!(ours, theirs);
+        } else {
+            assert!(
+                ours.2 > theirs.2 && ours.2 % 512 == 0,
+                "{ours:?} {theirs:?}"
+            );
+            larger += 1;
+        }
+    }
+    assert!(larger > 0, "no block larger than its request");
+    assert_eq!(
+        history_count(&torch_trace, "segment_alloc"),
+        history_count(&trace, "segment_alloc")
+    );
+    assert!(history_count(&torch_trace, "segment_free") > 0);
+    // The failed cudaMalloc and its retry: torch's oom entry is the retry's.
+    assert_eq!(torch_ooms.len(), 1);
+    assert_eq!(ooms.len(), 2, "{ooms:?}");
+    assert_eq!(ooms[1], torch_ooms[0]);
+    assert_eq!(ooms[0].2, 1 << 40);
+}
+
+/// `whatif` on a torch 2.1.2 recording, whose blocks come without their requests: it says
+/// that it simulates the block sizes as requests, and for a workload whose every request is a
+/// multiple of 512 bytes (each block the size asked for: checked against torch's own history)
+/// its figures are torch 2.1's own: the recorded default setting, and `max_split_size_mb:32`
+/// and `expandable_segments:True` against real runs under them (peak reserved, peak
+/// allocated, segments made and given back). No stacks: torch's version is not read from the
+/// log, and the tie rule is that of a release with no allocator tracker.
+#[test]
+fn whatif_of_a_torch_2_1_recording_simulates_its_block_sizes() {
+    let Some(torch) = torch_2_1() else { return };
+    let recorded = block_sizes_run(&torch, "mlp", "", true);
+    let log = recorded.log.as_ref().expect("log");
+    let stderr = String::from_utf8_lossy(&recorded.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    // Every request a multiple of 512 bytes, and each block the log has is its request.
+    let torch_allocs: Vec<(u64, u64)> = history_entries(&recorded.result)
+        .into_iter()
+        .filter(|(action, _, _)| action == "alloc")
+        .map(|(_, addr, size)| (addr, size))
+        .collect();
+    assert!(torch_allocs.len() > 100, "{}", torch_allocs.len());
+    assert!(torch_allocs.iter().all(|(_, size)| size % 512 == 0));
+    let blocks: Vec<(u64, u64)> = events(&dump(log))
+        .iter()
+        .filter(|e| e["event"] == "tensor_alloc")
+        .map(|e| (u64_of(e, "addr"), u64_of(e, "size")))
+        .collect();
+    assert_eq!(blocks, torch_allocs);
+
+    let settings = ["", "max_split_size_mb:32", "expandable_segments:True"];
+    let mut args = vec![OsStr::new("whatif"), OsStr::new("--json")];
+    for setting in settings {
+        args.extend([OsStr::new("--config"), OsStr::new(setting)]);
+    }
+    args.push(log.as_os_str());
+    let whatif = json_of(&args);
+    assert_eq!(whatif["requests"]["sizes"], "blocks", "{whatif}");
+    assert_eq!(
+        u64_of(&whatif["requests"], "allocs"),
+        torch_allocs.len() as u64
+    );
+    assert_eq!(
+        (
+            whatif["address_order"]["torch_version"].is_null(),
+            whatif["address_order"]["ties"].as_str()
+        ),
+        (true, Some("address")),
+        "{whatif}"
+    );
+    let notes = arr(&whatif["notes"]);
+    assert!(
+        notes[0]
+            .as_str()
+            .is_some_and(|n| n.starts_with("requests are block sizes: ")),
+        "{whatif}"
+    );
+    let (code, text, _) = vramshim(&[OsStr::new("whatif"), log.as_os_str()]);
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains(&format!("note: {}", notes[0].as_str().unwrap())),
+        "{text}"
+    );
+    assert!(
+        text.contains("its blocks came from the profiler report, so it is older than 2.2, which breaks best-fit ties by address"),
+        "{text}"
+    );
+
+    let mut peaks = Vec::new();
+    for setting in settings {
+        let run = if setting.is_empty() {
+            recorded.result.clone()
+        } else {
+            block_sizes_run(&torch, "mlp", setting, false).result
+        };
+        let entries = history_entries(&run);
+        let (made, given_back) = if setting.starts_with("expandable") {
+            ("segment_map", "segment_unmap")
+        } else {
+            ("segment_alloc", "segment_free")
+        };
+        let row = arr(&whatif["configs"])
+            .iter()
+            .find(|row| row["label"] == setting)
+            .unwrap_or_else(|| panic!("no row {setting:?}: {whatif}"));
+        assert_eq!(
+            (
+                u64_of(row, "peak_reserved"),
+                u64_of(row, "peak_allocated"),
+                u64_of(row, "num_device_alloc"),
+                u64_of(row, "num_device_free"),
+            ),
+            (
+                u64_of(&run, "reserved_peak"),
+                u64_of(&run, "allocated_peak"),
+                history_count(&entries, made),
+                history_count(&entries, given_back),
+            ),
+            "{setting:?}: {row}"
+        );
+        peaks.push(u64_of(&run, "reserved_peak"));
+    }
+    // The three settings differ, so each figure tells them apart.
+    assert!(
+        peaks[0] != peaks[1] && peaks[0] != peaks[2] && peaks[1] != peaks[2],
+        "{peaks:?}"
+    );
+}
+
 /// With `expandable_segments:True` the segments are ranges mapped page by page (`cuMemCreate`
 /// + `cuMemMap`), never a `cudaMalloc`; the tracker checks its layout against those.
 #[test]

@@ -22,7 +22,9 @@ use super::allocator::AllocEnv;
 use super::apis::Family;
 use super::groups::Stacks;
 use crate::python::StackView;
-use crate::replay::{Effect, Live, Observer, Process, SegmentChange, State, Step};
+use crate::replay::{
+    Effect, Live, Observer, Process, REPORT_ROUTE_NOTE, SegmentChange, State, Step,
+};
 
 /// Which allocations are PyTorch's tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -842,6 +844,12 @@ pub struct WhatIf {
     /// The recording's PyTorch (from its first process), and its tie rule.
     pub torch_version: Option<String>,
     pub ties: Ties,
+    /// The first process's PyTorch blocks came from its profiler report (PyTorch 2.1, see
+    /// [`Process::tensors_reported_as_blocks`]): their sizes are the requests simulated,
+    /// and with no version read the tie rule is that of releases before 2.2.
+    pub blocks_reported: bool,
+    /// Notes of the first process looked at for [`WhatIf::blocks_reported`].
+    notes_read: usize,
     /// Tells cuDNN convolution workspaces apart (only when one might matter: see
     /// [`WhatIf::apply`]).
     workspaces: ConvWorkspaces,
@@ -880,6 +888,8 @@ impl WhatIf {
             order: AddressOrder::Rising,
             torch_version: None,
             ties: Ties::default(),
+            blocks_reported: false,
+            notes_read: 0,
             workspaces: ConvWorkspaces::default(),
             probes: Default::default(),
             version_read: false,
@@ -1020,6 +1030,27 @@ impl Observer for WhatIf {
             self.torch_version = torch_version(process);
             if let Some(version) = &self.torch_version {
                 self.ties = Ties::of_version(version);
+            }
+        }
+        // The recorder's note comes before the first block, so before the simulators start;
+        // only notes not looked at yet are.
+        if !self.blocks_reported
+            && !self.started()
+            && let Some(process) = processes.first()
+            && process.notes.len() > self.notes_read
+        {
+            let new = &process.notes[self.notes_read..];
+            self.notes_read = process.notes.len();
+            if new
+                .iter()
+                .any(|note| note.text.starts_with(REPORT_ROUTE_NOTE))
+            {
+                self.blocks_reported = true;
+                if self.torch_version.is_none() {
+                    // Only releases before 2.2 have no allocator tracker; they break ties by
+                    // address, as every release up to 2.6 measured does.
+                    self.ties = Ties::ByAddress;
+                }
             }
         }
         if let Step::MemInfo { info, .. } = step {

@@ -332,11 +332,14 @@ impl<S: Sink> Trace<S> {
                 }
             }
             (kind, _) if kind.is_tensor() => {}
-            // PyTorch's failed segment allocations: its `oom` entry stands for them.
+            // PyTorch's failed segment allocations: its `oom` entry stands for them (PyTorch
+            // 2.1's profiler report has none: there each failed call is one).
             (_, Effect::Failed)
-                if processes
-                    .get(process as usize)
-                    .is_some_and(|p| p.tensor_allocs > 0 && p.api(event.api) == "cudaMalloc") => {}
+                if processes.get(process as usize).is_some_and(|p| {
+                    p.tensor_allocs > 0
+                        && !p.tensors_reported_as_blocks()
+                        && p.api(event.api) == "cudaMalloc"
+                }) => {}
             _ => return false,
         }
         true

@@ -284,6 +284,9 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
             );
         }
     }
+    if let Some(reported) = reported_as_blocks(args, processes) {
+        eprintln!("vramshim: note: {reported}");
+    }
     if plan.counts.is_empty() {
         eprintln!("vramshim: note: no device memory in the log(s): the snapshot is empty");
     } else if let Some(device) = args.device
@@ -344,6 +347,30 @@ fn live_segments(replay: &replay::Replay, trace: &Trace<Census>) -> Vec<Segment>
             one_block(live, outside)
         });
     pytorch.chain(others).collect()
+}
+
+/// What the snapshot cannot know of blocks taken from PyTorch 2.1's profiler report (see
+/// [`Process::tensors_reported_as_blocks`]), when the export shows such blocks: said in the
+/// document (`allocator_settings.vramshim_unknown`) and on stderr.
+fn reported_as_blocks(args: &Args, processes: &[Process]) -> Option<String> {
+    let pids: Vec<String> = processes
+        .iter()
+        .filter(|p| p.tensor_allocs > 0 && p.tensors_reported_as_blocks())
+        .map(|p| p.header.pid.to_string())
+        .collect();
+    if pids.is_empty() || args.segments.segments {
+        return None;
+    }
+    Some(format!(
+        "PyTorch's blocks of pid {} come from its profiler report (PyTorch 2.1: no allocator \
+         tracker), which gives no requested sizes, streams or oom entries: each block's \
+         requested_size is its size (at least the bytes asked for), every stream is 0, a block \
+         freed while still in use on another stream is inactive at once (never \
+         active_pending_free), and each failed cudaMalloc is an oom entry (PyTorch's retry \
+         after releasing its cache makes a second); re-record with PyTorch 2.2 or later for \
+         requested sizes and streams",
+        pids.join(", ")
+    ))
 }
 
 /// `live` as a segment holding one block of its full size.
@@ -481,6 +508,9 @@ fn write_snapshot(
             env!("CARGO_PKG_VERSION")
         )),
     ));
+    if let Some(reported) = reported_as_blocks(args, processes) {
+        settings.push(("vramshim_unknown", Setting::Text(reported)));
+    }
     write_settings(out, &settings)?;
     out.end_dict()?;
     out.finish()?;

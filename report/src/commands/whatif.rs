@@ -33,6 +33,10 @@ pub const DEFAULT_CONFIGS: [&str; 11] = [
 /// Added to the default set when a memory fraction is given (it has no effect without one).
 pub const GC_CONFIG: &str = "garbage_collection_threshold:0.8";
 
+/// What `whatif` says of a recording whose PyTorch blocks came from the profiler report
+/// (PyTorch 2.1), which has no requested sizes.
+pub const BLOCKS_AS_REQUESTS: &str = "requests are block sizes: PyTorch's blocks were taken from its profiler report (PyTorch 2.1 has no allocator tracker), which gives each block's size, not the bytes asked for, nor the stream; each block is simulated as a request of its size on the default stream. Exact where the program's requests were multiples of 512 B (or already rounded as the simulated setting rounds) and none was handed a whole cached block larger than it (a large-pool remainder of 1 MiB or less is not split, nor an oversize block under max_split_size_mb): then a block is its request. Otherwise requests are overstated (peak_requested is the blocks' bytes). For the requests themselves, record again with PyTorch 2.2 or later, or with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync";
+
 #[derive(clap::Args)]
 pub struct Args {
     /// A tensor-level recording: made with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync or
@@ -269,6 +273,12 @@ pub fn with_report<T>(
     let Some(process) = replay.processes.first() else {
         return Err(Failure::input(format!("{log}: nothing to read")));
     };
+    let requests_are_blocks = sims.requests.source == Source::Tensors
+        && process.tensor_allocs > 0
+        && process.tensors_reported_as_blocks();
+    if requests_are_blocks {
+        notes.insert(0, BLOCKS_AS_REQUESTS.to_string());
+    }
     let report = WhatIfReport {
         process,
         device,
@@ -284,6 +294,7 @@ pub fn with_report<T>(
         memory_fraction: args.memory_fraction,
         rows,
         notes,
+        requests_are_blocks,
     };
     Ok(then(&report, warnings))
 }

@@ -49,6 +49,9 @@ pub struct WhatIfReport<'a> {
     /// the order simulated.
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
+    /// The requests simulated are PyTorch 2.1's block sizes (its profiler report has no
+    /// requested sizes).
+    pub requests_are_blocks: bool,
 }
 
 impl WhatIfReport<'_> {
@@ -178,6 +181,7 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
             "left_out": r.skipped,
             "other_libraries": r.external_allocs,
             "other_devices": r.other_devices,
+            "sizes": if report.requests_are_blocks { "blocks" } else { "requested" },
         },
         "configs": report.rows.iter().enumerate().map(|(i, row)| row_json(i + 1, row)).collect::<Vec<_>>(),
         "best": report.best().map(|row| json!({
@@ -256,6 +260,11 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
     let votes = report.votes;
     let torch = match &report.torch_version {
         Some(version) => format!("torch {version}"),
+        // Without a version, ties by address come only from a log whose blocks came from the
+        // profiler report (`WhatIf::blocks_reported`).
+        None if report.ties == Ties::ByAddress => {
+            "torch's version not found; its blocks came from the profiler report, so it is older than 2.2, which".to_string()
+        }
         None => "torch's version not found, taken as the current release's".to_string(),
     };
     match report.ties {
