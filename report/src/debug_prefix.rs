@@ -644,3 +644,125 @@ impl InfoBytes {
         (self.out.len() >= target).then_some(&self.out[..])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::{ObjectSymbol, SymbolKind};
+
+    /// libc's separate debug file (GNU build id), when the machine has one installed.
+    fn libc_debug_file() -> Option<PathBuf> {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/aarch64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .find(|path| Path::new(path).exists())?;
+        let bytes = std::fs::read(libc).ok()?;
+        let object = object::File::parse(&*bytes).ok()?;
+        let id = object.build_id().ok()??;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let path = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
+        path.exists().then_some(path)
+    }
+
+    /// (function, file, line) of each frame.
+    fn described(frames: &[DwarfFrame]) -> Vec<(Option<String>, Option<String>, Option<u32>)> {
+        frames
+            .iter()
+            .map(|f| (f.function.clone(), f.file.clone(), f.line))
+            .collect()
+    }
+
+    /// Addresses across `path`'s code: inside every `step`-th function of its symbol table.
+    fn probes(path: &Path, step: usize) -> Vec<u64> {
+        let bytes = std::fs::read(path).expect("read the object");
+        let object = object::File::parse(&*bytes).expect("parse the object");
+        let mut functions: Vec<(u64, u64)> = object
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+            .map(|s| (s.address(), s.size()))
+            .collect();
+        functions.sort();
+        functions.dedup();
+        functions
+            .iter()
+            .step_by(step.max(1))
+            .map(|&(address, size)| address + size / 2)
+            .collect()
+    }
+
+    // Each address asked of a fresh loader (the prefix as small as that address allows, its
+    // abbreviation tables and line programs inflated only as far as its units read), then all
+    // of them of one loader in turn (the prefix growing to the whole): every answer is the full
+    // `addr2line` loader's.
+    #[test]
+    fn the_prefix_answers_as_the_full_loader_does() {
+        let mut files = vec![(std::env::current_exe().expect("test binary"), 2000, 2)];
+        if let Some(libc) = libc_debug_file() {
+            files.push((libc, 80, usize::MAX));
+        }
+        for (path, step, fresh_at_most) in files {
+            let full = Loader::new(&path).expect("full loader");
+            let probes = probes(&path, step);
+            assert!(
+                probes.len() > 10,
+                "{}: {} probes",
+                path.display(),
+                probes.len()
+            );
+            let open =
+                || ObjectLoader::open(File::open(&path).expect("open"), &path).expect("loader");
+            let expected: Vec<_> = probes
+                .iter()
+                .map(|&probe| {
+                    described(
+                        &collect_frames(full.find_frames(probe).expect("full frames"))
+                            .expect("full frames"),
+                    )
+                })
+                .collect();
+            assert!(
+                expected.iter().filter(|e| !e.is_empty()).count() > probes.len() / 2,
+                "{}: most probes have frames",
+                path.display()
+            );
+            let (mut fresh, mut by_prefix) = (0, 0);
+            for (probe, expected) in probes.iter().zip(&expected).take(fresh_at_most) {
+                let loader = open();
+                let found = loader.frames(*probe).expect("frames");
+                assert_eq!(
+                    &described(&found),
+                    expected,
+                    "{} at {probe:#x}",
+                    path.display()
+                );
+                fresh += 1;
+                if loader.full.get().is_none() {
+                    by_prefix += 1;
+                }
+            }
+            // libc's debug file has `.debug_aranges`: its answers come from the prefix.
+            if fresh_at_most == usize::MAX {
+                assert!(
+                    by_prefix * 10 >= fresh * 9,
+                    "{by_prefix} of {fresh} by the prefix"
+                );
+            }
+            let loader = open();
+            for (probe, expected) in probes.iter().zip(&expected) {
+                let found = loader.frames(*probe).expect("frames");
+                assert_eq!(
+                    &described(&found),
+                    expected,
+                    "{} at {probe:#x}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
