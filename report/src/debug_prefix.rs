@@ -189,14 +189,21 @@ fn collect_frames<R: gimli::Reader>(
     Ok(frames)
 }
 
-/// The sections but `.debug_info`, loaded whole, and `.debug_info` up to a unit boundary.
+/// The sections but `.debug_info`, `.debug_abbrev` and `.debug_line`, loaded whole;
+/// `.debug_info` up to a unit boundary; `.debug_abbrev` and `.debug_line` as far as the
+/// prefix's units read them (their abbreviation tables, their line programs).
 struct Prefix {
     endian: RunTimeEndian,
-    /// Every section symbolising reads, `.debug_info` left empty.
+    /// Every section symbolising reads, `.debug_info`, `.debug_abbrev` and `.debug_line`
+    /// left empty.
     sections: Vec<(SectionId, Reader)>,
     /// `.debug_aranges` entries: (begin, end, offset of the unit in `.debug_info`).
     aranges: Vec<(u64, u64, u64)>,
     info: InfoBytes,
+    /// `.debug_abbrev` and `.debug_line`, inflated on demand (`None`: the file has none). In
+    /// libc's debug file they are five sixths of what the other sections inflate to.
+    abbrev: Option<InfoBytes>,
+    line: Option<InfoBytes>,
     /// Bytes of `.debug_info` the context covers (a unit boundary).
     covered: usize,
     context: Option<Context<Reader>>,
@@ -212,8 +219,17 @@ impl Prefix {
             RunTimeEndian::Big
         };
         let mut sections = Vec::new();
+        let (mut abbrev, mut line) = (None, None);
         for id in NEEDED {
             let data = match section_named(&object, id) {
+                Some(section) if matches!(id, SectionId::DebugAbbrev | SectionId::DebugLine) => {
+                    let lazy = Some(InfoBytes::new(section.compressed_data()?, map, endian)?);
+                    match id {
+                        SectionId::DebugAbbrev => abbrev = lazy,
+                        _ => line = lazy,
+                    }
+                    continue;
+                }
                 Some(section) => section.uncompressed_data()?.into_owned(),
                 None => Vec::new(),
             };
@@ -248,6 +264,8 @@ impl Prefix {
             sections,
             aranges,
             info,
+            abbrev,
+            line,
             covered: 0,
             context: None,
         }))
@@ -286,6 +304,7 @@ impl Prefix {
         } else {
             self.info.total
         };
+        let info_total = self.info.total;
         let bytes = self.info.inflate_to(target, map)?;
         // The last unit boundary the bytes hold (units follow each other from offset 0).
         let mut boundary = self.covered;
@@ -298,12 +317,41 @@ impl Prefix {
         if boundary < needed {
             return None;
         }
-        let info = Reader::new(Rc::from(&bytes[..boundary]), self.endian);
-        let sections = &self.sections;
+        let info_bytes = &bytes[..boundary];
+        let info = Reader::new(Rc::from(info_bytes), self.endian);
+        // The abbreviation tables and line programs of the prefix's units (when the prefix
+        // is the whole section, or anything is amiss: the sections whole).
+        let whole = boundary >= info_total;
+        let (abbrev_needed, line_needed) = if whole {
+            (usize::MAX, usize::MAX)
+        } else {
+            tables_needed(
+                info_bytes,
+                self.abbrev.as_mut(),
+                self.line.as_mut(),
+                map,
+                self.endian,
+            )
+            .unwrap_or((usize::MAX, usize::MAX))
+        };
         let empty = Reader::new(Rc::from(Vec::new()), self.endian);
+        let lazy_reader = |section: &mut Option<InfoBytes>, needed: usize| -> Option<Reader> {
+            Some(match section {
+                Some(section) => {
+                    Reader::new(Rc::from(section.inflate_to(needed, map)?), self.endian)
+                }
+                None => empty.clone(),
+            })
+        };
+        let abbrev = lazy_reader(&mut self.abbrev, abbrev_needed)?;
+        let line = lazy_reader(&mut self.line, line_needed)?;
+        let sections = &self.sections;
         let mut dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
-            if id == SectionId::DebugInfo {
-                return Ok(info.clone());
+            match id {
+                SectionId::DebugInfo => return Ok(info.clone()),
+                SectionId::DebugAbbrev => return Ok(abbrev.clone()),
+                SectionId::DebugLine => return Ok(line.clone()),
+                _ => {}
             }
             Ok(sections
                 .iter()
@@ -342,6 +390,107 @@ fn section_named<'data, 'file>(
         let zname = format!(".z{}", name.strip_prefix('.')?);
         object.section_by_name(&zname)
     })
+}
+
+/// How far `.debug_abbrev` and `.debug_line` must be inflated for the units of `info` (whole
+/// units from offset 0): the end of the last abbreviation table and of the last line program
+/// they name. `None` when the tables cannot be followed (the caller then inflates the sections
+/// whole). A table read whole here reads the same in the whole section, and a line program
+/// lies within its length field: what the prefix's units read is all there.
+fn tables_needed(
+    info: &[u8],
+    mut abbrev: Option<&mut InfoBytes>,
+    mut line: Option<&mut InfoBytes>,
+    map: &Mmap,
+    endian: RunTimeEndian,
+) -> Option<(usize, usize)> {
+    let (mut abbrev_needed, mut line_needed) = (0usize, 0usize);
+    let mut units = gimli::DebugInfo::new(info, endian).units();
+    while let Some(header) = units.next().ok()? {
+        let Some(abbrev) = abbrev.as_deref_mut() else {
+            // No abbreviations: the context cannot read the unit either way.
+            return None;
+        };
+        let offset = header.debug_abbrev_offset().0;
+        let table_end = abbrev.table_end(offset, map)?;
+        abbrev_needed = abbrev_needed.max(table_end);
+        let bytes = abbrev.inflate_to(table_end, map)?;
+        let abbreviations = header
+            .abbreviations(&gimli::DebugAbbrev::new(&bytes[..table_end], endian))
+            .ok()?;
+        let mut entries = header.entries(&abbreviations);
+        let root = entries.next_dfs().ok()??;
+        match root.attr_value(gimli::DW_AT_stmt_list) {
+            Some(gimli::AttributeValue::DebugLineRef(program)) => {
+                let line = line.as_deref_mut()?;
+                let end = line.unit_end(program.0, map)?;
+                line_needed = line_needed.max(end);
+            }
+            None => {}
+            _ => return None,
+        }
+    }
+    Some((abbrev_needed, line_needed))
+}
+
+/// End of the abbreviation table at `offset` in `bytes` (after its terminating 0 code):
+/// `Ok(None)` when `bytes` ends first, `Err` when it is malformed.
+fn abbrev_table_end(bytes: &[u8], offset: usize) -> Result<Option<usize>, ()> {
+    let mut at = offset;
+    // One ULEB128, or None at the end of the bytes.
+    let uleb = |at: &mut usize| -> Result<Option<u64>, ()> {
+        let mut value = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let Some(&byte) = bytes.get(*at) else {
+                return Ok(None);
+            };
+            *at += 1;
+            if shift < 64 {
+                value |= u64::from(byte & 0x7f) << shift;
+            }
+            shift = shift.saturating_add(7);
+            if byte & 0x80 == 0 {
+                return Ok(Some(value));
+            }
+            if shift > 70 {
+                return Err(());
+            }
+        }
+    };
+    loop {
+        let Some(code) = uleb(&mut at)? else {
+            return Ok(None);
+        };
+        if code == 0 {
+            return Ok(Some(at));
+        }
+        // Tag, then the children byte.
+        if uleb(&mut at)?.is_none() {
+            return Ok(None);
+        }
+        if bytes.get(at).is_none() {
+            return Ok(None);
+        }
+        at += 1;
+        loop {
+            let Some(name) = uleb(&mut at)? else {
+                return Ok(None);
+            };
+            let Some(form) = uleb(&mut at)? else {
+                return Ok(None);
+            };
+            if form == u64::from(gimli::DW_FORM_implicit_const.0) {
+                // Its value: a SLEB128, the same bytes as a ULEB128's.
+                if uleb(&mut at)?.is_none() {
+                    return Ok(None);
+                }
+            }
+            if name == 0 && form == 0 {
+                break;
+            }
+        }
+    }
 }
 
 /// End of the unit that starts at `offset` in `bytes`, if its length field is there.
@@ -438,6 +587,20 @@ impl InfoBytes {
         unit_end_in(bytes, offset, endian).filter(|&end| end <= total)
     }
 
+    /// End of the abbreviation table at `offset`, inflating as far as it goes.
+    fn table_end(&mut self, offset: usize, map: &Mmap) -> Option<usize> {
+        let mut target = offset.checked_add(1 << 12)?;
+        loop {
+            let total = self.total;
+            let bytes = self.inflate_to(target, map)?;
+            match abbrev_table_end(bytes, offset) {
+                Ok(Some(end)) => return Some(end),
+                Ok(None) if bytes.len() < total => target = bytes.len().checked_mul(2)?,
+                _ => return None,
+            }
+        }
+    }
+
     /// The first `min(target, total)` bytes at least (more when already inflated).
     fn inflate_to(&mut self, target: usize, map: &Mmap) -> Option<&[u8]> {
         let target = target.min(self.total);
@@ -479,5 +642,127 @@ impl InfoBytes {
             InfoSource::Whole => {}
         }
         (self.out.len() >= target).then_some(&self.out[..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::{ObjectSymbol, SymbolKind};
+
+    /// libc's separate debug file (GNU build id), when the machine has one installed.
+    fn libc_debug_file() -> Option<PathBuf> {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/aarch64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .find(|path| Path::new(path).exists())?;
+        let bytes = std::fs::read(libc).ok()?;
+        let object = object::File::parse(&*bytes).ok()?;
+        let id = object.build_id().ok()??;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let path = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
+        path.exists().then_some(path)
+    }
+
+    /// (function, file, line) of each frame.
+    fn described(frames: &[DwarfFrame]) -> Vec<(Option<String>, Option<String>, Option<u32>)> {
+        frames
+            .iter()
+            .map(|f| (f.function.clone(), f.file.clone(), f.line))
+            .collect()
+    }
+
+    /// Addresses across `path`'s code: inside every `step`-th function of its symbol table.
+    fn probes(path: &Path, step: usize) -> Vec<u64> {
+        let bytes = std::fs::read(path).expect("read the object");
+        let object = object::File::parse(&*bytes).expect("parse the object");
+        let mut functions: Vec<(u64, u64)> = object
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+            .map(|s| (s.address(), s.size()))
+            .collect();
+        functions.sort();
+        functions.dedup();
+        functions
+            .iter()
+            .step_by(step.max(1))
+            .map(|&(address, size)| address + size / 2)
+            .collect()
+    }
+
+    // Each address asked of a fresh loader (the prefix as small as that address allows, its
+    // abbreviation tables and line programs inflated only as far as its units read), then all
+    // of them of one loader in turn (the prefix growing to the whole): every answer is the full
+    // `addr2line` loader's.
+    #[test]
+    fn the_prefix_answers_as_the_full_loader_does() {
+        let mut files = vec![(std::env::current_exe().expect("test binary"), 2000, 2)];
+        if let Some(libc) = libc_debug_file() {
+            files.push((libc, 80, usize::MAX));
+        }
+        for (path, step, fresh_at_most) in files {
+            let full = Loader::new(&path).expect("full loader");
+            let probes = probes(&path, step);
+            assert!(
+                probes.len() > 10,
+                "{}: {} probes",
+                path.display(),
+                probes.len()
+            );
+            let open =
+                || ObjectLoader::open(File::open(&path).expect("open"), &path).expect("loader");
+            let expected: Vec<_> = probes
+                .iter()
+                .map(|&probe| {
+                    described(
+                        &collect_frames(full.find_frames(probe).expect("full frames"))
+                            .expect("full frames"),
+                    )
+                })
+                .collect();
+            assert!(
+                expected.iter().filter(|e| !e.is_empty()).count() > probes.len() / 2,
+                "{}: most probes have frames",
+                path.display()
+            );
+            let (mut fresh, mut by_prefix) = (0, 0);
+            for (probe, expected) in probes.iter().zip(&expected).take(fresh_at_most) {
+                let loader = open();
+                let found = loader.frames(*probe).expect("frames");
+                assert_eq!(
+                    &described(&found),
+                    expected,
+                    "{} at {probe:#x}",
+                    path.display()
+                );
+                fresh += 1;
+                if loader.full.get().is_none() {
+                    by_prefix += 1;
+                }
+            }
+            // libc's debug file has `.debug_aranges`: its answers come from the prefix.
+            if fresh_at_most == usize::MAX {
+                assert!(
+                    by_prefix * 10 >= fresh * 9,
+                    "{by_prefix} of {fresh} by the prefix"
+                );
+            }
+            let loader = open();
+            for (probe, expected) in probes.iter().zip(&expected) {
+                let found = loader.frames(*probe).expect("frames");
+                assert_eq!(
+                    &described(&found),
+                    expected,
+                    "{} at {probe:#x}",
+                    path.display()
+                );
+            }
+        }
     }
 }

@@ -1582,9 +1582,18 @@ fn step_event<O: Observers + ?Sized>(
         class: 0,
         value: event.addr,
     };
-    let effect = file_or_end(state, &mut processes[index], process, t_ns, event, key);
+    let mut effect = Effect::None;
+    file_or_end(
+        state,
+        &mut processes[index],
+        process,
+        t_ns,
+        event,
+        key,
+        &mut effect,
+    );
     processes[index].events += 1;
-    show(state, processes, observers, index, t_ns, event, effect);
+    show(state, processes, observers, index, t_ns, event, &effect);
     first..state.seq
 }
 
@@ -1614,7 +1623,7 @@ fn step_event_general<O: Observers + ?Sized>(
                 index,
                 t_ns,
                 event,
-                Effect::Removed(live),
+                &Effect::Removed(live),
             );
         }
     }
@@ -1631,14 +1640,14 @@ fn step_event_general<O: Observers + ?Sized>(
             index,
             t_ns,
             event,
-            Effect::Removed(live),
+            &Effect::Removed(live),
         );
     }
     state.replaced = None;
     state.segment_change = None;
     let effect = apply(state, &mut processes[index], process, t_ns, event);
     processes[index].events += 1;
-    show(state, processes, observers, index, t_ns, event, effect);
+    show(state, processes, observers, index, t_ns, event, &effect);
     first..state.seq
 }
 
@@ -1651,14 +1660,14 @@ fn show<O: Observers + ?Sized>(
     index: usize,
     t_ns: u64,
     event: &Event,
-    effect: Effect,
+    effect: &Effect,
 ) {
     let process = index as u32;
     let step = Step::Event {
         process,
         t_ns,
         event,
-        effect: &effect,
+        effect,
     };
     observers.step(state, processes, &step);
     state.seq += 1;
@@ -1963,11 +1972,13 @@ fn apply(state: &mut State, process: &mut Process, index: u32, t_ns: u64, event:
         class,
         value,
     };
-    file_or_end(state, process, index, t_ns, event, key)
+    let mut effect = Effect::None;
+    file_or_end(state, process, index, t_ns, event, key, &mut effect);
+    effect
 }
 
 /// Applies an allocation (`Alloc`, `Create`: files it under `key`) or a release (ends what
-/// `key` holds) to the live state.
+/// `key` holds) to the live state; its effect into `effect`.
 #[inline(always)]
 fn file_or_end(
     state: &mut State,
@@ -1976,25 +1987,27 @@ fn file_or_end(
     t_ns: u64,
     event: &Event,
     key: Key,
-) -> Effect {
+    effect: &mut Effect,
+) {
     match event.kind {
         EventKind::Alloc | EventKind::Create => {
             // Made in its final place, then filed (one copy of the `Live`, not two).
-            let effect = Effect::Added(live_of(index, t_ns, event, state.seq));
-            if let Effect::Added(live) = &effect {
+            *effect = Effect::Added(live_of(index, t_ns, event, state.seq));
+            if let Effect::Added(live) = effect {
                 state.add(key, *live);
             }
-            effect
         }
-        _ => match state.remove_with(&key, |live| Effect::Removed(*live)) {
-            Some(effect) => effect,
+        // A freed `Live` is copied once, from its slot straight into `effect` (moving an
+        // `Effect` out through the calls copied it three times).
+        _ => match state.remove_with(&key, |live| *effect = Effect::Removed(*live)) {
+            Some(()) => {}
             None if key.class == 0 && state.graph_addresses.contains(&(index, key.value)) => {
                 process.graph_frees_outside += 1;
-                Effect::None
+                *effect = Effect::None;
             }
             None => {
                 process.unmatched_frees += 1;
-                Effect::Unmatched
+                *effect = Effect::Unmatched;
             }
         },
     }
