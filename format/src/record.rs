@@ -338,7 +338,8 @@ pub(crate) const MAX_RUN_PERIOD: usize = 8;
 /// at most about 320 Ki records), so only damage passes it; it bounds the work a crafted
 /// chunk can cause. The encoder writes plainly what a chunk's runs cannot take.
 pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
-/// `TAG_RUN_AGAIN + phase` then a count `n` (format version 6): `n` records of the cycle of
+/// `TAG_RUN_AGAIN + phase` then `n` less the last such record's `n` since the last key chunk
+/// (0 before the first; a zigzag varint) (format version 6): `n` records of the cycle of
 /// the last run record (`TAG_RUN + period - 1`) read since the last key chunk, in turn from
 /// its record `phase` on (`phase` < the period): a loop's next time step costs its first
 /// event (a repeat with the time delta), this tag and the count, not the cycle written once
@@ -403,6 +404,8 @@ pub struct DeltaState {
     last_cycle: [u8; MAX_RUN_PERIOD],
     /// 0: no run read yet since the last key chunk.
     last_period: u8,
+    /// The count of the last [`TAG_RUN_AGAIN`] record since the last key chunk (0: none).
+    last_again_count: u32,
     /// Format version 6 or later: [`TAG_RUN_AGAIN`] is a record (before, damage).
     runs_again: bool,
 }
@@ -809,8 +812,23 @@ impl DeltaState {
         if phase >= period {
             return Err(DecodeError("run of the last cycle from past its end"));
         }
-        let count = cursor.u32()?;
+        let count = if again {
+            // The count's difference from the last such run's (a loop's steps hold about as
+            // many records each): read again at each record, used at the first only.
+            let difference = cursor.i64()?;
+            if self.run_left == 0 {
+                u32::try_from(i64::from(self.last_again_count).wrapping_add(difference))
+                    .map_err(|_| DecodeError("run of the last cycle with a count out of range"))?
+            } else {
+                0
+            }
+        } else {
+            cursor.u32()?
+        };
         if self.run_left == 0 {
+            if again {
+                self.last_again_count = count;
+            }
             if count == 0 {
                 return Err(DecodeError("empty run of records"));
             }
@@ -1084,6 +1102,8 @@ pub(crate) struct RunWriter {
     /// `last_period` bytes; 0: none), as the decoder keeps it.
     last: [u8; MAX_RUN_PERIOD],
     last_period: usize,
+    /// The count of the last [`TAG_RUN_AGAIN`] record written since the last key chunk.
+    last_again_count: u32,
 }
 
 impl RunWriter {
@@ -1094,6 +1114,7 @@ impl RunWriter {
         if !key {
             next.last = self.last;
             next.last_period = self.last_period;
+            next.last_again_count = self.last_again_count;
         }
         next
     }
@@ -1183,7 +1204,24 @@ impl RunWriter {
             cycle[..self.period].copy_from_slice(&payload[at - self.period..at]);
         }
         let count = self.count as usize;
-        let len = if count <= 2 {
+        // The run record: its tag, then its count (a run of the last cycle: the count's
+        // difference from the last one's, zigzag).
+        let mut value = if self.again {
+            let difference = i64::from(self.count) - i64::from(self.last_again_count);
+            ((difference << 1) ^ (difference >> 63)) as u64
+        } else {
+            u64::from(self.count)
+        };
+        let mut len = 1;
+        while value >= 0x80 {
+            bytes[len] = (value as u8) | 0x80;
+            value >>= 7;
+            len += 1;
+        }
+        bytes[len] = value as u8;
+        len += 1;
+        let len = if count <= 2 || len >= count {
+            // As short written plainly.
             for done in 0..count {
                 bytes[done] = cycle[done % self.period];
             }
@@ -1192,20 +1230,12 @@ impl RunWriter {
         } else {
             if self.again {
                 bytes[0] = TAG_RUN_AGAIN + self.phase as u8;
+                self.last_again_count = self.count;
             } else {
                 bytes[0] = TAG_RUN + (self.period - 1) as u8;
                 self.last = cycle;
                 self.last_period = self.period;
             }
-            let mut value = self.count;
-            let mut len = 1;
-            while value >= 0x80 {
-                bytes[len] = (value as u8) | 0x80;
-                value >>= 7;
-                len += 1;
-            }
-            bytes[len] = value as u8;
-            len += 1;
             self.saved += count - len;
             self.expanded += self.count;
             self.plain = 0;

@@ -808,8 +808,9 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     // time delta: 2 bytes), the free and the next alloc (1 byte each), and a run of the rest
     // of the step (4 bytes). Each later step's free, alloc, free, ... repeat the first step's
     // cycle (alloc, free) from its second record: one run of the last cycle (format 6: its
-    // tag, which says where in the cycle it starts, and count, 4 bytes; no cycle written):
-    // 21 + 2 + 4 + 9 * 6 = 81 bytes for 200,000 events.
+    // tag, which says where in the cycle it starts, and its count less the last such run's:
+    // 19,999, 3 bytes, then 0, 1 byte; no cycle written): 21 + 2 + 4 + (2 + 1 + 3) +
+    // 8 * (2 + 1 + 1) = 65 bytes for 200,000 events.
     let records = loop_pairs(100_000, 0);
     let header = Header {
         time_resolution_ns: 10_000_000,
@@ -827,7 +828,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     assert_eq!(chunk.payload_len(), 21 + 200_000 - 2 + 9);
     let header_len = bytes.len();
     chunk.finish_into(&mut bytes);
-    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 81);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 65);
     let (decoded, damage) = read_all(&bytes);
     assert!(damage.is_empty(), "{damage:?}");
     assert_eq!(decoded, at_10ms(&records));
@@ -839,7 +840,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     }
     chunk.finish_compressed_into(&mut bytes);
     assert_eq!(bytes[header_len..header_len + 4], COMPRESSED_CHUNK_MAGIC);
-    assert!(bytes.len() - header_len < CHUNK_HEADER_LEN + 81);
+    assert!(bytes.len() - header_len <= CHUNK_HEADER_LEN + 65);
     assert_eq!(read_all(&bytes).0, at_10ms(&records));
     // The same chunk without the first thread: the first event writes its thread (2 bytes).
     let mut chunk = ChunkBuilder::new().with_time_resolution(10_000_000);
@@ -848,7 +849,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
         chunk.push(record);
     }
     chunk.finish_into(&mut bytes);
-    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 83);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 67);
     assert_eq!(read_all(&bytes).0, at_10ms(&records));
 }
 
@@ -1176,9 +1177,10 @@ fn continued_chunks_carry_the_state_on_in_a_few_bytes() {
     // A key chunk: 12 head, the first pair in full (21), two same-time repeats and a run of
     // 1,997 records (tag and a 2-byte count). A continued one: a 6-byte head (kind, length,
     // CRC-32) and the step: the alloc with its time delta (2), then a run of the last cycle
-    // from its second record (3 bytes).
+    // from its second record (its tag and its count less the last such run's: 1,999, 2
+    // bytes, then 0, 1 byte).
     let lens: Vec<usize> = spans.iter().map(|span| span.len()).collect();
-    assert_eq!(lens, [12 + 26, 6 + 5, 6 + 5, 6 + 5, 12 + 26, 6 + 5]);
+    assert_eq!(lens, [12 + 26, 6 + 5, 6 + 4, 6 + 4, 12 + 26, 6 + 5]);
     assert_eq!(spans[1].head, 6);
     let (decoded, damage) = read_all(&bytes);
     assert!(damage.is_empty(), "{damage:?}");
@@ -1388,5 +1390,79 @@ fn continued_chunks_are_damage_in_a_version_5_log() {
                 bytes: (spans[1].len() + spans[2].len()) as u64
             },
         }]
+    );
+}
+
+#[test]
+fn runs_of_the_last_cycle_out_of_bounds_are_bad_records() {
+    // A loop's first step as the encoder writes it: an alloc and a free in full, then a run
+    // of the cycle (same-time repeats of slots 0 and 1) written once and 4 more records long.
+    let mut step = Vec::new();
+    let mut chunk = ChunkBuilder::new().with_first_thread(4242);
+    for record in loop_pairs(4, 0).iter().map(|r| retimed(r, |_| 0)) {
+        chunk.push(&record);
+    }
+    chunk.finish_into(&mut step);
+    let first = step[CHUNK_HEADER_LEN..].to_vec();
+    assert_eq!(first[first.len() - 4..], [0xf0, 0xf1, 0xf9, 0x04]);
+    let cases: [(&[u8], &[u8], &str); 4] = [
+        (
+            &[],
+            &[0xe8, 0x02],
+            "run of the last cycle with no run before it",
+        ),
+        (
+            &first,
+            &[0xea, 0x02],
+            "run of the last cycle from past its end",
+        ),
+        // 0 less 1: a count of -1.
+        (
+            &first,
+            &[0xe8, 0x01],
+            "run of the last cycle with a count out of range",
+        ),
+        (&first, &[0xe8, 0x00], "empty run of records"),
+    ];
+    for (before, run, reason) in cases {
+        let payload = [before, run].concat();
+        let mut bytes = header().encode();
+        bytes.extend_from_slice(&crate::CHUNK_MAGIC);
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        let (decoded, damage) = read_all(&bytes);
+        assert_eq!(
+            decoded.len(),
+            if before.is_empty() { 0 } else { 8 },
+            "{reason}"
+        );
+        assert_eq!(
+            damage.iter().map(|d| &d.kind).collect::<Vec<_>>(),
+            [&crate::DamageKind::BadRecord { reason }]
+        );
+    }
+    // In range: 2 more records of the cycle, from its second (a free, then an alloc).
+    let payload = [&first[..], &[0xe9, 0x04]].concat();
+    let mut bytes = header().encode();
+    bytes.extend_from_slice(&crate::CHUNK_MAGIC);
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    let kinds: Vec<EventKind> = decoded
+        .iter()
+        .map(|record| match record {
+            Record::Event(event) => event.kind,
+            _ => panic!("{record:?}"),
+        })
+        .collect();
+    use EventKind::{Alloc, Free};
+    assert_eq!(
+        kinds,
+        [
+            Alloc, Free, Alloc, Free, Alloc, Free, Alloc, Free, Free, Alloc
+        ]
     );
 }

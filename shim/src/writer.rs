@@ -67,7 +67,9 @@ static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 /// that the writer thread wakes for it.
 static OPEN_CHUNK_DUE_NS: AtomicU64 = AtomicU64::new(0);
 /// A flush that drained at least this many events leaves its chunk open for the next ones
-/// (for at most half the flush interval): a busy loop's drains, a few thousand events apart,
+/// (for at most one flush interval: what it holds is at most two intervals old when it is
+/// written, the bound a SIGKILL in a busy stretch is documented with): a busy loop's
+/// drains, a few thousand events apart,
 /// then share a chunk instead of paying a chunk's fixed bytes each (its head, a zstd frame, its
 /// first event in full). Quieter recordings write every flush's chunk at once, as before.
 const KEEP_OPEN_EVENTS: usize = 1024;
@@ -465,7 +467,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
     }
     let routine = matches!(kind, FlushKind::Periodic | FlushKind::MakeRoom);
     if routine && busy && !dumping && !output.chunk.is_empty() {
-        let keep_ns = process::config().flush_ms.saturating_mul(1_000_000) / 2;
+        let keep_ns = process::config().flush_ms.saturating_mul(1_000_000);
         let due = output.chunk_opened_ns.saturating_add(keep_ns);
         if process::now_ns() < due {
             OPEN_CHUNK_DUE_NS.store(due, Ordering::Release);
