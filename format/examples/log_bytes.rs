@@ -112,9 +112,12 @@ fn main() -> ExitCode {
         let mut first_event = None;
         while !cursor.is_empty() {
             let before = cursor.position();
-            let Ok(record) = delta.decode(&mut cursor) else {
-                eprintln!("chunk {index}: bad record");
-                break;
+            let record = match delta.decode(&mut cursor) {
+                Ok(record) => record,
+                Err(err) => {
+                    eprintln!("chunk {index}: bad record ({})", err.0);
+                    break;
+                }
             };
             let size = cursor.position() - before;
             let name = match &record {
