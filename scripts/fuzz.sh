@@ -24,8 +24,8 @@
 # on one core for the full time. The sanitizer is VRAMSHIM_FUZZ_SANITIZER (default none:
 # the format crate has no unsafe code, and AddressSanitizer costs 10-20x fewer runs; `address`
 # works too).
-# Seeds are small synthetic logs (format/examples/synth.rs), with compressed and with plain
-# chunks, written into fuzz/corpus/ at run time together with their plain chunks' payloads and
+# Seeds are small synthetic logs (format/examples/synth.rs), with compressed, with plain and
+# with continued chunks, written into fuzz/corpus/ at run time together with their plain chunks' payloads and
 # header bodies; what the fuzzer adds there is
 # kept between runs (the folder is not committed).
 # Exits non-zero if a target crashes, panics, hangs (10 s per input) or runs out of memory;
@@ -74,7 +74,9 @@ for spec in 1:1 2:5 3:20 4:60; do
   "$synth" --seed "$seed" --events "$events" -o "fuzz/corpus/decode/synth-$seed-$events.vlog" >/dev/null 2>&1
   # Plain chunks too (crash path, version 1); their payloads seed decode_chunk.
   "$synth" --seed "$seed" --events "$events" --plain \
-    -o "fuzz/corpus/decode/synth-$seed-$events-plain.vlog" >/dev/null 2>&1
+    -o "fuzz/corpus/decode/synth-$seed-$events-plain.vlog" >/dev/null 2>&1  # Continued chunks (format 6) of a few records each.
+  "$synth" --seed "$seed" --events "$events" --continued 4 \
+    -o "fuzz/corpus/decode/synth-$seed-$events-continued.vlog" >/dev/null 2>&1
 done
 # decode_chunk takes a bare chunk payload, decode_header a bare header body: cut them out.
 python3 - fuzz/corpus <<'EOF'

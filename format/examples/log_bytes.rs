@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use vramshim_format::{CHUNK_HEADER_LEN, COMPRESSED_CHUNK_MAGIC, Cursor, LogReader, Record};
+use vramshim_format::{Cursor, LogReader, Record, chunk_spans};
 
 fn main() -> ExitCode {
     let Some(path) = std::env::args().nth(1) else {
@@ -71,12 +71,18 @@ fn main() -> ExitCode {
         header_len - apis - argv - env - strings - 4
     );
     let mut at = 20 + header_len;
-    let mut index = 0;
-    while at + CHUNK_HEADER_LEN <= bytes.len() {
-        let magic = &bytes[at..at + 4];
-        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap_or_default()) as usize;
-        let payload = &bytes[at + CHUNK_HEADER_LEN..(at + CHUNK_HEADER_LEN + len).min(bytes.len())];
-        let compressed = magic == COMPRESSED_CHUNK_MAGIC;
+    let mut delta = header.chunk_start_state();
+    let (mut keys, mut continued, mut continued_bytes) = (0, 0, 0);
+    for (index, span) in chunk_spans(&bytes).into_iter().enumerate() {
+        let len = span.payload;
+        let payload = &bytes[span.start + span.head..span.start + span.len()];
+        let compressed = span.compressed;
+        if span.key {
+            keys += 1;
+        } else {
+            continued += 1;
+            continued_bytes += span.len();
+        }
         // Version 4 frames say their length; earlier chunks put it first as a u32.
         let frame = if header.version >= 4 {
             payload
@@ -98,13 +104,20 @@ fn main() -> ExitCode {
         };
         let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
         let mut cursor = Cursor::new(&records);
-        let mut delta = header.chunk_start_state();
+        delta = if span.key {
+            header.chunk_start_state()
+        } else {
+            delta.continued()
+        };
         let mut first_event = None;
         while !cursor.is_empty() {
             let before = cursor.position();
-            let Ok(record) = delta.decode(&mut cursor) else {
-                eprintln!("chunk {index}: bad record");
-                break;
+            let record = match delta.decode(&mut cursor) {
+                Ok(record) => record,
+                Err(err) => {
+                    eprintln!("chunk {index}: bad record ({})", err.0);
+                    break;
+                }
             };
             let size = cursor.position() - before;
             let name = match &record {
@@ -114,7 +127,7 @@ fn main() -> ExitCode {
                         first_event = Some(size);
                     }
                     // A run's bytes count with its last record.
-                    if tag >= 0xf8 {
+                    if tag >= 0xf8 || (0xe8..0xf0).contains(&tag) {
                         format!("in runs: {}", event.kind.name())
                     } else if tag >= 0xf0 {
                         format!("same-time repeat {}", event.kind.name())
@@ -140,8 +153,10 @@ fn main() -> ExitCode {
             entry.1 += size;
         }
         println!(
-            "chunk {index} at {at}: {} bytes = {CHUNK_HEADER_LEN} head + {}{} ({} record bytes{}); first event {} bytes",
-            CHUNK_HEADER_LEN + len,
+            "chunk {index} at {at}: {} bytes, {} = {} head + {}{} ({} record bytes{}); first event {} bytes",
+            span.len(),
+            if span.key { "key" } else { "continued" },
+            span.head,
             len,
             if compressed && header.version >= 4 {
                 " zstd payload (frame)"
@@ -161,9 +176,11 @@ fn main() -> ExitCode {
         for (name, (count, size)) in &by_kind {
             println!("    {name:>24}: {count:>8} records {size:>8} bytes");
         }
-        at += CHUNK_HEADER_LEN + len;
-        index += 1;
+        at += span.len();
     }
+    println!(
+        "{keys} key chunks, {continued} continued chunks ({continued_bytes} bytes, heads included)"
+    );
     if at < bytes.len() {
         println!("tail: {} bytes not a whole chunk", bytes.len() - at);
     }

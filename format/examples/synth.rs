@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! cargo run --release -p vramshim-format --example synth -- --events N -o FILE [--seed S]
-//!     [--stacks K [--frames F]] [--plain]
+//!     [--stacks K [--frames F]] [--plain] [--continued R]
 //! ```
+//!
+//! `--continued R`: chunks of R records, continued ones (format 6) after a key chunk, as the
+//! recorder writes a steady stream's.
 //!
 //! The log is framed exactly as the recorder's writer frames it (header, then compressed chunks
 //! closed at 256 KiB of payload, definitions before the events that use them; `--plain`: plain
@@ -214,6 +217,8 @@ struct Synth<W: Write> {
     chunk: ChunkBuilder,
     /// Chunks written uncompressed.
     plain: bool,
+    /// Records per continued chunk (0: none).
+    continued: usize,
     out: Vec<u8>,
     bytes_written: u64,
     t_ns: u64,
@@ -245,7 +250,9 @@ impl<W: Write> Synth<W> {
         if let Record::Event(_) = record {
             self.events += 1;
         }
-        if self.chunk.payload_len() >= CHUNK_BYTES {
+        if self.chunk.payload_len() >= CHUNK_BYTES
+            || (self.continued > 0 && self.chunk.records() >= self.continued)
+        {
             self.finish_chunk()?;
         }
         Ok(())
@@ -639,6 +646,8 @@ struct Options {
     frames: Option<usize>,
     /// Plain chunks instead of compressed ones.
     plain: bool,
+    /// Records per chunk, continued chunks (0: chunks closed at 256 KiB, each a key chunk).
+    continued: usize,
 }
 
 fn parse_count(text: &str) -> Option<u64> {
@@ -659,6 +668,7 @@ fn parse_args() -> Result<Options, String> {
     let mut stacks = STACKS;
     let mut frames = None;
     let mut plain = false;
+    let mut continued = 0;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -689,6 +699,14 @@ fn parse_args() -> Result<Options, String> {
                 );
             }
             "--plain" => plain = true,
+            "--continued" => {
+                let text = value("--continued")?;
+                continued = text
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("bad records per chunk {text:?}"))?;
+            }
             "-h" | "--help" => {
                 return Err(String::new());
             }
@@ -702,6 +720,7 @@ fn parse_args() -> Result<Options, String> {
         stacks,
         frames,
         plain,
+        continued,
     })
 }
 
@@ -759,8 +778,13 @@ fn generate(options: &Options) -> std::io::Result<Synth<BufWriter<File>>> {
     let mut synth = Synth {
         rng,
         file,
-        chunk: ChunkBuilder::new(),
+        chunk: if options.continued > 0 {
+            ChunkBuilder::new().with_continued_chunks()
+        } else {
+            ChunkBuilder::new()
+        },
         plain: options.plain,
+        continued: options.continued,
         out: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
         bytes_written: header_bytes.len() as u64,
         t_ns: 0,
@@ -877,7 +901,7 @@ fn main() -> ExitCode {
                 eprintln!("synth: {message}");
             }
             eprintln!(
-                "usage: synth --events N -o FILE [--seed S] [--stacks K] [--frames F] [--plain]   (N, K may end in k, M or G)"
+                "usage: synth --events N -o FILE [--seed S] [--stacks K] [--frames F] [--plain] [--continued R]   (N, K may end in k, M or G)"
             );
             return ExitCode::from(2);
         }

@@ -8,7 +8,18 @@
 //!        |  "VSCZ" u32 | payload length u32 | payload crc32 u32 | payload:
 //!                      zstd frame of the records, with their length (version 4+)
 //!                    | records length u32 | zstd frame of the records (versions 2, 3)
+//!        |  0xC5 | payload length varint | crc32 u32 of all before it and the payload |
+//!                      payload (records)                        (version 6: continued)
+//!        |  0xC7 | the same, the payload a zstd frame of the records (version 6: continued)
 //! ```
+//!
+//! A `VSCK`/`VSCZ` chunk is a key chunk: its records decode on their own. A continued chunk
+//! (format version 6) carries on from the delta state the chunk before it ended in (the
+//! current thread, time, address, size, the recent events repeats refer to, the last run's
+//! cycle), so a steady stream's chunk costs its new records and a 6-byte head, not its first
+//! events in full and 12 bytes. Only a whole chunk read without damage can be continued: after
+//! damage, a reader skips (and counts) continued chunks up to the next key chunk. The
+//! recorder writes a key chunk at least every [`KEY_CHUNK_BYTES`] of records and every second.
 //!
 //! A `VSCZ` chunk (format version 2) holds the same records as a `VSCK` chunk, compressed; its
 //! checksum covers the compressed payload, so damage is found before decompressing. Writers
@@ -16,9 +27,10 @@
 //! crash path); readers take both, and version 1 logs have only plain chunks.
 //!
 //! All integers in the fixed parts are little-endian; records inside a payload use LEB128
-//! varints with deltas against the previous record *of the same chunk*, so each chunk decodes
-//! on its own. A reader therefore knows exactly where a torn tail begins (the first chunk that
-//! is incomplete) and can skip a damaged chunk and carry on with the next one.
+//! varints with deltas against the previous record (of the same chunk, or of the chunks since
+//! the last key chunk). A reader knows exactly where a torn tail begins (the first chunk that
+//! is incomplete: only it is lost) and can skip a damaged chunk and carry on with the next key
+//! chunk.
 
 mod apis;
 mod reader;
@@ -45,8 +57,10 @@ pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
 /// resolution, one-byte repeats of an event at the same time, compressed chunks without their
 /// own records length; 5: runs of same-time repeats, each chunk's thread starting at the pid,
 /// modules as one address and two short distances, the recorded environment variables named
-/// by their place in [`RECORDED_ENV`]).
-pub const FORMAT_VERSION: u32 = 5;
+/// by their place in [`RECORDED_ENV`]; 6: continued chunks, runs of the last run's cycle).
+pub const FORMAT_VERSION: u32 = 6;
+/// The first version of continued chunks and of runs of the last cycle.
+pub(crate) const CONTINUED_VERSION: u32 = 6;
 /// The first version of runs, chunks starting at the pid's thread, short module addresses
 /// and environment variables by place.
 const RUNS_VERSION: u32 = 5;
@@ -63,8 +77,17 @@ pub(crate) const FRAME_SIZE_VERSION: u32 = 4;
 pub const CHUNK_MAGIC: [u8; 4] = *b"VSCK";
 /// Marks the start of a compressed chunk.
 pub const COMPRESSED_CHUNK_MAGIC: [u8; 4] = *b"VSCZ";
-/// Bytes before a chunk's payload.
+/// Bytes before a key chunk's payload.
 pub const CHUNK_HEADER_LEN: usize = 12;
+/// First byte of a continued chunk of plain records (format version 6). Not `V`: a reader
+/// tells it from a key chunk's marker by its first byte.
+pub const CONTINUED_CHUNK: u8 = 0xc5;
+/// First byte of a continued chunk whose payload is a zstd frame of the records.
+pub const CONTINUED_COMPRESSED_CHUNK: u8 = 0xc7;
+/// A writer that continues chunks writes a key chunk once this many record bytes (before
+/// compression) were written since the last one: a damaged chunk loses at most the chunks up
+/// to the next key chunk.
+pub const KEY_CHUNK_BYTES: usize = 64 << 10;
 /// Larger chunk lengths are treated as damage, never allocated.
 pub const MAX_CHUNK_LEN: usize = 64 << 20;
 const MAX_HEADER_LEN: usize = 16 << 20;
@@ -144,7 +167,9 @@ impl Header {
         } else {
             DeltaState::default()
         };
-        if self.version >= RUNS_VERSION {
+        if self.version >= CONTINUED_VERSION {
+            state.with_first_thread(self.pid).with_runs_again()
+        } else if self.version >= RUNS_VERSION {
             state.with_first_thread(self.pid)
         } else {
             state.with_absolute_modules()
@@ -362,6 +387,15 @@ pub struct ChunkBuilder {
     /// writes plain chunks only never allocates one).
     compressor: Option<zstd_safe::CCtx<'static>>,
     compressed: Vec<u8>,
+    /// Chunks may continue the one before them (format 6); off: every chunk is a key chunk.
+    continues: bool,
+    /// The chunk being built is a key chunk (decided at its first record).
+    key: bool,
+    /// The next chunk is a key chunk (none written yet, or one was asked for).
+    key_due: bool,
+    /// Record bytes of the chunks since the last key chunk began (as written: a run's
+    /// records cost its few bytes).
+    since_key: usize,
 }
 
 /// No thread has this id: a builder told no first thread writes every chunk's first event's
@@ -377,6 +411,10 @@ impl Default for ChunkBuilder {
             records: 0,
             compressor: None,
             compressed: Vec::new(),
+            continues: false,
+            key: true,
+            key_due: true,
+            since_key: 0,
         }
     }
 }
@@ -413,8 +451,48 @@ impl ChunkBuilder {
         self
     }
 
+    /// A builder whose chunks continue the one before them (format 6) except the first, one
+    /// after [`KEY_CHUNK_BYTES`] of records since the last key chunk, and one asked for with
+    /// [`ChunkBuilder::request_key`]. Without it, every chunk is a key chunk.
+    pub fn with_continued_chunks(mut self) -> Self {
+        self.continues = true;
+        self
+    }
+
+    /// The next chunk begun (not one already holding records) is a key chunk.
+    pub fn request_key(&mut self) {
+        self.key_due = true;
+    }
+
+    /// Whether the chunk being built (or the next, when empty) is a key chunk.
+    pub fn is_key(&self) -> bool {
+        if self.records == 0 {
+            !self.continues || self.key_due || self.since_key >= KEY_CHUNK_BYTES
+        } else {
+            self.key
+        }
+    }
+
+    /// The first record of a chunk: the chunk is a key chunk (its state starts afresh) or
+    /// continues the state the last one ended in.
+    fn begin_chunk(&mut self) {
+        let key = self.is_key();
+        self.key = key;
+        if key {
+            self.delta = self.delta.restarted();
+            self.since_key = 0;
+            self.key_due = false;
+        } else {
+            self.delta = self.delta.continued();
+        }
+        self.runs = self.runs.next_chunk(key);
+    }
+
     /// Appends one record.
     pub fn push(&mut self, record: &Record) {
+        if self.records == 0 {
+            self.begin_chunk();
+        }
         let start = self.payload.len();
         self.delta.encode(record, &mut self.payload);
         self.runs.after_record(&mut self.payload, start);
@@ -444,7 +522,9 @@ impl ChunkBuilder {
             return;
         }
         self.runs.end(&mut self.payload);
-        put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
+        let payload = std::mem::take(&mut self.payload);
+        self.put(out, false, &payload);
+        self.payload = payload;
         self.reset();
     }
 
@@ -479,17 +559,32 @@ impl ChunkBuilder {
         if !self.compressed.is_empty() && worth_it {
             // The frame's header holds the records' length (zstd writes it for a one-shot
             // compression): nothing else is needed.
-            put_chunk(out, COMPRESSED_CHUNK_MAGIC, &[&self.compressed]);
+            let compressed = std::mem::take(&mut self.compressed);
+            self.put(out, true, &compressed);
+            self.compressed = compressed;
         } else {
-            put_chunk(out, CHUNK_MAGIC, &[&self.payload]);
+            let payload = std::mem::take(&mut self.payload);
+            self.put(out, false, &payload);
+            self.payload = payload;
         }
         self.reset();
     }
 
+    /// Appends the chunk of `payload` with the head its kind takes.
+    fn put(&self, out: &mut Vec<u8>, compressed: bool, payload: &[u8]) {
+        match (self.key, compressed) {
+            (true, false) => put_chunk(out, CHUNK_MAGIC, &[payload]),
+            (true, true) => put_chunk(out, COMPRESSED_CHUNK_MAGIC, &[payload]),
+            (false, false) => put_continued_chunk(out, CONTINUED_CHUNK, payload),
+            (false, true) => put_continued_chunk(out, CONTINUED_COMPRESSED_CHUNK, payload),
+        }
+    }
+
+    /// The chunk is written: the next one starts empty (its state is set by its first record).
     fn reset(&mut self) {
+        self.since_key = self.since_key.saturating_add(self.payload.len());
         self.payload.clear();
-        self.delta = self.delta.restarted();
-        self.runs = RunWriter::default();
+        self.runs = self.runs.next_chunk(false);
         self.records = 0;
     }
 }
@@ -507,6 +602,99 @@ fn compressor<'a>(
         *slot = Some(compressor);
     }
     slot.as_mut()
+}
+
+/// Appends one continued chunk: `kind`, the payload's length (LEB128), a CRC-32 of those bytes
+/// and the payload, then the payload. Allocates nothing when `out` has room.
+fn put_continued_chunk(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+    let start = out.len();
+    out.push(kind);
+    put_u64(out, payload.len() as u64);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&out[start..]);
+    crc.update(payload);
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Where one chunk lies in a log file (see [`chunk_spans`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSpan {
+    /// Offset of its first byte.
+    pub start: usize,
+    /// Bytes before its payload (12 for a key chunk, 6 or more for a continued one).
+    pub head: usize,
+    /// Bytes of its payload (as stored: compressed or not).
+    pub payload: usize,
+    /// A key chunk (`VSCK`, `VSCZ`), not a continued one.
+    pub key: bool,
+    /// The payload is a zstd frame.
+    pub compressed: bool,
+}
+
+impl ChunkSpan {
+    /// Its bytes in the file, head included.
+    pub fn len(&self) -> usize {
+        self.head + self.payload
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The chunks of the log in `log` (a whole file, header first), in order, by their heads
+/// alone (no checksum is checked); stops at the first bytes that do not start a whole chunk.
+/// For tools and tests that look at a log's layout.
+pub fn chunk_spans(log: &[u8]) -> Vec<ChunkSpan> {
+    let mut spans = Vec::new();
+    let Some(len) = log.get(12..16) else {
+        return spans;
+    };
+    let mut at = 20 + u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    while let Some(&first) = log.get(at) {
+        let (head, payload, key, compressed) = match first {
+            CONTINUED_CHUNK | CONTINUED_COMPRESSED_CHUNK => {
+                let mut cursor = Cursor::new(&log[at + 1..]);
+                let Ok(payload) = cursor.u64() else { break };
+                (
+                    1 + cursor.pos + 4,
+                    payload as usize,
+                    false,
+                    first == CONTINUED_COMPRESSED_CHUNK,
+                )
+            }
+            _ => {
+                let Some(head) = log.get(at..at + CHUNK_HEADER_LEN) else {
+                    break;
+                };
+                let magic = [head[0], head[1], head[2], head[3]];
+                if magic != CHUNK_MAGIC && magic != COMPRESSED_CHUNK_MAGIC {
+                    break;
+                }
+                let payload = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+                (
+                    CHUNK_HEADER_LEN,
+                    payload,
+                    true,
+                    magic == COMPRESSED_CHUNK_MAGIC,
+                )
+            }
+        };
+        let span = ChunkSpan {
+            start: at,
+            head,
+            payload,
+            key,
+            compressed,
+        };
+        if at.saturating_add(span.len()) > log.len() {
+            break;
+        }
+        spans.push(span);
+        at += span.len();
+    }
+    spans
 }
 
 /// Appends one chunk whose payload is the concatenation of `parts`.

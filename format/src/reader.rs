@@ -7,8 +7,9 @@ use std::io::{self, BufReader, Read};
 use crate::record::{DeltaState, Record};
 use crate::varint::Cursor;
 use crate::{
-    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, FORMAT_VERSION, FRAME_SIZE_VERSION,
-    Header, MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
+    CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, CONTINUED_CHUNK,
+    CONTINUED_COMPRESSED_CHUNK, CONTINUED_VERSION, FORMAT_VERSION, FRAME_SIZE_VERSION, Header,
+    MAGIC, MAX_CHUNK_LEN, MAX_HEADER_LEN,
 };
 
 /// Why a log could not be opened at all.
@@ -57,6 +58,9 @@ pub enum DamageKind {
     BadRecord { reason: &'static str },
     /// The file could not be read further.
     Io { message: String },
+    /// Whole continued chunks (format 6) skipped because the chunk before them was damaged
+    /// or skipped: they carry on from its state. Reading resumes at the next key chunk.
+    ContinuedAfterDamage { chunks: u64, bytes: u64 },
 }
 
 /// Damage at a byte offset of the log.
@@ -94,6 +98,18 @@ impl fmt::Display for Damage {
             DamageKind::Io { message } => {
                 write!(f, "read error at byte {}: {message}", self.offset)
             }
+            DamageKind::ContinuedAfterDamage { chunks, bytes } => write!(
+                f,
+                "{chunks} continued chunk{} at byte {} ({bytes} bytes) skipped: {} on the damaged chunk before {}; reading resumes at the next key chunk",
+                if *chunks == 1 { "" } else { "s" },
+                self.offset,
+                if *chunks == 1 {
+                    "it carries"
+                } else {
+                    "they carry"
+                },
+                if *chunks == 1 { "it" } else { "them" },
+            ),
         }
     }
 }
@@ -120,6 +136,13 @@ pub struct LogReader<R: Read> {
     chunk_pos: usize,
     delta: DeltaState,
     finished: bool,
+    /// The delta state is not the one the next continued chunk carries on from (no key chunk
+    /// read yet, or damage since): continued chunks are skipped and counted.
+    lost: bool,
+    /// Continued chunks skipped since the last damage: (offset of the first, count, bytes).
+    skipped: Option<(u64, u64, u64)>,
+    /// Damage met right after skipped continued chunks, reported after them.
+    pending: Option<Damage>,
 }
 
 impl<R: Read> LogReader<R> {
@@ -172,6 +195,9 @@ impl<R: Read> LogReader<R> {
             delta: header.chunk_start_state(),
             header,
             finished: false,
+            lost: true,
+            skipped: None,
+            pending: None,
         })
     }
 
@@ -185,11 +211,38 @@ impl<R: Read> LogReader<R> {
         self.offset
     }
 
-    /// Reads the next chunk into `self.chunk`; returns damage met on the way, if any.
+    /// Reads the next chunk into `self.chunk`; returns damage met on the way, if any: the
+    /// continued chunks skipped after damage first, then what ended them.
     fn load_chunk(&mut self) -> Option<Damage> {
+        let damage = loop {
+            let damage = self.load_one_chunk();
+            if damage.is_some() {
+                self.lost = true;
+                break damage;
+            }
+            // A chunk loaded, the end, or a continued chunk skipped: then the next.
+            if !self.chunk.is_empty() || self.finished {
+                break None;
+            }
+        };
+        match self.skipped.take() {
+            Some((offset, chunks, bytes)) => {
+                self.pending = damage;
+                Some(Damage {
+                    offset,
+                    kind: DamageKind::ContinuedAfterDamage { chunks, bytes },
+                })
+            }
+            None => damage,
+        }
+    }
+
+    /// Reads one chunk into `self.chunk` (left empty for a continued chunk that is skipped);
+    /// returns damage met on the way, if any.
+    fn load_one_chunk(&mut self) -> Option<Damage> {
         let start = self.offset;
         let mut head = [0u8; CHUNK_HEADER_LEN];
-        let got = match read_full(&mut self.source, &mut head) {
+        let got = match read_full(&mut self.source, &mut head[..1]) {
             Ok(got) => got,
             Err(err) => return Some(self.io_damage(err)),
         };
@@ -198,6 +251,16 @@ impl<R: Read> LogReader<R> {
             self.finished = true;
             return None;
         }
+        if self.header.version >= CONTINUED_VERSION
+            && matches!(head[0], CONTINUED_CHUNK | CONTINUED_COMPRESSED_CHUNK)
+        {
+            return self.load_continued(start, head[0]);
+        }
+        let got = match read_full(&mut self.source, &mut head[1..]) {
+            Ok(rest) => 1 + rest,
+            Err(err) => return Some(self.io_damage(err)),
+        };
+        self.offset += (got - 1) as u64;
         if got < 4 || !is_chunk_marker(&head[..4]) {
             return Some(self.resync(start, &head[..got]));
         }
@@ -238,6 +301,17 @@ impl<R: Read> LogReader<R> {
             });
         }
         if crc32fast::hash(&self.chunk) != crc {
+            if self.header.version >= CONTINUED_VERSION && self.next_starts_chunk() {
+                // What follows the chunk as its length says is a chunk (or the end): the
+                // length is right, and the continued chunks after it can be counted.
+                self.chunk.clear();
+                return Some(Damage {
+                    offset: start,
+                    kind: DamageKind::BadChecksum {
+                        len: (CHUNK_HEADER_LEN + len) as u64,
+                    },
+                });
+            }
             // The damage may be in the length field: rather than trust it, carry on from the
             // next chunk marker after this chunk's own.
             let mut consumed = head.to_vec();
@@ -254,6 +328,7 @@ impl<R: Read> LogReader<R> {
         self.chunk_offset = start;
         self.chunk_pos = 0;
         self.delta = self.header.chunk_start_state();
+        self.lost = false;
         if compressed && let Err(reason) = self.decompress_chunk() {
             self.chunk.clear();
             return Some(Damage {
@@ -262,6 +337,133 @@ impl<R: Read> LogReader<R> {
             });
         }
         None
+    }
+
+    /// A continued chunk (format 6) whose first byte, `kind`, was read at `start`: loaded
+    /// when the state it carries on from is there, else checked and counted as skipped.
+    fn load_continued(&mut self, start: u64, kind: u8) -> Option<Damage> {
+        let mut consumed = vec![kind];
+        // The payload's length, a LEB128 varint of at most 10 bytes, then the checksum.
+        let mut len = 0u64;
+        let mut shift = 0;
+        loop {
+            let mut byte = [0u8; 1];
+            match read_full(&mut self.source, &mut byte) {
+                Ok(1) => {}
+                Ok(_) => return Some(self.torn(start, consumed.len())),
+                Err(err) => return Some(self.io_damage(err)),
+            }
+            self.offset += 1;
+            consumed.push(byte[0]);
+            if shift < 64 {
+                len |= u64::from(byte[0] & 0x7f) << shift;
+            }
+            shift += 7;
+            if byte[0] & 0x80 == 0 {
+                break;
+            }
+            if consumed.len() > 10 {
+                return Some(self.resync(start, &consumed));
+            }
+        }
+        if len > MAX_CHUNK_LEN as u64 {
+            return Some(self.resync(start, &consumed));
+        }
+        let head_len = consumed.len() + 4;
+        let len = len as usize;
+        let mut crc = [0u8; 4];
+        self.chunk.resize(len, 0);
+        let got = match read_full(&mut self.source, &mut crc).and_then(|got| {
+            if got < 4 {
+                Ok(got)
+            } else {
+                read_full(&mut self.source, &mut self.chunk).map(|payload| got + payload)
+            }
+        }) {
+            Ok(got) => got,
+            Err(err) => return Some(self.io_damage(err)),
+        };
+        self.offset += got as u64;
+        if got < 4 + len {
+            consumed.extend_from_slice(&crc[..got.min(4)]);
+            consumed.extend_from_slice(&self.chunk[..got.saturating_sub(4)]);
+            self.chunk.clear();
+            if consumed[1..].windows(4).any(is_chunk_marker) {
+                return Some(self.resync(start, &consumed));
+            }
+            return Some(self.torn(start, consumed.len()));
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&consumed);
+        hasher.update(&self.chunk);
+        if hasher.finalize() != u32::from_le_bytes(crc) {
+            if self.next_starts_chunk() {
+                self.chunk.clear();
+                return Some(Damage {
+                    offset: start,
+                    kind: DamageKind::BadChecksum {
+                        len: (head_len + len) as u64,
+                    },
+                });
+            }
+            consumed.extend_from_slice(&crc);
+            consumed.append(&mut self.chunk);
+            let damage = self.resync(start, &consumed);
+            let kind = match damage.kind {
+                DamageKind::Garbage { bytes } | DamageKind::TornTail { bytes } => {
+                    DamageKind::BadChecksum { len: bytes }
+                }
+                other => other,
+            };
+            return Some(Damage { kind, ..damage });
+        }
+        if self.lost {
+            self.chunk.clear();
+            let (_, chunks, bytes) = self.skipped.get_or_insert((start, 0, 0));
+            *chunks += 1;
+            *bytes += (head_len + len) as u64;
+            return None;
+        }
+        self.chunk_offset = start;
+        self.chunk_pos = 0;
+        self.delta = self.delta.continued();
+        if kind == CONTINUED_COMPRESSED_CHUNK
+            && let Err(reason) = self.decompress_chunk()
+        {
+            self.chunk.clear();
+            return Some(Damage {
+                offset: start,
+                kind: DamageKind::BadRecord { reason },
+            });
+        }
+        None
+    }
+
+    /// The file ends inside the chunk at `start`, of which `bytes` were read.
+    fn torn(&mut self, start: u64, bytes: usize) -> Damage {
+        self.finished = true;
+        Damage {
+            offset: start,
+            kind: DamageKind::TornTail {
+                bytes: bytes as u64,
+            },
+        }
+    }
+
+    /// Whether the next bytes start a chunk (a key chunk's marker or a continued chunk's
+    /// first byte) or the file ends there; they stay unread.
+    fn next_starts_chunk(&mut self) -> bool {
+        let mut next = [0u8; 4];
+        let got = match read_full(&mut self.source, &mut next) {
+            Ok(got) => got,
+            Err(_) => return false,
+        };
+        self.offset += got as u64;
+        let starts = got == 0
+            || matches!(next[0], CONTINUED_CHUNK | CONTINUED_COMPRESSED_CHUNK)
+            || (got == 4 && is_chunk_marker(&next));
+        self.pushback(next[..got].to_vec());
+        starts
     }
 
     /// Replaces the compressed payload in `self.chunk` by the records it holds.
@@ -374,6 +576,9 @@ impl<R: Read> LogReader<R> {
             if self.chunk_pos < self.chunk.len() {
                 return Ok(true);
             }
+            if let Some(damage) = self.pending.take() {
+                return Err(damage);
+            }
             if self.finished {
                 return Ok(false);
             }
@@ -389,6 +594,7 @@ impl<R: Read> LogReader<R> {
     #[cold]
     fn bad_record(&mut self, reason: &'static str) -> Damage {
         self.chunk_pos = self.chunk.len();
+        self.lost = true;
         Damage {
             offset: self.chunk_offset,
             kind: DamageKind::BadRecord { reason },

@@ -338,6 +338,13 @@ pub(crate) const MAX_RUN_PERIOD: usize = 8;
 /// at most about 320 Ki records), so only damage passes it; it bounds the work a crafted
 /// chunk can cause. The encoder writes plainly what a chunk's runs cannot take.
 pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
+/// `TAG_RUN_AGAIN + phase` then `n` less the last such record's `n` since the last key chunk
+/// (0 before the first; a zigzag varint) (format version 6): `n` records of the cycle of
+/// the last run record (`TAG_RUN + period - 1`) read since the last key chunk, in turn from
+/// its record `phase` on (`phase` < the period): a loop's next time step costs its first
+/// event (a repeat with the time delta), this tag and the count, not the cycle written once
+/// more, whichever of the loop's events crosses into the step.
+pub(crate) const TAG_RUN_AGAIN: u8 = 0xe8;
 /// The one tag left between the repeats and the events.
 const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
@@ -359,8 +366,9 @@ const F_MEM_INFO: u8 = 1 << 5;
 const F_STACK: u8 = 1 << 6;
 const F_ADDR: u8 = 1 << 7;
 
-/// Delta state shared by encoder and decoder; reset at every chunk so each chunk decodes
-/// on its own (a damaged chunk can be skipped without losing the ones after it).
+/// Delta state shared by encoder and decoder; reset at every key chunk (before format
+/// version 6: every chunk) so that it decodes on its own; a continued chunk (version 6)
+/// carries on from the state the chunk before it ended in.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeltaState {
     t_ns: u64,
@@ -391,6 +399,15 @@ pub struct DeltaState {
     run_done: u32,
     /// Records every run of this chunk expanded to so far (bounded by `MAX_RUN_RECORDS`).
     run_records: u32,
+    /// The cycle of the last run record read (its first `last_period` bytes), for
+    /// [`TAG_RUN_AGAIN`].
+    last_cycle: [u8; MAX_RUN_PERIOD],
+    /// 0: no run read yet since the last key chunk.
+    last_period: u8,
+    /// The count of the last [`TAG_RUN_AGAIN`] record since the last key chunk (0: none).
+    last_again_count: u32,
+    /// Format version 6 or later: [`TAG_RUN_AGAIN`] is a record (before, damage).
+    runs_again: bool,
 }
 
 impl DeltaState {
@@ -425,14 +442,32 @@ impl DeltaState {
         self
     }
 
-    /// The state at the start of a new chunk, with the same settings.
+    /// The same state, reading [`TAG_RUN_AGAIN`] (format version 6).
+    pub(crate) fn with_runs_again(mut self) -> DeltaState {
+        self.runs_again = true;
+        self
+    }
+
+    /// The state at the start of a new key chunk, with the same settings.
     pub(crate) fn restarted(&self) -> DeltaState {
         DeltaState {
             time_step_ns: self.time_step_ns,
             first_thread: self.first_thread,
             thread: self.first_thread,
             absolute_modules: self.absolute_modules,
+            runs_again: self.runs_again,
             ..DeltaState::default()
+        }
+    }
+
+    /// The state at the start of a continued chunk: this one, with the chunk's bound on its
+    /// runs' records starting again.
+    pub fn continued(&self) -> DeltaState {
+        DeltaState {
+            run_left: 0,
+            run_done: 0,
+            run_records: 0,
+            ..*self
         }
     }
 
@@ -711,6 +746,8 @@ impl DeltaState {
             self.decode_run_into(tag, cursor, event)?;
         } else if tag >= TAG_REPEAT_SAME_TIME {
             self.decode_repeat_into(tag, cursor, event)?;
+        } else if self.runs_again && is_run_again(tag) {
+            self.decode_run_into(tag, cursor, event)?;
         } else if tag >= TAG_EVENT {
             let kind =
                 EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
@@ -758,9 +795,40 @@ impl DeltaState {
         event: &mut Event,
     ) -> Result<(), DecodeError> {
         let at = cursor.pos - 1;
-        let period = usize::from(tag - TAG_RUN) + 1;
-        let count = cursor.u32()?;
+        let again = tag < TAG_REPEAT_SAME_TIME;
+        let phase = if again {
+            usize::from(tag - TAG_RUN_AGAIN)
+        } else {
+            0
+        };
+        let period = if again {
+            usize::from(self.last_period)
+        } else {
+            usize::from(tag - TAG_RUN) + 1
+        };
+        if period == 0 {
+            return Err(DecodeError("run of the last cycle with no run before it"));
+        }
+        if phase >= period {
+            return Err(DecodeError("run of the last cycle from past its end"));
+        }
+        let count = if again {
+            // The count's difference from the last such run's (a loop's steps hold about as
+            // many records each): read again at each record, used at the first only.
+            let difference = cursor.i64()?;
+            if self.run_left == 0 {
+                u32::try_from(i64::from(self.last_again_count).wrapping_add(difference))
+                    .map_err(|_| DecodeError("run of the last cycle with a count out of range"))?
+            } else {
+                0
+            }
+        } else {
+            cursor.u32()?
+        };
         if self.run_left == 0 {
+            if again {
+                self.last_again_count = count;
+            }
             if count == 0 {
                 return Err(DecodeError("empty run of records"));
             }
@@ -771,10 +839,18 @@ impl DeltaState {
             self.run_left = count;
             self.run_done = 0;
         }
-        let Some(cycle) = at.checked_sub(period).map(|start| &cursor.bytes[start..at]) else {
-            return Err(DecodeError("run of records not in the chunk"));
+        let repeat = if again {
+            self.last_cycle[(phase + self.run_done as usize) % period]
+        } else {
+            let Some(cycle) = at.checked_sub(period).map(|start| &cursor.bytes[start..at]) else {
+                return Err(DecodeError("run of records not in the chunk"));
+            };
+            if self.runs_again && self.run_done == 0 {
+                self.last_cycle[..period].copy_from_slice(cycle);
+                self.last_period = period as u8;
+            }
+            cycle[self.run_done as usize % period]
         };
-        let repeat = cycle[self.run_done as usize % period];
         if !(TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(&repeat) {
             return Err(DecodeError("run of records that are not same-time repeats"));
         }
@@ -789,7 +865,7 @@ impl DeltaState {
     /// Reads the next record from `cursor`.
     pub fn decode(&mut self, cursor: &mut Cursor<'_>) -> Result<Record, DecodeError> {
         let tag = cursor.u8()?;
-        if tag >= TAG_RUN {
+        if tag >= TAG_RUN || (self.runs_again && is_run_again(tag)) {
             let mut event = Event::default();
             self.decode_run_into(tag, cursor, &mut event)?;
             return Ok(Record::Event(event));
@@ -960,6 +1036,12 @@ impl DeltaState {
     }
 }
 
+/// Whether `tag` is a [`TAG_RUN_AGAIN`] record's.
+#[inline]
+fn is_run_again(tag: u8) -> bool {
+    (TAG_RUN_AGAIN..TAG_RUN_AGAIN + MAX_RUN_PERIOD as u8).contains(&tag)
+}
+
 /// Whether `a` and `b` differ at most in their times (the fields that differ most often are
 /// compared first). Every field is named, so a new one cannot be forgotten here.
 fn same_but_time(a: &Event, b: &Event) -> bool {
@@ -1011,9 +1093,32 @@ pub(crate) struct RunWriter {
     /// Bytes the chunk's runs saved: records counted as written plainly, one byte each, less
     /// the run records.
     saved: usize,
+    /// The run being gathered repeats `last` (a [`TAG_RUN_AGAIN`] record), not the bytes
+    /// before it.
+    again: bool,
+    /// The record of `last` that run starts from.
+    phase: usize,
+    /// The cycle of the last run record written since the last key chunk (its first
+    /// `last_period` bytes; 0: none), as the decoder keeps it.
+    last: [u8; MAX_RUN_PERIOD],
+    last_period: usize,
+    /// The count of the last [`TAG_RUN_AGAIN`] record written since the last key chunk.
+    last_again_count: u32,
 }
 
 impl RunWriter {
+    /// The writer for the next chunk: a key chunk's forgets the last run's cycle; a continued
+    /// chunk's keeps it, as its decoder does.
+    pub(crate) fn next_chunk(&self, key: bool) -> RunWriter {
+        let mut next = RunWriter::default();
+        if !key {
+            next.last = self.last;
+            next.last_period = self.last_period;
+            next.last_again_count = self.last_again_count;
+        }
+        next
+    }
+
     /// Bytes the payload would hold with every run written plainly.
     pub(crate) fn saved(&self) -> usize {
         self.saved + self.count as usize
@@ -1028,7 +1133,12 @@ impl RunWriter {
                 (TAG_REPEAT_SAME_TIME..TAG_REPEAT_SAME_TIME + RECENT as u8).contains(tag)
             });
         if self.period != 0 {
-            let expected = payload[start - self.period + self.count as usize % self.period];
+            let at = self.count as usize % self.period;
+            let expected = if self.again {
+                self.last[(self.phase + self.count as usize) % self.period]
+            } else {
+                payload[start - self.period + at]
+            };
             if repeat == Some(expected) && self.expanded + self.count < MAX_RUN_RECORDS {
                 payload.pop();
                 self.count += 1;
@@ -1043,6 +1153,22 @@ impl RunWriter {
             self.plain = 0;
             return;
         };
+        // The first one-byte repeat after something else, and one of the last run's cycle: a
+        // loop's next time step; its records may repeat that cycle.
+        let phase = self.last[..self.last_period]
+            .iter()
+            .position(|tag| *tag == repeat);
+        if self.plain == 0
+            && self.expanded < MAX_RUN_RECORDS
+            && let Some(phase) = phase
+        {
+            payload.pop();
+            self.period = self.last_period;
+            self.again = true;
+            self.phase = phase;
+            self.count = 1;
+            return;
+        }
         // The record's position in its own bytes' terms, after whatever the run became.
         let at = payload.len() - 1;
         let known = self.plain.min(MAX_RUN_PERIOD);
@@ -1069,25 +1195,47 @@ impl RunWriter {
         if self.period == 0 {
             return (bytes, 0);
         }
-        let cycle = &payload[at - self.period..at];
+        let mut cycle = [0u8; MAX_RUN_PERIOD];
+        if self.again {
+            for (at, tag) in cycle[..self.period].iter_mut().enumerate() {
+                *tag = self.last[(self.phase + at) % self.period];
+            }
+        } else {
+            cycle[..self.period].copy_from_slice(&payload[at - self.period..at]);
+        }
         let count = self.count as usize;
-        let len = if count <= 2 {
+        // The run record: its tag, then its count (a run of the last cycle: the count's
+        // difference from the last one's, zigzag).
+        let mut value = if self.again {
+            let difference = i64::from(self.count) - i64::from(self.last_again_count);
+            ((difference << 1) ^ (difference >> 63)) as u64
+        } else {
+            u64::from(self.count)
+        };
+        let mut len = 1;
+        while value >= 0x80 {
+            bytes[len] = (value as u8) | 0x80;
+            value >>= 7;
+            len += 1;
+        }
+        bytes[len] = value as u8;
+        len += 1;
+        let len = if count <= 2 || len >= count {
+            // As short written plainly.
             for done in 0..count {
                 bytes[done] = cycle[done % self.period];
             }
             self.plain += count;
             count
         } else {
-            bytes[0] = TAG_RUN + (self.period - 1) as u8;
-            let mut value = self.count;
-            let mut len = 1;
-            while value >= 0x80 {
-                bytes[len] = (value as u8) | 0x80;
-                value >>= 7;
-                len += 1;
+            if self.again {
+                bytes[0] = TAG_RUN_AGAIN + self.phase as u8;
+                self.last_again_count = self.count;
+            } else {
+                bytes[0] = TAG_RUN + (self.period - 1) as u8;
+                self.last = cycle;
+                self.last_period = self.period;
             }
-            bytes[len] = value as u8;
-            len += 1;
             self.saved += count - len;
             self.expanded += self.count;
             self.plain = 0;
@@ -1095,6 +1243,7 @@ impl RunWriter {
         };
         self.period = 0;
         self.count = 0;
+        self.again = false;
         (bytes, len)
     }
 }

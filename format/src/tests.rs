@@ -806,7 +806,11 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     // more same-time repeats and a run of the rest of the first 10 ms (1 + 3 bytes); then,
     // for each of the nine later steps, the alloc that crosses into it (a repeat and its
     // time delta: 2 bytes), the free and the next alloc (1 byte each), and a run of the rest
-    // of the step (4 bytes): 21 + 2 + 4 + 9 * 8 = 99 bytes for 200,000 events.
+    // of the step (4 bytes). Each later step's free, alloc, free, ... repeat the first step's
+    // cycle (alloc, free) from its second record: one run of the last cycle (format 6: its
+    // tag, which says where in the cycle it starts, and its count less the last such run's:
+    // 19,999, 3 bytes, then 0, 1 byte; no cycle written): 21 + 2 + 4 + (2 + 1 + 3) +
+    // 8 * (2 + 1 + 1) = 65 bytes for 200,000 events.
     let records = loop_pairs(100_000, 0);
     let header = Header {
         time_resolution_ns: 10_000_000,
@@ -824,7 +828,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     assert_eq!(chunk.payload_len(), 21 + 200_000 - 2 + 9);
     let header_len = bytes.len();
     chunk.finish_into(&mut bytes);
-    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 99);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 65);
     let (decoded, damage) = read_all(&bytes);
     assert!(damage.is_empty(), "{damage:?}");
     assert_eq!(decoded, at_10ms(&records));
@@ -836,7 +840,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
     }
     chunk.finish_compressed_into(&mut bytes);
     assert_eq!(bytes[header_len..header_len + 4], COMPRESSED_CHUNK_MAGIC);
-    assert!(bytes.len() - header_len < CHUNK_HEADER_LEN + 99);
+    assert!(bytes.len() - header_len <= CHUNK_HEADER_LEN + 65);
     assert_eq!(read_all(&bytes).0, at_10ms(&records));
     // The same chunk without the first thread: the first event writes its thread (2 bytes).
     let mut chunk = ChunkBuilder::new().with_time_resolution(10_000_000);
@@ -845,7 +849,7 @@ fn a_loop_at_a_coarse_resolution_is_a_run_record_per_time_step() {
         chunk.push(record);
     }
     chunk.finish_into(&mut bytes);
-    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 101);
+    assert_eq!(bytes.len() - header_len, CHUNK_HEADER_LEN + 67);
     assert_eq!(read_all(&bytes).0, at_10ms(&records));
 }
 
@@ -904,7 +908,9 @@ fn runs_of_any_cycle_read_back_exactly() {
     }
     for resolution in [1, 10_000_000] {
         for per_chunk in [7, 100, 100_000] {
-            for compressed in [false, true] {
+            for (compressed, continued) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
                 let header = Header {
                     time_resolution_ns: resolution,
                     ..header()
@@ -913,6 +919,9 @@ fn runs_of_any_cycle_read_back_exactly() {
                 let mut chunk = ChunkBuilder::new()
                     .with_time_resolution(resolution)
                     .with_first_thread(header.pid);
+                if continued {
+                    chunk = chunk.with_continued_chunks();
+                }
                 for record in &records {
                     chunk.push(record);
                     if chunk.records() == per_chunk {
@@ -1125,4 +1134,335 @@ fn a_chunk_s_runs_stop_at_their_limit_and_the_rest_is_written_plainly() {
     let (decoded, damage) = read_all(&bytes);
     assert!(damage.is_empty(), "{damage:?}");
     assert_eq!(decoded, records);
+}
+
+/// A log at 10 ms of `steps` chunks of a busy loop (1,000 pairs each, one 10 ms step apart),
+/// written as the recorder writes them (continued chunks), a key chunk asked for before the
+/// chunks whose index `key_at` holds; with the records each chunk holds.
+fn continued_log(steps: u64, key_at: &[usize], compressed: bool) -> (Vec<u8>, Vec<Vec<Record>>) {
+    let header = Header {
+        time_resolution_ns: 10_000_000,
+        ..header()
+    };
+    let mut bytes = header.encode();
+    let mut chunk = ChunkBuilder::new()
+        .with_time_resolution(10_000_000)
+        .with_first_thread(header.pid)
+        .with_continued_chunks();
+    let mut per_chunk = Vec::new();
+    for step in 0..steps {
+        if key_at.contains(&(step as usize)) {
+            chunk.request_key();
+        }
+        let records = loop_pairs(1_000, step * 10_000_000);
+        for record in &records {
+            chunk.push(record);
+        }
+        if compressed {
+            chunk.finish_compressed_into(&mut bytes);
+        } else {
+            chunk.finish_into(&mut bytes);
+        }
+        per_chunk.push(at_10ms(&records));
+    }
+    (bytes, per_chunk)
+}
+
+#[test]
+fn continued_chunks_carry_the_state_on_in_a_few_bytes() {
+    let (bytes, per_chunk) = continued_log(6, &[4], false);
+    let spans = chunk_spans(&bytes);
+    let keys: Vec<bool> = spans.iter().map(|span| span.key).collect();
+    assert_eq!(keys, [true, false, false, false, true, false]);
+    // A key chunk: 12 head, the first pair in full (21), two same-time repeats and a run of
+    // 1,997 records (tag and a 2-byte count). A continued one: a 6-byte head (kind, length,
+    // CRC-32) and the step: the alloc with its time delta (2), then a run of the last cycle
+    // from its second record (its tag and its count less the last such run's: 1,999, 2
+    // bytes, then 0, 1 byte).
+    let lens: Vec<usize> = spans.iter().map(|span| span.len()).collect();
+    assert_eq!(lens, [12 + 26, 6 + 5, 6 + 4, 6 + 4, 12 + 26, 6 + 5]);
+    assert_eq!(spans[1].head, 6);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, per_chunk.concat());
+    // Compressed where that is shorter (not at these sizes): the same records.
+    let (compressed, _) = continued_log(6, &[4], true);
+    assert_eq!(read_all(&compressed).0, per_chunk.concat());
+    // A key chunk once 64 KiB of records were written since the last: chunks of 3,000
+    // events of distinct sizes (no repeats).
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new()
+        .with_first_thread(4242)
+        .with_continued_chunks();
+    let mut records = Vec::new();
+    for step in 0..20u64 {
+        for i in 0..3_000u64 {
+            let record = Record::Event(Event {
+                api: 1,
+                t_ns: step * 1_000_000 + i * 100,
+                thread: 4242,
+                addr: 0x7000_0000 + i * 0x1000,
+                size: 1_000 + i * 7 + step,
+                ..Event::default()
+            });
+            chunk.push(&record);
+            records.push(record);
+        }
+        chunk.finish_into(&mut bytes);
+    }
+    let spans = chunk_spans(&bytes);
+    let mut since_key = 0;
+    let expected: Vec<bool> = spans
+        .iter()
+        .map(|span| {
+            let key = since_key == 0 || since_key >= KEY_CHUNK_BYTES;
+            since_key = if key {
+                span.payload
+            } else {
+                since_key + span.payload
+            };
+            key
+        })
+        .collect();
+    assert_eq!(
+        spans.iter().map(|span| span.key).collect::<Vec<_>>(),
+        expected
+    );
+    assert!(
+        expected.iter().filter(|key| **key).count() >= 4,
+        "{expected:?}"
+    );
+    assert!(
+        expected.iter().filter(|key| !**key).count() >= 4,
+        "{expected:?}"
+    );
+    assert_eq!(read_all(&bytes), (records, vec![]));
+}
+
+#[test]
+fn a_damaged_continued_chunk_loses_exactly_the_chunks_up_to_the_next_key_chunk() {
+    let (bytes, per_chunk) = continued_log(6, &[4], false);
+    let spans = chunk_spans(&bytes);
+    // Chunk 2 (continued) damaged in its records: it and chunk 3 are lost, chunk 4 (a key
+    // chunk) and chunk 5 read exactly.
+    let mut damaged = bytes.clone();
+    damaged[spans[2].start + spans[2].head + 1] ^= 0x40;
+    let (decoded, damage) = read_all(&damaged);
+    let expected: Vec<Record> = [&per_chunk[0], &per_chunk[1], &per_chunk[4], &per_chunk[5]]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(decoded, expected);
+    assert_eq!(
+        damage,
+        [
+            Damage {
+                offset: spans[2].start as u64,
+                kind: DamageKind::BadChecksum {
+                    len: spans[2].len() as u64
+                },
+            },
+            Damage {
+                offset: spans[3].start as u64,
+                kind: DamageKind::ContinuedAfterDamage {
+                    chunks: 1,
+                    bytes: spans[3].len() as u64
+                },
+            },
+        ]
+    );
+    assert_eq!(
+        damage[1].to_string(),
+        format!(
+            "1 continued chunk at byte {} ({} bytes) skipped: it carries on the damaged chunk \
+             before it; reading resumes at the next key chunk",
+            spans[3].start,
+            spans[3].len()
+        )
+    );
+    // The key chunk 0 damaged: chunks 1 – 3 are counted, 4 and 5 read.
+    let mut damaged = bytes.clone();
+    damaged[spans[0].start + spans[0].head + 3] ^= 0x01;
+    let (decoded, damage) = read_all(&damaged);
+    assert_eq!(
+        decoded,
+        [per_chunk[4].clone(), per_chunk[5].clone()].concat()
+    );
+    assert_eq!(
+        damage[1],
+        Damage {
+            offset: spans[1].start as u64,
+            kind: DamageKind::ContinuedAfterDamage {
+                chunks: 3,
+                bytes: (spans[1].len() + spans[2].len() + spans[3].len()) as u64
+            },
+        }
+    );
+    // The length of continued chunk 1 damaged: not trusted; what follows up to the next key
+    // chunk is skipped as unreadable bytes.
+    let mut damaged = bytes.clone();
+    damaged[spans[1].start + 1] ^= 0x03;
+    let (decoded, damage) = read_all(&damaged);
+    assert_eq!(
+        decoded,
+        [
+            per_chunk[0].clone(),
+            per_chunk[4].clone(),
+            per_chunk[5].clone()
+        ]
+        .concat()
+    );
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert_eq!(damage[0].offset, spans[1].start as u64);
+    // The last chunk damaged: only it is lost.
+    let mut damaged = bytes.clone();
+    damaged[spans[5].start + spans[5].head] ^= 0x10;
+    let (decoded, damage) = read_all(&damaged);
+    assert_eq!(decoded, per_chunk[..5].concat());
+    assert_eq!(
+        damage,
+        [Damage {
+            offset: spans[5].start as u64,
+            kind: DamageKind::BadChecksum {
+                len: spans[5].len() as u64
+            },
+        }]
+    );
+}
+
+#[test]
+fn a_torn_continued_chunk_loses_only_itself() {
+    let (bytes, per_chunk) = continued_log(6, &[4], false);
+    let spans = chunk_spans(&bytes);
+    // Cut inside each continued chunk's head and payload: every chunk before it reads.
+    for (index, span) in spans.iter().enumerate().filter(|(_, span)| !span.key) {
+        for cut in [1, 3, span.head, span.len() - 1] {
+            let (decoded, damage) = read_all(&bytes[..span.start + cut]);
+            assert_eq!(
+                decoded,
+                per_chunk[..index].concat(),
+                "chunk {index} cut at {cut}"
+            );
+            assert_eq!(
+                damage,
+                [Damage {
+                    offset: span.start as u64,
+                    kind: DamageKind::TornTail { bytes: cut as u64 },
+                }],
+                "chunk {index} cut at {cut}"
+            );
+        }
+    }
+    // After damage, a torn tail: the skipped continued chunks are counted, then the tear.
+    let mut damaged = bytes[..spans[3].start + 4].to_vec();
+    damaged[spans[1].start + spans[1].head] ^= 0x20;
+    let (decoded, damage) = read_all(&damaged);
+    assert_eq!(decoded, per_chunk[0]);
+    assert_eq!(
+        damage.iter().map(|d| d.kind.clone()).collect::<Vec<_>>(),
+        [
+            DamageKind::BadChecksum {
+                len: spans[1].len() as u64
+            },
+            DamageKind::ContinuedAfterDamage {
+                chunks: 1,
+                bytes: spans[2].len() as u64
+            },
+            DamageKind::TornTail { bytes: 4 },
+        ]
+    );
+}
+
+#[test]
+fn continued_chunks_are_damage_in_a_version_5_log() {
+    let (mut bytes, per_chunk) = continued_log(3, &[], false);
+    let spans = chunk_spans(&bytes);
+    // The same bytes under a version 5 header: the continued chunks are not chunks there.
+    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
+    let (decoded, damage) = read_all(&bytes);
+    assert_eq!(decoded, per_chunk[0]);
+    assert_eq!(
+        damage,
+        [Damage {
+            offset: spans[1].start as u64,
+            kind: DamageKind::Garbage {
+                bytes: (spans[1].len() + spans[2].len()) as u64
+            },
+        }]
+    );
+}
+
+#[test]
+fn runs_of_the_last_cycle_out_of_bounds_are_bad_records() {
+    // A loop's first step as the encoder writes it: an alloc and a free in full, then a run
+    // of the cycle (same-time repeats of slots 0 and 1) written once and 4 more records long.
+    let mut step = Vec::new();
+    let mut chunk = ChunkBuilder::new().with_first_thread(4242);
+    for record in loop_pairs(4, 0).iter().map(|r| retimed(r, |_| 0)) {
+        chunk.push(&record);
+    }
+    chunk.finish_into(&mut step);
+    let first = step[CHUNK_HEADER_LEN..].to_vec();
+    assert_eq!(first[first.len() - 4..], [0xf0, 0xf1, 0xf9, 0x04]);
+    let cases: [(&[u8], &[u8], &str); 4] = [
+        (
+            &[],
+            &[0xe8, 0x02],
+            "run of the last cycle with no run before it",
+        ),
+        (
+            &first,
+            &[0xea, 0x02],
+            "run of the last cycle from past its end",
+        ),
+        // 0 less 1: a count of -1.
+        (
+            &first,
+            &[0xe8, 0x01],
+            "run of the last cycle with a count out of range",
+        ),
+        (&first, &[0xe8, 0x00], "empty run of records"),
+    ];
+    for (before, run, reason) in cases {
+        let payload = [before, run].concat();
+        let mut bytes = header().encode();
+        bytes.extend_from_slice(&crate::CHUNK_MAGIC);
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        let (decoded, damage) = read_all(&bytes);
+        assert_eq!(
+            decoded.len(),
+            if before.is_empty() { 0 } else { 8 },
+            "{reason}"
+        );
+        assert_eq!(
+            damage.iter().map(|d| &d.kind).collect::<Vec<_>>(),
+            [&crate::DamageKind::BadRecord { reason }]
+        );
+    }
+    // In range: 2 more records of the cycle, from its second (a free, then an alloc).
+    let payload = [&first[..], &[0xe9, 0x04]].concat();
+    let mut bytes = header().encode();
+    bytes.extend_from_slice(&crate::CHUNK_MAGIC);
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    let kinds: Vec<EventKind> = decoded
+        .iter()
+        .map(|record| match record {
+            Record::Event(event) => event.kind,
+            _ => panic!("{record:?}"),
+        })
+        .collect();
+    use EventKind::{Alloc, Free};
+    assert_eq!(
+        kinds,
+        [
+            Alloc, Free, Alloc, Free, Alloc, Free, Alloc, Free, Free, Alloc
+        ]
+    );
 }

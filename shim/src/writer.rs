@@ -49,6 +49,8 @@ pub struct Output {
     pub window: Option<Window>,
     /// When the chunk being built got its first record (monotonic ns; 0: it is empty).
     chunk_opened_ns: u64,
+    /// When the last key chunk got its first record (monotonic ns).
+    key_opened_ns: u64,
 }
 
 static OUTPUT: Lock<Option<Output>> = Lock::new(None);
@@ -65,10 +67,16 @@ static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 /// that the writer thread wakes for it.
 static OPEN_CHUNK_DUE_NS: AtomicU64 = AtomicU64::new(0);
 /// A flush that drained at least this many events leaves its chunk open for the next ones
-/// (for at most half the flush interval): a busy loop's drains, a few thousand events apart,
+/// (for at most one flush interval: what it holds is at most two intervals old when it is
+/// written, the bound a SIGKILL in a busy stretch is documented with): a busy loop's
+/// drains, a few thousand events apart,
 /// then share a chunk instead of paying a chunk's fixed bytes each (its head, a zstd frame, its
 /// first event in full). Quieter recordings write every flush's chunk at once, as before.
 const KEEP_OPEN_EVENTS: usize = 1024;
+/// A chunk begun this long after the last key chunk is a key chunk too (others continue the
+/// chunk before them, format 6): damage loses at most the chunks up to the next key chunk,
+/// about a second of recording (or `KEY_CHUNK_BYTES` of records, whichever comes first).
+const KEY_CHUNK_NS: u64 = 1_000_000_000;
 /// Longer mark texts are cut to this many bytes.
 const MARK_TEXT_MAX: usize = 4096;
 /// Chunks are closed at this payload size.
@@ -190,12 +198,14 @@ pub fn open_log(
         // threads' rings (`flush_locked`) orders them at full resolution.
         chunk: ChunkBuilder::with_capacity(CHUNK_BYTES + RECORD_HEADROOM)
             .with_time_resolution(crate::process::config().time_resolution_ns)
-            .with_first_thread(pid),
+            .with_first_thread(pid)
+            .with_continued_chunks(),
         batch: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
         crashing: false,
         window: ring_events.map(Window::new),
         chunk_opened_ns: 0,
+        key_opened_ns: 0,
     })
 }
 
@@ -457,7 +467,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
     }
     let routine = matches!(kind, FlushKind::Periodic | FlushKind::MakeRoom);
     if routine && busy && !dumping && !output.chunk.is_empty() {
-        let keep_ns = process::config().flush_ms.saturating_mul(1_000_000) / 2;
+        let keep_ns = process::config().flush_ms.saturating_mul(1_000_000);
         let due = output.chunk_opened_ns.saturating_add(keep_ns);
         if process::now_ns() < due {
             OPEN_CHUNK_DUE_NS.store(due, Ordering::Release);
@@ -508,7 +518,14 @@ fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
 
 fn push_record(output: &mut Output, record: &Record) {
     if output.chunk.is_empty() {
-        output.chunk_opened_ns = process::now_ns();
+        let now = process::now_ns();
+        output.chunk_opened_ns = now;
+        if now.saturating_sub(output.key_opened_ns) >= KEY_CHUNK_NS {
+            output.chunk.request_key();
+        }
+        if output.chunk.is_key() {
+            output.key_opened_ns = now;
+        }
     }
     output.chunk.push(record);
     if output.chunk.payload_len() >= CHUNK_BYTES {

@@ -23,27 +23,25 @@ struct ChunkSpan {
     len: usize,
 }
 
-/// The chunks of a well-formed log, walked through their headers.
+/// The chunks of a well-formed log, walked through their heads; a continued chunk (format 6)
+/// has its first byte as its `magic`.
 fn chunks(bytes: &[u8]) -> Vec<ChunkSpan> {
-    let header_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
-    let mut at = 20 + header_len;
-    let mut spans = Vec::new();
-    while at < bytes.len() {
-        let magic: [u8; 4] = bytes[at..at + 4].try_into().expect("4 bytes");
-        assert!(
-            magic == CHUNK_MAGIC || magic == COMPRESSED_CHUNK_MAGIC,
-            "no chunk marker at byte {at}"
-        );
-        let payload = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        let len = CHUNK_HEADER_LEN + payload as usize;
-        spans.push(ChunkSpan {
-            magic,
-            start: at,
-            len,
-        });
-        at += len;
-    }
-    assert_eq!(at, bytes.len(), "the last chunk overruns the file");
+    let spans: Vec<ChunkSpan> = vramshim_format::chunk_spans(bytes)
+        .into_iter()
+        .map(|span| ChunkSpan {
+            magic: if span.key {
+                bytes[span.start..span.start + 4]
+                    .try_into()
+                    .expect("4 bytes")
+            } else {
+                [bytes[span.start], 0, 0, 0]
+            },
+            start: span.start,
+            len: span.len(),
+        })
+        .collect();
+    let end = spans.last().map_or(0, |span| span.start + span.len);
+    assert_eq!(end, bytes.len(), "the chunks do not end with the file");
     spans
 }
 
@@ -96,7 +94,10 @@ fn a_real_process_log_is_compressed_and_reads_back_exactly() {
     let spans = chunks(&bytes);
     let compressed = spans
         .iter()
-        .filter(|span| span.magic == COMPRESSED_CHUNK_MAGIC)
+        .filter(|span| {
+            span.magic == COMPRESSED_CHUNK_MAGIC
+                || span.magic[0] == vramshim_format::CONTINUED_COMPRESSED_CHUNK
+        })
         .count();
     assert!(
         compressed > 0,

@@ -6,27 +6,17 @@
 mod common;
 
 use common::*;
-use vramshim_format::{CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC};
+use vramshim_format::chunk_spans;
 
 const PAIRS: usize = 50_000;
 
-/// (plain, compressed) chunk counts of a well-formed log.
+/// (plain, compressed) chunk counts of a well-formed log (key and continued chunks).
 fn chunk_kinds(bytes: &[u8]) -> (usize, usize) {
-    let header_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
-    let mut at = 20 + header_len;
-    let (mut plain, mut compressed) = (0, 0);
-    while at < bytes.len() {
-        let magic: [u8; 4] = bytes[at..at + 4].try_into().expect("4 bytes");
-        match magic {
-            CHUNK_MAGIC => plain += 1,
-            COMPRESSED_CHUNK_MAGIC => compressed += 1,
-            _ => panic!("no chunk marker at byte {at}"),
-        }
-        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        at += CHUNK_HEADER_LEN + len as usize;
-    }
-    assert_eq!(at, bytes.len(), "the last chunk overruns the file");
-    (plain, compressed)
+    let spans = chunk_spans(bytes);
+    let end = spans.last().map_or(0, |span| span.start + span.len());
+    assert_eq!(end, bytes.len(), "the chunks do not end with the file");
+    let compressed = spans.iter().filter(|span| span.compressed).count();
+    (spans.len() - compressed, compressed)
 }
 
 #[test]

@@ -1256,35 +1256,32 @@ fn report_merges_the_logs_of_two_processes_by_time() {
 // ---------------------------------------------------------------------------------------
 // 6. Bad input
 
-/// Where the chunks of a log lie: (start offset, payload length, events in it).
+/// Where the chunks of a log lie: (start offset, length with its head, events in it). A
+/// continued chunk (format 6) decodes after the chunks before it: its events are those of
+/// the log up to its end less those before it.
 fn chunks(bytes: &[u8]) -> Vec<(usize, usize, usize)> {
     assert_eq!(&bytes[..8], b"VRAMSHIM");
-    let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-    let header_end = 20 + header_len;
-    let mut at = header_end;
-    let mut found = Vec::new();
-    while at < bytes.len() {
-        assert!(
-            [b"VSCK", b"VSCZ"].contains(&&bytes[at..at + 4].try_into().unwrap()),
-            "chunk marker at {at}"
-        );
-        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        // Each chunk decodes on its own after the header.
-        let mut one = bytes[..header_end].to_vec();
-        one.extend_from_slice(&bytes[at..at + 12 + len]);
-        let mut events = 0;
-        for item in LogReader::new(std::io::Cursor::new(one)).expect("header") {
-            match item {
-                Item::Record(Record::Event(_)) => events += 1,
-                Item::Record(_) => {}
-                Item::Damage(damage) => panic!("chunk at {at}: {damage}"),
+    let spans = vramshim_format::chunk_spans(bytes);
+    let end = spans.last().map_or(0, |span| span.start + span.len());
+    assert_eq!(end, bytes.len());
+    let mut before = 0;
+    spans
+        .iter()
+        .map(|span| {
+            let mut upto = 0;
+            let prefix = &bytes[..span.start + span.len()];
+            for item in LogReader::new(std::io::Cursor::new(prefix)).expect("header") {
+                match item {
+                    Item::Record(Record::Event(_)) => upto += 1,
+                    Item::Record(_) => {}
+                    Item::Damage(damage) => panic!("chunk at {}: {damage}", span.start),
+                }
             }
-        }
-        found.push((at, len, events));
-        at += 12 + len;
-    }
-    assert_eq!(at, bytes.len());
-    found
+            let events = upto - before;
+            before = upto;
+            (span.start, span.len(), events)
+        })
+        .collect()
 }
 
 #[test]
@@ -1301,7 +1298,7 @@ fn report_commands_on_a_torn_log_report_everything_before_the_tear() {
         .expect("a chunk with events");
     let (last_start, last_len, _) = chunks[torn_chunk];
     let kept: usize = chunks[..torn_chunk].iter().map(|c| c.2).sum();
-    let cut = last_start + 12 + last_len / 2;
+    let cut = last_start + last_len / 2;
     let dir = scratch("report-torn");
     let torn = dir.join("torn.vlog");
     std::fs::write(&torn, &bytes[..cut]).unwrap();

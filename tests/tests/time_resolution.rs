@@ -257,17 +257,14 @@ fn a_bad_time_resolution_warns_once_and_records_nanoseconds() {
     }
 }
 
-/// The chunks of a log file: (offset, whole length), walked from the header's length.
+/// The chunks of a log file (key and continued): (offset, whole length).
 fn chunk_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
-    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    let mut at = 20 + word(12);
-    let mut spans = Vec::new();
-    while at + 12 <= bytes.len() {
-        let len = 12 + word(at + 4);
-        spans.push((at, len));
-        at += len;
-    }
-    assert_eq!(at, bytes.len(), "the log ends inside a chunk");
+    let spans: Vec<(usize, usize)> = vramshim_format::chunk_spans(bytes)
+        .iter()
+        .map(|span| (span.start, span.len()))
+        .collect();
+    let end = spans.last().map_or(0, |(at, len)| at + len);
+    assert_eq!(end, bytes.len(), "the log ends inside a chunk");
     spans
 }
 

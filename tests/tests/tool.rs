@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use common::*;
 use serde_json::Value;
-use vramshim_format::{Item, LogReader};
+use vramshim_format::{ChunkSpan, Item, LogReader, chunk_spans};
 
 /// `vramshim ARGS` with the fake driver on the library path and no vramshim settings from the
 /// test's own environment; `env` is applied last. `TMPDIR` is a fresh directory, which must be
@@ -550,8 +550,8 @@ fn dump_of_a_newer_log_says_so() {
     let original = small_log("dump-newer-src");
     let mut bytes = std::fs::read(&original).unwrap();
     assert_eq!(&bytes[..8], b"VRAMSHIM");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 5);
-    bytes[8..12].copy_from_slice(&6u32.to_le_bytes());
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 6);
+    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
     let dir = scratch("dump-newer");
     let newer = dir.join("newer.vlog");
     std::fs::write(&newer, &bytes).unwrap();
@@ -562,44 +562,43 @@ fn dump_of_a_newer_log_says_so() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&newer.display().to_string()), "{stderr}");
     assert!(stderr.contains("newer"), "{stderr}");
-    assert!(stderr.contains("version 6"), "{stderr}");
+    assert!(stderr.contains("version 7"), "{stderr}");
 }
 
-/// Where the chunks of a log lie: (start offset, payload length).
-fn chunks(bytes: &[u8]) -> (usize, Vec<(usize, usize)>) {
+/// Where the chunks of a log lie (key and continued chunks, format 6).
+fn chunks(bytes: &[u8]) -> Vec<ChunkSpan> {
     assert_eq!(&bytes[..8], b"VRAMSHIM");
-    let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-    let header_end = 20 + header_len;
-    let mut at = header_end;
-    let mut found = Vec::new();
-    while at < bytes.len() {
-        assert!(
-            [b"VSCK", b"VSCZ"].contains(&&bytes[at..at + 4].try_into().unwrap()),
-            "chunk marker at {at}"
-        );
-        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        found.push((at, len));
-        at += 12 + len;
-    }
-    assert_eq!(at, bytes.len(), "the log ends with a whole chunk");
-    (header_end, found)
+    let spans = chunk_spans(bytes);
+    let end = spans.last().map_or(0, |span| span.start + span.len());
+    assert_eq!(end, bytes.len(), "the log ends with a whole chunk");
+    spans
 }
 
-/// Records in each chunk, decoded with the format crate (each chunk decodes on its own).
+/// Records of `bytes` (a log cut anywhere), decoded with the format crate, and its damage.
+fn read_records(bytes: &[u8]) -> (usize, Vec<String>) {
+    let mut records = 0;
+    let mut damage = Vec::new();
+    for item in LogReader::new(std::io::Cursor::new(bytes)).expect("header") {
+        match item {
+            Item::Record(_) => records += 1,
+            Item::Damage(found) => damage.push(found.to_string()),
+        }
+    }
+    (records, damage)
+}
+
+/// Records in each chunk: those of the log up to its end less those before it (a continued
+/// chunk decodes only after the chunks before it).
 fn records_per_chunk(bytes: &[u8]) -> Vec<usize> {
-    let (header_end, chunks) = chunks(bytes);
-    chunks
+    let mut before = 0;
+    chunks(bytes)
         .iter()
-        .map(|&(start, len)| {
-            let mut one = bytes[..header_end].to_vec();
-            one.extend_from_slice(&bytes[start..start + 12 + len]);
-            LogReader::new(std::io::Cursor::new(one))
-                .expect("header")
-                .map(|item| match item {
-                    Item::Record(_) => 1,
-                    Item::Damage(damage) => panic!("chunk at {start}: {damage}"),
-                })
-                .sum()
+        .map(|span| {
+            let (upto, damage) = read_records(&bytes[..span.start + span.len()]);
+            assert!(damage.is_empty(), "chunk at {}: {damage:?}", span.start);
+            let count = upto - before;
+            before = upto;
+            count
         })
         .collect()
 }
@@ -640,7 +639,7 @@ fn chunked_log() -> &'static (PathBuf, Vec<Value>) {
                 .all(|e| u64_of(e, "size") == 4096 || e["event"] == "free")
         );
         let bytes = std::fs::read(&log).unwrap();
-        assert!(chunks(&bytes).1.len() >= 3, "need at least 3 chunks");
+        assert!(chunks(&bytes).len() >= 3, "need at least 3 chunks");
         assert_eq!(
             records_per_chunk(&bytes).iter().sum::<usize>(),
             dump.len() - 1,
@@ -654,10 +653,11 @@ fn chunked_log() -> &'static (PathBuf, Vec<Value>) {
 fn dump_of_a_log_torn_in_its_last_chunk_prints_everything_before() {
     let (log, original) = chunked_log();
     let bytes = std::fs::read(log).unwrap();
-    let (_, chunks) = chunks(&bytes);
+    let chunks = chunks(&bytes);
     let per_chunk = records_per_chunk(&bytes);
-    let &(last_start, last_len) = chunks.last().unwrap();
-    let cut = last_start + 12 + last_len / 2;
+    let last = chunks.last().unwrap();
+    let last_start = last.start;
+    let cut = last_start + last.head + last.payload / 2;
     let dir = scratch("dump-torn");
     let torn = dir.join("torn.vlog");
     std::fs::write(&torn, &bytes[..cut]).unwrap();
@@ -690,37 +690,149 @@ fn dump_of_a_log_torn_in_its_last_chunk_prints_everything_before() {
 #[test]
 fn dump_skips_a_damaged_middle_chunk_and_goes_on() {
     let (log, original) = chunked_log();
-    let mut bytes = std::fs::read(log).unwrap();
-    let (_, chunks) = chunks(&bytes);
-    let per_chunk = records_per_chunk(&bytes);
-    let (start, len) = chunks[1];
-    bytes[start + 12 + len / 2] ^= 0xff;
-    let dir = scratch("dump-flipped");
+    let bytes = std::fs::read(log).unwrap();
+    dump_of_damaged_chunk_reads_from_the_next_key_chunk("dump-flipped", &bytes, original, 1);
+}
+
+/// Flips a byte in the middle of chunk `victim`'s payload of the log `bytes` (whose `dump
+/// --json` is `original`): `dump` must warn of the damaged chunk, then, if continued chunks
+/// follow it, of exactly those (up to the next key chunk), and print every other record
+/// exactly, a damage line for each warning in place. Returns the damaged log's path and the
+/// warnings.
+fn dump_of_damaged_chunk_reads_from_the_next_key_chunk(
+    test: &str,
+    bytes: &[u8],
+    original: &[Value],
+    victim: usize,
+) -> (PathBuf, Vec<String>) {
+    let chunks = chunks(bytes);
+    let per_chunk = records_per_chunk(bytes);
+    let damaged_chunk = chunks[victim];
+    let mut bytes = bytes.to_vec();
+    bytes[damaged_chunk.start + damaged_chunk.head + damaged_chunk.payload / 2] ^= 0xff;
+    // The continued chunks right after it carry on from its state: lost with it.
+    let lost_after = chunks[victim + 1..]
+        .iter()
+        .take_while(|span| !span.key)
+        .count();
+    let dir = scratch(test);
     let flipped = dir.join("flipped.vlog");
     std::fs::write(&flipped, &bytes).unwrap();
 
     let output = dump_output(&flipped, true);
     assert_eq!(output.status.code(), Some(0));
-    let stderr = text(&output.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert_eq!(
-        stderr,
-        format!(
-            "vramshim: warning: {}: damaged chunk at byte {start} ({} bytes, checksum mismatch) skipped\n",
+    let mut warnings = vec![format!(
+        "{}: damaged chunk at byte {} ({} bytes, checksum mismatch) skipped",
+        flipped.display(),
+        damaged_chunk.start,
+        // The whole chunk, its head included.
+        damaged_chunk.len()
+    )];
+    if lost_after > 0 {
+        let first = chunks[victim + 1];
+        let bytes: usize = chunks[victim + 1..=victim + lost_after]
+            .iter()
+            .map(|span| span.len())
+            .sum();
+        warnings.push(format!(
+            "{}: {lost_after} continued chunk{} at byte {} ({bytes} bytes) skipped: {} on the damaged chunk before {}; reading resumes at the next key chunk",
             flipped.display(),
-            // The whole chunk, its 12-byte chunk header included, up to the next marker.
-            len + 12
-        )
-    );
+            if lost_after == 1 { "" } else { "s" },
+            first.start,
+            if lost_after == 1 { "it carries" } else { "they carry" },
+            if lost_after == 1 { "it" } else { "them" },
+        ));
+    }
+    let expected_stderr: String = warnings
+        .iter()
+        .map(|warning| format!("vramshim: warning: {warning}\n"))
+        .collect();
+    assert_eq!(text(&output.stderr), expected_stderr);
     let dump = json_lines(&output);
-    let before = 1 + per_chunk[0];
-    let skipped = per_chunk[1];
-    assert_eq!(dump.len(), original.len() - skipped + 1);
+    // The header line, then the records of the chunks before the damage.
+    let before = 1 + per_chunk[..victim].iter().sum::<usize>();
+    let skipped: usize = per_chunk[victim..=victim + lost_after].iter().sum();
+    assert_eq!(dump.len(), original.len() - skipped + warnings.len());
     assert_eq!(&dump[..before], &original[..before]);
-    assert_eq!(dump[before]["type"], "damage");
-    assert_eq!(u64_of(&dump[before], "offset"), start as u64);
-    // Every later record is there, exactly.
-    assert_eq!(&dump[before + 1..], &original[before + skipped..]);
+    for (at, warning) in warnings.iter().enumerate() {
+        let line = &dump[before + at];
+        assert_eq!(line["type"], "damage");
+        assert_eq!(
+            format!(
+                "{}: {}",
+                flipped.display(),
+                line["message"].as_str().unwrap()
+            ),
+            *warning
+        );
+    }
+    assert_eq!(u64_of(&dump[before], "offset"), damaged_chunk.start as u64);
+    // Every record from the next key chunk on is there, exactly.
+    assert_eq!(
+        &dump[before + warnings.len()..],
+        &original[before + skipped..]
+    );
+    (flipped, warnings)
+}
+
+#[test]
+fn a_damaged_continued_chunk_loses_exactly_the_chunks_up_to_the_next_key_chunk() {
+    // A drain every millisecond at full time resolution: 100,000 pairs in many small chunks,
+    // most of them continued, a key chunk after every 64 KiB of records.
+    let pairs = BENCH_PAIRS.to_string();
+    let run = run_under_shim(
+        "continued-damaged-src",
+        "bench",
+        &["1", &pairs, "0"],
+        &[("VRAMSHIM_FLUSH_MS", "1")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let log = run.log();
+    let output = dump_output(&log, true);
+    assert!(output.status.success());
+    assert_eq!(text(&output.stderr), "");
+    let original = json_lines(&output);
+    assert_eq!(events(&original).len() as u64, 2 * BENCH_PAIRS);
+    let bytes = std::fs::read(&log).unwrap();
+    let chunks = chunks(&bytes);
+    // A continued chunk followed by another continued one, then, later, a key chunk.
+    let victim = (1..chunks.len().saturating_sub(2))
+        .find(|&at| {
+            !chunks[at].key && !chunks[at + 1].key && chunks[at + 2..].iter().any(|span| span.key)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no continued chunks before a key chunk: {:?}",
+                chunks.iter().map(|span| span.key).collect::<Vec<_>>()
+            )
+        });
+    let (flipped, warnings) = dump_of_damaged_chunk_reads_from_the_next_key_chunk(
+        "continued-damaged",
+        &bytes,
+        &original,
+        victim,
+    );
+    assert_eq!(warnings.len(), 2);
+    // The report says the same, and counts the events of the chunks read.
+    let (code, stdout, stderr) = common::vramshim(&[
+        OsStr::new("report"),
+        OsStr::new("--json"),
+        flipped.as_os_str(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let json: Value = serde_json::from_str(&stdout).unwrap();
+    let shown: Vec<&str> = json["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(shown[..2], [warnings[0].as_str(), warnings[1].as_str()]);
+    let dump = json_lines(&dump_output(&flipped, true));
+    assert_eq!(
+        u64_of(&json["processes"][0], "events"),
+        events(&dump).len() as u64
+    );
 }
 
 #[test]
@@ -757,7 +869,7 @@ fn dump_text_shows_one_line_per_event() {
         }
     }
     // The header is shown as comments.
-    assert!(stdout.starts_with("# vramshim log, format 5"), "{stdout}");
+    assert!(stdout.starts_with("# vramshim log, format 6"), "{stdout}");
     assert!(
         stdout.contains(&format!("# pid {} ", json[0]["pid"])),
         "{stdout}"
