@@ -23,11 +23,18 @@ alone, vramshim_none, vramshim_mixed, torch_python, torch_all; BENCH_JOBS proces
 its counts zeroed and dumped around the window by a small library's client requests (built
 here with callgrind.h): every thread's instructions per tensor event above the fakes alone,
 far steadier than the times (no cache misses or lock waits counted), though whole-process
-counts still differ by a few percent between runs. Minutes of a core per process, mostly
-importing torch.
+counts still differ by a few percent between runs. The count is the dump's "totals:" line
+(every function's instructions in the window); its "summary:" line, printed beside it, also
+counts other threads' instructions from before the window. The recorder's writer thread wakes
+by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (zstd's tables,
+some 50,000 - 75,000 instructions), so its share grows with the window's wall time, which
+callgrind and the host's load stretch: the window's seconds are printed too.
+BENCH_CALLGRIND_KEEP=DIR keeps each mode's window dump there (MODE.callgrind.out.1) for
+callgrind_annotate. Minutes of a core per process, mostly importing torch.
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -164,11 +171,48 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
         elif history in ("python", "all"):
             result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
         if callgrind:
-            # The window's dump (part 1): its "summary:" line is every thread's instructions.
-            with open(os.path.join(logs, "callgrind.out.1")) as part:
-                result["instructions"] = next(int(line.split()[1]) for line in part
-                                              if line.startswith("summary:"))
+            # The window's dump (part 1). Its "totals:" line (the sum of every function's
+            # cost in the dump, every thread's) is the measure; its "summary:" line is not:
+            # with the counts zeroed by a client request, callgrind's summary also counts
+            # instructions another thread ran before the window (a C program whose second
+            # thread runs 60 M instructions before the window and 60 M in it, beside the main
+            # thread's 60 M in it: totals 120.0 M, summary 180.0 M; with 180 M before, summary
+            # 300.0 M, totals still 120.0 M).
+            path = os.path.join(logs, "callgrind.out.1")
+            with open(path) as part:
+                for line in part:
+                    if line.startswith(("summary:", "totals:")):
+                        result[line.split(":")[0]] = int(line.split()[1])
+            result["instructions"] = result["totals"]
+            if stack:
+                result["callback"] = inclusive_calls(path, "vramshim::torch_trace::invoke")
+                result["writing"] = inclusive_calls(path, "vramshim::writer::flush")
+            keep = os.environ.get("BENCH_CALLGRIND_KEEP")
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                shutil.copy(path, os.path.join(keep, f"{mode}.callgrind.out.1"))
     return result
+
+
+def inclusive_calls(path, function):
+    """Instructions inside calls to `function` in a callgrind dump: the sum of the inclusive
+    costs of every call site (`function` must not call itself)."""
+    names, total, target, take = {}, 0, False, False
+    with open(path) as dump:
+        for line in dump:
+            # Names are compressed: "(id) name" the first time, "(id)" after, in fn= or cfn=.
+            if line.startswith(("fn=", "cfn=")):
+                ref, _, name = line.split("=", 1)[1].strip().partition(" ")
+                if name:
+                    names[ref] = name
+                if line.startswith("cfn="):
+                    target = names.get(ref, ref) == function
+            elif line.startswith("calls="):
+                take = target
+            elif take:
+                total += int(line.split()[1])
+                take = False
+    return total
 
 
 WINDOW_C = """#include <valgrind/callgrind.h>
@@ -209,8 +253,15 @@ def instructions(release):
     for mode, result in results.items():
         extra = result["instructions"] - alone
         per_event[mode] = extra / result.get("events", events)
+        seconds = (result["window"][1] - result["window"][0]) / 1e9
         print(f"{mode:16} {result['instructions']:15,} instructions, {extra:+13,} above the "
-              f"fakes alone, {per_event[mode]:9.1f} per tensor event")
+              f"fakes alone, {per_event[mode]:9.1f} per tensor event (summary line "
+              f"{result['summary']:,}; window {seconds:.1f} s of wall time)")
+        if "writing" in result:
+            print(f"{'':16} of which the tracker's callback {result['callback']:,} "
+                  f"({result['callback'] / result['events']:.1f} per tensor event), the "
+                  f"recorder's writing (drains, encoding, zstd) {result['writing']:,} "
+                  f"({result['writing'] / result['events']:.1f})")
     if "vramshim_mixed" in per_event:
         for theirs, goal in (("torch_python", 0.5), ("torch_all", 0.1)):
             if per_event.get(theirs, 0) > 0:
