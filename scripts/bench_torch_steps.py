@@ -181,7 +181,7 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
             # "totals:" (the sum of the dumped functions' costs) read 78 M above the summary
             # for the MLP alone under the fakes alone. The measure is the recorders' own calls,
             # each begun and ended inside the window (their inclusive costs, from the call
-            # edges): PyTorch's record_trace (which calls the trackers, vramshim's included,
+            # edges; exact in that C program whatever ran before the window): PyTorch's record_trace (which calls the trackers, vramshim's included,
             # and builds the TraceEntry they get) and stack gathering, vramshim's writer.
             path = os.path.join(logs, "callgrind.out.1")
             with open(path) as part:
