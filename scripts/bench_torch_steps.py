@@ -23,11 +23,20 @@ alone, vramshim_none, vramshim_mixed, torch_python, torch_all; BENCH_JOBS proces
 its counts zeroed and dumped around the window by a small library's client requests (built
 here with callgrind.h): every thread's instructions per tensor event above the fakes alone,
 far steadier than the times (no cache misses or lock waits counted), though whole-process
-counts still differ by a few percent between runs. Minutes of a core per process, mostly
-importing torch.
+counts still differ by a few percent between runs. The count is the recorders' own calls
+(their inclusive costs: PyTorch's record_trace, which runs the trackers, and its stack
+gathering; vramshim's writer), not the whole window's "summary:" or "totals:" line, printed
+beside it: with the counts zeroed by a client request, callgrind's whole-window lines can count
+other threads' instructions from before the window. The recorder's writer thread wakes
+by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (zstd's tables,
+some 50,000 - 75,000 instructions), so its share grows with the window's wall time, which
+callgrind and the host's load stretch: the window's seconds are printed too.
+BENCH_CALLGRIND_KEEP=DIR keeps each mode's window dump there (MODE.callgrind.out.1) for
+callgrind_annotate. Minutes of a core per process, mostly importing torch.
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -164,11 +173,66 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
         elif history in ("python", "all"):
             result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
         if callgrind:
-            # The window's dump (part 1): its "summary:" line is every thread's instructions.
-            with open(os.path.join(logs, "callgrind.out.1")) as part:
-                result["instructions"] = next(int(line.split()[1]) for line in part
-                                              if line.startswith("summary:"))
+            # The window's dump (part 1). Neither whole-window line is trustworthy with the
+            # counts zeroed by a client request in a threaded program: "summary:" can count
+            # instructions another thread ran before the window (a C program whose second
+            # thread runs 60 M instructions before the window and 60 M in it, beside the main
+            # thread's 60 M in it: summary 180.0 M; with 180 M before, 300.0 M), and
+            # "totals:" (the sum of the dumped functions' costs) read 78 M above the summary
+            # for the MLP alone under the fakes alone. The measure is the recorders' own calls,
+            # each begun and ended inside the window (their inclusive costs, from the call
+            # edges; exact in that C program whatever ran before the window): PyTorch's record_trace (which calls the trackers, vramshim's included,
+            # and builds the TraceEntry they get) and stack gathering, vramshim's writer.
+            path = os.path.join(logs, "callgrind.out.1")
+            with open(path) as part:
+                for line in part:
+                    if line.startswith(("summary:", "totals:")):
+                        result[line.split(":")[0]] = int(line.split()[1])
+            calls = inclusive_calls(path, RECORDER_CALLS)
+            result["record_trace"] = calls[RECORD_TRACE]
+            result["gather"] = calls[GATHER]
+            result["callback"] = calls["vramshim::torch_trace::invoke"]
+            result["writing"] = calls["vramshim::writer::flush"]
+            keep = os.environ.get("BENCH_CALLGRIND_KEEP")
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                shutil.copy(path, os.path.join(keep, f"{mode}.callgrind.out.1"))
     return result
+
+
+RECORD_TRACE = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::record_trace("
+GATHER = "torch::cuda::(anonymous namespace)::gather"  # gather() or gather_with_cpp()
+# name or name prefix (ending "(" or "gather"): the calls whose inclusive costs are summed.
+RECORDER_CALLS = (RECORD_TRACE, GATHER, "vramshim::torch_trace::invoke",
+                  "vramshim::writer::flush")
+
+
+def inclusive_calls(path, functions):
+    """Instructions inside calls to each of `functions` (an exact name, or a prefix when it
+    ends with "(" or is GATHER) in a callgrind dump: the sum of the inclusive costs of every
+    call site (none of them may call itself or another one of the same prefix)."""
+    def matches(name):
+        for function in functions:
+            prefix = function.endswith("(") or function == GATHER
+            if name == function or (prefix and name.startswith(function)):
+                return function
+        return None
+    names, totals, target, take = {}, dict.fromkeys(functions, 0), None, False
+    with open(path) as dump:
+        for line in dump:
+            # Names are compressed: "(id) name" the first time, "(id)" after, in fn= or cfn=.
+            if line.startswith(("fn=", "cfn=")):
+                ref, _, name = line.split("=", 1)[1].strip().partition(" ")
+                if name:
+                    names[ref] = name
+                if line.startswith("cfn="):
+                    target = matches(names.get(ref, ref))
+            elif line.startswith("calls="):
+                take = target is not None
+            elif take:
+                totals[target] += int(line.split()[1])
+                take = False
+    return totals
 
 
 WINDOW_C = """#include <valgrind/callgrind.h>
@@ -203,14 +267,32 @@ def instructions(release):
           f"under callgrind a mode; load average {load_start} at the start, {loadavg()} at "
           "the end")
     print("tensor events in the window: " + ", ".join(f"{m} {e}" for m, e in counted.items()))
-    alone = results["alone"]["instructions"]
+    alone = results["alone"]
     events = statistics.median(counted.values())
     per_event = {}
     for mode, result in results.items():
-        extra = result["instructions"] - alone
-        per_event[mode] = extra / result.get("events", events)
-        print(f"{mode:16} {result['instructions']:15,} instructions, {extra:+13,} above the "
-              f"fakes alone, {per_event[mode]:9.1f} per tensor event")
+        # The recorder's own calls above the fakes alone: PyTorch's record_trace beyond what it
+        # costs with no history and no tracker (vramshim's callback runs inside it), stack
+        # gathering, the writer.
+        own = (result["record_trace"] - alone["record_trace"] + result["gather"]
+               + result["writing"])
+        n = result.get("events", events)
+        per_event[mode] = own / n
+        seconds = (result["window"][1] - result["window"][0]) / 1e9
+        print(f"{mode:16} recorder {own:13,} instructions, {per_event[mode]:9.1f} per tensor "
+              f"event; the whole window's summary line {result['summary'] - alone['summary']:+,}"
+              f" ({(result['summary'] - alone['summary']) / n:.1f} an event), totals line "
+              f"{result['totals'] - alone['totals']:+,} ({(result['totals'] - alone['totals']) / n:.1f})"
+              f" above the fakes alone; window {seconds:.1f} s of wall time")
+        if result["callback"]:
+            print(f"{'':16} vramshim's callback {result['callback']:,} "
+                  f"({result['callback'] / n:.1f} an event), its writer {result['writing']:,} "
+                  f"({result['writing'] / n:.1f}), PyTorch's record_trace around the callback "
+                  f"{result['record_trace'] - result['callback'] - alone['record_trace']:+,}")
+        elif result["gather"]:
+            print(f"{'':16} PyTorch's stack gathering {result['gather']:,} "
+                  f"({result['gather'] / n:.1f} an event), record_trace "
+                  f"{result['record_trace'] - alone['record_trace']:+,}")
     if "vramshim_mixed" in per_event:
         for theirs, goal in (("torch_python", 0.5), ("torch_all", 0.1)):
             if per_event.get(theirs, 0) > 0:
