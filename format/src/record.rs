@@ -511,7 +511,7 @@ impl DeltaState {
     }
 
     /// The time a delta written by [`DeltaState::put_time_delta`] leads to, in nanoseconds.
-    #[inline]
+    #[inline(always)]
     fn read_time_delta(&self, cursor: &mut Cursor<'_>) -> Result<u64, DecodeError> {
         let units = cursor.i64()? as u64;
         Ok(self.t_ns.wrapping_add(units.wrapping_mul(self.time_unit())))

@@ -56,7 +56,7 @@ impl<'a> Cursor<'a> {
         Ok(byte)
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
         // Most values (flags, deltas, small ids) fit one byte: decode those without the loop.
         if let Some(&byte) = self.bytes.get(self.pos)
