@@ -1852,6 +1852,28 @@ fn whatif_replays_the_tensors_of_a_default_allocator_recording() {
     let row = &arr(&whatif["configs"])[0];
     assert_eq!(row["peak_allocated"], r["allocated_peak"], "{whatif}");
     assert_eq!(row["peak_reserved"], r["reserved_peak"], "{whatif}");
+    // What it replayed is named as PyTorch's tensors, not as one buffer per cudaMalloc.
+    let tensors = dump(log)
+        .iter()
+        .filter(|e| e["type"] == "event" && e["event"] == "tensor_alloc")
+        .count();
+    assert!(tensors > 0, "{whatif}");
+    assert_eq!(
+        (
+            whatif["pattern"].as_str(),
+            whatif["pattern_reason"].as_str()
+        ),
+        (
+            Some("caching_allocator_tensors"),
+            Some(
+                format!(
+                    "{tensors} tensor blocks recorded from PyTorch's caching allocator inside its segments"
+                )
+                .as_str()
+            )
+        ),
+        "{whatif}"
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::Failure;
 use crate::analysis::allocator::AllocatorView;
 use crate::analysis::requests::{CapacitySource, Source, WhatIf};
 use crate::commands::common::{Select, emit};
-use crate::render::whatif::{self, Row, WhatIfReport};
+use crate::render::whatif::{self, Row, TENSORS_PATTERN, WhatIfReport};
 use crate::replay::{self, Stop, View};
 use crate::units::{counted, parse_size};
 
@@ -273,9 +273,21 @@ pub fn with_report<T>(
     let Some(process) = replay.processes.first() else {
         return Err(Failure::input(format!("{log}: nothing to read")));
     };
-    let requests_are_blocks = sims.requests.source == Source::Tensors
-        && process.tensor_allocs > 0
-        && process.tensors_reported_as_blocks();
+    let from_tensors = sims.requests.source == Source::Tensors && process.tensor_allocs > 0;
+    let requests_are_blocks = from_tensors && process.tensors_reported_as_blocks();
+    // The driver saw segments, but the requests replayed are the tensors PyTorch's allocator
+    // reported; the allocator view, counting them as allocations, would call them buffers.
+    let (pattern, pattern_reason) = if from_tensors {
+        (
+            TENSORS_PATTERN,
+            format!(
+                "{} recorded from PyTorch's caching allocator inside its segments",
+                counted(process.tensor_allocs, "tensor block")
+            ),
+        )
+    } else {
+        (pattern.name(), pattern_reason)
+    };
     if requests_are_blocks {
         notes.insert(0, BLOCKS_AS_REQUESTS.to_string());
     }

@@ -6,10 +6,13 @@ use serde_json::{Value, json};
 use vramshim_sim::{AddressOrder, Stats};
 
 use super::device_name;
-use crate::analysis::allocator::Pattern;
 use crate::analysis::requests::{AddressVotes, CapacitySource, Requests, Ties};
 use crate::replay::Process;
 use crate::units::{bytes, counted, seconds};
+
+/// The recording's pattern when the requests replayed are PyTorch's tensor blocks (its
+/// default allocator, recorded through its tracker or its profiler report).
+pub const TENSORS_PATTERN: &str = "caching_allocator_tensors";
 
 /// One simulated configuration and its outcome.
 pub struct Row {
@@ -32,7 +35,8 @@ impl Row {
 pub struct WhatIfReport<'a> {
     pub process: &'a Process,
     pub device: i32,
-    pub pattern: Pattern,
+    /// What the recorded allocations look like (`analysis::allocator::Pattern::name`, or [`TENSORS_PATTERN`]).
+    pub pattern: &'static str,
     pub pattern_reason: String,
     pub requests: &'a Requests,
     /// `None`: unlimited.
@@ -158,7 +162,7 @@ pub fn json(report: &WhatIfReport<'_>) -> Value {
         "log": report.process.path.display().to_string(),
         "pid": report.process.header.pid,
         "device": report.device,
-        "pattern": report.pattern.name(),
+        "pattern": report.pattern,
         "pattern_reason": report.pattern_reason,
         "capacity": report.capacity,
         "capacity_source": report.capacity_source.name(),
@@ -239,7 +243,7 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
     writeln!(
         out,
         "recording looks like: {} ({})",
-        report.pattern.name(),
+        report.pattern,
         report.pattern_reason
     )?;
     match report.capacity {
