@@ -109,5 +109,7 @@ spawn "$bin/stack_paths" "$progs/stack_paths.c" -- "${testflags[@]}" "${link_cud
 spawn "$bin/stack_paths_nofp" "$progs/stack_paths.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/stack_many" "$progs/stack_many.c" -- "${testflags[@]}" "${link_cuda[@]}"
 spawn "$bin/stack_many_nofp" "$progs/stack_many.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
+spawn "$bin/stack_joins" "$progs/stack_joins.c" -- "${testflags[@]}" "${link_cuda[@]}"
+spawn "$bin/stack_joins_nofp" "$progs/stack_joins.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/bench" "$progs/bench.c" -- "${benchflags[@]}" "${link_cuda[@]}"
 wait_all

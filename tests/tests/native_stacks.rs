@@ -31,15 +31,17 @@ fn source_line(dump: &[Value], ip: u64) -> String {
     file.split(' ').next().unwrap_or(file).to_owned()
 }
 
-/// Runs `program_name ROUNDS` under the shim with native stacks: its stacks by id (return
-/// addresses) and its whole dump, after checking it succeeded and the shim printed nothing.
-fn record_native(program_name: &str, rounds: usize) -> (HashMap<u64, Vec<u64>>, Vec<Value>) {
-    let run = run_under_shim(
-        program_name,
-        program_name,
-        &[&rounds.to_string()],
-        &[("VRAMSHIM_STACK", "native")],
-    );
+/// Runs `program_name ROUNDS` under the shim with native stacks (and `env`): its stacks by id
+/// (return addresses) and its whole dump, after checking it succeeded and the shim printed
+/// nothing.
+fn record_native(
+    program_name: &str,
+    rounds: usize,
+    env: &[(&str, &str)],
+) -> (HashMap<u64, Vec<u64>>, Vec<Value>) {
+    let mut env = env.to_vec();
+    env.push(("VRAMSHIM_STACK", "native"));
+    let run = run_under_shim(program_name, program_name, &[&rounds.to_string()], &env);
     assert!(
         run.output.status.success(),
         "{program_name} failed:\n{}",
@@ -63,7 +65,7 @@ fn record_native(program_name: &str, rounds: usize) -> (HashMap<u64, Vec<u64>>, 
 
 fn check_paths(program_name: &str) {
     const ROUNDS: usize = 300;
-    let (stacks, dump) = record_native(program_name, ROUNDS);
+    let (stacks, dump) = record_native(program_name, ROUNDS, &[]);
     let events = events(&dump);
     let allocs = select(&events, "alloc", "cuMemAlloc_v2");
     assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
@@ -118,6 +120,15 @@ fn same_site_through_different_callers_without_frame_pointers() {
 
 /// The function of each return address in `ips` (the call before it), all in one module.
 fn functions(dump: &[Value], ips: &[u64]) -> Vec<String> {
+    locations(dump, ips)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// The function and the source line ("file.c:N") of each return address in `ips` (the call
+/// before it), all in one module.
+fn locations(dump: &[Value], ips: &[u64]) -> Vec<(String, String)> {
     let module_of = |ip: u64| {
         dump.iter()
             .filter(|r| r["type"] == "module")
@@ -140,10 +151,18 @@ fn functions(dump: &[Value], ips: &[u64]) -> Vec<String> {
         .output()
         .expect("addr2line (binutils) runs");
     let text = String::from_utf8_lossy(&output.stdout);
-    // Two lines an address: the function, then file:line.
-    let names: Vec<String> = text.lines().step_by(2).map(str::to_owned).collect();
-    assert_eq!(names.len(), ips.len(), "addr2line printed:\n{text}");
-    names
+    // Two lines an address: the function, then file:line (maybe " (discriminator N)").
+    let lines: Vec<&str> = text.lines().collect();
+    let found: Vec<(String, String)> = lines
+        .chunks_exact(2)
+        .map(|pair| {
+            let file = pair[1].rsplit('/').next().unwrap_or(pair[1]);
+            let file = file.split(' ').next().unwrap_or(file);
+            (pair[0].to_owned(), file.to_owned())
+        })
+        .collect();
+    assert_eq!(found.len(), ips.len(), "addr2line printed:\n{text}");
+    found
 }
 
 /// A thread whose walks cross more distinct return addresses than framehop's 509-slot rule
@@ -155,7 +174,7 @@ fn functions(dump: &[Value], ips: &[u64]) -> Vec<String> {
 fn check_many_callers(program_name: &str) {
     const CALLERS: usize = 1024;
     const ROUNDS: usize = 2 * CALLERS;
-    let (stacks, dump) = record_native(program_name, ROUNDS);
+    let (stacks, dump) = record_native(program_name, ROUNDS, &[]);
     let events = events(&dump);
     let allocs = select(&events, "alloc", "cuMemAlloc_v2");
     assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
@@ -202,4 +221,111 @@ fn more_callers_than_one_rule_cache_holds_with_frame_pointers() {
 #[test]
 fn more_callers_than_one_rule_cache_holds_without_frame_pointers() {
     check_many_callers("stack_many_nofp");
+}
+
+/// Walks that join an earlier walk part-way take only what is exactly theirs
+/// (`stack_joins.c`: 20 call paths in turn, three times, under `VRAMSHIM_MAX_FRAMES=256`):
+/// six outer functions whose inner frames lie at the same stack pointer, one frame calling
+/// the same chain from two places, the chain moved down by an alloca, and recursions deeper
+/// and shallower than the frame limit that share their outer frames. Every round's stack is
+/// checked frame by frame (function names through addr2line, the call lines in `main` and
+/// `bounce`, the frames past `main` the same as every other round's), its length exactly the
+/// stack's or the limit, and each path gets the same stack id on every pass.
+fn check_joins(program_name: &str) {
+    const PATHS: usize = 20;
+    const ROUNDS: usize = 3 * PATHS;
+    const MAX_FRAMES: usize = 256;
+    const DEPTHS: [usize; 8] = [300, 310, 200, 250, 280, 150, 40, 1];
+    let (stacks, dump) = record_native(
+        program_name,
+        ROUNDS,
+        &[("VRAMSHIM_MAX_FRAMES", &MAX_FRAMES.to_string())],
+    );
+    let allocs = select(&events(&dump), "alloc", "cuMemAlloc_v2");
+    assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
+    let source = source("stack_joins");
+    let line = |marker: &str| format!("stack_joins.c:{}", marker_line(&source, marker));
+    let chain = ["site", "inner_3", "inner_2", "inner_1"].map(str::to_owned);
+    // The frames past `main` (the C library's start), as the first round found them.
+    let mut start_frames: Option<Vec<u64>> = None;
+    let mut id_of_path: [Option<u64>; PATHS] = [None; PATHS];
+    for (round, alloc) in allocs.iter().enumerate() {
+        let path = round % PATHS;
+        let id = u64_of(alloc, "stack");
+        let frames = &stacks[&id];
+        // The program's frames, innermost first, and the call lines checked among them.
+        let mut names: Vec<String> = Vec::new();
+        let mut call_lines: Vec<(usize, String)> = Vec::new();
+        match path {
+            0..=5 => {
+                names.extend(chain.iter().cloned());
+                names.push(format!("outer_{path}"));
+                call_lines.push((names.len(), line("main_outer")));
+            }
+            6 | 7 => {
+                names.extend(chain.iter().cloned());
+                call_lines.push((names.len(), line(&format!("bounce_{}", path - 6))));
+                names.push("bounce".to_owned());
+                call_lines.push((names.len(), line("main_bounce")));
+            }
+            8..=11 => {
+                names.extend(chain.iter().cloned());
+                names.push("shifted".to_owned());
+                call_lines.push((names.len(), line("main_shifted")));
+            }
+            _ => {
+                names.push("site".to_owned());
+                names.extend(std::iter::repeat_n("rec".to_owned(), DEPTHS[path - 12] + 1));
+                call_lines.push((names.len(), line("main_rec")));
+            }
+        }
+        names.push("main".to_owned());
+        let in_program = names.len().min(MAX_FRAMES);
+        assert!(
+            frames.len() >= in_program,
+            "round {round} (path {path}): {} frames, {in_program} expected in the program",
+            frames.len()
+        );
+        let found = locations(&dump, &frames[..in_program]);
+        let found_names: Vec<&str> = found.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            found_names,
+            names[..in_program],
+            "round {round} (path {path})"
+        );
+        for (at, expected) in call_lines.iter().filter(|(at, _)| *at < in_program) {
+            assert_eq!(
+                &found[*at].1, expected,
+                "round {round} (path {path}), frame {at}"
+            );
+        }
+        let start = start_frames.get_or_insert_with(|| frames[in_program..].to_vec());
+        assert!(!start.is_empty(), "no frames past main: {frames:x?}");
+        let expected_len = (names.len() + start.len()).min(MAX_FRAMES);
+        assert_eq!(frames.len(), expected_len, "round {round} (path {path})");
+        assert_eq!(
+            frames[in_program..],
+            start[..expected_len - in_program],
+            "round {round} (path {path}): the frames past main"
+        );
+        match id_of_path[path] {
+            Some(known) => assert_eq!(id, known, "round {round}: path {path} got another stack"),
+            None => id_of_path[path] = Some(id),
+        }
+    }
+    // 6 outer paths, 2 bounce call sites, 1 for every alloca (the same frames), and the
+    // recursions: 300, 310 and 280 are all cut to the same 256 frames.
+    let distinct: std::collections::HashSet<u64> =
+        id_of_path.iter().map(|id| id.expect("seen")).collect();
+    assert_eq!(distinct.len(), 6 + 2 + 1 + 6, "{id_of_path:?}");
+}
+
+#[test]
+fn walks_joining_earlier_walks_keep_their_own_frames_with_frame_pointers() {
+    check_joins("stack_joins");
+}
+
+#[test]
+fn walks_joining_earlier_walks_keep_their_own_frames_without_frame_pointers() {
+    check_joins("stack_joins_nofp");
 }
