@@ -243,8 +243,7 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
     writeln!(
         out,
         "recording looks like: {} ({})",
-        report.pattern,
-        report.pattern_reason
+        report.pattern, report.pattern_reason
     )?;
     match report.capacity {
         Some(capacity) => writeln!(
