@@ -316,14 +316,7 @@ impl<R: Read> LogReader<R> {
             // next chunk marker after this chunk's own.
             let mut consumed = head.to_vec();
             consumed.append(&mut self.chunk);
-            let damage = self.resync(start, &consumed);
-            let kind = match damage.kind {
-                DamageKind::Garbage { bytes } | DamageKind::TornTail { bytes } => {
-                    DamageKind::BadChecksum { len: bytes }
-                }
-                other => other,
-            };
-            return Some(Damage { kind, ..damage });
+            return Some(self.resync_after_bad_checksum(start, &consumed));
         }
         self.chunk_offset = start;
         self.chunk_pos = 0;
@@ -408,14 +401,7 @@ impl<R: Read> LogReader<R> {
             }
             consumed.extend_from_slice(&crc);
             consumed.append(&mut self.chunk);
-            let damage = self.resync(start, &consumed);
-            let kind = match damage.kind {
-                DamageKind::Garbage { bytes } | DamageKind::TornTail { bytes } => {
-                    DamageKind::BadChecksum { len: bytes }
-                }
-                other => other,
-            };
-            return Some(Damage { kind, ..damage });
+            return Some(self.resync_after_bad_checksum(start, &consumed));
         }
         if self.lost {
             self.chunk.clear();
@@ -503,6 +489,20 @@ impl<R: Read> LogReader<R> {
             Ok(_) => Err("compressed chunk's records length does not match its frame"),
             Err(_) => Err("compressed chunk does not decompress"),
         }
+    }
+
+    /// After a chunk whose checksum failed: skips forward to the next chunk marker (its length
+    /// field may be the damage, so it is not trusted), and reports the bytes skipped as that
+    /// chunk's damage.
+    fn resync_after_bad_checksum(&mut self, start: u64, consumed: &[u8]) -> Damage {
+        let damage = self.resync(start, consumed);
+        let kind = match damage.kind {
+            DamageKind::Garbage { bytes } | DamageKind::TornTail { bytes } => {
+                DamageKind::BadChecksum { len: bytes }
+            }
+            other => other,
+        };
+        Damage { kind, ..damage }
     }
 
     /// Skips forward to the next chunk marker. `consumed` are bytes already read at `start`.
