@@ -31,8 +31,10 @@ fn recorded(
 ) -> (Value, PathBuf) {
     let dir = scratch(&format!("breakdown-{name}"));
     let mut command = Command::new(python);
+    // faulthandler: a crash (an abort at exit was seen once in CI) names its thread and
+    // Python stack on stderr, which the failure message shows.
     command
-        .args(["-W", "ignore"])
+        .args(["-X", "faulthandler", "-W", "ignore"])
         .arg(repo().join("tests/python").join(script))
         .arg(arg)
         .env(
