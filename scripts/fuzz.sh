@@ -74,7 +74,8 @@ for spec in 1:1 2:5 3:20 4:60; do
   "$synth" --seed "$seed" --events "$events" -o "fuzz/corpus/decode/synth-$seed-$events.vlog" >/dev/null 2>&1
   # Plain chunks too (crash path, version 1); their payloads seed decode_chunk.
   "$synth" --seed "$seed" --events "$events" --plain \
-    -o "fuzz/corpus/decode/synth-$seed-$events-plain.vlog" >/dev/null 2>&1  # Continued chunks (format 6) of a few records each.
+    -o "fuzz/corpus/decode/synth-$seed-$events-plain.vlog" >/dev/null 2>&1
+  # Continued chunks (format 6) of a few records each; their plain payloads seed decode_chunk.
   "$synth" --seed "$seed" --events "$events" --continued 4 \
     -o "fuzz/corpus/decode/synth-$seed-$events-continued.vlog" >/dev/null 2>&1
 done
@@ -91,12 +92,32 @@ for name in sorted(os.listdir(os.path.join(corpus, "decode"))):
         out.write(data[20:20 + header_len])
     pos = 20 + header_len
     index = 0
-    while pos + 12 <= len(data) and data[pos:pos + 4] == b"VSCK":
-        length = struct.unpack_from("<I", data, pos + 4)[0]
-        with open(os.path.join(corpus, "decode_chunk", f"{name}.chunk{index}"), "wb") as out:
-            out.write(data[pos + 12:pos + 12 + length])
-        pos += 12 + length
-        index += 1
+    # Key chunks ("VSCK" plain, "VSCZ" compressed: 12-byte heads) and continued ones (0xC5
+    # plain, 0xC7 compressed: kind, LEB128 length, CRC-32); plain payloads are kept. A
+    # continued payload decoded from a fresh state is still records to decode.
+    while pos < len(data):
+        if data[pos:pos + 4] in (b"VSCK", b"VSCZ") and pos + 12 <= len(data):
+            plain = data[pos:pos + 4] == b"VSCK"
+            length = struct.unpack_from("<I", data, pos + 4)[0]
+            start = pos + 12
+        elif data[pos] in (0xC5, 0xC7):
+            plain = data[pos] == 0xC5
+            length, shift, at = 0, 0, pos + 1
+            while at < len(data) and shift < 64:
+                byte = data[at]
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                at += 1
+                if byte < 0x80:
+                    break
+            start = at + 4
+        else:
+            break
+        if plain:
+            with open(os.path.join(corpus, "decode_chunk", f"{name}.chunk{index}"), "wb") as out:
+                out.write(data[start:start + length])
+            index += 1
+        pos = start + length
 EOF
 for target in "${targets[@]}"; do
   echo "$target: $(find "fuzz/corpus/$target" -type f | wc -l) inputs in fuzz/corpus/$target"
