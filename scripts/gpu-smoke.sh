@@ -57,7 +57,7 @@ vramshim="$target/release/vramshim"
 # an older or equal glibc) and copied into target/release is used as it is.
 if command -v cargo >/dev/null 2>&1; then
     echo "== building (cargo build --release)"
-    cargo build --release --quiet -p vramshim -p vramshim-report
+    cargo build --release --quiet -p vramshim -p vramshim-report -p vramshim-fakegpu
 elif [ -x "$vramshim" ] && [ -f "$target/release/libvramshim.so" ]; then
     echo "== no cargo here: using the release build already in $target/release"
 else
@@ -206,6 +206,29 @@ for note in report.get("notes", []):
 sys.exit(1 if bad else 0)
 PY
         if [ "$whatif_rc" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    fi
+fi
+
+# dryrun against this card (DRYRUN=0 skips it): scripts/gpu_dryrun.py runs torch_judge.py's
+# workloads natively and under `vramshim dryrun --gpu MODEL` (the preset whose driver name is
+# this GPU's, from `vramshim dryrun --list-gpus`) in five allocator modes and compares torch's
+# own memory_stats(); every difference is printed and fails the stage. Needs the fake
+# libraries beside the vramshim executable (target/release/fakegpu/lib), as dryrun does.
+if [ "${DRYRUN:-1}" = 1 ]; then
+    echo
+    gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    model="$("$vramshim" dryrun --list-gpus | awk -v name="$gpu_name" 'NR > 1 {
+        line = $0; sub(/^[^ ]+ +/, "", line)
+        if (index(line, name "  ") == 1) { print $1; exit } }')"
+    if [ -z "$model" ]; then
+        echo "== dryrun: skipped (no preset names \"$gpu_name\"; vramshim dryrun --list-gpus)"
+    else
+        echo "== dryrun --gpu $model: torch's figures natively vs on the fakes"
+        if "$python" -W ignore "$root/scripts/gpu_dryrun.py" "$vramshim" "$model" "$out_dir/dryrun"; then
+            passed=$((passed + 1))
+        else
+            failed=$((failed + 1))
+        fi
     fi
 fi
 
