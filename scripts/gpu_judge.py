@@ -36,9 +36,15 @@ Runs tests/python/torch_judge.py under the recorder (one process per allocator m
      it finished; and the bytes the device lost after the ballast that the log does not hold
      (0: whatif's capacity is the card torch had). Nothing in it is fake-specific: the free
      bytes are read at run time, so the same check runs on a real GPU.
+  7. tensors inside the default allocator's segments (issue 12): tests/python/torch_fakegpu.py
+     `trace` (an MLP, empty_cache(), a transformer step, with torch's own memory history on)
+     under the recorder, default and expandable segments: the log's tensor events (alloc,
+     free_requested, free_completed, segment_alloc / segment_map / segment_unmap) equal torch's
+     own history entry for entry (action, address, size) up to torch's snapshot, and every
+     tensor block lies inside a segment or mapping the recorder saw the driver make.
 Prints every comparison and its difference; exit status 1 if any differs.
 
-usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5,6]
+usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5,6,7]
                     [--workloads mlp,transformer,inference,resnet|none] [--no-ddp]
 With --fake the fake GPU libraries are preloaded too (how machines without a GPU check the
 script; the fakes of torch's CUDA major are chosen from torch.version.cuda). DDP needs two
@@ -74,7 +80,7 @@ def option(name, default=None):
 
 
 fake = option("--fake")
-checks = {int(c) for c in option("--checks", "1,2,3,4,5,6").split(",")}
+checks = {int(c) for c in option("--checks", "1,2,3,4,5,6,7").split(",")}
 workloads = option("--workloads", "mlp,transformer,inference,resnet")
 bad = 0
 compared = 0
@@ -127,6 +133,20 @@ def run(name, env, work=None):
     if len(log) != 1:
         raise SystemExit(f"{name}: expected one log in {logs}, found {log}")
     return torch, log[0]
+
+
+def run_script(name, env, script, *args):
+    """One recorded process of another test script: (its last JSON line, its log)."""
+    logs = os.path.join(out_dir, name)
+    os.makedirs(logs, exist_ok=True)
+    out = subprocess.run([sys.executable, "-W", "ignore", script, *args],
+                         env=environment(logs, env), capture_output=True, text=True)
+    fail_run(name, out, logs)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    log = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
+    if len(log) != 1:
+        raise SystemExit(f"{name}: expected one log in {logs}, found {log}")
+    return result, log[0]
 
 
 def run_ddp(name, env):
@@ -567,6 +587,70 @@ def check_6():
             check_6_run(f"tight-{mode}-{mib}", kind, conf, mib * MIB + libraries + lazily,
                         async_log, lazily)
 
+# The log's tensor events and torch's own history entries (torch_fakegpu.py's trace mode).
+TENSOR_ACTIONS = {"tensor_alloc": "alloc", "tensor_free_requested": "free_requested",
+                  "tensor_free": "free_completed", "tensor_segment": "segment_alloc",
+                  "tensor_segment_map": "segment_map", "tensor_segment_unmap": "segment_unmap"}
+
+
+def inside(live, addr, size):
+    """Whether [addr, addr + size) lies in the live ranges (start -> end), adjacent ones
+    joined."""
+    end = addr
+    while end < addr + size:
+        start = next((a for a, b in live.items() if a <= end < b), None)
+        if start is None:
+            return False
+        end = live[start]
+    return True
+
+
+def check_7():
+    """Tensors in the default allocator, recorded by the tracker the shim attaches, against
+    torch's own memory history of the same run."""
+    print("== check 7: tensors in the default allocator against torch's own history")
+    script = os.path.join(ROOT, "tests/python/torch_fakegpu.py")
+    for mode, conf in (("default", ""), ("expandable", "expandable_segments:True")):
+        label = f"tensors-{mode}"
+        # No stacks: this compares addresses and sizes, and stacks of deep torch frames only
+        # slow the run.
+        env = {"VRAMSHIM_STACK": "none"}
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        torch, log = run_script(label, env, script, "trace")
+        entries = [tuple(e) for e in torch["entries"]]
+        # Replayed in order: the driver's ranges live at each tensor allocation (cudaMalloc'd
+        # segments; expandable segments' cuMemMap'd ranges, adjacent ones joined).
+        recorded, live, outside = [], {}, 0
+        for e in events(log):
+            if e.get("type") != "event" or e.get("result") != 0:
+                continue
+            action = TENSOR_ACTIONS.get(e.get("event"))
+            if action and e.get("api") == "torch.CUDACachingAllocator":
+                recorded.append((action, e["addr"], e["size"]))
+                if action == "alloc" and not inside(live, e["addr"], e["size"]):
+                    outside += 1
+            elif e.get("api") == "cudaMalloc" and e.get("event") == "alloc":
+                live[e["addr"]] = e["addr"] + e["size"]
+            elif e.get("api") == "cudaFree" and e.get("event") == "free":
+                live.pop(e["addr"], None)
+            elif e.get("api") == "cuMemMap":
+                live[e["addr"]] = e["addr"] + e["size"]
+            elif e.get("api") == "cuMemUnmap":
+                for start in [a for a in live if e["addr"] <= a < e["addr"] + e["size"]]:
+                    del live[start]
+        ours = recorded[:len(entries)]
+        first = next((i for i, (a, b) in enumerate(zip(ours, entries)) if a != b), None)
+        if first is not None:
+            print(f"  {label:15} first difference at entry {first}: vramshim {ours[first]} "
+                  f"torch {entries[first]}")
+        compare(label, [
+            ("torch's history entries", len(ours), len(entries)),
+            ("entries that differ", sum(a != b for a, b in zip(ours, entries)), 0),
+            ("blocks outside a recorded segment", outside, 0),
+        ])
+
+
 if (1 in checks or 2 in checks) and workloads != "none":
     checks_1_and_2()
 if (1 in checks or 2 in checks) and "--no-ddp" not in options:
@@ -577,5 +661,7 @@ if 5 in checks:
     check_5()
 if 6 in checks:
     check_6()
+if 7 in checks:
+    check_7()
 print(f"gpu_judge: {bad} difference(s) in {compared} comparisons; logs under {out_dir}")
 sys.exit(1 if bad else 0)
