@@ -10,7 +10,8 @@ device memory outside torch's allocator at the end (used - reserved: the CUDA co
 kernels, the libraries' handles), which dryrun charges from figures measured on an H100 and
 an H200 (docs/gpus.md) and which a real driver grows as it loads kernels lazily.
 
-usage: gpu_dryrun.py VRAMSHIM GPU_MODEL OUT_DIR   (scripts/gpu-smoke.sh runs it; DRYRUN=0 skips)
+usage: gpu_dryrun.py VRAMSHIM GPU_MODEL OUT_DIR [--modes default,expandable,max-split,roundup,async]
+(scripts/gpu-smoke.sh runs it with every mode; DRYRUN=0 skips it)
 """
 import json
 import os
@@ -37,13 +38,19 @@ def figures(text):
 
 def main():
     vramshim, gpu, out_dir = sys.argv[1:4]
+    chosen = [m for m, _ in MODES]
+    if "--modes" in sys.argv:
+        chosen = sys.argv[sys.argv.index("--modes") + 1].split(",")
+        unknown = set(chosen) - {m for m, _ in MODES}
+        if unknown:
+            raise SystemExit(f"gpu_dryrun.py: unknown modes {sorted(unknown)}")
     os.makedirs(out_dir, exist_ok=True)
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("PYTORCH_", "VRAMSHIM_", "JUDGE_")) and k != "LD_PRELOAD"}
     base["JUDGE_DEVICE_USED"] = "1"
     same = differ = 0
     results = {}
-    for mode, conf in MODES:
+    for mode, conf in [(m, c) for m, c in MODES if m in chosen]:
         env = dict(base, PYTORCH_CUDA_ALLOC_CONF=conf) if conf else base
         command = [sys.executable, "-W", "ignore", SCRIPT, WORKLOADS]
         real = subprocess.run(command, env=env, capture_output=True, text=True)

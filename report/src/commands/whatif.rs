@@ -241,7 +241,7 @@ pub fn with_report<T>(
         .count();
     if fallbacks > 0 {
         notes.push(format!(
-            "{} a cuDNN convolution's workspace (torch's run_conv_plan, or cudnn.benchmark's search) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for a smaller one, which the recording cannot tell), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
+            "{} a cuDNN convolution's workspace (torch's run_conv_plan, or cudnn.benchmark's search) that did not fit: survived, as torch survives it: the OOM is counted, the convolution falls back to its next engine, assumed to need no workspace (the fake cuDNN's second engine needs none; a real cuDNN's may ask for another one, which the recording cannot tell: on an H200 with cuDNN 9.19, a failed workspace of 22,450,960 bytes was followed by one of more than 22 MiB), and later workspaces of that convolution on that thread (same operation, same size: the recording has no shapes) are not asked for",
             if fallbacks == 1 {
                 "1 configuration met".to_string()
             } else {
