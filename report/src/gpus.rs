@@ -70,7 +70,7 @@ struct Preset {
 }
 
 /// The table, in `--list-gpus` order after sorting by memory (see [`presets`]).
-const PRESETS: [Preset; 10] = [
+const PRESETS: [Preset; 11] = [
     Preset {
         key: "t4",
         name: "Tesla T4",
@@ -180,6 +180,20 @@ const PRESETS: [Preset; 10] = [
         nccl_bytes: NCCL_MEASURED_H200,
         measured: true,
         source: "measured: totalGlobalMem and cuMemGetInfo total, driver 580.159.04",
+    },
+    Preset {
+        key: "b200",
+        name: "NVIDIA B200",
+        // "Total Global Memory: 178.35 GB" (totalGlobalMem in GiB, 2 decimals), 148 SMs,
+        // compute capability 10.0, from a device query on a B200 (pytorch/ao pull request
+        // 4002): 182,630 MiB, within 5 MiB.
+        memory: 182_630 << 20,
+        cc: (10, 0),
+        sms: 148,
+        context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
+        source: "device query 178.35 GiB, ±5 MiB",
     },
 ];
 

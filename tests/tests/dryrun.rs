@@ -629,6 +629,7 @@ fn the_preset_table_is_listed() {
         ("h100", 85_017_493_504),
         ("h100-pcie", 85_017_493_504),
         ("h200", 150_109_880_320),
+        ("b200", 182_630 * MIB),
     ] {
         let row = stdout
             .lines()
@@ -657,7 +658,7 @@ fn the_preset_table_is_listed() {
                 .find_map(|w| w.parse::<u64>().ok().filter(|n| *n > GIB))
         })
         .collect();
-    assert_eq!(memories.len(), 10, "{stdout}");
+    assert_eq!(memories.len(), 11, "{stdout}");
     assert!(memories.windows(2).all(|w| w[0] <= w[1]), "{memories:?}");
 }
 

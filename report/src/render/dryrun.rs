@@ -507,13 +507,13 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
 pub fn list_gpus(out: &mut dyn Write, gpus: &[Gpu]) -> io::Result<()> {
     writeln!(
         out,
-        "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10} {:>10}  source of the memory figure",
+        "{:<10} {:<24} {:>16} {:>11} {:>4} {:>5} {:>10} {:>10}  source of the memory figure",
         "--gpu", "name", "memory (bytes)", "memory", "cc", "SMs", "context", "NCCL rank"
     )?;
     for gpu in gpus {
         writeln!(
             out,
-            "{:<10} {:<24} {:>16} {:>11} {:>3} {:>5} {:>10} {:>10}  {}",
+            "{:<10} {:<24} {:>16} {:>11} {:>4} {:>5} {:>10} {:>10}  {}",
             gpu.key,
             gpu.name,
             gpu.memory,
