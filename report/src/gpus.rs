@@ -70,7 +70,7 @@ struct Preset {
 }
 
 /// The table, in `--list-gpus` order after sorting by memory (see [`presets`]).
-const PRESETS: [Preset; 11] = [
+const PRESETS: [Preset; 12] = [
     Preset {
         key: "t4",
         name: "Tesla T4",
@@ -136,6 +136,20 @@ const PRESETS: [Preset; 11] = [
         nccl_bytes: NCCL_ESTIMATE,
         measured: false,
         source: "deviceQuery, exact",
+    },
+    Preset {
+        key: "l40s",
+        name: "NVIDIA L40S",
+        // PyTorch's OOM message on an L40S, "a total capacity of 44.42 GiB"
+        // (github.com/stepfun-ai/Step-Video-T2V/issues/8): 45,486 MiB, within 5 MiB. Ada,
+        // compute capability 8.9; 18,176 CUDA cores at 128 an SM: 142 SMs.
+        memory: 45_486 << 20,
+        cc: (8, 9),
+        sms: 142,
+        context_bytes: CONTEXT_ESTIMATE,
+        nccl_bytes: NCCL_ESTIMATE,
+        measured: false,
+        source: "PyTorch OOM message 44.42 GiB, ±5 MiB",
     },
     Preset {
         key: "a100-80gb",

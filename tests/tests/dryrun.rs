@@ -625,6 +625,7 @@ fn the_preset_table_is_listed() {
         ("rtx4090", 24_217 * MIB),
         ("rtx3090", 24_269 * MIB),
         ("a100-40gb", 42_298_834_944),
+        ("l40s", 45_486 * MIB),
         ("a100-80gb", 81_039 * MIB),
         ("h100", 85_017_493_504),
         ("h100-pcie", 85_017_493_504),
@@ -658,7 +659,7 @@ fn the_preset_table_is_listed() {
                 .find_map(|w| w.parse::<u64>().ok().filter(|n| *n > GIB))
         })
         .collect();
-    assert_eq!(memories.len(), 11, "{stdout}");
+    assert_eq!(memories.len(), 12, "{stdout}");
     assert!(memories.windows(2).all(|w| w[0] <= w[1]), "{memories:?}");
 }
 
