@@ -123,20 +123,11 @@ def fail_run(name, out, logs):
 
 def run(name, env, work=None):
     """One recorded judge process: (torch's figures, its log)."""
-    logs = os.path.join(out_dir, name)
-    os.makedirs(logs, exist_ok=True)
-    out = subprocess.run([sys.executable, "-W", "ignore", SCRIPT, work or workloads],
-                         env=environment(logs, env), capture_output=True, text=True)
-    fail_run(name, out, logs)
-    torch = json.loads(out.stdout.strip().splitlines()[-1])
-    log = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
-    if len(log) != 1:
-        raise SystemExit(f"{name}: expected one log in {logs}, found {log}")
-    return torch, log[0]
+    return run_script(name, env, SCRIPT, work or workloads)
 
 
 def run_script(name, env, script, *args):
-    """One recorded process of another test script: (its last JSON line, its log)."""
+    """One recorded process of a test script: (its last JSON line, its log)."""
     logs = os.path.join(out_dir, name)
     os.makedirs(logs, exist_ok=True)
     out = subprocess.run([sys.executable, "-W", "ignore", script, *args],
