@@ -391,8 +391,9 @@ fn cudnn8_program_output(sublibs: bool, kernels: u64) -> String {
 /// fakes with libcudnn.so.8's behaviour: the same statuses, descriptors kept across libraries
 /// (an ops_infer handle and tensors used by cnn_infer and cnn_train), the backend's engines and
 /// workspaces, the handle's own memory; unimplemented functions, the sub-libraries' own among
-/// them, return CUDNN_STATUS_NOT_SUPPORTED and are logged once. Under `vramshim dryrun` (no
-/// library path) the program finds the sub-libraries among the preloaded fakes.
+/// them, return CUDNN_STATUS_NOT_SUPPORTED and are logged once; cuDNN's kernels that do not
+/// fit fail the first execution. Under `vramshim dryrun` (no library path) the program finds
+/// the sub-libraries among the preloaded fakes, and its execution leaves cuDNN's kernels loaded.
 #[test]
 fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     let dir = scratch("fakegpu-cudnn8-sublibs");
@@ -485,6 +486,27 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
         cudnn8_program_output(false, 0)
+    );
+
+    // cuDNN's kernels (VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES) past the card's capacity: the
+    // first execution fails with CUDNN_STATUS_ALLOC_FAILED and holds nothing.
+    let output = Command::new(&exe_main)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env(
+            "VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES",
+            (1u64 << 30).to_string(),
+        )
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run cudnn8_main");
+    assert_eq!(output.status.code(), Some(0));
+    let executed = "bytes=37748736 execute rc=0\n";
+    let refused = cudnn8_program_output(false, 0);
+    assert!(refused.contains(executed), "{refused}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        refused.replace(executed, "bytes=37748736 execute rc=4000\n")
     );
 
     // Under dryrun, with no library path: the sub-libraries are among the fakes it preloads.
