@@ -552,8 +552,9 @@ def check_6():
     # taking device memory no hook sees (on an H200 with torch 2.11: the first kernel's
     # 96,468,992 bytes and about 20 MB more for this ResNet's cuDNN and cuBLAS kernels). A
     # calibration run with room to spare measures it; each tight run's ballast then leaves
-    # that much more. The fakes load nothing lazily (dryrun charges the first kernel, the
-    # judge's fakes do not), so there it must be 0, and the run is skipped.
+    # that much more. The fakes load nothing lazily (dryrun charges the first kernel and
+    # cuBLAS's and cuDNN's kernels, the judge's fakes do not), so there it must be 0, and the
+    # run is skipped.
     lazily = 0
     if not fake:
         roomy = whatif_row(async_log, total, "")["peak_reserved"] + libraries + 1024 * MIB

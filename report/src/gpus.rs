@@ -16,6 +16,22 @@ pub const CONTEXT_MEASURED_HOPPER: u64 = 552_402_944;
 pub const MODULE_MEASURED_HOPPER: u64 = 96_468_992;
 /// The same for cards where it was not measured: the Hopper figure, an estimate.
 pub const MODULE_ESTIMATE: u64 = MODULE_MEASURED_HOPPER;
+/// Device memory no hook sees that PyTorch 2.11's first matmul took on an H100 80GB HBM3 and on
+/// an H200 beyond the cuBLAS 13.1 handle's own `cuMemAlloc_v2`s (1 KiB, 128 KiB, 64 MiB, which
+/// the fake cuBLAS makes): 69,206,016 bytes outside PyTorch's allocator - 67,240,960
+/// (`scripts/gpu_probe.py`; docs/gpus.md). It equals one 2 MiB page less the two small
+/// allocations, so it may be the driver's page as much as cuBLAS's kernels; a second thread's
+/// handle took no more. The fakes charge it at a device's first cuBLAS handle.
+pub const CUBLAS_KERNELS_MEASURED_HOPPER: u64 = 1_965_056;
+/// The same for cards where it was not measured: the Hopper figure, an estimate.
+pub const CUBLAS_KERNELS_ESTIMATE: u64 = CUBLAS_KERNELS_MEASURED_HOPPER;
+/// Device memory no hook sees that PyTorch 2.11's first cuDNN 9.19 convolution, forward and
+/// backward, took on an H100 80GB HBM3 and on an H200: 18,874,368 bytes outside PyTorch's
+/// allocator less its two handles' `cuMemAlloc_v2`s (2 x (25,344 + 4), which the fake cuDNN
+/// makes). The fakes charge it at a device's first cuDNN execution.
+pub const CUDNN_KERNELS_MEASURED_HOPPER: u64 = 18_874_368 - 2 * (25_344 + 4);
+/// The same for cards where it was not measured: the Hopper figure, an estimate.
+pub const CUDNN_KERNELS_ESTIMATE: u64 = CUDNN_KERNELS_MEASURED_HOPPER;
 /// Device memory NCCL 2.28.9 took for one rank (`init_process_group` of one rank and one
 /// `all_reduce`) on the H200: 556 MiB, of which 195 `cuMemCreate` of 2 MiB, the rest its kernels.
 pub const NCCL_MEASURED_H200: u64 = 583_008_256;
@@ -40,9 +56,13 @@ pub struct Gpu {
     pub context_bytes: u64,
     /// Device memory the first kernel launch on a device takes (modules loaded).
     pub module_bytes: u64,
+    /// Device memory a device's first cuBLAS handle takes beyond its allocations (its kernels).
+    pub cublas_kernel_bytes: u64,
+    /// Device memory a device's first cuDNN execution takes (its kernels).
+    pub cudnn_kernel_bytes: u64,
     /// Device memory each NCCL rank takes for itself on this card.
     pub nccl_bytes: u64,
-    /// Whether the context, module and NCCL figures were measured on this card.
+    /// Whether the context, kernel and NCCL figures were measured on this card.
     pub measured: bool,
     /// Whether NVML reports an NVLink fabric (PyTorch then tries fabric handles first, which
     /// the driver refuses without an IMEX channel: error 800, as on the machines measured).
@@ -224,6 +244,16 @@ impl Preset {
                 MODULE_MEASURED_HOPPER
             } else {
                 MODULE_ESTIMATE
+            },
+            cublas_kernel_bytes: if self.measured {
+                CUBLAS_KERNELS_MEASURED_HOPPER
+            } else {
+                CUBLAS_KERNELS_ESTIMATE
+            },
+            cudnn_kernel_bytes: if self.measured {
+                CUDNN_KERNELS_MEASURED_HOPPER
+            } else {
+                CUDNN_KERNELS_ESTIMATE
             },
             nccl_bytes: self.nccl_bytes,
             measured: self.measured,
@@ -648,6 +678,8 @@ pub fn custom(memory: u64) -> Gpu {
         sms: 132,
         context_bytes: CONTEXT_ESTIMATE,
         module_bytes: MODULE_ESTIMATE,
+        cublas_kernel_bytes: CUBLAS_KERNELS_ESTIMATE,
+        cudnn_kernel_bytes: CUDNN_KERNELS_ESTIMATE,
         nccl_bytes: NCCL_ESTIMATE,
         measured: false,
         fabric: false,

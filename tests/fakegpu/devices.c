@@ -2,7 +2,9 @@
  * argv[1] "visible": the devices CUDA_VISIBLE_DEVICES leaves (count, each one's PCI bus id and
  * UUID), then 8 MiB allocated on device 0 and NVML's view of every device of the machine (the
  * bytes it says this process uses on each). argv[1] "module": the driver's used bytes before
- * any kernel, after the first launch and after a second one. argv[1] "mig": what CUDA and
+ * any kernel, after the first launch and after a second one. argv[1] "cublas": the driver's
+ * used bytes on device 0 before any cuBLAS handle, after a first and a second handle, then on
+ * device 1 (when there is one) before and after a handle of its own. argv[1] "mig": what CUDA and
  * NVML say of MIG devices (the devices CUDA sees, their names, memory, SMs and UUIDs; NVML's
  * MIG mode, MIG device handles and their figures on every GPU). argv[1] "layout": the same for
  * a MIG layout of several MIG devices per card (each CUDA device's figures and 8 MiB on each;
@@ -91,6 +93,32 @@ static int module(void)
     int second = cudaLaunchKernel((const void *)module, one, one, NULL, 0, NULL);
     printf("before=%llu first rc=%d used=%llu second rc=%d used=%llu\n", before, first,
            after_first, second, used());
+    return 0;
+}
+
+/* cuBLAS through dlopen, as NVML: the program links the runtime alone. */
+static int cublas(void)
+{
+    char soname[32];
+    snprintf(soname, sizeof soname, "libcublas.so.%d", CUDA_MAJOR);
+    void *library = dlopen(soname, RTLD_NOW);
+    int (*create)(void **) = library ? (int (*)(void **))dlsym(library, "cublasCreate_v2") : NULL;
+    if (!create) {
+        printf("no cublasCreate_v2 in %s\n", soname);
+        return 1;
+    }
+    int count = 0;
+    cudaGetDeviceCount(&count);
+    for (int d = 0; d < count && d < 2; d++) {
+        void *first = NULL, *second = NULL;
+        cudaSetDevice(d);
+        unsigned long long before = used();
+        int first_rc = create(&first);
+        unsigned long long after_first = used();
+        int second_rc = create(&second);
+        printf("device %d before=%llu first rc=%d used=%llu second rc=%d used=%llu\n", d, before,
+               first_rc, after_first, second_rc, used());
+    }
     return 0;
 }
 
@@ -399,12 +427,14 @@ int main(int argc, char **argv)
         return visible();
     if (argc == 2 && !strcmp(argv[1], "module"))
         return module();
+    if (argc == 2 && !strcmp(argv[1], "cublas"))
+        return cublas();
     if (argc == 2 && !strcmp(argv[1], "mig"))
         return mig();
     if (argc == 2 && !strcmp(argv[1], "layout"))
         return layout();
     if (argc == 2 && !strcmp(argv[1], "hold"))
         return hold();
-    fprintf(stderr, "usage: devices visible|module\n");
+    fprintf(stderr, "usage: devices visible|module|cublas|mig|layout|hold\n");
     return 2;
 }

@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::torch::CUDNN_KERNELS;
 use common::*;
 
 const MIB: u64 = 1 << 20;
@@ -361,8 +362,10 @@ fn build_cudnn8_program(dir: &Path, sublibs: bool) -> PathBuf {
     exe
 }
 
-/// What `cudnn8_sublibs.c` prints, the sub-libraries' own line included or not.
-fn cudnn8_program_output(sublibs: bool) -> String {
+/// What `cudnn8_sublibs.c` prints, the sub-libraries' own line included or not; `kernels`: the
+/// device memory its backend execution left loaded (cuDNN's kernels, which `vramshim dryrun`
+/// charges at a device's first execution; the plain fakes charge none).
+fn cudnn8_program_output(sublibs: bool, kernels: u64) -> String {
     let mut text = String::from(
         "version 8902 property=8.9.2\n\
          checks ops_infer=0 ops_train=0 cnn_infer=0 cnn_train=0 adv_infer=0 adv_train=0\n\
@@ -379,7 +382,7 @@ fn cudnn8_program_output(sublibs: bool) -> String {
     if sublibs {
         text.push_str("sub-library only rc=3000 rc=3000 pooling rc=3000\n");
     }
-    text.push_str("destroy rc=0 used_after_minus_before=0\n");
+    text.push_str(&format!("destroy rc=0 used_after_minus_before={kernels}\n"));
     text
 }
 
@@ -388,8 +391,9 @@ fn cudnn8_program_output(sublibs: bool) -> String {
 /// fakes with libcudnn.so.8's behaviour: the same statuses, descriptors kept across libraries
 /// (an ops_infer handle and tensors used by cnn_infer and cnn_train), the backend's engines and
 /// workspaces, the handle's own memory; unimplemented functions, the sub-libraries' own among
-/// them, return CUDNN_STATUS_NOT_SUPPORTED and are logged once. Under `vramshim dryrun` (no
-/// library path) the program finds the sub-libraries among the preloaded fakes.
+/// them, return CUDNN_STATUS_NOT_SUPPORTED and are logged once; cuDNN's kernels that do not
+/// fit fail the first execution. Under `vramshim dryrun` (no library path) the program finds
+/// the sub-libraries among the preloaded fakes, and its execution leaves cuDNN's kernels loaded.
 #[test]
 fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     let dir = scratch("fakegpu-cudnn8-sublibs");
@@ -439,7 +443,7 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(stdout, cudnn8_program_output(true));
+    assert_eq!(stdout, cudnn8_program_output(true, 0));
     // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward to
     // it), the last two by the sub-libraries' own stubs.
     assert_eq!(
@@ -481,7 +485,28 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        cudnn8_program_output(false)
+        cudnn8_program_output(false, 0)
+    );
+
+    // cuDNN's kernels (VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES) past the card's capacity: the
+    // first execution fails with CUDNN_STATUS_ALLOC_FAILED and holds nothing.
+    let output = Command::new(&exe_main)
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+        .env(
+            "VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES",
+            (1u64 << 30).to_string(),
+        )
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run cudnn8_main");
+    assert_eq!(output.status.code(), Some(0));
+    let executed = "bytes=37748736 execute rc=0\n";
+    let refused = cudnn8_program_output(false, 0);
+    assert!(refused.contains(executed), "{refused}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        refused.replace(executed, "bytes=37748736 execute rc=4000\n")
     );
 
     // Under dryrun, with no library path: the sub-libraries are among the fakes it preloads.
@@ -501,18 +526,25 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
         .expect("run vramshim dryrun");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    // The program's stdout went to stderr (stdout carries the verdict).
-    assert_eq!(stderr, cudnn8_program_output(true));
+    // The program's stdout went to stderr (stdout carries the verdict); its handle's destruction
+    // leaves cuDNN's kernels loaded, as on a real GPU.
+    assert_eq!(stderr, cudnn8_program_output(true, CUDNN_KERNELS));
     let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
     assert_eq!(verdict["fits"], true, "{verdict}");
     let device = &verdict["devices"][0];
-    // Two 4 MiB buffers, the 144 KiB filter and the handle's 25,344 + 4 bytes.
+    // Two 4 MiB buffers, the 144 KiB filter and the handle's 25,344 + 4 bytes; used: those,
+    // the context and cuDNN's kernels (no kernel of the program's own was launched).
     let peak = 8 * MIB + 147_456 + 25_348;
     assert_eq!(u64_of(device, "peak_recorded"), peak, "{verdict}");
     assert_eq!(
+        u64_of(&verdict["gpu"], "cudnn_kernel_bytes"),
+        CUDNN_KERNELS,
+        "{verdict}"
+    );
+    assert_eq!(
         u64_of(device, "peak_used"),
-        peak + u64_of(&verdict["gpu"], "context_bytes"),
+        peak + u64_of(&verdict["gpu"], "context_bytes") + CUDNN_KERNELS,
         "{verdict}"
     );
 }
@@ -742,6 +774,47 @@ fn the_first_kernel_launch_takes_the_modules_memory() {
             100 * MIB
         )
     );
+}
+
+/// A device's first cuBLAS handle takes, beyond its own allocations (1 KiB + 128 KiB + 64 MiB),
+/// `VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES` that no hook sees, once per device (dryrun's presets
+/// give 1,965,056: what a real first matmul took beyond the handle); a second handle takes its
+/// allocations only. Unset, nothing more (the plain fakes); past the card's capacity the handle
+/// fails with CUBLAS_STATUS_ALLOC_FAILED (3) and holds nothing.
+#[test]
+fn the_first_cublas_handle_on_a_device_takes_cublas_kernels_once() {
+    let dir = scratch("fakegpu-cublas-kernels");
+    let exe = build_program(&dir, "devices", 13);
+    let context = ("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", (100 * MIB).to_string());
+    let kernels = |bytes: u64| ("VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES", bytes.to_string());
+    let handle = 1024 + (128 << 10) + (64 << 20);
+    let lines = |rc: i32, first: u64, second: u64| {
+        (0..2)
+            .map(|d| {
+                format!(
+                    "device {d} before={} first rc={rc} used={} second rc={rc} used={}\n",
+                    100 * MIB,
+                    100 * MIB + first,
+                    100 * MIB + second
+                )
+            })
+            .collect::<String>()
+    };
+    let cases = [
+        (
+            Some(1_965_056),
+            lines(0, handle + 1_965_056, 2 * handle + 1_965_056),
+        ),
+        (None, lines(0, handle, 2 * handle)),
+        (Some(1 << 30), lines(3, 0, 0)),
+    ];
+    for (bytes, expected) in cases {
+        let mut env = vec![context.clone()];
+        env.extend(bytes.map(kernels));
+        let (code, stdout, stderr) = run_devices(&exe, "cublas", 2, None, &env);
+        assert_eq!(code, Some(0), "{bytes:?}: {stdout}\n{stderr}");
+        assert_eq!(stdout, expected, "{bytes:?}");
+    }
 }
 
 /// `vramshim dryrun --gpus 3` of a program run with `CUDA_VISIBLE_DEVICES=2,0`: the program

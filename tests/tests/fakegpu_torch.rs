@@ -14,8 +14,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::torch::{
-    CUBLAS_HANDLE, CUDNN_HANDLE, TORCH_FAKES, TORCH_FAKES_CUDA12, TORCH_FAKES_CUDA121, preload_of,
-    repo, rounded_async_peak,
+    CUBLAS_HANDLE, CUBLAS_KERNELS, CUDNN_HANDLE, CUDNN_KERNELS, TORCH_FAKES, TORCH_FAKES_CUDA12,
+    TORCH_FAKES_CUDA121, preload_of, repo, rounded_async_peak,
 };
 use common::*;
 use serde_json::Value;
@@ -2945,11 +2945,13 @@ fn dryrun_h200(
 }
 
 /// `vramshim dryrun --gpu h200` of the ResNet-like training: torch's own `mem_get_info` sees
-/// the H200's measured context and first kernel on top of its reserved bytes and the handles,
-/// and the verdict's peak used is exactly that (the dry run samples memory no hook sees at
-/// every event, so the first kernel, launched late in a short run, is not missed).
+/// the H200's measured context, first kernel, cuBLAS's kernels (at the first handle) and
+/// cuDNN's (at the first convolution) on top of its reserved bytes and the handles, and the
+/// verdict's peak used is exactly that, its untracked bytes the memory no hook sees (the dry run
+/// samples it at every event, so the first kernel, launched late in a short run, is not
+/// missed).
 #[test]
-fn dryrun_peak_used_has_the_context_and_the_first_kernel() {
+fn dryrun_peak_used_has_the_context_and_the_kernels_loaded() {
     let Some(torch) = current() else { return };
     let (v, r) = dryrun_h200(
         &torch,
@@ -2959,12 +2961,16 @@ fn dryrun_peak_used_has_the_context_and_the_first_kernel() {
         &[],
     );
     let (context, kernels) = (552_402_944, 96_468_992);
-    let expected = 138 * MIB + context + kernels + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
+    assert_eq!(u64_of(&v["gpu"], "cublas_kernel_bytes"), 1_965_056, "{v}");
+    assert_eq!(u64_of(&v["gpu"], "cudnn_kernel_bytes"), 18_823_672, "{v}");
+    let unseen = context + kernels + CUBLAS_KERNELS + CUDNN_KERNELS;
+    let expected = 138 * MIB + unseen + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
     for step in pairs(&r["steps"]) {
         assert_eq!(step, vec![138 * MIB, expected], "{r}");
     }
     let device = &arr(&v["devices"])[0];
     assert_eq!(u64_of(device, "peak_used"), expected, "{v}");
+    assert_eq!(u64_of(device, "untracked"), unseen, "{v}");
     assert_eq!(v["fits"], true, "{v}");
 }
 
@@ -3106,7 +3112,8 @@ fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
     assert_eq!(r["warnings"], serde_json::json!([]), "{r}");
     assert_eq!(u64_of(&r, "reserved_bytes_peak"), 170 * MIB, "{r}");
     let (context, kernels) = (552_402_944, 96_468_992);
-    let expected = 170 * MIB + context + kernels + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
+    let unseen = context + kernels + CUBLAS_KERNELS + CUDNN_KERNELS;
+    let expected = 170 * MIB + unseen + 2 * (CUBLAS_HANDLE + CUDNN_HANDLE);
     for step in pairs(&r["steps"]) {
         assert_eq!(step, vec![170 * MIB, expected], "{r}");
     }
@@ -3393,7 +3400,7 @@ fn data_parallel_run(torch: &Torch, mode: &str, expected: (u64, u64, u64)) {
 /// ranks' logs, a device each, each device's recorded peak equal to its rank's own
 /// `max_memory_reserved()` plus the libraries' own memory the recorder sees (two cuBLAS
 /// handles, NCCL's 195 buffers of 2 MiB), and the H100 preset's measured context, first
-/// kernel and NCCL rank on top; NCCL's buffers do not make the allocator look like expandable
+/// kernel, cuBLAS's kernels and NCCL rank on top; NCCL's buffers do not make the allocator look like expandable
 /// segments.
 #[test]
 fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
@@ -3441,9 +3448,10 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
             "{v}\n{r}"
         );
         assert_eq!(u64_of(r, "reserved_peak"), 88 * MIB, "{r}");
-        // Used: that, the context, the first kernel's module and NCCL's kernels; what torch
-        // read from cudaMemGetInfo after its last step is the same.
-        let used = 88 * MIB + 2 * CUBLAS_HANDLE + context + 96_468_992 + 589_299_712;
+        // Used: that, the context, the first kernel's module, cuBLAS's kernels and NCCL's;
+        // what torch read from cudaMemGetInfo after its last step is the same.
+        let used =
+            88 * MIB + 2 * CUBLAS_HANDLE + context + 96_468_992 + CUBLAS_KERNELS + 589_299_712;
         assert_eq!(u64_of(device, "peak_used"), used, "{v}");
         let steps = arr(&r["steps"]);
         assert_eq!(steps.last().and_then(|s| s[1].as_u64()), Some(used), "{r}");
@@ -3476,7 +3484,7 @@ fn dryrun_of_a_two_process_ddp_job_gives_a_verdict_for_both_ranks() {
         );
         assert_eq!(
             u64_of(at_device, "context_bytes"),
-            context + 96_468_992 + (589_299_712 - nccl_buffers),
+            context + 96_468_992 + CUBLAS_KERNELS + (589_299_712 - nccl_buffers),
             "{breakdown}"
         );
         assert_eq!(u64_of(at_device, "used_bytes"), used, "{breakdown}");

@@ -32,6 +32,23 @@ static inline CUresult fg_library_ready(void)
     return rc ? rc : cuCtxSetCurrent(primary);
 }
 
+/* From the fake driver, not an NVIDIA symbol: charges LIBRARY's kernels ("libcublas",
+ * "libcudnn") to the current device once (VRAMSHIM_FAKEGPU_*_KERNEL_BYTES, 0 unless dryrun
+ * sets them). */
+int vramshim_fakegpu_load_library_kernels(const char *library);
+
+/* A real library's kernels take device memory that no hook sees when the driver loads them
+ * (lazily, at their first launch): LIBRARY's, charged once per device with the calling thread's
+ * device's primary context current, as for fg_library_alloc. CUDA_ERROR_OUT_OF_MEMORY when they
+ * do not fit; any other failure charges nothing and is not the caller's. */
+static inline CUresult fg_library_load_kernels(const char *library)
+{
+    if (fg_library_ready() != CUDA_SUCCESS)
+        return CUDA_SUCCESS;
+    CUresult rc = (CUresult)vramshim_fakegpu_load_library_kernels(library);
+    return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_SUCCESS;
+}
+
 /* Frees what fg_library_alloc allocated (zero entries are skipped). */
 static inline void fg_library_free(CUdeviceptr *own, size_t count)
 {

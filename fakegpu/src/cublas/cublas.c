@@ -41,6 +41,15 @@ FG_EXPORT cublasStatus_t cublasCreate_v2(cublasHandle_t *handle)
     if (!h)
         return CUBLAS_STATUS_ALLOC_FAILED;
     CUresult rc = fg_library_alloc(h->own, handle_allocations, HANDLE_ALLOCATIONS);
+    /* A device's first handle: the memory beyond these allocations that no hook sees
+     * (VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES; docs/gpus.md). Charged here, not at the first
+     * GEMM: PyTorch runs cuBLAS and cuBLASLt GEMMs through a handle it creates right before
+     * its first one, so the growth is measured there, and an OOM has one place. */
+    if (rc == CUDA_SUCCESS) {
+        rc = fg_library_load_kernels("libcublas");
+        if (rc)
+            fg_library_free(h->own, HANDLE_ALLOCATIONS);
+    }
     if (rc) {
         free(h);
         return rc == CUDA_ERROR_OUT_OF_MEMORY ? CUBLAS_STATUS_ALLOC_FAILED

@@ -7,6 +7,12 @@
  *   VRAMSHIM_FAKEGPU_CONTEXT_BYTES  device memory a primary context takes (default 0)
  *   VRAMSHIM_FAKEGPU_MODULE_BYTES   device memory the first kernel launch on a device takes
  *                                   (CUDA loads modules lazily; default 0)
+ *   VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES  device memory no hook sees that a device's first
+ *                                   cuBLAS handle takes beyond its allocations (cuBLAS's
+ *                                   kernels; default 0)
+ *   VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES   device memory no hook sees that a device's first cuDNN
+ *                                   execution (cudnnBackendExecute) takes (cuDNN's kernels;
+ *                                   default 0)
  *   VRAMSHIM_FAKEGPU_NCCL_BYTES     device memory an NCCL rank takes for itself (default 0;
  *                                   see fakegpu/src/nccl/nccl.c)
  *   VRAMSHIM_FAKEGPU_FABRIC         1: NVML reports an NVLink fabric, and cuMemCreate of a
@@ -605,6 +611,11 @@ static void load(void)
     read_number("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", 0, 1ull << 50, &context);
     unsigned long long module = 0, nccl = 0, fabric = 0;
     read_number("VRAMSHIM_FAKEGPU_MODULE_BYTES", 0, 1ull << 50, &module);
+    unsigned long long cublas_kernels = 0, cudnn_kernels = 0;
+    read_number("VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES", 0, 1ull << 50, &cublas_kernels);
+    read_number("VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES", 0, 1ull << 50, &cudnn_kernels);
+    config.cublas_kernel_bytes = cublas_kernels;
+    config.cudnn_kernel_bytes = cudnn_kernels;
     read_number("VRAMSHIM_FAKEGPU_NCCL_BYTES", 0, 1ull << 50, &nccl);
     read_number("VRAMSHIM_FAKEGPU_FABRIC", 0, 1, &fabric);
     unsigned long long sweep = 10;

@@ -556,6 +556,23 @@ FG_EXPORT int vramshim_fakegpu_load_kernels(int dev, const char *name, unsigned 
     return fg_load_kernels(dev, name ? name : "", bytes);
 }
 
+/* A library's own kernels (LIBRARY "libcublas" or "libcudnn"), once per device: the calling
+ * thread's current device is charged its VRAMSHIM_FAKEGPU_*_KERNEL_BYTES, as memory no hook
+ * sees; CUDA_ERROR_OUT_OF_MEMORY when it does not fit. Not an NVIDIA symbol. */
+FG_EXPORT int vramshim_fakegpu_load_library_kernels(const char *library)
+{
+    unsigned long long bytes;
+    if (library && strcmp(library, "libcublas") == 0)
+        bytes = fg_config()->cublas_kernel_bytes;
+    else if (library && strcmp(library, "libcudnn") == 0)
+        bytes = fg_config()->cudnn_kernel_bytes;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = fg_current_device(&dev);
+    return rc ? rc : fg_load_kernels(dev, library, bytes);
+}
+
 FG_EXPORT unsigned long long vramshim_fakegpu_nccl_bytes(void) { return fg_config()->nccl_bytes; }
 
 FG_EXPORT int vramshim_fakegpu_fabric(void) { return fg_config()->fabric; }

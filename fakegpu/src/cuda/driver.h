@@ -57,6 +57,9 @@ struct fg_config {
     int sms;
     unsigned long long context_bytes;
     unsigned long long module_bytes; /* charged at the first kernel launch on a device */
+    /* cuBLAS's and cuDNN's own kernels, charged once per device by the fake libraries through
+     * vramshim_fakegpu_load_library_kernels (context.c) */
+    unsigned long long cublas_kernel_bytes, cudnn_kernel_bytes;
     unsigned long long nccl_bytes;   /* an NCCL rank's own memory (read by the fake NCCL) */
     bool fabric; /* an NVLink fabric NVML reports, without the IMEX channel fabric handles need */
     unsigned long long host_bytes; /* host RAM that device data copied in may hold */

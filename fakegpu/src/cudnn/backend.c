@@ -98,6 +98,8 @@ enum {
 #define ENGINE1_NS 2000000ull
 /* Advances the fake GPU's clock (the fake driver's; not an NVIDIA symbol). */
 void vramshim_fakegpu_device_work(unsigned long long ns);
+/* cuDNN's kernels, charged once per device (cudnn.c). */
+cudnnStatus_t fg_cudnn_load_kernels(void);
 #define MAGIC 0x66616b65636e6e64ull /* "fakecnnd" */
 
 struct attribute {
@@ -549,6 +551,13 @@ FG_EXPORT cudnnStatus_t cudnnBackendExecute(void *handle, void *plan, void *vari
     struct descriptor *p = checked(plan), *v = checked(variant_pack);
     if (!p || !v || p->kind != DESC_EXECUTION_PLAN || !p->finalized)
         return STATUS_BAD_PARAM;
+    /* At a device's first execution, not at cudnnCreate: what was measured is a convolution's
+     * kernels, which a real driver loads at their first launch, and PyTorch makes handles for
+     * cuDNN work that runs no graph (batch norm). Any graph's first execution is charged the
+     * same (other graphs' kernels, attention's, were not measured). */
+    cudnnStatus_t loaded = fg_cudnn_load_kernels();
+    if (loaded)
+        return loaded;
     vramshim_fakegpu_device_work(p->engine_index == 0 ? ENGINE0_NS : ENGINE1_NS);
     return STATUS_SUCCESS;
 }

@@ -94,6 +94,14 @@ FG_EXPORT cudnnStatus_t cudnnCreate(struct cudnn_handle **handle)
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* For backend.c: a device's first execution loads cuDNN's kernels, memory no hook sees
+ * (VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES; docs/gpus.md). CUDNN_STATUS_ALLOC_FAILED when they do
+ * not fit. */
+cudnnStatus_t fg_cudnn_load_kernels(void)
+{
+    return fg_library_load_kernels("libcudnn") ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS;
+}
+
 FG_EXPORT cudnnStatus_t cudnnDestroy(struct cudnn_handle *handle)
 {
     if (!handle)

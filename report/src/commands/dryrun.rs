@@ -216,6 +216,14 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             "VRAMSHIM_FAKEGPU_MODULE_BYTES",
             gpu.module_bytes.to_string(),
         )
+        .env(
+            "VRAMSHIM_FAKEGPU_CUBLAS_KERNEL_BYTES",
+            gpu.cublas_kernel_bytes.to_string(),
+        )
+        .env(
+            "VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES",
+            gpu.cudnn_kernel_bytes.to_string(),
+        )
         .env("VRAMSHIM_FAKEGPU_NCCL_BYTES", gpu.nccl_bytes.to_string())
         .env("VRAMSHIM_FAKEGPU_LEDGER", &ledger)
         .env(

@@ -18,7 +18,7 @@ use crate::symbols::SymFrame;
 use crate::units::{bytes, counted, seconds};
 
 /// What every verdict says it cannot see.
-pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, the CUDA context and the first kernel's modules are figures measured on an H100 and an H200 (estimates on other cards; NCCL measured for one rank only); what a real driver takes beyond that (kernels it loads at their first launch, the page rounding of small allocations) is not charged: on an H200 with PyTorch 2.11, 3.9 MB for an MLP, 20.7 MB for a small ResNet";
+pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, the CUDA context and the kernels a real driver loads (the first kernel's modules, cuBLAS's at a device's first handle, cuDNN's at its first execution, NCCL's) are figures measured on an H100 and an H200 (estimates on other cards; NCCL measured for one rank only); not charged: other kernels a real driver loads at their first launch, and small allocations are charged exactly where a real driver gives them 2 MiB pages: against an H200 with PyTorch 2.11, 2.0 MB under for an MLP, 0.13 MB over for a small ResNet";
 
 /// Live stacks listed under a failure (text).
 const TOP_STACKS: usize = 5;
@@ -179,6 +179,8 @@ fn gpu_json(gpu: &Gpu) -> Value {
         "sms": gpu.sms,
         "context_bytes": gpu.context_bytes,
         "module_bytes": gpu.module_bytes,
+        "cublas_kernel_bytes": gpu.cublas_kernel_bytes,
+        "cudnn_kernel_bytes": gpu.cudnn_kernel_bytes,
         "nccl_bytes": gpu.nccl_bytes,
         "measured": gpu.measured,
         "source": gpu.source,
@@ -297,12 +299,14 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
     };
     writeln!(
         out,
-        "\nvramshim dryrun: {card}, compute capability {}.{}, {} SMs; a CUDA context takes {}, the first kernel {}, each NCCL rank {}: {})",
+        "\nvramshim dryrun: {card}, compute capability {}.{}, {} SMs; a CUDA context takes {}, the first kernel {}, cuBLAS's kernels {}, cuDNN's {}, each NCCL rank {}: {})",
         gpu.cc.0,
         gpu.cc.1,
         gpu.sms,
         bytes(gpu.context_bytes),
         bytes(gpu.module_bytes),
+        bytes(gpu.cublas_kernel_bytes),
+        bytes(gpu.cudnn_kernel_bytes),
         bytes(gpu.nccl_bytes),
         if gpu.measured {
             "measured on this card"
@@ -527,7 +531,9 @@ pub fn list_gpus(out: &mut dyn Write, gpus: &[Gpu]) -> io::Result<()> {
     }
     writeln!(
         out,
-        "h100-sxm is h100. Contexts, the first kernel's {} and NCCL ranks: measured on the h100 and h200 (driver 580.159.04, CUDA 13, PyTorch 2.11, NCCL 2.28.9), estimates on the others; docs/gpus.md gives the sources.",
-        bytes(crate::gpus::MODULE_MEASURED_HOPPER)
+        "h100-sxm is h100. Contexts, the kernels loaded (the first kernel's {}, cuBLAS's {}, cuDNN's {}) and NCCL ranks: measured on the h100 and h200 (driver 580.159.04, CUDA 13, PyTorch 2.11, cuBLAS 13.1, cuDNN 9.19, NCCL 2.28.9), estimates on the others; docs/gpus.md gives the sources.",
+        bytes(crate::gpus::MODULE_MEASURED_HOPPER),
+        bytes(crate::gpus::CUBLAS_KERNELS_MEASURED_HOPPER),
+        bytes(crate::gpus::CUDNN_KERNELS_MEASURED_HOPPER)
     )
 }

@@ -14,6 +14,13 @@ use super::{dump, events, skipped, u64_of};
 pub const CUBLAS_HANDLE: u64 = 1024 + (128 << 10) + (64 << 20);
 /// Device memory each cuDNN handle takes for itself, likewise: 25,344 + 4 bytes.
 pub const CUDNN_HANDLE: u64 = 25_344 + 4;
+/// Device memory no hook sees that `vramshim dryrun` charges at a device's first cuBLAS handle
+/// (its presets' `cublas_kernel_bytes`): what PyTorch 2.11's first matmul took outside its
+/// allocator on an H100 and an H200, 69,206,016 bytes, less the handle (docs/gpus.md).
+pub const CUBLAS_KERNELS: u64 = 69_206_016 - CUBLAS_HANDLE;
+/// The same at a device's first cuDNN execution (`cudnn_kernel_bytes`): a first convolution
+/// forward and backward took 18,874,368 bytes outside, less its two handles.
+pub const CUDNN_KERNELS: u64 = 18_874_368 - 2 * CUDNN_HANDLE;
 
 /// The fakes torch 2.15 (CUDA 13) loads, by SONAME. They are preloaded so that they win over
 /// torch's RPATH to NVIDIA's wheels wherever those are installed.
