@@ -2569,6 +2569,10 @@ fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u
 
 /// The context a fake primary context takes in the transformer runs.
 const CONTEXT: u64 = 500 * MIB;
+/// The fake cuDNN's dropout state (`cudnnDropoutGetStatesSize`, fakegpu/src/cudnn/rnn.c) on
+/// the default card, an H100 with 132 multiprocessors: 49,152 bytes each, as cuDNN 9.19 on an
+/// H200 (132 too) answered.
+const DROPOUT_STATES: u64 = 132 * 49_152;
 
 /// Runs the transformer workload (fp32 then bf16 autocast training with varying sequence
 /// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card (and the
@@ -3161,6 +3165,81 @@ fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
         r["mapped"],
         serde_json::json!([lib.join("libcudnn.so.8").display().to_string()]),
         "{r}"
+    );
+}
+
+/// The fake cuDNN's estimates of an RNN's spaces (fakegpu/src/cudnn/rnn.c), in bytes, for a
+/// unidirectional float32 LSTM of `layers` layers with dropout between them, `weights` bytes
+/// of weights, hidden size `hidden`, over `steps` steps of `batch` sequences: (work space,
+/// training reserve space). Work: a copy of the weights, the input GEMM of one layer's every
+/// step (steps x sequences x 4 gates x hidden floats), 8 MiB per layer and one layer's dropped
+/// output; reserve: (6 x layers - 1) hidden vectors per step and sequence, 256 bytes and the
+/// dropout mask (a bit per element of each layer's input but the first).
+fn lstm_spaces(layers: u64, weights: u64, hidden: u64, steps: u64, batch: u64) -> (u64, u64) {
+    let positions = steps * batch;
+    let work = weights + positions * 4 * hidden * 4 + layers * 8 * MIB + positions * hidden * 4;
+    let reserve =
+        (6 * layers - 1) * positions * hidden * 4 + 256 + (layers - 1) * positions * hidden / 8;
+    (work, reserve)
+}
+
+/// A two-layer LSTM (256 features, hidden size 512, dropout 0.25 between its layers) trained
+/// with SGD for three steps through the fake cuDNN's RNN API (`tests/python/torch_rnn.py
+/// lstm`): cuDNN's weight space is exactly torch's parameters (torch views each parameter into
+/// it), one training forward of torch's own `_cudnn_rnn` allocates the input's contiguous copy,
+/// the output, h and c, the work space and the reserve space (the fake's estimates), dropout's
+/// state is the fake's size; at every step the driver's used bytes are torch's reserved bytes
+/// plus the two cuDNN handles (forward and autograd threads), the log replays to torch's
+/// counters, and the only unimplemented function the run called is the driver's
+/// `cuLogsRegisterCallback` (as in every torch run).
+#[test]
+fn lstm_training_through_the_fake_cudnn_rnn_api() {
+    let Some(torch) = current() else { return };
+    let run = run_torch_script(&torch, "torch_rnn.py", "lstm", 80 << 30, &[], true);
+    let r = &run.result;
+    let (features, hidden, layers, steps, batch) = (256u64, 512u64, 2u64, 100u64, 8u64);
+    // Per layer: 4 gates' input and recurrent matrices and their two biases.
+    let parameters = 4 * hidden * (features + hidden + 2) + 4 * hidden * (hidden + hidden + 2);
+    assert_eq!(u64_of(r, "parameters"), parameters, "{r}");
+    assert_eq!(u64_of(r, "weight_bytes"), 4 * parameters, "{r}");
+    let (work, reserve) = lstm_spaces(layers, 4 * parameters, hidden, steps, batch);
+    assert_eq!(u64_of(r, "reserve"), reserve, "{r}");
+    let floats = |n: u64| 4 * n;
+    assert_eq!(
+        r["allocations"],
+        serde_json::json!([
+            floats(batch * steps * features),
+            floats(batch * steps * hidden),
+            floats(layers * batch * hidden),
+            floats(layers * batch * hidden),
+            work,
+            reserve
+        ]),
+        "{r}"
+    );
+    assert_eq!(u64_of(r, "dropout_state"), DROPOUT_STATES, "{r}");
+    assert_eq!(
+        r["output"],
+        serde_json::json!([batch, steps, hidden]),
+        "{r}"
+    );
+    let training = pairs(&r["steps"]);
+    assert_eq!(training.len(), 3, "{r}");
+    for step in &training {
+        assert_eq!(step[1], step[0] + 2 * CUDNN_HANDLE, "{r}");
+    }
+    // Torch's decisions on this workload, exactly: 7 segments, 134 MiB reserved (torch 2.11 on
+    // a real H200 with cuDNN 9.19: 7 segments, 142 MiB; its work space is 2.6 MB larger).
+    assert_log_is_torchs(&run, (7, 0, 134 * MIB));
+    let unimplemented = run
+        .log
+        .as_ref()
+        .and_then(|log| log.parent())
+        .map(|dir| dir.join("unimplemented.txt"))
+        .expect("run folder");
+    assert_eq!(
+        std::fs::read_to_string(&unimplemented).unwrap_or_default(),
+        "cuLogsRegisterCallback\n"
     );
 }
 
