@@ -3243,6 +3243,55 @@ fn lstm_training_through_the_fake_cudnn_rnn_api() {
     );
 }
 
+/// The other recurrent networks torch runs through cuDNN (`tests/python/torch_rnn.py
+/// variants`): a bidirectional 2-layer GRU, a 3-layer ReLU RNN, a 2-layer LSTM with a
+/// projection and dropout, a half-precision LSTM; each trains a step, runs in eval mode and on
+/// a packed batch (lengths 20, 15, 10 and 5: 50 rows of output): cuDNN's weight space is
+/// exactly torch's parameters in the parameters' type, and nothing the runs called is
+/// unimplemented but the driver's `cuLogsRegisterCallback`.
+#[test]
+fn gru_rnn_and_projected_lstm_run_through_the_fake_cudnn_rnn_api() {
+    let Some(torch) = current() else { return };
+    let run = run_torch_script(&torch, "torch_rnn.py", "variants", 80 << 30, &[], true);
+    let r = &run.result;
+    // Per layer and direction: gates x hidden x (input + recurrent width + 2 biases), and an
+    // LSTM projection's hidden x projection matrix.
+    let gru = 2 * 3 * 128 * (64 + 128 + 2) + 2 * 3 * 128 * (256 + 128 + 2);
+    let relu = 64 * (32 + 64 + 2) + 2 * 64 * (64 + 64 + 2);
+    let projection = 4 * 128 * (64 + 32 + 2) + 32 * 128 + 4 * 128 * (32 + 32 + 2) + 32 * 128;
+    let half = 4 * 128 * (64 + 128 + 2);
+    for (name, parameters, bytes, width) in [
+        ("gru", gru, 4, 256),
+        ("relu", relu, 4, 64),
+        ("lstm_projection", projection, 4, 32),
+        ("lstm_half", half, 2, 128),
+    ] {
+        let network = &r["networks"][name];
+        assert_eq!(u64_of(network, "parameters"), parameters, "{name}: {r}");
+        assert_eq!(
+            u64_of(network, "weight_bytes"),
+            bytes * parameters,
+            "{name}: {r}"
+        );
+        assert_eq!(
+            network["packed_output"],
+            serde_json::json!([50, width]),
+            "{name}: {r}"
+        );
+    }
+    assert_eq!(r["num_ooms"], 0, "{r}");
+    let unimplemented = run
+        .log
+        .as_ref()
+        .and_then(|log| log.parent())
+        .map(|dir| dir.join("unimplemented.txt"))
+        .expect("run folder");
+    assert_eq!(
+        std::fs::read_to_string(&unimplemented).unwrap_or_default(),
+        "cuLogsRegisterCallback\n"
+    );
+}
+
 /// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend
 /// (torch's cudnn-frontend graph API on the fake engines).
 #[test]
