@@ -64,6 +64,10 @@ struct legacy_descriptor;
 void fg_cudnn_describe_nothing(struct legacy_descriptor *d);
 cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descriptor *d, int requested,
                                          int *data_type, int *dims, int *dim, int *stride);
+cudnnStatus_t cudnnSetFilterNdDescriptor(void *d, int data_type, int format, int dims,
+                                         const int *dim);
+cudnnStatus_t cudnnGetFilterNdDescriptor(const struct legacy_descriptor *d, int requested,
+                                         int *data_type, int *format, int *dims, int *dim);
 
 /* Bytes of one element of cudnnDataType_t `type`; 0 for a type RNNs do not take. */
 static size_t element_bytes(int type)
@@ -221,10 +225,11 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWeightSpaceSize(void *handle, const struct rn
 }
 
 /* Describes `rows` x `cols` elements at `offset` of the weight space (NULL and no elements
- * where `rows` x `cols` is 0: a part this RNN does not have). */
+ * where `rows` x `cols` is 0: a part this RNN does not have), in a filter descriptor
+ * (`filter`: the legacy API's) or a tensor descriptor. */
 static cudnnStatus_t describe(const struct rnn_descriptor *d, const void *weights,
                               size_t offset, int rows, int cols, void *descriptor,
-                              void **address)
+                              void **address, int filter)
 {
     if (address)
         *address = rows && cols ? (char *)weights + offset * element_bytes(d->data_type) : NULL;
@@ -235,20 +240,19 @@ static cudnnStatus_t describe(const struct rnn_descriptor *d, const void *weight
         return STATUS_SUCCESS;
     }
     const int dim[3] = {1, rows, cols};
-    return cudnnSetTensorNdDescriptor(descriptor, d->data_type, 3, dim, NULL);
+    return filter ? cudnnSetFilterNdDescriptor(descriptor, d->data_type, 0, 3, dim)
+                  : cudnnSetTensorNdDescriptor(descriptor, d->data_type, 3, dim, NULL);
 }
 
 /* The matrix and the bias of gate `id` of pseudo-layer `pseudo_layer` (ids 0 .. gates - 1 act
  * on the layer's input, gates .. 2 gates - 1 on its recurrent state, 2 gates on nothing but
- * an LSTM's projection, which has no bias). */
-FG_EXPORT cudnnStatus_t cudnnGetRNNWeightParams(void *handle, const struct rnn_descriptor *d,
-                                                int32_t pseudo_layer, size_t weight_bytes,
-                                                const void *weights, int32_t id,
-                                                void *matrix_descriptor, void **matrix,
-                                                void *bias_descriptor, void **bias)
+ * an LSTM's projection, which has no bias), described in filter descriptors (`filter`) or
+ * tensor descriptors. */
+static cudnnStatus_t weight_params(const struct rnn_descriptor *d, int pseudo_layer,
+                                   size_t weight_bytes, const void *weights, int id,
+                                   void *matrix_descriptor, void **matrix,
+                                   void *bias_descriptor, void **bias, int filter)
 {
-    if (!handle || !d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
     const int g = gates(d);
     const int has_projection = d->cell_mode == LSTM && d->projection_size < d->hidden_size;
     if (!d->set || pseudo_layer < 0 || pseudo_layer >= d->layers * directions(d) || id < 0 ||
@@ -279,10 +283,22 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWeightParams(void *handle, const struct rnn_d
         bias_rows = 0;
     }
     cudnnStatus_t rc = describe(d, weights, matrices + matrix_at, rows, cols, matrix_descriptor,
-                                matrix);
+                                matrix, filter);
     if (rc)
         return rc;
-    return describe(d, weights, biases + bias_at, bias_rows, 1, bias_descriptor, bias);
+    return describe(d, weights, biases + bias_at, bias_rows, 1, bias_descriptor, bias, filter);
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNWeightParams(void *handle, const struct rnn_descriptor *d,
+                                                int32_t pseudo_layer, size_t weight_bytes,
+                                                const void *weights, int32_t id,
+                                                void *matrix_descriptor, void **matrix,
+                                                void *bias_descriptor, void **bias)
+{
+    if (!handle || !d)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    return weight_params(d, pseudo_layer, weight_bytes, weights, id, matrix_descriptor, matrix,
+                         bias_descriptor, bias, 0);
 }
 
 /* Estimates fitted to cuDNN 9.19 on an H200 (scripts/cudnn_rnn_probe.py, twelve networks;
@@ -298,15 +314,9 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWeightParams(void *handle, const struct rnn_d
  * with dropout one layer's dropped input: within 11% of cuDNN's for nine of the twelve
  * networks (1,024 input features: 14.7% under; the persistent small-hidden algorithm: 41% under;
  * half precision: 26% over). */
-FG_EXPORT cudnnStatus_t cudnnGetRNNTempSpaceSizes(void *handle, const struct rnn_descriptor *d,
-                                                  int mode, const struct rnn_data_descriptor *x,
-                                                  size_t *work_bytes, size_t *reserve_bytes)
+static void temp_spaces(const struct rnn_descriptor *d, size_t positions, int mode,
+                        size_t *work_bytes, size_t *reserve_bytes)
 {
-    if (!handle || !d || !x)
-        return STATUS_BAD_PARAM_NULL_POINTER;
-    if (!d->set || !x->set || (mode != FWD_MODE_INFERENCE && mode != FWD_MODE_TRAINING))
-        return STATUS_BAD_PARAM;
-    const size_t positions = (size_t)x->max_sequence * (size_t)x->batch;
     const size_t hidden = (size_t)d->hidden_size, g = (size_t)gates(d);
     const size_t layers = (size_t)d->layers, dirs = (size_t)directions(d);
     const size_t data = element_bytes(d->data_type);
@@ -328,8 +338,183 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNTempSpaceSizes(void *handle, const struct rnn
                                    (dropout ? (layers - 1) * ((positions * layer_output + 7) / 8)
                                             : 0);
     }
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNTempSpaceSizes(void *handle, const struct rnn_descriptor *d,
+                                                  int mode, const struct rnn_data_descriptor *x,
+                                                  size_t *work_bytes, size_t *reserve_bytes)
+{
+    if (!handle || !d || !x)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    if (!d->set || !x->set || (mode != FWD_MODE_INFERENCE && mode != FWD_MODE_TRAINING))
+        return STATUS_BAD_PARAM;
+    temp_spaces(d, (size_t)x->max_sequence * (size_t)x->batch, mode, work_bytes, reserve_bytes);
     return STATUS_SUCCESS;
 }
+
+/* cuDNN 8's older RNN API (cudnn_adv_infer.h's v6 setter and v7 queries), what PyTorch 2.3
+ * and older call: the same descriptor and the same model, the weights' data type and the
+ * input size given at each query (a data type argument, the first step's tensor descriptor:
+ * batch x input x 1), the steps as one tensor descriptor each (batch sizes that shrink for a
+ * packed batch). Only in the fake libcudnn.so.8 (cuDNN 9 has none of them). */
+#if FG_SONAME_MAJOR == 8
+FG_EXPORT cudnnStatus_t cudnnSetRNNDescriptor_v6(void *handle, struct rnn_descriptor *d,
+                                                 int hidden_size, int layers, void *dropout,
+                                                 int input_mode, int direction, int cell_mode,
+                                                 int algo, int math_precision)
+{
+    if (!handle)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    /* The input size and data type come with each query: float and 1 until then. */
+    return cudnnSetRNNDescriptor_v8(d, algo, cell_mode, DOUBLE_BIAS, direction, input_mode, 0,
+                                    math_precision, 0, 1, hidden_size, hidden_size, layers,
+                                    dropout, 0);
+}
+
+FG_EXPORT cudnnStatus_t cudnnSetRNNProjectionLayers(void *handle, struct rnn_descriptor *d,
+                                                    int recurrent_projection,
+                                                    int output_projection)
+{
+    if (!handle || !d)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    if (!d->set || d->cell_mode != LSTM || recurrent_projection <= 0 ||
+        recurrent_projection > d->hidden_size || output_projection != 0)
+        return STATUS_BAD_PARAM;
+    d->projection_size = recurrent_projection;
+    return STATUS_SUCCESS;
+}
+
+FG_EXPORT cudnnStatus_t cudnnSetRNNMatrixMathType(struct rnn_descriptor *d, int math_type)
+{
+    return d ? STATUS_SUCCESS : STATUS_BAD_PARAM_NULL_POINTER;
+}
+
+/* `d` with the data type `data_type` and the input size of the steps' first descriptor `x`
+ * (batch x input x 1), in `*out`; the number of positions of `steps` descriptors (each its
+ * batch) in `*positions` when asked. */
+static cudnnStatus_t with_input(const struct rnn_descriptor *d, int data_type,
+                                const struct legacy_descriptor *const *x, int steps,
+                                struct rnn_descriptor *out, size_t *positions)
+{
+    if (!d || !x || !x[0])
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    int type = 0, dims = 0, dim[8] = {0};
+    cudnnStatus_t rc = cudnnGetTensorNdDescriptor(x[0], 8, &type, &dims, dim, NULL);
+    if (rc)
+        return rc;
+    if (!d->set || dims < 2 || steps < 1)
+        return STATUS_BAD_PARAM;
+    *out = *d;
+    out->data_type = data_type < 0 ? type : data_type;
+    out->input_size = dim[1];
+    if (!element_bytes(out->data_type))
+        return STATUS_BAD_PARAM;
+    if (positions) {
+        *positions = 0;
+        for (int t = 0; t < steps; t++) {
+            if (!x[t])
+                return STATUS_BAD_PARAM_NULL_POINTER;
+            rc = cudnnGetTensorNdDescriptor(x[t], 8, &type, &dims, dim, NULL);
+            if (rc)
+                return rc;
+            *positions += (size_t)dim[0];
+        }
+    }
+    return STATUS_SUCCESS;
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNParamsSize(void *handle, const struct rnn_descriptor *d,
+                                              const struct legacy_descriptor *x, size_t *bytes,
+                                              int data_type)
+{
+    struct rnn_descriptor sized;
+    if (!handle || !bytes)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    cudnnStatus_t rc = with_input(d, data_type, &x, 1, &sized, NULL);
+    if (rc)
+        return rc;
+    *bytes = weight_elements(&sized) * element_bytes(sized.data_type);
+    return STATUS_SUCCESS;
+}
+
+/* The legacy queries' weights: `w`'s filter descriptor gives their data type and size. */
+static cudnnStatus_t legacy_params(void *handle, const struct rnn_descriptor *d,
+                                   int pseudo_layer, const struct legacy_descriptor *x,
+                                   const struct legacy_descriptor *w, const void *weights,
+                                   int id, void *matrix_descriptor, void **matrix,
+                                   void *bias_descriptor, void **bias)
+{
+    if (!handle || !w)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    int type = 0, format = 0, dims = 0, dim[8] = {0};
+    cudnnStatus_t rc = cudnnGetFilterNdDescriptor(w, 8, &type, &format, &dims, dim);
+    if (rc)
+        return rc;
+    size_t elements = dims ? 1 : 0;
+    for (int i = 0; i < dims; i++)
+        elements *= (size_t)dim[i];
+    struct rnn_descriptor sized;
+    rc = with_input(d, type, &x, 1, &sized, NULL);
+    if (rc)
+        return rc;
+    return weight_params(&sized, pseudo_layer, elements * element_bytes(type), weights, id,
+                         matrix_descriptor, matrix, bias_descriptor, bias, 1);
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNLinLayerMatrixParams(
+    void *handle, const struct rnn_descriptor *d, int pseudo_layer,
+    const struct legacy_descriptor *x, const struct legacy_descriptor *w, const void *weights,
+    int id, void *matrix_descriptor, void **matrix)
+{
+    if (!matrix_descriptor || !matrix)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    return legacy_params(handle, d, pseudo_layer, x, w, weights, id, matrix_descriptor, matrix,
+                         NULL, NULL);
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNLinLayerBiasParams(
+    void *handle, const struct rnn_descriptor *d, int pseudo_layer,
+    const struct legacy_descriptor *x, const struct legacy_descriptor *w, const void *weights,
+    int id, void *bias_descriptor, void **bias)
+{
+    if (!bias_descriptor || !bias)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    return legacy_params(handle, d, pseudo_layer, x, w, weights, id, NULL, NULL,
+                         bias_descriptor, bias);
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNWorkspaceSize(void *handle, const struct rnn_descriptor *d,
+                                                 int steps,
+                                                 const struct legacy_descriptor *const *x,
+                                                 size_t *bytes)
+{
+    struct rnn_descriptor sized;
+    size_t positions = 0;
+    if (!handle || !bytes)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    cudnnStatus_t rc = with_input(d, -1, x, steps, &sized, &positions);
+    if (rc)
+        return rc;
+    temp_spaces(&sized, positions, FWD_MODE_INFERENCE, bytes, NULL);
+    return STATUS_SUCCESS;
+}
+
+FG_EXPORT cudnnStatus_t cudnnGetRNNTrainingReserveSize(void *handle,
+                                                       const struct rnn_descriptor *d, int steps,
+                                                       const struct legacy_descriptor *const *x,
+                                                       size_t *bytes)
+{
+    struct rnn_descriptor sized;
+    size_t positions = 0;
+    if (!handle || !bytes)
+        return STATUS_BAD_PARAM_NULL_POINTER;
+    cudnnStatus_t rc = with_input(d, -1, x, steps, &sized, &positions);
+    if (rc)
+        return rc;
+    temp_spaces(&sized, positions, FWD_MODE_TRAINING, NULL, bytes);
+    return STATUS_SUCCESS;
+}
+#endif
 
 FG_EXPORT cudnnStatus_t cudnnCreateDropoutDescriptor(struct dropout_descriptor **d)
 {
