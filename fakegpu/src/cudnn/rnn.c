@@ -1,8 +1,9 @@
-/* The fake cuDNN's RNN API (cuDNN 8's "v8" functions, the only RNN API cuDNN 9 has), what
- * PyTorch's nn.LSTM, nn.GRU and nn.RNN call on CUDA: RNN and RNN data descriptors that keep
- * what is set on them, the weight space (its size and where each matrix and bias lies in it),
- * the work and reserve space sizes, and dropout's state size. The forward and backward passes
- * themselves are in noop.txt: they complete at once, like every kernel on the fake GPU.
+/* The fake cuDNN's RNN API (cuDNN 8's "v8" functions, the only RNN API cuDNN 9 has, and in
+ * libcudnn.so.8 cuDNN 8's older v6/v7 functions), what PyTorch's nn.LSTM, nn.GRU and nn.RNN
+ * call on CUDA: RNN, RNN data and dropout descriptors that keep what is set on them, the
+ * weight space (its size and where each matrix and bias lies in it), the work and reserve
+ * space sizes, and dropout's state and mask sizes. The forward and backward passes themselves
+ * are in noop.txt: they complete at once, like every kernel on the fake GPU.
  *
  * The weight space is laid out as cuDNN 9.19 lays it out on an H200 (its size and every
  * matrix's and bias's place and shape measured by scripts/cudnn_rnn_probe.py for twelve
