@@ -21,7 +21,7 @@ typedef int cudnnStatus_t;
 typedef void *cudnnHandle_t;
 typedef void *cudnnDescriptor_t;
 
-/* libcudart.so.12 */
+/* libcudart.so.12 (with cuDNN 8) or libcudart.so.13 (with cuDNN 9) */
 int cudaMalloc(void **p, size_t size);
 int cudaFree(void *p);
 int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
