@@ -12,8 +12,8 @@ for every listed function and a zeroed object for every listed data symbol that 
 do not define, and links OUTDIR/lib/<SONAME> with its real SONAME and a version script that puts
 every symbol under its real version node. A `link.txt` beside the hand-written sources adds
 link arguments (such as -l:libcuda.so.1, found in OUTDIR/lib: the driver is built first).
-A SONAME in FORWARDS (cuDNN 8's sub-libraries) forwards each function that its target
-(libcudnn.so.8) also lists to the target's definition, bound by the target's version node, so
+A SONAME in FORWARDS (cuDNN 8's and 9's sub-libraries) forwards each function that its target
+(libcudnn.so.8 or .9) also lists to the target's definition, bound by the target's version node, so
 that a program linking the sub-library gets the target's behaviour and state; its other
 symbols are stubs like any library's. Targets are built before the libraries forwarding to them.
 Scratch files go to OUTDIR/obj. Only what changed is rebuilt; files whose content is unchanged
@@ -38,9 +38,12 @@ CXX_RUNTIME_RE = re.compile(
 
 # Libraries whose functions are another fake's (SONAME pattern, target SONAME): cuDNN 8 split
 # its API over libcudnn.so.8 and six sub-libraries that the real libcudnn.so.8 dlopens; each
-# sub-library exports its part of the API under its own version node. The fake keeps one
-# implementation, in libcudnn.so.8, and the sub-libraries' copies jump to it.
-FORWARDS = [(re.compile(r"libcudnn_(ops|cnn|adv)_(infer|train)\.so\.8"), "libcudnn.so.8")]
+# sub-library exports its part of the API under its own version node. cuDNN 9 does the same
+# with libcudnn.so.9 and libcudnn_{ops,cnn,adv,graph,ext}.so.9 (every function of
+# libcudnn.so.9 is in exactly one of them; the engines and heuristic libraries share none). The
+# fake keeps one implementation, in libcudnn.so.8 or .9, and the sub-libraries' copies jump to it.
+FORWARDS = [(re.compile(r"libcudnn_(ops|cnn|adv)_(infer|train)\.so\.8"), "libcudnn.so.8"),
+            (re.compile(r"libcudnn_\w+\.so\.9"), "libcudnn.so.9")]
 
 # Each library's "not supported" status, returned by every stub (by SONAME prefix).
 NOT_SUPPORTED = [

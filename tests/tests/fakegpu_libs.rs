@@ -325,7 +325,7 @@ fn every_listed_symbol_is_exported_under_its_real_soname_and_version() {
     assert!(checked > 19000, "only {checked} symbols checked");
 }
 
-/// cuDNN 8's six sub-libraries, in the order `cudnn8_sublibs.c` links them.
+/// cuDNN 8's six sub-libraries, in the order `cudnn_sublibs.c` links them.
 const CUDNN8_SUBLIBS: [&str; 6] = [
     "libcudnn_ops_infer.so.8",
     "libcudnn_ops_train.so.8",
@@ -335,41 +335,84 @@ const CUDNN8_SUBLIBS: [&str; 6] = [
     "libcudnn_adv_train.so.8",
 ];
 
-/// `tests/fakegpu/cudnn8_sublibs.c` linked against the fake sub-libraries (`sublibs`) or
-/// against libcudnn.so.8 alone, and the fake `libcudart.so.12`.
-fn build_cudnn8_program(dir: &Path, sublibs: bool) -> PathBuf {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cudnn8_sublibs.c");
+/// cuDNN 9's sub-libraries that `cudnn_sublibs.c` links: the five that share functions with
+/// libcudnn.so.9, and one of the engine libraries (each exports only a placeholder function).
+const CUDNN9_SUBLIBS: [&str; 6] = [
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_cnn.so.9",
+    "libcudnn_adv.so.9",
+    "libcudnn_ext.so.9",
+    "libcudnn_engines_precompiled.so.9",
+];
+
+/// `tests/fakegpu/cudnn_sublibs.c` for cuDNN `major` (8 or 9) linked against the fake
+/// sub-libraries (`sublibs`) or against libcudnn.so.`major` alone, and the fake CUDA runtime
+/// of that cuDNN's PyTorch (`libcudart.so.12` for 8, `.13` for 9).
+fn build_cudnn_program(dir: &Path, major: u32, sublibs: bool) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/cudnn_sublibs.c");
     let exe = dir.join(if sublibs {
-        "cudnn8_sublibs"
+        format!("cudnn{major}_sublibs")
     } else {
-        "cudnn8_main"
+        format!("cudnn{major}_main")
     });
     let mut command = Command::new("gcc");
     command
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&exe)
+        .arg(format!("-DCUDNN_MAJOR={major}"))
         .arg(&source)
         .arg(format!("-L{}", vramshim_fakegpu::LIB_DIR))
         .arg(format!("-Wl,-rpath-link,{}", vramshim_fakegpu::LIB_DIR));
+    let sublibraries: &[&str] = if major == 8 {
+        &CUDNN8_SUBLIBS
+    } else {
+        &CUDNN9_SUBLIBS
+    };
     if sublibs {
         command.arg("-DSUBLIBS");
-        command.args(CUDNN8_SUBLIBS.iter().map(|soname| format!("-l:{soname}")));
+        command.args(sublibraries.iter().map(|soname| format!("-l:{soname}")));
     } else {
-        command.arg("-l:libcudnn.so.8");
+        command.arg(format!("-l:libcudnn.so.{major}"));
     }
-    let status = command.arg("-l:libcudart.so.12").status().expect("run gcc");
+    let runtime = if major == 8 { 12 } else { 13 };
+    let status = command
+        .arg(format!("-l:libcudart.so.{runtime}"))
+        .status()
+        .expect("run gcc");
     assert!(status.success(), "gcc failed for {}", source.display());
     exe
 }
 
-/// What `cudnn8_sublibs.c` prints, the sub-libraries' own line included or not; `kernels`: the
-/// device memory its backend execution left loaded (cuDNN's kernels, which `vramshim dryrun`
-/// charges at a device's first execution; the plain fakes charge none).
+/// What `cudnn_sublibs.c` built for cuDNN 8 prints, the sub-libraries' own line included or
+/// not; `kernels`: the device memory its backend execution left loaded (cuDNN's kernels, which
+/// `vramshim dryrun` charges at a device's first execution; the plain fakes charge none).
 fn cudnn8_program_output(sublibs: bool, kernels: u64) -> String {
-    let mut text = String::from(
+    cudnn_program_output(
         "version 8902 property=8.9.2\n\
-         checks ops_infer=0 ops_train=0 cnn_infer=0 cnn_train=0 adv_infer=0 adv_train=0\n\
-         handle rc=0 bytes=25348 stream rc=0 rc=0 null=1\n\
+         checks ops_infer=0 ops_train=0 cnn_infer=0 cnn_train=0 adv_infer=0 adv_train=0\n",
+        sublibs,
+        kernels,
+    )
+}
+
+/// What `cudnn_sublibs.c` built for cuDNN 9 prints: cuDNN 9.26.0 (torch 2.15's), its five
+/// version checks.
+fn cudnn9_program_output(sublibs: bool, kernels: u64) -> String {
+    cudnn_program_output(
+        "version 92600 property=9.26.0\n\
+         checks graph=0 ops=0 cnn=0 adv=0 subquadratic_ops=0\n",
+        sublibs,
+        kernels,
+    )
+}
+
+/// `cudnn_sublibs.c`'s output after its first two lines (`head`), which are the same for
+/// both majors: the fake libcudnn.so.8 and .9 are the same sources.
+fn cudnn_program_output(head: &str, sublibs: bool, kernels: u64) -> String {
+    let mut text = String::from(head);
+    text.push_str(
+        "handle rc=0 bytes=25348 stream rc=0 rc=0 null=1\n\
          tensor rc=0 rc=0 rc=0 get rc=0 type=0 dims=4 dim=1x64x128x128 stride=1048576,16384,128,1\n\
          conv descriptor rc=0 set rc=0\n\
          legacy workspace rc=3000 rc=3000 bytes=12345 text=CUDNN_STATUS_NOT_SUPPORTED\n\
@@ -380,7 +423,7 @@ fn cudnn8_program_output(sublibs: bool, kernels: u64) -> String {
          adv rnn rc=0 rc=0 ctc rc=0 rc=0 workspace rc=3000\n",
     );
     if sublibs {
-        text.push_str("sub-library only rc=3000 rc=3000 pooling rc=3000\n");
+        text.push_str("sub-library only rc=3000 rc=3000 other rc=3000\n");
     }
     text.push_str(&format!("destroy rc=0 used_after_minus_before={kernels}\n"));
     text
@@ -396,8 +439,76 @@ fn cudnn8_program_output(sublibs: bool, kernels: u64) -> String {
 /// the sub-libraries among the preloaded fakes, and its execution leaves cuDNN's kernels loaded.
 #[test]
 fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
-    let dir = scratch("fakegpu-cudnn8-sublibs");
-    let exe = build_cudnn8_program(&dir, true);
+    sub_libraries_program_runs_on_the_fakes(
+        8,
+        &[
+            "cudnnCreate@libcudnn_ops_infer.so.8",
+            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize@libcudnn_ops_train.so.8",
+            "cudnnConvolutionForward@libcudnn_cnn_infer.so.8",
+            "cudnnBackendExecute@libcudnn_cnn_infer.so.8",
+            "cudnnConvolutionBackwardFilter@libcudnn_cnn_train.so.8",
+            "cudnnCreateRNNDescriptor@libcudnn_adv_infer.so.8",
+            "cudnnCreateCTCLossDescriptor@libcudnn_adv_train.so.8",
+            "cudnnGetConvolutionBackwardDataWorkspaceSizeInternal@libcudnn_cnn_infer.so.8",
+        ],
+        // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward
+        // to it), the last two by the sub-libraries' own stubs.
+        "cudnnGetConvolutionForwardWorkspaceSize\n\
+         cudnnGetCTCLossWorkspaceSize_v8\n\
+         cudnnGetConvolutionBackwardDataWorkspaceSizeInternal\n\
+         cudnnPooling4dBackward\n",
+        cudnn8_program_output,
+    );
+}
+
+/// The same for cuDNN 9 (the release torch 2.15 links): a program linked against
+/// libcudnn_{graph,ops,cnn,adv,ext}.so.9 and an engine library gets libcudnn.so.9's behaviour
+/// and state through each (a graph handle and ops tensors used by cnn), the five version checks
+/// succeed, the sub-libraries' own functions are stubs.
+#[test]
+fn a_program_linked_against_cudnn_9s_sub_libraries_runs_on_the_fakes() {
+    sub_libraries_program_runs_on_the_fakes(
+        9,
+        &[
+            "cudnnCreate@libcudnn_graph.so.9",
+            "cudnnGraphVersionCheck@libcudnn_graph.so.9",
+            "cudnnBackendExecute@libcudnn_graph.so.9",
+            "cudnnCreateTensorDescriptor@libcudnn_ops.so.9",
+            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize@libcudnn_ops.so.9",
+            "cudnnConvolutionForward@libcudnn_cnn.so.9",
+            "cudnnConvolutionBackwardFilter@libcudnn_cnn.so.9",
+            "cudnnCreateRNNDescriptor@libcudnn_adv.so.9",
+            "cudnnCreateCTCLossDescriptor@libcudnn_adv.so.9",
+            "cudnnSubquadraticOpsVersionCheck@libcudnn_ext.so.9",
+            "cudnnGetLibConfig@libcudnn_graph.so.9",
+            "dummyBackendEnginesPreCompiledSymbol@libcudnn_engines_precompiled.so.9",
+        ],
+        // The first two by libcudnn.so.9 (the sub-libraries forward to it), the last two by
+        // the sub-libraries' own stubs.
+        "cudnnGetConvolutionForwardWorkspaceSize\n\
+         cudnnGetCTCLossWorkspaceSize_v8\n\
+         cudnnGetLibConfig\n\
+         dummyBackendEnginesPreCompiledSymbol\n",
+        cudnn9_program_output,
+    );
+}
+
+/// `cudnn_sublibs.c` for cuDNN `major`, linked against its sub-libraries: it imports each of
+/// `imports` (`name@version`) from them; run on the fakes it prints `output(true, 0)` and logs
+/// `unimplemented`, its log's allocations are exact; linked against libcudnn.so.`major` alone
+/// it prints `output(false, 0)` (and fails its execution when cuDNN's kernels do not fit); under
+/// `vramshim dryrun` `output(true, CUDNN_KERNELS)`, and the verdict's
+/// peak is its buffers and the handle's memory, its used bytes those, the context and cuDNN's
+/// kernels.
+fn sub_libraries_program_runs_on_the_fakes(
+    major: u32,
+    imports: &[&str],
+    unimplemented: &str,
+    output: fn(bool, u64) -> String,
+) {
+    let dir = scratch(&format!("fakegpu-cudnn{major}-sublibs"));
+    let exe = build_cudnn_program(&dir, major, true);
+    let wanted_imports = imports;
     let imports: std::collections::HashSet<String> = {
         let output = Command::new("readelf")
             .args(["--dyn-syms", "-W"])
@@ -409,57 +520,46 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
             .filter_map(|line| line.split_whitespace().nth(7).map(str::to_owned))
             .collect()
     };
-    for wanted in [
-        "cudnnCreate@libcudnn_ops_infer.so.8",
-        "cudnnGetBatchNormalizationTrainingExReserveSpaceSize@libcudnn_ops_train.so.8",
-        "cudnnConvolutionForward@libcudnn_cnn_infer.so.8",
-        "cudnnBackendExecute@libcudnn_cnn_infer.so.8",
-        "cudnnConvolutionBackwardFilter@libcudnn_cnn_train.so.8",
-        "cudnnCreateRNNDescriptor@libcudnn_adv_infer.so.8",
-        "cudnnCreateCTCLossDescriptor@libcudnn_adv_train.so.8",
-        "cudnnGetConvolutionBackwardDataWorkspaceSizeInternal@libcudnn_cnn_infer.so.8",
-    ] {
+    for wanted in wanted_imports {
         assert!(
-            imports.contains(wanted),
+            imports.contains(*wanted),
             "{} does not import {wanted}",
             exe.display()
         );
     }
 
-    let unimplemented = dir.join("unimplemented.txt");
-    let output = Command::new(&exe)
+    let unimplemented_log = dir.join("unimplemented.txt");
+    let run_output = Command::new(&exe)
         .env("LD_PRELOAD", shim())
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
         .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
-        .env("VRAMSHIM_FAKEGPU_LOG", &unimplemented)
+        .env("VRAMSHIM_FAKEGPU_LOG", &unimplemented_log)
         .env_remove("VRAMSHIM_STACK")
         .output()
-        .expect("run cudnn8_sublibs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+        .expect("run the program linked against the sub-libraries");
+    let stdout = String::from_utf8_lossy(&run_output.stdout);
     assert_eq!(
-        output.status.code(),
+        run_output.status.code(),
         Some(0),
         "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&run_output.stderr)
     );
-    assert_eq!(stdout, cudnn8_program_output(true, 0));
-    // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward to
-    // it), the last two by the sub-libraries' own stubs.
+    assert_eq!(stdout, output(true, 0));
     assert_eq!(
-        std::fs::read_to_string(&unimplemented).expect("log of unimplemented"),
-        "cudnnGetConvolutionForwardWorkspaceSize\n\
-         cudnnGetCTCLossWorkspaceSize_v8\n\
-         cudnnGetConvolutionBackwardDataWorkspaceSizeInternal\n\
-         cudnnPooling4dBackward\n"
+        std::fs::read_to_string(&unimplemented_log).expect("log of unimplemented"),
+        unimplemented
     );
-    let run = Run { output, dir };
+    let run = Run {
+        output: run_output,
+        dir,
+    };
     let dump = dump(&run.log());
     let events = events(&dump);
     let sizes =
         |list: Vec<&serde_json::Value>| list.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>();
-    // The handle (made through ops_infer) takes cuDNN's own memory through the driver, as
-    // libcudnn.so.8's does, and gives it back at cudnnDestroy.
+    // The handle (made through ops_infer or graph) takes cuDNN's own memory through the
+    // driver, as libcudnn.so.N's does, and gives it back at cudnnDestroy.
     assert_eq!(
         sizes(select(&events, "alloc", "cuMemAlloc_v2")),
         vec![25_344, 4]
@@ -473,24 +573,24 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     );
     assert_eq!(select(&events, "free", "cudaFree").len(), 3);
 
-    // The same program linked against libcudnn.so.8: the same lines, less the sub-libraries'
+    // The same program linked against libcudnn.so.N: the same lines, less the sub-libraries'
     // own functions.
-    let exe_main = build_cudnn8_program(&run.dir, false);
-    let output = Command::new(&exe_main)
+    let exe_main = build_cudnn_program(&run.dir, major, false);
+    let main_output = Command::new(&exe_main)
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
         .env_remove("LD_PRELOAD")
         .output()
-        .expect("run cudnn8_main");
-    assert_eq!(output.status.code(), Some(0));
+        .expect("run the program linked against libcudnn.so.N");
+    assert_eq!(main_output.status.code(), Some(0));
     assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        cudnn8_program_output(false, 0)
+        String::from_utf8_lossy(&main_output.stdout),
+        output(false, 0)
     );
 
     // cuDNN's kernels (VRAMSHIM_FAKEGPU_CUDNN_KERNEL_BYTES) past the card's capacity: the
     // first execution fails with CUDNN_STATUS_ALLOC_FAILED and holds nothing.
-    let output = Command::new(&exe_main)
+    let refused_output = Command::new(&exe_main)
         .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
         .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
         .env(
@@ -499,13 +599,13 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
         )
         .env_remove("LD_PRELOAD")
         .output()
-        .expect("run cudnn8_main");
-    assert_eq!(output.status.code(), Some(0));
+        .expect("run the program linked against libcudnn.so.N");
+    assert_eq!(refused_output.status.code(), Some(0));
     let executed = "bytes=37748736 execute rc=0\n";
-    let refused = cudnn8_program_output(false, 0);
+    let refused = output(false, 0);
     assert!(refused.contains(executed), "{refused}");
     assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&refused_output.stdout),
         refused.replace(executed, "bytes=37748736 execute rc=4000\n")
     );
 
@@ -513,7 +613,7 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
     let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
         .parent()
         .expect("fakegpu dir");
-    let output = Command::new(vramshim_tool())
+    let dryrun = Command::new(vramshim_tool())
         .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
         .arg(run.dir.join("dryrun-%p.vlog"))
         .arg("--")
@@ -524,13 +624,13 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
         .env_remove("VRAMSHIM_STACK")
         .output()
         .expect("run vramshim dryrun");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let stderr = String::from_utf8_lossy(&dryrun.stderr);
+    assert_eq!(dryrun.status.code(), Some(0), "{stderr}");
     // The program's stdout went to stderr (stdout carries the verdict); its handle's destruction
     // leaves cuDNN's kernels loaded, as on a real GPU.
-    assert_eq!(stderr, cudnn8_program_output(true, CUDNN_KERNELS));
-    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(stderr, output(true, CUDNN_KERNELS));
+    let verdict: serde_json::Value = serde_json::from_slice(&dryrun.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&dryrun.stdout)));
     assert_eq!(verdict["fits"], true, "{verdict}");
     let device = &verdict["devices"][0];
     // Two 4 MiB buffers, the 144 KiB filter and the handle's 25,344 + 4 bytes; used: those,

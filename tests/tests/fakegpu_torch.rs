@@ -2569,6 +2569,10 @@ fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u
 
 /// The context a fake primary context takes in the transformer runs.
 const CONTEXT: u64 = 500 * MIB;
+/// The fake cuDNN's dropout state (`cudnnDropoutGetStatesSize`, fakegpu/src/cudnn/rnn.c) on
+/// the default card, an H100 with 132 multiprocessors: 49,152 bytes each, as cuDNN 9.19 on an
+/// H200 (132 too) answered.
+const DROPOUT_STATES: u64 = 132 * 49_152;
 
 /// Runs the transformer workload (fp32 then bf16 autocast training with varying sequence
 /// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card (and the
@@ -3169,6 +3173,254 @@ fn torch_2_1_finds_cudnn_8s_sub_libraries_and_trains_with_them() {
         serde_json::json!([lib.join("libcudnn.so.8").display().to_string()]),
         "{r}"
     );
+}
+
+/// The fake cuDNN's estimates of an RNN's spaces (fakegpu/src/cudnn/rnn.c), in bytes, for a
+/// unidirectional float32 LSTM of `layers` layers with dropout between them, `weights` bytes
+/// of weights, hidden size `hidden`, over `steps` steps of `batch` sequences: (work space,
+/// training reserve space). Work: a copy of the weights, the input GEMM of one layer's every
+/// step (steps x sequences x 4 gates x hidden floats), 8 MiB per layer and one layer's dropped
+/// output; reserve: (6 x layers - 1) hidden vectors per step and sequence, 256 bytes and the
+/// dropout mask (a bit per element of each layer's input but the first).
+fn lstm_spaces(layers: u64, weights: u64, hidden: u64, steps: u64, batch: u64) -> (u64, u64) {
+    let positions = steps * batch;
+    let work = weights + positions * 4 * hidden * 4 + layers * 8 * MIB + positions * hidden * 4;
+    let reserve =
+        (6 * layers - 1) * positions * hidden * 4 + 256 + (layers - 1) * positions * hidden / 8;
+    (work, reserve)
+}
+
+/// A two-layer LSTM (256 features, hidden size 512, dropout 0.25 between its layers) trained
+/// with SGD for three steps through the fake cuDNN's RNN API (`tests/python/torch_rnn.py
+/// lstm`): cuDNN's weight space is exactly torch's parameters (torch views each parameter into
+/// it), one training forward of torch's own `_cudnn_rnn` allocates the input's contiguous copy,
+/// the output, h and c, the work space and the reserve space (the fake's estimates), dropout's
+/// state is the fake's size; at every step the driver's used bytes are torch's reserved bytes
+/// plus the two cuDNN handles (forward and autograd threads), the log replays to torch's
+/// counters, and the only unimplemented function the run called is the driver's
+/// `cuLogsRegisterCallback` (as in every torch 2.15 run). The same on torch 2.15, 2.6 and
+/// 2.4.1 (all on cuDNN 9).
+#[test]
+fn lstm_training_through_the_fake_cudnn_rnn_api() {
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        lstm_trains(&torch);
+    }
+}
+
+/// The checks of [`lstm_training_through_the_fake_cudnn_rnn_api`] for one release.
+fn lstm_trains(torch: &Torch) {
+    let run = run_torch_script(torch, "torch_rnn.py", "lstm", 80 << 30, &[], true);
+    let r = &run.result;
+    let (features, hidden, layers, steps, batch) = (256u64, 512u64, 2u64, 100u64, 8u64);
+    // Per layer: 4 gates' input and recurrent matrices and their two biases.
+    let parameters = 4 * hidden * (features + hidden + 2) + 4 * hidden * (hidden + hidden + 2);
+    assert_eq!(u64_of(r, "parameters"), parameters, "{r}");
+    assert_eq!(u64_of(r, "weight_bytes"), 4 * parameters, "{r}");
+    let (work, reserve) = lstm_spaces(layers, 4 * parameters, hidden, steps, batch);
+    assert_eq!(u64_of(r, "reserve"), reserve, "{r}");
+    let floats = |n: u64| 4 * n;
+    assert_eq!(
+        r["allocations"],
+        serde_json::json!([
+            floats(batch * steps * features),
+            floats(batch * steps * hidden),
+            floats(layers * batch * hidden),
+            floats(layers * batch * hidden),
+            work,
+            reserve
+        ]),
+        "{r}"
+    );
+    assert_eq!(u64_of(r, "dropout_state"), DROPOUT_STATES, "{r}");
+    assert_eq!(
+        r["output"],
+        serde_json::json!([batch, steps, hidden]),
+        "{r}"
+    );
+    let training = pairs(&r["steps"]);
+    assert_eq!(training.len(), 3, "{r}");
+    for step in &training {
+        assert_eq!(step[1], step[0] + 2 * CUDNN_HANDLE, "{r}");
+    }
+    // Torch's decisions on this workload, exactly: 7 segments, 134 MiB reserved (torch 2.11 on
+    // a real H200 with cuDNN 9.19: 7 segments, 142 MiB; its work space is 2.6 MB larger).
+    assert_log_is_torchs(&run, (7, 0, 134 * MIB));
+    let unimplemented = run
+        .log
+        .as_ref()
+        .and_then(|log| log.parent())
+        .map(|dir| dir.join("unimplemented.txt"))
+        .expect("run folder");
+    // torch 2.15 calls the driver's cuLogsRegisterCallback, older releases do not.
+    let text = std::fs::read_to_string(&unimplemented).unwrap_or_default();
+    assert!(
+        text.lines().all(|name| name == "cuLogsRegisterCallback"),
+        "{text}"
+    );
+}
+
+/// The fake cuDNN's RNN sizes against NVIDIA's: `scripts/cudnn_rnn_probe.py` (twelve
+/// networks: LSTM, GRU, tanh RNN; 1 - 4 layers, bidirectional, a projection, half precision)
+/// on the fakes, against its output on a real H200 with cuDNN 9.19 under torch 2.11
+/// (`tests/fixtures/cudnn-rnn-h200.jsonl`, from `scripts/gpu_rnn_probe.sh`). Equal: every
+/// status, each weight space's size and every matrix's and bias's offset and shape, every
+/// reserve space but the projected LSTM's (the fake's 18.5% under), the inference reserve (0)
+/// and dropout's state (132 multiprocessors on both cards). The work space, an estimate:
+/// within 11% for nine networks; the three others as far off as the README says.
+#[test]
+fn cudnn_rnn_sizes_match_a_real_h200() {
+    let Some(torch) = current() else { return };
+    let output = Command::new(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("scripts/cudnn_rnn_probe.py"))
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("run cudnn_rnn_probe.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let by_name = |text: &str| -> HashMap<String, Value> {
+        text.lines()
+            .map(|line| {
+                serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+            })
+            .map(|v| (v["name"].as_str().unwrap_or("").to_string(), v))
+            .collect()
+    };
+    let fake = by_name(&stdout);
+    let real = by_name(
+        &std::fs::read_to_string(repo().join("tests/fixtures/cudnn-rnn-h200.jsonl"))
+            .expect("fixture"),
+    );
+    assert_eq!(real.len(), 13);
+    assert_eq!(fake.len(), real.len(), "{stdout}");
+    for key in ["states_rc", "states", "reserve_rc", "reserve_1e6_floats"] {
+        assert_eq!(fake["dropout"][key], real["dropout"][key], "dropout {key}");
+    }
+    // (network, the fake's work space over the real one's, in percent, at most this far off)
+    let work_bounds = [
+        ("lstm_test", 11.1),
+        ("lstm_steps", 11.1),
+        ("lstm_batch", 11.1),
+        ("lstm_hidden", 11.1),
+        ("lstm_layers", 11.1),
+        ("lstm_input", 14.8),
+        ("lstm_small_h", 41.0),
+        ("lstm_half", 26.4),
+        ("lstm_bi", 11.1),
+        ("lstm_proj", 11.1),
+        ("gru_bi", 11.1),
+        ("tanh", 11.1),
+    ];
+    for (name, bound) in work_bounds {
+        let (f, r) = (&fake[name], &real[name]);
+        for key in [
+            "set",
+            "dropout_set",
+            "data_set",
+            "weight_rc",
+            "weight_bytes",
+            "params",
+        ] {
+            assert_eq!(f[key], r[key], "{name} {key}");
+        }
+        assert_eq!(f["training"][0], 0, "{name}");
+        assert_eq!(f["inference"][0], 0, "{name}");
+        assert_eq!(f["inference"][2], r["inference"][2], "{name}");
+        let reserve = (f["training"][2].as_u64(), r["training"][2].as_u64());
+        if name == "lstm_proj" {
+            assert_eq!(reserve, (Some(901_376), Some(1_106_176)), "{name}");
+        } else {
+            assert_eq!(reserve.0, reserve.1, "{name}");
+        }
+        let work = |v: &Value| v["training"][1].as_f64().expect("work bytes");
+        let off = 100.0 * (work(f) / work(r) - 1.0);
+        assert!(
+            off.abs() <= bound,
+            "{name}: work space {off:+.1}% against cuDNN's"
+        );
+    }
+}
+
+/// The other recurrent networks torch runs through cuDNN (`tests/python/torch_rnn.py
+/// variants`): a bidirectional 2-layer GRU, a 3-layer ReLU RNN, a 2-layer LSTM with a
+/// projection and dropout, a half-precision LSTM; each trains a step, runs in eval mode and on
+/// a packed batch (lengths 20, 15, 10 and 5: 50 rows of output): cuDNN's weight space is
+/// exactly torch's parameters in the parameters' type, and nothing the runs called is
+/// unimplemented but the driver's `cuLogsRegisterCallback`.
+#[test]
+fn gru_rnn_and_projected_lstm_run_through_the_fake_cudnn_rnn_api() {
+    let Some(torch) = current() else { return };
+    rnn_variants_run(&torch);
+}
+
+/// The checks of [`gru_rnn_and_projected_lstm_run_through_the_fake_cudnn_rnn_api`] for one
+/// release.
+fn rnn_variants_run(torch: &Torch) {
+    let run = run_torch_script(torch, "torch_rnn.py", "variants", 80 << 30, &[], true);
+    let r = &run.result;
+    // Per layer and direction: gates x hidden x (input + recurrent width + 2 biases), and an
+    // LSTM projection's hidden x projection matrix.
+    let gru = 2 * 3 * 128 * (64 + 128 + 2) + 2 * 3 * 128 * (256 + 128 + 2);
+    let relu = 64 * (32 + 64 + 2) + 2 * 64 * (64 + 64 + 2);
+    let projection = 4 * 128 * (64 + 32 + 2) + 32 * 128 + 4 * 128 * (32 + 32 + 2) + 32 * 128;
+    let half = 4 * 128 * (64 + 128 + 2);
+    for (name, parameters, bytes, width) in [
+        ("gru", gru, 4, 256),
+        ("relu", relu, 4, 64),
+        ("lstm_projection", projection, 4, 32),
+        ("lstm_half", half, 2, 128),
+    ] {
+        let network = &r["networks"][name];
+        assert_eq!(u64_of(network, "parameters"), parameters, "{name}: {r}");
+        assert_eq!(
+            u64_of(network, "weight_bytes"),
+            bytes * parameters,
+            "{name}: {r}"
+        );
+        assert_eq!(
+            network["packed_output"],
+            serde_json::json!([50, width]),
+            "{name}: {r}"
+        );
+    }
+    assert_eq!(r["num_ooms"], 0, "{r}");
+    let unimplemented = run
+        .log
+        .as_ref()
+        .and_then(|log| log.parent())
+        .map(|dir| dir.join("unimplemented.txt"))
+        .expect("run folder");
+    let text = std::fs::read_to_string(&unimplemented).unwrap_or_default();
+    assert!(
+        text.lines().all(|name| name == "cuLogsRegisterCallback"),
+        "{text}"
+    );
+}
+
+/// torch 2.3.1, 2.2.2 and 2.1.2 on the fake cuDNN 8 go through cuDNN 8's older RNN API
+/// (`cudnnSetRNNDescriptor_v6`, `cudnnGetRNNParamsSize`, `cudnnGetRNNLinLayerMatrixParams`,
+/// `cudnnGetRNNWorkspaceSize`, `cudnnGetRNNTrainingReserveSize`, ...): the same model, so the
+/// LSTM step's figures are torch 2.15's, and the other networks run as on 2.15.
+#[test]
+fn torch_2_1_to_2_3_run_rnns_through_the_fake_cudnn_8() {
+    for release in [&CUDNN8, CUDNN8_OLDER[0], CUDNN8_OLDER[1]] {
+        let Some(python) = install(release) else {
+            return;
+        };
+        eprintln!("torch {}", release.version);
+        let torch = Torch { release, python };
+        lstm_trains(&torch);
+        rnn_variants_run(&torch);
+    }
 }
 
 /// Scaled dot-product attention forward and backward with cuDNN as the only allowed backend

@@ -1,5 +1,5 @@
 /* The fake cuDNN 9 (libcudnn.so.9), and cuDNN 8 (libcudnn.so.8, the same sources built with
- * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older; its six sub-libraries forward to it): version
+ * FG_SONAME_MAJOR=8, for PyTorch 2.3 and older; the sub-libraries of each forward to it): version
  * queries, handles and their streams, error strings. The backend (graph) API is in backend.c, the legacy descriptors in legacy.c, the
  * compute functions that complete at once in noop.txt. */
 #include <stddef.h>
@@ -59,6 +59,14 @@ FG_EXPORT cudnnStatus_t cudnnCnnInferVersionCheck(void) { return CUDNN_STATUS_SU
 FG_EXPORT cudnnStatus_t cudnnCnnTrainVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
 FG_EXPORT cudnnStatus_t cudnnAdvInferVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
 FG_EXPORT cudnnStatus_t cudnnAdvTrainVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+#else
+/* cuDNN 9's checks, one per sub-library (libcudnn_{ops,cnn,adv,graph,ext}.so.9), likewise
+ * forwarded to the fake libcudnn.so.9. */
+FG_EXPORT cudnnStatus_t cudnnOpsVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnCnnVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnAdvVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnGraphVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
+FG_EXPORT cudnnStatus_t cudnnSubquadraticOpsVersionCheck(void) { return CUDNN_STATUS_SUCCESS; }
 #endif
 
 FG_EXPORT cudnnStatus_t cudnnGetProperty(int type, int *value)

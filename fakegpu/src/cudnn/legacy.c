@@ -17,7 +17,8 @@ enum {
 
 #define MAX_DIMS 8
 
-/* Every kind of legacy descriptor: what a tensor or filter descriptor says of its shape. */
+/* Every kind of legacy descriptor but the RNN's and dropout's (rnn.c): what a tensor or filter descriptor
+ * says of its shape. */
 struct legacy_descriptor {
     int data_type, format, dims;
     int dim[MAX_DIMS], stride[MAX_DIMS];
@@ -45,13 +46,10 @@ LEGACY_DESCRIPTOR(Activation)
 LEGACY_DESCRIPTOR(Attn)
 LEGACY_DESCRIPTOR(CTCLoss)
 LEGACY_DESCRIPTOR(Convolution)
-LEGACY_DESCRIPTOR(Dropout)
 LEGACY_DESCRIPTOR(Filter)
 LEGACY_DESCRIPTOR(LRN)
 LEGACY_DESCRIPTOR(OpTensor)
 LEGACY_DESCRIPTOR(Pooling)
-LEGACY_DESCRIPTOR(RNNData)
-LEGACY_DESCRIPTOR(RNN)
 LEGACY_DESCRIPTOR(ReduceTensor)
 LEGACY_DESCRIPTOR(SeqData)
 LEGACY_DESCRIPTOR(SpatialTransformer)
@@ -76,6 +74,14 @@ static cudnnStatus_t set_shape(struct legacy_descriptor *d, int data_type, int f
         for (int i = dims - 1, s = 1; i >= 0; s *= dim[i], i--)
             d->stride[i] = s;
     return STATUS_SUCCESS;
+}
+
+/* A tensor descriptor of no dimensions: what cuDNN describes a part an RNN does not have with
+ * (rnn.c). */
+__attribute__((visibility("hidden"))) void fg_cudnn_describe_nothing(struct legacy_descriptor *d)
+{
+    if (d)
+        d->dims = 0;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetTensorNdDescriptor(void *d, int data_type, int dims,

@@ -1,34 +1,42 @@
-/* A program linked against cuDNN 8's sub-libraries, as one built with their import libraries
- * is (each function bound to the sub-library that exports it, under that library's version
- * node): handles and tensor descriptors from libcudnn_ops_infer.so.8, convolutions and the
- * backend API from libcudnn_cnn_infer.so.8, their backward passes from libcudnn_cnn_train.so.8
- * and libcudnn_ops_train.so.8, RNN and CTC descriptors from the adv libraries. Built with
- * -DSUBLIBS (linked against the six sub-libraries) or without (linked against libcudnn.so.8
- * alone, which exports the whole API): both print the same lines, except the sub-libraries' own
- * functions (SUBLIBS only). One line per step: "<step> <values>". */
+/* A program linked against cuDNN's sub-libraries, as one built with their import libraries is
+ * (each function bound to the sub-library that exports it, under that library's version node).
+ * Built with -DCUDNN_MAJOR=8 (the default): handles and tensor descriptors from
+ * libcudnn_ops_infer.so.8, convolutions and the backend API from libcudnn_cnn_infer.so.8, their
+ * backward passes from libcudnn_cnn_train.so.8 and libcudnn_ops_train.so.8, RNN and CTC
+ * descriptors from the adv libraries. With -DCUDNN_MAJOR=9: handles and the backend API from
+ * libcudnn_graph.so.9, descriptors and batch normalisation from libcudnn_ops.so.9, convolutions
+ * from libcudnn_cnn.so.9, RNN and CTC from libcudnn_adv.so.9, a version check from
+ * libcudnn_ext.so.9. Built with -DSUBLIBS (linked against the sub-libraries) or without (linked
+ * against libcudnn.so.N alone, which exports the whole API): both print the same lines, except
+ * the sub-libraries' own functions (SUBLIBS only). One line per step: "<step> <values>". */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#ifndef CUDNN_MAJOR
+#define CUDNN_MAJOR 8
+#endif
 
 typedef int cudnnStatus_t;
 typedef void *cudnnHandle_t;
 typedef void *cudnnDescriptor_t;
 
-/* libcudart.so.12 */
+/* libcudart.so.12 (with cuDNN 8) or libcudart.so.13 (with cuDNN 9) */
 int cudaMalloc(void **p, size_t size);
 int cudaFree(void *p);
 int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
 int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 
-/* libcudnn_ops_infer.so.8 */
+/* Where each function is: cuDNN 8's sub-library / cuDNN 9's. */
+/* libcudnn_ops_infer.so.8 / libcudnn_graph.so.9 */
 size_t cudnnGetVersion(void);
 cudnnStatus_t cudnnGetProperty(int type, int *value);
-cudnnStatus_t cudnnOpsInferVersionCheck(void);
 cudnnStatus_t cudnnCreate(cudnnHandle_t *handle);
 cudnnStatus_t cudnnDestroy(cudnnHandle_t handle);
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, void *stream);
 cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, void **stream);
 const char *cudnnGetErrorString(cudnnStatus_t status);
+/* libcudnn_ops_infer.so.8 / libcudnn_ops.so.9 */
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnDescriptor_t d, int format, int type, int n, int c,
@@ -39,13 +47,11 @@ cudnnStatus_t cudnnCreateFilterDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnDescriptor_t d, int type, int format, int dims,
                                          const int *dim);
-/* libcudnn_ops_train.so.8 */
-cudnnStatus_t cudnnOpsTrainVersionCheck(void);
+/* libcudnn_ops_train.so.8 / libcudnn_ops.so.9 */
 cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
     cudnnHandle_t handle, int mode, int ops, cudnnDescriptor_t activation, cudnnDescriptor_t x,
     size_t *bytes);
-/* libcudnn_cnn_infer.so.8 */
-cudnnStatus_t cudnnCnnInferVersionCheck(void);
+/* libcudnn_cnn_infer.so.8 / libcudnn_cnn.so.9 */
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnDescriptor_t d, int pad_h, int pad_w, int u,
@@ -60,6 +66,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
                                       const void *w, cudnnDescriptor_t conv, int algo,
                                       void *workspace, size_t workspace_bytes, const void *beta,
                                       cudnnDescriptor_t yd, void *y);
+/* libcudnn_cnn_infer.so.8 / libcudnn_graph.so.9 */
 cudnnStatus_t cudnnBackendCreateDescriptor(int kind, cudnnDescriptor_t *d);
 cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnBackendSetAttribute(cudnnDescriptor_t d, int name, int type, int64_t count,
@@ -69,27 +76,48 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnDescriptor_t d, int name, int type,
 cudnnStatus_t cudnnBackendFinalize(cudnnDescriptor_t d);
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnDescriptor_t plan,
                                   cudnnDescriptor_t variant_pack);
-/* libcudnn_cnn_train.so.8 */
-cudnnStatus_t cudnnCnnTrainVersionCheck(void);
+/* libcudnn_cnn_train.so.8 / libcudnn_cnn.so.9 */
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
                                              cudnnDescriptor_t xd, const void *x,
                                              cudnnDescriptor_t dyd, const void *dy,
                                              cudnnDescriptor_t conv, int algo, void *workspace,
                                              size_t workspace_bytes, const void *beta,
                                              cudnnDescriptor_t dwd, void *dw);
-/* libcudnn_adv_infer.so.8 and libcudnn_adv_train.so.8 */
-cudnnStatus_t cudnnAdvInferVersionCheck(void);
-cudnnStatus_t cudnnAdvTrainVersionCheck(void);
+/* libcudnn_adv_infer.so.8 and libcudnn_adv_train.so.8 / libcudnn_adv.so.9 */
 cudnnStatus_t cudnnCreateRNNDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyRNNDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnCreateCTCLossDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyCTCLossDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(void);
+/* Each sub-library's check that it is libcudnn.so.N's release. */
+#if CUDNN_MAJOR == 8
+cudnnStatus_t cudnnOpsInferVersionCheck(void);
+cudnnStatus_t cudnnOpsTrainVersionCheck(void);
+cudnnStatus_t cudnnCnnInferVersionCheck(void);
+cudnnStatus_t cudnnCnnTrainVersionCheck(void);
+cudnnStatus_t cudnnAdvInferVersionCheck(void);
+cudnnStatus_t cudnnAdvTrainVersionCheck(void);
+#else
+cudnnStatus_t cudnnGraphVersionCheck(void);
+cudnnStatus_t cudnnOpsVersionCheck(void);
+cudnnStatus_t cudnnCnnVersionCheck(void);
+cudnnStatus_t cudnnAdvVersionCheck(void);
+cudnnStatus_t cudnnSubquadraticOpsVersionCheck(void); /* libcudnn_ext.so.9 */
+#endif
 #ifdef SUBLIBS
 /* Exported by the sub-libraries only (cuDNN's internal entry points; what they take is not
  * published: called without arguments, as the fake's stubs take none). */
+#if CUDNN_MAJOR == 8
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSizeInternal(void);
 cudnnStatus_t cudnnPooling4dBackward(void);
+#define OWN_FUNCTION_1 cudnnGetConvolutionBackwardDataWorkspaceSizeInternal
+#define OWN_FUNCTION_2 cudnnPooling4dBackward
+#else
+cudnnStatus_t cudnnGetLibConfig(void);               /* libcudnn_graph.so.9 */
+cudnnStatus_t dummyBackendEnginesPreCompiledSymbol(void); /* libcudnn_engines_precompiled.so.9 */
+#define OWN_FUNCTION_1 cudnnGetLibConfig
+#define OWN_FUNCTION_2 dummyBackendEnginesPreCompiledSymbol
+#endif
 #endif
 
 /* cudnnBackendDescriptorType_t, cudnnBackendAttributeName_t and cudnnBackendAttributeType_t
@@ -132,10 +160,16 @@ int main(void)
     cudnnGetProperty(1, &minor);
     cudnnGetProperty(2, &patch);
     printf("version %zu property=%d.%d.%d\n", cudnnGetVersion(), major, minor, patch);
+#if CUDNN_MAJOR == 8
     printf("checks ops_infer=%d ops_train=%d cnn_infer=%d cnn_train=%d adv_infer=%d "
            "adv_train=%d\n",
            cudnnOpsInferVersionCheck(), cudnnOpsTrainVersionCheck(), cudnnCnnInferVersionCheck(),
            cudnnCnnTrainVersionCheck(), cudnnAdvInferVersionCheck(), cudnnAdvTrainVersionCheck());
+#else
+    printf("checks graph=%d ops=%d cnn=%d adv=%d subquadratic_ops=%d\n", cudnnGraphVersionCheck(),
+           cudnnOpsVersionCheck(), cudnnCnnVersionCheck(), cudnnAdvVersionCheck(),
+           cudnnSubquadraticOpsVersionCheck());
+#endif
 
     /* The context first, so that the handle's own memory is all the next difference. */
     cudaFree(NULL);
@@ -149,7 +183,8 @@ int main(void)
     printf("handle rc=%d bytes=%zu stream rc=%d rc=%d null=%d\n", rc, with_handle - before, set,
            get, stream == NULL);
 
-    /* Legacy descriptors from ops_infer, read back; a convolution descriptor from cnn_infer. */
+    /* Legacy descriptors from ops_infer (ops), read back; a convolution descriptor from
+     * cnn_infer (cnn). */
     cudnnDescriptor_t x = NULL, y = NULL, w = NULL, conv = NULL;
     cudnnCreateTensorDescriptor(&x);
     cudnnCreateTensorDescriptor(&y);
@@ -168,7 +203,7 @@ int main(void)
     int set_conv = cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, 1, 0);
     printf("conv descriptor rc=%d set rc=%d\n", created, set_conv);
 
-    /* Not implemented (in libcudnn.so.8 too): NOT_SUPPORTED, twice, logged once. */
+    /* Not implemented (in libcudnn.so.N too): NOT_SUPPORTED, twice, logged once. */
     size_t workspace = 12345;
     int ws1 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 0, &workspace);
     int ws2 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 0, &workspace);
@@ -198,7 +233,7 @@ int main(void)
            fwd, bwd, memcmp(pattern, back, sizeof back) == 0, bn, reserve);
 
     /* The backend API: a convolution's operation graph, its heuristics' two engine configs
-     * and their workspaces, a plan executed on the ops_infer handle. */
+     * and their workspaces, a plan executed on the ops_infer (graph) handle. */
     cudnnDescriptor_t bx = backend_tensor(1, 64, 128, 128), bw = backend_tensor(64, 64, 3, 3),
                       by = backend_tensor(1, 64, 128, 128);
     cudnnDescriptor_t op = NULL, graph = NULL, heur = NULL, configs[2] = {NULL, NULL},
@@ -255,11 +290,10 @@ int main(void)
            cudnnDestroyRNNDescriptor(rnn), ctc_rc, cudnnDestroyCTCLossDescriptor(ctc), ctc_ws);
 
 #ifdef SUBLIBS
-    /* The sub-libraries' own exports, which libcudnn.so.8 does not have: stubs of their own. */
-    int internal1 = cudnnGetConvolutionBackwardDataWorkspaceSizeInternal();
-    int internal2 = cudnnGetConvolutionBackwardDataWorkspaceSizeInternal();
-    printf("sub-library only rc=%d rc=%d pooling rc=%d\n", internal1, internal2,
-           cudnnPooling4dBackward());
+    /* The sub-libraries' own exports, which libcudnn.so.N does not have: stubs of their own. */
+    int own1 = OWN_FUNCTION_1();
+    int own2 = OWN_FUNCTION_1();
+    printf("sub-library only rc=%d rc=%d other rc=%d\n", own1, own2, OWN_FUNCTION_2());
 #endif
 
     cudaFree(dx);
