@@ -3195,3 +3195,44 @@ fn a_fork_while_an_nvml_mig_call_holds_its_lock_leaves_the_child_a_usable_nvml()
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!((5000..15_000).contains(&destroy_ms), "{stdout}");
 }
+
+/// The default pool replays sequences the real driver ran on an H200 (`tests/fakegpu/pool-h200`,
+/// recorded by its `record.py`: 1500 pseudo-random cudaMallocAsync / cudaFreeAsync / sync /
+/// TrimTo(0) calls; release threshold UINT64_MAX as torch sets it for seed 1, 0 for seed 3).
+/// After every call the fake's UsedMemCurrent is the card's (the exact requested bytes) and its
+/// ReservedMemCurrent the model's (`scripts/pool_model.py`, which made the tables); the
+/// reserved figure equals the card's on 446 and 376 of the 1500 calls, its high is 1568 MiB
+/// against the card's 1536 and 1728 against 1632, UsedMemHigh the card's exactly.
+#[test]
+fn the_default_pool_replays_the_real_drivers_sequences_with_the_models_figures() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/pool-h200");
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-pool-replay-{major}"));
+        let exe = build_program(&dir, "pool_replay", major);
+        for (table, threshold, summary) in [
+            (
+                "seed1-keep.table",
+                u64::MAX,
+                "ops=1500 used_wrong=0 reserved_wrong=0 reserved_as_card=446 high=1644167168 \
+                 card_high=1610612736 used_high=1405024063\n",
+            ),
+            (
+                "seed3-thr0.table",
+                0,
+                "ops=1500 used_wrong=0 reserved_wrong=0 reserved_as_card=376 high=1811939328 \
+                 card_high=1711276032 used_high=1509572416\n",
+            ),
+        ] {
+            let output = Command::new(&exe)
+                .arg(data.join(table))
+                .arg(threshold.to_string())
+                .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+                .env("VRAMSHIM_FAKEGPU_MEMORY", (8u64 << 30).to_string())
+                .output()
+                .expect("run pool_replay");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert_eq!(stdout, summary, "CUDA {major} {table}");
+            assert_eq!(output.status.code(), Some(0), "CUDA {major} {table}");
+        }
+    }
+}
