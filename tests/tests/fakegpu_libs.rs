@@ -131,7 +131,8 @@ fn program_on_the_fake_runtime(major: u32) {
             } else {
                 ""
             },
-            context + 9 * MIB,
+            // The 1 MiB pool block holds one 32 MiB granule, as on the real driver.
+            context + 8 * MIB + 32 * MIB,
             context + 8 * MIB
         )
     );
@@ -1543,9 +1544,9 @@ fn ipc_handles_share_device_memory_between_processes() {
 /// What `pool_ipc_pair` prints, in order, apart from its last line (the consumer's addresses).
 const POOL_IPC_PAIR_STEPS: &str = "\
 producer pools rc=0 plain=0
-producer allocs rc=0 rc=0 rc=0 charged=1057280 fill rc=0
+producer allocs rc=0 rc=0 rc=0 charged=100663296 fill rc=0
 producer export-pool rc=0 plain=1 default=1 fabric=801 flags=1 last=1
-producer export rc=0 same=1 plain=1 default=1 interior=1 charged=1057280
+producer export rc=0 same=1 plain=1 default=1 interior=1 charged=100663296
 producer reads its values after export rc=0 all 262169 words
 consumer import-pool rc=0 pipe=1 flags=1 fabric=801
 consumer import rc=0 charged=0 wrong-pool=1 altered=1 zeros=1
@@ -1576,7 +1577,7 @@ producer frees rc=0 rc=0 rc=0 destroy rc=0 rc=0 consumer exit=0
 /// (through the driver) is the same address, freed once per import (cudaFree, cuMemFree_v2),
 /// a third free 1; the producer's new memory at the freed address exports anew and the old data
 /// no longer imports. The consumer's log holds each import as a mapping of the pool block
-/// (1,049,088 B, the request rounded to 512) tagged with the imported pool, each free of one
+/// (1,049,088 B, the request rounded to 512; the pool keeps its blocks page aligned) tagged with the imported pool, each free of one
 /// as its unmapping, and nothing allocated; the producer's, its own pool allocations.
 #[test]
 fn pool_pointers_share_device_memory_between_processes() {

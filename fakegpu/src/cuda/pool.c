@@ -286,6 +286,15 @@ static bool give_block(struct CUmemPoolHandle_st *p, uint64_t at, uint64_t size)
     return true;
 }
 
+/* The room a block of SIZE bytes takes: 512-byte units, whole host pages in a pool that
+ * exports pointers (it shares pages); the block itself is SIZE rounded to 512. */
+static uint64_t block_slot(const struct CUmemPoolHandle_st *p, uint64_t size)
+{
+    uint64_t align = (p->handle_types & HANDLE_POSIX_FD) ? (uint64_t)sysconf(_SC_PAGESIZE)
+                                                         : POOL_BLOCK_ALIGN;
+    return (size + align - 1) / align * align;
+}
+
 static CUresult pool_alloc(struct CUmemPoolHandle_st *p, size_t size, CUdeviceptr *out)
 {
     if (!fg_initialized())
@@ -296,10 +305,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, size_t size, CUdevicept
         *out = 0;
         return CUDA_SUCCESS;
     }
-    /* A pool that exports pointers shares whole host pages: its blocks are page aligned. */
-    uint64_t align = (p->handle_types & HANDLE_POSIX_FD) ? (uint64_t)sysconf(_SC_PAGESIZE)
-                                                         : POOL_BLOCK_ALIGN;
-    uint64_t rounded = ((uint64_t)size + align - 1) / align * align;
+    uint64_t rounded = block_slot(p, size);
     bool trimmed = false;
 retry:
     pthread_mutex_lock(&p->lock);
@@ -329,7 +335,9 @@ retry:
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    struct fg_alloc a = {.base = p->range_base + at, .size = rounded, .kind = FG_POOL,
+    struct fg_alloc a = {.base = p->range_base + at,
+                         .size = (size + POOL_BLOCK_ALIGN - 1) / POOL_BLOCK_ALIGN * POOL_BLOCK_ALIGN,
+                         .kind = FG_POOL,
                          .device = p->device, .pool = p, .requested = size};
     if (!fg_register(&a)) {
         pthread_mutex_unlock(&p->lock);
@@ -406,12 +414,12 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         fg_set_shared(a.base, false);
     }
     pthread_mutex_lock(&p->lock);
-    uint64_t at = a.base - p->range_base;
-    if (!give_block(p, at, a.size)) {
+    uint64_t at = a.base - p->range_base, slot = block_slot(p, a.size);
+    if (!give_block(p, at, slot)) {
         pthread_mutex_unlock(&p->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    touch_granules(p, at, a.size, -1);
+    touch_granules(p, at, slot, -1);
     p->used -= a.requested;
     struct fg_alloc gone;
     fg_unregister(a.base, FG_POOL, &gone);
