@@ -4,6 +4,8 @@ a sequence the real driver recorded (tests/fakegpu/pool-h200/*.jsonl, by record.
 the model's ReservedMemCurrent after every op against the card's, and its error.
 
     scripts/pool_model.py tests/fakegpu/pool-h200/pool-seed1-keep.jsonl [threshold]
+    scripts/pool_model.py --log LOG.vlog     (a recording's cudaMallocAsync/cudaFreeAsync/
+                                              TrimTo calls: the model's reserved high)
 
 threshold: the pool's release threshold (default UINT64_MAX, as torch sets it; 0 for seed 3).
 --table prints one line per op (op size-or-alloc-index real_rc real_uc model_rc), the file
@@ -105,7 +107,33 @@ def replay(ops, threshold):
         yield op["op"], arg, op["rc"], op["uc"], pool.reserved, pool.used
 
 
+def log_reserved_high(path):
+    """The model's reserved high over a recording's device-0 stream-ordered calls (threshold
+    UINT64_MAX, as torch sets it), with `vramshim dump --json` ($VRAMSHIM or on PATH)."""
+    import os
+    import subprocess
+    dump = subprocess.run([os.environ.get("VRAMSHIM", "vramshim"), "dump", "--json", path],
+                          capture_output=True, text=True, check=True).stdout
+    pool, live, high = Pool((1 << 64) - 1), {}, 0
+    for line in dump.splitlines():
+        e = json.loads(line)
+        if e.get("type") != "event" or e.get("device") != 0:
+            continue
+        if e["api"] == "cudaMallocAsync" and e["event"] == "alloc" and e["result"] == 0:
+            live[e["addr"]] = pool.alloc(e["size"]) + (e["size"],)
+        elif e["api"] == "cudaFreeAsync" and e["addr"] in live:
+            pool.release(*live.pop(e["addr"]))
+        elif e["api"] == "cudaMemPoolTrimTo":
+            pool.trim(e["size"])
+        high = max(high, pool.reserved)
+    print(f"{path}: model reserved high {high} B ({high >> 20} MiB)")
+
+
 def main():
+    if sys.argv[1] == "--log":
+        for path in sys.argv[2:]:
+            log_reserved_high(path)
+        return
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     threshold = int(args[1]) if len(args) > 1 else (1 << 64) - 1
     ops = [json.loads(line) for line in open(args[0])]
