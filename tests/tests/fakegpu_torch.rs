@@ -2584,13 +2584,7 @@ fn transformer_run(torch: &Torch, config: &str, card: u64) -> TorchRun {
     if !config.is_empty() {
         env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
     }
-    let run = run_torch(
-        torch,
-        "transformer",
-        card + 2 * CUBLAS_HANDLE,
-        &env,
-        true,
-    );
+    let run = run_torch(torch, "transformer", card + 2 * CUBLAS_HANDLE, &env, true);
     let r = &run.result;
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 16, "{r}");
