@@ -64,7 +64,7 @@ struct CUmemPoolHandle_st {
     int file_fd;       /* the exported pool's memory file, or -1 */
     /* The address range (mapped at the first allocation), its end in use so far (blocks go on
      * there when no free range fits), and the free ranges below that end, by address. */
-    uint64_t range_base, range_size, range_top;
+    uint64_t range_base, range_size, range_top, range_open;
     struct free_range *free_ranges;
     size_t free_count, free_capacity;
     uint64_t free_clock;
@@ -159,8 +159,10 @@ bool fg_pools_trim_device(int dev)
     return released;
 }
 
-/* Maps the pool's address range (at its first allocation): twice the device's memory, so
- * fragmentation runs out of device memory before it runs out of addresses. Pool lock held. */
+/* Reserves the pool's address range (at its first allocation): twice the device's memory, so
+ * fragmentation runs out of device memory before it runs out of addresses. Inaccessible (and
+ * so not counted against the host's commit limit) until range_open_to opens it. Pool lock
+ * held. */
 static bool range_ready(struct CUmemPoolHandle_st *p)
 {
     if (p->range_base)
@@ -169,7 +171,7 @@ static bool range_ready(struct CUmemPoolHandle_st *p)
                     POOL_GRANULE;
     uint32_t *counts = calloc(size / POOL_GRANULE, sizeof *counts);
     /* Aligned to the granule as the driver's is: map one granule more and skip to a boundary. */
-    void *memory = counts ? mmap(NULL, size + POOL_GRANULE, PROT_READ | PROT_WRITE,
+    void *memory = counts ? mmap(NULL, size + POOL_GRANULE, PROT_NONE,
                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
                           : MAP_FAILED;
     if (memory == MAP_FAILED) {
@@ -184,6 +186,34 @@ static bool range_ready(struct CUmemPoolHandle_st *p)
     p->range_size = size;
     p->granule_blocks = counts;
     return true;
+}
+
+/* Makes the range accessible up to END (whole granules); false when the host refuses. */
+static bool range_open_to(struct CUmemPoolHandle_st *p, uint64_t end)
+{
+    if (end <= p->range_open)
+        return true;
+    uint64_t open = (end + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE;
+    if (mprotect((void *)(p->range_base + p->range_open), open - p->range_open,
+                 PROT_READ | PROT_WRITE) != 0)
+        return false;
+    p->range_open = open;
+    return true;
+}
+
+/* Gives the address range back (a destroyed pool with no live block). Pool lock held. */
+static void range_close(struct CUmemPoolHandle_st *p)
+{
+    if (!p->range_base)
+        return;
+    fg_host_release(p->range_base, p->range_open);
+    munmap((void *)p->range_base, p->range_size);
+    free(p->granule_blocks);
+    free(p->free_ranges);
+    p->granule_blocks = NULL;
+    p->free_ranges = NULL;
+    p->range_base = p->range_size = p->range_top = p->range_open = 0;
+    p->free_count = p->free_capacity = 0;
 }
 
 /* Adds D (1 or -1) to the granules [START, START + SIZE) touches; the change in touched. */
@@ -335,6 +365,12 @@ retry:
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (!range_open_to(p, at + rounded)) {
+        pthread_mutex_unlock(&p->lock);
+        if (more)
+            fg_uncharge(p->device, more);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     struct fg_alloc a = {.base = p->range_base + at,
                          .size = (size + POOL_BLOCK_ALIGN - 1) / POOL_BLOCK_ALIGN * POOL_BLOCK_ALIGN,
                          .kind = FG_POOL,
@@ -483,8 +519,8 @@ FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     return CUDA_SUCCESS;
 }
 
-/* The pool object stays allocated (out of the list's trims once empty): freed memory of a
- * destroyed pool is still in its cache until the pool is gone, then released here. */
+/* The pool object stays allocated (out of the list's trims once empty): its memory no block
+ * uses is released here, and its address range too when no block is live. */
 FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     if (!fg_initialized())
@@ -493,6 +529,8 @@ FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pool->lock);
     trim_locked(pool, 0);
+    if (pool->touched == 0)
+        range_close(pool);
     pthread_mutex_unlock(&pool->lock);
     for (int d = 0; d < fg_config()->count; d++)
         if (fg_devices[d].current_pool == pool)
