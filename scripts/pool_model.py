@@ -11,9 +11,10 @@ threshold: the pool's release threshold (default UINT64_MAX, as torch sets it; 0
 --table prints one line per op (op size-or-alloc-index real_rc real_uc model_rc), the file
 tests/fakegpu/pool_replay.c replays.
 
-The model: one address range; blocks = requested size rounded up to 512 B; an allocation takes
-the start of the most recently freed free range it fits in (adjacent free ranges merge and count
-as freed last), else goes on at the end of the range in use (with a free tail). Reserved memory is
+The model: one address range; blocks = requested size rounded up to 512 B; next fit: an
+allocation takes the start of the first free range it fits in at or after the end of the last
+block placed, else of the first one from the start (freed neighbours merge), else goes on at the
+end of the range in use (with a free tail). Reserved memory is
 32 MiB granules: at least as many as live blocks touch (it only grows when more are touched than
 held). A sync gives back untouched granules while more than the threshold is held; TrimTo(keep)
 the same down to keep."""
@@ -27,9 +28,9 @@ ALIGN = 512
 class Pool:
     def __init__(self, threshold):
         self.threshold = threshold
-        self.free = []  # [start, end, age], by address
+        self.free = []  # [start, end], by address
         self.top = 0
-        self.clock = 0
+        self.next_fit = 0  # where the last block placed ends
         self.blocks = {}  # granule -> live blocks touching it
         self.reserved = 0
         self.used = 0
@@ -42,10 +43,9 @@ class Pool:
 
     def alloc(self, size):
         rounded = -(-size // ALIGN) * ALIGN
-        best = None
-        for i, f in enumerate(self.free):
-            if f[1] - f[0] >= rounded and (best is None or f[2] > self.free[best][2]):
-                best = i
+        fits = [i for i, f in enumerate(self.free) if f[1] - f[0] >= rounded]
+        after = [i for i in fits if self.free[i][0] >= self.next_fit]
+        best = (after or fits or [None])[0]
         if best is not None:
             f = self.free[best]
             at = f[0]
@@ -57,6 +57,7 @@ class Pool:
             if self.free and self.free[-1][1] == self.top:
                 at = self.free.pop()[0]
             self.top = at + rounded
+        self.next_fit = at + rounded
         self._touch(at, rounded, 1)
         self.reserved = max(self.reserved, len(self.blocks) * GRANULE)
         self.used += size
@@ -65,17 +66,14 @@ class Pool:
     def release(self, at, rounded, size):
         self._touch(at, rounded, -1)
         self.used -= size
-        self.clock += 1
         i = 0
         while i < len(self.free) and self.free[i][0] < at:
             i += 1
-        self.free.insert(i, [at, at + rounded, self.clock])
+        self.free.insert(i, [at, at + rounded])
         if i + 1 < len(self.free) and self.free[i + 1][0] == at + rounded:
             self.free[i][1] = self.free.pop(i + 1)[1]
         if i > 0 and self.free[i - 1][1] == at:
-            self.free[i - 1][1] = self.free[i][1]
-            self.free[i - 1][2] = self.free[i][2]
-            self.free.pop(i)
+            self.free[i - 1][1] = self.free.pop(i)[1]
 
     def trim(self, keep):
         spare = (self.reserved - len(self.blocks) * GRANULE) // GRANULE

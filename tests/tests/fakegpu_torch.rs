@@ -2573,18 +2573,24 @@ fn replay_live(log: &Path, up: (&str, &str), down: (&str, &str)) -> (u64, u64, u
 const CONTEXT: u64 = 500 * MIB;
 
 /// Runs the transformer workload (fp32 then bf16 autocast training with varying sequence
-/// lengths, then inference with `empty_cache` after each batch) on a card of `card` bytes (and
-/// the two cuBLAS handles' own memory) with a 500 MiB context, recorded, under
+/// lengths, then inference with `empty_cache` after each batch) on an 1100 MiB card (and the
+/// two cuBLAS handles' own memory) with a 500 MiB context, recorded, under
 /// `PYTORCH_CUDA_ALLOC_CONF=config` (none when empty). Checks that at every step the driver's
 /// used bytes are torch's reserved bytes plus the context and the cuBLAS handles, and returns
 /// the run.
-fn transformer_run(torch: &Torch, config: &str, card: u64) -> TorchRun {
+fn transformer_run(torch: &Torch, config: &str) -> TorchRun {
     let context = CONTEXT.to_string();
     let mut env = vec![("VRAMSHIM_FAKEGPU_CONTEXT_BYTES", context.as_str())];
     if !config.is_empty() {
         env.push(("PYTORCH_CUDA_ALLOC_CONF", config));
     }
-    let run = run_torch(torch, "transformer", card + 2 * CUBLAS_HANDLE, &env, true);
+    let run = run_torch(
+        torch,
+        "transformer",
+        1100 * MIB + 2 * CUBLAS_HANDLE,
+        &env,
+        true,
+    );
     let r = &run.result;
     let steps = pairs(&r["steps"]);
     assert_eq!(steps.len(), 16, "{r}");
@@ -2614,7 +2620,7 @@ fn transformer_run(torch: &Torch, config: &str, card: u64) -> TorchRun {
 #[test]
 fn transformer_training_with_varying_lengths_retries_as_torch_counts() {
     let Some(torch) = current() else { return };
-    let run = transformer_run(&torch, "", 1100 * MIB);
+    let run = transformer_run(&torch, "");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     let (allocs, frees, peak) = replay_live(log, ("alloc", "cudaMalloc"), ("free", "cudaFree"));
@@ -2649,7 +2655,7 @@ fn transformer_training_with_varying_lengths_retries_as_torch_counts() {
 #[test]
 fn transformer_training_under_expandable_segments_and_malloc_async() {
     let Some(torch) = current() else { return };
-    let run = transformer_run(&torch, "expandable_segments:True", 1100 * MIB);
+    let run = transformer_run(&torch, "expandable_segments:True");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     // Mapped bytes in the log peak at torch's reserved peak: 554 MiB, less than the native
@@ -2676,9 +2682,7 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
         "{r}"
     );
 
-    // The driver's pool packs blocks in one range and holds 32 MiB granules: 672 MiB at its
-    // peak here (an 1100 MiB card runs out), 1.3x torch's 516,788,952 requested bytes.
-    let run = transformer_run(&torch, "backend:cudaMallocAsync", 1200 * MIB);
+    let run = transformer_run(&torch, "backend:cudaMallocAsync");
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     // The log has every stream-ordered request, each freed by the end. torch's allocated
@@ -2690,7 +2694,9 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
     assert_eq!(live_peak, 516_788_952, "{r}");
     assert_eq!(live_peak, u64_of(r, "allocated_peak"), "{r}");
     assert_eq!(rounded_async_peak(log, 1), live_peak);
-    assert_eq!(u64_of(r, "reserved_peak"), 672 * MIB, "{r}");
+    // The driver's pool packs blocks in one range and holds 32 MiB granules: 576 MiB at its
+    // peak, 1.17x the requests' peak (the native allocator's 600 MiB is above).
+    assert_eq!(u64_of(r, "reserved_peak"), 576 * MIB, "{r}");
     let async_dump = dump(log);
     let events = events(&async_dump);
     // One trim per empty_cache of the inference loop.

@@ -3,9 +3,9 @@
  *
  * A pool owns one address range. Blocks are the requested size rounded up to 512 bytes (to the
  * host page in a pool that can export pointers, which shares whole pages), packed one after
- * another: an allocation takes the most recently freed free range it fits in (its start;
- * adjacent free ranges merge, a merged range counts as freed last), or else goes on at the end
- * of the range (taking a free tail with it). Reserved memory is physical memory in 32 MiB
+ * another, next fit: an allocation takes the start of the first free range it fits in at or
+ * after the end of the last block placed, else of the first one from the range's start (freed
+ * neighbours merge), else goes on at the end of the range in use (taking a free tail with it). Reserved memory is physical memory in 32 MiB
  * granules: the pool holds at least as many granules as its live blocks touch (a granule no
  * block touches lends its memory to one that needs it, so the count grows only when the
  * touched ones outnumber the held ones). At a synchronisation (stream, event, context) the pool
@@ -47,9 +47,9 @@
 #define POOL_GRANULE (32ull << 20)
 #define POOL_BLOCK_ALIGN 512ull
 
-/* A free part of the pool's address range, [start, end) as offsets in it; AGE orders frees. */
+/* A free part of the pool's address range, [start, end) as offsets in it. */
 struct free_range {
-    uint64_t start, end, age;
+    uint64_t start, end;
 };
 
 struct CUmemPoolHandle_st {
@@ -62,12 +62,13 @@ struct CUmemPoolHandle_st {
     bool imported;     /* from another process: no allocations */
     uint64_t nonce;    /* an IPC-capable pool's random name (and its importers') */
     int file_fd;       /* the exported pool's memory file, or -1 */
-    /* The address range (mapped at the first allocation), its end in use so far (blocks go on
-     * there when no free range fits), and the free ranges below that end, by address. */
+    /* The address range (reserved at the first allocation), its end in use so far (blocks go
+     * on there when no free range fits), how much of it is accessible, the free ranges below
+     * that end by address, and where the last block placed ends (the next search starts). */
     uint64_t range_base, range_size, range_top, range_open;
     struct free_range *free_ranges;
     size_t free_count, free_capacity;
-    uint64_t free_clock;
+    uint64_t next_fit;
     /* Per granule of the range: how many live blocks touch it; touched: how many granules
      * some block touches. reserved is at least touched * POOL_GRANULE. */
     uint32_t *granule_blocks;
@@ -212,7 +213,7 @@ static void range_close(struct CUmemPoolHandle_st *p)
     free(p->free_ranges);
     p->granule_blocks = NULL;
     p->free_ranges = NULL;
-    p->range_base = p->range_size = p->range_top = p->range_open = 0;
+    p->range_base = p->range_size = p->range_top = p->range_open = p->next_fit = 0;
     p->free_count = p->free_capacity = 0;
 }
 
@@ -237,16 +238,23 @@ static uint64_t untouched_granules(const struct CUmemPoolHandle_st *p, uint64_t 
     return n;
 }
 
-/* Where a block of SIZE goes: the most recently freed free range it fits in (its index in
- * *RANGE), else the end of the range in use (*RANGE = free_count); the offset. */
+/* Where a block of SIZE goes, next fit: the first free range it fits in at or after the end
+ * of the last block placed, else the first one from the start (its index in *RANGE), else the
+ * end of the range in use (*RANGE = free_count); the offset. */
 static uint64_t place_block(const struct CUmemPoolHandle_st *p, uint64_t size, size_t *range)
 {
-    size_t best = p->free_count;
-    for (size_t i = 0; i < p->free_count; i++) {
+    size_t best = p->free_count, wrapped = p->free_count;
+    for (size_t i = 0; i < p->free_count && best == p->free_count; i++) {
         const struct free_range *f = &p->free_ranges[i];
-        if (f->end - f->start >= size && (best == p->free_count || f->age > p->free_ranges[best].age))
+        if (f->end - f->start < size)
+            continue;
+        if (f->start >= p->next_fit)
             best = i;
+        else if (wrapped == p->free_count)
+            wrapped = i;
     }
+    if (best == p->free_count)
+        best = wrapped;
     *range = best;
     if (best < p->free_count)
         return p->free_ranges[best].start;
@@ -280,12 +288,10 @@ static bool give_block(struct CUmemPoolHandle_st *p, uint64_t at, uint64_t size)
     size_t i = 0;
     while (i < p->free_count && p->free_ranges[i].start < at)
         i++;
-    uint64_t age = ++p->free_clock;
     bool after = i > 0 && p->free_ranges[i - 1].end == at;
     bool before = i < p->free_count && p->free_ranges[i].start == at + size;
     if (after && before) {
         p->free_ranges[i - 1].end = p->free_ranges[i].end;
-        p->free_ranges[i - 1].age = age;
         memmove(&p->free_ranges[i], &p->free_ranges[i + 1],
                 (p->free_count - i - 1) * sizeof *p->free_ranges);
         p->free_count--;
@@ -293,12 +299,10 @@ static bool give_block(struct CUmemPoolHandle_st *p, uint64_t at, uint64_t size)
     }
     if (after) {
         p->free_ranges[i - 1].end = at + size;
-        p->free_ranges[i - 1].age = age;
         return true;
     }
     if (before) {
         p->free_ranges[i].start = at;
-        p->free_ranges[i].age = age;
         return true;
     }
     if (p->free_count == p->free_capacity) {
@@ -311,7 +315,7 @@ static bool give_block(struct CUmemPoolHandle_st *p, uint64_t at, uint64_t size)
     }
     memmove(&p->free_ranges[i + 1], &p->free_ranges[i],
             (p->free_count - i) * sizeof *p->free_ranges);
-    p->free_ranges[i] = (struct free_range){.start = at, .end = at + size, .age = age};
+    p->free_ranges[i] = (struct free_range){.start = at, .end = at + size};
     p->free_count++;
     return true;
 }
@@ -382,6 +386,7 @@ retry:
     }
     p->reserved += more;
     take_block(p, range, at, rounded);
+    p->next_fit = at + rounded;
     touch_granules(p, at, rounded, 1);
     p->used += size;
     if (p->reserved > p->reserved_high)
