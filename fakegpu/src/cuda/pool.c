@@ -122,8 +122,8 @@ static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
     fg_uncharge(p->device, released);
     p->reserved -= released;
     /* The host pages of the granules no block touches go back (the device memory is gone). */
-    for (uint64_t g = p->range_top / POOL_GRANULE + 1; g-- > 0 && granules > 0;) {
-        if (g * POOL_GRANULE >= p->range_size || p->granule_blocks[g])
+    for (uint64_t g = (p->range_top + POOL_GRANULE - 1) / POOL_GRANULE; g-- > 0 && granules > 0;) {
+        if (p->granule_blocks[g])
             continue;
         uint64_t at = p->range_base + g * POOL_GRANULE;
         fg_host_release(at, POOL_GRANULE);
