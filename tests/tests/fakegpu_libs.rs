@@ -132,7 +132,8 @@ fn program_on_the_fake_runtime(major: u32) {
             } else {
                 ""
             },
-            context + 9 * MIB,
+            // The 1 MiB pool block holds one 32 MiB granule, as on the real driver.
+            context + 8 * MIB + 32 * MIB,
             context + 8 * MIB
         )
     );
@@ -1716,9 +1717,9 @@ fn ipc_handles_share_device_memory_between_processes() {
 /// What `pool_ipc_pair` prints, in order, apart from its last line (the consumer's addresses).
 const POOL_IPC_PAIR_STEPS: &str = "\
 producer pools rc=0 plain=0
-producer allocs rc=0 rc=0 rc=0 charged=1057280 fill rc=0
+producer allocs rc=0 rc=0 rc=0 charged=100663296 fill rc=0
 producer export-pool rc=0 plain=1 default=1 fabric=801 flags=1 last=1
-producer export rc=0 same=1 plain=1 default=1 interior=1 charged=1057280
+producer export rc=0 same=1 plain=1 default=1 interior=1 charged=100663296
 producer reads its values after export rc=0 all 262169 words
 consumer import-pool rc=0 pipe=1 flags=1 fabric=801
 consumer import rc=0 charged=0 wrong-pool=1 altered=1 zeros=1
@@ -1749,7 +1750,7 @@ producer frees rc=0 rc=0 rc=0 destroy rc=0 rc=0 consumer exit=0
 /// (through the driver) is the same address, freed once per import (cudaFree, cuMemFree_v2),
 /// a third free 1; the producer's new memory at the freed address exports anew and the old data
 /// no longer imports. The consumer's log holds each import as a mapping of the pool block
-/// (1,049,088 B, the request rounded to 512) tagged with the imported pool, each free of one
+/// (1,049,088 B, the request rounded to 512; the pool keeps its blocks page aligned) tagged with the imported pool, each free of one
 /// as its unmapping, and nothing allocated; the producer's, its own pool allocations.
 #[test]
 fn pool_pointers_share_device_memory_between_processes() {
@@ -3367,4 +3368,45 @@ fn a_fork_while_an_nvml_mig_call_holds_its_lock_leaves_the_child_a_usable_nvml()
         .and_then(|ms| ms.parse().ok())
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!((5000..15_000).contains(&destroy_ms), "{stdout}");
+}
+
+/// The default pool replays sequences the real driver ran on an H200 (`tests/fakegpu/pool-h200`,
+/// recorded by its `record.py`: 1500 pseudo-random cudaMallocAsync / cudaFreeAsync / sync /
+/// TrimTo(0) calls; release threshold UINT64_MAX as torch sets it for seed 1, 0 for seed 3).
+/// After every call the fake's UsedMemCurrent is the card's (the exact requested bytes) and its
+/// ReservedMemCurrent the model's (`scripts/pool_model.py`, which made the tables); the
+/// reserved figure equals the card's on 497 and 324 of the 1500 calls, its high is 1568 MiB
+/// against the card's 1536 and 1696 against 1632, UsedMemHigh the card's exactly.
+#[test]
+fn the_default_pool_replays_the_real_drivers_sequences_with_the_models_figures() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fakegpu/pool-h200");
+    for major in [13, 12] {
+        let dir = scratch(&format!("fakegpu-pool-replay-{major}"));
+        let exe = build_program(&dir, "pool_replay", major);
+        for (table, threshold, summary) in [
+            (
+                "seed1-keep.table",
+                u64::MAX,
+                "ops=1500 used_wrong=0 reserved_wrong=0 reserved_as_card=497 high=1644167168 \
+                 card_high=1610612736 used_high=1405024063\n",
+            ),
+            (
+                "seed3-thr0.table",
+                0,
+                "ops=1500 used_wrong=0 reserved_wrong=0 reserved_as_card=324 high=1778384896 \
+                 card_high=1711276032 used_high=1509572416\n",
+            ),
+        ] {
+            let output = Command::new(&exe)
+                .arg(data.join(table))
+                .arg(threshold.to_string())
+                .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+                .env("VRAMSHIM_FAKEGPU_MEMORY", (8u64 << 30).to_string())
+                .output()
+                .expect("run pool_replay");
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert_eq!(stdout, summary, "CUDA {major} {table}");
+            assert_eq!(output.status.code(), Some(0), "CUDA {major} {table}");
+        }
+    }
 }

@@ -459,10 +459,12 @@ fn malloc_async_backend_uses_the_pools_caching() {
             true,
         );
         let r = &run.result;
-        // (reserved, allocated, driver used): torch sets the pool's release threshold to the
-        // maximum, so a freed block stays reserved (cached) through a synchronize until empty_cache.
-        let live = vec![40 * MIB, 40 * MIB, 40 * MIB];
-        let cached = vec![40 * MIB, 10 * MIB, 40 * MIB];
+        // (reserved, allocated, driver used): the pool packs the 10 MiB block after the 30 MiB
+        // one, across the first 32 MiB granule's end: two granules reserved, as on an H200.
+        // torch sets the pool's release threshold to the maximum, so a freed block's granule
+        // stays reserved (cached) through a synchronize until empty_cache.
+        let live = vec![64 * MIB, 40 * MIB, 64 * MIB];
+        let cached = vec![64 * MIB, 10 * MIB, 64 * MIB];
         assert_eq!(
             pairs(&Value::Array(vec![
                 r["live"].clone(),
@@ -2688,18 +2690,17 @@ fn transformer_training_under_expandable_segments_and_malloc_async() {
     let r = &run.result;
     let log = run.log.as_ref().expect("log");
     // The log has every stream-ordered request, each freed by the end. torch's allocated
-    // peak is the driver pool's used-memory high watermark, which counts each block at the
-    // fake driver's 512-byte granularity: the log's requests, so rounded, peak at it exactly
-    // (unrounded they peak at 516,788,952 bytes, 4,904 fewer).
+    // peak is the driver pool's used-memory high watermark, which counts the requested bytes
+    // as the real driver does: the log's requests peak at it exactly.
     let (allocs, frees, live_peak) =
         replay_live(log, ("alloc", "cudaMallocAsync"), ("free", "cudaFreeAsync"));
     assert_eq!((allocs, frees), (5502, 5502), "{r}");
     assert_eq!(live_peak, 516_788_952, "{r}");
-    assert_eq!(
-        rounded_async_peak(log, 512),
-        u64_of(r, "allocated_peak"),
-        "{r}"
-    );
+    assert_eq!(live_peak, u64_of(r, "allocated_peak"), "{r}");
+    assert_eq!(rounded_async_peak(log, 1), live_peak);
+    // The driver's pool packs blocks in one range and holds 32 MiB granules: 576 MiB at its
+    // peak, 1.17x the requests' peak (the native allocator's 600 MiB is above).
+    assert_eq!(u64_of(r, "reserved_peak"), 576 * MIB, "{r}");
     let async_dump = dump(log);
     let events = events(&async_dump);
     // One trim per empty_cache of the inference loop.

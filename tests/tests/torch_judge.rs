@@ -314,11 +314,10 @@ fn native_modes(torch: &Torch, expected: (u64, u64, u64, u64)) {
     let recording = async_recording(torch);
     let async_log = recording.log.as_ref().expect("log");
     // torch's cudaMallocAsync figures are the driver pool's: "allocated" is the pool's used
-    // memory, whose blocks the fake driver rounds to 512 bytes (torch_judge's requests peak
-    // 3,896 bytes lower; that is the 4,904-byte gap of the older transformer workload).
+    // memory, the requested bytes exactly (as on an H200: 466,155,176 there with torch 2.11).
     assert_eq!(
         u64_of(&recording.torch, "allocated_bytes.all.peak"),
-        rounded_async_peak(async_log, 512),
+        rounded_async_peak(async_log, 1),
         "{}",
         recording.torch
     );

@@ -172,6 +172,7 @@ struct fg_alloc {
     uint64_t id;
     bool shared; /* its pages are a memory file other processes may map (IPC, ipc.c) */
     uint64_t offset; /* FG_MAPPED: where in the physical allocation the mapping starts */
+    uint64_t requested; /* FG_POOL: the bytes asked for (size is the block, rounded) */
 };
 bool fg_register(const struct fg_alloc *a);
 /* Copies out the entry containing ADDR; false when none does. */
@@ -220,7 +221,7 @@ bool fg_pool_free_imported(uint64_t p, CUresult *rc);
 void fg_pools_init_device(int dev);
 /* Releases cached pool memory above each pool's release threshold (a synchronisation). */
 void fg_pools_sync(void);
-/* Releases every cached byte of every pool on DEV (before an allocation fails). */
+/* Releases every pool's memory on DEV no block uses (before an allocation fails). */
 bool fg_pools_trim_device(int dev);
 
 /* Exported functions other files call. */

@@ -1,9 +1,18 @@
-/* Stream-ordered allocation: memory pools. A pool reserves device memory block by block and
- * keeps freed blocks cached for reuse; at a synchronisation (stream, event, context) it gives
- * cached memory back to the device down to its release threshold (default 0, as in CUDA), and
- * an allocation that would fail first releases every pool's cached memory on the device.
- * Blocks are reserved at the requested size rounded up to 512 bytes and reused by any request
- * of the same rounded size.
+/* Stream-ordered allocation: memory pools, modelled on the real driver's default pool (measured
+ * on an H200, driver 580, CUDA 13: scripts/pool_model.py reproduces those measurements).
+ *
+ * A pool owns one address range. Blocks are the requested size rounded up to 512 bytes (to the
+ * host page in a pool that can export pointers, which shares whole pages), packed one after
+ * another, next fit: an allocation takes the start of the first free range it fits in at or
+ * after the end of the last block placed, else of the first one from the range's start (freed
+ * neighbours merge), else goes on at the end of the range in use (taking a free tail with it). Reserved memory is physical memory in 32 MiB
+ * granules: the pool holds at least as many granules as its live blocks touch (a granule no
+ * block touches lends its memory to one that needs it, so the count grows only when the
+ * touched ones outnumber the held ones). At a synchronisation (stream, event, context) the pool
+ * gives back granules no block touches while it holds more than its release threshold (default
+ * 0, as in CUDA); cuMemPoolTrimTo gives them back down to its argument; an allocation that
+ * would fail first releases every pool's unused granules on the device. Used memory is the
+ * exact requested bytes.
  *
  * Pools across processes: a pool created with handleTypes = POSIX file descriptor exports as
  * a descriptor of an empty memory file named after the pool (cuMemPoolExportToShareableHandle);
@@ -34,9 +43,13 @@
 /* The exported pool's memory file: the machine's device and the pool's random name. */
 #define POOL_FILE_PREFIX "vramshim-pool-"
 
-struct cached_block {
-    uint64_t base, size;
-    struct cached_block *next;
+/* The real pool's units: physical memory comes in granules of 32 MiB, blocks in 512 bytes. */
+#define POOL_GRANULE (32ull << 20)
+#define POOL_BLOCK_ALIGN 512ull
+
+/* A free part of the pool's address range, [start, end) as offsets in it. */
+struct free_range {
+    uint64_t start, end;
 };
 
 struct CUmemPoolHandle_st {
@@ -49,7 +62,17 @@ struct CUmemPoolHandle_st {
     bool imported;     /* from another process: no allocations */
     uint64_t nonce;    /* an IPC-capable pool's random name (and its importers') */
     int file_fd;       /* the exported pool's memory file, or -1 */
-    struct cached_block *cached;
+    /* The address range (reserved at the first allocation), its end in use so far (blocks go
+     * on there when no free range fits), how much of it is accessible, the free ranges below
+     * that end by address, and where the last block placed ends (the next search starts). */
+    uint64_t range_base, range_size, range_top, range_open;
+    struct free_range *free_ranges;
+    size_t free_count, free_capacity;
+    uint64_t next_fit;
+    /* Per granule of the range: how many live blocks touch it; touched: how many granules
+     * some block touches. reserved is at least touched * POOL_GRANULE. */
+    uint32_t *granule_blocks;
+    uint64_t touched;
     struct CUmemPoolHandle_st *next_pool;
 };
 
@@ -85,19 +108,27 @@ void fg_pools_init_device(int dev)
     fg_devices[dev].default_pool = fg_devices[dev].current_pool = pool_new(dev, false);
 }
 
-/* Gives back cached blocks while the pool reserves more than KEEP. Pool lock held. */
+/* Gives back granules no block touches while the pool reserves more than KEEP (their host
+ * pages too, highest granules first). Pool lock held. */
 static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
 {
-    struct cached_block **link = &p->cached;
-    while (*link && p->reserved > keep) {
-        struct cached_block *b = *link;
-        *link = b->next;
-        struct fg_alloc gone;
-        fg_unregister(b->base, FG_POOL, &gone);
-        fg_unmap((void *)b->base, b->size);
-        fg_uncharge(p->device, b->size);
-        p->reserved -= b->size;
-        free(b);
+    /* Only granules no block touches can go, whole: while more than KEEP is held. */
+    uint64_t spare = (p->reserved - p->touched * POOL_GRANULE) / POOL_GRANULE;
+    uint64_t over = p->reserved > keep ? (p->reserved - keep + POOL_GRANULE - 1) / POOL_GRANULE : 0;
+    uint64_t granules = spare < over ? spare : over;
+    if (granules == 0)
+        return;
+    uint64_t released = granules * POOL_GRANULE;
+    fg_uncharge(p->device, released);
+    p->reserved -= released;
+    /* The host pages of the granules no block touches go back (the device memory is gone). */
+    for (uint64_t g = (p->range_top + POOL_GRANULE - 1) / POOL_GRANULE; g-- > 0 && granules > 0;) {
+        if (p->granule_blocks[g])
+            continue;
+        uint64_t at = p->range_base + g * POOL_GRANULE;
+        fg_host_release(at, POOL_GRANULE);
+        madvise((void *)at, POOL_GRANULE, MADV_DONTNEED);
+        granules--;
     }
 }
 
@@ -129,6 +160,175 @@ bool fg_pools_trim_device(int dev)
     return released;
 }
 
+/* Reserves the pool's address range (at its first allocation): twice the device's memory, so
+ * fragmentation runs out of device memory before it runs out of addresses. Inaccessible (and
+ * so not counted against the host's commit limit) until range_open_to opens it. Pool lock
+ * held. */
+static bool range_ready(struct CUmemPoolHandle_st *p)
+{
+    if (p->range_base)
+        return true;
+    uint64_t size = (2 * fg_device_capacity(p->device) + POOL_GRANULE - 1) / POOL_GRANULE *
+                    POOL_GRANULE;
+    uint32_t *counts = calloc(size / POOL_GRANULE, sizeof *counts);
+    /* Aligned to the granule as the driver's is: map one granule more and skip to a boundary. */
+    void *memory = counts ? mmap(NULL, size + POOL_GRANULE, PROT_NONE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                          : MAP_FAILED;
+    if (memory == MAP_FAILED) {
+        free(counts);
+        return false;
+    }
+    uint64_t start = (uint64_t)memory, base = (start + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE;
+    if (base > start)
+        munmap(memory, base - start);
+    munmap((void *)(base + size), start + POOL_GRANULE - base);
+    p->range_base = base;
+    p->range_size = size;
+    p->granule_blocks = counts;
+    return true;
+}
+
+/* Makes the range accessible up to END (whole granules); false when the host refuses. */
+static bool range_open_to(struct CUmemPoolHandle_st *p, uint64_t end)
+{
+    if (end <= p->range_open)
+        return true;
+    uint64_t open = (end + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE;
+    if (mprotect((void *)(p->range_base + p->range_open), open - p->range_open,
+                 PROT_READ | PROT_WRITE) != 0)
+        return false;
+    p->range_open = open;
+    return true;
+}
+
+/* Gives the address range back (a destroyed pool with no live block). Pool lock held. */
+static void range_close(struct CUmemPoolHandle_st *p)
+{
+    if (!p->range_base)
+        return;
+    fg_host_release(p->range_base, p->range_open);
+    munmap((void *)p->range_base, p->range_size);
+    free(p->granule_blocks);
+    free(p->free_ranges);
+    p->granule_blocks = NULL;
+    p->free_ranges = NULL;
+    p->range_base = p->range_size = p->range_top = p->range_open = p->next_fit = 0;
+    p->free_count = p->free_capacity = 0;
+}
+
+/* Adds D (1 or -1) to the granules [START, START + SIZE) touches; the change in touched. */
+static void touch_granules(struct CUmemPoolHandle_st *p, uint64_t start, uint64_t size, int d)
+{
+    for (uint64_t g = start / POOL_GRANULE; g <= (start + size - 1) / POOL_GRANULE; g++) {
+        if (d > 0 && p->granule_blocks[g]++ == 0)
+            p->touched++;
+        else if (d < 0 && --p->granule_blocks[g] == 0)
+            p->touched--;
+    }
+}
+
+/* Granules of [START, START + SIZE) no block touches yet. */
+static uint64_t untouched_granules(const struct CUmemPoolHandle_st *p, uint64_t start,
+                                   uint64_t size)
+{
+    uint64_t n = 0;
+    for (uint64_t g = start / POOL_GRANULE; g <= (start + size - 1) / POOL_GRANULE; g++)
+        n += p->granule_blocks[g] == 0;
+    return n;
+}
+
+/* Where a block of SIZE goes, next fit: the first free range it fits in at or after the end
+ * of the last block placed, else the first one from the start (its index in *RANGE), else the
+ * end of the range in use (*RANGE = free_count); the offset. */
+static uint64_t place_block(const struct CUmemPoolHandle_st *p, uint64_t size, size_t *range)
+{
+    size_t best = p->free_count, wrapped = p->free_count;
+    for (size_t i = 0; i < p->free_count && best == p->free_count; i++) {
+        const struct free_range *f = &p->free_ranges[i];
+        if (f->end - f->start < size)
+            continue;
+        if (f->start >= p->next_fit)
+            best = i;
+        else if (wrapped == p->free_count)
+            wrapped = i;
+    }
+    if (best == p->free_count)
+        best = wrapped;
+    *range = best;
+    if (best < p->free_count)
+        return p->free_ranges[best].start;
+    /* A free range at the end of the part in use is extended. */
+    if (p->free_count && p->free_ranges[p->free_count - 1].end == p->range_top)
+        return p->free_ranges[p->free_count - 1].start;
+    return p->range_top;
+}
+
+/* Takes [AT, AT + SIZE) out of the free ranges (RANGE from place_block) and the top. */
+static void take_block(struct CUmemPoolHandle_st *p, size_t range, uint64_t at, uint64_t size)
+{
+    if (range < p->free_count) {
+        struct free_range *f = &p->free_ranges[range];
+        f->start += size;
+        if (f->start == f->end) {
+            memmove(f, f + 1, (p->free_count - range - 1) * sizeof *f);
+            p->free_count--;
+        }
+        return;
+    }
+    if (p->free_count && p->free_ranges[p->free_count - 1].start == at)
+        p->free_count--; /* the free tail, extended */
+    p->range_top = at + size;
+}
+
+/* Gives [AT, AT + SIZE) back to the free ranges, merged with its neighbours; false when the
+ * list cannot grow. */
+static bool give_block(struct CUmemPoolHandle_st *p, uint64_t at, uint64_t size)
+{
+    size_t i = 0;
+    while (i < p->free_count && p->free_ranges[i].start < at)
+        i++;
+    bool after = i > 0 && p->free_ranges[i - 1].end == at;
+    bool before = i < p->free_count && p->free_ranges[i].start == at + size;
+    if (after && before) {
+        p->free_ranges[i - 1].end = p->free_ranges[i].end;
+        memmove(&p->free_ranges[i], &p->free_ranges[i + 1],
+                (p->free_count - i - 1) * sizeof *p->free_ranges);
+        p->free_count--;
+        return true;
+    }
+    if (after) {
+        p->free_ranges[i - 1].end = at + size;
+        return true;
+    }
+    if (before) {
+        p->free_ranges[i].start = at;
+        return true;
+    }
+    if (p->free_count == p->free_capacity) {
+        size_t capacity = p->free_capacity ? p->free_capacity * 2 : 64;
+        struct free_range *grown = realloc(p->free_ranges, capacity * sizeof *grown);
+        if (!grown)
+            return false;
+        p->free_ranges = grown;
+        p->free_capacity = capacity;
+    }
+    memmove(&p->free_ranges[i + 1], &p->free_ranges[i],
+            (p->free_count - i) * sizeof *p->free_ranges);
+    p->free_ranges[i] = (struct free_range){.start = at, .end = at + size};
+    p->free_count++;
+    return true;
+}
+
+/* The room a block of SIZE bytes takes: 512-byte units, whole host pages in a pool that
+ * exports pointers (it shares pages); the block itself is SIZE rounded to 512. */
+static uint64_t block_slot(const struct CUmemPoolHandle_st *p, uint64_t size)
+{
+    uint64_t align = (p->handle_types & HANDLE_POSIX_FD) ? (uint64_t)sysconf(_SC_PAGESIZE)
+                                                         : POOL_BLOCK_ALIGN;
+    return (size + align - 1) / align * align;
+}
+
 static CUresult pool_alloc(struct CUmemPoolHandle_st *p, size_t size, CUdeviceptr *out)
 {
     if (!fg_initialized())
@@ -139,53 +339,62 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, size_t size, CUdevicept
         *out = 0;
         return CUDA_SUCCESS;
     }
-    uint64_t rounded = (size + 511) / 512 * 512;
+    uint64_t rounded = block_slot(p, size);
+    bool trimmed = false;
+retry:
     pthread_mutex_lock(&p->lock);
-    for (struct cached_block **link = &p->cached; *link; link = &(*link)->next) {
-        struct cached_block *b = *link;
-        if (b->size == rounded) {
-            *link = b->next;
-            p->used += rounded;
-            if (p->used > p->used_high)
-                p->used_high = p->used;
-            pthread_mutex_unlock(&p->lock);
-            *out = b->base;
-            free(b);
-            return CUDA_SUCCESS;
-        }
-    }
-    if (p->max_size && p->reserved + rounded > p->max_size) {
+    if (!range_ready(p)) {
         pthread_mutex_unlock(&p->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    bool charged = fg_charge(p->device, rounded);
-    if (!charged) {
-        trim_locked(p, 0);
-        charged = fg_charge(p->device, rounded);
-    }
-    pthread_mutex_unlock(&p->lock);
-    if (!charged && fg_pools_trim_device(p->device))
-        charged = fg_charge(p->device, rounded);
-    if (!charged)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    void *memory = fg_map(rounded);
-    struct fg_alloc a = {.base = (uint64_t)memory, .size = rounded, .kind = FG_POOL,
-                         .device = p->device, .pool = p, .charged = rounded};
-    if (!memory || !fg_register(&a)) {
-        if (memory)
-            fg_unmap(memory, rounded);
-        fg_uncharge(p->device, rounded);
+    size_t range;
+    uint64_t at = place_block(p, rounded, &range);
+    if (at + rounded > p->range_size) {
+        pthread_mutex_unlock(&p->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&p->lock);
-    p->reserved += rounded;
-    p->used += rounded;
+    /* Granules the block touches first take held memory no block touches, then new memory. */
+    uint64_t needed = (p->touched + untouched_granules(p, at, rounded)) * POOL_GRANULE;
+    uint64_t more = needed > p->reserved ? needed - p->reserved : 0;
+    if (more && p->max_size && needed > p->max_size) {
+        pthread_mutex_unlock(&p->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (more && !fg_charge(p->device, more)) {
+        pthread_mutex_unlock(&p->lock);
+        /* Out of memory: every pool of the device gives back what no block touches first. */
+        if (!trimmed && fg_pools_trim_device(p->device)) {
+            trimmed = true;
+            goto retry;
+        }
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!range_open_to(p, at + rounded)) {
+        pthread_mutex_unlock(&p->lock);
+        if (more)
+            fg_uncharge(p->device, more);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fg_alloc a = {.base = p->range_base + at,
+                         .size = (size + POOL_BLOCK_ALIGN - 1) / POOL_BLOCK_ALIGN * POOL_BLOCK_ALIGN,
+                         .kind = FG_POOL,
+                         .device = p->device, .pool = p, .requested = size};
+    if (!fg_register(&a)) {
+        pthread_mutex_unlock(&p->lock);
+        fg_uncharge(p->device, more);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->reserved += more;
+    take_block(p, range, at, rounded);
+    p->next_fit = at + rounded;
+    touch_granules(p, at, rounded, 1);
+    p->used += size;
     if (p->reserved > p->reserved_high)
         p->reserved_high = p->reserved;
     if (p->used > p->used_high)
         p->used_high = p->used;
     pthread_mutex_unlock(&p->lock);
-    *out = (CUdeviceptr)memory;
+    *out = (CUdeviceptr)a.base;
     return CUDA_SUCCESS;
 }
 
@@ -239,21 +448,22 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         /* cuMemFreeAsync frees cuMemAlloc memory too (after the stream's work). */
         return a.kind == FG_DEVICE ? cuMemFree_v2(dptr) : CUDA_ERROR_INVALID_VALUE;
     }
-    struct cached_block *b = malloc(sizeof *b);
-    if (!b)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUmemPoolHandle_st *p = a.pool;
     if (a.shared) {
         /* Exported (cuMemPoolExportPointer): private pages again before the block is reused. */
         fg_ipc_unexport(a.base, a.size);
         fg_set_shared(a.base, false);
     }
-    b->base = a.base;
-    b->size = a.size;
     pthread_mutex_lock(&p->lock);
-    b->next = p->cached;
-    p->cached = b;
-    p->used -= a.size;
+    uint64_t at = a.base - p->range_base, slot = block_slot(p, a.size);
+    if (!give_block(p, at, slot)) {
+        pthread_mutex_unlock(&p->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    touch_granules(p, at, slot, -1);
+    p->used -= a.requested;
+    struct fg_alloc gone;
+    fg_unregister(a.base, FG_POOL, &gone);
     pthread_mutex_unlock(&p->lock);
     return CUDA_SUCCESS;
 }
@@ -314,8 +524,8 @@ FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     return CUDA_SUCCESS;
 }
 
-/* The pool object stays allocated (out of the list's trims once empty): freed memory of a
- * destroyed pool is still in its cache until the pool is gone, then released here. */
+/* The pool object stays allocated (out of the list's trims once empty): its memory no block
+ * uses is released here, and its address range too when no block is live. */
 FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     if (!fg_initialized())
@@ -324,6 +534,8 @@ FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pool->lock);
     trim_locked(pool, 0);
+    if (pool->touched == 0)
+        range_close(pool);
     pthread_mutex_unlock(&pool->lock);
     for (int d = 0; d < fg_config()->count; d++)
         if (fg_devices[d].current_pool == pool)
@@ -532,13 +744,6 @@ FG_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdevice
     struct CUmemPoolHandle_st *p = a.pool;
     if (!(p->handle_types & HANDLE_POSIX_FD))
         return CUDA_ERROR_INVALID_VALUE; /* the pool cannot be shared */
-    pthread_mutex_lock(&p->lock);
-    bool freed = false;
-    for (struct cached_block *b = p->cached; b && !freed; b = b->next)
-        freed = b->base == ptr;
-    pthread_mutex_unlock(&p->lock);
-    if (freed)
-        return CUDA_ERROR_INVALID_VALUE;
     struct fg_ipc_file file;
     CUresult rc = fg_ipc_share(&a, &file);
     if (rc)
