@@ -165,7 +165,8 @@ type FrameState = (u64, u64, u64);
 struct Walk {
     valid: bool,
     unwinder: *const ProcessUnwinder,
-    /// (ip, sp, bp) at the start.
+    /// (ip, sp, bp) at the start: inside [`walk`], or an entry point's caller (its ip a
+    /// return address outside the shim, so never equal to a start inside it).
     start: FrameState,
     bounds: (u64, u64),
     capacity: usize,
@@ -331,11 +332,32 @@ pub unsafe fn reset_in_fork_child() {
 }
 const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
+/// Where a walk starts: at the caller of one of the shim's entry points, as that entry point
+/// found it on entry ([`CallerState`]), or here, inside [`walk`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkFrom {
+    Here,
+    Caller(CallerState),
+}
+
+/// The registers framehop reads (ip, sp, bp) as an entry point's caller will find them on
+/// its return, taken at the entry point's first instruction: the return address on top of
+/// the stack, the stack pointer above it, the caller's frame pointer still in `rbp`. This is
+/// exactly the state unwinding the entry point's own frame reaches, so a walk from it finds
+/// the caller's frames without walking the shim's (some seven frames a tensor event, each a
+/// rule lookup and evaluation, that were dropped from the stack afterwards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerState {
+    pub return_address: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
-/// the instruction pointer inside this function). Returns the count, 0 if walking failed, and
-/// the serial number of the remembered walk that found them (0: not remembered). When that
-/// serial is `known` (non-zero), the frames are the ones found under it before and are not
-/// written again.
+/// the instruction pointer inside this function, or with the entry point's return address
+/// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
+/// of the remembered walk that found them (0: not remembered). When that serial is `known`
+/// (non-zero), the frames are the ones found under it before and are not written again.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
@@ -343,23 +365,37 @@ pub fn walk(
     stack: (u64, u64),
     now_ns: u64,
     known: u64,
+    from: WalkFrom,
 ) -> (usize, u64) {
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
         return (0, 0);
     };
     let (ip, sp, bp): (u64, u64, u64);
-    unsafe {
-        std::arch::asm!(
-            "lea {ip}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            ip = out(reg) ip,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags)
-        );
-    }
+    let mut address = match from {
+        WalkFrom::Here => {
+            unsafe {
+                std::arch::asm!(
+                    "lea {ip}, [rip]",
+                    "mov {sp}, rsp",
+                    "mov {bp}, rbp",
+                    ip = out(reg) ip,
+                    sp = out(reg) sp,
+                    bp = out(reg) bp,
+                    options(nomem, nostack, preserves_flags)
+                );
+            }
+            FrameAddress::from_instruction_pointer(ip)
+        }
+        WalkFrom::Caller(caller) => {
+            (ip, sp, bp) = (caller.return_address, caller.sp, caller.bp);
+            // Looked up at the call instruction, as a return address found by unwinding is.
+            let Some(address) = FrameAddress::from_return_address(ip) else {
+                return (0, 0);
+            };
+            address
+        }
+    };
     let (low, high) = if stack.0 <= sp && sp < stack.1 {
         stack
     } else {
@@ -407,7 +443,6 @@ pub fn walk(
     }
     // framehop's `iter_frames`, one frame at a time, each frame's rule from its cache.
     let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
-    let mut address = FrameAddress::from_instruction_pointer(ip);
     let mut count = 0;
     let mut joined = None;
     while count < capacity {
