@@ -301,8 +301,10 @@ fn capture_native(
     let (shim_start, shim_end) = shim_range();
     let in_shim = |ip: u64| ip >= shim_start && ip < shim_end;
     // Fast path: cached unwind rules. A walk from here starts inside the shim; leave room for
-    // the shim's own frames on top of the `max` frames kept (one from an entry point's caller
-    // has none).
+    // the shim's own frames on top of the `max` frames kept. One from an entry point's caller
+    // has none (its first frame is the caller's return address, and none is 0: a walk ends
+    // at a null return address), so it writes the `max` frames kept in place, not copied.
+    let direct = matches!(from, WalkFrom::Caller(_));
     let walked = THREAD
         .try_with(|thread| {
             let mut cache = thread.unwind_cache.get();
@@ -315,19 +317,20 @@ fn capture_native(
                 bounds = crate::unwind::thread_stack_bounds();
                 thread.stack_bounds.set(bounds);
             }
-            crate::unwind::walk(
-                &mut raw,
-                unsafe { &mut *cache },
-                bounds,
-                now_ns,
-                known,
-                from,
-            )
+            let into = if direct {
+                &mut frames[..max]
+            } else {
+                &mut raw[..]
+            };
+            crate::unwind::walk(into, unsafe { &mut *cache }, bounds, now_ns, known, from)
         })
         .unwrap_or((0, 0));
     let (walked, serial) = walked;
     if known != 0 && serial == known {
         return (0, serial);
+    }
+    if direct && walked > 0 {
+        return (walked, serial);
     }
     let raw = written(&raw, walked);
     let skip = raw.iter().take_while(|&&ip| in_shim(ip)).count();
