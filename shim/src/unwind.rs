@@ -53,6 +53,7 @@ const REMEMBERED: usize = 256;
 /// lines at the same depth starts from the same registers with different words further out.
 const START_BUCKETS: usize = 256;
 const START_WAYS: usize = 4;
+const _: () = assert!(START_BUCKETS.is_power_of_two() && REMEMBERED < u16::MAX as usize);
 
 /// Slots in one framehop rule cache (fixed inside the crate, `rule_cache.rs`: direct-mapped,
 /// slot `address % 509`).
@@ -580,7 +581,8 @@ pub fn walk(
 /// The bucket of `by_start` for a walk starting at `start`.
 fn start_bucket((ip, sp, bp): FrameState) -> usize {
     let mixed = (ip ^ sp.rotate_left(21) ^ bp.rotate_left(42)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (mixed >> 56) as usize % START_BUCKETS
+    // The product's top bits, as many as the buckets take (a power of two).
+    (mixed >> (64 - START_BUCKETS.trailing_zeros())) as usize
 }
 
 fn current_unwinder(now_ns: u64) -> *const ProcessUnwinder {
