@@ -1850,7 +1850,7 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
     assert_eq!(
         handles[0].1[..5],
         [
-            "fg_library_alloc (fakegpu_library_memory.h:50)".to_string(),
+            "fg_library_alloc (fakegpu_library_memory.h:67)".to_string(),
             "cublasCreate_v2 (cublas.c:43)".to_string(),
             "Linear.forward (linear.py:134)".to_string(),
             forward.clone(),
