@@ -731,6 +731,12 @@ impl DeltaState {
         out: &mut Record,
     ) -> Result<(), DecodeError> {
         let tag = cursor.u8()?;
+        // The usual record of a loop, a repeat with its time, first.
+        if tag.wrapping_sub(TAG_REPEAT) < RECENT as u8
+            && let Record::Event(event) = out
+        {
+            return self.repeat_into(usize::from(tag - TAG_REPEAT), false, cursor, event);
+        }
         if tag < TAG_REPEAT || (tag >= TAG_REPEAT + RECENT as u8 && tag < TAG_EVENT) {
             cursor.pos -= 1;
             *out = self.decode(cursor)?;
@@ -772,6 +778,19 @@ impl DeltaState {
         } else {
             (usize::from(tag - TAG_REPEAT), false)
         };
+        self.repeat_into(slot, same_time, cursor, event)
+    }
+
+    /// A repeat of the event kept in `slot` (below `RECENT`), at the time before it
+    /// (`same_time`) or at the time delta the cursor is on, into `event`.
+    #[inline(always)]
+    fn repeat_into(
+        &mut self,
+        slot: usize,
+        same_time: bool,
+        cursor: &mut Cursor<'_>,
+        event: &mut Event,
+    ) -> Result<(), DecodeError> {
         if slot >= usize::from(self.recent_filled) {
             return Err(DecodeError("repeat of an event not in the chunk"));
         }
@@ -780,9 +799,18 @@ impl DeltaState {
         } else {
             self.read_time_delta(cursor)?
         };
-        *event = self.recent[slot];
+        // The delta state follows the kept event, not the copy just stored: reading fields
+        // back from that copy waited on its stores.
+        let recent = &self.recent[slot];
+        *event = *recent;
         event.t_ns = t_ns;
-        self.follow(event);
+        self.t_ns = t_ns;
+        self.thread = recent.thread;
+        self.device = recent.device;
+        if recent.addr != 0 {
+            self.addr = recent.addr;
+        }
+        self.size = recent.size;
         Ok(())
     }
 

@@ -49,6 +49,9 @@ pub struct Summary {
     pub failures: Vec<(i32, u64)>,
     pub samples: Vec<MemorySample>,
     largest: BinaryHeap<Reverse<(u64, Reverse<u64>, LiveKey)>>,
+    /// The smallest size in `largest` once it is full: a smaller allocation cannot enter
+    /// (checked first, without reaching into the heap).
+    largest_floor: u64,
     /// Family of each api index, per process.
     family_cache: FamilyCache,
 }
@@ -81,6 +84,7 @@ impl Summary {
             failures: Vec::new(),
             samples: Vec::new(),
             largest: BinaryHeap::new(),
+            largest_floor: 0,
             family_cache: FamilyCache::default(),
         }
     }
@@ -167,15 +171,20 @@ impl Observer for Summary {
                         // tie of both): it is copied only when it enters the heap.
                         let head = (live.size, Reverse(state.seq));
                         let enters = self.largest.len() < LARGEST
-                            || self.largest.peek().is_some_and(|Reverse(min)| {
-                                let min_head = (min.0, min.1);
-                                head > min_head || (head == min_head && LiveKey(*live) > min.2)
-                            });
+                            || (live.size >= self.largest_floor
+                                && self.largest.peek().is_some_and(|Reverse(min)| {
+                                    let min_head = (min.0, min.1);
+                                    head > min_head || (head == min_head && LiveKey(*live) > min.2)
+                                }));
                         if enters {
                             if self.largest.len() >= LARGEST {
                                 self.largest.pop();
                             }
                             self.largest.push(Reverse((head.0, head.1, LiveKey(*live))));
+                            if self.largest.len() >= LARGEST {
+                                self.largest_floor =
+                                    self.largest.peek().map_or(0, |Reverse(min)| min.0);
+                            }
                         }
                     }
                     Effect::Removed(_) | Effect::Unmatched if !tensor => counts.frees += 1,
