@@ -3247,18 +3247,7 @@ fn lstm_trains(torch: &Torch) {
     // Torch's decisions on this workload, exactly: 7 segments, 134 MiB reserved (torch 2.11 on
     // a real H200 with cuDNN 9.19: 7 segments, 142 MiB; its work space is 2.6 MB larger).
     assert_log_is_torchs(&run, (7, 0, 134 * MIB));
-    let unimplemented = run
-        .log
-        .as_ref()
-        .and_then(|log| log.parent())
-        .map(|dir| dir.join("unimplemented.txt"))
-        .expect("run folder");
-    // torch 2.15 calls the driver's cuLogsRegisterCallback, older releases do not.
-    let text = std::fs::read_to_string(&unimplemented).unwrap_or_default();
-    assert!(
-        text.lines().all(|name| name == "cuLogsRegisterCallback"),
-        "{text}"
-    );
+    assert_no_unimplemented_call(&run);
 }
 
 /// The fake cuDNN's RNN sizes against NVIDIA's: `scripts/cudnn_rnn_probe.py` (twelve
@@ -3394,6 +3383,13 @@ fn rnn_variants_run(torch: &Torch) {
         );
     }
     assert_eq!(r["num_ooms"], 0, "{r}");
+    assert_no_unimplemented_call(&run);
+}
+
+/// The run called no function the fakes leave unimplemented (their log of such names, beside
+/// the run's log), but the driver's cuLogsRegisterCallback, which torch 2.15 calls and older
+/// releases do not.
+fn assert_no_unimplemented_call(run: &TorchRun) {
     let unimplemented = run
         .log
         .as_ref()
