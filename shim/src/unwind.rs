@@ -43,17 +43,14 @@ type ProcessUnwinder = UnwinderX86_64<Loaded>;
 const MEMO_READS: usize = 2 * MEMO_FRAMES + 8;
 /// Frames one walk may remember (the callers ask for at most 256 + 16).
 const MEMO_FRAMES: usize = 288;
-/// Walks a thread remembers, to replay whole, found by where they started ([`START_BUCKETS`]):
-/// a training loop comes back to each of its allocation sites once a step, a few hundred
-/// allocations apart, so a memo of the last few walks (16: 35% of the training steps'
-/// allocations replayed) misses what a memo of a step's sites finds.
-const REMEMBERED: usize = 256;
-/// Buckets of the remembered walks by their start state (hashed), each listing the newest
-/// [`START_WAYS`] walks that started there: the same operator called from different Python
-/// lines at the same depth starts from the same registers with different words further out.
-const START_BUCKETS: usize = 256;
-const START_WAYS: usize = 4;
-const _: () = assert!(START_BUCKETS.is_power_of_two() && REMEMBERED < u16::MAX as usize);
+/// Walks a thread remembers, to replay whole: on the training steps 35% of the allocations
+/// replay one of the last 16 walks, 17% the last one.
+const REMEMBERED: usize = 16;
+/// The newest walks a fresh walk may join part-way: checking one costs a few instructions a
+/// frame walked, and older ones add little (the frames a fresh walk shares with them it
+/// mostly shares with the newest too: on the training steps, joining the newest one or two
+/// walked as many frames, framehop's rule evaluation 4.31 M and 4.30 M instructions).
+const JOINABLE: usize = 1;
 
 /// Slots in one framehop rule cache (fixed inside the crate, `rule_cache.rs`: direct-mapped,
 /// slot `address % 509`).
@@ -125,19 +122,11 @@ pub struct ThreadCache {
     rules: CacheX86_64,
     /// The larger one, once `rules` has had [`CONFLICTS_BEFORE_BANKS`] slot conflicts.
     banks: Option<Box<RuleBanks>>,
-    /// The last walks, a ring growing to [`REMEMBERED`]: the newest is `walks[last]`, the
-    /// oldest's buffers take the next fresh walk. Each grows to the walk it holds (little
-    /// for a thread that walks a few stacks).
-    walks: Vec<Walk>,
+    /// The last walks, a ring: the newest is `walks[last]`, the oldest's buffers take the
+    /// next fresh walk. Each grows to the walks it holds (nothing for a thread that never
+    /// walks more than a few stacks).
+    walks: [Walk; REMEMBERED],
     last: usize,
-    /// Per bucket of start states, the indices (+ 1; 0: none) in `walks` of the newest walks
-    /// that started in it, newest first. An index may name a walk since replaced: the start
-    /// is compared before anything else.
-    by_start: Box<[[u16; START_WAYS]; START_BUCKETS]>,
-    /// The states of `walks[last]`'s frames.
-    newest_states: States,
-    /// The states of the walk being made (its buffers reused).
-    states: States,
 }
 
 impl ThreadCache {
@@ -145,11 +134,8 @@ impl ThreadCache {
         ThreadCache {
             rules: CacheX86_64::new(),
             banks: None,
-            walks: Vec::new(),
+            walks: std::array::from_fn(|_| Walk::new()),
             last: 0,
-            by_start: Box::new([[0; START_WAYS]; START_BUCKETS]),
-            newest_states: Vec::new(),
-            states: Vec::new(),
         }
     }
 }
@@ -160,18 +146,13 @@ impl Default for ThreadCache {
     }
 }
 
-/// Per frame of a walk: the state the walk reached it in, and the index in its `reads` of
-/// the first word its step read. Only the newest walk's are kept (a fresh walk may join only
-/// that one): kept for every remembered walk they were half its memory.
-type States = Vec<(FrameState, u32)>;
-
 /// framehop's state on reaching a frame: (ip, sp, bp). framehop's x86_64 registers hold 16
 /// more, but its DWARF rules and its frame-pointer fallback (all a module built from
 /// `.eh_frame` gets, [`module_of`]) read and write only these three, so the rest stay zero.
 type FrameState = (u64, u64, u64);
 
-/// A remembered walk: where it started, every stack word it read and what it found (the
-/// newest one's states per frame are kept beside it: [`States`]).
+/// A remembered walk: where it started, every stack word it read, what it found, and per
+/// frame the state it reached the frame in and where that frame's step began reading.
 ///
 /// A walk is a function of the unwinder (its rules), the registers it starts from, the
 /// read bounds, the frame limit and the words it reads; when all of them are the same, it
@@ -184,8 +165,7 @@ type FrameState = (u64, u64, u64);
 struct Walk {
     valid: bool,
     unwinder: *const ProcessUnwinder,
-    /// (ip, sp, bp) at the start: inside [`walk`], or an entry point's caller (its ip a
-    /// return address outside the shim, so never equal to a start inside it).
+    /// (ip, sp, bp) at the start.
     start: FrameState,
     bounds: (u64, u64),
     capacity: usize,
@@ -193,6 +173,9 @@ struct Walk {
     /// address is refused again with the same bounds).
     reads: Vec<(u64, u64)>,
     frames: Vec<u64>,
+    /// Per frame: the state the walk reached it in, and the index in `reads` of the first
+    /// word its step read.
+    states: Vec<(FrameState, u32)>,
     /// The walk stopped at `capacity` frames, not at the end of the stack: what lies
     /// beyond its last frame is not known.
     truncated: bool,
@@ -214,6 +197,7 @@ impl Walk {
             capacity: 0,
             reads: Vec::new(),
             frames: Vec::new(),
+            states: Vec::new(),
             truncated: false,
             serial: 0,
         }
@@ -283,12 +267,12 @@ struct SuffixMatch {
 }
 
 impl SuffixMatch {
-    fn new(last: &Walk, states: &[(FrameState, u32)]) -> SuffixMatch {
+    fn new(last: &Walk) -> SuffixMatch {
         SuffixMatch {
             cursor: 1,
             equal_from: last.reads.len(),
             differ_below: 0,
-            cursor_sp: states.get(1).map_or(u64::MAX, |state| state.0.1),
+            cursor_sp: last.states.get(1).map_or(u64::MAX, |state| state.0.1),
         }
     }
 
@@ -296,23 +280,17 @@ impl SuffixMatch {
     /// reaching `state` with `count` frames written would find: the state is the same, and so
     /// is every word `last` read from there on. The rules, bounds and frame limit are the
     /// same ([`Walk::comparable`]).
-    fn join(
-        &mut self,
-        last: &Walk,
-        states: &[(FrameState, u32)],
-        state: FrameState,
-        count: usize,
-    ) -> Option<usize> {
+    fn join(&mut self, last: &Walk, state: FrameState, count: usize) -> Option<usize> {
         let sp = state.1;
         if sp < self.cursor_sp {
             return None;
         }
-        while self.cursor < states.len() && states[self.cursor].0.1 < sp {
+        while self.cursor < last.states.len() && last.states[self.cursor].0.1 < sp {
             self.cursor += 1;
         }
         let at = self.cursor;
-        self.cursor_sp = states.get(at).map_or(u64::MAX, |state| state.0.1);
-        let &(their_state, reads_from) = states.get(at)?;
+        self.cursor_sp = last.states.get(at).map_or(u64::MAX, |state| state.0.1);
+        let &(their_state, reads_from) = last.states.get(at)?;
         // A walk cut at the frame limit is known only as far as it went: this walk may join it
         // only at a depth no smaller than its own there (then it reaches the limit no later).
         if their_state != state || (last.truncated && count < at) {
@@ -353,32 +331,11 @@ pub unsafe fn reset_in_fork_child() {
 }
 const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
-/// Where a walk starts: at the caller of one of the shim's entry points, as that entry point
-/// found it on entry ([`CallerState`]), or here, inside [`walk`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WalkFrom {
-    Here,
-    Caller(CallerState),
-}
-
-/// The registers framehop reads (ip, sp, bp) as an entry point's caller will find them on
-/// its return, taken at the entry point's first instruction: the return address on top of
-/// the stack, the stack pointer above it, the caller's frame pointer still in `rbp`. This is
-/// exactly the state unwinding the entry point's own frame reaches, so a walk from it finds
-/// the caller's frames without walking the shim's (some seven frames a tensor event, each a
-/// rule lookup and evaluation, that were dropped from the stack afterwards).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallerState {
-    pub return_address: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
-
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
-/// the instruction pointer inside this function, or with the entry point's return address
-/// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
-/// of the remembered walk that found them (0: not remembered). When that serial is `known`
-/// (non-zero), the frames are the ones found under it before and are not written again.
+/// the instruction pointer inside this function). Returns the count, 0 if walking failed, and
+/// the serial number of the remembered walk that found them (0: not remembered). When that
+/// serial is `known` (non-zero), the frames are the ones found under it before and are not
+/// written again.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
@@ -386,37 +343,23 @@ pub fn walk(
     stack: (u64, u64),
     now_ns: u64,
     known: u64,
-    from: WalkFrom,
 ) -> (usize, u64) {
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
         return (0, 0);
     };
     let (ip, sp, bp): (u64, u64, u64);
-    let mut address = match from {
-        WalkFrom::Here => {
-            unsafe {
-                std::arch::asm!(
-                    "lea {ip}, [rip]",
-                    "mov {sp}, rsp",
-                    "mov {bp}, rbp",
-                    ip = out(reg) ip,
-                    sp = out(reg) sp,
-                    bp = out(reg) bp,
-                    options(nomem, nostack, preserves_flags)
-                );
-            }
-            FrameAddress::from_instruction_pointer(ip)
-        }
-        WalkFrom::Caller(caller) => {
-            (ip, sp, bp) = (caller.return_address, caller.sp, caller.bp);
-            // Looked up at the call instruction, as a return address found by unwinding is.
-            let Some(address) = FrameAddress::from_return_address(ip) else {
-                return (0, 0);
-            };
-            address
-        }
-    };
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
     let (low, high) = if stack.0 <= sp && sp < stack.1 {
         stack
     } else {
@@ -430,16 +373,10 @@ pub fn walk(
         banks,
         walks,
         last,
-        by_start,
-        newest_states,
-        states,
     } = cache;
     let newest = *last;
-    let bucket = &mut by_start[start_bucket(start)];
-    for &way in bucket.iter() {
-        let Some(remembered) = walks.get(usize::from(way).wrapping_sub(1)) else {
-            break;
-        };
+    for age in 0..REMEMBERED {
+        let remembered = &walks[(newest + REMEMBERED - age) % REMEMBERED];
         if let Some(count) = remembered.replay(unwinder_ptr, start, bounds, capacity) {
             if known == 0 || remembered.serial != known {
                 for (out, &frame) in frames.iter_mut().zip(&remembered.frames[..count]) {
@@ -450,26 +387,19 @@ pub fn walk(
         }
     }
     // Walk, noting every word read and each frame's state, for the next calls.
-    // The oldest walk's buffers take this one (a new one while the ring grows); the newest is
-    // searched for a join (older ones add little: the frames a fresh walk shares with them
-    // it mostly shares with the newest too; on the training steps, joining the newest one or
-    // two walked as many frames, framehop's rule evaluation 4.31 M and 4.30 M instructions).
-    let grown = walks.len() < REMEMBERED;
-    let oldest = if grown {
-        walks.push(Walk::new());
-        walks.len() - 1
-    } else {
-        (newest + 1) % REMEMBERED
-    };
+    // The oldest walk's buffers take this one; the others are searched for a join.
+    let oldest = (newest + 1) % REMEMBERED;
     let mut next = std::mem::replace(&mut walks[oldest], Walk::new());
     next.valid = false;
     next.reads.clear();
     next.frames.clear();
-    states.clear();
-    let mut suffix = walks
-        .get(newest)
-        .filter(|walk| walk.comparable(unwinder_ptr, bounds, capacity))
-        .map(|walk| SuffixMatch::new(walk, newest_states));
+    next.states.clear();
+    let mut suffixes: [Option<(usize, SuffixMatch)>; JOINABLE] = std::array::from_fn(|age| {
+        let index = (newest + REMEMBERED - age) % REMEMBERED;
+        let walk = &walks[index];
+        walk.comparable(unwinder_ptr, bounds, capacity)
+            .then(|| (index, SuffixMatch::new(walk)))
+    });
     let mut reads_fit = true;
     if banks.is_none() && rules.stats().miss_wrong_address_count >= CONFLICTS_BEFORE_BANKS {
         // Allocates, as the thread's first walk (this cache) and framehop's misses do.
@@ -477,11 +407,13 @@ pub fn walk(
     }
     // framehop's `iter_frames`, one frame at a time, each frame's rule from its cache.
     let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+    let mut address = FrameAddress::from_instruction_pointer(ip);
     let mut count = 0;
     let mut joined = None;
     while count < capacity {
         frames[count].write(address.address());
-        states.push(((regs.ip(), regs.sp(), regs.bp()), next.reads.len() as u32));
+        next.states
+            .push(((regs.ip(), regs.sp(), regs.bp()), next.reads.len() as u32));
         count += 1;
         if count == capacity {
             break;
@@ -511,15 +443,16 @@ pub fn walk(
             _ => break,
         }
         let state = (regs.ip(), regs.sp(), regs.bp());
-        joined = suffix
-            .as_mut()
-            .and_then(|suffix| suffix.join(&walks[newest], newest_states, state, count));
+        joined = suffixes.iter_mut().flatten().find_map(|(index, suffix)| {
+            let at = suffix.join(&walks[*index], state, count)?;
+            Some((*index, at))
+        });
         if joined.is_some() {
             break;
         }
     }
-    if let Some(at) = joined {
-        let previous = &walks[newest];
+    if let Some((index, at)) = joined {
+        let previous = &walks[index];
         // The rest of this walk is that walk's from frame `at`, up to the frame limit; the
         // remembered walk is this one's frames, states and reads followed by that one's.
         let tail = &previous.frames[at..];
@@ -527,12 +460,12 @@ pub fn walk(
         for (out, &frame) in frames[count..].iter_mut().zip(&tail[..take]) {
             out.write(frame);
         }
-        let reads_from = newest_states[at].1 as usize;
+        let reads_from = previous.states[at].1 as usize;
         let tail_reads = &previous.reads[reads_from..];
         if next.reads.len() + tail_reads.len() <= MEMO_READS {
             let shift = next.reads.len() as i64 - reads_from as i64;
-            states.extend(
-                newest_states[at..at + take]
+            next.states.extend(
+                previous.states[at..at + take]
                     .iter()
                     .map(|&(state, from)| (state, (i64::from(from) + shift) as u32)),
             );
@@ -557,32 +490,10 @@ pub fn walk(
         let serial = next.serial;
         walks[oldest] = next;
         *last = oldest;
-        std::mem::swap(newest_states, states);
-        // Newest first in its start's bucket (once: this slot may be listed from before).
-        let way = (oldest + 1) as u16;
-        let mut previous = way;
-        for slot in bucket.iter_mut() {
-            previous = std::mem::replace(slot, previous);
-            if previous == way {
-                break;
-            }
-        }
         return (count, serial);
     }
-    if grown {
-        // Not remembered: the ring does not keep an empty slot.
-        walks.pop();
-    } else {
-        walks[oldest] = next;
-    }
+    walks[oldest] = next;
     (count, 0)
-}
-
-/// The bucket of `by_start` for a walk starting at `start`.
-fn start_bucket((ip, sp, bp): FrameState) -> usize {
-    let mixed = (ip ^ sp.rotate_left(21) ^ bp.rotate_left(42)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    // The product's top bits, as many as the buckets take (a power of two).
-    (mixed >> (64 - START_BUCKETS.trailing_zeros())) as usize
 }
 
 fn current_unwinder(now_ns: u64) -> *const ProcessUnwinder {
@@ -711,99 +622,5 @@ pub fn thread_stack_bounds() -> (u64, u64) {
             return (0, 0);
         }
         (base as u64, base as u64 + size as u64)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::hint::black_box;
-
-    /// Recurses `depth` frames, then runs `bottom`; `pattern` 1 takes another call site in the
-    /// innermost recursive frame (the same registers at the bottom, another word further out).
-    #[inline(never)]
-    fn descend(depth: usize, pattern: usize, bottom: &mut dyn FnMut()) -> usize {
-        if depth == 0 {
-            bottom();
-            return black_box(0);
-        }
-        if depth == 1 && pattern == 1 {
-            black_box(descend(depth - 1, pattern, bottom)) ^ 7
-        } else {
-            black_box(descend(depth - 1, pattern, bottom)) + 1
-        }
-    }
-
-    /// Walks from the bottom of `descend(depth, pattern)` with `memo` and with a fresh cache
-    /// (no remembered walks: framehop alone), from the same call site; returns both frame
-    /// lists and the memo walk's serial.
-    fn walk_both(memo: &mut ThreadCache, depth: usize, pattern: usize) -> [(Vec<u64>, u64); 2] {
-        let stack = thread_stack_bounds();
-        let mut found: Vec<(Vec<u64>, u64)> = Vec::new();
-        descend(depth, pattern, &mut || {
-            for which in 0..2 {
-                let mut fresh = ThreadCache::new();
-                let cache = if which == 0 { &mut *memo } else { &mut fresh };
-                let mut frames = [MaybeUninit::<u64>::uninit(); MEMO_FRAMES];
-                let (count, serial) = walk(&mut frames, cache, stack, 0, 0, WalkFrom::Here);
-                let frames = frames[..count]
-                    .iter()
-                    // SAFETY: `walk` wrote the first `count` frames.
-                    .map(|frame| unsafe { frame.assume_init() })
-                    .collect();
-                found.push((frames, serial));
-            }
-        });
-        let fresh = found.pop().expect("the fresh walk");
-        let memo = found.pop().expect("the memo walk");
-        [memo, fresh]
-    }
-
-    /// More stacks than the ring holds, then the newest again, the oldest again, and stacks
-    /// that share their start with earlier ones but not their words: every walk through the
-    /// memo (replayed whole, joined, or fresh) finds what framehop alone finds.
-    #[test]
-    fn remembered_walks_find_what_a_fresh_walk_finds() {
-        const DEPTHS: usize = REMEMBERED + 24;
-        // (depth, pattern), all walked from one call site below, so that a stack differs
-        // from another only where its depth or pattern makes it.
-        let mut jobs: Vec<(usize, usize)> = Vec::new();
-        jobs.extend((1..=DEPTHS).map(|depth| (depth, 0)));
-        jobs.extend((DEPTHS - 63..=DEPTHS).map(|depth| (depth, 0)));
-        jobs.extend((1..=24).map(|depth| (depth, 0)));
-        jobs.extend((1..=40).map(|depth| (depth, 1)));
-        let mut memo = ThreadCache::new();
-        let mut serials: Vec<u64> = Vec::new();
-        for &(depth, pattern) in &jobs {
-            let [(ours, serial), (fresh, _)] = walk_both(&mut memo, depth, pattern);
-            assert!(fresh.len() > depth, "depth {depth}: {} frames", fresh.len());
-            assert_eq!(ours, fresh, "depth {depth}, pattern {pattern}");
-            serials.push(serial);
-        }
-        let (first, rest) = serials.split_at(DEPTHS);
-        let (newest_again, rest) = rest.split_at(64);
-        let (oldest_again, _) = rest.split_at(24);
-        // Every one of the first pass remembered: the ring wrapped.
-        let mut distinct = first.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        assert_eq!(distinct.len(), DEPTHS);
-        assert!(!distinct.contains(&0));
-        assert_eq!(memo.walks.len(), REMEMBERED);
-        // The newest 64 again: found by their start and replayed whole (the same serial),
-        // unless a bucket's newer walks pushed one out (four ways a bucket).
-        let replayed = newest_again
-            .iter()
-            .zip(&first[DEPTHS - 64..])
-            .filter(|(again, before)| again == before)
-            .count();
-        assert!(replayed >= 56, "{replayed} of 64 replayed whole");
-        // The oldest, long replaced: walked again, not replayed.
-        for (depth, serial) in (1..).zip(oldest_again) {
-            assert!(
-                !first.contains(serial),
-                "depth {depth} replayed a replaced walk"
-            );
-        }
     }
 }
