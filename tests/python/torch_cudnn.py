@@ -10,21 +10,7 @@ from torch import nn
 
 MiB = 1 << 20
 
-
-def used():
-    free, total = torch.cuda.mem_get_info()
-    return total - free
-
-
-def stats():
-    s = torch.cuda.memory_stats()
-    # Torch 2.2 and older count no num_device_alloc/free: their segment counters are the same
-    # cudaMalloc/cudaFree counts (every segment is one cudaMalloc without expandable segments).
-    s.setdefault("num_device_alloc", s["segment.all.allocated"])
-    s.setdefault("num_device_free", s["segment.all.freed"])
-    return {key.replace(".all", "").replace(".", "_"): s.get(key, 0) for key in (
-        "num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak",
-        "reserved_bytes.all.current", "num_device_alloc", "num_device_free")}
+from torch_figures import stats, used  # noqa: E402  (this folder is on sys.path)
 
 
 def conv_workspace(benchmark=False):
