@@ -682,9 +682,41 @@ fn a_program_killed_by_a_signal_gets_its_verdict_and_the_same_death() {
     assert_eq!(v["exit"]["code"], Value::Null);
     assert_eq!(u(&v["exit"]["signal"]), libc_sigabrt() as u64);
     assert_eq!(v["fits"], true);
+    // It died before its end, not for want of memory: the verdict covers the run so far.
+    assert_eq!(v["completed"], false);
     // Five 1 MiB allocations through the driver, and the context its primary context took.
     assert_eq!(u(&v["devices"][0]["peak_recorded"]), 5 * MIB);
     assert_eq!(u(&v["devices"][0]["peak_used"]), 5 * MIB + CONTEXT);
+}
+
+/// A program that stops before its end for another reason than memory is not given a plain
+/// FITS: the text says how far the verdict goes.
+#[test]
+fn a_program_that_stops_early_fits_only_as_far_as_it_ran() {
+    let fakes = fakes_dir("stopped");
+    let abort = program("abort").display().to_string();
+    let run = dryrun(
+        "stopped",
+        Some(&fakes),
+        &["--memory", "2GiB"],
+        &[&abort],
+        &[],
+    );
+    assert_eq!(run.code, None, "{}", run.stderr);
+    let verdict = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("verdict: "))
+        .unwrap_or_else(|| panic!("no verdict in:\n{}", run.stdout));
+    assert_eq!(
+        verdict,
+        format!(
+            "verdict: FITS AS FAR AS IT RAN: the program stopped (killed by signal {}) before its end, not for want of memory; what the rest of it needs is not known",
+            libc_sigabrt()
+        )
+    );
+    // The fixture driver logs no unimplemented call: no such line.
+    assert!(!run.stdout.contains("does not implement"), "{}", run.stdout);
 }
 
 /// SIGABRT on Linux.

@@ -216,6 +216,16 @@ fn dryrun_of_a_cuda_12_program_with_both_runtimes_preloaded() {
     assert_eq!(verdict["fits"], false, "{verdict}");
     assert_eq!(verdict["failure"]["api"], "cudaMalloc", "{verdict}");
     assert_eq!(u64_of(&verdict["failure"], "request"), 1 << 40, "{verdict}");
+    // It ran out of memory: that is the answer, though the program went on and exited 0.
+    assert_eq!(verdict["completed"], true, "{verdict}");
+    // cuda_app.c calls cublasXtCreate, which the fakes do not implement, twice, and looks up
+    // cuNoSuchFunction through the runtime: the verdict names each once, in that order, and
+    // nothing else (the runtime's own start-up calls are all implemented).
+    assert_eq!(
+        verdict["unimplemented"],
+        serde_json::json!(["cublasXtCreate", "cuNoSuchFunction"]),
+        "{verdict}"
+    );
 }
 
 /// The C++ runtime some NVIDIA libraries re-export, which the fakes leave to libstdc++ (the

@@ -186,6 +186,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     // One device ledger for every process of the run: each sees the others' memory in
     // cuMemGetInfo and NVML, and an allocation fails when the card as a whole is full.
     let ledger = manifest.private_file("ledger")?;
+    // The fakes name each function they do not implement, once, where this says: a real card
+    // would have run it, so the verdict must say the run may have gone otherwise. A log the
+    // user names is theirs (it may hold earlier runs' names): then the verdict lists none.
+    let unimplemented_log = match std::env::var_os("VRAMSHIM_FAKEGPU_LOG") {
+        Some(value) if !value.is_empty() => None,
+        _ => Some(manifest.private_file("unimplemented")?),
+    };
     if let Some(output) = &args.output {
         launch::remove_stale_log(output);
     }
@@ -246,6 +253,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 .env_remove("VRAMSHIM_FAKEGPU_CARD_SMS");
         }
     }
+    if let Some(path) = &unimplemented_log {
+        command.env("VRAMSHIM_FAKEGPU_LOG", path);
+    }
     if let Some(nvtx) = nvtx {
         command.env(launch::NVTX_INJECTION, nvtx);
     }
@@ -263,6 +273,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let status = launch::spawn_and_wait(&mut command, program)?;
     // Read before the manifest (and the ledger beside it) goes.
     let ledger_end = read_ledger(&ledger);
+    let unimplemented = unimplemented_log
+        .as_deref()
+        .map(read_unimplemented)
+        .unwrap_or_default();
     let logs: Vec<PathBuf> = manifest
         .logs()
         .into_iter()
@@ -315,7 +329,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         &gpu,
         (args.gpus, visible, seen, machine, mig_seen),
         &command_line,
-        status,
+        (status, unimplemented),
         &logs,
         &lib,
         (args.json, args.unfold.fold()),
@@ -333,7 +347,8 @@ fn verdict(
     // said.
     (count, visible, seen, machine, mig): (u32, Option<u32>, u32, MachineSeen, Option<MigSeen>),
     command: &[String],
-    status: ExitStatus,
+    // How the program ended, and the fakes' functions it called that they do not implement.
+    (status, unimplemented): (ExitStatus, Vec<String>),
     logs: &[PathBuf],
     fakes_lib: &Path,
     (json, fold): (bool, Fold),
@@ -543,6 +558,7 @@ fn verdict(
         visible,
         command,
         status,
+        unimplemented,
         logs,
         processes,
         devices: device_verdicts,
@@ -571,6 +587,20 @@ fn verdict(
     }
     .and_then(|()| out.flush());
     finish_stdout(written).map(|_| ())
+}
+
+/// The names the fakes wrote to `VRAMSHIM_FAKEGPU_LOG`, in the order first called, each once
+/// (every process of the run appends to the one file). An unreadable file lists none.
+fn read_unimplemented(path: &Path) -> Vec<String> {
+    let text = std::fs::read(path).unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    for line in String::from_utf8_lossy(&text).lines() {
+        let name = line.trim();
+        if !name.is_empty() && !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
 }
 
 /// Replays the failing device's allocations through the caching-allocator model under the

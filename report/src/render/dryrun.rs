@@ -97,6 +97,9 @@ pub struct DryrunReport<'a> {
     pub visible: Option<u32>,
     pub command: &'a [String],
     pub status: ExitStatus,
+    /// Functions the program called or looked up (the driver's `cuGetProcAddress`) that the
+    /// fake libraries do not implement, in the order first asked for.
+    pub unimplemented: Vec<String>,
     pub logs: &'a [PathBuf],
     pub processes: &'a [Process],
     pub devices: Vec<DeviceVerdict>,
@@ -118,6 +121,13 @@ pub struct DryrunReport<'a> {
 impl DryrunReport<'_> {
     pub fn fits(&self) -> bool {
         self.failure.is_none() && self.unseen_refusal.is_none()
+    }
+
+    /// The program ran to its end: it exited with status 0, or ran out of memory (then the
+    /// verdict is the answer), rather than stopping for another reason, after which the run
+    /// says nothing of what the rest of the program would have needed.
+    pub fn completed(&self) -> bool {
+        self.status.success() || !self.fits()
     }
 
     fn report_command(&self) -> Option<String> {
@@ -243,6 +253,8 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
         "command": report.command,
         "exit": exit_json(report.status),
         "fits": report.fits(),
+        "completed": report.completed(),
+        "unimplemented": report.unimplemented,
         "devices": report.devices.iter().map(|d| json!({
             "device": d.device,
             "peak_recorded": d.peak_recorded,
@@ -343,10 +355,24 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
         report.command.join(" "),
         exit_text(report.status)
     )?;
-    if report.fits() {
+    if !report.completed() {
+        writeln!(
+            out,
+            "verdict: FITS AS FAR AS IT RAN: the program stopped ({}) before its end, not for want of memory; what the rest of it needs is not known",
+            exit_text(report.status)
+        )?;
+    } else if report.fits() {
         writeln!(out, "verdict: FITS")?;
     } else {
         writeln!(out, "verdict: DOES NOT FIT")?;
+    }
+    if !report.unimplemented.is_empty() {
+        writeln!(
+            out,
+            "  the fake GPU does not implement {} the program called or looked up (answered \"not supported\" or \"not found\" where a real card may have run it: what followed may differ on a card): {}",
+            counted(report.unimplemented.len() as u64, "function"),
+            report.unimplemented.join(", ")
+        )?;
     }
     if report.logs.is_empty() {
         writeln!(
