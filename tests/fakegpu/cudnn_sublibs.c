@@ -88,7 +88,10 @@ cudnnStatus_t cudnnCreateRNNDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyRNNDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnCreateCTCLossDescriptor(cudnnDescriptor_t *d);
 cudnnStatus_t cudnnDestroyCTCLossDescriptor(cudnnDescriptor_t d);
-cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(void);
+cudnnStatus_t cudnnSetCTCLossDescriptor_v8(cudnnDescriptor_t d, int compute_type,
+                                          int normalization, int gradient_mode,
+                                          int max_label_length);
+cudnnStatus_t cudnnMultiHeadAttnForward(void); /* not implemented: called without arguments */
 /* Each sub-library's check that it is libcudnn.so.N's release. */
 #if CUDNN_MAJOR == 8
 cudnnStatus_t cudnnOpsInferVersionCheck(void);
@@ -281,13 +284,15 @@ int main(void)
         destroyed += cudnnBackendDestroyDescriptor(backend[i]) == 0;
     printf("backend destroyed=%d\n", destroyed);
 
-    /* The adv libraries' descriptors; a CTC function that is not implemented. */
+    /* The adv libraries' descriptors; an attention function that is not implemented. */
     cudnnDescriptor_t rnn = NULL, ctc = NULL;
     int rnn_rc = cudnnCreateRNNDescriptor(&rnn);
     int ctc_rc = cudnnCreateCTCLossDescriptor(&ctc);
-    int ctc_ws = cudnnGetCTCLossWorkspaceSize_v8();
-    printf("adv rnn rc=%d rc=%d ctc rc=%d rc=%d workspace rc=%d\n", rnn_rc,
-           cudnnDestroyRNNDescriptor(rnn), ctc_rc, cudnnDestroyCTCLossDescriptor(ctc), ctc_ws);
+    int ctc_set = cudnnSetCTCLossDescriptor_v8(ctc, 0, 1, 1, 255);
+    int attention = cudnnMultiHeadAttnForward();
+    printf("adv rnn rc=%d rc=%d ctc rc=%d set rc=%d rc=%d attention rc=%d\n", rnn_rc,
+           cudnnDestroyRNNDescriptor(rnn), ctc_rc, ctc_set, cudnnDestroyCTCLossDescriptor(ctc),
+           attention);
 
 #ifdef SUBLIBS
     /* The sub-libraries' own exports, which libcudnn.so.N does not have: stubs of their own. */

@@ -95,4 +95,48 @@ def variants():
     print(json.dumps({"mode": "variants", "networks": results, **stats()}))
 
 
-{"lstm": lstm, "variants": variants}[sys.argv[1]]()
+# CTC: 64 steps, 16 sequences, 32 classes (blank 0), labels of 12: every block a multiple of
+# 512 bytes but the costs'.
+CTC_STEPS, CTC_BATCH, CTC_CLASSES, CTC_LABEL = 64, 16, 32, 12
+
+
+def ctc():
+    """CTC loss through cuDNN (blank 0, int32 targets, every input length the same): torch's
+    two paths, lengths as lists with the targets on the host (cudnnCTCLoss) and lengths and
+    targets on the device (cudnnCTCLoss_v8). Each: whether torch picks cuDNN, the sizes its op
+    allocated, in order (torch's memory history), then F.ctc_loss and its backward."""
+    torch.manual_seed(0)
+    steps, batch = CTC_STEPS, CTC_BATCH
+    log_probs = torch.randn(steps, batch, CTC_CLASSES, device="cuda").log_softmax(2)
+    targets = torch.randint(1, CTC_CLASSES, (batch * CTC_LABEL,), dtype=torch.int32)
+    lengths = ([steps] * batch, [CTC_LABEL] * batch)
+
+    def on_device(value):
+        # Copied from the host, not filled by a kernel: a copy carries its values on the fake
+        # GPU, where kernels compute nothing (torch reads the lengths back).
+        return torch.tensor([value] * batch, dtype=torch.int32).cuda()
+
+    paths = {}
+    for name, args in (("host", (targets, *lengths)),
+                       ("device", (targets.cuda(), on_device(steps), on_device(CTC_LABEL)))):
+        chosen = torch._use_cudnn_ctc_loss(log_probs, *args, 0)
+        allocations = None  # torch's own kernels (torch 2.4 keeps device targets off cuDNN)
+        if chosen:
+            torch.cuda.synchronize()
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            costs, grad = torch._cudnn_ctc_loss(log_probs, *args, 0, True, False)
+            torch.cuda.synchronize()
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            allocations = [e["size"] for e in snapshot["device_traces"][0]
+                           if e["action"] == "alloc"]
+            del costs, grad
+        x = log_probs.detach().requires_grad_()
+        torch.nn.functional.ctc_loss(x, *args, reduction="sum").backward()
+        torch.cuda.synchronize()
+        paths[name] = {"cudnn": chosen, "allocations": allocations,
+                       "grad": list(x.grad.shape)}
+    print(json.dumps({"mode": "ctc", "paths": paths, **stats()}))
+
+
+{"lstm": lstm, "variants": variants, "ctc": ctc}[sys.argv[1]]()

@@ -431,7 +431,7 @@ fn cudnn_program_output(head: &str, sublibs: bool, kernels: u64) -> String {
          backend finalize op=0 graph=0 heur=0 results rc=0 engines=2 workspace rc=0 rc=0 bytes=37748736,0\n\
          plan rc=0 workspace rc=0 bytes=37748736 execute rc=0\n\
          backend destroyed=10\n\
-         adv rnn rc=0 rc=0 ctc rc=0 rc=0 workspace rc=3000\n",
+         adv rnn rc=0 rc=0 ctc rc=0 set rc=0 rc=0 attention rc=3000\n",
     );
     if sublibs {
         text.push_str("sub-library only rc=3000 rc=3000 other rc=3000\n");
@@ -460,12 +460,13 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
             "cudnnConvolutionBackwardFilter@libcudnn_cnn_train.so.8",
             "cudnnCreateRNNDescriptor@libcudnn_adv_infer.so.8",
             "cudnnCreateCTCLossDescriptor@libcudnn_adv_train.so.8",
+            "cudnnMultiHeadAttnForward@libcudnn_adv_infer.so.8",
             "cudnnGetConvolutionBackwardDataWorkspaceSizeInternal@libcudnn_cnn_infer.so.8",
         ],
         // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward
         // to it), the last two by the sub-libraries' own stubs.
         "cudnnGetConvolutionForwardWorkspaceSize\n\
-         cudnnGetCTCLossWorkspaceSize_v8\n\
+         cudnnMultiHeadAttnForward\n\
          cudnnGetConvolutionBackwardDataWorkspaceSizeInternal\n\
          cudnnPooling4dBackward\n",
         cudnn8_program_output,
@@ -490,6 +491,7 @@ fn a_program_linked_against_cudnn_9s_sub_libraries_runs_on_the_fakes() {
             "cudnnConvolutionBackwardFilter@libcudnn_cnn.so.9",
             "cudnnCreateRNNDescriptor@libcudnn_adv.so.9",
             "cudnnCreateCTCLossDescriptor@libcudnn_adv.so.9",
+            "cudnnMultiHeadAttnForward@libcudnn_adv.so.9",
             "cudnnSubquadraticOpsVersionCheck@libcudnn_ext.so.9",
             "cudnnGetLibConfig@libcudnn_graph.so.9",
             "dummyBackendEnginesPreCompiledSymbol@libcudnn_engines_precompiled.so.9",
@@ -497,7 +499,7 @@ fn a_program_linked_against_cudnn_9s_sub_libraries_runs_on_the_fakes() {
         // The first two by libcudnn.so.9 (the sub-libraries forward to it), the last two by
         // the sub-libraries' own stubs.
         "cudnnGetConvolutionForwardWorkspaceSize\n\
-         cudnnGetCTCLossWorkspaceSize_v8\n\
+         cudnnMultiHeadAttnForward\n\
          cudnnGetLibConfig\n\
          dummyBackendEnginesPreCompiledSymbol\n",
         cudnn9_program_output,

@@ -3385,6 +3385,92 @@ fn rnn_variants_run(torch: &Torch) {
     assert_no_unimplemented_call(&run);
 }
 
+/// CTC loss through the fake cuDNN (`tests/python/torch_rnn.py ctc`: 64 steps, 16 sequences,
+/// 32 classes, labels of 12). Torch picks cuDNN on both its paths (targets on the host and
+/// lengths as lists: `cudnnCTCLoss`; all on the device: `cudnnCTCLoss_v8`); each op allocates
+/// the gradient, the fake's workspace and the costs, in that order; the workspace is the fake's
+/// estimate, 2 x T x N x (2 L + 1) floats, L the longest label (12) on the host path and the
+/// `maxLabelLength` torch sets (255) on the device path (torch 2.6 and later); `F.ctc_loss` and
+/// its backward run; the log replays to torch's counters; nothing unimplemented. torch 2.15, 2.6
+/// and 2.4.1.
+#[test]
+fn ctc_loss_through_the_fake_cudnn() {
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch_script(&torch, "torch_rnn.py", "ctc", 80 << 30, &[], true);
+        let r = &run.result;
+        let (steps, batch, classes, label) = (64u64, 16u64, 32u64, 12u64);
+        let workspace = |longest: u64| 2 * steps * batch * (2 * longest + 1) * 4;
+        // Torch 2.4's build imports no cudnnCTCLoss_v8: device targets take its own kernels.
+        let v8 = !torch.release.version.starts_with("2.4.");
+        for (path, longest, on_cudnn) in [("host", label, true), ("device", 255, v8)] {
+            let p = &r["paths"][path];
+            assert_eq!(p["cudnn"], on_cudnn, "{path}: {r}");
+            let allocations = if on_cudnn {
+                serde_json::json!([steps * batch * classes * 4, workspace(longest), batch * 4])
+            } else {
+                serde_json::Value::Null
+            };
+            assert_eq!(p["allocations"], allocations, "{path}: {r}");
+            assert_eq!(p["grad"], serde_json::json!([steps, batch, classes]), "{r}");
+        }
+        // Everything in one small segment, but the v8 path's 4 MB workspace: a 20 MiB one.
+        let expected = if v8 {
+            (2, 0, 22 * MIB)
+        } else {
+            (1, 0, 2 * MIB)
+        };
+        assert_log_is_torchs(&run, expected);
+        assert_no_unimplemented_call(&run);
+    }
+    // The probe a lent GPU runs (scripts/gpu_rnn_probe.sh) asks the fake the same: every
+    // status 0, the same estimate for both algorithms, for each of its shapes.
+    let Some(torch) = current() else { return };
+    let output = Command::new(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("scripts/cudnn_ctc_probe.py"))
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("run cudnn_ctc_probe.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert_eq!(lines.len(), 9, "{stdout}");
+    for line in &lines[..8] {
+        let shape: Vec<u64> = arr(&line["shape"])
+            .iter()
+            .map(|v| v.as_u64().expect("a shape of integers"))
+            .collect();
+        let estimate = |longest: u64| 2 * shape[0] * shape[1] * (2 * longest + 1) * 4;
+        assert_eq!(
+            (&line["set_ex"], &line["set_v8_v9"]),
+            (&serde_json::json!(0), &serde_json::json!(0)),
+            "{line}"
+        );
+        for algo in ["deterministic", "non_deterministic"] {
+            let legacy = serde_json::json!([0, estimate(shape[3])]);
+            assert_eq!(line[format!("legacy_{algo}")], legacy, "{line}");
+            assert_eq!(
+                line[format!("v8_{algo}")],
+                serde_json::json!([0, estimate(255)]),
+                "{line}"
+            );
+        }
+    }
+    assert_eq!(lines[8]["name"], "card", "{stdout}");
+}
+
 /// The run called no function the fakes leave unimplemented (their log of such names, beside
 /// the run's log; torch 2.15's `cuLogsRegisterCallback` is implemented).
 fn assert_no_unimplemented_call(run: &TorchRun) {

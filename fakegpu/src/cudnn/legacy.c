@@ -44,7 +44,6 @@ static cudnnStatus_t destroy(void *descriptor)
 
 LEGACY_DESCRIPTOR(Activation)
 LEGACY_DESCRIPTOR(Attn)
-LEGACY_DESCRIPTOR(CTCLoss)
 LEGACY_DESCRIPTOR(Convolution)
 LEGACY_DESCRIPTOR(Filter)
 LEGACY_DESCRIPTOR(LRN)
