@@ -2838,6 +2838,64 @@ fn cudnn_convolution_workspace_is_torchs_and_falls_back_when_it_does_not_fit() {
     assert_eq!(r["num_ooms"], 1, "{r}");
 }
 
+/// The same convolution and the ResNet's steps through cuDNN's legacy convolution API, which
+/// torch takes with `TORCH_CUDNN_V8_API_DISABLED=1` (`cudnnGet*Algorithm_v7`,
+/// `cudnnGet*WorkspaceSize`; with `cudnn.benchmark`, `cudnnFind*AlgorithmEx`): the fake answers
+/// as the backend's engines do, so torch decides exactly as on the backend path: the 36 MiB
+/// workspace, the fallback with one OOM on a 52 MiB card, the ResNet's segments; and nothing
+/// unimplemented is called. torch 2.15 and 2.6.
+#[test]
+fn the_legacy_convolution_api_decides_as_the_backend_does() {
+    for torch in torches()
+        .into_iter()
+        .filter(|t| !t.release.version.starts_with("2.4."))
+    {
+        eprintln!("torch {}", torch.release.version);
+        let legacy = [("TORCH_CUDNN_V8_API_DISABLED", "1")];
+        for mode in ["conv_workspace", "conv_workspace_benchmark"] {
+            let run = run_cudnn(&torch, mode, 80 << 30, &legacy);
+            let r = &run.result;
+            assert_eq!(u64_of(r, "before"), 4 * MIB + 147456, "{mode}: {r}");
+            assert_eq!(u64_of(r, "after"), 8 * MIB + 147456, "{mode}: {r}");
+            assert_eq!(u64_of(r, "allocated_bytes_peak"), 44 * MIB + 147456, "{r}");
+            let log = run.log.as_ref().expect("log");
+            assert_eq!(
+                malloc_sizes(log, "alloc"),
+                vec![2 * MIB, 20 * MIB, 36 * MIB],
+                "{mode}: {r}"
+            );
+            assert_no_unimplemented_call(&run);
+        }
+        let run = run_cudnn(&torch, "conv_workspace", 52 * MIB, &legacy);
+        let r = &run.result;
+        let log = run.log.as_ref().expect("log");
+        assert_eq!(malloc_sizes(log, "alloc_failed"), vec![36 * MIB; 2], "{r}");
+        assert_eq!(malloc_sizes(log, "alloc"), vec![2 * MIB, 20 * MIB], "{r}");
+        assert_eq!(u64_of(r, "allocated_bytes_peak"), 8 * MIB + 147456, "{r}");
+        assert_eq!(r["num_ooms"], 1, "{r}");
+
+        let backend = run_cudnn(&torch, "resnet", 80 << 30, &[]);
+        let run = run_cudnn(&torch, "resnet", 80 << 30, &legacy);
+        let counters = |r: &Value| {
+            (
+                u64_of(r, "num_device_alloc"),
+                u64_of(r, "num_device_free"),
+                u64_of(r, "reserved_bytes_peak"),
+                u64_of(r, "allocated_bytes_peak"),
+            )
+        };
+        assert_eq!(
+            counters(&run.result),
+            counters(&backend.result),
+            "{}",
+            run.result
+        );
+        let (allocs, frees, reserved, _) = counters(&run.result);
+        assert_log_is_torchs(&run, (allocs, frees, reserved));
+        assert_no_unimplemented_call(&run);
+    }
+}
+
 /// A ResNet-18-like network (convolutions, batch norm, max pooling, residual additions)
 /// trained with Adam for three steps, on a card whose context takes 500 MiB: at every step the
 /// driver's used bytes are torch's reserved bytes plus the context and the libraries' own
