@@ -417,6 +417,12 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long l
                                    CUgraph *graph, const CUgraphNode **deps, const void **edges,
                                    size_t *count);
 CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream stream, CUgraphNode *deps,
+                                              const void *edges, size_t count,
+                                              unsigned int flags);
+CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream stream, CUgraphNode *deps,
+                                                   const void *edges, size_t count,
+                                                   unsigned int flags);
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                      const void *edges, size_t count, int mode);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
