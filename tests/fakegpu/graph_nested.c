@@ -69,6 +69,7 @@ cudaError_t cudaDeviceGetGraphMemAttribute(int device, int attr, void *value);
 #define REMOVE_DEPS cudaGraphRemoveDependencies_v2
 #define GET_EDGES cudaGraphGetEdges_v2
 #define NODE_DEPS cudaGraphNodeGetDependencies_v2
+#define NODE_DEPENDENTS cudaGraphNodeGetDependentNodes_v2
 #define CAPTURE_INFO cudaStreamGetCaptureInfo_v3
 #define UPDATE_CAPTURE_DEPS cudaStreamUpdateCaptureDependencies_v2
 #else
@@ -76,6 +77,7 @@ cudaError_t cudaDeviceGetGraphMemAttribute(int device, int attr, void *value);
 #define REMOVE_DEPS cudaGraphRemoveDependencies
 #define GET_EDGES cudaGraphGetEdges
 #define NODE_DEPS cudaGraphNodeGetDependencies
+#define NODE_DEPENDENTS cudaGraphNodeGetDependentNodes
 #define CAPTURE_INFO cudaStreamGetCaptureInfo
 #define UPDATE_CAPTURE_DEPS cudaStreamUpdateCaptureDependencies
 #endif
@@ -87,6 +89,8 @@ cudaError_t GET_EDGES(cudaGraph_t g, cudaGraphNode_t *from, cudaGraphNode_t *to,
                       cudaGraphEdgeData *edges, size_t *count);
 cudaError_t NODE_DEPS(cudaGraphNode_t node, cudaGraphNode_t *deps, cudaGraphEdgeData *edges,
                       size_t *count);
+cudaError_t NODE_DEPENDENTS(cudaGraphNode_t node, cudaGraphNode_t *dependents,
+                            cudaGraphEdgeData *edges, size_t *count);
 cudaError_t CAPTURE_INFO(cudaStream_t s, int *status, unsigned long long *id, cudaGraph_t *graph,
                          const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
                          size_t *count);
@@ -394,7 +398,19 @@ int main(void)
     edge("data", &data[0]);
     ndeps = 4;
     RC("deps-default", NODE_DEPS(kn[3], deps, NULL, &ndeps));
-    printf(" n=%zu\n", ndeps);
+    printf(" n=%zu", ndeps);
+    ndeps = 0;
+    RC("dependents-count", NODE_DEPENDENTS(kn[0], NULL, NULL, &ndeps));
+    printf(" n=%zu", ndeps);
+    ndeps = 4;
+    RC("dependents-lossy", NODE_DEPENDENTS(kn[0], deps, NULL, &ndeps));
+    RC("dependents", NODE_DEPENDENTS(kn[0], deps, data, &ndeps));
+    printf(" n=%zu", ndeps);
+    for (size_t i = 0; i < ndeps; i++) {
+        name("dependent", deps[i], kn, count);
+        edge("data", &data[i]);
+    }
+    printf("\n");
     cudaGraph_t k_clone;
     cudaGraphNode_t kc[8];
     printf("clone");

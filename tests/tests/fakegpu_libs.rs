@@ -1525,7 +1525,7 @@ with-memory begin=0 malloc=0 free=0 end=0 instantiate=0 begin=0 launch=0 end=0 u
 child-update instantiate=0 same=0 result=0 node=null from=null count=910 result=2 node=0 from=null dependency-count=910 result=2 node=2 from=null dependency=910 result=2 node=2 from=1
 kernels begin=0 kernel=0 kernel=0 kernel=0 end=0 empty=0 types=0,0,0,5
 edge-data remove=0 programmatic=0 again-default=1 launch-order=0 to-empty=1 from-empty=1 to-port=1 reserved=1 port-alone=1 type-alone=1 bad-type=1 default-to-empty=0
-read count=0 edges=4 lossy=402 data-only=1 edges=0 from=0 to=1 data=1/0/1 from=1 to=2 data=0/0/0 from=0 to=2 data=2/0/0 from=2 to=3 data=0/0/0 deps-lossy=402 deps=0 n=1 dep=0 data=1/0/1 deps-default=0 n=1
+read count=0 edges=4 lossy=402 data-only=1 edges=0 from=0 to=1 data=1/0/1 from=1 to=2 data=0/0/0 from=0 to=2 data=2/0/0 from=2 to=3 data=0/0/0 deps-lossy=402 deps=0 n=1 dep=0 data=1/0/1 deps-default=0 n=1 dependents-count=0 n=2 dependents-lossy=402 dependents=0 n=2 dependent=1 data=1/0/1 dependent=2 data=2/0/0
 clone clone=0 types=0,0,0,5 edges=0 from=0 to=1 data=1/0/1 from=1 to=2 data=0/0/0 from=0 to=2 data=2/0/0 from=2 to=3 data=0/0/0
 edge-update instantiate=0 same=0 result=0 node=null from=null remove-default=1 remove=0 add-default=0 default-now=910 result=2 node=1 from=0
 capture-to-graph begin=0
@@ -1557,7 +1557,8 @@ teardown free=0 streams=0 events=0
 /// type 1) and a launch-order one (port 2) between kernel nodes are kept, read back, cloned;
 /// ports or the programmatic type on an edge with an empty node, a to_port, reserved bytes,
 /// the programmatic port without its type or the type without a port, an unknown type: 1;
-/// reading them without edge data: 402 (lossy), edge data without nodes: 1; removing needs the
+/// edges, a node's dependencies and its dependents read with their data; without it: 402
+/// (lossy), edge data without nodes: 1; removing needs the
 /// edge's data; an update where an edge's data changed is a topology change (node and
 /// dependency named). A capture begun into a graph after a node with a programmatic edge:
 /// cudaStreamGetCaptureInfo shows that dependency and edge (402 without edge data), the next

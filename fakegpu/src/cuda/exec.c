@@ -2159,6 +2159,61 @@ FG_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *
     return node_dependencies(node, deps, edges, count);
 }
 
+/* DEPENDENTS NULL: the count of nodes that depend on NODE (edges out of it); else up to
+ * *COUNT of them (in order of addition) with the edges' data in EDGES, the rest NULL; without
+ * EDGES, one with data other than the default is a lossy query (CUDA_ERROR_LOSSY_QUERY,
+ * nothing written). */
+static CUresult node_dependents(CUgraphNode node, CUgraphNode *dependents, void *edges,
+                                size_t *count)
+{
+    if (!node || !count || (edges && !dependents))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    CUgraph graph = node->graph;
+    size_t n = 0;
+    bool lossy = false;
+    for (int pass = dependents ? 0 : 1; pass < 2 && !lossy; pass++) {
+        n = 0;
+        for (size_t i = 0; i < graph->count; i++)
+            for (size_t d = 0; d < graph->nodes[i]->ndeps; d++) {
+                if (graph->nodes[i]->deps[d] != node)
+                    continue;
+                uint64_t edge = graph->nodes[i]->dep_edges[d];
+                if (pass == 0 && n < *count)
+                    lossy |= !edges && edge;
+                else if (pass == 1 && dependents && n < *count) {
+                    dependents[n] = graph->nodes[i];
+                    if (edges)
+                        edge_put(edges, n, edge);
+                }
+                n++;
+            }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (lossy)
+        return CUDA_ERROR_LOSSY_QUERY;
+    for (size_t k = n; dependents && k < *count; k++) {
+        dependents[k] = NULL;
+        if (edges)
+            edge_put(edges, k, 0);
+    }
+    if (!dependents || n < *count)
+        *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                size_t *count)
+{
+    return node_dependents(node, dependents, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents,
+                                                   void *edges, size_t *count)
+{
+    return node_dependents(node, dependents, edges, count);
+}
+
 /* A copy of the nodes and edges (graph_clone). */
 FG_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original)
 {

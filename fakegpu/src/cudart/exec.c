@@ -649,6 +649,13 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphN
     return fg_rt_status(cuGraphNodeGetDependencies_v2(node, deps, edges, count));
 }
 
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents,
+                                                       void *edges, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphNodeGetDependentNodes_v2(node, dependents, edges, count));
+}
+
 #if FG_SONAME_MAJOR >= 13
 FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
                                                const CUgraphNode *to, const void *edges,
@@ -675,6 +682,12 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode
 {
     return cudaGraphNodeGetDependencies_v2(node, deps, edges, count);
 }
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                     void *edges, size_t *count)
+{
+    return cudaGraphNodeGetDependentNodes_v2(node, dependents, edges, count);
+}
 #else
 FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
                                                const CUgraphNode *to, size_t count)
@@ -698,6 +711,12 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode
                                                    size_t *count)
 {
     return cudaGraphNodeGetDependencies_v2(node, deps, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                     size_t *count)
+{
+    return cudaGraphNodeGetDependentNodes_v2(node, dependents, NULL, count);
 }
 #endif
 

@@ -389,6 +389,8 @@ CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to, v
 CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edges,
                                        size_t *count);
+CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents, void *edges,
+                                         size_t *count);
 CUresult cuGraphClone(CUgraph *clone, CUgraph original);
 CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                   size_t count, CUgraph child);
