@@ -17,6 +17,10 @@ With JUDGE_FRACTION=F torch.cuda.set_per_process_memory_fraction(F) first, and a
 eager work is caught ("failed": its message's first line).
 shared-pool: two graphs captured into one private pool (torch.cuda.graph(pool=...)), replayed,
 then the same eager work; memory_stats() figures.
+nested: a graph replayed inside another graph's capture (torch.cuda.graph around
+inner.replay()): the outer graph's node types, its child graph's, the copies' results after the
+capture and after an outer replay, the device's used bytes (cudaMemGetInfo) and the graph pool's
+attributes (cudaDeviceGetGraphMemAttribute) before and after that replay.
 graphed-callables: make_graphed_callables of the same model (forward and backward graphs in one
 shared private pool), three training steps, then the same eager work; memory_stats() figures
 (whatif overstates them: it gives each capture a pool of its own, see README)."""
@@ -246,6 +250,79 @@ def graphed_callables():
                       **figures()}))
 
 
+def node_types(graph):
+    """The node types of a cudaGraph_t (cudaGraphGetNodes, cudaGraphNodeGetType) and the
+    handles of its nodes."""
+    runtime = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+    count = ctypes.c_size_t(0)
+    runtime.cudaGraphGetNodes(ctypes.c_void_p(graph), None, ctypes.byref(count))
+    handles = (ctypes.c_void_p * count.value)()
+    runtime.cudaGraphGetNodes(ctypes.c_void_p(graph), handles, ctypes.byref(count))
+    types = []
+    for handle in handles:
+        kind = ctypes.c_int(-1)
+        runtime.cudaGraphNodeGetType(ctypes.c_void_p(handle), ctypes.byref(kind))
+        types.append(kind.value)
+    return types, list(handles)
+
+
+def graph_pool():
+    """The graph pool's used, used-high, reserved and reserved-high bytes on device 0."""
+    runtime = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+    values = []
+    for attribute in range(4):
+        value = ctypes.c_ulonglong(0)
+        runtime.cudaDeviceGetGraphMemAttribute(0, attribute, ctypes.byref(value))
+        values.append(value.value)
+    return values
+
+
+def nested():
+    """inner: x + 1 (a kernel, its result freed in the capture) and a copy of the static input;
+    outer: inner.replay() and a copy of inner's output."""
+    runtime = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+    static_in = torch.arange(1024, dtype=torch.float32, device="cuda")
+    static_copy = torch.zeros(1024, device="cuda")
+    outer_copy = torch.zeros(1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            static_in + 1
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    inner, outer = torch.cuda.CUDAGraph(keep_graph=True), torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(inner):
+        tmp = static_in + 1
+        static_copy.copy_(static_in)
+        del tmp
+    with torch.cuda.graph(outer):
+        inner.replay()
+        outer_copy.copy_(static_copy)
+    inner_types, _ = node_types(inner.raw_cuda_graph())
+    outer_types, handles = node_types(outer.raw_cuda_graph())
+    child = ctypes.c_void_p(0)
+    child_rc = runtime.cudaGraphChildGraphNodeGetGraph(ctypes.c_void_p(handles[0]),
+                                                       ctypes.byref(child))
+    child_types, _ = node_types(child.value)
+    # Summed on the host: the fakes run no kernel, so only copies move data.
+    after_capture = [static_copy.cpu().sum().item(), outer_copy.cpu().sum().item()]
+    static_in.copy_(torch.full((1024,), 2.0))  # a host-to-device copy: done, unlike a fill
+    torch.cuda.synchronize()
+    before_replay, pool_before, stats_before = used(), graph_pool(), stats()
+    outer.replay()
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": "nested", "backend": torch.cuda.get_allocator_backend(),
+                      "inner_types": inner_types, "outer_types": outer_types,
+                      "child_rc": child_rc, "child_types": child_types,
+                      "after_capture": after_capture,
+                      "after_replay": [static_copy.cpu().sum().item(),
+                                       outer_copy.cpu().sum().item()],
+                      "used_before_replay": before_replay, "used_after_replay": used(),
+                      "pool_before_replay": pool_before, "pool_after_replay": graph_pool(),
+                      "before_replay": stats_before, **stats()}))
+
+
 def figures():
     s = torch.cuda.memory_stats()
     keys = ["reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
@@ -257,6 +334,6 @@ def figures():
 
 
 {"graph": captured, "private-pool": private_pool, "shared-pool": shared_pool, "graphed-callables": graphed_callables, "reduce-overhead": reduce_overhead,
- "async-graph": async_graph}[sys.argv[1]]()
+ "async-graph": async_graph, "nested": nested}[sys.argv[1]]()
 sys.stdout.flush()
 os._exit(0)

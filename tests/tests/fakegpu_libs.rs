@@ -1517,6 +1517,110 @@ fn graph_edges_order_launches_and_decide_clone_and_update() {
     }
 }
 
+/// What `graph_nested` prints, CUDA 13 and 12 alike.
+const GRAPH_NESTED_STEPS: &str = "\
+setup streams=0 events=0 malloc=0 info=0
+inner begin=0 malloc=0 memset=0 copy=0 free=0 end=0 instantiate=0 types=10,2,1,11
+outer begin=0 memset=0 launch=0 copy=0 end=0 types=2,4,1 child=0 types=10,2,1,11 edges=0 count=2 from=0 to=1 from=1 to=2 done=0000
+captured taken=0 used=0 used-high=0 reserved=0 reserved-high=0
+outer instantiate=0 launch=0 out=5a out2=11
+outer-launched taken=4 used=0 used-high=4 reserved=4 reserved-high=4
+inner launch=0 out=5a
+inner-launched taken=4 used=0 used-high=4 reserved=4 reserved-high=4
+trim 0
+trimmed taken=0 used=0 used-high=4 reserved=0 reserved-high=4
+destroy inner-exec=0 inner=0 launch=0 out=5a
+relaunched taken=4 used=0 used-high=4 reserved=4 reserved-high=4
+fill begin=0 memset=0 copy=0 end=0 instantiate=0 begin=0 memset=0 copy=0 end=0 instantiate=0
+nested begin=0 launch=0 end=0 begin=0 launch=0 end=0 instantiate=0 launch=0 out=22 types=4 update=0 result=0 node=null from=null launch=0 out=33
+with-memory begin=0 malloc=0 free=0 end=0 instantiate=0 begin=0 launch=0 end=0 update=910 result=6 node=0 from=null
+child-update instantiate=0 same=0 result=0 node=null from=null count=910 result=2 node=0 from=null dependency-count=910 result=2 node=2 from=null dependency=910 result=2 node=2 from=1
+kernels begin=0 kernel=0 kernel=0 kernel=0 end=0 empty=0 types=0,0,0,5
+edge-data remove=0 programmatic=0 again-default=1 launch-order=0 to-empty=1 from-empty=1 to-port=1 reserved=1 port-alone=1 type-alone=1 bad-type=1 default-to-empty=0
+read count=0 edges=4 lossy=402 data-only=1 edges=0 from=0 to=1 data=1/0/1 from=1 to=2 data=0/0/0 from=0 to=2 data=2/0/0 from=2 to=3 data=0/0/0 deps-lossy=402 deps=0 n=1 dep=0 data=1/0/1 deps-default=0 n=1 dependents-count=0 n=2 dependents-lossy=402 dependents=0 n=2 dependent=1 data=1/0/1 dependent=2 data=2/0/0
+clone clone=0 types=0,0,0,5 edges=0 from=0 to=1 data=1/0/1 from=1 to=2 data=0/0/0 from=0 to=2 data=2/0/0 from=2 to=3 data=0/0/0
+edge-update instantiate=0 same=0 result=0 node=null from=null remove-default=1 remove=0 add-default=0 default-now=910 result=2 node=1 from=0
+capture-to-graph begin=0
+begun info=0 status=1 deps=1 dep=0 edge=1/0/1 without-edges=402 edges-only=1
+kernel kernel=0 types=0,0,0,5,0 deps=0 n=1 dep=0 data=1/0/1
+after-kernel info=0 status=1 deps=1 dep=4 edge=0/0/0 without-edges=0 edges-only=1
+update-deps set=0 add=0 add-again=0 other-graph=1 bad-flags=1 not-capturing=401
+updated info=0 status=1 deps=3 dep=1 edge=2/0/0 dep=2 edge=0/0/0 dep=3 edge=0/0/0 without-edges=402 edges-only=1
+kernel kernel=0 types=0,0,0,5,0,0 deps=0 n=3 dep=1 data=2/0/0 dep=2 data=0/0/0 dep=3 data=0/0/0
+join record=0 wait=0 side-memset=0 record=0 origin-memset=0 wait=0 types=0,0,0,5,0,0,2,2
+joined info=0 status=1 deps=2 dep=7 edge=0/0/0 dep=6 edge=0/0/0 without-edges=0 edges-only=1
+end end=0 same=1
+teardown execs=0 graphs=0 trim=0
+end taken=0 used=0 used-high=4 reserved=0 reserved-high=4
+teardown free=0 streams=0 events=0
+";
+
+/// Graphs inside graphs and edge data (`tests/fakegpu/graph_nested.c`), CUDA 13 and 12, under
+/// the recorder. A graph launched on a capturing stream is one child graph node (type 4) of the
+/// capture holding the launched graph's nodes (its alloc and free nodes too) and nothing is
+/// done then; the outer graph's launch runs them: 4 MiB taken from the device into the graph
+/// pool (used back to 0, used-high 4) and kept, the inner graph's own launch reusing them, a
+/// trim giving them back, and the outer graph still running the child after the inner graph
+/// and its executable graph are destroyed. cudaGraphExecUpdate with child graphs: a captured
+/// launch of a graph of the same shape updates (the next launch fills 0x33), one with memory
+/// nodes is not supported (6, the child's alloc node); inside child graphs another node count
+/// is a topology change naming the child graph node, another dependency count names the node,
+/// another dependency the node and that dependency. Edge data: a programmatic edge (port 1,
+/// type 1) and a launch-order one (port 2) between kernel nodes are kept, read back, cloned;
+/// ports or the programmatic type on an edge with an empty node, a to_port, reserved bytes,
+/// the programmatic port without its type or the type without a port, an unknown type: 1;
+/// edges, a node's dependencies and its dependents read with their data; without it: 402
+/// (lossy), edge data without nodes: 1; removing needs the
+/// edge's data; an update where an edge's data changed is a topology change (node and
+/// dependency named). A capture begun into a graph after a node with a programmatic edge:
+/// cudaStreamGetCaptureInfo shows that dependency and edge (402 without edge data), the next
+/// kernel gets it; cudaStreamUpdateCaptureDependencies sets and adds dependencies (401 on a
+/// stream not capturing, 1 for another graph's node or bad flags); waiting on an event joins
+/// the event's node to the stream's own last one (two dependencies).
+#[test]
+fn graphs_launched_into_captures_child_graph_updates_and_edge_data_are_exact() {
+    for major in [13, 12] {
+        eprintln!("CUDA {major}");
+        let run = run_graph_program("graph_nested", major, &[]);
+        assert_eq!(run.stdout(), GRAPH_NESTED_STEPS);
+        let dump = dump(&run.log());
+        let events = events(&dump);
+        // The two captured allocations are graph nodes, never device memory; the pool's level
+        // is recorded where it changed: the outer launch (the child's 4 MiB), the trim, the
+        // relaunch after the inner graph was destroyed, the last trim.
+        let nodes = select(&events, "graph_alloc", "cudaMallocAsync");
+        assert_eq!(
+            nodes.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(),
+            vec![4 * MIB, 2 * MIB]
+        );
+        assert_eq!(select(&events, "graph_free", "cudaFreeAsync").len(), 2);
+        assert!(select(&events, "alloc", "cudaMallocAsync").is_empty());
+        let pool: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| e["event"] == "graph_pool")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        let expected = [
+            ("cudaGraphLaunch", 4 * MIB),  // outer-launched
+            ("cudaDeviceGraphMemTrim", 0), // trimmed
+            ("cudaGraphLaunch", 4 * MIB),  // relaunched
+            ("cudaDeviceGraphMemTrim", 0), // end
+        ];
+        assert_eq!(
+            pool,
+            expected
+                .iter()
+                .map(|(api, size)| (api.to_string(), *size))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
 /// What `ipc_pair` prints, in order, apart from its last line (the consumer's addresses).
 const IPC_PAIR_STEPS: &str = "\
 producer malloc rc=0

@@ -4323,6 +4323,93 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
     assert_eq!(u64_of(&report["devices"][0], "graph_pool_at_exit_bytes"), 0);
 }
 
+/// A CUDA graph replayed inside another graph's capture (`torch_graphs.py nested`, the current
+/// release, native allocator and cudaMallocAsync): torch's `inner.replay()` during the outer
+/// capture is a `cudaGraphLaunch` on the capturing stream, which becomes one child graph node
+/// (type 4) holding the inner graph's nodes (under cudaMallocAsync its alloc and free nodes
+/// too, 10 and 11), followed by the outer copy (1); nothing is copied at the capture, and the
+/// outer replay runs the inner graph's copy and then its own (2048 each, the input set to 2.0
+/// after the capture). The memory: under the native allocator the replay takes nothing (torch's
+/// figures unchanged); under cudaMallocAsync it takes the child's allocation from the graph
+/// pool, 2 MiB (4 KiB rounded up), which torch's own reserved bytes, the device's used bytes
+/// and the pool's reserved attribute all show, and the recorder's graph pool event names.
+#[test]
+fn a_graph_replayed_inside_a_capture_is_a_child_graph_node_with_its_memory() {
+    let Some(torch) = current() else {
+        return;
+    };
+    for backend in ["native", "cudaMallocAsync"] {
+        eprintln!("backend {backend}");
+        let conf = format!("backend:{backend}");
+        let run = run_torch_script(
+            &torch,
+            "torch_graphs.py",
+            "nested",
+            80 << 30,
+            &[("PYTORCH_CUDA_ALLOC_CONF", conf.as_str())],
+            true,
+        );
+        let r = &run.result;
+        assert_eq!(r["backend"], backend, "{r}");
+        let inner = if backend == "native" {
+            serde_json::json!([0, 1])
+        } else {
+            serde_json::json!([10, 0, 1, 11])
+        };
+        assert_eq!(r["inner_types"], inner, "{r}");
+        assert_eq!(r["outer_types"], serde_json::json!([4, 1]), "{r}");
+        assert_eq!(r["child_rc"], 0, "{r}");
+        assert_eq!(r["child_types"], inner, "{r}");
+        assert_eq!(r["after_capture"], serde_json::json!([0.0, 0.0]), "{r}");
+        assert_eq!(
+            r["after_replay"],
+            serde_json::json!([2048.0, 2048.0]),
+            "{r}"
+        );
+        let taken = if backend == "native" { 0 } else { 2 * MIB };
+        assert_eq!(
+            u64_of(r, "used_after_replay") - u64_of(r, "used_before_replay"),
+            taken,
+            "{r}"
+        );
+        assert_eq!(
+            u64_of(r, "reserved_bytes_current")
+                - u64_of(&r["before_replay"], "reserved_bytes_current"),
+            taken,
+            "{r}"
+        );
+        assert_eq!(
+            r["pool_before_replay"],
+            serde_json::json!([0, 0, 0, 0]),
+            "{r}"
+        );
+        assert_eq!(
+            r["pool_after_replay"],
+            serde_json::json!([0, taken, taken, taken]),
+            "{r}"
+        );
+        let log = run.log.as_ref().expect("recorded");
+        let dump = dump(log);
+        let events = events(&dump);
+        let pool: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| e["event"] == "graph_pool")
+            .map(|e| {
+                (
+                    e["api"].as_str().unwrap_or("").to_string(),
+                    u64_of(e, "size"),
+                )
+            })
+            .collect();
+        let expected = if backend == "native" {
+            vec![]
+        } else {
+            vec![("cudaGraphLaunch".to_string(), 2 * MIB)]
+        };
+        assert_eq!(pool, expected, "{r}");
+    }
+}
+
 /// `whatif` through a CUDA graph (`tests/python/torch_graphs.py private-pool`): a model
 /// captured by `torch.cuda.graph` after a warm-up on a side stream, replayed three times, then
 /// eager work with the graph alive. The native allocator serves the capture from a private

@@ -9,15 +9,25 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A capturing stream's (or a captured event's) dependency set: the nodes the next node captured
+ * on it depends on, each with its edge data (CUgraphEdgeData's 8 bytes as one word, 0 the
+ * default edge). */
+struct capture_deps {
+    CUgraphNode *nodes;
+    uint64_t *edges;
+    size_t count, capacity;
+};
+
 struct CUstream_st {
     int device;
     unsigned flags;
     int priority;
     unsigned long long id;
     /* The capture this stream takes part in (0: none; one that has ended is cleared at the next
-     * look), and the last node captured on it: what the next node depends on. */
+     * look), and what the next node captured on it depends on: the last node captured on it, the
+     * nodes of the events it waited on since, or what cuStreamUpdateCaptureDependencies set. */
     unsigned long long capture_id;
-    CUgraphNode last;
+    struct capture_deps deps;
     /* Nodes captured on it in its capture, and how many of them a wait by another stream of
      * the capture has joined (a joined stream must be joined back before the capture ends). */
     unsigned long long captured, joined_upto;
@@ -28,7 +38,7 @@ struct CUevent_st {
     double recorded_ms; /* the fake GPU's clock at the last record (now_ms) */
     /* Recorded on a capturing stream: waiting on it joins the waiting stream to that capture. */
     unsigned long long capture_id;
-    CUgraphNode node;
+    struct capture_deps deps;
     /* The stream it was recorded on and that stream's captured count then (the stream is only
      * compared with the capture's streams, never followed). */
     const struct CUstream_st *stream;
@@ -51,6 +61,7 @@ struct CUgraphNode_st {
     CUgraph graph;
     size_t index; /* its place in the graph's order of addition */
     CUgraphNode *deps; /* the nodes it depends on (edges into it) */
+    uint64_t *dep_edges; /* each edge's data (CUgraphEdgeData as one word; 0: default) */
     size_t ndeps, deps_capacity;
 };
 
@@ -65,11 +76,9 @@ struct CUgraphExec_st {
      * in its place. */
     struct fg_op *ops;
     size_t count;
-    size_t nodes; /* the instantiated graph's node count (child graphs one each) */
-    /* The instantiated graph's shape, for cuGraphExecUpdate: its node types (in order of
-     * addition) and edges (index pairs, to then from). */
-    int *types;
-    size_t *edges, nedges;
+    /* A copy of the instantiated graph (memory nodes too): the shape cuGraphExecUpdate compares
+     * and what a launch on a capturing stream adds to the capture as a child graph node. */
+    CUgraph graph;
     bool auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
 };
 
@@ -89,6 +98,10 @@ struct graph_mem {
 static struct graph_mem *graph_mems;
 
 static void graph_mem_put(struct graph_mem *m);
+static bool deps_grow(CUgraphNode **nodes, uint64_t **edges, size_t count, size_t *capacity,
+                      size_t n);
+static bool deps_set(struct capture_deps *d, const CUgraphNode *nodes, const void *edges,
+                     size_t n, bool add);
 
 /* An active stream capture. Captures live in one list under capture_lock; streams and events
  * refer to them by id, so a capture that ends leaves nothing dangling. */
@@ -170,6 +183,8 @@ FG_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
                 c->joined[i] = c->joined[--c->joined_count];
         pthread_mutex_unlock(&capture_lock);
     }
+    free(stream->deps.nodes);
+    free(stream->deps.edges);
     free(stream);
     return CUDA_SUCCESS;
 }
@@ -228,10 +243,13 @@ FG_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned in
         rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     } else if (current && current != joining) {
         rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
-    } else if (!current && s != joining->origin && !capture_join(joining, s)) {
+    } else if (!deps_grow(&s->deps.nodes, &s->deps.edges, s->deps.count, &s->deps.capacity,
+                          event->deps.count) ||
+               (!current && s != joining->origin && !capture_join(joining, s))) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        s->last = event->node ? event->node : s->last;
+        /* The stream's next node depends on its own work and on the event's (room made above). */
+        deps_set(&s->deps, event->deps.nodes, event->deps.edges, event->deps.count, true);
         __atomic_store_n(&s->capture_id, joining->id, __ATOMIC_RELEASE);
         /* Waiting on work of a joined stream joins that work (to whichever stream of the
          * capture waits: a side stream joined back through another counts). */
@@ -308,7 +326,7 @@ static struct capture *capture_of(struct CUstream_st *stream)
         if (c->id == stream->capture_id)
             return c;
     stream->capture_id = 0;
-    stream->last = NULL;
+    stream->deps.count = 0;
     return NULL;
 }
 
@@ -320,16 +338,79 @@ static struct capture *capture_by_id(unsigned long long id)
     return NULL;
 }
 
-static CUresult node_add_dep(CUgraphNode node, CUgraphNode dep)
+/* Room for N more entries in the parallel arrays *NODES and *EDGES of *CAPACITY entries. */
+static bool deps_grow(CUgraphNode **nodes, uint64_t **edges, size_t count, size_t *capacity,
+                      size_t n)
 {
-    if (node->ndeps == node->deps_capacity) {
-        size_t capacity = node->deps_capacity ? node->deps_capacity * 2 : 2;
-        CUgraphNode *deps = realloc(node->deps, capacity * sizeof *deps);
-        if (!deps)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        node->deps = deps;
-        node->deps_capacity = capacity;
+    if (count + n <= *capacity)
+        return true;
+    size_t more = *capacity ? *capacity * 2 : 2;
+    while (more < count + n)
+        more *= 2;
+    CUgraphNode *grown_nodes = realloc(*nodes, more * sizeof *grown_nodes);
+    if (grown_nodes)
+        *nodes = grown_nodes;
+    uint64_t *grown_edges = grown_nodes ? realloc(*edges, more * sizeof *grown_edges) : NULL;
+    if (!grown_edges)
+        return false;
+    *edges = grown_edges;
+    *capacity = more;
+    return true;
+}
+
+/* Edge data (CUgraphEdgeData: from_port, to_port, type, 5 reserved bytes) as one word: entry I
+ * of EDGES, or the default edge (0) where EDGES is NULL. */
+static uint64_t edge_at(const void *edges, size_t i)
+{
+    uint64_t word = 0;
+    if (edges)
+        memcpy(&word, (const unsigned char *)edges + 8 * i, 8);
+    return word;
+}
+
+/* Whether an edge from FROM into a node doing TO may carry EDGE, as CUgraphEdgeData's
+ * documentation says: reserved bytes and to_port zero (no node type defines input ports), type
+ * default (0) or programmatic (1); only kernel nodes define output ports (1 programmatic, 2
+ * launch order) and the programmatic type, which is only between kernel nodes and goes with the
+ * programmatic or launch-order port, and the programmatic port only with that type. */
+static bool edge_valid(CUgraphNode from, const struct fg_op *to, uint64_t edge)
+{
+    if (!edge)
+        return true;
+    unsigned from_port = edge & 0xff, to_port = (edge >> 8) & 0xff, type = (edge >> 16) & 0xff;
+    if (edge >> 24 || to_port || type > 1 || from_port > 2)
+        return false;
+    if (from->op.type != FG_OP_KERNEL || to->type != FG_OP_KERNEL)
+        return false;
+    return type == 1 ? from_port != 0 : from_port != 1;
+}
+
+/* The stream's dependency set: N nodes with their edge data, duplicates dropped; ADD keeps
+ * the ones it had (a union). False when out of memory (the set unchanged). */
+static bool deps_set(struct capture_deps *d, const CUgraphNode *nodes, const void *edges,
+                     size_t n, bool add)
+{
+    if (!deps_grow(&d->nodes, &d->edges, add ? d->count : 0, &d->capacity, n))
+        return false;
+    if (!add)
+        d->count = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < d->count && !seen; j++)
+            seen = d->nodes[j] == nodes[i];
+        if (!seen) {
+            d->nodes[d->count] = nodes[i];
+            d->edges[d->count++] = edge_at(edges, i);
+        }
     }
+    return true;
+}
+
+static CUresult node_add_dep(CUgraphNode node, CUgraphNode dep, uint64_t edge)
+{
+    if (!deps_grow(&node->deps, &node->dep_edges, node->ndeps, &node->deps_capacity, 1))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->dep_edges[node->ndeps] = edge;
     node->deps[node->ndeps++] = dep;
     return CUDA_SUCCESS;
 }
@@ -343,14 +424,15 @@ static bool node_depends_on(CUgraphNode node, CUgraphNode dep)
     return false;
 }
 
-/* Adds a node for OP to GRAPH depending on DEPS (nodes of GRAPH, no duplicates). */
+/* Adds a node for OP to GRAPH depending on DEPS (nodes of GRAPH, no duplicates) with the edge
+ * data EDGES (NULL: default edges). */
 static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNode *deps,
-                          size_t ndeps, CUgraphNode *added)
+                          const void *edges, size_t ndeps, CUgraphNode *added)
 {
     if (graph->embedded && (op->type == FG_OP_MEM_ALLOC || op->type == FG_OP_MEM_FREE))
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < ndeps; i++) {
-        if (!deps[i] || deps[i]->graph != graph)
+        if (!deps[i] || deps[i]->graph != graph || !edge_valid(deps[i], op, edge_at(edges, i)))
             return CUDA_ERROR_INVALID_VALUE;
         for (size_t j = 0; j < i; j++)
             if (deps[j] == deps[i])
@@ -371,8 +453,9 @@ static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNo
     node->graph = graph;
     node->index = graph->count;
     for (size_t i = 0; i < ndeps; i++)
-        if (node_add_dep(node, deps[i])) {
+        if (node_add_dep(node, deps[i], edge_at(edges, i))) {
             free(node->deps);
+            free(node->dep_edges);
             free(node);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -383,16 +466,27 @@ static CUresult graph_add(CUgraph graph, const struct fg_op *op, const CUgraphNo
 }
 
 static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
-                              size_t ndeps, CUgraphNode *added);
+                              const void *edges, size_t ndeps, CUgraphNode *added);
 
-/* A node for OP captured on S in C (capture_lock held). */
+/* A node for OP captured on S in C, depending on the stream's dependency set, which becomes
+ * the new node (capture_lock held). */
 static CUresult capture_add(struct capture *c, struct CUstream_st *s, const struct fg_op *op)
 {
     struct fg_op copy = *op;
-    CUgraphNode dep = s->last; /* the stream's one dependency */
-    CUresult rc = graph_add_mem(c->graph, &copy, dep ? &dep : NULL, dep ? 1 : 0, &s->last);
-    if (!rc)
+    CUgraphNode added;
+    if (!deps_grow(&s->deps.nodes, &s->deps.edges, 0, &s->deps.capacity, 1)) {
+        if (op->type == FG_OP_MEM_ALLOC)
+            graph_mem_put(op->mem);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = graph_add_mem(c->graph, &copy, s->deps.nodes, s->deps.edges, s->deps.count,
+                                &added);
+    if (!rc) {
+        s->deps.nodes[0] = added;
+        s->deps.edges[0] = 0;
+        s->deps.count = 1;
         s->captured++;
+    }
     return rc;
 }
 
@@ -407,10 +501,6 @@ bool fg_capture_op(CUstream stream, const struct fg_op *op, CUresult *rc)
     if (c && c->invalidated) {
         *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     } else if (c) {
-        /* A launched graph's alloc node captured again: the new node holds the allocation
-         * too (capture_add gives that reference back if the node cannot be added). */
-        if (op->type == FG_OP_MEM_ALLOC)
-            op->mem->refs++;
         *rc = capture_add(c, s, op);
     }
     pthread_mutex_unlock(&capture_lock);
@@ -452,13 +542,19 @@ static CUresult capture_forbids_stream(CUstream stream)
     return c ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
-static CUresult begin_capture(CUstream stream, CUgraph into, int mode)
+/* Starts a capture on STREAM into a new graph, or INTO (cuStreamBeginCaptureToGraph) with the
+ * first node captured depending on DEPS (nodes of INTO) with edge data EDGES. */
+static CUresult begin_capture(CUstream stream, CUgraph into, const CUgraphNode *deps,
+                              const void *edges, size_t ndeps, int mode)
 {
     CUresult rc = need_context();
     if (rc)
         return rc;
-    if (mode < 0 || mode > 2)
+    if (mode < 0 || mode > 2 || (ndeps && (!into || !deps)))
         return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < ndeps; i++)
+        if (!deps[i] || deps[i]->graph != into)
+            return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = capture_stream(stream);
     if (!s)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -476,17 +572,19 @@ static CUresult begin_capture(CUstream stream, CUgraph into, int mode)
     c->origin = s;
     c->thread = pthread_self();
     pthread_mutex_lock(&capture_lock);
-    if (capture_of(s)) {
+    rc = capture_of(s) ? CUDA_ERROR_ILLEGAL_STATE
+         : !deps_set(&s->deps, deps, edges, ndeps, false) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                           : CUDA_SUCCESS;
+    if (rc) {
         pthread_mutex_unlock(&capture_lock);
         if (c->owns_graph)
             cuGraphDestroy(c->graph);
         free(c);
-        return CUDA_ERROR_ILLEGAL_STATE;
+        return rc;
     }
     c->id = next_capture_id++;
     c->next = captures;
     __atomic_store_n(&captures, c, __ATOMIC_RELEASE);
-    s->last = into && into->count ? into->nodes[into->count - 1] : NULL;
     __atomic_store_n(&s->capture_id, c->id, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&capture_lock);
     return CUDA_SUCCESS;
@@ -494,11 +592,14 @@ static CUresult begin_capture(CUstream stream, CUgraph into, int mode)
 
 FG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
 {
-    return begin_capture(stream, NULL, mode);
+    return begin_capture(stream, NULL, NULL, NULL, 0, mode);
 }
 
 /* CUDA 10.0's entry point had no mode argument; its captures forbade no other call. */
-FG_EXPORT CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture(stream, NULL, 2); }
+FG_EXPORT CUresult cuStreamBeginCapture(CUstream stream)
+{
+    return begin_capture(stream, NULL, NULL, NULL, 0, 2);
+}
 
 FG_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
                                                const CUgraphNode *deps, const void *edges,
@@ -506,7 +607,7 @@ FG_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
 {
     if (!graph)
         return CUDA_ERROR_INVALID_VALUE;
-    return begin_capture(stream, graph, mode);
+    return begin_capture(stream, graph, deps, edges, count, mode);
 }
 
 FG_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
@@ -536,7 +637,7 @@ FG_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
             break;
         }
     s->capture_id = 0;
-    s->last = NULL;
+    s->deps.count = 0;
     /* Work on a joined stream that no wait joined back: the capture fails, with no graph. */
     bool unjoined = false;
     for (size_t i = 0; i < c->joined_count; i++)
@@ -580,12 +681,12 @@ static CUstream per_thread_default(CUstream stream)
 
 FG_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
 {
-    return begin_capture(per_thread_default(stream), NULL, 2);
+    return begin_capture(per_thread_default(stream), NULL, NULL, NULL, 0, 2);
 }
 
 FG_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
 {
-    return begin_capture(per_thread_default(stream), NULL, mode);
+    return begin_capture(per_thread_default(stream), NULL, NULL, NULL, 0, mode);
 }
 
 FG_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
@@ -594,7 +695,7 @@ FG_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph gra
 {
     if (!graph)
         return CUDA_ERROR_INVALID_VALUE;
-    return begin_capture(per_thread_default(stream), graph, mode);
+    return begin_capture(per_thread_default(stream), graph, deps, edges, count, mode);
 }
 
 FG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
@@ -608,11 +709,14 @@ FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status)
 }
 
 /* Every generation of cuStreamGetCaptureInfo: the status, and while a capture is active its
- * id, graph and the stream's current dependency (the last node captured on it). */
+ * id, graph and the stream's dependency set with its edge data (arrays valid until the next
+ * call on the stream). Asking for the nodes without the edge data while an edge is not the
+ * default one is a lossy query, as documented (CUDA_ERROR_LOSSY_QUERY); edge data without the
+ * nodes is refused. */
 CUresult fg_capture_info(CUstream stream, int *status, unsigned long long *id, CUgraph *graph,
                          const CUgraphNode **deps, const void **edges, size_t *count)
 {
-    if (!status)
+    if (!status || (edges && !deps))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = capture_stream(stream);
     pthread_mutex_lock(&capture_lock);
@@ -621,18 +725,70 @@ CUresult fg_capture_info(CUstream stream, int *status, unsigned long long *id, C
                  : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     bool active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    size_t n = active ? s->deps.count : 0;
+    bool lossy = false;
+    for (size_t i = 0; deps && !edges && i < n; i++)
+        lossy |= s->deps.edges[i] != 0;
     if (id && active)
         *id = c->id;
     if (graph)
         *graph = active ? c->graph : NULL;
     if (deps)
-        *deps = active && s->last ? (const CUgraphNode *)&s->last : NULL;
+        *deps = n ? (const CUgraphNode *)s->deps.nodes : NULL;
     if (edges)
-        *edges = NULL; /* default edges only */
+        *edges = n ? (const void *)s->deps.edges : NULL;
     if (count)
-        *count = active && s->last ? 1 : 0;
+        *count = n;
     pthread_mutex_unlock(&capture_lock);
-    return CUDA_SUCCESS;
+    return lossy ? CUDA_ERROR_LOSSY_QUERY : CUDA_SUCCESS;
+}
+
+/* Replaces (FLAGS 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) or adds to (0) the capturing stream's
+ * dependency set: nodes of its capture's graph, with edge data EDGES (NULL: default). */
+static CUresult update_capture_deps(CUstream stream, const CUgraphNode *deps, const void *edges,
+                                    size_t count, unsigned flags)
+{
+    if (flags > 1 || (count && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = capture_stream(stream);
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    CUresult rc = !c ? CUDA_ERROR_ILLEGAL_STATE
+                  : c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                   : CUDA_SUCCESS;
+    for (size_t i = 0; !rc && i < count; i++)
+        if (!deps[i] || deps[i]->graph != c->graph)
+            rc = CUDA_ERROR_INVALID_VALUE;
+    if (!rc && !deps_set(&s->deps, deps, edges, count, flags == 0))
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&capture_lock);
+    return rc;
+}
+
+FG_EXPORT CUresult cuStreamUpdateCaptureDependencies(CUstream stream, CUgraphNode *deps,
+                                                     size_t count, unsigned int flags)
+{
+    return update_capture_deps(stream, deps, NULL, count, flags);
+}
+
+FG_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2(CUstream stream, CUgraphNode *deps,
+                                                        const void *edges, size_t count,
+                                                        unsigned int flags)
+{
+    return update_capture_deps(stream, deps, edges, count, flags);
+}
+
+FG_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(CUstream stream, CUgraphNode *deps,
+                                                          size_t count, unsigned int flags)
+{
+    return update_capture_deps(per_thread_default(stream), deps, NULL, count, flags);
+}
+
+FG_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream stream, CUgraphNode *deps,
+                                                             const void *edges, size_t count,
+                                                             unsigned int flags)
+{
+    return update_capture_deps(per_thread_default(stream), deps, edges, count, flags);
 }
 
 FG_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
@@ -707,6 +863,8 @@ FG_EXPORT CUresult cuEventDestroy_v2(CUevent event)
 {
     if (!event)
         return CUDA_ERROR_INVALID_HANDLE;
+    free(event->deps.nodes);
+    free(event->deps.edges);
     free(event);
     return CUDA_SUCCESS;
 }
@@ -721,10 +879,12 @@ FG_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         pthread_mutex_lock(&capture_lock);
         struct capture *c = capture_of(s);
         event->capture_id = c ? c->id : 0;
-        event->node = c ? s->last : NULL;
         event->stream = s;
         event->seq = s->captured;
         CUresult rc = c && c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+        /* The event stands for the stream's dependency set at this point. */
+        if (c && !rc && !deps_set(&event->deps, s->deps.nodes, s->deps.edges, s->deps.count, false))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
         pthread_mutex_unlock(&capture_lock);
         if (c)
             return rc;
@@ -1097,6 +1257,7 @@ static void graph_free(CUgraph graph)
         if (graph->nodes[i]->op.child)
             graph_free(graph->nodes[i]->op.child);
         free(graph->nodes[i]->deps);
+        free(graph->nodes[i]->dep_edges);
         free(graph->nodes[i]);
     }
     free(graph->nodes);
@@ -1113,39 +1274,40 @@ FG_EXPORT CUresult cuGraphDestroy(CUgraph graph)
     return CUDA_SUCCESS;
 }
 
-/* A copy of ORIGINAL's nodes and edges, child graphs copied too (capture_lock held). Graphs
- * with memory nodes are not cloned: the driver's documentation says cloning is not supported
- * for them, and of its documented errors CUDA_ERROR_INVALID_VALUE is the one that fits. */
-static CUresult graph_clone(CUgraph original, CUgraph *clone)
+/* A copy of ORIGINAL's nodes and edges (with their data), child graphs copied too
+ * (capture_lock held). Graphs with memory nodes are cloned only for the fake's own use
+ * (WITH_MEMORY: an executable graph's copy, a graph launched into a capture), each copied
+ * memory node holding its allocation too: the driver's documentation says cloning is not
+ * supported for them, and of its documented errors CUDA_ERROR_INVALID_VALUE is the one that
+ * fits. Nodes first, then edges: a node may depend on one added after it. */
+static CUresult graph_clone(CUgraph original, CUgraph *clone, bool with_memory)
 {
     CUgraph g = calloc(1, sizeof *g);
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CUDA_SUCCESS;
     for (size_t i = 0; i < original->count && !rc; i++) {
-        CUgraphNode node = original->nodes[i];
-        if (node->op.mem) {
+        struct fg_op op = original->nodes[i]->op;
+        if (op.mem && !with_memory) {
             rc = CUDA_ERROR_INVALID_VALUE;
             break;
         }
-        struct fg_op op = node->op;
         if (op.child) {
-            rc = graph_clone(node->op.child, &op.child);
+            rc = graph_clone(original->nodes[i]->op.child, &op.child, with_memory);
             if (rc)
                 break;
             op.child->embedded = true;
         }
-        CUgraphNode *deps = malloc((node->ndeps ? node->ndeps : 1) * sizeof *deps);
-        if (!deps) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            for (size_t d = 0; d < node->ndeps; d++)
-                deps[d] = g->nodes[node->deps[d]->index];
-            rc = graph_add(g, &op, deps, node->ndeps, NULL);
-        }
-        free(deps);
+        rc = graph_add(g, &op, NULL, NULL, 0, NULL);
         if (rc && op.child)
             graph_free(op.child);
+        if (!rc && op.mem)
+            op.mem->refs++;
+    }
+    for (size_t i = 0; i < original->count && !rc; i++) {
+        CUgraphNode node = original->nodes[i];
+        for (size_t d = 0; d < node->ndeps && !rc; d++)
+            rc = node_add_dep(g->nodes[i], g->nodes[node->deps[d]->index], node->dep_edges[d]);
     }
     if (rc) {
         graph_free(g);
@@ -1163,10 +1325,10 @@ FG_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     struct fg_op op = {.type = FG_OP_GRAPH};
     pthread_mutex_lock(&capture_lock);
-    CUresult rc = graph_clone(child, &op.child);
+    CUresult rc = graph_clone(child, &op.child, false);
     if (!rc) {
         op.child->embedded = true;
-        rc = graph_add(graph, &op, deps, count, node);
+        rc = graph_add(graph, &op, deps, NULL, count, node);
         if (rc)
             graph_free(op.child);
     }
@@ -1190,7 +1352,7 @@ FG_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     struct fg_op op = {.type = FG_OP_EMPTY};
     pthread_mutex_lock(&capture_lock);
-    CUresult rc = graph_add(graph, &op, deps, count, node);
+    CUresult rc = graph_add(graph, &op, deps, NULL, count, node);
     pthread_mutex_unlock(&capture_lock);
     return rc;
 }
@@ -1246,33 +1408,6 @@ static size_t *graph_order(CUgraph graph)
     return order;
 }
 
-/* The node types and edges of GRAPH (capture_lock held); false when out of memory. */
-static bool graph_shape(CUgraph graph, int **types, size_t **edges, size_t *nedges)
-{
-    size_t n = graph->count, count = 0;
-    for (size_t i = 0; i < n; i++)
-        count += graph->nodes[i]->ndeps;
-    *types = malloc((n ? n : 1) * sizeof **types);
-    *edges = malloc((count ? count : 1) * 2 * sizeof **edges);
-    if (!*types || !*edges) {
-        free(*types);
-        free(*edges);
-        *types = NULL;
-        *edges = NULL;
-        return false;
-    }
-    *nedges = 0;
-    for (size_t i = 0; i < n; i++) {
-        (*types)[i] = graph->nodes[i]->op.type;
-        for (size_t d = 0; d < graph->nodes[i]->ndeps; d++) {
-            (*edges)[2 * *nedges] = i;
-            (*edges)[2 * *nedges + 1] = graph->nodes[i]->deps[d]->index;
-            ++*nedges;
-        }
-    }
-    return true;
-}
-
 /* Appends GRAPH's operations, in an order that runs each after its dependencies and a child
  * graph's in its place, to *OPS (capture_lock held); false for a cycle or no memory. */
 static bool graph_flatten(CUgraph graph, struct fg_op **ops, size_t *count, size_t *capacity)
@@ -1322,13 +1457,12 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
         }
     size_t capacity = 0;
     bool ok = graph_flatten(graph, &e->ops, &e->count, &capacity);
-    if (ok && !graph_shape(graph, &e->types, &e->edges, &e->nedges))
-        ok = false;
-    if (!ok) {
+    CUresult rc = ok ? graph_clone(graph, &e->graph, true) : CUDA_ERROR_INVALID_VALUE;
+    if (rc) {
         pthread_mutex_unlock(&capture_lock);
         free(e->ops);
         free(e);
-        return CUDA_ERROR_INVALID_VALUE; /* a cycle (or no memory) */
+        return rc; /* a cycle (or no memory) */
     }
     for (size_t i = 0; i < e->count; i++) {
         if (e->ops[i].mem)
@@ -1336,7 +1470,6 @@ FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
         if (e->ops[i].type == FG_OP_MEM_ALLOC)
             e->ops[i].mem->execs++;
     }
-    e->nodes = graph->count;
     e->auto_free = flags & 1;
     pthread_mutex_unlock(&capture_lock);
     *exec = e;
@@ -1371,8 +1504,33 @@ static CUresult run_op(const struct fg_op *op)
 }
 
 /* A launch does the recorded operations in order, at once; launched on a capturing stream, the
- * graph's operations join that capture instead. */
+ * graph becomes one child graph node of that capture instead (as the real runtime records it),
+ * holding a copy of the executable graph's graph, memory nodes included (a child graph that
+ * owns them, as one moved into its parent may), which run when the capture's graph runs. */
 static CUresult graph_mem_give_locked(struct graph_mem *m);
+
+static bool capture_graph_launch(CUgraphExec exec, CUstream stream, CUresult *rc)
+{
+    struct CUstream_st *s = capture_stream(stream);
+    if (!s || !__atomic_load_n(&s->capture_id, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *c = capture_of(s);
+    if (c && c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (c) {
+        struct fg_op op = {.type = FG_OP_GRAPH};
+        *rc = graph_clone(exec->graph, &op.child, true);
+        if (!*rc) {
+            op.child->embedded = true;
+            *rc = capture_add(c, s, &op);
+            if (*rc)
+                graph_free(op.child);
+        }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return c != NULL;
+}
 
 FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
@@ -1381,6 +1539,8 @@ FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
         return rc;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    if (capture_graph_launch(exec, stream, &rc))
+        return rc;
     /* An allocation of the graph still live from an earlier launch: freed first with
      * auto-free-on-launch, else the launch fails (before doing anything). */
     pthread_mutex_lock(&capture_lock);
@@ -1390,8 +1550,7 @@ FG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
                                  : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&capture_lock);
     for (size_t i = 0; i < exec->count && !rc; i++)
-        if (!fg_capture_op(stream, &exec->ops[i], &rc))
-            rc = run_op(&exec->ops[i]);
+        rc = run_op(&exec->ops[i]);
     return rc;
 }
 
@@ -1426,10 +1585,9 @@ FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
         if (exec->ops[i].mem)
             graph_mem_put(exec->ops[i].mem);
     }
+    graph_free(exec->graph);
     pthread_mutex_unlock(&capture_lock);
     free(exec->ops);
-    free(exec->types);
-    free(exec->edges);
     free(exec);
     return CUDA_SUCCESS;
 }
@@ -1584,9 +1742,9 @@ static struct graph_mem *graph_mem_new(int dev, size_t size)
 /* Adds a node for OP to GRAPH (capture_lock held); the node holds a reference to OP's graph
  * allocation. */
 static CUresult graph_add_mem(CUgraph graph, struct fg_op *op, const CUgraphNode *deps,
-                              size_t ndeps, CUgraphNode *added)
+                              const void *edges, size_t ndeps, CUgraphNode *added)
 {
-    CUresult rc = graph_add(graph, op, deps, ndeps, added);
+    CUresult rc = graph_add(graph, op, deps, edges, ndeps, added);
     if (rc && op->type == FG_OP_MEM_ALLOC)
         graph_mem_put(op->mem);
     else if (!rc && op->type == FG_OP_MEM_FREE)
@@ -1659,7 +1817,7 @@ FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
     pthread_mutex_lock(&capture_lock);
     struct fg_op op = {.type = FG_OP_MEM_ALLOC, .bytes = params->bytesize,
                        .mem = graph_mem_new(params->poolProps.location.id, params->bytesize)};
-    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, deps, count, node);
+    rc = !op.mem ? CUDA_ERROR_OUT_OF_MEMORY : graph_add_mem(graph, &op, deps, NULL, count, node);
     if (!rc)
         params->dptr = op.mem->base;
     pthread_mutex_unlock(&capture_lock);
@@ -1674,7 +1832,7 @@ FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph,
     pthread_mutex_lock(&capture_lock);
     struct graph_mem *m = graph_mem_at(dptr);
     struct fg_op op = {.type = FG_OP_MEM_FREE, .dst = dptr, .mem = m};
-    CUresult rc = m ? graph_add_mem(graph, &op, deps, count, node) : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = m ? graph_add_mem(graph, &op, deps, NULL, count, node) : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&capture_lock);
     return rc;
 }
@@ -1718,16 +1876,18 @@ typedef struct {
 _Static_assert(sizeof(fg_graph_node_params) == 256, "CUgraphNodeParams is 256 bytes");
 
 enum { NODE_TYPE_MEM_ALLOC = 10, NODE_TYPE_MEM_FREE = 11 };
-static bool default_edges(const unsigned char *edges, size_t count);
+static bool default_edges(const void *edges, size_t count);
 
 /* Memory nodes only; another type is logged as unimplemented (once per entry point) and not
- * supported, as the generated stub did. */
+ * supported, as the generated stub did. Edges into a memory node carry default data only
+ * (ports and the programmatic type are kernel nodes'). */
 static CUresult add_node(int *logged, const char *name, CUgraphNode *node, CUgraph graph,
                          const CUgraphNode *deps, const void *edges, size_t count,
                          fg_graph_node_params *params)
 {
-    if (!params || !default_edges(edges, count))
-        return params ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    if (!params || ((params->type == NODE_TYPE_MEM_ALLOC || params->type == NODE_TYPE_MEM_FREE) &&
+                    !default_edges(edges, count)))
+        return CUDA_ERROR_INVALID_VALUE;
     switch (params->type) {
     case NODE_TYPE_MEM_ALLOC:
         return cuGraphAddMemAllocNode(node, graph, deps, count, &params->alloc);
@@ -1803,35 +1963,47 @@ FG_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attribute, voi
 }
 
 /* ---------------------------------------------------------------- graph structure */
-/* Edge data (CUgraphEdgeData, 8 bytes): only default edges (all zero) are modelled. */
-static bool default_edges(const unsigned char *edges, size_t count)
+/* Whether every one of COUNT CUgraphEdgeData entries (NULL: none) is the default edge. */
+static bool default_edges(const void *edges, size_t count)
 {
-    for (size_t i = 0; edges && i < count * 8; i++)
-        if (edges[i])
+    for (size_t i = 0; i < count; i++)
+        if (edge_at(edges, i))
             return false;
     return true;
 }
 
+/* Adds or removes COUNT edges FROM[i] -> TO[i] with data EDGES[i] (NULL: default). An edge
+ * already there (whatever its data) cannot be added again; one removed must be there with that
+ * data; data a node pair cannot carry (edge_valid) is refused; and, as documented, no edge is
+ * removed from a graph with memory nodes. All 1 (CUDA_ERROR_INVALID_VALUE). */
 static CUresult change_dependencies(CUgraph graph, const CUgraphNode *from, const CUgraphNode *to,
                                     const void *edges, size_t count, bool add)
 {
     if (!graph || (count && (!from || !to)))
         return CUDA_ERROR_INVALID_VALUE;
-    if (!default_edges(edges, count))
-        return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&capture_lock);
+    for (size_t i = 0; !add && count && i < graph->count && !rc; i++)
+        if (graph->nodes[i]->op.mem)
+            rc = CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count && !rc; i++) {
         CUgraphNode f = from[i], t = to[i];
+        uint64_t edge = edge_at(edges, i);
         if (!f || !t || f->graph != graph || t->graph != graph || f == t ||
-            node_depends_on(t, f) != !add) {
+            node_depends_on(t, f) != !add || (add && !edge_valid(f, &t->op, edge))) {
             rc = CUDA_ERROR_INVALID_VALUE;
         } else if (add) {
-            rc = node_add_dep(t, f);
+            rc = node_add_dep(t, f, edge);
         } else {
             for (size_t d = 0; d < t->ndeps; d++)
                 if (t->deps[d] == f) {
+                    if (t->dep_edges[d] != edge) {
+                        rc = CUDA_ERROR_INVALID_VALUE;
+                        break;
+                    }
                     memmove(&t->deps[d], &t->deps[d + 1], (t->ndeps - d - 1) * sizeof *t->deps);
+                    memmove(&t->dep_edges[d], &t->dep_edges[d + 1],
+                            (t->ndeps - d - 1) * sizeof *t->dep_edges);
                     t->ndeps--;
                     break;
                 }
@@ -1867,27 +2039,44 @@ FG_EXPORT CUresult cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode
     return change_dependencies(graph, from, to, edges, count, false);
 }
 
+/* Writes EDGE as CUgraphEdgeData entry I of EDGES. */
+static void edge_put(void *edges, size_t i, uint64_t edge)
+{
+    memcpy((unsigned char *)edges + 8 * i, &edge, 8);
+}
+
 /* FROM and TO NULL: the edge count; else up to *COUNT edges (by node in order of addition,
- * then dependency), the rest NULL, and *COUNT the edges returned. */
+ * then dependency) with their data in EDGES, the rest NULL (and default data), and *COUNT the
+ * edges returned. Without EDGES, an edge to return that carries data other than the default is
+ * a lossy query (CUDA_ERROR_LOSSY_QUERY, nothing written), as documented. */
 static CUresult graph_edges(CUgraph graph, CUgraphNode *from, CUgraphNode *to, void *edges,
                             size_t *count)
 {
-    if (!graph || !count || (!from != !to))
+    if (!graph || !count || (!from != !to) || (edges && !from))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&capture_lock);
     size_t n = 0;
+    bool lossy = false;
     for (size_t i = 0; i < graph->count; i++)
         for (size_t d = 0; d < graph->nodes[i]->ndeps; d++, n++)
-            if (from && n < *count) {
-                from[n] = graph->nodes[i]->deps[d];
-                to[n] = graph->nodes[i];
-            }
+            if (from && n < *count)
+                lossy |= !edges && graph->nodes[i]->dep_edges[d];
+    for (size_t i = 0, k = 0; from && !lossy && i < graph->count; i++)
+        for (size_t d = 0; d < graph->nodes[i]->ndeps && k < *count; d++, k++) {
+            from[k] = graph->nodes[i]->deps[d];
+            to[k] = graph->nodes[i];
+            if (edges)
+                edge_put(edges, k, graph->nodes[i]->dep_edges[d]);
+        }
     pthread_mutex_unlock(&capture_lock);
+    if (lossy)
+        return CUDA_ERROR_LOSSY_QUERY;
     if (from) {
-        for (size_t k = n; k < *count; k++)
+        for (size_t k = n; k < *count; k++) {
             from[k] = to[k] = NULL;
-        if (edges)
-            memset(edges, 0, *count * 8);
+            if (edges)
+                edge_put(edges, k, 0);
+        }
         if (n < *count)
             *count = n;
         return CUDA_SUCCESS;
@@ -1933,18 +2122,27 @@ FG_EXPORT CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t
     return CUDA_SUCCESS;
 }
 
+/* DEPS NULL: the dependency count; else up to *COUNT dependencies with their edge data in
+ * EDGES, the rest NULL; without EDGES, one with data other than the default is a lossy query
+ * (CUDA_ERROR_LOSSY_QUERY, nothing written). */
 static CUresult node_dependencies(CUgraphNode node, CUgraphNode *deps, void *edges,
                                   size_t *count)
 {
-    if (!node || !count)
+    if (!node || !count || (edges && !deps))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&capture_lock);
     size_t n = node->ndeps;
-    for (size_t i = 0; deps && i < *count; i++)
+    bool lossy = false;
+    for (size_t i = 0; deps && !edges && i < *count && i < n; i++)
+        lossy |= node->dep_edges[i] != 0;
+    for (size_t i = 0; deps && !lossy && i < *count; i++) {
         deps[i] = i < n ? node->deps[i] : NULL;
+        if (edges)
+            edge_put(edges, i, i < n ? node->dep_edges[i] : 0);
+    }
     pthread_mutex_unlock(&capture_lock);
-    if (deps && edges)
-        memset(edges, 0, *count * 8);
+    if (lossy)
+        return CUDA_ERROR_LOSSY_QUERY;
     if (!deps || n < *count)
         *count = n;
     return CUDA_SUCCESS;
@@ -1961,13 +2159,68 @@ FG_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *
     return node_dependencies(node, deps, edges, count);
 }
 
+/* DEPENDENTS NULL: the count of nodes that depend on NODE (edges out of it); else up to
+ * *COUNT of them (in order of addition) with the edges' data in EDGES, the rest NULL; without
+ * EDGES, one with data other than the default is a lossy query (CUDA_ERROR_LOSSY_QUERY,
+ * nothing written). */
+static CUresult node_dependents(CUgraphNode node, CUgraphNode *dependents, void *edges,
+                                size_t *count)
+{
+    if (!node || !count || (edges && !dependents))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&capture_lock);
+    CUgraph graph = node->graph;
+    size_t n = 0;
+    bool lossy = false;
+    for (int pass = dependents ? 0 : 1; pass < 2 && !lossy; pass++) {
+        n = 0;
+        for (size_t i = 0; i < graph->count; i++)
+            for (size_t d = 0; d < graph->nodes[i]->ndeps; d++) {
+                if (graph->nodes[i]->deps[d] != node)
+                    continue;
+                uint64_t edge = graph->nodes[i]->dep_edges[d];
+                if (pass == 0 && n < *count)
+                    lossy |= !edges && edge;
+                else if (pass == 1 && dependents && n < *count) {
+                    dependents[n] = graph->nodes[i];
+                    if (edges)
+                        edge_put(edges, n, edge);
+                }
+                n++;
+            }
+    }
+    pthread_mutex_unlock(&capture_lock);
+    if (lossy)
+        return CUDA_ERROR_LOSSY_QUERY;
+    for (size_t k = n; dependents && k < *count; k++) {
+        dependents[k] = NULL;
+        if (edges)
+            edge_put(edges, k, 0);
+    }
+    if (!dependents || n < *count)
+        *count = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                size_t *count)
+{
+    return node_dependents(node, dependents, NULL, count);
+}
+
+FG_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents,
+                                                   void *edges, size_t *count)
+{
+    return node_dependents(node, dependents, edges, count);
+}
+
 /* A copy of the nodes and edges (graph_clone). */
 FG_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original)
 {
     if (!clone || !original)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&capture_lock);
-    CUresult rc = graph_clone(original, clone);
+    CUresult rc = graph_clone(original, clone, false);
     pthread_mutex_unlock(&capture_lock);
     return rc;
 }
@@ -1981,9 +2234,55 @@ typedef struct {
     CUgraphNode errorNode, errorFromNode;
 } CUgraphExecUpdateResultInfo;
 
-/* The executable graph takes GRAPH's operations when GRAPH has the instantiated graph's node
- * count, node types (in order of addition) and edges; else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
- * and the reason. Graphs with memory nodes are not updated (not modelled). */
+/* Compares GRAPH with OLD, the executable graph's copy of the graph it was made from, as
+ * cuGraphExecUpdate's documentation lists: a different count of nodes directly in the graph
+ * (topology changed, no error node; inside a child graph the child graph node of GRAPH is
+ * named), a memory node (not supported, the node), a node of another type (type changed, the
+ * node), a node with another number of dependencies (topology changed, the node) or another
+ * dependency or edge data (topology changed, the node and that dependency); nodes are paired
+ * in order of addition, and child graphs compared the same way, node by node, after their
+ * parents' edges. capture_lock held. */
+static int update_compare(CUgraph old, CUgraph graph, CUgraphNode parent,
+                          CUgraphExecUpdateResultInfo *info)
+{
+    if (graph->count != old->count) {
+        info->errorNode = parent;
+        return UPDATE_TOPOLOGY_CHANGED;
+    }
+    for (size_t i = 0; i < graph->count; i++) {
+        CUgraphNode node = graph->nodes[i], paired = old->nodes[i];
+        info->errorNode = node;
+        if (node->op.mem || paired->op.mem)
+            return UPDATE_NOT_SUPPORTED;
+        if (node->op.type != paired->op.type)
+            return UPDATE_NODE_TYPE_CHANGED;
+    }
+    for (size_t i = 0; i < graph->count; i++) {
+        CUgraphNode node = graph->nodes[i], paired = old->nodes[i];
+        info->errorNode = node;
+        if (node->ndeps != paired->ndeps)
+            return UPDATE_TOPOLOGY_CHANGED;
+        for (size_t d = 0; d < node->ndeps; d++)
+            if (node->deps[d]->index != paired->deps[d]->index ||
+                node->dep_edges[d] != paired->dep_edges[d]) {
+                info->errorFromNode = node->deps[d];
+                return UPDATE_TOPOLOGY_CHANGED;
+            }
+    }
+    info->errorNode = NULL;
+    for (size_t i = 0; i < graph->count; i++) {
+        if (graph->nodes[i]->op.type != FG_OP_GRAPH)
+            continue;
+        int result = update_compare(old->nodes[i]->op.child, graph->nodes[i]->op.child,
+                                    graph->nodes[i], info);
+        if (result)
+            return result;
+    }
+    return UPDATE_SUCCESS;
+}
+
+/* The executable graph takes GRAPH's operations when GRAPH has the instantiated graph's shape
+ * (update_compare); else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE and the reason. */
 FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
                                         CUgraphExecUpdateResultInfo *info)
 {
@@ -1991,45 +2290,32 @@ FG_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
         return CUDA_ERROR_INVALID_VALUE;
     info->result = UPDATE_SUCCESS;
     info->errorNode = info->errorFromNode = NULL;
-    int *types = NULL;
-    size_t *edges = NULL, nedges = 0;
     struct fg_op *ops = NULL;
     size_t nops = 0, capacity = 0;
+    CUgraph copy = NULL, replaced = NULL;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&capture_lock);
-    if (graph->count != exec->nodes) {
-        info->result = UPDATE_TOPOLOGY_CHANGED;
-    } else if (!graph_shape(graph, &types, &edges, &nedges) ||
-               !graph_flatten(graph, &ops, &nops, &capacity)) {
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        for (size_t i = 0; i < graph->count && !info->result; i++)
-            if (graph->nodes[i]->op.mem || exec->types[i] == FG_OP_MEM_ALLOC ||
-                exec->types[i] == FG_OP_MEM_FREE) {
-                info->result = UPDATE_NOT_SUPPORTED;
-                info->errorNode = graph->nodes[i];
-            } else if (types[i] != exec->types[i]) {
-                info->result = UPDATE_NODE_TYPE_CHANGED;
-                info->errorNode = graph->nodes[i];
-            }
-        if (!info->result && (nedges != exec->nedges ||
-                              memcmp(edges, exec->edges, nedges * 2 * sizeof *edges))) {
-            info->result = UPDATE_TOPOLOGY_CHANGED;
+    info->result = update_compare(exec->graph, graph, NULL, info);
+    if (!info->result) {
+        if (!graph_flatten(graph, &ops, &nops, &capacity))
+            rc = CUDA_ERROR_OUT_OF_MEMORY; /* no cycle: the shape is the instantiated one */
+        else
+            rc = graph_clone(graph, &copy, false);
+        if (!rc) {
+            replaced = exec->graph;
+            exec->graph = copy;
+            free(exec->ops);
+            exec->ops = ops;
+            exec->count = nops;
+            ops = NULL;
+            graph_free(replaced);
         }
-        /* A child graph's own shape is compared by its operation count only. */
-        if (!info->result && nops != exec->count)
-            info->result = UPDATE_TOPOLOGY_CHANGED;
     }
     pthread_mutex_unlock(&capture_lock);
-    free(types);
-    free(edges);
-    if (rc || info->result) {
-        free(ops);
-        return rc ? rc : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
-    }
-    free(exec->ops);
-    exec->ops = ops;
-    return CUDA_SUCCESS;
+    free(ops);
+    if (rc)
+        return rc;
+    return info->result ? CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE : CUDA_SUCCESS;
 }
 
 /* CUDA 11's entry point: the error node and the result apart. */

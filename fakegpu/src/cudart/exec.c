@@ -172,29 +172,57 @@ FG_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *gra
     return fg_rt_status(cuStreamEndCapture_ptsz(s, graph));
 }
 
+/* The capturing stream's dependency set replaced or added to (the driver's). CUDA 12: no edge
+ * data in the plain name; _v2 has it; CUDA 13's plain name has it. */
 #if FG_SONAME_MAJOR == 12
-/* CUDA 12: no edge data here; _v2 has it. */
-FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, CUgraphNode *deps,
                                                           size_t count, unsigned int flags)
 {
     READY();
-    return cudaSuccess;
+    return fg_rt_status(cuStreamUpdateCaptureDependencies_v2(s, deps, NULL, count, flags));
 }
 
-FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t s, void *deps,
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t s, CUgraphNode *deps,
+                                                               size_t count, unsigned int flags)
+{
+    READY();
+    return fg_rt_status(
+        cuStreamUpdateCaptureDependencies_v2_ptsz(s, deps, NULL, count, flags));
+}
+
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t s, CUgraphNode *deps,
                                                              const void *edges, size_t count,
                                                              unsigned int flags)
 {
     READY();
-    return cudaSuccess;
+    return fg_rt_status(cuStreamUpdateCaptureDependencies_v2(s, deps, edges, count, flags));
+}
+
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2_ptsz(cudaStream_t s,
+                                                                  CUgraphNode *deps,
+                                                                  const void *edges, size_t count,
+                                                                  unsigned int flags)
+{
+    READY();
+    return fg_rt_status(
+        cuStreamUpdateCaptureDependencies_v2_ptsz(s, deps, edges, count, flags));
 }
 #else
-FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, void *deps,
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, CUgraphNode *deps,
                                                           const void *edges, size_t count,
                                                           unsigned int flags)
 {
     READY();
-    return cudaSuccess;
+    return fg_rt_status(cuStreamUpdateCaptureDependencies_v2(s, deps, edges, count, flags));
+}
+
+FG_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t s, CUgraphNode *deps,
+                                                               const void *edges, size_t count,
+                                                               unsigned int flags)
+{
+    READY();
+    return fg_rt_status(
+        cuStreamUpdateCaptureDependencies_v2_ptsz(s, deps, edges, count, flags));
 }
 #endif
 
@@ -621,6 +649,13 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphN
     return fg_rt_status(cuGraphNodeGetDependencies_v2(node, deps, edges, count));
 }
 
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents,
+                                                       void *edges, size_t *count)
+{
+    READY();
+    return fg_rt_status(cuGraphNodeGetDependentNodes_v2(node, dependents, edges, count));
+}
+
 #if FG_SONAME_MAJOR >= 13
 FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
                                                const CUgraphNode *to, const void *edges,
@@ -647,6 +682,12 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode
 {
     return cudaGraphNodeGetDependencies_v2(node, deps, edges, count);
 }
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                     void *edges, size_t *count)
+{
+    return cudaGraphNodeGetDependentNodes_v2(node, dependents, edges, count);
+}
 #else
 FG_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const CUgraphNode *from,
                                                const CUgraphNode *to, size_t count)
@@ -670,6 +711,12 @@ FG_EXPORT cudaError_t cudaGraphNodeGetDependencies(CUgraphNode node, CUgraphNode
                                                    size_t *count)
 {
     return cudaGraphNodeGetDependencies_v2(node, deps, NULL, count);
+}
+
+FG_EXPORT cudaError_t cudaGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode *dependents,
+                                                     size_t *count)
+{
+    return cudaGraphNodeGetDependentNodes_v2(node, dependents, NULL, count);
 }
 #endif
 

@@ -389,6 +389,8 @@ CUresult cuGraphGetEdges_v2(CUgraph graph, CUgraphNode *from, CUgraphNode *to, v
 CUresult cuGraphGetRootNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, void *edges,
                                        size_t *count);
+CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode *dependents, void *edges,
+                                         size_t *count);
 CUresult cuGraphClone(CUgraph *clone, CUgraph original);
 CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                   size_t count, CUgraph child);
@@ -417,6 +419,12 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long l
                                    CUgraph *graph, const CUgraphNode **deps, const void **edges,
                                    size_t *count);
 CUresult cuStreamBeginCapture_v2(CUstream stream, int mode);
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream stream, CUgraphNode *deps,
+                                              const void *edges, size_t count,
+                                              unsigned int flags);
+CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream stream, CUgraphNode *deps,
+                                                   const void *edges, size_t count,
+                                                   unsigned int flags);
 CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                      const void *edges, size_t count, int mode);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);

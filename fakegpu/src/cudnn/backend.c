@@ -18,17 +18,9 @@
 #include <string.h>
 
 #include "fakegpu_log.h"
+#include "cudnn_status.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    STATUS_SUCCESS = 0,
-    STATUS_NOT_INITIALIZED = 1001,
-    STATUS_BAD_PARAM = 2000,
-    STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    STATUS_NOT_SUPPORTED = 3000,
-    STATUS_ALLOC_FAILED = 4000,
-};
 
 /* Descriptor types (cudnnBackendDescriptorType_t) the fake computes something for. */
 enum {
@@ -166,11 +158,11 @@ static cudnnStatus_t store(struct descriptor *d, int name, int type, int64_t cou
                            const void *values)
 {
     if (count < 0 || count > (1 << 20))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     size_t bytes = element_size(type) * (size_t)count;
     struct attribute *a = malloc(sizeof *a + bytes);
     if (!a)
-        return STATUS_ALLOC_FAILED;
+        return CUDNN_STATUS_ALLOC_FAILED;
     a->name = name;
     a->type = type;
     a->count = count;
@@ -183,7 +175,7 @@ static cudnnStatus_t store(struct descriptor *d, int name, int type, int64_t cou
     a->next = *link ? (*link)->next : NULL;
     free(*link);
     *link = a;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Makes DST a copy of SRC (its attributes and computed figures), as cuDNN fills a descriptor
@@ -191,7 +183,7 @@ static cudnnStatus_t store(struct descriptor *d, int name, int type, int64_t cou
 static cudnnStatus_t copy_into(struct descriptor *dst, const struct descriptor *src)
 {
     if (dst == src)
-        return STATUS_SUCCESS;
+        return CUDNN_STATUS_SUCCESS;
     drop_attributes(dst);
     for (const struct attribute *a = src->attributes; a; a = a->next) {
         cudnnStatus_t status = store(dst, a->name, a->type, a->count, a->bytes);
@@ -202,7 +194,7 @@ static cudnnStatus_t copy_into(struct descriptor *dst, const struct descriptor *
     dst->im2col_bytes = src->im2col_bytes;
     dst->engine_index = src->engine_index;
     dst->workspace = src->workspace;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static struct descriptor *descriptor_attribute(const struct descriptor *d, int name, int64_t i)
@@ -293,35 +285,35 @@ static int64_t engine_workspace(int64_t index, int64_t im2col)
 FG_EXPORT cudnnStatus_t cudnnBackendCreateDescriptor(int kind, void **handle)
 {
     if (!handle)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     struct descriptor *d = calloc(1, sizeof *d);
     if (!d)
-        return STATUS_ALLOC_FAILED;
+        return CUDNN_STATUS_ALLOC_FAILED;
     d->magic = MAGIC;
     d->kind = kind;
     *handle = d;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnBackendDestroyDescriptor(void *handle)
 {
     struct descriptor *d = checked(handle);
     if (!d)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     drop_attributes(d);
     d->magic = 0;
     free(d);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnBackendInitialize(void *handle)
 {
     struct descriptor *d = checked(handle);
     if (!d)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     drop_attributes(d);
     d->finalized = 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnBackendSetAttribute(void *handle, int name, int type, int64_t count,
@@ -329,9 +321,9 @@ FG_EXPORT cudnnStatus_t cudnnBackendSetAttribute(void *handle, int name, int typ
 {
     struct descriptor *d = checked(handle);
     if (!d)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     if (count > 0 && !values)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return store(d, name, type, count, values);
 }
 
@@ -339,7 +331,7 @@ FG_EXPORT cudnnStatus_t cudnnBackendFinalize(void *handle)
 {
     struct descriptor *d = checked(handle);
     if (!d)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     const struct descriptor *from;
     switch (d->kind) {
     case DESC_OPERATIONGRAPH:
@@ -347,30 +339,30 @@ FG_EXPORT cudnnStatus_t cudnnBackendFinalize(void *handle)
         break;
     case DESC_ENGINEHEUR:
         if (!(from = descriptor_attribute(d, ATTR_ENGINEHEUR_OPERATION_GRAPH, 0)))
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
         d->im2col_bytes = from->im2col_bytes;
         break;
     case DESC_ENGINE: {
         const struct attribute *index = find(d, ATTR_ENGINE_GLOBAL_INDEX);
         if (!(from = descriptor_attribute(d, ATTR_ENGINE_OPERATION_GRAPH, 0)) || !index)
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
         memcpy(&d->engine_index, index->bytes, 8);
         if (d->engine_index < 0 || d->engine_index >= ENGINE_COUNT)
-            return STATUS_NOT_SUPPORTED;
+            return CUDNN_STATUS_NOT_SUPPORTED;
         d->im2col_bytes = from->im2col_bytes;
         d->workspace = engine_workspace(d->engine_index, d->im2col_bytes);
         break;
     }
     case DESC_ENGINECFG:
         if (!(from = descriptor_attribute(d, ATTR_ENGINECFG_ENGINE, 0)))
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
         d->engine_index = from->engine_index;
         d->im2col_bytes = from->im2col_bytes;
         d->workspace = from->workspace;
         break;
     case DESC_EXECUTION_PLAN:
         if (!(from = descriptor_attribute(d, ATTR_EXECUTION_PLAN_ENGINE_CONFIG, 0)))
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
         d->engine_index = from->engine_index;
         d->im2col_bytes = from->im2col_bytes;
         d->workspace = from->workspace;
@@ -379,7 +371,7 @@ FG_EXPORT cudnnStatus_t cudnnBackendFinalize(void *handle)
         break;
     }
     d->finalized = 1;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The count a get reports: how many there are when the caller asks for none, else how many it
@@ -394,21 +386,21 @@ static cudnnStatus_t give_int64(const int64_t *values, int64_t count, int type, 
                                 int64_t *element_count, void *out)
 {
     if (type != TYPE_INT64)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     if (element_count)
         *element_count = reported(count, requested);
     if (requested > 0 && !out)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     for (int64_t i = 0; i < count && i < requested; i++)
         ((int64_t *)out)[i] = values[i];
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static cudnnStatus_t give_none(int64_t *element_count)
 {
     if (element_count)
         *element_count = 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Fills the caller's engine descriptor OUT with engine INDEX of GRAPH's heuristics. */
@@ -433,17 +425,17 @@ FG_EXPORT cudnnStatus_t cudnnBackendGetAttribute(void *handle, int name, int typ
 {
     struct descriptor *d = checked(handle);
     if (!d)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     if (requested < 0)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     switch (name) {
     case ATTR_ENGINEHEUR_RESULTS: {
         /* Engine configs, into descriptors the caller created. */
         const struct attribute *graph = find(d, ATTR_ENGINEHEUR_OPERATION_GRAPH);
         if (d->kind != DESC_ENGINEHEUR || !d->finalized || !graph)
-            return STATUS_NOT_INITIALIZED;
+            return CUDNN_STATUS_NOT_INITIALIZED;
         if (requested > 0 && !out)
-            return STATUS_BAD_PARAM_NULL_POINTER;
+            return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
         void *graph_handle;
         memcpy(&graph_handle, graph->bytes, 8);
         if (element_count)
@@ -452,7 +444,7 @@ FG_EXPORT cudnnStatus_t cudnnBackendGetAttribute(void *handle, int name, int typ
             struct descriptor *config = checked(((void **)out)[i]);
             void *engine_handle;
             if (!config || cudnnBackendCreateDescriptor(DESC_ENGINE, &engine_handle))
-                return STATUS_BAD_PARAM;
+                return CUDNN_STATUS_BAD_PARAM;
             cudnnStatus_t status = make_engine(engine_handle, d, graph_handle, i);
             drop_attributes(config);
             if (!status)
@@ -467,7 +459,7 @@ FG_EXPORT cudnnStatus_t cudnnBackendGetAttribute(void *handle, int name, int typ
             if (status)
                 return status;
         }
-        return STATUS_SUCCESS;
+        return CUDNN_STATUS_SUCCESS;
     }
     case ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT:
         if (d->kind == DESC_OPERATIONGRAPH) {
@@ -511,46 +503,46 @@ FG_EXPORT cudnnStatus_t cudnnBackendGetAttribute(void *handle, int name, int typ
             if (out && requested > 0)
                 memcpy(out, json, (size_t)requested < sizeof json ? (size_t)requested
                                                                     : sizeof json);
-            return STATUS_SUCCESS;
+            return CUDNN_STATUS_SUCCESS;
         }
         default: {
             static int logged;
             fg_log_unimplemented(&logged, "cudnnBackendGetAttribute of an attribute not set");
-            return STATUS_NOT_SUPPORTED;
+            return CUDNN_STATUS_NOT_SUPPORTED;
         }
         }
     }
     if (element_count)
         *element_count = reported(a->count, requested);
     if (requested > 0 && !out)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int64_t n = a->count < requested ? a->count : requested;
     if (a->type == TYPE_BACKEND_DESCRIPTOR && type == TYPE_BACKEND_DESCRIPTOR) {
         for (int64_t i = 0; i < n; i++) {
             struct descriptor *dst = checked(((void **)out)[i]);
             struct descriptor *src = descriptor_attribute(d, name, i);
             if (!dst || !src)
-                return STATUS_BAD_PARAM;
+                return CUDNN_STATUS_BAD_PARAM;
             cudnnStatus_t status = copy_into(dst, src);
             if (status)
                 return status;
         }
-        return STATUS_SUCCESS;
+        return CUDNN_STATUS_SUCCESS;
     }
     if (element_size(type) != element_size(a->type))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     if (n > 0)
         memcpy(out, a->bytes, element_size(a->type) * (size_t)n);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnBackendExecute(void *handle, void *plan, void *variant_pack)
 {
     if (!handle)
-        return STATUS_NOT_INITIALIZED;
+        return CUDNN_STATUS_NOT_INITIALIZED;
     struct descriptor *p = checked(plan), *v = checked(variant_pack);
     if (!p || !v || p->kind != DESC_EXECUTION_PLAN || !p->finalized)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     /* At a device's first execution, not at cudnnCreate: what was measured is a convolution's
      * kernels, which a real driver loads at their first launch, and PyTorch makes handles for
      * cuDNN work that runs no graph (batch norm). Any graph's first execution is charged the
@@ -559,5 +551,5 @@ FG_EXPORT cudnnStatus_t cudnnBackendExecute(void *handle, void *plan, void *vari
     if (loaded)
         return loaded;
     vramshim_fakegpu_device_work(p->engine_index == 0 ? ENGINE0_NS : ENGINE1_NS);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }

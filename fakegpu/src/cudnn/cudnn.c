@@ -6,17 +6,9 @@
 #include <stdlib.h>
 
 #include "fakegpu_library_memory.h"
+#include "cudnn_status.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    CUDNN_STATUS_SUCCESS = 0,
-    CUDNN_STATUS_NOT_INITIALIZED = 1001,
-    CUDNN_STATUS_BAD_PARAM = 2000,
-    CUDNN_STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    CUDNN_STATUS_NOT_SUPPORTED = 3000,
-    CUDNN_STATUS_ALLOC_FAILED = 4000,
-};
 
 #if FG_SONAME_MAJOR == 8
 /* cuDNN 8.9.2, the release PyTorch 2.3 is built with (CUDA 12.1): cuDNN 8 numbers its

@@ -5,15 +5,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cudnn_status.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    STATUS_SUCCESS = 0,
-    STATUS_BAD_PARAM = 2000,
-    STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    STATUS_ALLOC_FAILED = 4000,
-};
 
 #define MAX_DIMS 8
 
@@ -27,15 +21,15 @@ struct legacy_descriptor {
 static cudnnStatus_t create(void **descriptor)
 {
     if (!descriptor)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *descriptor = calloc(1, sizeof(struct legacy_descriptor));
-    return *descriptor ? STATUS_SUCCESS : STATUS_ALLOC_FAILED;
+    return *descriptor ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
 }
 
 static cudnnStatus_t destroy(void *descriptor)
 {
     free(descriptor);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 #define LEGACY_DESCRIPTOR(kind)                                                              \
@@ -59,9 +53,9 @@ static cudnnStatus_t set_shape(struct legacy_descriptor *d, int data_type, int f
                                const int *dim, const int *stride)
 {
     if (!d || !dim)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (dims < 1 || dims > MAX_DIMS)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     d->data_type = data_type;
     d->format = format;
     d->dims = dims;
@@ -72,7 +66,7 @@ static cudnnStatus_t set_shape(struct legacy_descriptor *d, int data_type, int f
     if (!stride) /* packed, NCHW order */
         for (int i = dims - 1, s = 1; i >= 0; s *= dim[i], i--)
             d->stride[i] = s;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* A tensor descriptor of no dimensions: what cuDNN describes a part an RNN does not have with
@@ -107,7 +101,7 @@ FG_EXPORT cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descripto
                                                    int *dim, int *stride)
 {
     if (!d || !data_type || !dims)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *data_type = d->data_type;
     *dims = d->dims;
     for (int i = 0; i < requested && i < d->dims; i++) {
@@ -116,7 +110,7 @@ FG_EXPORT cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descripto
         if (stride)
             stride[i] = d->stride[i];
     }
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetFilterNdDescriptor(void *d, int data_type, int format, int dims,
@@ -130,13 +124,13 @@ FG_EXPORT cudnnStatus_t cudnnGetFilterNdDescriptor(const struct legacy_descripto
                                                    int *dims, int *dim)
 {
     if (!d || !data_type || !format || !dims)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *data_type = d->data_type;
     *format = d->format;
     *dims = d->dims;
     for (int i = 0; i < requested && i < d->dims && dim; i++)
         dim[i] = d->dim[i];
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The batch-normalisation scale/bias/mean/variance shape: 1 x C x 1 x 1 (x 1). */
@@ -144,7 +138,7 @@ FG_EXPORT cudnnStatus_t cudnnDeriveBNTensorDescriptor(struct legacy_descriptor *
                                                       const struct legacy_descriptor *x, int mode)
 {
     if (!derived || !x)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int dim[MAX_DIMS];
     for (int i = 0; i < x->dims; i++)
         dim[i] = i == 1 ? x->dim[1] : 1;
@@ -160,9 +154,9 @@ FG_EXPORT cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize
     const void *bn, const void *activation, size_t *bytes)
 {
     if (!bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *bytes = 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
@@ -170,16 +164,16 @@ FG_EXPORT cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
     const void *dz, const void *dx, const void *dbn, const void *activation, size_t *bytes)
 {
     if (!bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *bytes = 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
     void *handle, int mode, int ops, const void *activation, const void *x, size_t *bytes)
 {
     if (!bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *bytes = 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }

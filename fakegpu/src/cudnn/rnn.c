@@ -18,17 +18,11 @@
 #include <stdlib.h>
 
 #include "fakegpu_library_memory.h"
+#include "cudnn_status.h"
 
 CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
 
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    STATUS_SUCCESS = 0,
-    STATUS_BAD_PARAM = 2000,
-    STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    STATUS_ALLOC_FAILED = 4000,
-};
 
 /* cudnnRNNMode_t, cudnnRNNBiasMode_t, cudnnDirectionMode_t, cudnnRNNInputMode_t,
  * cudnnForwardMode_t (cudnn_adv.h). */
@@ -86,29 +80,29 @@ static size_t element_bytes(int type)
 FG_EXPORT cudnnStatus_t cudnnCreateRNNDescriptor(struct rnn_descriptor **d)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *d = calloc(1, sizeof **d);
-    return *d ? STATUS_SUCCESS : STATUS_ALLOC_FAILED;
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
 }
 
 FG_EXPORT cudnnStatus_t cudnnDestroyRNNDescriptor(struct rnn_descriptor *d)
 {
     free(d);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnCreateRNNDataDescriptor(struct rnn_data_descriptor **d)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *d = calloc(1, sizeof **d);
-    return *d ? STATUS_SUCCESS : STATUS_ALLOC_FAILED;
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
 }
 
 FG_EXPORT cudnnStatus_t cudnnDestroyRNNDataDescriptor(struct rnn_data_descriptor *d)
 {
     free(d);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetRNNDescriptor_v8(struct rnn_descriptor *d, int algo,
@@ -120,20 +114,20 @@ FG_EXPORT cudnnStatus_t cudnnSetRNNDescriptor_v8(struct rnn_descriptor *d, int a
                                                  void *dropout, uint32_t aux_flags)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     /* A projection (LSTM only) is smaller than the hidden state; equal means none. */
     if (cell_mode < RNN_RELU || cell_mode > GRU || bias_mode < NO_BIAS ||
         bias_mode > SINGLE_REC_BIAS || (direction != UNIDIRECTIONAL && direction != BIDIRECTIONAL) ||
         (input_mode != LINEAR_INPUT && input_mode != SKIP_INPUT) || !element_bytes(data_type) ||
         input_size <= 0 || hidden_size <= 0 || layers <= 0 || projection_size <= 0 ||
         projection_size > hidden_size || (cell_mode != LSTM && projection_size != hidden_size))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     const struct dropout_descriptor *between_layers = dropout;
     *d = (struct rnn_descriptor){1, algo, cell_mode, bias_mode, direction, input_mode,
                                  data_type, math_precision, input_size, hidden_size,
                                  projection_size, layers,
                                  between_layers ? between_layers->probability : 0.0f};
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetRNNDataDescriptor(struct rnn_data_descriptor *d, int data_type,
@@ -142,15 +136,15 @@ FG_EXPORT cudnnStatus_t cudnnSetRNNDataDescriptor(struct rnn_data_descriptor *d,
                                                   void *padding_fill)
 {
     if (!d || !sequence_lengths)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (layout < 0 || layout > 2 || max_sequence <= 0 || batch <= 0 || vector_size <= 0 ||
         !element_bytes(data_type))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     for (int i = 0; i < batch; i++)
         if (sequence_lengths[i] < 0 || sequence_lengths[i] > max_sequence)
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
     *d = (struct rnn_data_descriptor){1, data_type, layout, max_sequence, batch, vector_size};
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Gates of a cell: the matrices (and biases) each of input and recurrent weights has. */
@@ -218,11 +212,11 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWeightSpaceSize(void *handle, const struct rn
                                                    size_t *bytes)
 {
     if (!handle || !d || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (!d->set)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     *bytes = weight_elements(d) * element_bytes(d->data_type);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Describes `rows` x `cols` elements at `offset` of the weight space (NULL and no elements
@@ -235,10 +229,10 @@ static cudnnStatus_t describe(const struct rnn_descriptor *d, const void *weight
     if (address)
         *address = rows && cols ? (char *)weights + offset * element_bytes(d->data_type) : NULL;
     if (!descriptor)
-        return STATUS_SUCCESS;
+        return CUDNN_STATUS_SUCCESS;
     if (!rows || !cols) {
         fg_cudnn_describe_nothing((struct legacy_descriptor *)descriptor);
-        return STATUS_SUCCESS;
+        return CUDNN_STATUS_SUCCESS;
     }
     const int dim[3] = {1, rows, cols};
     return filter ? cudnnSetFilterNdDescriptor(descriptor, d->data_type, 0, 3, dim)
@@ -259,7 +253,7 @@ static cudnnStatus_t weight_params(const struct rnn_descriptor *d, int pseudo_la
     if (!d->set || pseudo_layer < 0 || pseudo_layer >= d->layers * directions(d) || id < 0 ||
         id > 2 * g - (has_projection ? 0 : 1) ||
         weight_bytes < weight_elements(d) * element_bytes(d->data_type))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     size_t matrices, biases;
     offsets(d, pseudo_layer, &matrices, &biases);
     const struct pseudo_layer p = layout_of(d, pseudo_layer);
@@ -297,7 +291,7 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWeightParams(void *handle, const struct rnn_d
                                                 void *bias_descriptor, void **bias)
 {
     if (!handle || !d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return weight_params(d, pseudo_layer, weight_bytes, weights, id, matrix_descriptor, matrix,
                          bias_descriptor, bias, 0);
 }
@@ -346,11 +340,11 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNTempSpaceSizes(void *handle, const struct rnn
                                                   size_t *work_bytes, size_t *reserve_bytes)
 {
     if (!handle || !d || !x)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (!d->set || !x->set || (mode != FWD_MODE_INFERENCE && mode != FWD_MODE_TRAINING))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     temp_spaces(d, (size_t)x->max_sequence * (size_t)x->batch, mode, work_bytes, reserve_bytes);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* cuDNN 8's older RNN API (cudnn_adv_infer.h's v6 setter and v7 queries), what PyTorch 2.3
@@ -365,7 +359,7 @@ FG_EXPORT cudnnStatus_t cudnnSetRNNDescriptor_v6(void *handle, struct rnn_descri
                                                  int algo, int math_precision)
 {
     if (!handle)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     /* The input size and data type come with each query: float and 1 until then. */
     return cudnnSetRNNDescriptor_v8(d, algo, cell_mode, DOUBLE_BIAS, direction, input_mode, 0,
                                     math_precision, 0, 1, hidden_size, hidden_size, layers,
@@ -377,17 +371,17 @@ FG_EXPORT cudnnStatus_t cudnnSetRNNProjectionLayers(void *handle, struct rnn_des
                                                     int output_projection)
 {
     if (!handle || !d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (!d->set || d->cell_mode != LSTM || recurrent_projection <= 0 ||
         recurrent_projection > d->hidden_size || output_projection != 0)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     d->projection_size = recurrent_projection;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetRNNMatrixMathType(struct rnn_descriptor *d, int math_type)
 {
-    return d ? STATUS_SUCCESS : STATUS_BAD_PARAM_NULL_POINTER;
+    return d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
 }
 
 /* `d` with the data type `data_type` and the input size of the steps' first descriptor `x`
@@ -398,30 +392,30 @@ static cudnnStatus_t with_input(const struct rnn_descriptor *d, int data_type,
                                 struct rnn_descriptor *out, size_t *positions)
 {
     if (!d || !x || !x[0])
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int type = 0, dims = 0, dim[8] = {0};
     cudnnStatus_t rc = cudnnGetTensorNdDescriptor(x[0], 8, &type, &dims, dim, NULL);
     if (rc)
         return rc;
     if (!d->set || dims < 2 || steps < 1)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     *out = *d;
     out->data_type = data_type < 0 ? type : data_type;
     out->input_size = dim[1];
     if (!element_bytes(out->data_type))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     if (positions) {
         *positions = 0;
         for (int t = 0; t < steps; t++) {
             if (!x[t])
-                return STATUS_BAD_PARAM_NULL_POINTER;
+                return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
             rc = cudnnGetTensorNdDescriptor(x[t], 8, &type, &dims, dim, NULL);
             if (rc)
                 return rc;
             *positions += (size_t)dim[0];
         }
     }
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetRNNParamsSize(void *handle, const struct rnn_descriptor *d,
@@ -430,12 +424,12 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNParamsSize(void *handle, const struct rnn_des
 {
     struct rnn_descriptor sized;
     if (!handle || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = with_input(d, data_type, &x, 1, &sized, NULL);
     if (rc)
         return rc;
     *bytes = weight_elements(&sized) * element_bytes(sized.data_type);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The legacy queries' weights: `w`'s filter descriptor gives their data type and size. */
@@ -446,7 +440,7 @@ static cudnnStatus_t legacy_params(void *handle, const struct rnn_descriptor *d,
                                    void *bias_descriptor, void **bias)
 {
     if (!handle || !w)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int type = 0, format = 0, dims = 0, dim[8] = {0};
     cudnnStatus_t rc = cudnnGetFilterNdDescriptor(w, 8, &type, &format, &dims, dim);
     if (rc)
@@ -468,7 +462,7 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNLinLayerMatrixParams(
     int id, void *matrix_descriptor, void **matrix)
 {
     if (!matrix_descriptor || !matrix)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return legacy_params(handle, d, pseudo_layer, x, w, weights, id, matrix_descriptor, matrix,
                          NULL, NULL);
 }
@@ -479,7 +473,7 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNLinLayerBiasParams(
     int id, void *bias_descriptor, void **bias)
 {
     if (!bias_descriptor || !bias)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return legacy_params(handle, d, pseudo_layer, x, w, weights, id, NULL, NULL,
                          bias_descriptor, bias);
 }
@@ -492,12 +486,12 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNWorkspaceSize(void *handle, const struct rnn_
     struct rnn_descriptor sized;
     size_t positions = 0;
     if (!handle || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = with_input(d, -1, x, steps, &sized, &positions);
     if (rc)
         return rc;
     temp_spaces(&sized, positions, FWD_MODE_INFERENCE, bytes, NULL);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetRNNTrainingReserveSize(void *handle,
@@ -508,27 +502,27 @@ FG_EXPORT cudnnStatus_t cudnnGetRNNTrainingReserveSize(void *handle,
     struct rnn_descriptor sized;
     size_t positions = 0;
     if (!handle || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = with_input(d, -1, x, steps, &sized, &positions);
     if (rc)
         return rc;
     temp_spaces(&sized, positions, FWD_MODE_TRAINING, NULL, bytes);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 #endif
 
 FG_EXPORT cudnnStatus_t cudnnCreateDropoutDescriptor(struct dropout_descriptor **d)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *d = calloc(1, sizeof **d);
-    return *d ? STATUS_SUCCESS : STATUS_ALLOC_FAILED;
+    return *d ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
 }
 
 FG_EXPORT cudnnStatus_t cudnnDestroyDropoutDescriptor(struct dropout_descriptor *d)
 {
     free(d);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Setting a dropout descriptor initialises its random state on the GPU, restoring one takes
@@ -537,11 +531,11 @@ static cudnnStatus_t keep_dropout(struct dropout_descriptor *d, void *handle, fl
                                   void *states, unsigned long long seed)
 {
     if (!d || !handle)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (probability < 0.0f || probability > 1.0f)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     *d = (struct dropout_descriptor){probability, states, seed};
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetDropoutDescriptor(struct dropout_descriptor *d, void *handle,
@@ -564,11 +558,11 @@ FG_EXPORT cudnnStatus_t cudnnGetDropoutDescriptor(const struct dropout_descripto
                                                   void **states, unsigned long long *seed)
 {
     if (!d || !handle || !probability || !states || !seed)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *probability = d->probability;
     *states = d->states;
     *seed = d->seed;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* Dropout's random-number state: 49,152 bytes per multiprocessor of the calling thread's
@@ -578,16 +572,16 @@ FG_EXPORT cudnnStatus_t cudnnGetDropoutDescriptor(const struct dropout_descripto
 FG_EXPORT cudnnStatus_t cudnnDropoutGetStatesSize(void *handle, size_t *bytes)
 {
     if (!handle || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int multiprocessors = 0;
     CUresult rc = fg_library_ready();
     if (rc == CUDA_SUCCESS)
         rc = cuDeviceGetAttribute(&multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                                   fakegpu_runtime_thread()->device);
     if (rc != CUDA_SUCCESS || multiprocessors <= 0)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     *bytes = (size_t)multiprocessors * 49152;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The mask a dropout forward keeps for its backward: a bit per element (cuDNN 9.19: 125,000
@@ -596,7 +590,7 @@ FG_EXPORT cudnnStatus_t cudnnDropoutGetReserveSpaceSize(const struct legacy_desc
                                                         size_t *bytes)
 {
     if (!x || !bytes)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int type = 0, dims = 0, dim[8] = {0};
     cudnnStatus_t rc = cudnnGetTensorNdDescriptor(x, 8, &type, &dims, dim, NULL);
     if (rc)
@@ -605,5 +599,5 @@ FG_EXPORT cudnnStatus_t cudnnDropoutGetReserveSpaceSize(const struct legacy_desc
     for (int i = 0; i < dims; i++)
         elements *= (size_t)dim[i];
     *bytes = (elements + 7) / 8;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
