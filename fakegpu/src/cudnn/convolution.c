@@ -13,14 +13,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cudnn_status.h"
+
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    STATUS_SUCCESS = 0,
-    STATUS_BAD_PARAM = 2000,
-    STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    STATUS_ALLOC_FAILED = 4000,
-};
 
 /* cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t: the same layout for the three passes
  * (cudnn_cnn.h / cudnn_cnn_infer.h): 48 bytes. */
@@ -78,25 +73,25 @@ static cudnnStatus_t im2col_bytes(const struct legacy_descriptor *x,
                                   const struct legacy_descriptor *y, size_t *bytes)
 {
     if (!x || !w || !y)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int x_type, x_dims, x_dim[8], w_type, w_format, w_dims, w_dim[8], y_type, y_dims, y_dim[8];
     cudnnStatus_t rc = cudnnGetTensorNdDescriptor(x, 8, &x_type, &x_dims, x_dim, NULL);
-    if (rc == STATUS_SUCCESS)
+    if (rc == CUDNN_STATUS_SUCCESS)
         rc = cudnnGetFilterNdDescriptor(w, 8, &w_type, &w_format, &w_dims, w_dim);
-    if (rc == STATUS_SUCCESS)
+    if (rc == CUDNN_STATUS_SUCCESS)
         rc = cudnnGetTensorNdDescriptor(y, 8, &y_type, &y_dims, y_dim, NULL);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     if (x_dims < 3 || w_dims != x_dims || y_dims != x_dims || x_dim[0] != y_dim[0] ||
         w_dim[0] != y_dim[1])
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     size_t total = element_bytes(x_type);
     for (int i = 1; i < w_dims; i++)
         total *= (size_t)(w_dim[i] > 0 ? w_dim[i] : 0);
     for (int i = 2; i < y_dims; i++)
         total *= (size_t)(y_dim[i] > 0 ? y_dim[i] : 0);
     *bytes = total;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The two algorithms of PASS, fastest first, at most REQUESTED of them; with a workspace
@@ -108,35 +103,35 @@ static cudnnStatus_t results(int pass, const struct legacy_descriptor *x,
                              struct algo_perf *perf, const size_t *limit)
 {
     if (!returned || !perf)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (requested < 1)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     size_t workspace;
     cudnnStatus_t rc = im2col_bytes(x, w, y, &workspace);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     const struct algo_perf all[2] = {
-        {PASSES[pass].with_workspace, STATUS_SUCCESS, WITH_WORKSPACE_MS, workspace,
+        {PASSES[pass].with_workspace, CUDNN_STATUS_SUCCESS, WITH_WORKSPACE_MS, workspace,
          DETERMINISTIC, DEFAULT_MATH, {0}},
-        {PASSES[pass].without, STATUS_SUCCESS, WITHOUT_MS, 0, DETERMINISTIC, DEFAULT_MATH, {0}},
+        {PASSES[pass].without, CUDNN_STATUS_SUCCESS, WITHOUT_MS, 0, DETERMINISTIC, DEFAULT_MATH, {0}},
     };
     int n = requested < 2 ? requested : 2;
     for (int i = 0; i < n; i++) {
         perf[i] = all[i];
         if (limit && perf[i].memory > *limit) {
-            perf[i].status = STATUS_ALLOC_FAILED;
+            perf[i].status = CUDNN_STATUS_ALLOC_FAILED;
             perf[i].time = -1.0f;
             perf[i].memory = 0;
         }
     }
     /* The search lists what ran first, by time, as cuDNN does. */
-    if (limit && n == 2 && perf[0].status != STATUS_SUCCESS) {
+    if (limit && n == 2 && perf[0].status != CUDNN_STATUS_SUCCESS) {
         struct algo_perf failed = perf[0];
         perf[0] = perf[1];
         perf[1] = failed;
     }
     *returned = n;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static cudnnStatus_t workspace_of(int pass, const struct legacy_descriptor *x,
@@ -144,24 +139,24 @@ static cudnnStatus_t workspace_of(int pass, const struct legacy_descriptor *x,
                                   const struct legacy_descriptor *y, int algo, size_t *size)
 {
     if (!size)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     size_t im2col;
     cudnnStatus_t rc = im2col_bytes(x, w, y, &im2col);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     if (algo < 0 || algo >= PASSES[pass].count)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     /* The other algorithms cuDNN numbers: no workspace, like the fallback. */
     *size = algo == PASSES[pass].with_workspace ? im2col : 0;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static cudnnStatus_t max_count(int pass, void *handle, int *count)
 {
     if (!handle || !count)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *count = PASSES[pass].count;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(void *handle, int *count)
@@ -187,7 +182,7 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
     struct algo_perf *perf)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(FORWARD, x, w, y, requested, returned, perf, NULL);
 }
 
@@ -198,7 +193,7 @@ FG_EXPORT cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     struct algo_perf *perf, void *work, size_t work_bytes)
 {
     if (!handle || !conv || !x || !w || !y || (work_bytes && !work))
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(FORWARD, x_desc, w_desc, y_desc, requested, returned, perf, &work_bytes);
 }
 
@@ -207,7 +202,7 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
     const void *conv, const struct legacy_descriptor *y, int algo, size_t *size)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return workspace_of(FORWARD, x, w, y, algo, size);
 }
 
@@ -218,7 +213,7 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     struct algo_perf *perf)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(BACKWARD_DATA, dx, w, dy, requested, returned, perf, NULL);
 }
 
@@ -229,7 +224,7 @@ FG_EXPORT cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     struct algo_perf *perf, void *work, size_t work_bytes)
 {
     if (!handle || !conv || !w || !dy || !dx || (work_bytes && !work))
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(BACKWARD_DATA, dx_desc, w_desc, dy_desc, requested, returned, perf,
                    &work_bytes);
 }
@@ -239,7 +234,7 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
     const void *conv, const struct legacy_descriptor *dx, int algo, size_t *size)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return workspace_of(BACKWARD_DATA, dx, w, dy, algo, size);
 }
 
@@ -250,7 +245,7 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     struct algo_perf *perf)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(BACKWARD_FILTER, x, dw, dy, requested, returned, perf, NULL);
 }
 
@@ -261,7 +256,7 @@ FG_EXPORT cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     struct algo_perf *perf, void *work, size_t work_bytes)
 {
     if (!handle || !conv || !x || !dy || !dw || (work_bytes && !work))
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return results(BACKWARD_FILTER, x_desc, dw_desc, dy_desc, requested, returned, perf,
                    &work_bytes);
 }
@@ -271,6 +266,6 @@ FG_EXPORT cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     const void *conv, const struct legacy_descriptor *dw, int algo, size_t *size)
 {
     if (!handle || !conv)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return workspace_of(BACKWARD_FILTER, x, dw, dy, algo, size);
 }

@@ -14,14 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cudnn_status.h"
+
 #define FG_EXPORT __attribute__((visibility("default")))
-typedef int cudnnStatus_t;
-enum {
-    STATUS_SUCCESS = 0,
-    STATUS_BAD_PARAM = 2000,
-    STATUS_BAD_PARAM_NULL_POINTER = 2002,
-    STATUS_ALLOC_FAILED = 4000,
-};
 
 /* cuDNN's longest label (cudnnCTCLoss: CUDNN_STATUS_BAD_PARAM beyond it). */
 #define MAX_LABEL_LENGTH 256
@@ -37,32 +32,32 @@ cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descriptor *d, int 
 FG_EXPORT cudnnStatus_t cudnnCreateCTCLossDescriptor(struct ctc_descriptor **d)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *d = calloc(1, sizeof **d);
     if (!*d)
-        return STATUS_ALLOC_FAILED;
+        return CUDNN_STATUS_ALLOC_FAILED;
     (*d)->max_label_length = MAX_LABEL_LENGTH;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnDestroyCTCLossDescriptor(struct ctc_descriptor *d)
 {
     free(d);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static cudnnStatus_t set(struct ctc_descriptor *d, int compute_type, int normalization,
                          int gradient_mode, int max_label_length)
 {
     if (!d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if (max_label_length < 1)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     d->compute_type = compute_type;
     d->normalization = normalization;
     d->gradient_mode = gradient_mode;
     d->max_label_length = max_label_length;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnSetCTCLossDescriptor(struct ctc_descriptor *d, int compute_type)
@@ -95,7 +90,7 @@ static cudnnStatus_t get(const struct ctc_descriptor *d, int *compute_type, int 
                          int *gradient_mode, int *max_label_length)
 {
     if (!d || !compute_type)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *compute_type = d->compute_type;
     if (normalization)
         *normalization = d->normalization;
@@ -103,7 +98,7 @@ static cudnnStatus_t get(const struct ctc_descriptor *d, int *compute_type, int 
         *gradient_mode = d->gradient_mode;
     if (max_label_length)
         *max_label_length = d->max_label_length;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetCTCLossDescriptor(const struct ctc_descriptor *d,
@@ -117,7 +112,7 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossDescriptorEx(const struct ctc_descriptor 
                                                     int *gradient_mode)
 {
     if (!normalization || !gradient_mode)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return get(d, compute_type, normalization, gradient_mode, NULL);
 }
 
@@ -126,7 +121,7 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossDescriptor_v8(const struct ctc_descriptor
                                                      int *gradient_mode, int *max_label_length)
 {
     if (!normalization || !gradient_mode || !max_label_length)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     return get(d, compute_type, normalization, gradient_mode, max_label_length);
 }
 
@@ -144,22 +139,22 @@ static cudnnStatus_t shape(const struct legacy_descriptor *probs,
                            const struct legacy_descriptor *gradients, int *steps, int *batch)
 {
     if (!probs || !gradients)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     int type, dims, dim[8], gradient_type, gradient_dims, gradient_dim[8];
     cudnnStatus_t rc = cudnnGetTensorNdDescriptor(probs, 8, &type, &dims, dim, NULL);
-    if (rc == STATUS_SUCCESS)
+    if (rc == CUDNN_STATUS_SUCCESS)
         rc = cudnnGetTensorNdDescriptor(gradients, 8, &gradient_type, &gradient_dims,
                                         gradient_dim, NULL);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     if (dims != 3 || gradient_dims != 3)
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     for (int i = 0; i < 3; i++)
         if (dim[i] < 1 || dim[i] != gradient_dim[i])
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
     *steps = dim[0];
     *batch = dim[1];
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static size_t workspace(int steps, int batch, int max_label_length)
@@ -172,15 +167,15 @@ static size_t workspace(int steps, int batch, int max_label_length)
 static cudnnStatus_t longest_label(const int *label_lengths, int batch, int *longest)
 {
     if (!label_lengths)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     *longest = 0;
     for (int i = 0; i < batch; i++) {
         if (label_lengths[i] < 0 || label_lengths[i] > MAX_LABEL_LENGTH)
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
         if (label_lengths[i] > *longest)
             *longest = label_lengths[i];
     }
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize(
@@ -190,14 +185,14 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize(
 {
     int steps, batch, longest;
     if (!handle || !labels || !input_lengths || !d || !size)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = shape(probs, gradients, &steps, &batch);
-    if (rc == STATUS_SUCCESS)
+    if (rc == CUDNN_STATUS_SUCCESS)
         rc = longest_label(label_lengths, batch, &longest);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     *size = workspace(steps, batch, longest);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(void *handle, int algo,
@@ -208,12 +203,12 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(void *handle, int algo,
 {
     int steps, batch;
     if (!handle || !d || !size)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = shape(probs, gradients, &steps, &batch);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     *size = workspace(steps, batch, d->max_label_length);
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The loss with host label arrays: every input length at most T, every label at most 256,
@@ -227,19 +222,19 @@ FG_EXPORT cudnnStatus_t cudnnCTCLoss(void *handle, const struct legacy_descripto
 {
     int steps, batch, longest;
     if (!handle || !probs || !labels || !input_lengths || !costs || !d)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch);
-    if (rc == STATUS_SUCCESS)
+    if (rc == CUDNN_STATUS_SUCCESS)
         rc = longest_label(label_lengths, batch, &longest);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     for (int i = 0; i < batch; i++)
         if (input_lengths[i] < 0 || input_lengths[i] > steps)
-            return STATUS_BAD_PARAM;
+            return CUDNN_STATUS_BAD_PARAM;
     if (work_bytes < workspace(steps, batch, longest) || (work_bytes && !work))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     (void)gradients;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 /* The loss with device label arrays (which the fake cannot read: the descriptor's
@@ -254,12 +249,12 @@ FG_EXPORT cudnnStatus_t cudnnCTCLoss_v8(void *handle, int algo, const struct ctc
 {
     int steps, batch;
     if (!handle || !d || !probs || !labels || !label_lengths || !input_lengths || !costs)
-        return STATUS_BAD_PARAM_NULL_POINTER;
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch);
-    if (rc != STATUS_SUCCESS)
+    if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
     if (work_bytes < workspace(steps, batch, d->max_label_length) || (work_bytes && !work))
-        return STATUS_BAD_PARAM;
+        return CUDNN_STATUS_BAD_PARAM;
     (void)gradients;
-    return STATUS_SUCCESS;
+    return CUDNN_STATUS_SUCCESS;
 }
