@@ -57,6 +57,7 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnDescriptor_t d);
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnDescriptor_t d, int pad_h, int pad_w, int u,
                                               int v, int dilation_h, int dilation_w, int mode,
                                               int type);
+cudnnStatus_t cudnnIm2Col(void); /* not implemented: called without arguments */
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, cudnnDescriptor_t x,
                                                       cudnnDescriptor_t w, cudnnDescriptor_t conv,
                                                       cudnnDescriptor_t y, int algo,
@@ -206,12 +207,15 @@ int main(void)
     int set_conv = cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, 1, 0);
     printf("conv descriptor rc=%d set rc=%d\n", created, set_conv);
 
+    /* The legacy workspace query: none for IMPLICIT_GEMM (0), one image's im2col matrix for
+     * GEMM (2). */
+    size_t implicit = 12345, gemm = 12345;
+    int ws1 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 0, &implicit);
+    int ws2 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 2, &gemm);
+    printf("legacy workspace rc=%d rc=%d bytes=%zu,%zu\n", ws1, ws2, implicit, gemm);
     /* Not implemented (in libcudnn.so.N too): NOT_SUPPORTED, twice, logged once. */
-    size_t workspace = 12345;
-    int ws1 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 0, &workspace);
-    int ws2 = cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, 0, &workspace);
-    printf("legacy workspace rc=%d rc=%d bytes=%zu text=%s\n", ws1, ws2, workspace,
-           cudnnGetErrorString(ws1));
+    int im1 = cudnnIm2Col(), im2 = cudnnIm2Col();
+    printf("im2col rc=%d rc=%d text=%s\n", im1, im2, cudnnGetErrorString(im1));
 
     /* A forward and a backward-filter convolution: they complete and, like every kernel on the
      * fake GPU, leave the output as it was. */

@@ -426,7 +426,8 @@ fn cudnn_program_output(head: &str, sublibs: bool, kernels: u64) -> String {
         "handle rc=0 bytes=25348 stream rc=0 rc=0 null=1\n\
          tensor rc=0 rc=0 rc=0 get rc=0 type=0 dims=4 dim=1x64x128x128 stride=1048576,16384,128,1\n\
          conv descriptor rc=0 set rc=0\n\
-         legacy workspace rc=3000 rc=3000 bytes=12345 text=CUDNN_STATUS_NOT_SUPPORTED\n\
+         legacy workspace rc=0 rc=0 bytes=0,37748736\n\
+         im2col rc=3000 rc=3000 text=CUDNN_STATUS_NOT_SUPPORTED\n\
          compute forward rc=0 backward_filter rc=0 output_unchanged=1 bn_reserve rc=0 bytes=0\n\
          backend finalize op=0 graph=0 heur=0 results rc=0 engines=2 workspace rc=0 rc=0 bytes=37748736,0\n\
          plan rc=0 workspace rc=0 bytes=37748736 execute rc=0\n\
@@ -465,7 +466,7 @@ fn a_program_linked_against_cudnn_8s_sub_libraries_runs_on_the_fakes() {
         ],
         // In the order first called; the first two by libcudnn.so.8 (the sub-libraries forward
         // to it), the last two by the sub-libraries' own stubs.
-        "cudnnGetConvolutionForwardWorkspaceSize\n\
+        "cudnnIm2Col\n\
          cudnnMultiHeadAttnForward\n\
          cudnnGetConvolutionBackwardDataWorkspaceSizeInternal\n\
          cudnnPooling4dBackward\n",
@@ -498,7 +499,7 @@ fn a_program_linked_against_cudnn_9s_sub_libraries_runs_on_the_fakes() {
         ],
         // The first two by libcudnn.so.9 (the sub-libraries forward to it), the last two by
         // the sub-libraries' own stubs.
-        "cudnnGetConvolutionForwardWorkspaceSize\n\
+        "cudnnIm2Col\n\
          cudnnMultiHeadAttnForward\n\
          cudnnGetLibConfig\n\
          dummyBackendEnginesPreCompiledSymbol\n",
