@@ -34,8 +34,10 @@ pthread_mutex_t *fg_init_lock(void) { return &init_lock; }
 
 FG_EXPORT CUresult cuInit(unsigned int flags)
 {
-    if (fg_initialized())
+    if (fg_initialized()) {
+        fg_python_exit_grace();
         return CUDA_SUCCESS;
+    }
     const struct fg_config *config = fg_config();
     if (!config->valid)
         return CUDA_ERROR_INVALID_VALUE;
@@ -52,6 +54,7 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
         __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&init_lock);
+    fg_python_exit_grace();
     return CUDA_SUCCESS;
 }
 
@@ -288,6 +291,7 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
         return rc;
     if (!ctx)
         return CUDA_ERROR_INVALID_VALUE;
+    fg_python_exit_grace();
     struct fg_device *d = &fg_devices[dev];
     pthread_mutex_lock(&d->lock);
     if (d->primary_refs == 0 && !d->primary_charged) {

@@ -284,3 +284,8 @@ pthread_mutex_t *fg_registry_lock(void);      /* memory.c: the registry */
 pthread_mutex_t *fg_host_lock(void);          /* memory.c: host RAM of device data */
 pthread_mutex_t *fg_map_cache_lock(void);     /* memory.c: freed mappings kept */
 pthread_mutex_t *fg_unknown_names_lock(void); /* resolver.c: names logged as unimplemented */
+
+/* In a Python process, once, on a thread holding the GIL: an atexit callback that sleeps
+ * 20 ms, the time a real GPU's last kernels would have given torch's autograd threads before
+ * the interpreter finalizes (python_exit.c). */
+void fg_python_exit_grace(void);
