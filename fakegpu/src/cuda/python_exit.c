@@ -36,9 +36,13 @@ void fg_python_exit_grace(void)
     static int settled;
     if (__atomic_load_n(&settled, __ATOMIC_ACQUIRE))
         return;
+    /* Looked up once (a racing first lookup finds the same addresses). */
+    static int (*is_initialized)(void), (*holds_gil)(void);
+    if (!is_initialized || !holds_gil) {
+        is_initialized = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+        holds_gil = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    }
     const char *setting = getenv("VRAMSHIM_FAKEGPU_EXIT_GRACE");
-    int (*is_initialized)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    int (*holds_gil)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
     if ((setting && !strcmp(setting, "0")) || !is_initialized || !holds_gil) {
         __atomic_store_n(&settled, 1, __ATOMIC_RELEASE);
         return;
