@@ -68,7 +68,19 @@ def main():
         result, allocations = traced(op)
         results[name] = {"shape": shapes(result), "allocations": allocations}
         del result
-    print(json.dumps({"ops": results, **stats()}))
+    # The info outputs that torch reads back: given through out= holding -7 (a copy from the
+    # host, which carries its value on the fake GPU), each must read 0 after the call.
+    infos = {}
+    for name, op, outputs in (
+            ("cholesky_ex", torch.linalg.cholesky_ex, lambda: (torch.empty_like(spd),)),
+            ("inv_ex", torch.linalg.inv_ex, lambda: (torch.empty_like(a),)),
+            ("lu_factor_ex", torch.linalg.lu_factor_ex,
+             lambda: (torch.empty_like(a), torch.empty(N, dtype=torch.int32, device="cuda")))):
+        info = torch.tensor(-7, dtype=torch.int32).cuda()
+        before = info.item()
+        op(spd if name == "cholesky_ex" else a, out=(*outputs(), info))
+        infos[name] = [before, info.item()]
+    print(json.dumps({"ops": results, "infos": infos, **stats()}))
 
 
 main()
