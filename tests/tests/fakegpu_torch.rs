@@ -3567,18 +3567,48 @@ fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
     // output is as large as its workspace (two); stft frames 2 clips of 16000 samples, centred,
     // every 160: 101 frames of 400 each; qr runs geqrf and orgqr, lstsq geqrf and ormqr.
     let expected: [(&str, Value, u64, usize); 12] = [
-        ("fft", serde_json::json!([32, 100]), cufft_workspace(&[100], 32, 8), 2),
-        ("rfft2", serde_json::json!([48, 33]), cufft_workspace(&[48, 64], 1, 8), 1),
-        ("irfft", serde_json::json!([16, 128]), cufft_workspace(&[128], 16, 8), 1),
-        ("stft", serde_json::json!([2, 201, 101]), cufft_workspace(&[400], 2 * 101, 8), 1),
+        (
+            "fft",
+            serde_json::json!([32, 100]),
+            cufft_workspace(&[100], 32, 8),
+            2,
+        ),
+        (
+            "rfft2",
+            serde_json::json!([48, 33]),
+            cufft_workspace(&[48, 64], 1, 8),
+            1,
+        ),
+        (
+            "irfft",
+            serde_json::json!([16, 128]),
+            cufft_workspace(&[128], 16, 8),
+            1,
+        ),
+        (
+            "stft",
+            serde_json::json!([2, 201, 101]),
+            cufft_workspace(&[400], 2 * 101, 8),
+            1,
+        ),
         ("inv", serde_json::json!([N, N]), blocked, 1),
         ("solve", serde_json::json!([N, N]), blocked, 1),
         ("det", serde_json::json!([]), blocked, 1),
         ("cholesky", serde_json::json!([N, N]), blocked, 1),
         ("qr", serde_json::json!([[N, N], [N, N]]), blocked, 2),
         ("lstsq", serde_json::json!([N, N]), blocked, 2),
-        ("eigh", serde_json::json!([[N], [N, N]]), cusolver_elements("syevd", N, N) * 4, 1),
-        ("svd", serde_json::json!([[N, N], [N], [N, N]]), cusolver_elements("gesvdj", N, N) * 4, 1),
+        (
+            "eigh",
+            serde_json::json!([[N], [N, N]]),
+            cusolver_elements("syevd", N, N) * 4,
+            1,
+        ),
+        (
+            "svd",
+            serde_json::json!([[N, N], [N], [N, N]]),
+            cusolver_elements("gesvdj", N, N) * 4,
+            1,
+        ),
     ];
     for torch in torches() {
         eprintln!("torch {}", torch.release.version);
@@ -3591,8 +3621,14 @@ fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
                 .iter()
                 .map(|v| v.as_u64().expect("a size"))
                 .collect();
-            let found = allocations.iter().filter(|&&size| size == *workspace).count();
-            assert_eq!(found, *times, "{op}: workspace {workspace} in {allocations:?}");
+            let found = allocations
+                .iter()
+                .filter(|&&size| size == *workspace)
+                .count();
+            assert_eq!(
+                found, *times,
+                "{op}: workspace {workspace} in {allocations:?}"
+            );
         }
         for op in ["cholesky_ex", "inv_ex", "lu_factor_ex"] {
             assert_eq!(r["infos"][op], serde_json::json!([-7, 0]), "{op}: {r}");
