@@ -489,7 +489,7 @@ FG_EXPORT cufftResult cufftGetVersion(int *value)
 {
     if (!value)
         return CUFFT_INVALID_VALUE;
-    *value = version[0] * 1000 + version[1] * 100 + version[2] * 10;
+    *value = version[0] * 1000 + version[1] * 100 + version[2]; /* CUFFT_VERSION */
     return CUFFT_SUCCESS;
 }
 
