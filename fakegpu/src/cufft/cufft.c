@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fakegpu_fork.h"
 #include "fakegpu_library_memory.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
@@ -58,6 +59,26 @@ struct plan {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct plan *plans;
 static int plan_count, plan_room;
+
+/* The plan table's lock across fork (fakegpu_fork.h): a child forked while another thread
+ * holds it finds it free. It is never held while calling the driver, so its order among the
+ * driver's locks does not matter. */
+static struct fg_fork_state fork_state;
+static void before_fork(void)
+{
+    fg_fork_begin(&fork_state);
+    fg_fork_take(&fork_state, &lock);
+}
+static void after_fork_parent(void) { fg_fork_release_parent(&fork_state, &lock); }
+static void after_fork_child(void)
+{
+    fg_fork_release_child(&fork_state, &lock);
+    fg_fork_warn_child(&fork_state, "libcufft");
+}
+__attribute__((constructor)) static void register_fork_handlers(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
 
 /* The plan behind a handle (handles are 1 + an index), or NULL. Call with the lock held. */
 static struct plan *find(cufftHandle handle)
