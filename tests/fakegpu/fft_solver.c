@@ -1,6 +1,6 @@
 /* The fake cuFFT's plan API and the fake cuSOLVER's handle API, as a C program sees them:
  * statuses, workspace figures, the device memory an auto-allocated plan takes (cudaMemGetInfo),
- * and the info outputs a routine writes. One line per check (fakegpu_libs
+ * and the info outputs a routine writes; the info outputs of cuBLAS's batched solvers. One line per check (fakegpu_libs
  * the_fft_and_solver_apis_answer_statuses_workspaces_and_infos). */
 #include <stddef.h>
 #include <stdio.h>
@@ -41,6 +41,14 @@ int cusolverDnXsyevd_bufferSize(cusolverDnHandle_t h, void *params, int jobz, in
                                 long long n, int type_a, const void *A, long long lda,
                                 int type_w, const void *W, int compute, size_t *device,
                                 size_t *host);
+
+int cublasCreate_v2(void **handle);
+int cublasDestroy_v2(void *handle);
+int cublasSgetrfBatched(void *h, int n, float **A, int lda, int *pivots, int *info, int batch);
+int cublasSgetrsBatched(void *h, int trans, int n, int nrhs, float **A, int lda,
+                        const int *pivots, float **B, int ldb, int *info, int batch);
+int cublasSgeqrfBatched(void *h, int m, int n, float **A, int lda, float **tau, int *info,
+                        int batch);
 
 enum { C_32F = 4, R_32F = 0, CUFFT_C2C = 0x29, H2D = 1, D2H = 2 };
 
@@ -126,6 +134,23 @@ int main(void)
     printf(" no_handle=%d", cusolverDnSgetrf_bufferSize(NULL, 96, 96, data, 96, &lwork));
     printf(" destroy=%d", cusolverDnDestroyParams(params));
     printf("/%d\n", cusolverDnDestroy(handle));
+
+    /* cuBLAS's batched solvers: device infos (getrf, one per matrix) and host ones. */
+    void *blas = NULL;
+    rc = cublasCreate_v2(&blas);
+    int four[4] = {-7, -7, -7, -7};
+    cudaMemcpy(device_infos, four, sizeof four, H2D);
+    got = cublasSgetrfBatched(blas, 16, matrices, 16, NULL, device_infos, 3);
+    cudaMemcpy(four, device_infos, sizeof four, D2H);
+    printf("blas: create=%d getrf=%d infos=%d,%d,%d,%d", rc, got, four[0], four[1], four[2],
+           four[3]);
+    int host_info = -7;
+    got = cublasSgetrsBatched(blas, 0, 16, 1, matrices, 16, NULL, matrices, 16, &host_info, 3);
+    printf(" getrs=%d/%d", got, host_info);
+    host_info = -7;
+    got = cublasSgeqrfBatched(blas, 16, 16, matrices, 16, matrices, &host_info, 3);
+    printf(" geqrf=%d/%d", got, host_info);
+    printf(" destroy=%d\n", cublasDestroy_v2(blas));
     cudaFree(data);
     cudaFree(area);
     return 0;

@@ -19,6 +19,9 @@ IRFFT_ROWS, IRFFT_LENGTH = 16, 128  # irfft: 16 signals of 128 samples
 # stft as an audio front end takes it (Whisper's log-mel): 2 clips of one second at 16 kHz,
 # 25 ms windows (400 samples) every 10 ms (160), centred (reflect padding of 200 each side).
 STFT_CLIPS, STFT_SAMPLES, STFT_WINDOW, STFT_HOP = 2, 16000, 400, 160
+# A batch of small matrices: torch's batched paths (cuSOLVER's batched routines and cuBLAS's
+# batched solvers).
+BATCH, SMALL = 4, 16
 
 
 def traced(op):
@@ -48,6 +51,8 @@ def main():
     spectrum = torch.fft.rfft(torch.randn(IRFFT_ROWS, IRFFT_LENGTH, device="cuda"))
     audio = torch.randn(STFT_CLIPS, STFT_SAMPLES, device="cuda")
     window = torch.hann_window(STFT_WINDOW, device="cuda")
+    small = torch.randn(BATCH, SMALL, SMALL, device="cuda")
+    small_spd = (torch.eye(SMALL, device="cuda") * SMALL).expand(BATCH, SMALL, SMALL)
     ops = {
         "fft": lambda: torch.fft.fft(signal),
         "rfft2": lambda: torch.fft.rfft2(image),
@@ -62,6 +67,11 @@ def main():
         "lstsq": lambda: torch.linalg.lstsq(a, a).solution,
         "eigh": lambda: torch.linalg.eigh(spd),
         "svd": lambda: torch.linalg.svd(a),
+        "inv_batched": lambda: torch.linalg.inv(small),
+        "cholesky_batched": lambda: torch.linalg.cholesky(small_spd),
+        "qr_batched": lambda: torch.linalg.qr(small),
+        "eigh_batched": lambda: torch.linalg.eigh(small_spd),
+        "svd_batched": lambda: torch.linalg.svd(small),
     }
     results = {}
     for name, op in ops.items():

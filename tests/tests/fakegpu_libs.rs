@@ -3439,8 +3439,10 @@ fn the_default_pool_replays_the_real_drivers_sequences_with_the_models_figures()
 /// bytes; `cufftGetVersion` the wheel's release. cuSOLVER: getrf's query for 96 x 96, 64 x 96
 /// elements; potrf and potrfBatched (2 matrices) write 0 to their infos, the fourth left at
 /// -7; Xsyevd's query 1 + 6 n + 2 n^2 floats on the device, none on the host; an unknown data
-/// type CUSOLVER_STATUS_INVALID_VALUE (3); no handle CUSOLVER_STATUS_NOT_INITIALIZED (1). The
-/// auto-allocated workspace is in the log as the library's driver allocation.
+/// type CUSOLVER_STATUS_INVALID_VALUE (3); no handle CUSOLVER_STATUS_NOT_INITIALIZED (1).
+/// cuBLAS's batched solvers write their infos: getrfBatched one 0 per matrix on the device,
+/// getrsBatched and geqrfBatched 0 in the host int. The auto-allocated workspaces are in the
+/// log as the library's driver allocations.
 #[test]
 fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
     for (major, library, version) in [(13, 12, 12500), (12, 11, 11401)] {
@@ -3452,6 +3454,7 @@ fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
             &[
                 &format!("libcufft.so.{library}"),
                 &format!("libcusolver.so.{library}"),
+                &format!("libcublas.so.{major}"),
             ],
         );
         let output = Command::new(&exe)
@@ -3477,7 +3480,8 @@ fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
                 "auto: create=0 make=0 work={work} taken={work} exec=0 destroy=0 given_back=1 again=1\n\
                  manual: create=0 off=0 make=0 work={work} taken=0 size=0/{work} exec_without_area=4 set=0 exec=0 destroy=0\n\
                  errors: unmade_exec=1 zero_size=8 rank4=4 bad_type=3 plan_many=0 size=0/{} exec=0 destroy=0 version=0/{version}\n\
-                 solver: create=0 getrf_buffer=0/{} potrf=0 batched=0 infos=0,0,0,-7 params=0 syevd=0/{syevd}/0 bad_type=3 no_handle=1 destroy=0/0\n",
+                 solver: create=0 getrf_buffer=0/{} potrf=0 batched=0 infos=0,0,0,-7 params=0 syevd=0/{syevd}/0 bad_type=3 no_handle=1 destroy=0/0\n\
+                 blas: create=0 getrf=0 infos=0,0,0,-7 getrs=0/0 geqrf=0/0 destroy=0\n",
                 64 * 64 * 3 * 8,
                 64 * 96
             )
@@ -3489,7 +3493,8 @@ fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
             .expect("a log");
         let dump = dump(&log);
         // The driver calls are the auto-allocated plans' (the program's own memory goes
-        // through cudaMalloc): each workspace allocated, then freed at its address.
+        // through cudaMalloc): each workspace allocated, then freed at its address; then the
+        // cuBLAS handle's own three allocations and their frees.
         let driver: Vec<&serde_json::Value> = events(&dump)
             .into_iter()
             .filter(|e| {
@@ -3509,6 +3514,12 @@ fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
                 ("cuMemAlloc_v2", work),
                 ("cuMemFree_v2", 0),
                 ("cuMemAlloc_v2", plan_many),
+                ("cuMemFree_v2", 0),
+                ("cuMemAlloc_v2", 1024),
+                ("cuMemAlloc_v2", 128 << 10),
+                ("cuMemAlloc_v2", 64 << 20),
+                ("cuMemFree_v2", 0),
+                ("cuMemFree_v2", 0),
                 ("cuMemFree_v2", 0)
             ],
             "{driver:?}"
