@@ -3569,7 +3569,9 @@ fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
     // every 160: 101 frames of 400 each; qr runs geqrf and orgqr, lstsq geqrf and ormqr.
     let (batch, small) = (4, 16); // and its batches of 16 x 16 matrices
     let ws = |workspace: u64, times: usize| Some((workspace, times));
-    let expected: [(&str, Value, Option<(u64, usize)>); 17] = [
+    // (op, its shapes, its workspace and how many times torch allocates one)
+    type Op = (&'static str, Value, Option<(u64, usize)>);
+    let expected: [Op; 17] = [
         (
             "fft",
             serde_json::json!([32, 100]),
