@@ -3558,18 +3558,19 @@ fn cusolver_elements(routine: &str, m: u64, n: u64) -> u64 {
 /// transform or routine that asks for one; the info outputs torch reads back are written 0
 /// (given holding -7); batches of small matrices go through the batched routines (cuBLAS's
 /// batched LU and QR among them); the log replays to torch's counters; nothing unimplemented.
-/// torch 2.15, 2.6 and 2.4.1. Then the probe a lent GPU runs (`scripts/cufft_cusolver_probe.py`) asks the
-/// fakes the same queries as the real libraries: every status 0, every answer the estimate.
+/// torch 2.15, 2.6 and 2.4.1. Then the probe a lent GPU runs (`scripts/cufft_cusolver_probe.py`)
+/// asks the fakes the same queries as the real libraries: every status 0, every answer the
+/// estimate.
 #[test]
 fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
     const N: u64 = 96; // tests/python/torch_linalg_fft.py's matrices, float32
     let blocked = cusolver_elements("getrf", N, N) * 4;
-    // (op, shape, workspace, times): the FFTs' execution type is complex64 (8 bytes); fft's
-    // output is as large as its workspace (two); stft frames 2 clips of 16000 samples, centred,
-    // every 160: 101 frames of 400 each; qr runs geqrf and orgqr, lstsq geqrf and ormqr.
     let (batch, small) = (4, 16); // and its batches of 16 x 16 matrices
     let ws = |workspace: u64, times: usize| Some((workspace, times));
-    // (op, its shapes, its workspace and how many times torch allocates one)
+    // (op, its shapes, its workspace and how many times torch allocates one): the FFTs'
+    // execution type is complex64 (8 bytes); fft's output is as large as its workspace (two);
+    // stft frames 2 clips of 16000 samples, centred, every 160: 101 frames of 400 each; qr runs
+    // geqrf and orgqr, lstsq geqrf and ormqr.
     type Op = (&'static str, Value, Option<(u64, usize)>);
     let expected: [Op; 17] = [
         (
