@@ -21,6 +21,11 @@ fn build_app(dir: &Path, major: u32) -> PathBuf {
 
 /// `tests/fakegpu/NAME.c` built for CUDA `major` (12 or 13), linked against that fake runtime.
 fn build_program(dir: &Path, name: &str, major: u32) -> PathBuf {
+    build_program_linking(dir, name, major, &[])
+}
+
+/// [`build_program`], linked against the fake libraries `sonames` too.
+fn build_program_linking(dir: &Path, name: &str, major: u32, sonames: &[&str]) -> PathBuf {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fakegpu/{name}.c"));
     let exe = dir.join(format!("{name}_{major}"));
     let status = Command::new("gcc")
@@ -31,6 +36,7 @@ fn build_program(dir: &Path, name: &str, major: u32) -> PathBuf {
         .arg(format!("-L{}", vramshim_fakegpu::LIB_DIR))
         .arg(format!("-Wl,-rpath-link,{}", vramshim_fakegpu::LIB_DIR))
         .arg(format!("-l:libcudart.so.{major}"))
+        .args(sonames.iter().map(|soname| format!("-l:{soname}")))
         .arg("-ldl")
         .status()
         .expect("run gcc");
@@ -3525,5 +3531,105 @@ fn the_default_pool_replays_the_real_drivers_sequences_with_the_models_figures()
             assert_eq!(stdout, summary, "CUDA {major} {table}");
             assert_eq!(output.status.code(), Some(0), "CUDA {major} {table}");
         }
+    }
+}
+
+/// The fake cuFFT's plan API and cuSOLVER's handle API from C (`tests/fakegpu/fft_solver.c`),
+/// under the recorder, CUDA 13 and 12: a plan with auto-allocation takes its estimated
+/// workspace (1000-point transforms, batch 8, complex64: 64,000 bytes) through the driver and
+/// gives it back when destroyed (a second destroy: CUFFT_INVALID_PLAN, 1); as torch makes it
+/// (auto-allocation off) it takes nothing and a transform without a work area fails with
+/// CUFFT_INVALID_VALUE (4); a plan never made, 1; a zero size, CUFFT_INVALID_SIZE (8); rank 4,
+/// 4; an unknown type, CUFFT_INVALID_TYPE (3); `cufftPlanMany` of 64 x 64, batch 3: 98,304
+/// bytes; `cufftGetVersion` the wheel's release. cuSOLVER: getrf's query for 96 x 96, 64 x 96
+/// elements; potrf and potrfBatched (2 matrices) write 0 to their infos, the fourth left at
+/// -7; Xsyevd's query 1 + 6 n + 2 n^2 floats on the device, none on the host; an unknown data
+/// type CUSOLVER_STATUS_INVALID_VALUE (3); no handle CUSOLVER_STATUS_NOT_INITIALIZED (1).
+/// cuBLAS's batched solvers write their infos: getrfBatched one 0 per matrix on the device,
+/// getrsBatched and geqrfBatched 0 in the host int. The auto-allocated workspaces are in the
+/// log as the library's driver allocations.
+#[test]
+fn the_fft_and_solver_apis_answer_statuses_workspaces_and_infos() {
+    for (major, library, version) in [(13, 12, 12500), (12, 11, 11401)] {
+        let dir = scratch(&format!("fakegpu-fft-solver-{major}"));
+        let exe = build_program_linking(
+            &dir,
+            "fft_solver",
+            major,
+            &[
+                &format!("libcufft.so.{library}"),
+                &format!("libcusolver.so.{library}"),
+                &format!("libcublas.so.{major}"),
+            ],
+        );
+        let output = Command::new(&exe)
+            .env("LD_PRELOAD", shim())
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (1u64 << 30).to_string())
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run fft_solver");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let work = 1000 * 8 * 8;
+        let syevd = (1 + 6 * 96 + 2 * 96 * 96) * 4;
+        assert_eq!(
+            stdout,
+            format!(
+                "auto: create=0 make=0 work={work} taken={work} exec=0 destroy=0 given_back=1 again=1\n\
+                 manual: create=0 off=0 make=0 work={work} taken=0 size=0/{work} exec_without_area=4 set=0 exec=0 destroy=0\n\
+                 errors: unmade_exec=1 zero_size=8 rank4=4 bad_type=3 plan_many=0 size=0/{} exec=0 destroy=0 version=0/{version}\n\
+                 solver: create=0 getrf_buffer=0/{} potrf=0 batched=0 infos=0,0,0,-7 params=0 syevd=0/{syevd}/0 bad_type=3 no_handle=1 destroy=0/0\n\
+                 blas: create=0 getrf=0 infos=0,0,0,-7 getrs=0/0 geqrf=0/0 destroy=0\n",
+                64 * 64 * 3 * 8,
+                64 * 96
+            )
+        );
+        let log = files_in(&dir)
+            .into_iter()
+            .find(|name| name.ends_with(".vlog"))
+            .map(|name| dir.join(name))
+            .expect("a log");
+        let dump = dump(&log);
+        // The driver calls are the auto-allocated plans' (the program's own memory goes
+        // through cudaMalloc): each workspace allocated, then freed at its address; then the
+        // cuBLAS handle's own three allocations and their frees.
+        let driver: Vec<&serde_json::Value> = events(&dump)
+            .into_iter()
+            .filter(|e| {
+                e["api"]
+                    .as_str()
+                    .is_some_and(|api| api.starts_with("cuMem"))
+            })
+            .collect();
+        let calls: Vec<(&str, u64)> = driver
+            .iter()
+            .map(|e| (e["api"].as_str().unwrap_or(""), u64_of(e, "size")))
+            .collect();
+        let plan_many = 64 * 64 * 3 * 8;
+        assert_eq!(
+            calls,
+            [
+                ("cuMemAlloc_v2", work),
+                ("cuMemFree_v2", 0),
+                ("cuMemAlloc_v2", plan_many),
+                ("cuMemFree_v2", 0),
+                ("cuMemAlloc_v2", 1024),
+                ("cuMemAlloc_v2", 128 << 10),
+                ("cuMemAlloc_v2", 64 << 20),
+                ("cuMemFree_v2", 0),
+                ("cuMemFree_v2", 0),
+                ("cuMemFree_v2", 0)
+            ],
+            "{driver:?}"
+        );
+        assert_eq!(driver[0]["addr"], driver[1]["addr"]);
+        assert_eq!(driver[2]["addr"], driver[3]["addr"]);
     }
 }

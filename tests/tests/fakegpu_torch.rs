@@ -259,6 +259,8 @@ fn run_torch_script(
         .env("VRAMSHIM_FAKEGPU_MEMORY", memory.to_string())
         .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
         .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+        // As dryrun: the fake NVRTC's placeholder kernels stay out of ~/.cache/torch/kernels.
+        .env("USE_PYTORCH_KERNEL_CACHE", "0")
         .env_remove("PYTORCH_CUDA_ALLOC_CONF")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("VRAMSHIM_STACK")
@@ -3563,6 +3565,204 @@ fn a_python_program_ending_right_after_its_backward_exits_cleanly_on_the_fakes()
         "0",
         "{output:?}"
     );
+}
+
+/// The fake cuFFT's workspace estimate: one copy of the batched transform in the execution
+/// type's complex element (`fakegpu/src/cufft/cufft.c`).
+fn cufft_workspace(sizes: &[u64], batch: u64, complex_bytes: u64) -> u64 {
+    batch * sizes.iter().product::<u64>() * complex_bytes
+}
+
+/// The fake cuSOLVER's estimate for ROUTINE, in elements per matrix (LAPACK's optimal LWORK
+/// with a block size of 64; `fakegpu/src/cusolver/cusolver.c`).
+fn cusolver_elements(routine: &str, m: u64, n: u64) -> u64 {
+    const NB: u64 = 64;
+    let (lo, hi) = (m.min(n), m.max(n));
+    match routine {
+        "getrf" | "potrf" | "geqrf" | "orgqr" | "ormqr" | "Xgetrf" | "Xpotrf" | "Xgeqrf" => NB * n,
+        "syevd" | "syevjBatched" | "Xsyevd" | "XsyevBatched" => 1 + 6 * n + 2 * n * n,
+        "gesvd" => (3 * lo + hi).max(5 * lo) + NB * (m + n),
+        "gesvdj" | "gesvdjBatched" | "gesvdaStridedBatched" => m * n + n * n,
+        other => panic!("no estimate for {other}"),
+    }
+}
+
+/// torch.fft (fft, rfft2, irfft), torch.stft and torch.linalg (inv, solve, det, cholesky, qr,
+/// lstsq, eigh, svd) on the fake cuFFT and cuSOLVER (and NVRTC: det's sign is a jiterator
+/// kernel): every op returns its shapes; torch's memory history shows each plan's and
+/// solver's workspace, the fakes' estimates to the byte, as many times as the op ran a
+/// transform or routine that asks for one; the info outputs torch reads back are written 0
+/// (given holding -7); batches of small matrices go through the batched routines (cuBLAS's
+/// batched LU and QR among them); the log replays to torch's counters; nothing unimplemented.
+/// torch 2.15, 2.6 and 2.4.1. Then the probe a lent GPU runs (`scripts/cufft_cusolver_probe.py`)
+/// asks the fakes the same queries as the real libraries: every status 0, every answer the
+/// estimate.
+#[test]
+fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
+    const N: u64 = 96; // tests/python/torch_linalg_fft.py's matrices, float32
+    let blocked = cusolver_elements("getrf", N, N) * 4;
+    let (batch, small) = (4, 16); // and its batches of 16 x 16 matrices
+    let ws = |workspace: u64, times: usize| Some((workspace, times));
+    // (op, its shapes, its workspace and how many times torch allocates one): the FFTs'
+    // execution type is complex64 (8 bytes); fft's output is as large as its workspace (two);
+    // stft frames 2 clips of 16000 samples, centred, every 160: 101 frames of 400 each; qr runs
+    // geqrf and orgqr, lstsq geqrf and ormqr.
+    type Op = (&'static str, Value, Option<(u64, usize)>);
+    let expected: [Op; 17] = [
+        (
+            "fft",
+            serde_json::json!([32, 100]),
+            ws(cufft_workspace(&[100], 32, 8), 2),
+        ),
+        (
+            "rfft2",
+            serde_json::json!([48, 33]),
+            ws(cufft_workspace(&[48, 64], 1, 8), 1),
+        ),
+        (
+            "irfft",
+            serde_json::json!([16, 128]),
+            ws(cufft_workspace(&[128], 16, 8), 1),
+        ),
+        (
+            "stft",
+            serde_json::json!([2, 201, 101]),
+            ws(cufft_workspace(&[400], 2 * 101, 8), 1),
+        ),
+        ("inv", serde_json::json!([N, N]), ws(blocked, 1)),
+        ("solve", serde_json::json!([N, N]), ws(blocked, 1)),
+        ("det", serde_json::json!([]), ws(blocked, 1)),
+        ("cholesky", serde_json::json!([N, N]), ws(blocked, 1)),
+        ("qr", serde_json::json!([[N, N], [N, N]]), ws(blocked, 2)),
+        ("lstsq", serde_json::json!([N, N]), ws(blocked, 2)),
+        (
+            "eigh",
+            serde_json::json!([[N], [N, N]]),
+            ws(cusolver_elements("syevd", N, N) * 4, 1),
+        ),
+        (
+            "svd",
+            serde_json::json!([[N, N], [N], [N, N]]),
+            ws(cusolver_elements("gesvdj", N, N) * 4, 1),
+        ),
+        // Batches: cuBLAS's batched LU and QR and cuSOLVER's potrfBatched take no workspace;
+        // the batched Jacobi eigensolver and SVD one estimate per matrix.
+        (
+            "inv_batched",
+            serde_json::json!([batch, small, small]),
+            None,
+        ),
+        (
+            "cholesky_batched",
+            serde_json::json!([batch, small, small]),
+            None,
+        ),
+        (
+            "qr_batched",
+            serde_json::json!([[batch, small, small], [batch, small, small]]),
+            None,
+        ),
+        (
+            "eigh_batched",
+            serde_json::json!([[batch, small], [batch, small, small]]),
+            ws(
+                batch * cusolver_elements("syevjBatched", small, small) * 4,
+                1,
+            ),
+        ),
+        (
+            "svd_batched",
+            serde_json::json!([[batch, small, small], [batch, small], [batch, small, small]]),
+            ws(
+                batch * cusolver_elements("gesvdjBatched", small, small) * 4,
+                1,
+            ),
+        ),
+    ];
+    for torch in torches() {
+        eprintln!("torch {}", torch.release.version);
+        let run = run_torch_script(&torch, "torch_linalg_fft.py", "all", 80 << 30, &[], true);
+        let r = &run.result;
+        for (op, shape, workspace) in &expected {
+            let o = &r["ops"][op];
+            assert_eq!(&o["shape"], shape, "{op}: {r}");
+            let Some((workspace, times)) = workspace else {
+                continue;
+            };
+            let allocations: Vec<u64> = arr(&o["allocations"])
+                .iter()
+                .map(|v| v.as_u64().expect("a size"))
+                .collect();
+            let found = allocations
+                .iter()
+                .filter(|&&size| size == *workspace)
+                .count();
+            assert_eq!(
+                found, *times,
+                "{op}: workspace {workspace} in {allocations:?}"
+            );
+        }
+        for op in ["cholesky_ex", "inv_ex", "lu_factor_ex"] {
+            assert_eq!(r["infos"][op], serde_json::json!([-7, 0]), "{op}: {r}");
+        }
+        // torch's cuBLAS workspace (32 MiB) and one small segment.
+        assert_log_is_torchs(&run, (2, 0, 34 * MIB));
+        assert_no_unimplemented_call(&run);
+    }
+    let Some(torch) = current() else { return };
+    let output = Command::new(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("scripts/cufft_cusolver_probe.py"))
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
+        .env("USE_PYTORCH_KERNEL_CACHE", "0")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("run cufft_cusolver_probe.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    // 10 transforms, the handle, 12 queries x 3 orders x 2 types, 4 batched x 2 types, card.
+    assert_eq!(lines.len(), 10 + 1 + 72 + 8 + 1, "{stdout}");
+    for line in &lines[..lines.len() - 1] {
+        assert_eq!(line["status"], 0, "{line}");
+        if line["lib"] == "cufft" {
+            let sizes: Vec<u64> = arr(&line["n"]).iter().filter_map(Value::as_u64).collect();
+            let complex = if matches!(line["transform"].as_str(), Some("z2z" | "d2z")) {
+                16
+            } else {
+                8
+            };
+            let workspace = cufft_workspace(&sizes, u64_of(line, "batch"), complex);
+            assert_eq!(u64_of(line, "work_size"), workspace, "{line}");
+            assert_eq!(u64_of(line, "plan_bytes"), 0, "{line}");
+            continue;
+        }
+        let routine = line["routine"].as_str().expect("a routine");
+        if routine == "handle" {
+            assert_eq!(u64_of(line, "handle_bytes"), 0, "{line}");
+            continue;
+        }
+        let (m, n, batch) = (u64_of(line, "m"), u64_of(line, "n"), u64_of(line, "batch"));
+        let elements = cusolver_elements(routine, m, n) * batch;
+        if routine.starts_with('X') {
+            let bytes = if line["data_type"] == 0 { 4 } else { 8 }; // CUDA_R_32F, CUDA_R_64F
+            assert_eq!(u64_of(line, "device"), elements * bytes, "{line}");
+            assert_eq!(u64_of(line, "host"), 0, "{line}");
+        } else {
+            assert_eq!(u64_of(line, "lwork"), elements, "{line}");
+        }
+    }
+    assert_eq!(lines[lines.len() - 1]["name"], "card", "{stdout}");
 }
 
 /// The run called no function the fakes leave unimplemented (their log of such names, beside

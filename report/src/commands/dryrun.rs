@@ -256,6 +256,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(path) = &unimplemented_log {
         command.env("VRAMSHIM_FAKEGPU_LOG", path);
     }
+    // PyTorch keeps the kernels its jiterator compiles through NVRTC in ~/.cache/torch/kernels,
+    // named by architecture and NVRTC release: the fake NVRTC's placeholder images would be
+    // loaded from there by a later run on a real card of the same architecture.
+    command.env("USE_PYTORCH_KERNEL_CACHE", "0");
     if let Some(nvtx) = nvtx {
         command.env(launch::NVTX_INJECTION, nvtx);
     }

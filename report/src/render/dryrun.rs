@@ -18,7 +18,7 @@ use crate::symbols::SymFrame;
 use crate::units::{bytes, counted, seconds};
 
 /// What every verdict says it cannot see.
-pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, the CUDA context and the kernels a real driver loads (the first kernel's modules, cuBLAS's at a device's first handle, cuDNN's at its first execution, NCCL's) are figures measured on an H100 and an H200 (estimates on other cards; NCCL measured for one rank only); not charged: other kernels a real driver loads at their first launch, and small allocations are charged exactly where a real driver gives them 2 MiB pages: against an H200 with PyTorch 2.11, 2.0 MB under for an MLP, 0.13 MB over for a small ResNet";
+pub const LIMITS: &str = "data-dependent control flow sees only values copied back from the simulated device (the fakes compute nothing); autotuning sees fake timings; memory that cuDNN, cuBLAS and NCCL take inside a real GPU, the CUDA context and the kernels a real driver loads (the first kernel's modules, cuBLAS's at a device's first handle, cuDNN's at its first execution, NCCL's) are figures measured on an H100 and an H200 (estimates on other cards; NCCL measured for one rank only); not charged: other kernels a real driver loads at their first launch, and small allocations are charged exactly where a real driver gives them 2 MiB pages: against an H200 with PyTorch 2.11, 2.0 MB under for an MLP, 0.13 MB over for a small ResNet; the workspaces cuFFT and cuSOLVER ask for are estimates (not measured on NVIDIA's libraries)";
 
 /// Live stacks listed under a failure (text).
 const TOP_STACKS: usize = 5;
