@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io::{self, BufReader, Read};
 
-use crate::record::{DeltaState, Record};
+use crate::record::{DeltaState, Event, Record};
 use crate::varint::Cursor;
 use crate::{
     CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, CONTINUED_CHUNK,
@@ -599,6 +599,14 @@ impl<R: Read> LogReader<R> {
             offset: self.chunk_offset,
             kind: DamageKind::BadRecord { reason },
         }
+    }
+
+    /// The event that the next record repeats, when it is a repeat in the chunk being read
+    /// that will decode (see [`DeltaState::peek_repeat`]); reads nothing. Its time is not
+    /// given.
+    #[inline(always)]
+    pub fn peek_repeat(&self) -> Option<&Event> {
+        self.delta.peek_repeat(self.chunk.get(self.chunk_pos..)?)
     }
 
     /// Like [`Iterator::next`], but decodes into `record` (overwritten; an event in place,

@@ -765,6 +765,34 @@ impl DeltaState {
         Ok(())
     }
 
+    /// The event that the record at the start of `bytes` repeats, when that record is a
+    /// repeat that [`DeltaState::decode_into`] would decode (its slot filled, its time delta
+    /// whole), without reading it: a replay's look-ahead at the next event. None for anything
+    /// else, and within a run (whose records come from its run record).
+    #[inline(always)]
+    pub fn peek_repeat(&self, bytes: &[u8]) -> Option<&Event> {
+        let &tag = bytes.first()?;
+        if self.run_left != 0 {
+            return None;
+        }
+        let (slot, timed) = if tag.wrapping_sub(TAG_REPEAT) < RECENT as u8 {
+            (tag - TAG_REPEAT, true)
+        } else if tag.wrapping_sub(TAG_REPEAT_SAME_TIME) < RECENT as u8 {
+            (tag - TAG_REPEAT_SAME_TIME, false)
+        } else {
+            return None;
+        };
+        if slot >= self.recent_filled {
+            return None;
+        }
+        if timed {
+            let mut cursor = Cursor::new(bytes);
+            cursor.pos = 1;
+            cursor.i64().ok()?;
+        }
+        self.recent.get(usize::from(slot))
+    }
+
     /// A repeat (`tag` in `TAG_REPEAT..` or `TAG_REPEAT_SAME_TIME..`) into `event`.
     #[inline(always)]
     fn decode_repeat_into(
