@@ -1466,3 +1466,52 @@ fn runs_of_the_last_cycle_out_of_bounds_are_bad_records() {
         ]
     );
 }
+
+#[test]
+fn a_peek_names_the_event_the_next_repeat_reads_and_nothing_else() {
+    // An allocate/free loop: its first pair written in full, every later record a repeat.
+    let records = loop_pairs(20, 1_000);
+    let bytes = encode_log(&records, usize::MAX);
+    let mut reader = LogReader::new(&bytes[..]).expect("header");
+    let mut record = Record::Exit(Exit::default());
+    let mut peeks_right = Vec::new();
+    loop {
+        let peek = reader.peek_repeat().copied();
+        match reader.next_into(&mut record) {
+            None => {
+                assert_eq!(peek, None, "nothing to peek at the end");
+                break;
+            }
+            Some(Ok(())) => {}
+            Some(Err(damage)) => panic!("{damage:?}"),
+        }
+        let Record::Event(event) = &record else {
+            panic!("not an event: {record:?}");
+        };
+        // The peek gives the event the repeat copies; its time is the repeat's own.
+        peeks_right.push(
+            peek.map(|peeked| Event {
+                t_ns: event.t_ns,
+                ..peeked
+            }) == Some(*event),
+        );
+    }
+    let mut expected = vec![false, false];
+    expected.resize(40, true);
+    assert_eq!(peeks_right, expected);
+    // The chunk cut inside a repeat's time delta: decoding it is damage, so nothing to peek.
+    let header_len = header().encode().len();
+    let full = encode_log(&records[..3], usize::MAX);
+    let payload = &full[header_len + CHUNK_HEADER_LEN..full.len() - 1];
+    let mut torn = header().encode();
+    torn.extend_from_slice(&crate::CHUNK_MAGIC);
+    torn.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    torn.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    torn.extend_from_slice(payload);
+    let mut reader = LogReader::new(&torn[..]).expect("header");
+    for _ in 0..2 {
+        assert_eq!(reader.next_into(&mut record), Some(Ok(())));
+    }
+    assert_eq!(reader.peek_repeat(), None);
+    assert!(matches!(reader.next_into(&mut record), Some(Err(_))));
+}
