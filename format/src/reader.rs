@@ -609,6 +609,25 @@ impl<R: Read> LogReader<R> {
         self.delta.peek_repeat(self.chunk.get(self.chunk_pos..)?)
     }
 
+    /// Reads the next record when it is a repeat in the chunk being read that decodes (see
+    /// [`DeltaState::read_repeat`]), as [`LogReader::next_into`] would, without copying its
+    /// event: the slot where [`LogReader::repeated`] finds it, at the repeat's time. None, and
+    /// nothing read, for any other record.
+    #[inline(always)]
+    pub fn next_repeat(&mut self) -> Option<usize> {
+        let mut cursor = Cursor::new(&self.chunk);
+        cursor.pos = self.chunk_pos;
+        let slot = self.delta.read_repeat(&mut cursor)?;
+        self.chunk_pos = cursor.pos;
+        Some(slot)
+    }
+
+    /// The event that the repeat [`LogReader::next_repeat`] read last gave as `slot`.
+    #[inline(always)]
+    pub fn repeated(&self, slot: usize) -> Option<&Event> {
+        self.delta.kept(slot)
+    }
+
     /// Like [`Iterator::next`], but decodes into `record` (overwritten; an event in place,
     /// with no copy of it on the way): `Some(Ok(()))` when it now holds the next record,
     /// `Some(Err(damage))` when damage came first (`record` then holds anything), None at the

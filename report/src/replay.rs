@@ -1488,13 +1488,22 @@ fn step_plain_run<O: Observers + ?Sized>(
         let Some(process) = processes.first_mut() else {
             return false;
         };
-        if !next_timed(input, process) {
-            return false;
-        }
-        let Record::Event(event) = &input.record else {
-            return true;
+        // The usual record, a repeat, stepped from where the reader keeps its event (not
+        // copied); anything else read as the replay loop reads it.
+        let repeated = input.reader.next_repeat();
+        let event = match repeated.and_then(|slot| input.reader.repeated(slot)) {
+            Some(event) => event,
+            None => {
+                if !next_timed(input, process) {
+                    return false;
+                }
+                let Record::Event(event) = &input.record else {
+                    return true;
+                };
+                event
+            }
         };
-        let t_ns = pending_time(input, process);
+        let t_ns = process.start_offset_ns.saturating_add(event.t_ns);
         if *run.last_device != Some(event.device) {
             run.devices.insert(event.device);
             *run.last_device = Some(event.device);
@@ -1507,6 +1516,9 @@ fn step_plain_run<O: Observers + ?Sized>(
                     .peek_repeat()
                     .is_some_and(|next| next.thread == event.thread && !names_segment(event, next)))
         {
+            // Left for the replay loop where it reads its records.
+            let held = *event;
+            input.record = Record::Event(held);
             return true;
         }
         state.replaced = None;
