@@ -1515,3 +1515,40 @@ fn a_peek_names_the_event_the_next_repeat_reads_and_nothing_else() {
     assert_eq!(reader.peek_repeat(), None);
     assert!(matches!(reader.next_into(&mut record), Some(Err(_))));
 }
+
+#[test]
+fn a_repeat_read_in_place_is_the_event_decoding_gives() {
+    // Two readers of a log of loops and other events: one decodes every record, the other
+    // reads repeats in place (their kept events) and decodes the rest; both see the same.
+    // (The first loop ends on a repeated allocation: the full event after it is written
+    // against the repeat's fields.)
+    let mut records = loop_pairs(30, 1_000);
+    records.pop();
+    records.extend(sample_records());
+    records.extend(loop_pairs(30, 10_000_000));
+    for per_chunk in [7, 64, usize::MAX] {
+        let bytes = encode_log(&records, per_chunk);
+        let mut decoding = LogReader::new(&bytes[..]).expect("header");
+        let mut in_place = LogReader::new(&bytes[..]).expect("header");
+        let (mut decoded, mut read) =
+            (Record::Exit(Exit::default()), Record::Exit(Exit::default()));
+        let mut repeats = 0;
+        loop {
+            let expected = decoding.next_into(&mut decoded);
+            let got = match in_place.next_repeat() {
+                Some(slot) => {
+                    repeats += 1;
+                    read = Record::Event(*in_place.repeated(slot).expect("kept event"));
+                    Some(Ok(()))
+                }
+                None => in_place.next_into(&mut read),
+            };
+            assert_eq!(got, expected);
+            if expected.is_none() {
+                break;
+            }
+            assert_eq!(read, decoded);
+        }
+        assert!(repeats > 50, "{repeats} repeats read in place");
+    }
+}
