@@ -1471,8 +1471,8 @@ struct Run<'a> {
 /// One log replayed to its end with nothing held back: reads and steps its events exactly as
 /// the replay loop would, in a loop of its own (a small function whose state stays in
 /// registers), until the log ends (false) or a record the replay loop must take comes
-/// (true: left in `input.record`, untouched): anything but an event, or an event the tensor
-/// view holds back. A `cudaMalloc` the tensor view would hold is stepped at once when the next
+/// (true: that record in `input.record`, nothing done with it): anything but an event, or an
+/// event the tensor view holds back. A `cudaMalloc` the tensor view would hold is stepped at once when the next
 /// record is an event of the same thread that does not name it as PyTorch's segment (that
 /// event would step it before itself, as it came; nothing else can come between).
 #[inline(never)]
@@ -1489,7 +1489,8 @@ fn step_plain_run<O: Observers + ?Sized>(
             return false;
         };
         // The usual record, a repeat, stepped from where the reader keeps its event (not
-        // copied); anything else read as the replay loop reads it.
+        // copied; the reader has every slot it gives); anything else read as the replay loop
+        // reads it.
         let repeated = input.reader.next_repeat();
         let event = match repeated.and_then(|slot| input.reader.repeated(slot)) {
             Some(event) => event,
