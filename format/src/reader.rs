@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io::{self, BufReader, Read};
 
-use crate::record::{DeltaState, Record};
+use crate::record::{DeltaState, Event, Record};
 use crate::varint::Cursor;
 use crate::{
     CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, CONTINUED_CHUNK,
@@ -599,6 +599,33 @@ impl<R: Read> LogReader<R> {
             offset: self.chunk_offset,
             kind: DamageKind::BadRecord { reason },
         }
+    }
+
+    /// The event that the next record repeats, when it is a repeat in the chunk being read
+    /// that will decode (see [`DeltaState::peek_repeat`]); reads nothing. Its time is not
+    /// given.
+    #[inline(always)]
+    pub fn peek_repeat(&self) -> Option<&Event> {
+        self.delta.peek_repeat(self.chunk.get(self.chunk_pos..)?)
+    }
+
+    /// Reads the next record when it is a repeat in the chunk being read that decodes (see
+    /// [`DeltaState::read_repeat`]), as [`LogReader::next_into`] would, without copying its
+    /// event: the slot where [`LogReader::repeated`] finds it, at the repeat's time. None, and
+    /// nothing read, for any other record.
+    #[inline(always)]
+    pub fn next_repeat(&mut self) -> Option<usize> {
+        let mut cursor = Cursor::new(&self.chunk);
+        cursor.pos = self.chunk_pos;
+        let slot = self.delta.read_repeat(&mut cursor)?;
+        self.chunk_pos = cursor.pos;
+        Some(slot)
+    }
+
+    /// The event that the repeat [`LogReader::next_repeat`] read last gave as `slot`.
+    #[inline(always)]
+    pub fn repeated(&self, slot: usize) -> Option<&Event> {
+        self.delta.kept(slot)
     }
 
     /// Like [`Iterator::next`], but decodes into `record` (overwritten; an event in place,

@@ -765,6 +765,76 @@ impl DeltaState {
         Ok(())
     }
 
+    /// The event that the record at the start of `bytes` repeats, when that record is a
+    /// repeat that [`DeltaState::decode_into`] would decode (its slot filled, its time delta
+    /// whole), without reading it: a replay's look-ahead at the next event. None for anything
+    /// else, and within a run (whose records come from its run record).
+    #[inline(always)]
+    pub fn peek_repeat(&self, bytes: &[u8]) -> Option<&Event> {
+        let (slot, timed) = self.repeat_at(bytes)?;
+        if timed {
+            let mut cursor = Cursor::new(bytes);
+            cursor.pos = 1;
+            cursor.i64().ok()?;
+        }
+        self.recent.get(slot)
+    }
+
+    /// Reads the record at the cursor when it is a repeat that decodes (as
+    /// [`DeltaState::peek_repeat`] says), as [`DeltaState::decode_into`] would, without copying
+    /// its event: the kept event it repeats takes the repeat's time and its slot is returned
+    /// (see [`DeltaState::kept`]). None, the cursor left where it was, for anything else.
+    #[inline(always)]
+    pub fn read_repeat(&mut self, cursor: &mut Cursor<'_>) -> Option<usize> {
+        let (slot, timed) = self.repeat_at(cursor.bytes.get(cursor.pos..)?)?;
+        let mut after = Cursor {
+            bytes: cursor.bytes,
+            pos: cursor.pos + 1,
+        };
+        let t_ns = if timed {
+            self.read_time_delta(&mut after).ok()?
+        } else {
+            self.t_ns
+        };
+        cursor.pos = after.pos;
+        // The delta state follows as in `repeat_into` (a kept event's own time is read by
+        // nothing but its repeats, which set it).
+        let recent = self.recent.get_mut(slot)?;
+        recent.t_ns = t_ns;
+        self.t_ns = t_ns;
+        self.thread = recent.thread;
+        self.device = recent.device;
+        if recent.addr != 0 {
+            self.addr = recent.addr;
+        }
+        self.size = recent.size;
+        Some(slot)
+    }
+
+    /// The event kept in `slot` (as [`DeltaState::read_repeat`] left it).
+    #[inline(always)]
+    pub fn kept(&self, slot: usize) -> Option<&Event> {
+        self.recent.get(slot)
+    }
+
+    /// The slot of the event that the record at the start of `bytes` repeats, and whether a
+    /// time delta follows its tag, when it is a repeat of a filled slot outside a run.
+    #[inline(always)]
+    fn repeat_at(&self, bytes: &[u8]) -> Option<(usize, bool)> {
+        let &tag = bytes.first()?;
+        if self.run_left != 0 {
+            return None;
+        }
+        let (slot, timed) = if tag.wrapping_sub(TAG_REPEAT) < RECENT as u8 {
+            (tag - TAG_REPEAT, true)
+        } else if tag.wrapping_sub(TAG_REPEAT_SAME_TIME) < RECENT as u8 {
+            (tag - TAG_REPEAT_SAME_TIME, false)
+        } else {
+            return None;
+        };
+        (slot < self.recent_filled).then_some((usize::from(slot), timed))
+    }
+
     /// A repeat (`tag` in `TAG_REPEAT..` or `TAG_REPEAT_SAME_TIME..`) into `event`.
     #[inline(always)]
     fn decode_repeat_into(

@@ -1466,3 +1466,89 @@ fn runs_of_the_last_cycle_out_of_bounds_are_bad_records() {
         ]
     );
 }
+
+#[test]
+fn a_peek_names_the_event_the_next_repeat_reads_and_nothing_else() {
+    // An allocate/free loop: its first pair written in full, every later record a repeat.
+    let records = loop_pairs(20, 1_000);
+    let bytes = encode_log(&records, usize::MAX);
+    let mut reader = LogReader::new(&bytes[..]).expect("header");
+    let mut record = Record::Exit(Exit::default());
+    let mut peeks_right = Vec::new();
+    loop {
+        let peek = reader.peek_repeat().copied();
+        match reader.next_into(&mut record) {
+            None => {
+                assert_eq!(peek, None, "nothing to peek at the end");
+                break;
+            }
+            Some(Ok(())) => {}
+            Some(Err(damage)) => panic!("{damage:?}"),
+        }
+        let Record::Event(event) = &record else {
+            panic!("not an event: {record:?}");
+        };
+        // The peek gives the event the repeat copies; its time is the repeat's own.
+        peeks_right.push(
+            peek.map(|peeked| Event {
+                t_ns: event.t_ns,
+                ..peeked
+            }) == Some(*event),
+        );
+    }
+    let mut expected = vec![false, false];
+    expected.resize(40, true);
+    assert_eq!(peeks_right, expected);
+    // The chunk cut inside a repeat's time delta: decoding it is damage, so nothing to peek.
+    let header_len = header().encode().len();
+    let full = encode_log(&records[..3], usize::MAX);
+    let payload = &full[header_len + CHUNK_HEADER_LEN..full.len() - 1];
+    let mut torn = header().encode();
+    torn.extend_from_slice(&crate::CHUNK_MAGIC);
+    torn.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    torn.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    torn.extend_from_slice(payload);
+    let mut reader = LogReader::new(&torn[..]).expect("header");
+    for _ in 0..2 {
+        assert_eq!(reader.next_into(&mut record), Some(Ok(())));
+    }
+    assert_eq!(reader.peek_repeat(), None);
+    assert!(matches!(reader.next_into(&mut record), Some(Err(_))));
+}
+
+#[test]
+fn a_repeat_read_in_place_is_the_event_decoding_gives() {
+    // Two readers of a log of loops and other events: one decodes every record, the other
+    // reads repeats in place (their kept events) and decodes the rest; both see the same.
+    // (The first loop ends on a repeated allocation: the full event after it is written
+    // against the repeat's fields.)
+    let mut records = loop_pairs(30, 1_000);
+    records.pop();
+    records.extend(sample_records());
+    records.extend(loop_pairs(30, 10_000_000));
+    for per_chunk in [7, 64, usize::MAX] {
+        let bytes = encode_log(&records, per_chunk);
+        let mut decoding = LogReader::new(&bytes[..]).expect("header");
+        let mut in_place = LogReader::new(&bytes[..]).expect("header");
+        let (mut decoded, mut read) =
+            (Record::Exit(Exit::default()), Record::Exit(Exit::default()));
+        let mut repeats = 0;
+        loop {
+            let expected = decoding.next_into(&mut decoded);
+            let got = match in_place.next_repeat() {
+                Some(slot) => {
+                    repeats += 1;
+                    read = Record::Event(*in_place.repeated(slot).expect("kept event"));
+                    Some(Ok(()))
+                }
+                None => in_place.next_into(&mut read),
+            };
+            assert_eq!(got, expected);
+            if expected.is_none() {
+                break;
+            }
+            assert_eq!(read, decoded);
+        }
+        assert!(repeats > 50, "{repeats} repeats read in place");
+    }
+}

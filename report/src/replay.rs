@@ -1183,7 +1183,26 @@ pub fn run_view_with<O: Observers + ?Sized>(
                 input.pending = false;
             }
             if !input.pending && !input.finished {
-                input.pending = next_timed(input, only);
+                input.pending = if stop == Stop::End && single.is_none() && holds.is_empty() {
+                    // The usual run of events, stepped in a loop of its own until a record
+                    // that needs this one.
+                    step_plain_run(
+                        input,
+                        std::slice::from_mut(only),
+                        &mut state,
+                        observers,
+                        malloc_apis[0],
+                        &mut Run {
+                            devices: &mut devices,
+                            last_device: &mut last_device,
+                            end_ns: &mut end_ns,
+                            steps: &mut steps,
+                            progress: &mut progress,
+                        },
+                    )
+                } else {
+                    next_timed(input, only)
+                };
             }
             input.pending.then(|| (0, pending_time(input, only)))
         } else {
@@ -1438,6 +1457,79 @@ pub fn run_view_with<O: Observers + ?Sized>(
         complete,
         devices,
     })
+}
+
+/// The replay loop's own counters, lent to [`step_plain_run`].
+struct Run<'a> {
+    devices: &'a mut std::collections::BTreeSet<i32>,
+    last_device: &'a mut Option<i32>,
+    end_ns: &'a mut u64,
+    steps: &'a mut u64,
+    progress: &'a mut Progress,
+}
+
+/// One log replayed to its end with nothing held back: reads and steps its events exactly as
+/// the replay loop would, in a loop of its own (a small function whose state stays in
+/// registers), until the log ends (false) or a record the replay loop must take comes
+/// (true: that record in `input.record`, nothing done with it): anything but an event, or an
+/// event the tensor view holds back. A `cudaMalloc` the tensor view would hold is stepped at once when the next
+/// record is an event of the same thread that does not name it as PyTorch's segment (that
+/// event would step it before itself, as it came; nothing else can come between).
+#[inline(never)]
+fn step_plain_run<O: Observers + ?Sized>(
+    input: &mut Input,
+    processes: &mut [Process],
+    state: &mut State,
+    observers: &mut O,
+    malloc_api: Option<u16>,
+    run: &mut Run<'_>,
+) -> bool {
+    loop {
+        let Some(process) = processes.first_mut() else {
+            return false;
+        };
+        // The usual record, a repeat, stepped from where the reader keeps its event (not
+        // copied; the reader has every slot it gives); anything else read as the replay loop
+        // reads it.
+        let repeated = input.reader.next_repeat();
+        let event = match repeated.and_then(|slot| input.reader.repeated(slot)) {
+            Some(event) => event,
+            None => {
+                if !next_timed(input, process) {
+                    return false;
+                }
+                let Record::Event(event) = &input.record else {
+                    return true;
+                };
+                event
+            }
+        };
+        let t_ns = process.start_offset_ns.saturating_add(event.t_ns);
+        if *run.last_device != Some(event.device) {
+            run.devices.insert(event.device);
+            *run.last_device = Some(event.device);
+        }
+        if state.view == View::Tensors
+            && may_be_segment(&malloc_api, event)
+            && !(event.kind == EventKind::Alloc
+                && input
+                    .reader
+                    .peek_repeat()
+                    .is_some_and(|next| next.thread == event.thread && !names_segment(event, next)))
+        {
+            // Left for the replay loop where it reads its records.
+            let held = *event;
+            input.record = Record::Event(held);
+            return true;
+        }
+        state.replaced = None;
+        step_event(state, processes, observers, 0, t_ns, event);
+        *run.end_ns = (*run.end_ns).max(t_ns);
+        *run.steps += 1;
+        if *run.steps & 0xffff == 0 {
+            run.progress.update(input.reader.offset());
+        }
+    }
 }
 
 /// The replay time of `input`'s pending record (its process's start offset added).
@@ -1720,11 +1812,13 @@ fn extends_hold(held: &[Held], current: &Held) -> bool {
 /// Whether `event` is PyTorch taking the one held allocation as its segment.
 fn is_own_segment(held: &[Held], index: usize, event: &Event) -> bool {
     let [held] = held else { return false };
-    event.kind == EventKind::TensorSegment
-        && index == held.index
-        && event.thread == held.event.thread
-        && event.addr == held.event.addr
-        && event.size == held.event.size
+    index == held.index && event.thread == held.event.thread && names_segment(&held.event, event)
+}
+
+/// Whether `event` names the allocation `held` as PyTorch's segment (on the same thread of the
+/// same process: the caller's to check).
+fn names_segment(held: &Event, event: &Event) -> bool {
+    event.kind == EventKind::TensorSegment && event.addr == held.addr && event.size == held.size
 }
 
 /// Whether `current` is PyTorch mapping the range of the held mappings into an expandable
@@ -2521,6 +2615,87 @@ mod tests {
             vec![(4, 10), (1028, 11), (4, 12), (0, 13)],
             "steps in time order"
         );
+    }
+
+    /// The tensor view's steps of the log at `path`, replayed until `stop`.
+    fn steps_until(path: &std::path::Path, stop: Stop) -> Steps {
+        let mut steps = Steps(Vec::new());
+        let replay = run_view(
+            &[path.to_path_buf()],
+            &mut [&mut steps],
+            stop,
+            View::Tensors,
+        );
+        assert!(replay.is_ok(), "the crafted log did not replay");
+        steps
+    }
+
+    #[test]
+    fn the_look_ahead_decides_a_held_malloc_as_the_hold_does() {
+        // A replay of one log to its end (`Stop::End`) runs its events in a loop of its own,
+        // which decides a `cudaMalloc` the tensor view would hold from the next record when
+        // that repeats an event; any other stop keeps the general loop, which holds it. Both
+        // must step the same. Every round after the first is written as repeats.
+        let apis = ["cudaMalloc", "cudaFree", "torch.CUDACachingAllocator"];
+        let (base, pool) = (0x7400_0000_0000, 0x7500_0000_0000);
+        let event = |kind, api, t_ns, thread, addr, size| {
+            Record::Event(Event {
+                kind,
+                api,
+                t_ns,
+                thread,
+                addr,
+                size,
+                ..Event::default()
+            })
+        };
+        let mut records = vec![Record::Note(vramshim_format::Note {
+            t_ns: 1,
+            text: "torch: tracker attached (test)".into(),
+        })];
+        // Each case three times (the recorder keeps four events to repeat).
+        let rounds = |first: u64, case: &dyn Fn(u64) -> Vec<Record>| -> Vec<Record> {
+            (0..3).flat_map(|round| case(first + 10 * round)).collect()
+        };
+        // An allocate/free loop: the free, on the same thread, steps the allocation.
+        records.extend(rounds(100, &|t| {
+            vec![
+                event(EventKind::Alloc, 0, t, 1, base, 4),
+                event(EventKind::Free, 1, t + 1, 1, base, 0),
+            ]
+        }));
+        // PyTorch names the `cudaMalloc` its segment right after: never live itself.
+        records.extend(rounds(200, &|t| {
+            vec![
+                event(EventKind::Alloc, 0, t, 1, pool, 2 * MIB),
+                event(EventKind::TensorSegment, 2, t + 1, 1, pool, 2 * MIB),
+                event(EventKind::Free, 1, t + 2, 1, pool, 0),
+            ]
+        }));
+        // Another thread between a `cudaMalloc` and its free: the hold's rules (an event on
+        // the same device ends it).
+        records.extend(rounds(300, &|t| {
+            vec![
+                event(EventKind::Alloc, 0, t, 1, base, 4),
+                event(EventKind::Alloc, 0, t + 1, 2, base + 4096, 8),
+                event(EventKind::Free, 1, t + 2, 1, base, 0),
+                event(EventKind::Free, 1, t + 3, 2, base + 4096, 0),
+            ]
+        }));
+        let path = log_of_records("look-ahead", &apis, &records);
+        let looked_ahead = steps_until(&path, Stop::End);
+        let held = steps_until(&path, Stop::AfterTime(u64::MAX));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(looked_ahead.0, held.0);
+        let expected: Vec<(u64, u64)> = (0..3)
+            .flat_map(|round| [(4, 100 + 10 * round), (0, 101 + 10 * round)])
+            .chain((0..3).flat_map(|round| [(0, 201 + 10 * round), (0, 202 + 10 * round)]))
+            .chain((0..3).flat_map(|round| {
+                let t = 300 + 10 * round;
+                [(4, t), (12, t + 1), (8, t + 2), (0, t + 3)]
+            }))
+            .collect();
+        assert_eq!(looked_ahead.0, expected);
     }
 
     #[test]
