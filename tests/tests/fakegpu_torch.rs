@@ -3309,6 +3309,34 @@ fn lstm_trains(torch: &Torch) {
     assert_no_unimplemented_call(&run);
 }
 
+/// Runs `scripts/PROBE` (a probe of NVIDIA libraries' answers that a lent GPU runs too) on the
+/// fakes with torch's python on an 80 GiB card: its stdout, one JSON object per line, after
+/// checking that it exited 0.
+fn probe_on_the_fakes(torch: &Torch, probe: &str) -> (String, Vec<Value>) {
+    let output = Command::new(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(repo().join("scripts").join(probe))
+        .env("LD_PRELOAD", torch.fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
+        .env("USE_PYTORCH_KERNEL_CACHE", "0")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .unwrap_or_else(|e| panic!("run {probe}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{probe}: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    (stdout, lines)
+}
+
 /// The fake cuDNN's RNN sizes against NVIDIA's: `scripts/cudnn_rnn_probe.py` (twelve
 /// networks: LSTM, GRU, tanh RNN; 1 - 4 layers, bidirectional, a projection, half precision)
 /// on the fakes, against its output on a real H200 with cuDNN 9.19 under torch 2.11
@@ -3320,34 +3348,20 @@ fn lstm_trains(torch: &Torch) {
 #[test]
 fn cudnn_rnn_sizes_match_a_real_h200() {
     let Some(torch) = current() else { return };
-    let output = Command::new(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("scripts/cudnn_rnn_probe.py"))
-        .env("LD_PRELOAD", torch.fake_preload())
-        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .output()
-        .expect("run cudnn_rnn_probe.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let by_name = |text: &str| -> HashMap<String, Value> {
-        text.lines()
-            .map(|line| {
-                serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"))
-            })
+    let (stdout, lines) = probe_on_the_fakes(&torch, "cudnn_rnn_probe.py");
+    let by_name = |lines: Vec<Value>| -> HashMap<String, Value> {
+        lines
+            .into_iter()
             .map(|v| (v["name"].as_str().unwrap_or("").to_string(), v))
             .collect()
     };
-    let fake = by_name(&stdout);
+    let fake = by_name(lines);
     let real = by_name(
-        &std::fs::read_to_string(repo().join("tests/fixtures/cudnn-rnn-h200.jsonl"))
-            .expect("fixture"),
+        std::fs::read_to_string(repo().join("tests/fixtures/cudnn-rnn-h200.jsonl"))
+            .expect("fixture")
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect(),
     );
     assert_eq!(real.len(), 13);
     assert_eq!(fake.len(), real.len(), "{stdout}");
@@ -3486,26 +3500,7 @@ fn ctc_loss_through_the_fake_cudnn() {
     // The probe a lent GPU runs (scripts/gpu_rnn_probe.sh) asks the fake the same: every
     // status 0, the same estimate for both algorithms, for each of its shapes.
     let Some(torch) = current() else { return };
-    let output = Command::new(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("scripts/cudnn_ctc_probe.py"))
-        .env("LD_PRELOAD", torch.fake_preload())
-        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .output()
-        .expect("run cudnn_ctc_probe.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-        .collect();
+    let (stdout, lines) = probe_on_the_fakes(&torch, "cudnn_ctc_probe.py");
     assert_eq!(lines.len(), 9, "{stdout}");
     for line in &lines[..8] {
         let shape: Vec<u64> = arr(&line["shape"])
@@ -3710,27 +3705,7 @@ fn fft_stft_and_linalg_run_on_the_fake_cufft_and_cusolver() {
         assert_no_unimplemented_call(&run);
     }
     let Some(torch) = current() else { return };
-    let output = Command::new(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("scripts/cufft_cusolver_probe.py"))
-        .env("LD_PRELOAD", torch.fake_preload())
-        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
-        .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
-        .env("USE_PYTORCH_KERNEL_CACHE", "0")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .output()
-        .expect("run cufft_cusolver_probe.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-        .collect();
+    let (stdout, lines) = probe_on_the_fakes(&torch, "cufft_cusolver_probe.py");
     // 10 transforms, the handle, 12 queries x 3 orders x 2 types, 4 batched x 2 types, card.
     assert_eq!(lines.len(), 10 + 1 + 72 + 8 + 1, "{stdout}");
     for line in &lines[..lines.len() - 1] {
