@@ -1126,16 +1126,7 @@ fn graph_memory_nodes_take_the_graph_pool_at_launch_and_keep_it_until_trimmed() 
             vec![3 * MIB, 5 * MIB + 1]
         );
         assert_eq!(select(&events, "graph_free", "cudaFreeAsync").len(), 1);
-        let pool: Vec<(String, u64)> = events
-            .iter()
-            .filter(|e| e["event"] == "graph_pool")
-            .map(|e| {
-                (
-                    e["api"].as_str().unwrap_or("").to_string(),
-                    u64_of(e, "size"),
-                )
-            })
-            .collect();
+        let pool = graph_pool_levels(&events);
         // Each level is the program's "taken" (= NVML's, = reserved) on the line named.
         let expected = [
             ("cudaGraphLaunch", 4 * MIB),  // launched
@@ -1602,16 +1593,7 @@ fn graphs_launched_into_captures_child_graph_updates_and_edge_data_are_exact() {
         );
         assert_eq!(select(&events, "graph_free", "cudaFreeAsync").len(), 2);
         assert!(select(&events, "alloc", "cudaMallocAsync").is_empty());
-        let pool: Vec<(String, u64)> = events
-            .iter()
-            .filter(|e| e["event"] == "graph_pool")
-            .map(|e| {
-                (
-                    e["api"].as_str().unwrap_or("").to_string(),
-                    u64_of(e, "size"),
-                )
-            })
-            .collect();
+        let pool = graph_pool_levels(&events);
         let expected = [
             ("cudaGraphLaunch", 4 * MIB),  // outer-launched
             ("cudaDeviceGraphMemTrim", 0), // trimmed

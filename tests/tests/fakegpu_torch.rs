@@ -4499,16 +4499,7 @@ fn cuda_graph_under_malloc_async_records_the_graph_pool_at_launch_and_trim() {
     let dump = dump(log);
     let events = events(&dump);
     assert!(!select(&events, "graph_alloc", "cudaMallocAsync").is_empty());
-    let pool: Vec<(String, u64)> = events
-        .iter()
-        .filter(|e| e["event"] == "graph_pool")
-        .map(|e| {
-            (
-                e["api"].as_str().unwrap_or("").to_string(),
-                u64_of(e, "size"),
-            )
-        })
-        .collect();
+    let pool = graph_pool_levels(&events);
     assert_eq!(
         pool,
         vec![
@@ -4602,16 +4593,7 @@ fn a_graph_replayed_inside_a_capture_is_a_child_graph_node_with_its_memory() {
         let log = run.log.as_ref().expect("recorded");
         let dump = dump(log);
         let events = events(&dump);
-        let pool: Vec<(String, u64)> = events
-            .iter()
-            .filter(|e| e["event"] == "graph_pool")
-            .map(|e| {
-                (
-                    e["api"].as_str().unwrap_or("").to_string(),
-                    u64_of(e, "size"),
-                )
-            })
-            .collect();
+        let pool = graph_pool_levels(&events);
         let expected = if backend == "native" {
             vec![]
         } else {

@@ -236,6 +236,20 @@ pub fn events(dump: &[Value]) -> Vec<&Value> {
     dump.iter().filter(|v| v["type"] == "event").collect()
 }
 
+/// The log's graph-pool levels, in order: (the call that set it, the pool's bytes).
+pub fn graph_pool_levels(events: &[&Value]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "graph_pool")
+        .map(|e| {
+            (
+                e["api"].as_str().unwrap_or("").to_string(),
+                u64_of(e, "size"),
+            )
+        })
+        .collect()
+}
+
 /// Events with the given `event` kind and `api`.
 pub fn select<'a>(events: &[&'a Value], event: &str, api: &str) -> Vec<&'a Value> {
     events
