@@ -111,5 +111,7 @@ spawn "$bin/stack_many" "$progs/stack_many.c" -- "${testflags[@]}" "${link_cuda[
 spawn "$bin/stack_many_nofp" "$progs/stack_many.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/stack_joins" "$progs/stack_joins.c" -- "${testflags[@]}" "${link_cuda[@]}"
 spawn "$bin/stack_joins_nofp" "$progs/stack_joins.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
+# Without frame pointers but for one frame that keeps its frame in rbp (its alloca).
+spawn "$bin/rbp_reads" "$progs/rbp_reads.c" -- -O2 -g -fomit-frame-pointer "${link_cuda[@]}"
 spawn "$bin/bench" "$progs/bench.c" -- "${benchflags[@]}" "${link_cuda[@]}"
 wait_all

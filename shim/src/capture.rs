@@ -17,6 +17,7 @@ use crate::config::{OnFull, StackMode};
 use crate::process::{self, now_ns};
 use crate::real::{self, DRIVER, Layer};
 use crate::ring::{ENTERING, IDLE, Ring, SLOT_EVENT, SLOT_MEM_INFO, Slot};
+use crate::unwind::WalkFrom;
 use crate::{altstack, stacks, writer};
 
 /// What a hooked call did, as the table's spec expressions describe it.
@@ -32,6 +33,9 @@ pub struct Spec {
     /// caching allocator's segments (an expandable segment's page for an unmap), and gets a
     /// stack by default (see [`stack_segment_releases`]).
     pub segment_release: bool,
+    /// Where the event's native stack walk starts: inside the shim (its frames dropped), or
+    /// at the caller of the entry point that reported it, as found on entry.
+    pub walk_from: WalkFrom,
 }
 
 /// Set once PyTorch's caching allocator is known to be recording (its tracker's layout
@@ -70,6 +74,7 @@ impl Spec {
             handle: 0,
             device: DeviceSource::Current,
             segment_release: false,
+            walk_from: WalkFrom::Here,
         }
     }
     pub fn segment_release(mut self) -> Spec {
@@ -174,7 +179,7 @@ pub fn record_reported(api: u16, spec: Spec) {
 fn record_reported_on(api: u16, t_ns: u64, ring: *const Ring, spec: Spec, device: i32) {
     let kind = spec.kind;
     let config = process::config();
-    let stack = stack_for(config, kind, spec.segment_release, t_ns);
+    let stack = stack_for(config, kind, spec.segment_release, t_ns, spec.walk_from);
     let slot = Slot {
         t_ns,
         addr: spec.addr,
@@ -393,7 +398,7 @@ fn record(
         DeviceSource::Known(device) => device,
     };
     let config = process::config();
-    let stack = stack_for(config, kind, spec.segment_release, now);
+    let stack = stack_for(config, kind, spec.segment_release, now, spec.walk_from);
     let mem_info = if kind == EventKind::AllocFailed {
         mem_get_info()
     } else {
@@ -440,6 +445,7 @@ fn stack_for(
     kind: EventKind,
     segment_release: bool,
     now: u64,
+    from: WalkFrom,
 ) -> u32 {
     match config.stack {
         StackMode::None => 0,
@@ -449,7 +455,7 @@ fn stack_for(
         {
             0
         }
-        mode => stacks::capture(mode, config.max_frames, now),
+        mode => stacks::capture(mode, config.max_frames, now, from),
     }
 }
 

@@ -12,9 +12,12 @@ use vramshim_format::{Frame, ModuleDef, Record, StackDef};
 
 use crate::config::StackMode;
 use crate::sync::Lock;
+use crate::unwind::WalkFrom;
 use crate::{python, writer};
 
 const MAX_FRAMES: usize = 256;
+/// Frames a native walk may find: the frames kept, and room for the shim's own above them.
+const WALK_FRAMES: usize = MAX_FRAMES + 16;
 const CACHE_SLOTS: usize = 256;
 const SHARDS: usize = 16;
 
@@ -85,11 +88,15 @@ static MODULES: Lock<Vec<(u64, u64)>> = Lock::new(Vec::new());
 
 /// Key words a stack may take: native frames, then Python frames and their tag word.
 const KEY_WORDS: usize = MAX_FRAMES + python::MAX_PY_FRAMES * python::WORDS_PER_FRAME + 1;
+// A native walk uses the key's first `WALK_FRAMES` words (the Python part is written after it).
+const _: () = assert!(KEY_WORDS >= WALK_FRAMES);
 
 /// Captures the calling thread's stack as `mode` asks (native frames innermost first, shim
 /// frames removed; then its Python frames) and returns its id (0 if nothing was captured).
-/// `python` mode falls back to the native stack where the thread runs no Python code.
-pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
+/// `python` mode falls back to the native stack where the thread runs no Python code. The
+/// native walk starts at `from` (an entry point's caller, or inside the shim: its frames are
+/// dropped either way).
+pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64, from: WalkFrom) -> u32 {
     // Left uninitialised: zeroing these 8 KiB on every event cost about a tenth of the hook.
     // Only the words written are read.
     let mut key = [MaybeUninit::<u64>::uninit(); KEY_WORDS];
@@ -103,11 +110,11 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
         StackMode::Python => {
             python = python_part(&mut key, known.1);
             if python.0 == 0 {
-                native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0);
+                native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from);
             }
         }
         StackMode::Mixed => {
-            native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0);
+            native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from);
             // The same native part as the last key: its length is the last one's.
             let native_words = match (native.2, last) {
                 (true, Some(last)) => last.native_words,
@@ -115,7 +122,7 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64) -> u32 {
             };
             python = python_part(&mut key[native_words..], known.1);
         }
-        _ => native = native_part(&mut key[..MAX_FRAMES], max_frames, now_ns, known.0),
+        _ => native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from),
     }
     let serials = (native.1, python.1);
     // Parts the walks did not write are the last key's: all of them, or copy them in.
@@ -267,8 +274,9 @@ fn native_part(
     max_frames: usize,
     now_ns: u64,
     known: u64,
+    from: WalkFrom,
 ) -> (usize, u64, bool) {
-    let (count, serial) = capture_native(frames, max_frames, now_ns, known);
+    let (count, serial) = capture_native(frames, max_frames, now_ns, known, from);
     if known != 0 && serial == known {
         return (count, serial, true);
     }
@@ -290,13 +298,20 @@ fn capture_native(
     max_frames: usize,
     now_ns: u64,
     known: u64,
+    from: WalkFrom,
 ) -> (usize, u64) {
-    let mut raw = [MaybeUninit::<u64>::uninit(); MAX_FRAMES + 16];
+    let mut raw = [MaybeUninit::<u64>::uninit(); WALK_FRAMES];
     let max = max_frames.min(MAX_FRAMES).min(frames.len());
     let (shim_start, shim_end) = shim_range();
     let in_shim = |ip: u64| ip >= shim_start && ip < shim_end;
-    // Fast path: cached unwind rules. The walk starts inside the shim; leave room for the
-    // shim's own frames on top of the `max` frames kept.
+    // Fast path: cached unwind rules. A walk from here starts inside the shim; leave room for
+    // the shim's own frames on top of the `max` frames kept. One from an entry point's caller
+    // has none (its first frame is the caller's return address, and none is 0: a walk ends
+    // at a null return address), so it writes its frames in place, not copied, and the first
+    // `max` are kept. Both walk as far (`WALK_FRAMES`), not just `max` frames: a walk cut at
+    // the frame limit can be joined only at its own depth or deeper, and the callers' walks
+    // then joined so much less that they stepped 45% more frames (`max` 64).
+    let direct = matches!(from, WalkFrom::Caller(_)) && frames.len() >= WALK_FRAMES;
     let walked = THREAD
         .try_with(|thread| {
             let mut cache = thread.unwind_cache.get();
@@ -309,12 +324,20 @@ fn capture_native(
                 bounds = crate::unwind::thread_stack_bounds();
                 thread.stack_bounds.set(bounds);
             }
-            crate::unwind::walk(&mut raw, unsafe { &mut *cache }, bounds, now_ns, known)
+            let into = if direct {
+                &mut frames[..WALK_FRAMES]
+            } else {
+                &mut raw[..]
+            };
+            crate::unwind::walk(into, unsafe { &mut *cache }, bounds, now_ns, known, from)
         })
         .unwrap_or((0, 0));
     let (walked, serial) = walked;
     if known != 0 && serial == known {
         return (0, serial);
+    }
+    if direct && walked > 0 {
+        return (walked.min(max), serial);
     }
     let raw = written(&raw, walked);
     let skip = raw.iter().take_while(|&&ip| in_shim(ip)).count();

@@ -39,6 +39,7 @@ use vramshim_format::{EventKind, Note, Record};
 
 use crate::capture::{self, Spec};
 use crate::real::{self, Layer};
+use crate::unwind::{CallerState, WalkFrom};
 use crate::{process, writer};
 
 /// The API name of the events this module records (in the header, after the hook table's).
@@ -518,8 +519,29 @@ unsafe extern "C" fn manage(dest: *mut [usize; 2], source: *const [usize; 2], op
 }
 
 /// The function's invoker: one `TraceEntry`. Runs on the allocating thread, inside the
-/// allocator's lock.
+/// allocator's lock. Takes the caller's registers as they are on entry (the return address on
+/// top of the stack, the stack pointer above it, `rbp` untouched) and jumps on to
+/// [`invoke_from`], which returns to the caller: the event's native walk starts there, not
+/// inside the shim ([`crate::unwind::CallerState`]).
+#[unsafe(naked)]
 unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
+    std::arch::naked_asm!(
+        "mov rdx, [rsp]",
+        "lea rcx, [rsp + 8]",
+        "mov r8, rbp",
+        "jmp {body}",
+        body = sym invoke_from,
+    )
+}
+
+/// [`invoke`]'s body, with its caller's registers on entry.
+unsafe extern "C" fn invoke_from(
+    data: *const [usize; 2],
+    entry: *const u8,
+    return_address: u64,
+    sp: u64,
+    bp: u64,
+) {
     let state = STATE.load(Ordering::Acquire);
     if state == OFF || state == SEARCHING || state == REPORTING || entry.is_null() || data.is_null()
     {
@@ -568,6 +590,11 @@ unsafe extern "C" fn invoke(data: *const [usize; 2], entry: *const u8) {
     };
     let mut spec = Spec::new(kind, addr, size).device(device);
     spec.stream = stream;
+    spec.walk_from = WalkFrom::Caller(CallerState {
+        return_address,
+        sp,
+        bp,
+    });
     if kind == EventKind::TensorAlloc && captured(stream) {
         // Both halves of the pair (a graph's own pool and a user's `MemPool` use one each);
         // read only where the layout has the pair, so never past an older, shorter entry.

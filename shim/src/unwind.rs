@@ -16,6 +16,13 @@
 //! rest of its frames from it: in PyTorch's training steps consecutive allocations come from
 //! different operators, but the stack outside the operator's call is often the one the last
 //! allocation walked (a suffix replay, [`SuffixMatch`]).
+//!
+//! Both compare `rbp` (and the words restored into it) only where a later step's rule reads
+//! it ([`BpUse`], [`keep_needed_bp`]): in code built without frame pointers it is one more
+//! general register, whose changing contents made remembered walks miss though no frame's
+//! rule used them. framehop does not say which rule a step ran; what a rule does with `bp` is
+//! learnt by unwinding its frame twice over a synthetic stack ([`probe_bp_rule`]), once per
+//! lookup address and thread ([`BpRules`]).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -43,14 +50,19 @@ type ProcessUnwinder = UnwinderX86_64<Loaded>;
 const MEMO_READS: usize = 2 * MEMO_FRAMES + 8;
 /// Frames one walk may remember (the callers ask for at most 256 + 16).
 const MEMO_FRAMES: usize = 288;
-/// Walks a thread remembers, to replay whole: on the training steps 35% of the allocations
-/// replay one of the last 16 walks, 17% the last one.
-const REMEMBERED: usize = 16;
-/// The newest walks a fresh walk may join part-way: checking one costs a few instructions a
-/// frame walked, and older ones add little (the frames a fresh walk shares with them it
-/// mostly shares with the newest too: on the training steps, joining the newest one or two
-/// walked as many frames, framehop's rule evaluation 4.31 M and 4.30 M instructions).
-const JOINABLE: usize = 1;
+/// Walks a thread remembers, to replay whole, found by where they started ([`START_BUCKETS`]):
+/// a training loop comes back to each of its allocation sites once a step, a few hundred
+/// allocations apart, so a memo of the last few walks (16: 35% of the training steps'
+/// allocations replayed) misses what a memo of a step's sites finds.
+const REMEMBERED: usize = 256;
+/// Buckets of the remembered walks by their start state (hashed), each listing the newest
+/// [`START_WAYS`] walks that started there: the same operator called from different Python
+/// lines at the same depth starts from the same registers with different words further out.
+const START_BUCKETS: usize = 256;
+const START_WAYS: usize = 4;
+const _: () = assert!(START_BUCKETS.is_power_of_two() && REMEMBERED < u16::MAX as usize);
+const _: () =
+    assert!(BP_RULE_SLOTS.is_power_of_two() && BP_RULE_SLOTS_WITH_BANKS.is_power_of_two());
 
 /// Slots in one framehop rule cache (fixed inside the crate, `rule_cache.rs`: direct-mapped,
 /// slot `address % 509`).
@@ -122,11 +134,23 @@ pub struct ThreadCache {
     rules: CacheX86_64,
     /// The larger one, once `rules` has had [`CONFLICTS_BEFORE_BANKS`] slot conflicts.
     banks: Option<Box<RuleBanks>>,
-    /// The last walks, a ring: the newest is `walks[last]`, the oldest's buffers take the
-    /// next fresh walk. Each grows to the walks it holds (nothing for a thread that never
-    /// walks more than a few stacks).
-    walks: [Walk; REMEMBERED],
+    /// The last walks, a ring growing to [`REMEMBERED`]: the newest is `walks[last]`, the
+    /// oldest's buffers take the next fresh walk. Each grows to the walk it holds (little
+    /// for a thread that walks a few stacks).
+    walks: Vec<Walk>,
     last: usize,
+    /// Per bucket of start states, the indices (+ 1; 0: none) in `walks` of the newest walks
+    /// that started in it, newest first. An index may name a walk since replaced: the start
+    /// is compared before anything else.
+    by_start: Box<[[u16; START_WAYS]; START_BUCKETS]>,
+    /// The states of `walks[last]`'s frames.
+    newest_states: States,
+    /// The states of the walk being made (its buffers reused).
+    states: States,
+    /// What each step of the walk being made did with `bp` ([`BpUse`]).
+    bp_uses: Vec<BpUse>,
+    /// What each rule met so far does with `bp`.
+    bp_rules: BpRules,
 }
 
 impl ThreadCache {
@@ -134,8 +158,13 @@ impl ThreadCache {
         ThreadCache {
             rules: CacheX86_64::new(),
             banks: None,
-            walks: std::array::from_fn(|_| Walk::new()),
+            walks: Vec::new(),
             last: 0,
+            by_start: Box::new([[0; START_WAYS]; START_BUCKETS]),
+            newest_states: Vec::new(),
+            states: Vec::new(),
+            bp_uses: Vec::new(),
+            bp_rules: BpRules::new(BP_RULE_SLOTS),
         }
     }
 }
@@ -146,13 +175,254 @@ impl Default for ThreadCache {
     }
 }
 
+/// Per frame of a walk ([`FrameEntry`]). Only the newest walk's are kept (a fresh walk may
+/// join only that one): kept for every remembered walk they were half its memory.
+type States = Vec<FrameEntry>;
+
 /// framehop's state on reaching a frame: (ip, sp, bp). framehop's x86_64 registers hold 16
 /// more, but its DWARF rules and its frame-pointer fallback (all a module built from
 /// `.eh_frame` gets, [`module_of`]) read and write only these three, so the rest stay zero.
 type FrameState = (u64, u64, u64);
 
-/// A remembered walk: where it started, every stack word it read, what it found, and per
-/// frame the state it reached the frame in and where that frame's step began reading.
+/// One frame of a remembered walk: the state the walk reached it in, where its step's reads
+/// begin in the walk's `reads`, and whether the rest of the walk depends on the state's `bp`.
+#[derive(Clone, Copy, Debug)]
+struct FrameEntry {
+    state: FrameState,
+    reads_from: u32,
+    bp_needed: bool,
+}
+
+/// Whether a walk reaching `ours` finds what one that reached `theirs` found, as far as the
+/// state goes: `ip` and `sp` always count, `bp` only where a later step reads it.
+///
+/// PyTorch and most distribution libraries are built without frame pointers: there `rbp` is
+/// one more callee-saved register, its value whatever the code kept in it (a pointer, a
+/// counter), and framehop's DWARF rules restore it from the stack at each frame that saved
+/// it. Comparing it everywhere made a remembered walk miss whenever that value changed,
+/// though no rule after it would have read it.
+fn same_state(theirs: FrameState, bp_needed: bool, ours: FrameState) -> bool {
+    theirs.0 == ours.0 && theirs.1 == ours.1 && (!bp_needed || theirs.2 == ours.2)
+}
+
+/// What one step of a walk did with the `bp` it started from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BpUse {
+    /// Read it: a frame-pointer rule, or a DWARF row framehop evaluated in full (which may
+    /// read any register). The rest of the walk depends on it.
+    Reads,
+    /// Left it unchanged for the next step: the walk depends on it where it depends on the
+    /// next state's.
+    Keeps,
+    /// Replaced it with the stack word at this address, without reading it: the walk does
+    /// not depend on it, and depends on that word only where it depends on the next state's.
+    Restores(u64),
+}
+
+/// What the rule at one lookup address does with `bp`, as [`BpUse`] with the restored word's
+/// address relative to the step's stack pointer: a rule depends only on its address (and on
+/// whether it is the first frame's), so this is learnt once ([`probe_bp_rule`]) and kept
+/// ([`BpRules`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BpRule {
+    Reads,
+    Keeps,
+    /// Restores `bp` from the word at `sp + offset`.
+    Restores(i32),
+}
+
+impl BpRule {
+    /// What the step from a frame with stack pointer `sp` did with `bp`, the walk's reads
+    /// bounded by `bounds` (a refused read of the restored word is framehop's, in `exec`).
+    fn at(self, is_first_frame: bool, sp: u64, bounds: (u64, u64)) -> BpUse {
+        match self {
+            BpRule::Reads => BpUse::Reads,
+            BpRule::Keeps => BpUse::Keeps,
+            BpRule::Restores(offset) => {
+                let Some(at) = sp.checked_add_signed(i64::from(offset)) else {
+                    // `exec` fails before reading: the walk ends whatever `bp` is.
+                    return BpUse::Keeps;
+                };
+                // A first frame's refused read below the stack pointer keeps `bp` (`exec`'s
+                // epilogue case); a read refused elsewhere ends the walk.
+                if is_first_frame && at < sp && !readable(at, bounds) {
+                    BpUse::Keeps
+                } else {
+                    BpUse::Restores(at)
+                }
+            }
+        }
+    }
+}
+
+/// The stack pointer a probe unwinds from ([`probe_bp_rule`]); the two `bp` values above it
+/// (a frame-pointer rule must move the stack pointer up to succeed).
+const PROBE_SP: u64 = 0x4000_0000_0000;
+const PROBE_BPS: [u64; 2] = [PROBE_SP + 0x10_0000, PROBE_SP + 0x20_0000];
+/// A probe's stack holds `address ^ PROBE_WORDS` at each address: a different word at every
+/// address, never zero at an aligned one (framehop ends a walk at a zero return address), and
+/// the address a restored word came from is `word ^ PROBE_WORDS`.
+const PROBE_WORDS: u64 = 0x5a5a_a5a5_c3c3_3c3d;
+
+/// Learns what a step's rule does with `bp` through framehop's public `unwind_frame`: `step`
+/// unwinds the frame (the same address, the same first-frame-ness) from the registers it is
+/// given, reading the stack through the reader it is given, and says whether a rule from
+/// framehop's cache ran (`None`: it did not). Run twice from registers differing only in
+/// `bp`, over a stack whose words are an injective function of their address:
+/// - return address or stack pointer differ: the rule reads `bp`;
+/// - each `bp` left as it was: it keeps it;
+/// - both the same stack word: it restores it from that word's address;
+/// - anything else (an error, a step that no cached rule made) counts as reading it, which is
+///   never wrong (a replay compares one more register).
+///
+/// A step no cached rule made is a DWARF row framehop evaluates in full (an expression, a
+/// frame-pointer-relative CFA it cannot turn into a rule): two points cannot show that such an
+/// evaluation ignores `bp`. framehop's cached rules read and write only `ip`, `sp` and `bp`, as
+/// fixed offsets from `sp` or `bp` and words read there, so two points tell them apart exactly.
+fn probe_bp_rule<S>(mut step: S) -> BpRule
+where
+    S: FnMut(
+        &mut UnwindRegsX86_64,
+        &mut dyn FnMut(u64) -> Result<u64, ()>,
+    ) -> Option<Result<Option<u64>, framehop::Error>>,
+{
+    let mut stack = |addr: u64| -> Result<u64, ()> { Ok(addr ^ PROBE_WORDS) };
+    let mut after = [UnwindRegsX86_64::new(0, 0, 0); 2];
+    let mut returned = [None; 2];
+    for (i, &bp) in PROBE_BPS.iter().enumerate() {
+        let mut regs = UnwindRegsX86_64::new(0, PROBE_SP, bp);
+        match step(&mut regs, &mut stack) {
+            Some(Ok(return_address)) => returned[i] = Some(return_address),
+            Some(Err(_)) | None => return BpRule::Reads,
+        }
+        after[i] = regs;
+    }
+    if returned[0] != returned[1] || after[0].sp() != after[1].sp() {
+        return BpRule::Reads;
+    }
+    let bps = [after[0].bp(), after[1].bp()];
+    if bps == PROBE_BPS {
+        return BpRule::Keeps;
+    }
+    if bps[0] == bps[1] {
+        let restored_from = bps[0] ^ PROBE_WORDS;
+        if let Ok(offset) = i32::try_from(restored_from.wrapping_sub(PROBE_SP) as i64) {
+            return BpRule::Restores(offset);
+        }
+    }
+    BpRule::Reads
+}
+
+/// [`probe_bp_rule`] for the frame at `address`, with framehop's cache for it: the first of
+/// the two unwinds leaves the frame's rule in that cache (framehop caches every rule it
+/// runs), so the second finds it there unless no rule ran (a full DWARF evaluation).
+fn probe_frame(
+    unwinder: &ProcessUnwinder,
+    address: FrameAddress,
+    rules: &mut CacheX86_64,
+) -> BpRule {
+    let mut first = true;
+    probe_bp_rule(|regs, stack| {
+        regs.set_ip(address.address());
+        let hits = rules.stats().hit_count;
+        let stepped = unwinder.unwind_frame(address, regs, rules, &mut |addr| stack(addr));
+        let from_cache = std::mem::replace(&mut first, false) || rules.stats().hit_count > hits;
+        from_cache.then_some(stepped)
+    })
+}
+
+/// Slots in a thread's table of [`BpRule`]s while it has no [`RuleBanks`], and once it has
+/// them (a thread walking many stacks crosses some 400 return addresses a training step).
+const BP_RULE_SLOTS: usize = 256;
+const BP_RULE_SLOTS_WITH_BANKS: usize = 4096;
+
+/// A thread's [`BpRule`]s by lookup address and first-frame-ness: direct-mapped, a miss
+/// probes the rule again ([`probe_frame`]).
+struct BpRules {
+    /// The unwinder the rules were learnt with: another one may have other modules at the
+    /// same addresses.
+    unwinder: *const ProcessUnwinder,
+    slots: Box<[BpRuleSlot]>,
+}
+
+/// One slot of [`BpRules`] (16 bytes).
+#[derive(Clone, Copy)]
+struct BpRuleSlot {
+    lookup: u64,
+    /// `BpRule::Restores`'s offset.
+    offset: i32,
+    /// 0: empty, 1: reads, 2: keeps, 3: restores.
+    kind: u8,
+    is_first_frame: bool,
+}
+
+const EMPTY_SLOT: BpRuleSlot = BpRuleSlot {
+    lookup: 0,
+    offset: 0,
+    kind: 0,
+    is_first_frame: false,
+};
+
+impl BpRules {
+    fn new(slots: usize) -> BpRules {
+        BpRules {
+            unwinder: std::ptr::null(),
+            slots: vec![EMPTY_SLOT; slots].into_boxed_slice(),
+        }
+    }
+
+    /// Learnt with another unwinder: forget them all (dlopen / dlclose only).
+    fn use_unwinder(&mut self, unwinder: *const ProcessUnwinder) {
+        if self.unwinder != unwinder {
+            self.slots.fill(EMPTY_SLOT);
+            self.unwinder = unwinder;
+        }
+    }
+
+    fn slot(&self, lookup: u64, is_first_frame: bool) -> usize {
+        // First-frame-ness in a high bit: neighbouring addresses keep apart.
+        let key = lookup ^ (u64::from(is_first_frame) << 47);
+        let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // The product's top bits, as many as the slots take (a power of two).
+        (mixed >> (64 - self.slots.len().trailing_zeros())) as usize
+    }
+
+    fn get(&self, lookup: u64, is_first_frame: bool) -> Option<BpRule> {
+        let slot = self.slots[self.slot(lookup, is_first_frame)];
+        if slot.lookup != lookup || slot.is_first_frame != is_first_frame {
+            return None;
+        }
+        match slot.kind {
+            1 => Some(BpRule::Reads),
+            2 => Some(BpRule::Keeps),
+            3 => Some(BpRule::Restores(slot.offset)),
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, lookup: u64, is_first_frame: bool, rule: BpRule) {
+        let (kind, offset) = match rule {
+            BpRule::Reads => (1, 0),
+            BpRule::Keeps => (2, 0),
+            BpRule::Restores(offset) => (3, offset),
+        };
+        let at = self.slot(lookup, is_first_frame);
+        self.slots[at] = BpRuleSlot {
+            lookup,
+            offset,
+            kind,
+            is_first_frame,
+        };
+    }
+}
+
+/// Whether a walk within `bounds` reads the word at `addr` (the check of [`walk`]'s reads).
+fn readable(addr: u64, (low, high): (u64, u64)) -> bool {
+    addr >= low && addr.saturating_add(8) <= high && addr.is_multiple_of(8)
+}
+
+/// A remembered walk: where it started, every stack word it read and what it found (the
+/// newest one's states per frame are kept beside it: [`States`]).
 ///
 /// A walk is a function of the unwinder (its rules), the registers it starts from, the
 /// read bounds, the frame limit and the words it reads; when all of them are the same, it
@@ -165,7 +435,8 @@ type FrameState = (u64, u64, u64);
 struct Walk {
     valid: bool,
     unwinder: *const ProcessUnwinder,
-    /// (ip, sp, bp) at the start.
+    /// (ip, sp, bp) at the start: inside [`walk`], or an entry point's caller (its ip a
+    /// return address outside the shim, so never equal to a start inside it).
     start: FrameState,
     bounds: (u64, u64),
     capacity: usize,
@@ -173,9 +444,8 @@ struct Walk {
     /// address is refused again with the same bounds).
     reads: Vec<(u64, u64)>,
     frames: Vec<u64>,
-    /// Per frame: the state the walk reached it in, and the index in `reads` of the first
-    /// word its step read.
-    states: Vec<(FrameState, u32)>,
+    /// Whether the walk depends on the start's `bp` (its first frame's `bp_needed`).
+    start_bp_needed: bool,
     /// The walk stopped at `capacity` frames, not at the end of the stack: what lies
     /// beyond its last frame is not known.
     truncated: bool,
@@ -197,7 +467,7 @@ impl Walk {
             capacity: 0,
             reads: Vec::new(),
             frames: Vec::new(),
-            states: Vec::new(),
+            start_bp_needed: true,
             truncated: false,
             serial: 0,
         }
@@ -224,7 +494,9 @@ impl Walk {
         bounds: (u64, u64),
         capacity: usize,
     ) -> Option<usize> {
-        if !self.comparable(unwinder, bounds, capacity) || self.start != start {
+        if !self.comparable(unwinder, bounds, capacity)
+            || !same_state(self.start, self.start_bp_needed, start)
+        {
             return None;
         }
         // Eight words at a time, or-ing their differences: one branch per eight, not per word.
@@ -267,12 +539,12 @@ struct SuffixMatch {
 }
 
 impl SuffixMatch {
-    fn new(last: &Walk) -> SuffixMatch {
+    fn new(last: &Walk, states: &[FrameEntry]) -> SuffixMatch {
         SuffixMatch {
             cursor: 1,
             equal_from: last.reads.len(),
             differ_below: 0,
-            cursor_sp: last.states.get(1).map_or(u64::MAX, |state| state.0.1),
+            cursor_sp: states.get(1).map_or(u64::MAX, |frame| frame.state.1),
         }
     }
 
@@ -280,20 +552,30 @@ impl SuffixMatch {
     /// reaching `state` with `count` frames written would find: the state is the same, and so
     /// is every word `last` read from there on. The rules, bounds and frame limit are the
     /// same ([`Walk::comparable`]).
-    fn join(&mut self, last: &Walk, state: FrameState, count: usize) -> Option<usize> {
+    fn join(
+        &mut self,
+        last: &Walk,
+        states: &[FrameEntry],
+        state: FrameState,
+        count: usize,
+    ) -> Option<usize> {
         let sp = state.1;
         if sp < self.cursor_sp {
             return None;
         }
-        while self.cursor < last.states.len() && last.states[self.cursor].0.1 < sp {
+        while self.cursor < states.len() && states[self.cursor].state.1 < sp {
             self.cursor += 1;
         }
         let at = self.cursor;
-        self.cursor_sp = last.states.get(at).map_or(u64::MAX, |state| state.0.1);
-        let &(their_state, reads_from) = last.states.get(at)?;
+        self.cursor_sp = states.get(at).map_or(u64::MAX, |frame| frame.state.1);
+        let &FrameEntry {
+            state: their_state,
+            reads_from,
+            bp_needed,
+        } = states.get(at)?;
         // A walk cut at the frame limit is known only as far as it went: this walk may join it
         // only at a depth no smaller than its own there (then it reaches the limit no later).
-        if their_state != state || (last.truncated && count < at) {
+        if !same_state(their_state, bp_needed, state) || (last.truncated && count < at) {
             return None;
         }
         let reads_from = reads_from as usize;
@@ -331,11 +613,32 @@ pub unsafe fn reset_in_fork_child() {
 }
 const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
+/// Where a walk starts: at the caller of one of the shim's entry points, as that entry point
+/// found it on entry ([`CallerState`]), or here, inside [`walk`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkFrom {
+    Here,
+    Caller(CallerState),
+}
+
+/// The registers framehop reads (ip, sp, bp) as an entry point's caller will find them on
+/// its return, taken at the entry point's first instruction: the return address on top of
+/// the stack, the stack pointer above it, the caller's frame pointer still in `rbp`. This is
+/// exactly the state unwinding the entry point's own frame reaches, so a walk from it finds
+/// the caller's frames without walking the shim's (some seven frames a tensor event, each a
+/// rule lookup and evaluation, that were dropped from the stack afterwards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerState {
+    pub return_address: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
-/// the instruction pointer inside this function). Returns the count, 0 if walking failed, and
-/// the serial number of the remembered walk that found them (0: not remembered). When that
-/// serial is `known` (non-zero), the frames are the ones found under it before and are not
-/// written again.
+/// the instruction pointer inside this function, or with the entry point's return address
+/// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
+/// of the remembered walk that found them (0: not remembered). When that serial is `known`
+/// (non-zero), the frames are the ones found under it before and are not written again.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
@@ -343,23 +646,37 @@ pub fn walk(
     stack: (u64, u64),
     now_ns: u64,
     known: u64,
+    from: WalkFrom,
 ) -> (usize, u64) {
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
         return (0, 0);
     };
     let (ip, sp, bp): (u64, u64, u64);
-    unsafe {
-        std::arch::asm!(
-            "lea {ip}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            ip = out(reg) ip,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags)
-        );
-    }
+    let mut address = match from {
+        WalkFrom::Here => {
+            unsafe {
+                std::arch::asm!(
+                    "lea {ip}, [rip]",
+                    "mov {sp}, rsp",
+                    "mov {bp}, rbp",
+                    ip = out(reg) ip,
+                    sp = out(reg) sp,
+                    bp = out(reg) bp,
+                    options(nomem, nostack, preserves_flags)
+                );
+            }
+            FrameAddress::from_instruction_pointer(ip)
+        }
+        WalkFrom::Caller(caller) => {
+            (ip, sp, bp) = (caller.return_address, caller.sp, caller.bp);
+            // Looked up at the call instruction, as a return address found by unwinding is.
+            let Some(address) = FrameAddress::from_return_address(ip) else {
+                return (0, 0);
+            };
+            address
+        }
+    };
     let (low, high) = if stack.0 <= sp && sp < stack.1 {
         stack
     } else {
@@ -373,10 +690,18 @@ pub fn walk(
         banks,
         walks,
         last,
+        by_start,
+        newest_states,
+        states,
+        bp_uses,
+        bp_rules,
     } = cache;
     let newest = *last;
-    for age in 0..REMEMBERED {
-        let remembered = &walks[(newest + REMEMBERED - age) % REMEMBERED];
+    let bucket = &mut by_start[start_bucket(start)];
+    for &way in bucket.iter() {
+        let Some(remembered) = walks.get(usize::from(way).wrapping_sub(1)) else {
+            break;
+        };
         if let Some(count) = remembered.replay(unwinder_ptr, start, bounds, capacity) {
             if known == 0 || remembered.serial != known {
                 for (out, &frame) in frames.iter_mut().zip(&remembered.frames[..count]) {
@@ -387,33 +712,45 @@ pub fn walk(
         }
     }
     // Walk, noting every word read and each frame's state, for the next calls.
-    // The oldest walk's buffers take this one; the others are searched for a join.
-    let oldest = (newest + 1) % REMEMBERED;
+    // The oldest walk's buffers take this one (a new one while the ring grows); the newest is
+    // searched for a join (older ones add little: the frames a fresh walk shares with them
+    // it mostly shares with the newest too; on the training steps, joining the newest one or
+    // two walked as many frames, framehop's rule evaluation 4.31 M and 4.30 M instructions).
+    let grown = walks.len() < REMEMBERED;
+    let oldest = if grown {
+        walks.push(Walk::new());
+        walks.len() - 1
+    } else {
+        (newest + 1) % REMEMBERED
+    };
     let mut next = std::mem::replace(&mut walks[oldest], Walk::new());
     next.valid = false;
     next.reads.clear();
     next.frames.clear();
-    next.states.clear();
-    let mut suffixes: [Option<(usize, SuffixMatch)>; JOINABLE] = std::array::from_fn(|age| {
-        let index = (newest + REMEMBERED - age) % REMEMBERED;
-        let walk = &walks[index];
-        walk.comparable(unwinder_ptr, bounds, capacity)
-            .then(|| (index, SuffixMatch::new(walk)))
-    });
+    states.clear();
+    bp_uses.clear();
+    let mut suffix = walks
+        .get(newest)
+        .filter(|walk| walk.comparable(unwinder_ptr, bounds, capacity))
+        .map(|walk| SuffixMatch::new(walk, newest_states));
     let mut reads_fit = true;
     if banks.is_none() && rules.stats().miss_wrong_address_count >= CONFLICTS_BEFORE_BANKS {
         // Allocates, as the thread's first walk (this cache) and framehop's misses do.
         *banks = Some(Box::new(RuleBanks::new()));
+        *bp_rules = BpRules::new(BP_RULE_SLOTS_WITH_BANKS);
     }
+    bp_rules.use_unwinder(unwinder_ptr);
     // framehop's `iter_frames`, one frame at a time, each frame's rule from its cache.
     let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
-    let mut address = FrameAddress::from_instruction_pointer(ip);
     let mut count = 0;
     let mut joined = None;
     while count < capacity {
         frames[count].write(address.address());
-        next.states
-            .push(((regs.ip(), regs.sp(), regs.bp()), next.reads.len() as u32));
+        states.push(FrameEntry {
+            state: (regs.ip(), regs.sp(), regs.bp()),
+            reads_from: next.reads.len() as u32,
+            bp_needed: true,
+        });
         count += 1;
         if count == capacity {
             break;
@@ -424,7 +761,7 @@ pub fn walk(
         };
         let reads = &mut next.reads;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            if addr < low || addr.saturating_add(8) > high || !addr.is_multiple_of(8) {
+            if !readable(addr, bounds) {
                 return Err(());
             }
             let word = unsafe { (addr as *const u64).read() };
@@ -435,7 +772,19 @@ pub fn walk(
             }
             Ok(word)
         };
-        match unwinder.unwind_frame(address, &mut regs, rules, &mut read_stack) {
+        let (step_address, step_sp) = (address, regs.sp());
+        let stepped = unwinder.unwind_frame(address, &mut regs, rules, &mut read_stack);
+        let (lookup, is_first_frame) = (
+            step_address.address_for_lookup(),
+            !step_address.is_return_address(),
+        );
+        let bp_rule = bp_rules.get(lookup, is_first_frame).unwrap_or_else(|| {
+            let learnt = probe_frame(unwinder, step_address, rules);
+            bp_rules.insert(lookup, is_first_frame, learnt);
+            learnt
+        });
+        bp_uses.push(bp_rule.at(is_first_frame, step_sp, bounds));
+        match stepped {
             Ok(Some(return_address)) => match FrameAddress::from_return_address(return_address) {
                 Some(caller) => address = caller,
                 None => break,
@@ -443,16 +792,20 @@ pub fn walk(
             _ => break,
         }
         let state = (regs.ip(), regs.sp(), regs.bp());
-        joined = suffixes.iter_mut().flatten().find_map(|(index, suffix)| {
-            let at = suffix.join(&walks[*index], state, count)?;
-            Some((*index, at))
-        });
+        joined = suffix
+            .as_mut()
+            .and_then(|suffix| suffix.join(&walks[newest], newest_states, state, count));
         if joined.is_some() {
             break;
         }
     }
-    if let Some((index, at)) = joined {
-        let previous = &walks[index];
+    // Which states' `bp` the walk depends on, from the last step back; the words restored
+    // into a `bp` nothing reads are dropped from the reads (a replay or a join need not find
+    // them again).
+    let needed_after = joined.is_some_and(|at| newest_states[at].bp_needed);
+    keep_needed_bp(&mut next.reads, states, bp_uses, needed_after);
+    if let Some(at) = joined {
+        let previous = &walks[newest];
         // The rest of this walk is that walk's from frame `at`, up to the frame limit; the
         // remembered walk is this one's frames, states and reads followed by that one's.
         let tail = &previous.frames[at..];
@@ -460,14 +813,17 @@ pub fn walk(
         for (out, &frame) in frames[count..].iter_mut().zip(&tail[..take]) {
             out.write(frame);
         }
-        let reads_from = previous.states[at].1 as usize;
+        let reads_from = newest_states[at].reads_from as usize;
         let tail_reads = &previous.reads[reads_from..];
         if next.reads.len() + tail_reads.len() <= MEMO_READS {
             let shift = next.reads.len() as i64 - reads_from as i64;
-            next.states.extend(
-                previous.states[at..at + take]
+            states.extend(
+                newest_states[at..at + take]
                     .iter()
-                    .map(|&(state, from)| (state, (i64::from(from) + shift) as u32)),
+                    .map(|&frame| FrameEntry {
+                        reads_from: (i64::from(frame.reads_from) + shift) as u32,
+                        ..frame
+                    }),
             );
             next.reads.extend_from_slice(tail_reads);
         } else {
@@ -482,6 +838,7 @@ pub fn walk(
         }));
         next.unwinder = unwinder_ptr;
         next.start = start;
+        next.start_bp_needed = states.first().is_none_or(|frame| frame.bp_needed);
         next.bounds = bounds;
         next.capacity = capacity;
         next.truncated = count == capacity;
@@ -490,10 +847,88 @@ pub fn walk(
         let serial = next.serial;
         walks[oldest] = next;
         *last = oldest;
+        std::mem::swap(newest_states, states);
+        // Newest first in its start's bucket (once: this slot may be listed from before).
+        let way = (oldest + 1) as u16;
+        let mut previous = way;
+        for slot in bucket.iter_mut() {
+            previous = std::mem::replace(slot, previous);
+            if previous == way {
+                break;
+            }
+        }
         return (count, serial);
     }
-    walks[oldest] = next;
+    if grown {
+        // Not remembered: the ring does not keep an empty slot.
+        walks.pop();
+    } else {
+        walks[oldest] = next;
+    }
     (count, 0)
+}
+
+/// The bucket of `by_start` for a walk starting at `start`: by its `ip` and `sp` only (a walk
+/// may not depend on the start's `bp`, [`Walk::start_bp_needed`]).
+fn start_bucket((ip, sp, _bp): FrameState) -> usize {
+    let mixed = (ip ^ sp.rotate_left(21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // The product's top bits, as many as the buckets take (a power of two).
+    (mixed >> (64 - START_BUCKETS.trailing_zeros())) as usize
+}
+
+/// Marks which of a fresh walk's states it depends on through `bp`, and drops from its reads
+/// the words restored into a `bp` that no later step reads. `states` holds the frames it
+/// walked itself and `bp_uses` its steps (one fewer where it stopped at the frame limit);
+/// `needed_after` is whether the state after its last step counts (that of the walk it joined
+/// there; false where it ended).
+///
+/// Sound because a step's result depends on its state's `bp` only where its rule reads it
+/// ([`BpUse`]): going back from the end, a state's `bp` is needed where its step reads it, or
+/// keeps it and the next state's is needed; never where the step restores it. A restored
+/// word is needed exactly where the next state's `bp` is.
+fn keep_needed_bp(
+    reads: &mut Vec<(u64, u64)>,
+    states: &mut [FrameEntry],
+    bp_uses: &[BpUse],
+    needed_after: bool,
+) {
+    let frames = states.len();
+    let mut needed_next = needed_after;
+    for i in (0..frames).rev() {
+        let needed = match bp_uses.get(i) {
+            Some(BpUse::Reads) => true,
+            Some(BpUse::Keeps) => needed_next,
+            Some(BpUse::Restores(_)) => false,
+            // The frame limit: no step taken from this frame.
+            None => false,
+        };
+        states[i].bp_needed = needed;
+        needed_next = needed;
+    }
+    // Compact the reads in place, frame by frame.
+    let mut kept = 0;
+    for i in 0..frames {
+        let from = states[i].reads_from as usize;
+        let to = states
+            .get(i + 1)
+            .map_or(reads.len(), |frame| frame.reads_from as usize);
+        let drop_at = match bp_uses.get(i) {
+            Some(&BpUse::Restores(at)) => {
+                let next_needed = states.get(i + 1).map_or(needed_after, |f| f.bp_needed);
+                // `exec` reads the restored word first.
+                (!next_needed && reads.get(from).is_some_and(|read| read.0 == at)).then_some(from)
+            }
+            _ => None,
+        };
+        states[i].reads_from = kept as u32;
+        for r in from..to {
+            if Some(r) != drop_at {
+                reads[kept] = reads[r];
+                kept += 1;
+            }
+        }
+    }
+    reads.truncate(kept);
 }
 
 fn current_unwinder(now_ns: u64) -> *const ProcessUnwinder {
@@ -622,5 +1057,425 @@ pub fn thread_stack_bounds() -> (u64, u64) {
             return (0, 0);
         }
         (base as u64, base as u64 + size as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hint::black_box;
+
+    /// Recurses `depth` frames, then runs `bottom`; `pattern` 1 takes another call site in the
+    /// innermost recursive frame (the same registers at the bottom, another word further out).
+    #[inline(never)]
+    fn descend(depth: usize, pattern: usize, bottom: &mut dyn FnMut()) -> usize {
+        if depth == 0 {
+            bottom();
+            return black_box(0);
+        }
+        if depth == 1 && pattern == 1 {
+            black_box(descend(depth - 1, pattern, bottom)) ^ 7
+        } else {
+            black_box(descend(depth - 1, pattern, bottom)) + 1
+        }
+    }
+
+    /// Walks from the bottom of `descend(depth, pattern)` with `memo` and with a fresh cache
+    /// (no remembered walks: framehop alone), from the same call site; returns both frame
+    /// lists and the memo walk's serial.
+    fn walk_both(memo: &mut ThreadCache, depth: usize, pattern: usize) -> [(Vec<u64>, u64); 2] {
+        let stack = thread_stack_bounds();
+        let mut found: Vec<(Vec<u64>, u64)> = Vec::new();
+        descend(depth, pattern, &mut || {
+            for which in 0..2 {
+                let mut fresh = ThreadCache::new();
+                let cache = if which == 0 { &mut *memo } else { &mut fresh };
+                let mut frames = [MaybeUninit::<u64>::uninit(); MEMO_FRAMES];
+                let (count, serial) = walk(&mut frames, cache, stack, 0, 0, WalkFrom::Here);
+                let frames = frames[..count]
+                    .iter()
+                    // SAFETY: `walk` wrote the first `count` frames.
+                    .map(|frame| unsafe { frame.assume_init() })
+                    .collect();
+                found.push((frames, serial));
+            }
+        });
+        let fresh = found.pop().expect("the fresh walk");
+        let memo = found.pop().expect("the memo walk");
+        [memo, fresh]
+    }
+
+    /// More stacks than the ring holds, then the newest again, the oldest again, and stacks
+    /// that share their start with earlier ones but not their words: every walk through the
+    /// memo (replayed whole, joined, or fresh) finds what framehop alone finds.
+    #[test]
+    fn remembered_walks_find_what_a_fresh_walk_finds() {
+        const DEPTHS: usize = REMEMBERED + 24;
+        // (depth, pattern), all walked from one call site below, so that a stack differs
+        // from another only where its depth or pattern makes it.
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        jobs.extend((1..=DEPTHS).map(|depth| (depth, 0)));
+        jobs.extend((DEPTHS - 63..=DEPTHS).map(|depth| (depth, 0)));
+        jobs.extend((1..=24).map(|depth| (depth, 0)));
+        jobs.extend((1..=40).map(|depth| (depth, 1)));
+        let mut memo = ThreadCache::new();
+        let mut serials: Vec<u64> = Vec::new();
+        for &(depth, pattern) in &jobs {
+            let [(ours, serial), (fresh, _)] = walk_both(&mut memo, depth, pattern);
+            assert!(fresh.len() > depth, "depth {depth}: {} frames", fresh.len());
+            assert_eq!(ours, fresh, "depth {depth}, pattern {pattern}");
+            serials.push(serial);
+        }
+        let (first, rest) = serials.split_at(DEPTHS);
+        let (newest_again, rest) = rest.split_at(64);
+        let (oldest_again, _) = rest.split_at(24);
+        // Every one of the first pass remembered: the ring wrapped.
+        let mut distinct = first.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), DEPTHS);
+        assert!(!distinct.contains(&0));
+        assert_eq!(memo.walks.len(), REMEMBERED);
+        // The newest 64 again: found by their start and replayed whole (the same serial),
+        // unless a bucket's newer walks pushed one out (four ways a bucket).
+        let replayed = newest_again
+            .iter()
+            .zip(&first[DEPTHS - 64..])
+            .filter(|(again, before)| again == before)
+            .count();
+        assert!(replayed >= 56, "{replayed} of 64 replayed whole");
+        // The oldest, long replaced: walked again, not replayed.
+        for (depth, serial) in (1..).zip(oldest_again) {
+            assert!(
+                !first.contains(serial),
+                "depth {depth} replayed a replaced walk"
+            );
+        }
+    }
+
+    const BOUNDS: (u64, u64) = (0x1000, 0x2000);
+
+    // Never run: rows of unwind tables of each shape framehop turns into a cached rule or
+    // evaluates in full, at known addresses, for the probe to learn from the process's own
+    // unwinder (the test binary's `.eh_frame`).
+    std::arch::global_asm!(
+        ".pushsection .text.vramshim_bp_probe_cases,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl vramshim_bp_probe_start",
+        ".hidden vramshim_bp_probe_start",
+        ".globl vramshim_bp_probe_saved",
+        ".hidden vramshim_bp_probe_saved",
+        ".globl vramshim_bp_probe_framed",
+        ".hidden vramshim_bp_probe_framed",
+        ".globl vramshim_bp_probe_popped",
+        ".hidden vramshim_bp_probe_popped",
+        ".globl vramshim_bp_probe_fp",
+        ".hidden vramshim_bp_probe_fp",
+        ".globl vramshim_bp_probe_fp_odd",
+        ".hidden vramshim_bp_probe_fp_odd",
+        ".globl vramshim_bp_probe_expression",
+        ".hidden vramshim_bp_probe_expression",
+        ".globl vramshim_bp_probe_end",
+        ".hidden vramshim_bp_probe_end",
+        "vramshim_bp_probe_start:",
+        ".cfi_startproc",
+        // CFA = rsp + 8: JustReturn.
+        "push rbp",
+        ".cfi_def_cfa_offset 16",
+        ".cfi_offset rbp, -16",
+        // CFA = rsp + 16, rbp saved at CFA - 16: OffsetSpAndRestoreBp (bp from sp + 0).
+        "vramshim_bp_probe_saved:",
+        "sub rsp, 32",
+        ".cfi_def_cfa_offset 48",
+        // CFA = rsp + 48: bp from sp + 32.
+        "vramshim_bp_probe_framed:",
+        "add rsp, 32",
+        ".cfi_def_cfa_offset 16",
+        "pop rbp",
+        ".cfi_def_cfa_offset 8",
+        // CFA = rsp + 8 with rbp's save not undone (an epilogue): bp from sp - 8.
+        "vramshim_bp_probe_popped:",
+        "push rbp",
+        ".cfi_def_cfa_offset 16",
+        "mov rbp, rsp",
+        ".cfi_def_cfa_register rbp",
+        // CFA = rbp + 16, rbp at CFA - 16: UseFramePointer.
+        "vramshim_bp_probe_fp:",
+        "sub rsp, 16",
+        ".cfi_def_cfa rbp, 32",
+        // CFA = rbp + 32: no cached rule (framehop's `_ffi_call_unix64` case), evaluated in full.
+        "vramshim_bp_probe_fp_odd:",
+        "mov rsp, rbp",
+        "pop rbp",
+        // CFA = rsp + 8 as an expression (DW_CFA_def_cfa_expression, DW_OP_breg7 8), rbp not
+        // saved: evaluated in full, though it does not read rbp.
+        ".cfi_restore rbp",
+        ".cfi_escape 0x0f, 0x02, 0x77, 0x08",
+        "vramshim_bp_probe_expression:",
+        "nop",
+        // The return address undefined: EndOfStack.
+        ".cfi_def_cfa rsp, 8",
+        ".cfi_undefined rip",
+        "vramshim_bp_probe_end:",
+        "ret",
+        ".cfi_endproc",
+        ".popsection",
+    );
+
+    unsafe extern "C" {
+        fn vramshim_bp_probe_start();
+        fn vramshim_bp_probe_saved();
+        fn vramshim_bp_probe_framed();
+        fn vramshim_bp_probe_popped();
+        fn vramshim_bp_probe_fp();
+        fn vramshim_bp_probe_fp_odd();
+        fn vramshim_bp_probe_expression();
+        fn vramshim_bp_probe_end();
+    }
+
+    /// What the probe learns of the row at `label`, as the first frame's (its instruction
+    /// pointer) and as a caller's (a return address just past it), each with a fresh rule
+    /// cache and again with that cache warm.
+    fn probed(label: unsafe extern "C" fn()) -> [BpRule; 2] {
+        // SAFETY: built by `current_unwinder` and never freed.
+        let unwinder = unsafe { &*current_unwinder(0) };
+        let at = label as usize as u64;
+        let addresses = [
+            FrameAddress::from_instruction_pointer(at),
+            FrameAddress::from_return_address(at + 1).expect("a non-zero address"),
+        ];
+        addresses.map(|address| {
+            let mut rules = CacheX86_64::new();
+            let cold = probe_frame(unwinder, address, &mut rules);
+            let warm = probe_frame(unwinder, address, &mut rules);
+            assert_eq!(cold, warm, "{address:?}");
+            cold
+        })
+    }
+
+    #[test]
+    fn the_probe_learns_what_each_rule_does_with_bp() {
+        use BpRule::{Keeps, Reads, Restores};
+        assert_eq!(probed(vramshim_bp_probe_start), [Keeps, Keeps]);
+        assert_eq!(probed(vramshim_bp_probe_saved), [Restores(0), Restores(0)]);
+        assert_eq!(
+            probed(vramshim_bp_probe_framed),
+            [Restores(32), Restores(32)]
+        );
+        assert_eq!(
+            probed(vramshim_bp_probe_popped),
+            [Restores(-8), Restores(-8)]
+        );
+        assert_eq!(probed(vramshim_bp_probe_fp), [Reads, Reads]);
+        assert_eq!(probed(vramshim_bp_probe_fp_odd), [Reads, Reads]);
+        // Two points would call it Keeps; a full evaluation may read any register.
+        assert_eq!(probed(vramshim_bp_probe_expression), [Reads, Reads]);
+        assert_eq!(probed(vramshim_bp_probe_end), [Keeps, Keeps]);
+        // No module there: framehop's frame-pointer fallback.
+        let unwinder = unsafe { &*current_unwinder(0) };
+        let nowhere = FrameAddress::from_return_address(0x18).expect("non-zero");
+        let mut rules = CacheX86_64::new();
+        assert_eq!(probe_frame(unwinder, nowhere, &mut rules), Reads);
+    }
+
+    #[test]
+    fn steps_that_fail_or_run_no_cached_rule_count_as_reading_bp() {
+        use framehop::Error;
+        // A step that moves the stack pointer by bp, one that returns to bp, one that fails.
+        let by_bp = probe_bp_rule(|regs, _| {
+            regs.set_sp(regs.bp());
+            Some(Ok(Some(0x1234)))
+        });
+        assert_eq!(by_bp, BpRule::Reads);
+        let to_bp = probe_bp_rule(|regs, _| Some(Ok(Some(regs.bp()))));
+        assert_eq!(to_bp, BpRule::Reads);
+        let fails = probe_bp_rule(|_, _| Some(Err(Error::IntegerOverflow)));
+        assert_eq!(fails, BpRule::Reads);
+        // Keeps bp, but no cached rule ran.
+        assert_eq!(probe_bp_rule(|_, _| None), BpRule::Reads);
+        // Swaps the two: neither kept nor one word.
+        let swaps = probe_bp_rule(|regs, _| {
+            regs.set_bp(PROBE_BPS[0] ^ PROBE_BPS[1] ^ regs.bp());
+            Some(Ok(Some(0x1234)))
+        });
+        assert_eq!(swaps, BpRule::Reads);
+        // Restores from a word out of an i32's reach of sp.
+        let far = probe_bp_rule(|regs, stack| {
+            regs.set_bp(stack(PROBE_SP << 1).ok()?);
+            Some(Ok(Some(0x1234)))
+        });
+        assert_eq!(far, BpRule::Reads);
+        let near = probe_bp_rule(|regs, stack| {
+            regs.set_bp(stack(PROBE_SP - 0x18).ok()?);
+            Some(Ok(Some(0x1234)))
+        });
+        assert_eq!(near, BpRule::Restores(-0x18));
+    }
+
+    #[test]
+    fn a_restored_word_refused_below_the_first_frames_sp_keeps_bp() {
+        let restores = |offset: i32, first, sp| BpRule::Restores(offset).at(first, sp, BOUNDS);
+        assert_eq!(restores(8, false, 0x1800), BpUse::Restores(0x1808));
+        assert_eq!(restores(-16, false, 0x1800), BpUse::Restores(0x17f0));
+        assert_eq!(restores(-16, true, 0x1800), BpUse::Restores(0x17f0));
+        // In the first frame, a refused read below the stack pointer keeps `bp` (framehop's
+        // epilogue case); a read refused elsewhere ends the walk.
+        assert_eq!(restores(-8, true, 0x1000), BpUse::Keeps);
+        assert_eq!(restores(-8, false, 0x1000), BpUse::Restores(0xff8));
+        assert_eq!(restores(-8, true, 0x1008), BpUse::Restores(0x1000));
+        // Past the end of the address space: `exec` fails before reading.
+        assert_eq!(
+            BpRule::Restores(8).at(false, u64::MAX - 3, BOUNDS),
+            BpUse::Keeps
+        );
+        assert_eq!(BpRule::Reads.at(true, 0x1800, BOUNDS), BpUse::Reads);
+        assert_eq!(BpRule::Keeps.at(false, 0x1800, BOUNDS), BpUse::Keeps);
+    }
+
+    #[test]
+    fn bp_rules_are_kept_per_address_first_frame_and_unwinder() {
+        let mut table = BpRules::new(BP_RULE_SLOTS);
+        let unwinder = 0x10 as *const ProcessUnwinder;
+        table.use_unwinder(unwinder);
+        assert_eq!(table.get(0x4000, false), None);
+        table.insert(0x4000, false, BpRule::Restores(-24));
+        table.insert(0x4000, true, BpRule::Keeps);
+        table.insert(0x4001, false, BpRule::Reads);
+        assert_eq!(table.get(0x4000, false), Some(BpRule::Restores(-24)));
+        assert_eq!(table.get(0x4000, true), Some(BpRule::Keeps));
+        assert_eq!(table.get(0x4001, false), Some(BpRule::Reads));
+        assert_eq!(table.get(0x4001, true), None);
+        table.use_unwinder(unwinder);
+        assert_eq!(table.get(0x4000, false), Some(BpRule::Restores(-24)));
+        table.use_unwinder(0x20 as *const ProcessUnwinder);
+        assert_eq!(table.get(0x4000, false), None);
+    }
+
+    /// What [`keep_needed_bp`] works on.
+    struct Steps {
+        reads: Vec<(u64, u64)>,
+        states: Vec<FrameEntry>,
+        bp_uses: Vec<BpUse>,
+    }
+
+    fn keep(walk: &mut Steps, needed_after: bool) {
+        keep_needed_bp(
+            &mut walk.reads,
+            &mut walk.states,
+            &walk.bp_uses,
+            needed_after,
+        );
+    }
+
+    /// A walk of `uses.len()` steps over frames `0..frames`, each step reading the word its
+    /// rule restores (if any) and then the return address above it.
+    fn walk_of(frames: usize, uses: &[BpUse]) -> Steps {
+        let mut walk = Steps {
+            reads: Vec::new(),
+            states: Vec::new(),
+            bp_uses: Vec::new(),
+        };
+        for i in 0..frames {
+            let sp = 0x1000 + 0x40 * i as u64;
+            walk.states.push(FrameEntry {
+                state: (0x5000 + i as u64, sp, 0x7000 + i as u64),
+                reads_from: walk.reads.len() as u32,
+                bp_needed: true,
+            });
+            if let Some(&bp_use) = uses.get(i) {
+                if let BpUse::Restores(at) = bp_use {
+                    walk.reads.push((at, 0xb0 + i as u64));
+                }
+                walk.reads.push((sp + 0x38, 0xa0 + i as u64));
+            }
+        }
+        walk.bp_uses.extend_from_slice(uses);
+        walk
+    }
+
+    fn needed(walk: &Steps) -> Vec<bool> {
+        walk.states.iter().map(|frame| frame.bp_needed).collect()
+    }
+
+    fn reads_from(walk: &Steps) -> Vec<u32> {
+        walk.states.iter().map(|frame| frame.reads_from).collect()
+    }
+
+    #[test]
+    fn only_the_bp_a_later_step_reads_is_kept() {
+        let uses = [
+            BpUse::Restores(0x1010),
+            BpUse::Keeps,
+            BpUse::Reads,
+            BpUse::Keeps,
+            BpUse::Restores(0x1110),
+        ];
+        // Ended after its last step: nothing reads the last `bp` restored.
+        let mut walk = walk_of(5, &uses);
+        keep(&mut walk, false);
+        assert_eq!(needed(&walk), [false, true, true, false, false]);
+        // Frame 0's restored word is read (through frame 1's kept `bp`) by frame 2's step;
+        // frame 4's is read by nothing.
+        assert_eq!(
+            walk.reads,
+            [
+                (0x1010, 0xb0),
+                (0x1038, 0xa0),
+                (0x1078, 0xa1),
+                (0x10b8, 0xa2),
+                (0x10f8, 0xa3),
+                (0x1138, 0xa4)
+            ]
+        );
+        assert_eq!(reads_from(&walk), [0, 2, 3, 4, 5]);
+
+        // Joined after its last step to a walk whose state there needs `bp`: the last word
+        // restored stays.
+        let mut walk = walk_of(5, &uses);
+        keep(&mut walk, true);
+        assert_eq!(needed(&walk), [false, true, true, false, false]);
+        assert_eq!(walk.reads.len(), 7);
+        assert_eq!(walk.reads[5], (0x1110, 0xb4));
+        assert_eq!(reads_from(&walk), [0, 2, 3, 4, 5]);
+
+        // Words restored into a `bp` nothing reads before the next restore.
+        let uses = [
+            BpUse::Keeps,
+            BpUse::Restores(0x1050),
+            BpUse::Keeps,
+            BpUse::Restores(0x10d0),
+        ];
+        let mut walk = walk_of(4, &uses);
+        keep(&mut walk, false);
+        assert_eq!(needed(&walk), [false, false, false, false]);
+        assert_eq!(
+            walk.reads,
+            [
+                (0x1038, 0xa0),
+                (0x1078, 0xa1),
+                (0x10b8, 0xa2),
+                (0x10f8, 0xa3)
+            ]
+        );
+        assert_eq!(reads_from(&walk), [0, 1, 2, 3]);
+
+        // Stopped at the frame limit: no step from its last frame.
+        let uses = [BpUse::Keeps, BpUse::Keeps];
+        let mut walk = walk_of(3, &uses);
+        keep(&mut walk, true);
+        assert_eq!(needed(&walk), [false, false, false]);
+        let uses = [BpUse::Keeps, BpUse::Reads];
+        let mut walk = walk_of(3, &uses);
+        keep(&mut walk, false);
+        assert_eq!(needed(&walk), [true, true, false]);
+    }
+
+    #[test]
+    fn states_compare_bp_only_where_needed() {
+        assert!(same_state((1, 2, 3), false, (1, 2, 4)));
+        assert!(!same_state((1, 2, 3), true, (1, 2, 4)));
+        assert!(same_state((1, 2, 3), true, (1, 2, 3)));
+        assert!(!same_state((1, 2, 3), false, (1, 5, 3)));
+        assert!(!same_state((1, 2, 3), false, (6, 2, 3)));
     }
 }

@@ -329,3 +329,59 @@ fn walks_joining_earlier_walks_keep_their_own_frames_with_frame_pointers() {
 fn walks_joining_earlier_walks_keep_their_own_frames_without_frame_pointers() {
     check_joins("stack_joins_nofp");
 }
+
+/// A remembered walk is replayed or joined only where `rbp` is the same wherever a later
+/// frame's unwind rule reads it (`rbp_reads.c`, built without frame pointers but for `framed`,
+/// which keeps its frame in `rbp`): two callers of different frame sizes call `framed`, whose
+/// alloca lines `site` up at one stack pointer, in turn, from one call site, so the walks
+/// start from the same registers but `rbp`, and read the same words but those at `rbp`; the
+/// words at the other round's `rbp` are stale ones it left (with `rbp` never compared, the
+/// far rounds got near_caller's stack). Every round names its own caller and call
+/// lines, and each caller keeps one stack id.
+#[test]
+fn walks_that_differ_only_where_a_rule_reads_rbp_keep_their_own_frames() {
+    const ROUNDS: usize = 40;
+    let (stacks, dump) = record_native("rbp_reads", ROUNDS, &[]);
+    let allocs = select(&events(&dump), "alloc", "cuMemAlloc_v2");
+    assert_eq!(allocs.len(), ROUNDS, "one allocation per round");
+    let source = source("rbp_reads");
+    let line = |marker: &str| format!("rbp_reads.c:{}", marker_line(&source, marker));
+    let mut id_of_caller: [Option<u64>; 2] = [None; 2];
+    for (round, alloc) in allocs.iter().enumerate() {
+        let id = u64_of(alloc, "stack");
+        let frames = &stacks[&id];
+        let (caller, call) = if round % 2 == 0 {
+            ("near_caller", "near")
+        } else {
+            ("far_caller", "far")
+        };
+        assert!(frames.len() > 5, "round {round}: {frames:x?}");
+        let found = locations(&dump, &frames[..5]);
+        let names: Vec<&str> = found.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["site", "framed", caller, "visit", "main"],
+            "round {round}"
+        );
+        assert_eq!(
+            found[2].1,
+            line(call),
+            "round {round}: the call in {caller}"
+        );
+        assert_eq!(
+            found[3].1,
+            line("visit"),
+            "round {round}: the call in visit"
+        );
+        assert_eq!(
+            found[4].1,
+            line("main_visit"),
+            "round {round}: the call in main"
+        );
+        match id_of_caller[round % 2] {
+            Some(known) => assert_eq!(id, known, "round {round}: {caller} got another stack"),
+            None => id_of_caller[round % 2] = Some(id),
+        }
+    }
+    assert_ne!(id_of_caller[0], id_of_caller[1]);
+}
