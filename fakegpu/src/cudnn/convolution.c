@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cudnn_status.h"
+#include "cudnn_legacy.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
 
@@ -47,11 +47,6 @@ static const struct {
 #define WITH_WORKSPACE_MS 1.0f
 #define WITHOUT_MS 2.0f
 
-struct legacy_descriptor;
-cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descriptor *d, int requested,
-                                         int *data_type, int *dims, int *dim, int *stride);
-cudnnStatus_t cudnnGetFilterNdDescriptor(const struct legacy_descriptor *d, int requested,
-                                         int *data_type, int *format, int *dims, int *dim);
 
 /* Bytes of one element of cudnnDataType_t `type` (0 for an unknown type). */
 static size_t element_bytes(int type)

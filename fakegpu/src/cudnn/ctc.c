@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cudnn_status.h"
+#include "cudnn_legacy.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
 
@@ -25,9 +25,6 @@ struct ctc_descriptor {
     int compute_type, normalization, gradient_mode, max_label_length;
 };
 
-struct legacy_descriptor;
-cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descriptor *d, int requested,
-                                         int *data_type, int *dims, int *dim, int *stride);
 
 FG_EXPORT cudnnStatus_t cudnnCreateCTCLossDescriptor(struct ctc_descriptor **d)
 {

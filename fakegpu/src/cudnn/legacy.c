@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cudnn_status.h"
+#include "cudnn_legacy.h"
 
 #define FG_EXPORT __attribute__((visibility("default")))
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "fakegpu_library_memory.h"
-#include "cudnn_status.h"
+#include "cudnn_legacy.h"
 
 CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
 
@@ -50,19 +50,6 @@ struct rnn_data_descriptor {
     int set;
     int data_type, layout, max_sequence, batch, vector_size;
 };
-
-/* The tensor descriptors' setter (legacy.c): the fake's own, by its exported name; and a
- * descriptor of no dimensions. */
-cudnnStatus_t cudnnSetTensorNdDescriptor(void *d, int data_type, int dims, const int *dim,
-                                         const int *stride);
-struct legacy_descriptor;
-void fg_cudnn_describe_nothing(struct legacy_descriptor *d);
-cudnnStatus_t cudnnGetTensorNdDescriptor(const struct legacy_descriptor *d, int requested,
-                                         int *data_type, int *dims, int *dim, int *stride);
-cudnnStatus_t cudnnSetFilterNdDescriptor(void *d, int data_type, int format, int dims,
-                                         const int *dim);
-cudnnStatus_t cudnnGetFilterNdDescriptor(const struct legacy_descriptor *d, int requested,
-                                         int *data_type, int *format, int *dims, int *dim);
 
 /* Bytes of one element of cudnnDataType_t `type`; 0 for a type RNNs do not take. */
 static size_t element_bytes(int type)
