@@ -46,7 +46,7 @@ pub use record::{
 };
 pub use varint::{Cursor, DecodeError};
 
-use record::RunWriter;
+use record::{NO_THREAD, RunWriter};
 use varint::{put_bytes, put_u64};
 
 /// First eight bytes of every log.
@@ -397,10 +397,6 @@ pub struct ChunkBuilder {
     /// records cost its few bytes).
     since_key: usize,
 }
-
-/// No thread has this id: a builder told no first thread writes every chunk's first event's
-/// thread, so any reader's start state reads it.
-const NO_THREAD: u32 = u32::MAX;
 
 impl Default for ChunkBuilder {
     fn default() -> Self {

@@ -345,6 +345,10 @@ pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
 /// event (a repeat with the time delta), this tag and the count, not the cycle written once
 /// more, whichever of the loop's events crosses into the step.
 pub(crate) const TAG_RUN_AGAIN: u8 = 0xe8;
+/// The thread of a state that knows none (a builder told no first thread): its encoder writes
+/// the thread of every event while it is this, even an event of this very id, so that any
+/// reader's start state reads the right one.
+pub(crate) const NO_THREAD: u32 = u32::MAX;
 /// The one tag left between the repeats and the events.
 const TAG_EXIT: u8 = 0x0e;
 /// Recent events a repeat can refer to (tags `TAG_REPEAT..TAG_REPEAT + RECENT`, below 0x10).
@@ -640,7 +644,7 @@ impl DeltaState {
         }
         self.remember(event);
         let mut flags = 0u8;
-        if event.thread != self.thread {
+        if event.thread != self.thread || self.thread == NO_THREAD {
             flags |= F_THREAD;
         }
         if event.device != self.device {

@@ -1552,3 +1552,26 @@ fn a_repeat_read_in_place_is_the_event_decoding_gives() {
         assert!(repeats > 50, "{repeats} repeats read in place");
     }
 }
+
+#[test]
+fn a_builder_told_no_first_thread_writes_the_thread_of_a_thread_with_its_own_id() {
+    // A builder with no first thread keeps u32::MAX as the thread it knows; an event of that
+    // very thread first in a chunk must still write it, or the reader's start state (the
+    // header's pid) gives it another thread. (The decode_chunk fuzzer's round trip found it.)
+    let event = |thread| {
+        Record::Event(Event {
+            kind: EventKind::Alloc,
+            thread,
+            size: 256,
+            addr: 0x7000,
+            ..Event::default()
+        })
+    };
+    let records = vec![event(u32::MAX), event(u32::MAX), event(7), event(u32::MAX)];
+    let bytes = encode_log(&records, 1);
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+    let bytes = encode_log(&records, 100);
+    assert_eq!(read_all(&bytes), (records, Vec::new()));
+}
