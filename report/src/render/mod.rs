@@ -391,7 +391,31 @@ pub fn write_processes(out: &mut dyn Write, processes: &[Process]) -> io::Result
             )?;
         }
     }
+    if let Some(note) = merge_order_note(processes) {
+        writeln!(out, "{note}")?;
+    }
     Ok(())
+}
+
+/// What merging several processes' logs is worth when one of them was recorded at a coarser
+/// resolution than 1 ns: the replay interleaves processes by time, so events of different
+/// processes within one step of it are taken in log order (the first log's first), not as
+/// they happened, and a device figure that adds up processes may be off within a step.
+/// `None` for one process or full resolution.
+fn merge_order_note(processes: &[Process]) -> Option<String> {
+    let coarsest = processes
+        .iter()
+        .map(|process| process.header.time_resolution_ns)
+        .max()?;
+    (processes.len() > 1 && coarsest > 1).then(|| {
+        format!(
+            "events of different processes less than {} apart are merged in log order, not as \
+             they happened (times recorded at that resolution): a device's figures that add up \
+             several processes may be off within a step; record with VRAMSHIM_TIME_RESOLUTION=1ns \
+             for exact merged figures",
+            crate::units::resolution(coarsest)
+        )
+    })
 }
 
 /// Per-process facts for JSON.
