@@ -811,6 +811,42 @@ fn flight_recorder_dumps_give_one_history_without_repeats() {
 }
 
 #[test]
+fn flight_recorder_dumps_at_a_coarse_resolution_say_their_overlap_is_found_by_time() {
+    // The same two overlapping dumps as above, their times at 10 ms: where the second
+    // dump's window goes past the first is found by time, so the export says it may be off.
+    let args = ["10", "tail"];
+    let env = |resolution| {
+        [
+            ("FAKECUDA_MEM", "1G"),
+            ("VRAMSHIM_MODE", "ring"),
+            ("VRAMSHIM_RING_EVENTS", "16"),
+            ("VRAMSHIM_TIME_RESOLUTION", resolution),
+        ]
+    };
+    let coarse = run_under_shim("export-ring-10ms", "report_export", &args, &env("10ms"));
+    assert!(coarse.output.status.success(), "{}", coarse.stderr());
+    let exact = run_under_shim("export-ring-1ns", "report_export", &args, &env("1ns"));
+    assert!(exact.output.status.success(), "{}", exact.stderr());
+    let note = format!(
+        "vramshim: note: {}: its 2 ring-mode dumps overlap, and the overlap is found by time, \
+         recorded at 10 ms resolution: events within one step of an earlier dump's last event \
+         may be missing from the history or in it twice (record with \
+         VRAMSHIM_TIME_RESOLUTION=1ns for an exact one)",
+        coarse.log().display()
+    );
+    let (code, stderr) = export(&[&coarse.log()], &coarse.dir.join("ring.json"), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|line| *line == note).count(),
+        1,
+        "{stderr}"
+    );
+    let (code, stderr) = export(&[&exact.log()], &exact.dir.join("ring.json"), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("ring-mode dumps overlap"), "{stderr}");
+}
+
+#[test]
 fn demo_snapshot_shows_the_leaks_and_the_failure() {
     let run = run_under_shim("export-demo", "demo", &[], &[("FAKECUDA_MEM", "2G")]);
     assert!(run.output.status.success(), "{}", run.stderr());

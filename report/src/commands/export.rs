@@ -284,6 +284,22 @@ fn snapshot(args: &Args) -> Result<(), Failure> {
             );
         }
     }
+    for process in processes.iter() {
+        let resolution_ns = process.header.time_resolution_ns;
+        if process.dumps.len() > 1 && resolution_ns > 1 {
+            // The trace finds where a later dump's window goes past what an earlier one gave
+            // by time (`Resume`): within one step of the resolution it cannot tell.
+            eprintln!(
+                "vramshim: note: {}: its {} ring-mode dumps overlap, and the overlap is found by \
+                 time, recorded at {} resolution: events within one step of an earlier dump's \
+                 last event may be missing from the history or in it twice (record with \
+                 VRAMSHIM_TIME_RESOLUTION=1ns for an exact one)",
+                process.path.display(),
+                process.dumps.len(),
+                crate::units::resolution(resolution_ns)
+            );
+        }
+    }
     if let Some(reported) = reported_as_blocks(args, processes) {
         eprintln!("vramshim: note: {reported}");
     }
