@@ -42,13 +42,29 @@ fn main() -> ExitCode {
             _ => None,
         })
         .collect();
+    let events: Vec<Record> = records
+        .iter()
+        .filter(|record| matches!(record, Record::Event(_)))
+        .cloned()
+        .collect();
+    println!(
+        "{} events encoded alone: {} plain payload bytes",
+        events.len(),
+        encode_events(&events, per_chunk)
+            .iter()
+            .map(Vec::len)
+            .sum::<usize>()
+    );
     let chunks = encode_chunks(&records, per_chunk);
     let payloads: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
     let raw: usize = payloads.iter().map(|p| p.len()).sum();
+    let mut crc = crc32fast::Hasher::new();
+    payloads.iter().for_each(|payload| crc.update(payload));
     println!(
-        "{} records, {} chunks of {per_chunk} records, {raw} plain payload bytes",
+        "{} records, {} chunks of {per_chunk} records, {raw} plain payload bytes (CRC-32 {:08x})",
         records.len(),
-        payloads.len()
+        payloads.len(),
+        crc.finalize()
     );
     println!("zstd level 1: {} bytes", compress_level_1(&payloads));
     println!(
@@ -100,6 +116,12 @@ fn writer_chunks(records: &[Record], per_chunk: usize) -> usize {
     }
     chunk.finish_compressed_into(&mut out);
     out.len()
+}
+
+/// [`encode_chunks`] of the events alone (its count apart from the definitions').
+#[inline(never)]
+fn encode_events(events: &[Record], per_chunk: usize) -> Vec<Vec<u8>> {
+    encode_chunks(events, per_chunk)
 }
 
 /// A plain chunk's payload: after a key chunk's 12-byte head, or a continued chunk's kind,
