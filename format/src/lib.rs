@@ -377,6 +377,15 @@ pub const ZSTD_LEVEL: i32 = 1;
 /// larger ones only when it saves a quarter of their bytes.
 const SMALL_CHUNK_BYTES: usize = 16 << 10;
 
+/// Chunks of fewer record bytes keep their literals raw (no Huffman table: zstd's
+/// `targetLength` 1 at level 1, the same match finder). Building and writing the table costs
+/// some 40,000 instructions a chunk however short it is, the better part of compressing the
+/// few KiB a writer flushing every 50 ms seals; on a mixed-stack torch log (14,617 records,
+/// `examples/chunk_costs.rs`) in chunks of 84 records, 16.4 M → 9.0 M instructions for 136,915 →
+/// 150,458 bytes (+10%), while in chunks of 2,000 (~33 KiB) the table costs 1.3 M for 12% of the
+/// bytes and is kept.
+const HUFFMAN_LITERALS_FROM: usize = 16 << 10;
+
 /// Collects records into one chunk.
 pub struct ChunkBuilder {
     payload: Vec<u8>,
@@ -386,6 +395,8 @@ pub struct ChunkBuilder {
     /// Created by the first compressed chunk and reused for every later one (a builder that
     /// writes plain chunks only never allocates one).
     compressor: Option<zstd_safe::CCtx<'static>>,
+    /// The compressor's literals are raw ([`HUFFMAN_LITERALS_FROM`]).
+    raw_literals: bool,
     compressed: Vec<u8>,
     /// Chunks may continue the one before them (format 6); off: every chunk is a key chunk.
     continues: bool,
@@ -406,6 +417,7 @@ impl Default for ChunkBuilder {
             runs: RunWriter::default(),
             records: 0,
             compressor: None,
+            raw_literals: false,
             compressed: Vec::new(),
             continues: false,
             key: true,
@@ -535,10 +547,22 @@ impl ChunkBuilder {
         // Room for the worst case, so that the frame is never cut short for want of space.
         self.compressed
             .reserve(zstd_safe::compress_bound(self.payload.len()));
+        let raw_literals = self.payload.len() < HUFFMAN_LITERALS_FROM;
         let compressed = match compressor(&mut self.compressor) {
-            Some(compressor) => compressor
-                .compress2(&mut self.compressed, &self.payload)
-                .is_ok(),
+            Some(compressor) => {
+                // 0: the level's own target length (Huffman-coded literals). Should zstd
+                // refuse, the chunk is compressed as the last one was.
+                if self.raw_literals != raw_literals
+                    && compressor
+                        .set_parameter(zstd_safe::CParameter::TargetLength(u32::from(raw_literals)))
+                        .is_ok()
+                {
+                    self.raw_literals = raw_literals;
+                }
+                compressor
+                    .compress2(&mut self.compressed, &self.payload)
+                    .is_ok()
+            }
             None => false,
         };
         if !compressed {

@@ -182,6 +182,58 @@ fn compressed_chunks_round_trip_every_field() {
     assert_eq!(decoded, records);
 }
 
+/// The literals section type of a compressed key chunk's first zstd block (0 raw, 1 RLE,
+/// 2 Huffman-coded, 3 Huffman with the previous table), or `None` when the chunk is plain or
+/// its first block is not a compressed one.
+fn first_literals_type(chunk: &[u8]) -> Option<u8> {
+    if chunk[..4] != crate::COMPRESSED_CHUNK_MAGIC {
+        return None;
+    }
+    let frame = &chunk[CHUNK_HEADER_LEN..];
+    assert_eq!(frame[..4], [0x28, 0xb5, 0x2f, 0xfd], "a zstd frame");
+    let descriptor = frame[4];
+    let single_segment = descriptor & 0x20 != 0;
+    let dictionary_id_len = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let content_size_len = match descriptor >> 6 {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let block = 5 + usize::from(!single_segment) + dictionary_id_len + content_size_len;
+    let block_type = (frame[block] >> 1) & 3;
+    (block_type == 2).then_some(frame[block + 3] & 3)
+}
+
+#[test]
+fn small_chunks_keep_their_literals_raw_and_large_ones_huffman_code_them() {
+    let records = sample_records();
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    // A chunk of 100 records (a few KiB), then one of at least 20 KiB.
+    for record in &records[..100] {
+        chunk.push(record);
+    }
+    assert!(chunk.payload_len() < 16 << 10, "{}", chunk.payload_len());
+    chunk.finish_compressed_into(&mut bytes);
+    let small_end = bytes.len();
+    let mut pushed = records[..100].to_vec();
+    for record in records.iter().cycle().skip(100) {
+        chunk.push(record);
+        pushed.push(record.clone());
+        if chunk.payload_len() >= 20 << 10 {
+            break;
+        }
+    }
+    chunk.finish_compressed_into(&mut bytes);
+    let start = header().encode().len();
+    assert_eq!(first_literals_type(&bytes[start..small_end]), Some(0));
+    assert_eq!(first_literals_type(&bytes[small_end..]), Some(2));
+    let (decoded, damage) = read_all(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, pushed);
+}
+
 #[test]
 fn repeated_events_cost_their_time_only() {
     // Two threads, each allocating and freeing one buffer in a loop: four event shapes, each

@@ -1,0 +1,174 @@
+//! What the recorder's writer pays per chunk: re-chunks a log's records as a writer that seals a
+//! chunk every N records does (continued chunks, as the recorder writes them), then encodes and
+//! compresses them with each zstd setting in its own function, for counting under callgrind.
+//!
+//! ```text
+//! cargo build --release -p vramshim-format --example chunk_costs
+//! valgrind --tool=callgrind --callgrind-out-file=OUT target/release/examples/chunk_costs LOG 84
+//! callgrind_annotate --inclusive=yes OUT | grep chunk_costs::
+//! ```
+//!
+//! Prints the records, the chunks and each setting's bytes (payloads only; the writer's way
+//! counts the chunks' heads too); the instructions are callgrind's inclusive counts of
+//! `encode_chunks` (the records encoded, no compression), of each `compress_*` function and of
+//! `writer_chunks` (encoding and compression as the library does both).
+
+use std::fs::File;
+use std::process::ExitCode;
+
+use vramshim_format::{CONTINUED_CHUNK, ChunkBuilder, Item, LogReader, Record};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (Some(path), per_chunk) = (args.next(), args.next()) else {
+        eprintln!("usage: chunk_costs LOG [RECORDS_PER_CHUNK]");
+        return ExitCode::from(2);
+    };
+    let per_chunk: usize = per_chunk.and_then(|n| n.parse().ok()).unwrap_or(84).max(1);
+    let reader = match File::open(&path).map(LogReader::new) {
+        Ok(Ok(reader)) => reader,
+        Ok(Err(err)) => {
+            eprintln!("chunk_costs: {path}: {err}");
+            return ExitCode::from(2);
+        }
+        Err(err) => {
+            eprintln!("chunk_costs: {path}: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let records: Vec<Record> = reader
+        .filter_map(|item| match item {
+            Item::Record(record) => Some(record),
+            _ => None,
+        })
+        .collect();
+    let events: Vec<Record> = records
+        .iter()
+        .filter(|record| matches!(record, Record::Event(_)))
+        .cloned()
+        .collect();
+    println!(
+        "{} events encoded alone: {} plain payload bytes",
+        events.len(),
+        encode_events(&events, per_chunk)
+            .iter()
+            .map(Vec::len)
+            .sum::<usize>()
+    );
+    let chunks = encode_chunks(&records, per_chunk);
+    let payloads: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    let raw: usize = payloads.iter().map(|p| p.len()).sum();
+    let mut crc = crc32fast::Hasher::new();
+    payloads.iter().for_each(|payload| crc.update(payload));
+    println!(
+        "{} records, {} chunks of {per_chunk} records, {raw} plain payload bytes (CRC-32 {:08x})",
+        records.len(),
+        payloads.len(),
+        crc.finalize()
+    );
+    println!("zstd level 1: {} bytes", compress_level_1(&payloads));
+    println!(
+        "zstd level 1, target length 1 (raw literals): {} bytes",
+        compress_level_1_raw_literals(&payloads)
+    );
+    println!("zstd level -1: {} bytes", compress_level_minus_1(&payloads));
+    println!(
+        "the writer's way (ChunkBuilder::finish_compressed_into): {} bytes",
+        writer_chunks(&records, per_chunk)
+    );
+    ExitCode::SUCCESS
+}
+
+/// The records in chunks of `per_chunk`, plain (the encoding's cost alone): each chunk's
+/// payload.
+#[inline(never)]
+fn encode_chunks(records: &[Record], per_chunk: usize) -> Vec<Vec<u8>> {
+    let mut chunk = ChunkBuilder::new().with_continued_chunks();
+    let mut payloads = Vec::new();
+    let mut finish = |chunk: &mut ChunkBuilder| {
+        let mut out = Vec::new();
+        chunk.finish_into(&mut out);
+        if !out.is_empty() {
+            payloads.push(payload(out));
+        }
+    };
+    for (index, record) in records.iter().enumerate() {
+        chunk.push(record);
+        if (index + 1) % per_chunk == 0 {
+            finish(&mut chunk);
+        }
+    }
+    finish(&mut chunk);
+    payloads
+}
+
+/// The records in chunks of `per_chunk` as the recorder's writer seals them (encoded and
+/// compressed by [`ChunkBuilder::finish_compressed_into`]): the chunks' bytes.
+#[inline(never)]
+fn writer_chunks(records: &[Record], per_chunk: usize) -> usize {
+    let mut chunk = ChunkBuilder::new().with_continued_chunks();
+    let mut out = Vec::new();
+    for (index, record) in records.iter().enumerate() {
+        chunk.push(record);
+        if (index + 1) % per_chunk == 0 {
+            chunk.finish_compressed_into(&mut out);
+        }
+    }
+    chunk.finish_compressed_into(&mut out);
+    out.len()
+}
+
+/// [`encode_chunks`] of the events alone (its count apart from the definitions').
+#[inline(never)]
+fn encode_events(events: &[Record], per_chunk: usize) -> Vec<Vec<u8>> {
+    encode_chunks(events, per_chunk)
+}
+
+/// A plain chunk's payload: after a key chunk's 12-byte head, or a continued chunk's kind,
+/// length (LEB128) and checksum.
+fn payload(chunk: Vec<u8>) -> Vec<u8> {
+    let head = if chunk[0] == CONTINUED_CHUNK {
+        let length_bytes = chunk[1..].iter().take_while(|&&b| b & 0x80 != 0).count() + 1;
+        1 + length_bytes + 4
+    } else {
+        12
+    };
+    chunk[head..].to_vec()
+}
+
+fn compress_with(payloads: &[&[u8]], parameters: &[zstd_safe::CParameter]) -> usize {
+    let mut ctx = zstd_safe::CCtx::create();
+    for parameter in parameters {
+        let _ = ctx.set_parameter(*parameter);
+    }
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    for payload in payloads {
+        out.clear();
+        out.reserve(zstd_safe::compress_bound(payload.len()));
+        let _ = ctx.compress2(&mut out, payload);
+        bytes += out.len().min(payload.len());
+    }
+    bytes
+}
+
+#[inline(never)]
+fn compress_level_1(payloads: &[&[u8]]) -> usize {
+    compress_with(payloads, &[zstd_safe::CParameter::CompressionLevel(1)])
+}
+
+#[inline(never)]
+fn compress_level_1_raw_literals(payloads: &[&[u8]]) -> usize {
+    compress_with(
+        payloads,
+        &[
+            zstd_safe::CParameter::CompressionLevel(1),
+            zstd_safe::CParameter::TargetLength(1),
+        ],
+    )
+}
+
+#[inline(never)]
+fn compress_level_minus_1(payloads: &[&[u8]]) -> usize {
+    compress_with(payloads, &[zstd_safe::CParameter::CompressionLevel(-1)])
+}
