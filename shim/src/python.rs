@@ -381,30 +381,10 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 /// Code objects already defined in the log: (address, identity word) → id.
 static CODES: crate::sync::Lock<Option<CodeMap>> = crate::sync::Lock::new(None);
 
-/// The map behind [`CODES`], hashed by [`CodeKeyHasher`]: std's SipHash took 209 of a
-/// lookup's ~300 instructions (training steps under callgrind, 1,213 lookups as new stacks
-/// were defined).
-type CodeMap = HashMap<(u64, u64), u32, std::hash::BuildHasherDefault<CodeKeyHasher>>;
-
-/// FxHash-style mixing of the key's two words: code addresses and identity words are
-/// process-local values no outside input chooses, so no keyed hash is needed.
-#[derive(Default)]
-struct CodeKeyHasher(u64);
-
-impl std::hash::Hasher for CodeKeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-    fn write_u64(&mut self, word: u64) {
-        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
-    }
-}
+/// The map behind [`CODES`], hashed by FxHash: std's SipHash took 209 of a lookup's ~300
+/// instructions (training steps under callgrind, 1,213 lookups as new stacks were defined),
+/// and code addresses and identity words are process-local values no outside input chooses.
+type CodeMap = HashMap<(u64, u64), u32, rustc_hash::FxBuildHasher>;
 static NEXT_CODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 /// Turns Python capture off for good, with a note saying why.
