@@ -46,6 +46,11 @@ Prints every comparison and its difference; exit status 1 if any differs.
 
 usage: gpu_judge.py VRAMSHIM LIBVRAMSHIM OUT_DIR [--fake FAKE_LIB_DIR] [--checks 1,2,3,4,5,6,7]
                     [--workloads mlp,transformer,inference,resnet|none] [--no-ddp]
+                    [--tight-cudnn on|off]
+--tight-cudnn: whether check 6's ResNet runs its convolutions through cuDNN (JUDGE_CUDNN=0 when
+off). Default: on with --fake, off on a real card, where a cuDNN that cannot have its chosen
+workspace falls back to engines whose workspaces no recording shows, so nearly every tight
+capacity rests on a guess (an H100 with cuDNN 9.19: 23 of 24 in each mode) and is not judged.
 With --fake the fake GPU libraries are preloaded too (how machines without a GPU check the
 script; the fakes of torch's CUDA major are chosen from torch.version.cuda). DDP needs two
 devices: on a machine with one GPU it is skipped, and says so."""
@@ -81,6 +86,9 @@ def option(name, default=None):
 
 fake = option("--fake")
 checks = {int(c) for c in option("--checks", "1,2,3,4,5,6,7").split(",")}
+tight_cudnn = option("--tight-cudnn", "on" if fake else "off")
+if tight_cudnn not in ("on", "off"):
+    raise SystemExit(f"--tight-cudnn: 'on' or 'off', not {tight_cudnn!r}")
 workloads = option("--workloads", "mlp,transformer,inference,resnet")
 bad = 0
 compared = 0
@@ -457,8 +465,11 @@ def check_5():
 
 
 MIB = 1 << 20
-# Check 6's search: at most this many capacities, 4 MiB apart (whatif takes seconds each).
-TIGHT_STEPS = 24
+# Check 6's search: at most this many capacities, 1 MiB apart (whatif takes well under a
+# second each on the ResNet's recording). 4 MiB apart missed the ResNet's retry that saves
+# the run with cuDNN off (138 and 139 MiB beside the libraries on the fakes, between a fit at
+# 140 and an OOM at 137).
+TIGHT_STEPS = 96
 
 
 def whatif_row(log, capacity, conf):
@@ -485,11 +496,15 @@ def library_bytes_live(log):
     return sum(live.values())
 
 
+# Check 6's runs: the ResNet with cuDNN on or off (--tight-cudnn).
+TIGHT_ENV = {} if tight_cudnn == "on" else {"JUDGE_CUDNN": "0"}
+
+
 def check_6_run(label, kind, conf, leave, async_log, lazily):
     """One native ResNet run with a ballast leaving `leave` bytes free, against whatif at the
     bytes left free less `lazily` (the kernels the driver loads after the ballast, which no
     hook sees: 0 on the fakes)."""
-    env = {"JUDGE_BALLAST_LEAVE": str(leave), "JUDGE_LIBRARY_FAILURES": "1"}
+    env = dict(TIGHT_ENV, JUDGE_BALLAST_LEAVE=str(leave), JUDGE_LIBRARY_FAILURES="1")
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
     torch, log = run(label, env, "resnet")
@@ -534,8 +549,10 @@ def check_6():
     """Tight capacity on any device: the ResNet's native runs with a ballast
     (JUDGE_BALLAST_LEAVE: the driver's memory taken outside torch until that much is free)
     against whatif on its cudaMallocAsync recording at the bytes left free."""
-    print("== check 6: tight capacity by a ballast (ResNet; default and expandable modes)")
-    _, async_log = run("tight-async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+    print("== check 6: tight capacity by a ballast (ResNet; default and expandable modes; "
+          f"cuDNN {tight_cudnn})")
+    _, async_log = run("tight-async", dict(TIGHT_ENV,
+                                           PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync"),
                        "resnet")
     view = next(d for d in tool_json("allocator", "--json", async_log)["devices"]
                 if d["device"] == 0)
@@ -544,7 +561,7 @@ def check_6():
     libraries = (view.get("libraries") or {}).get("peak", 0)
     print(f"  libraries' peak in the recording: {libraries} bytes")
     # whatif picks the capacities, torch judges them: from the mode's peak at the whole card
-    # down, 4 MiB at a time, the first where a retry lets torch's allocator finish (the
+    # down, 1 MiB at a time, the first where a retry lets torch's allocator finish (the
     # defaults; expandable segments' retries on this workload never do) and the first where
     # it raises an OOM after a retry.
     total = device_total(async_log, 0)
@@ -559,7 +576,8 @@ def check_6():
     lazily = 0
     if not fake:
         roomy = whatif_row(async_log, total, "")["peak_reserved"] + libraries + 1024 * MIB
-        torch, log = run("tight-calibration", {"JUDGE_BALLAST_LEAVE": str(roomy)}, "resnet")
+        torch, log = run("tight-calibration", dict(TIGHT_ENV, JUDGE_BALLAST_LEAVE=str(roomy)),
+                         "resnet")
         if torch["failed"] is not None:
             raise SystemExit(f"check 6: the calibration run failed with {roomy} bytes free")
         lazily = unseen_bytes(torch, log)
@@ -570,7 +588,7 @@ def check_6():
         whole = whatif_row(async_log, total, conf)["peak_reserved"]
         chosen = {}
         fell_back = 0
-        for mib in range(whole // MIB, 16, -4)[:TIGHT_STEPS]:
+        for mib in range(whole // MIB, 16, -1)[:TIGHT_STEPS]:
             row = whatif_row(async_log, mib * MIB + libraries, conf)
             if row.get("cudnn_fallbacks") and not fake:
                 # whatif survives a cuDNN workspace that did not fit by assuming the next

@@ -14,6 +14,9 @@ Optional environment:
   JUDGE_HISTORY=python|all  record memory history with these stacks (cost comparison)
   JUDGE_WARMUP=1          run the workloads once untimed first (cost comparison)
   JUDGE_CUDNN_BENCHMARK=1 resnet with torch.backends.cudnn.benchmark = True
+  JUDGE_CUDNN=0           resnet with cuDNN off (torch.backends.cudnn.enabled = False: torch's
+                          own convolution and batch-norm kernels, their buffers from its
+                          allocator, no cuDNN workspace)
   JUDGE_LIBRARY_FAILURES=1 a library's failed allocation (torch's RuntimeError naming
                           ..._ALLOC_FAILED, e.g. cublasCreate's) ends the workloads like an OOM:
                           the figures are printed with "failed" {"library": true, ...}
@@ -134,6 +137,7 @@ def resnet():
     nn = torch.nn
     # JUDGE_CUDNN_BENCHMARK=1: cuDNN's benchmark search (its workspaces, torch's fallback).
     torch.backends.cudnn.benchmark = bool(os.environ.get("JUDGE_CUDNN_BENCHMARK"))
+    torch.backends.cudnn.enabled = os.environ.get("JUDGE_CUDNN") != "0"
     model = nn.Sequential(
         nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
         nn.MaxPool2d(3, 2, 1), Block(64, 64, 1), Block(64, 128, 2), Block(128, 128, 1),
