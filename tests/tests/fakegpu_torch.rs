@@ -3639,7 +3639,7 @@ fn a_python_program_ending_right_after_its_backward_exits_cleanly_on_the_fakes()
 fn cufft_workspace(sizes: &[u64], batch: u64, complex_bytes: u64) -> u64 {
     let smooth = |mut size: u64| {
         for factor in [2, 3, 5] {
-            while size % factor == 0 {
+            while size.is_multiple_of(factor) {
                 size /= factor;
             }
         }

@@ -7,11 +7,10 @@
  * outputs (device memory, written through the fake driver; one per matrix for the batched
  * ones), which PyTorch reads back to raise on a singular or non-positive-definite matrix.
  *
- * WORKSPACE SIZES ARE AN ESTIMATE, not measured on NVIDIA's cuSOLVER (no GPU was available):
- * LAPACK's optimal workspace for the routine with a block size NB of 64 (see `estimate` below
- * for each routine); scripts/cufft_cusolver_probe.py asks a real cuSOLVER the same queries so
- * that a lent GPU can replace them. Host workspaces are 0. Not modelled: device memory a real
- * handle takes for itself (the probe reports cudaMemGetInfo around cusolverDnCreate), pivots
+ * Workspace sizes follow a real H100's answers where measured and are estimates elsewhere (see
+ * the workspaces section below). Host workspaces are 0. Not modelled: device memory a real
+ * handle takes for itself (100,663,296 bytes for one cusolverDnCreate on the H100, which one
+ * measurement cannot split into what the handle allocates; README, "Fake GPU"), pivots
  * (getrf's and sytrf's stay whatever the memory held). */
 #include <limits.h>
 #include <stdint.h>
