@@ -3,7 +3,8 @@ as torch makes them (cufftCreate, cufftSetAutoAllocation(plan, 0), cufftXtMakePl
 set of transforms, and cuSOLVER's workspace queries (the legacy API's `*_bufferSize`, in
 elements; the 64-bit API's device and host bytes) for the routines torch.linalg calls, at a
 few orders, in float and double, plus the batched ones. With each plan and handle, the device
-memory it took (cudaMemGetInfo's free bytes before and after). Run with the python of a CUDA
+memory it took (cudaMemGetInfo's free bytes before and after; for cuSOLVER a second handle's
+too, and what destroying it gave back). Run with the python of a CUDA
 PyTorch: on a real GPU it asks NVIDIA's libraries, on the fake GPU the fakes (preload them as
 tests/tests/common/torch.rs does), so the fakes' estimates can be compared line by line.
 Prints one JSON object per query, then one naming the card.
@@ -82,8 +83,18 @@ for transform in TRANSFORMS:
 handle = P()
 before = free_bytes()
 status = cusolver.cusolverDnCreate(ctypes.byref(handle))
-emit({"lib": "cusolver", "routine": "handle", "status": status,
-      "handle_bytes": before - free_bytes()})
+handle_bytes = before - free_bytes()
+# A second handle, then destroyed: whether each handle costs the same (its own allocations) or
+# only the first (code loaded once), and what destroying one gives back.
+second = P()
+before = free_bytes()
+second_status = cusolver.cusolverDnCreate(ctypes.byref(second))
+second_bytes = before - free_bytes()
+before = free_bytes()
+destroy_status = cusolver.cusolverDnDestroy(second)
+emit({"lib": "cusolver", "routine": "handle", "status": status, "handle_bytes": handle_bytes,
+      "second_status": second_status, "second_handle_bytes": second_bytes,
+      "destroy_status": destroy_status, "destroy_returned_bytes": free_bytes() - before})
 params, gesvdj_info, syevj_info = P(), P(), P()
 assert cusolver.cusolverDnCreateParams(ctypes.byref(params)) == 0
 assert cusolver.cusolverDnCreateGesvdjInfo(ctypes.byref(gesvdj_info)) == 0

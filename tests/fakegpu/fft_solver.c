@@ -65,9 +65,10 @@ int main(void)
     cudaMalloc(&data, 1 << 20);
     cudaMalloc(&area, 1 << 20);
 
-    /* A plan with auto-allocation (the default): it takes its workspace itself. */
+    /* A plan with auto-allocation (the default): it takes its workspace itself (1009 points, a
+     * prime: a size with a workspace). */
     int plan = 0;
-    long long n[] = {1000};
+    long long n[] = {1009};
     size_t work = 0, before = used();
     int rc = cufftCreate(&plan);
     int made = cufftXtMakePlanMany(plan, 1, n, NULL, 1, 0, C_32F, NULL, 1, 0, C_32F, 8, &work,

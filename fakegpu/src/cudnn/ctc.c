@@ -4,12 +4,15 @@
  * checks its arguments as cuDNN documents and then completes at once, like every kernel on the
  * fake GPU (costs and gradients keep whatever their memory held).
  *
- * The workspace is an ESTIMATE, not measured on NVIDIA's cuDNN: the forward and backward
- * variables of the CTC algorithm (Graves et al., 2006), one float per time step, sample and
- * extended label (2 L + 1 for labels of at most L), for alpha and beta. L is the longest label
- * length given (cudnnGetCTCLossWorkspaceSize) or the descriptor's maxLabelLength (the _v8
- * functions; 256, cuDNN's limit, when the descriptor was set without one).
- * scripts/cudnn_ctc_probe.py asks a real cuDNN for the same sizes. */
+ * The workspace is what cuDNN 9.19 asks on a real H100 (scripts/cudnn_ctc_probe.py, eight
+ * shapes, both algorithms: tests/fixtures/h100-probe/ctc.jsonl, 32 of 32 queries equal): per
+ * time step and sample, the forward and backward variables of the CTC algorithm (Graves et al.,
+ * 2006), two floats per extended label (2 L + 1), and a float per class; then per sample
+ * 12 L + 20 bytes (the legacy query, L the longest label given) or 8 L + 12 (the _v8 query, L
+ * the descriptor's maxLabelLength; 256, cuDNN's limit, when it was set without one). The probe
+ * gave every sample the same label length and every input length T, so whether cuDNN takes the
+ * longest label or their sum per sample is not measured; and the _v8 query was measured with
+ * maxLabelLength 255 only (torch's), where 8 L + 12 is 2,052: its dependence on L is a guess. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -133,7 +136,8 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossDescriptor_v9(const struct ctc_descriptor
 
 /* The probabilities' shape (T, N, A), which the gradients' must equal. */
 static cudnnStatus_t shape(const struct legacy_descriptor *probs,
-                           const struct legacy_descriptor *gradients, int *steps, int *batch)
+                           const struct legacy_descriptor *gradients, int *steps, int *batch,
+                           int *classes)
 {
     if (!probs || !gradients)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
@@ -151,12 +155,30 @@ static cudnnStatus_t shape(const struct legacy_descriptor *probs,
             return CUDNN_STATUS_BAD_PARAM;
     *steps = dim[0];
     *batch = dim[1];
+    *classes = dim[2];
     return CUDNN_STATUS_SUCCESS;
 }
 
-static size_t workspace(int steps, int batch, int max_label_length)
+/* What every step of every sample takes: alpha and beta over the extended label, and a float
+ * per class. */
+static size_t per_step(int steps, int batch, int classes, int label_length)
 {
-    return 2 * (size_t)steps * (size_t)batch * (2 * (size_t)max_label_length + 1) * sizeof(float);
+    return (size_t)steps * (size_t)batch *
+           (2 * (2 * (size_t)label_length + 1) + (size_t)classes) * sizeof(float);
+}
+
+/* cudnnGetCTCLossWorkspaceSize's answer: L the longest label given. */
+static size_t legacy_workspace(int steps, int batch, int classes, int longest)
+{
+    return per_step(steps, batch, classes, longest) +
+           (size_t)batch * (12 * (size_t)longest + 20);
+}
+
+/* cudnnGetCTCLossWorkspaceSize_v8's answer: L the descriptor's maxLabelLength. */
+static size_t v8_workspace(int steps, int batch, int classes, int max_label_length)
+{
+    return per_step(steps, batch, classes, max_label_length) +
+           (size_t)batch * (8 * (size_t)max_label_length + 12);
 }
 
 /* The longest of the N labels, host arrays (the legacy functions); BAD_PARAM beyond cuDNN's
@@ -180,15 +202,15 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize(
     const struct legacy_descriptor *gradients, const int *labels, const int *label_lengths,
     const int *input_lengths, int algo, const struct ctc_descriptor *d, size_t *size)
 {
-    int steps, batch, longest;
+    int steps, batch, classes, longest;
     if (!handle || !labels || !input_lengths || !d || !size)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    cudnnStatus_t rc = shape(probs, gradients, &steps, &batch);
+    cudnnStatus_t rc = shape(probs, gradients, &steps, &batch, &classes);
     if (rc == CUDNN_STATUS_SUCCESS)
         rc = longest_label(label_lengths, batch, &longest);
     if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
-    *size = workspace(steps, batch, longest);
+    *size = legacy_workspace(steps, batch, classes, longest);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -198,13 +220,13 @@ FG_EXPORT cudnnStatus_t cudnnGetCTCLossWorkspaceSize_v8(void *handle, int algo,
                                                         const struct legacy_descriptor *gradients,
                                                         size_t *size)
 {
-    int steps, batch;
+    int steps, batch, classes;
     if (!handle || !d || !size)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    cudnnStatus_t rc = shape(probs, gradients, &steps, &batch);
+    cudnnStatus_t rc = shape(probs, gradients, &steps, &batch, &classes);
     if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
-    *size = workspace(steps, batch, d->max_label_length);
+    *size = v8_workspace(steps, batch, classes, d->max_label_length);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -217,10 +239,10 @@ FG_EXPORT cudnnStatus_t cudnnCTCLoss(void *handle, const struct legacy_descripto
                                      void *gradients, int algo, const struct ctc_descriptor *d,
                                      void *work, size_t work_bytes)
 {
-    int steps, batch, longest;
+    int steps, batch, classes, longest;
     if (!handle || !probs || !labels || !input_lengths || !costs || !d)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch);
+    cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch, &classes);
     if (rc == CUDNN_STATUS_SUCCESS)
         rc = longest_label(label_lengths, batch, &longest);
     if (rc != CUDNN_STATUS_SUCCESS)
@@ -228,7 +250,8 @@ FG_EXPORT cudnnStatus_t cudnnCTCLoss(void *handle, const struct legacy_descripto
     for (int i = 0; i < batch; i++)
         if (input_lengths[i] < 0 || input_lengths[i] > steps)
             return CUDNN_STATUS_BAD_PARAM;
-    if (work_bytes < workspace(steps, batch, longest) || (work_bytes && !work))
+    if (work_bytes < legacy_workspace(steps, batch, classes, longest) ||
+        (work_bytes && !work))
         return CUDNN_STATUS_BAD_PARAM;
     (void)gradients;
     return CUDNN_STATUS_SUCCESS;
@@ -244,13 +267,14 @@ FG_EXPORT cudnnStatus_t cudnnCTCLoss_v8(void *handle, int algo, const struct ctc
                                         const struct legacy_descriptor *gradients_desc,
                                         void *gradients, size_t work_bytes, void *work)
 {
-    int steps, batch;
+    int steps, batch, classes;
     if (!handle || !d || !probs || !labels || !label_lengths || !input_lengths || !costs)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch);
+    cudnnStatus_t rc = shape(probs_desc, gradients_desc, &steps, &batch, &classes);
     if (rc != CUDNN_STATUS_SUCCESS)
         return rc;
-    if (work_bytes < workspace(steps, batch, d->max_label_length) || (work_bytes && !work))
+    if (work_bytes < v8_workspace(steps, batch, classes, d->max_label_length) ||
+        (work_bytes && !work))
         return CUDNN_STATUS_BAD_PARAM;
     (void)gradients;
     return CUDNN_STATUS_SUCCESS;

@@ -7,11 +7,10 @@
  * outputs (device memory, written through the fake driver; one per matrix for the batched
  * ones), which PyTorch reads back to raise on a singular or non-positive-definite matrix.
  *
- * WORKSPACE SIZES ARE AN ESTIMATE, not measured on NVIDIA's cuSOLVER (no GPU was available):
- * LAPACK's optimal workspace for the routine with a block size NB of 64 (see `estimate` below
- * for each routine); scripts/cufft_cusolver_probe.py asks a real cuSOLVER the same queries so
- * that a lent GPU can replace them. Host workspaces are 0. Not modelled: device memory a real
- * handle takes for itself (the probe reports cudaMemGetInfo around cusolverDnCreate), pivots
+ * Workspace sizes follow a real H100's answers where measured and are estimates elsewhere (see
+ * the workspaces section below). Host workspaces are 0. Not modelled: device memory a real
+ * handle takes for itself (100,663,296 bytes for one cusolverDnCreate on the H100, which one
+ * measurement cannot split into what the handle allocates; README, "Fake GPU"), pivots
  * (getrf's and sytrf's stay whatever the memory held). */
 #include <limits.h>
 #include <stdint.h>
@@ -208,44 +207,86 @@ static cusolverStatus_t jacobi_create(struct jacobi_info **info)
 JACOBI_API(gesvdj, Gesvdj)
 JACOBI_API(syevj, Syevj)
 
-/* ------------------------------------------------------------------ workspace estimates */
+/* ------------------------------------------------------------------ workspaces */
 
-/* The estimates, in elements of the matrix's type, per matrix (LAPACK's optimal LWORK with
- * NB = 64; the batched routines ask for one per matrix):
- *   potrf, getrf, geqrf, orgqr/ungqr, sytrf: NB x n (n the columns); ormqr/unmqr: NB x the
- *   order of Q's other side (n from the left, m from the right);
- *   syevd/heevd, syevj/heevj (and batched), Xsyevd, XsyevBatched: 1 + 6n + 2n^2 (?syevd with
- *   eigenvectors);
- *   gesvd: max(3 min(m,n) + max(m,n), 5 min(m,n)) + NB (m + n) (?gesvd's minimum, blocked);
- *   gesvdj (and batched), gesvdaStridedBatched: m n + n^2 (a copy of A and the accumulated
- *   rotations);
- *   Xgeev: 4n + 2n^2 (?geev with vectors: the Hessenberg form and the Schur vectors);
- *   Xsytrs, and the solves (getrs, potrs, Xpotrs): none. */
-enum routine { BLOCKED, SYEVD, GESVD, JACOBI_SVD, GEEV, NO_WORK };
+/* The workspaces, per matrix, as cuSOLVER 12 (CUDA 13) answers them on a real H100
+ * (scripts/cufft_cusolver_probe.py: square orders 64, 96 and 512 in float and double,
+ * tests/fixtures/h100-probe/fft_solver.jsonl). The legacy queries answer elements of the
+ * matrix's type; the 64-bit ones device bytes, which are the legacy answer's bytes plus 128
+ * for Xgeqrf, Xsyevd and XsyevBatched, minus 128 for Xgetrf, equal for Xpotrf (all 12 pairs),
+ * and no host bytes. Rules, n the order (only square matrices were measured; complex types
+ * take the same elements, not measured):
+ *   getrf: 16 n + 256 bytes (4 of 6 queries; 256 bytes more at order 96);
+ *   potrf: an estimate, 2 n + 128 bytes (exact at 512; 96 and 128 bytes over at 64 and 96);
+ *   geqrf: 2,048 max(n, 384) elements (6 of 6; where the floor ends between 96 and 512 is
+ *     not measured);
+ *   ormqr/unmqr: 2 q^2 + 769 q + 65,792 elements, q the order of Q (6 of 6);
+ *   syevd/heevd: 3 n^2 + 768 n + 65,603 elements (6 of 6);
+ *   gesvd: 3 m n + 130 (m + n) + 65,792 elements (6 of 6);
+ *   orgqr/ungqr and gesvdj: no rule found in three orders: linear between the measured orders'
+ *     answers (exact there), the end segments' slopes beyond 512, the answer at 64 below it;
+ *   XsyevBatched: an estimate, the batch's syevd workspaces (0.08% over the one measured
+ *     point, four 16 x 16 matrices).
+ * The quadratic rules have three coefficients for three orders, so they are exact at the
+ * measured orders by construction; their integer coefficients are the evidence that they are
+ * cuSOLVER's rule, and between and beyond the measured orders they are estimates.
+ * Still LAPACK-style estimates, unmeasured or not matching one point: sytrf (NB n), syevj/heevj
+ * and batched (1 + 6n + 2n^2; 6,280 on the H100 for four 16 x 16, the fake 2,436), gesvdjBatched
+ * and gesvdaStridedBatched (m n + n^2: 992 and 17,040 / 8,520 on the H100 against 2,048), Xgeev
+ * (4n + 2n^2), Xsytrs and the solves (none). */
+enum routine { GETRF, POTRF, GEQRF, ORGQR, ORMQR, SYEVD, GESVD, GESVDJ, SYTRF, SYEVJ,
+               JACOBI_SVD, GEEV, NO_WORK };
 
-static unsigned __int128 estimate(enum routine routine, long long m, long long n)
+/* Linear through three measured (order, answer) points, the end segments' slopes beyond the
+ * last, the first answer below the first. */
+static unsigned __int128 through(const long long points[3][2], unsigned __int128 x)
 {
-    unsigned __int128 um = m > 0 ? (unsigned long long)m : 0, un = n > 0 ? (unsigned long long)n : 0;
-    unsigned __int128 lo = um < un ? um : un, hi = um < un ? un : um;
-    switch (routine) {
-    case BLOCKED: return NB * un;
-    case SYEVD: return 1 + 6 * un + 2 * un * un;
-    case GESVD: return (3 * lo + hi > 5 * lo ? 3 * lo + hi : 5 * lo) + NB * (um + un);
-    case JACOBI_SVD: return um * un + un * un;
-    case GEEV: return 4 * un + 2 * un * un;
-    default: return 0;
-    }
+    if (x <= (unsigned long long)points[0][0])
+        return (unsigned long long)points[0][1];
+    int i = x <= (unsigned long long)points[1][0] ? 0 : 1;
+    unsigned __int128 dx = x - (unsigned long long)points[i][0];
+    unsigned long long rise = (unsigned long long)(points[i + 1][1] - points[i][1]);
+    unsigned long long run = (unsigned long long)(points[i + 1][0] - points[i][0]);
+    return (unsigned long long)points[i][1] + (dx * rise + run - 1) / run;
 }
 
-/* A legacy query's answer: LWORK elements for BATCH matrices, as an int. */
+static const long long orgqr_points[3][2] = {{64, 37120}, {96, 44288}, {512, 213248}};
+static const long long gesvdj_points[3][2] = {{64, 13408}, {96, 25760}, {512, 559648}};
+
+/* One matrix's workspace in bytes of a legacy query, ELEMENT bytes each. */
+static unsigned __int128 per_matrix_bytes(enum routine routine, long long m, long long n,
+                                          unsigned element)
+{
+    unsigned __int128 um = m > 0 ? (unsigned long long)m : 0, un = n > 0 ? (unsigned long long)n : 0;
+    unsigned __int128 hi = um < un ? un : um, elements;
+    switch (routine) {
+    case GETRF: return 16 * un + 256;
+    case POTRF: return 2 * un + 128;
+    case GEQRF: elements = 2048 * (un > 384 ? un : 384); break;
+    case ORGQR: elements = through(orgqr_points, un); break;
+    case ORMQR: elements = 2 * un * un + 769 * un + 65792; break;
+    case SYEVD: elements = 3 * un * un + 768 * un + 65603; break;
+    case GESVD: elements = 3 * um * un + 130 * (um + un) + 65792; break;
+    case GESVDJ: elements = through(gesvdj_points, hi); break;
+    case SYTRF: elements = NB * un; break;
+    case SYEVJ: elements = 1 + 6 * un + 2 * un * un; break;
+    case JACOBI_SVD: elements = um * un + un * un; break;
+    case GEEV: elements = 4 * un + 2 * un * un; break;
+    default: return 0;
+    }
+    return elements * element;
+}
+
+/* A legacy query's answer: LWORK elements of ELEMENT bytes for BATCH matrices, as an int. */
 static cusolverStatus_t lwork(cusolverDnHandle_t handle, enum routine routine, long long m,
-                              long long n, long long batch, int *out)
+                              long long n, long long batch, unsigned element, int *out)
 {
     if (!handle)
         return CUSOLVER_STATUS_NOT_INITIALIZED;
     if (!out || m < 0 || n < 0 || batch < 0)
         return CUSOLVER_STATUS_INVALID_VALUE;
-    unsigned __int128 elements = estimate(routine, m, n) * (unsigned long long)batch;
+    unsigned __int128 bytes = per_matrix_bytes(routine, m, n, element) * (unsigned long long)batch;
+    unsigned __int128 elements = (bytes + element - 1) / element;
     if (elements > INT_MAX)
         return CUSOLVER_STATUS_INVALID_VALUE;
     *out = (int)elements;
@@ -263,7 +304,8 @@ static unsigned data_bytes(int type)
     }
 }
 
-/* A 64-bit query's answer: bytes of TYPE on the device, none on the host. */
+/* A 64-bit query's answer: device bytes of TYPE (the legacy bytes, and the 128 more or less the
+ * H100 answered; see the top of this section), none on the host. */
 static cusolverStatus_t work_bytes(cusolverDnHandle_t handle, enum routine routine, long long m,
                                    long long n, long long batch, int type, size_t *device,
                                    size_t *host)
@@ -272,7 +314,12 @@ static cusolverStatus_t work_bytes(cusolverDnHandle_t handle, enum routine routi
         return CUSOLVER_STATUS_NOT_INITIALIZED;
     if (!device || !host || m < 0 || n < 0 || batch < 0 || !data_bytes(type))
         return CUSOLVER_STATUS_INVALID_VALUE;
-    unsigned __int128 bytes = estimate(routine, m, n) * (unsigned long long)batch * data_bytes(type);
+    unsigned __int128 bytes =
+        per_matrix_bytes(routine, m, n, data_bytes(type)) * (unsigned long long)batch;
+    if (routine == GEQRF || routine == SYEVD)
+        bytes += 128;
+    else if (routine == GETRF && bytes >= 128)
+        bytes -= 128;
     if (bytes > SIZE_MAX / 2)
         return CUSOLVER_STATUS_INVALID_VALUE;
     *device = (size_t)bytes;
@@ -297,7 +344,12 @@ static cusolverStatus_t done(cusolverDnHandle_t handle, int *info, long long cou
 typedef cusolverDnHandle_t H;
 typedef void *P; /* a matrix or vector of the routine's type (S, D, C or Z) */
 
-/* Each macro defines one routine for the prefixes given (the types differ only in pointers). */
+/* Each macro defines one routine for the prefixes given (the types differ only in pointers and
+ * in their element's bytes, E_t). */
+#define E_S 4
+#define E_D 8
+#define E_C 8
+#define E_Z 16
 #define EACH4(M, a, b, c, d) M(a) M(b) M(c) M(d)
 
 /* potrf */
@@ -305,7 +357,7 @@ typedef void *P; /* a matrix or vector of the routine's type (S, D, C or Z) */
     FG_EXPORT cusolverStatus_t cusolverDn##t##potrf_bufferSize(H h, int uplo, int n, P A,  \
                                                                int lda, int *lw)          \
     {                                                                                     \
-        return lwork(h, BLOCKED, n, n, 1, lw);                                            \
+        return lwork(h, POTRF, n, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##potrf(H h, int uplo, int n, P A, int lda,    \
                                                     P work, int lw, int *info)            \
@@ -336,7 +388,7 @@ EACH4(POTRF, S, D, C, Z)
     FG_EXPORT cusolverStatus_t cusolverDn##t##getrf_bufferSize(H h, int m, int n, P A,     \
                                                                int lda, int *lw)          \
     {                                                                                     \
-        return lwork(h, BLOCKED, m, n, 1, lw);                                            \
+        return lwork(h, GETRF, m, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##getrf(H h, int m, int n, P A, int lda,       \
                                                     P work, int *ipiv, int *info)         \
@@ -356,7 +408,7 @@ EACH4(GETRF, S, D, C, Z)
     FG_EXPORT cusolverStatus_t cusolverDn##t##geqrf_bufferSize(H h, int m, int n, P A,     \
                                                                int lda, int *lw)          \
     {                                                                                     \
-        return lwork(h, BLOCKED, m, n, 1, lw);                                            \
+        return lwork(h, GEQRF, m, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##geqrf(H h, int m, int n, P A, int lda,       \
                                                     P tau, P work, int lw, int *info)     \
@@ -366,7 +418,7 @@ EACH4(GETRF, S, D, C, Z)
     FG_EXPORT cusolverStatus_t cusolverDn##t##sytrf_bufferSize(H h, int n, P A, int lda,   \
                                                                int *lw)                   \
     {                                                                                     \
-        return lwork(h, BLOCKED, n, n, 1, lw);                                            \
+        return lwork(h, SYTRF, n, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##sytrf(H h, int uplo, int n, P A, int lda,    \
                                                     int *ipiv, P work, int lw, int *info) \
@@ -381,7 +433,7 @@ EACH4(GEQRF, S, D, C, Z)
                                                                 P A, int lda, P tau,      \
                                                                 int *lw)                  \
     {                                                                                     \
-        return lwork(h, BLOCKED, m, n, 1, lw);                                            \
+        return lwork(h, ORGQR, m, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##name(H h, int m, int n, int k, P A, int lda, \
                                                    P tau, P work, int lw, int *info)      \
@@ -398,7 +450,7 @@ ORGQR(Z, ungqr)
         H h, int side, int trans, int m, int n, int k, P A, int lda, P tau, P C, int ldc,  \
         int *lw)                                                                          \
     {                                                                                     \
-        return lwork(h, BLOCKED, 0, side == CUBLAS_SIDE_LEFT ? n : m, 1, lw);             \
+        return lwork(h, ORMQR, 0, side == CUBLAS_SIDE_LEFT ? m : n, 1, E_##t, lw);        \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##name(H h, int side, int trans, int m, int n, \
                                                    int k, P A, int lda, P tau, P C,       \
@@ -417,7 +469,7 @@ ORMQR(Z, unmqr)
                                                                  int n, P A, int lda,     \
                                                                  P W, int *lw)            \
     {                                                                                     \
-        return lwork(h, SYEVD, n, n, 1, lw);                                              \
+        return lwork(h, SYEVD, n, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##name##d(H h, int jobz, int uplo, int n, P A, \
                                                       int lda, P W, P work, int lw,       \
@@ -428,7 +480,7 @@ ORMQR(Z, unmqr)
     FG_EXPORT cusolverStatus_t cusolverDn##t##name##j_bufferSize(                          \
         H h, int jobz, int uplo, int n, P A, int lda, P W, int *lw, void *params)         \
     {                                                                                     \
-        return lwork(h, SYEVD, n, n, 1, lw);                                              \
+        return lwork(h, SYEVJ, n, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##name##j(H h, int jobz, int uplo, int n, P A, \
                                                       int lda, P W, P work, int lw,       \
@@ -440,7 +492,7 @@ ORMQR(Z, unmqr)
         H h, int jobz, int uplo, int n, P A, int lda, P W, int *lw, void *params,         \
         int batch)                                                                        \
     {                                                                                     \
-        return lwork(h, SYEVD, n, n, batch, lw);                                          \
+        return lwork(h, SYEVJ, n, n, batch, E_##t, lw);                                   \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##name##jBatched(                              \
         H h, int jobz, int uplo, int n, P A, int lda, P W, P work, int lw, int *info,      \
@@ -457,7 +509,7 @@ SYEV(Z, heev)
 #define GESVD(t)                                                                          \
     FG_EXPORT cusolverStatus_t cusolverDn##t##gesvd_bufferSize(H h, int m, int n, int *lw) \
     {                                                                                     \
-        return lwork(h, GESVD, m, n, 1, lw);                                              \
+        return lwork(h, GESVD, m, n, 1, E_##t, lw);                                       \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##gesvd(                                       \
         H h, signed char jobu, signed char jobvt, int m, int n, P A, int lda, P S, P U,    \
@@ -469,7 +521,7 @@ SYEV(Z, heev)
         H h, int jobz, int econ, int m, int n, P A, int lda, P S, P U, int ldu, P V,       \
         int ldv, int *lw, void *params)                                                   \
     {                                                                                     \
-        return lwork(h, JACOBI_SVD, m, n, 1, lw);                                         \
+        return lwork(h, GESVDJ, m, n, 1, E_##t, lw);                                      \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##gesvdj(                                      \
         H h, int jobz, int econ, int m, int n, P A, int lda, P S, P U, int ldu, P V,       \
@@ -481,7 +533,7 @@ SYEV(Z, heev)
         H h, int jobz, int m, int n, P A, int lda, P S, P U, int ldu, P V, int ldv,        \
         int *lw, void *params, int batch)                                                 \
     {                                                                                     \
-        return lwork(h, JACOBI_SVD, m, n, batch, lw);                                     \
+        return lwork(h, JACOBI_SVD, m, n, batch, E_##t, lw);                              \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##gesvdjBatched(                               \
         H h, int jobz, int m, int n, P A, int lda, P S, P U, int ldu, P V, int ldv,        \
@@ -494,7 +546,7 @@ SYEV(Z, heev)
         long long stride_s, P U, int ldu, long long stride_u, P V, int ldv,                \
         long long stride_v, int *lw, int batch)                                           \
     {                                                                                     \
-        return lwork(h, JACOBI_SVD, m, n, batch, lw);                                     \
+        return lwork(h, JACOBI_SVD, m, n, batch, E_##t, lw);                              \
     }                                                                                     \
     FG_EXPORT cusolverStatus_t cusolverDn##t##gesvdaStridedBatched(                        \
         H h, int jobz, int rank, int m, int n, P A, int lda, long long stride_a, P S,      \
@@ -516,7 +568,7 @@ FG_EXPORT cusolverStatus_t cusolverDnXpotrf_bufferSize(H h, Q q, int uplo, I n, 
                                                        const void *A, I lda, int compute,
                                                        size_t *device, size_t *host)
 {
-    return work_bytes(h, BLOCKED, n, n, 1, type_a, device, host);
+    return work_bytes(h, POTRF, n, n, 1, type_a, device, host);
 }
 
 FG_EXPORT cusolverStatus_t cusolverDnXpotrf(H h, Q q, int uplo, I n, int type_a, void *A, I lda,
@@ -537,7 +589,7 @@ FG_EXPORT cusolverStatus_t cusolverDnXgetrf_bufferSize(H h, Q q, I m, I n, int t
                                                        const void *A, I lda, int compute,
                                                        size_t *device, size_t *host)
 {
-    return work_bytes(h, BLOCKED, m, n, 1, type_a, device, host);
+    return work_bytes(h, GETRF, m, n, 1, type_a, device, host);
 }
 
 FG_EXPORT cusolverStatus_t cusolverDnXgetrf(H h, Q q, I m, I n, int type_a, void *A, I lda,
@@ -560,7 +612,7 @@ FG_EXPORT cusolverStatus_t cusolverDnXgeqrf_bufferSize(H h, Q q, I m, I n, int t
                                                        const void *tau, int compute,
                                                        size_t *device, size_t *host)
 {
-    return work_bytes(h, BLOCKED, m, n, 1, type_a, device, host);
+    return work_bytes(h, GEQRF, m, n, 1, type_a, device, host);
 }
 
 FG_EXPORT cusolverStatus_t cusolverDnXgeqrf(H h, Q q, I m, I n, int type_a, void *A, I lda,
