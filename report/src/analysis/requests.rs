@@ -716,8 +716,10 @@ pub struct AddressVotes {
 
 /// How the recording's PyTorch breaks ties between equal-size free blocks in its best fit.
 /// Measured on the fake GPU (two equal-size cached blocks, which one the next request gets):
-/// torch 2.3.1, 2.4.1 and 2.6.0 take the lower address; 2.15.0 takes the block of the segment
-/// made first, whatever the addresses. Releases between are not measured: taken as 2.15.
+/// torch 2.3.1, 2.4.1, 2.6.0 and 2.11.0 take the lower address; 2.12.0, 2.13.0, 2.14.0 and
+/// 2.15.0 take the block of the segment made first, whatever the addresses. 2.7 – 2.10 are not
+/// measured: taken as 2.6 and 2.11. (On a real H200 with 2.11, taken as 2.15, whatif missed
+/// an OOM the driver's segment addresses decided.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Ties {
     /// The lower address wins: the model lays segments out in the driver's order.
@@ -733,7 +735,7 @@ impl Ties {
     pub fn of_version(version: &str) -> Ties {
         let mut parts = version.split(['.', '+']).map(|p| p.parse::<u32>().ok());
         match (parts.next().flatten(), parts.next().flatten()) {
-            (Some(major), Some(minor)) if (major, minor) <= (2, 6) => Ties::ByAddress,
+            (Some(major), Some(minor)) if (major, minor) <= (2, 11) => Ties::ByAddress,
             _ => Ties::BySegmentAge,
         }
     }
@@ -831,6 +833,13 @@ pub struct WhatIf {
     /// Empty until the capacity and the address order are known (see [`MAX_PENDING`]); then
     /// one per configuration.
     pub simulators: Vec<Simulator>,
+    /// Where PyTorch breaks best-fit ties by address, the same configurations with segments
+    /// laid out in the other order (one per configuration, else empty): a real driver's
+    /// order is not one or the other (an H200 with a ballast placed PyTorch's segments in two
+    /// regions, differently from run to run), and near the edge of fitting the outcome can
+    /// hang on it (measured: 139 MiB beside the libraries, rising says a retry saves the
+    /// run, falling says it raises, and the card did either).
+    pub other_order: Vec<Simulator>,
     pub capacity: u64,
     pub capacity_source: CapacitySource,
     /// Total memory per device from the samples seen.
@@ -880,6 +889,7 @@ impl WhatIf {
             configs,
             given_capacity: capacity,
             simulators: Vec::new(),
+            other_order: Vec::new(),
             capacity: u64::MAX,
             capacity_source: CapacitySource::Unlimited,
             totals: Vec::new(),
@@ -899,6 +909,14 @@ impl WhatIf {
         };
         what_if.start_when_ready(&[]);
         Ok(what_if)
+    }
+
+    /// The recording's PyTorch release as the user gives it, in place of the one read from
+    /// the log's libraries (call before the replay).
+    pub fn set_torch_version(&mut self, version: &str) {
+        self.version_read = true;
+        self.torch_version = Some(version.to_string());
+        self.ties = Ties::of_version(version);
     }
 
     fn started(&self) -> bool {
@@ -943,21 +961,32 @@ impl WhatIf {
             Ties::ByAddress => self.votes.order(),
             Ties::BySegmentAge => AddressOrder::Rising,
         };
-        let mut simulators = Vec::with_capacity(self.configs.len());
-        for config in &self.configs {
-            let mut config = config.clone();
-            config.capacity = self.capacity;
-            match Simulator::new(config) {
-                Ok(mut sim) => {
-                    sim.set_address_order(self.order);
-                    simulators.push(sim)
-                }
-                Err(err) => {
-                    self.error.get_or_insert(err);
-                    return;
+        let other = match self.order {
+            AddressOrder::Rising => AddressOrder::Falling,
+            AddressOrder::Falling => AddressOrder::Rising,
+        };
+        let mut orders = vec![self.order];
+        if self.ties == Ties::ByAddress {
+            orders.push(other);
+        }
+        let mut simulators = Vec::with_capacity(self.configs.len() * orders.len());
+        for &order in &orders {
+            for config in &self.configs {
+                let mut config = config.clone();
+                config.capacity = self.capacity;
+                match Simulator::new(config) {
+                    Ok(mut sim) => {
+                        sim.set_address_order(order);
+                        simulators.push(sim)
+                    }
+                    Err(err) => {
+                        self.error.get_or_insert(err);
+                        return;
+                    }
                 }
             }
         }
+        self.other_order = simulators.split_off(self.configs.len());
         self.simulators = simulators;
         for pending in std::mem::take(&mut self.pending) {
             self.apply(processes, pending);
@@ -985,7 +1014,11 @@ impl WhatIf {
                     return;
                 }
                 if (self.workspaces.searching(live.process)
-                    || self.simulators.iter().any(Simulator::has_fallen_back))
+                    || self
+                        .simulators
+                        .iter()
+                        .chain(&self.other_order)
+                        .any(Simulator::has_fallen_back))
                     && let Some(workspace) = self.workspaces.request(processes, live)
                 {
                     request = workspace;
@@ -997,7 +1030,7 @@ impl WhatIf {
             }
             _ => {}
         }
-        for sim in &mut self.simulators {
+        for sim in self.simulators.iter_mut().chain(&mut self.other_order) {
             if let (Outcome::Oom(failure), Request::Alloc { .. }, Some(live)) =
                 (sim.apply(t_ns, &request), request, &site)
                 && let Some(Request::Workspace { plan, cached, .. }) =
@@ -1399,8 +1432,12 @@ mod tests {
             ("2.3.1+cu121", Ties::ByAddress),
             ("2.4.1", Ties::ByAddress),
             ("2.6.0+cu124", Ties::ByAddress),
+            ("2.11.0+cu130", Ties::ByAddress),
+            ("2.12.0+cu130", Ties::BySegmentAge),
+            ("2.13.0", Ties::BySegmentAge),
             ("2.15.0+cu132", Ties::BySegmentAge),
-            ("2.10.0a0+git1234", Ties::BySegmentAge),
+            ("2.10.0a0+git1234", Ties::ByAddress),
+            ("3.0.0", Ties::BySegmentAge),
             ("not a version", Ties::BySegmentAge),
         ] {
             assert_eq!(Ties::of_version(version), ties, "{version}");

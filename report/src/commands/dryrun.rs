@@ -633,6 +633,7 @@ fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Ro
                     label: label.to_string(),
                     conf,
                     stats: sim.stats(),
+                    other_order: None,
                 },
             )
         })

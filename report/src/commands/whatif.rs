@@ -57,6 +57,12 @@ pub struct Args {
     /// garbage_collection_threshold meaningful).
     #[arg(long, value_name = "F")]
     memory_fraction: Option<f64>,
+    /// The recording's PyTorch release (e.g. 2.11.0), which decides how its best fit breaks
+    /// ties between equal-size free blocks. Default: read from the torch/version.py beside
+    /// the libc10.so the log names, when that path exists here (not for a log made on another
+    /// machine).
+    #[arg(long, value_name = "VERSION")]
+    torch_version: Option<String>,
     /// The same content as one JSON document.
     #[arg(long)]
     json: bool,
@@ -98,6 +104,7 @@ impl Args {
             capacity: None,
             configs: Vec::new(),
             memory_fraction: None,
+            torch_version: None,
             json: true,
         }
     }
@@ -146,6 +153,9 @@ pub fn with_report<T>(
 
     let mut view = AllocatorView::new(args.device);
     let mut sims = WhatIf::new(args.device, configs, args.capacity).map_err(Failure::input)?;
+    if let Some(version) = &args.torch_version {
+        sims.set_torch_version(version);
+    }
     let logs = vec![args.log.clone()];
     // PyTorch's blocks where the log has them (the default allocator, recorded through its
     // tracker), in place of its segments.
@@ -185,6 +195,11 @@ pub fn with_report<T>(
                     label: label.trim().to_string(),
                     conf,
                     stats: sim.stats(),
+                    other_order: sims
+                        .other_order
+                        .get(index)
+                        .map(|other| (other.address_order(), other.stats()))
+                        .filter(|(_, other)| outcome_differs(&sim.stats(), other)),
                 },
             )
         })
@@ -309,4 +324,13 @@ pub fn with_report<T>(
         requests_are_blocks,
     };
     Ok(then(&report, warnings))
+}
+
+/// Whether two simulations of one configuration end differently where a user would see it:
+/// one fits and the other not, or peak reserved, retries or `cudaMalloc`s differ.
+fn outcome_differs(a: &vramshim_sim::Stats, b: &vramshim_sim::Stats) -> bool {
+    crate::render::whatif::fits(a) != crate::render::whatif::fits(b)
+        || a.peak_reserved != b.peak_reserved
+        || a.num_alloc_retries != b.num_alloc_retries
+        || a.num_device_alloc != b.num_device_alloc
 }

@@ -21,6 +21,11 @@ pub struct Row {
     /// The `PYTORCH_CUDA_ALLOC_CONF` string (normalised; empty for the defaults).
     pub conf: String,
     pub stats: Stats,
+    /// Where the outcome hangs on the driver's address order (PyTorch breaking best-fit ties
+    /// by address): the same configuration with segments laid out in the other order, when
+    /// it fits where this does not (or the reverse), or differs in peak reserved, retries or
+    /// `cudaMalloc`s.
+    pub other_order: Option<(AddressOrder, Stats)>,
 }
 
 impl Row {
@@ -28,8 +33,14 @@ impl Row {
     /// memory that does not fit beside PyTorch's segments fails the program too), except
     /// cuDNN workspaces, whose failure torch survives.
     pub fn fits(&self) -> bool {
-        self.stats.first_oom.is_none() && self.stats.external_failures == 0
+        fits(&self.stats)
     }
+}
+
+/// A simulation in which no allocation failed, PyTorch's or another library's (see
+/// [`Row::fits`]).
+pub fn fits(stats: &Stats) -> bool {
+    stats.first_oom.is_none() && stats.external_failures == 0
 }
 
 pub struct WhatIfReport<'a> {
@@ -145,6 +156,19 @@ fn row_json(rank: usize, row: &Row) -> Value {
         "cudnn_fallbacks": s.workspace_fallbacks,
         "cudnn_fallback": fallback_json(s),
         "cudnn_workspaces_skipped": s.workspaces_skipped,
+        "other_order": match &row.other_order {
+            Some((order, other)) => json!({
+                "order": order_name(*order),
+                "fits": fits(other),
+                "peak_reserved": other.peak_reserved,
+                "num_device_alloc": other.num_device_alloc,
+                "num_device_free": other.num_device_free,
+                "num_alloc_retries": other.num_alloc_retries,
+                "num_ooms": other.num_ooms,
+                "oom": oom_json(other),
+            }),
+            None => Value::Null,
+        },
     })
 }
 
@@ -268,7 +292,7 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
         None if report.ties == Ties::ByAddress => {
             "torch's version not found; its blocks came from the profiler report, so it is older than 2.2, which".to_string()
         }
-        None => "torch's version not found, taken as the current release's".to_string(),
+        None => "torch's version not found (--torch-version gives it), taken as the current release's".to_string(),
     };
     match report.ties {
         Ties::ByAddress => writeln!(
@@ -362,6 +386,31 @@ pub fn text(out: &mut dyn Write, report: &WhatIfReport<'_>) -> io::Result<()> {
             bytes(best.stats.peak_reserved)
         )?,
         None => writeln!(out, "no configuration fits the capacity")?,
+    }
+    for row in &report.rows {
+        if let Some((order, other)) = &row.other_order {
+            let name = if row.label.is_empty() {
+                "(default)"
+            } else {
+                row.label.as_str()
+            };
+            writeln!(
+                out,
+                "note: {name} hangs on where the driver puts new segments (this PyTorch breaks best-fit ties by address; a real driver's order varies from run to run): laid out {}, {} at a peak reserved of {}, with {} and {}",
+                order_name(*order),
+                if fits(other) {
+                    "it fits"
+                } else {
+                    "it runs out of memory"
+                },
+                bytes(other.peak_reserved),
+                match other.num_alloc_retries {
+                    1 => "1 retry".to_string(),
+                    n => format!("{n} retries"),
+                },
+                counted(other.num_device_alloc, "cudaMalloc"),
+            )?;
+        }
     }
     for note in &report.notes {
         writeln!(out, "note: {note}")?;
