@@ -5474,3 +5474,36 @@ fn tensor_crosses_processes(torch: &Torch, expandable: bool) {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(report.contains("\nno memory was allocated\n"), "{report}");
 }
+
+/// How each release's best fit breaks ties between equal-size free blocks
+/// (`tests/python/torch_ties.py`: two 24 MiB segments, the second below the first on the fake
+/// driver, both freed, then a 24 MiB request) is the rule `whatif` takes for that release from
+/// the recording: torch 2.15 gives the older segment's block, 2.6 and 2.4.1 the lower
+/// address (2.11 gives the lower address too and 2.12 – 2.14 the older segment's: measured
+/// the same way, not in CI, whose releases are these). Every block of this recording has a
+/// segment's size: whatif takes tracker-recorded tensors as requests anyway (it refused them
+/// as "a caching-allocator recording" before).
+#[test]
+fn whatif_breaks_best_fit_ties_as_each_release_does() {
+    for torch in torches() {
+        let version = torch.release.version;
+        let run = run_torch_script(&torch, "torch_ties.py", "ties", 8 << 30, &[], true);
+        let r = &run.result;
+        let expected = if version.starts_with("2.15.") {
+            "segment_age"
+        } else {
+            "address"
+        };
+        assert_eq!(r["rule"], expected, "torch {version}: {r}");
+        let log = run.log.as_ref().expect("log");
+        let whatif = json_of(&[OsStr::new("whatif"), OsStr::new("--json"), log.as_os_str()]);
+        let order = &whatif["address_order"];
+        assert_eq!(order["ties"], expected, "torch {version}: {whatif}");
+        assert!(
+            order["torch_version"]
+                .as_str()
+                .is_some_and(|v| v.starts_with(version)),
+            "{whatif}"
+        );
+    }
+}

@@ -177,7 +177,14 @@ pub fn with_report<T>(
         .device(device)
         .map(|d| d.pattern())
         .unwrap_or((crate::analysis::allocator::Pattern::Unknown, String::new()));
-    if pattern.is_segments() {
+    // Tensors recorded through PyTorch's tracker are requests whatever their sizes (a program
+    // of 24 MiB tensors has every block the size of a segment).
+    let from_tensors = sims.requests.source == Source::Tensors
+        && replay
+            .processes
+            .first()
+            .is_some_and(|p| p.tensor_allocs > 0);
+    if pattern.is_segments() && !from_tensors {
         return Err(Failure::input(format!(
             "{log}: device {device} looks like a caching-allocator recording ({}: {pattern_reason}); its allocations are the allocator's segments, not tensors, so they cannot be replayed through it. Record the workload again with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (or PYTORCH_NO_CUDA_MEMORY_CACHING=1) and run whatif on that log",
             pattern.name()
@@ -288,7 +295,6 @@ pub fn with_report<T>(
     let Some(process) = replay.processes.first() else {
         return Err(Failure::input(format!("{log}: nothing to read")));
     };
-    let from_tensors = sims.requests.source == Source::Tensors && process.tensor_allocs > 0;
     let requests_are_blocks = from_tensors && process.tensors_reported_as_blocks();
     // The driver saw segments, but the requests replayed are the tensors PyTorch's allocator
     // reported; the allocator view, counting them as allocations, would call them buffers.
