@@ -5476,8 +5476,8 @@ fn tensor_crosses_processes(torch: &Torch, expandable: bool) {
 }
 
 /// How each release's best fit breaks ties between equal-size free blocks
-/// (`tests/python/torch_ties.py`: two 24 MiB segments, the second below the first on the fake
-/// driver, both freed, then a 24 MiB request) is the rule `whatif` takes for that release from
+/// (`tests/python/torch_ties.py`: 24 MiB segments until one lies below the first, all freed,
+/// then a 24 MiB request) is the rule `whatif` takes for that release from
 /// the recording: torch 2.15 gives the older segment's block, 2.6 and 2.4.1 the lower
 /// address (2.11 gives the lower address too and 2.12 – 2.14 the older segment's: measured
 /// the same way, not in CI, whose releases are these). Every block of this recording has a

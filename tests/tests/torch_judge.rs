@@ -1949,6 +1949,25 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
     }
 }
 
+/// `scripts/gpu_judge.py ... --fake FAKES ARGS` under `torch`, which must exit 0: its stdout.
+fn gpu_judge_on_the_fakes(torch: &Torch, name: &str, args: &[&str]) -> String {
+    let output = Command::new(&torch.python)
+        .arg(repo().join("scripts/gpu_judge.py"))
+        .arg(vramshim_tool())
+        .arg(shim())
+        .arg(scratch(name))
+        .args(["--fake", vramshim_fakegpu::LIB_DIR])
+        .args(args)
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run gpu_judge.py");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
 /// `scripts/gpu_judge.py` itself, the real-GPU judge (`scripts/gpu-smoke.sh`), run with
 /// `--fake` on torch 2.6 (CUDA 12): checks 1 – 7 on every workload and the 2-process DDP run
 /// find no difference, so the script a lent GPU runs is known to work before it gets one
@@ -1959,25 +1978,11 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
 #[test]
 fn gpu_judge_script_finds_no_difference_on_cuda_12() {
     let Some(torch) = cuda12() else { return };
-    let out = scratch("gpu-judge-2.6");
-    let output = Command::new(&torch.python)
-        .arg(repo().join("scripts/gpu_judge.py"))
-        .arg(vramshim_tool())
-        .arg(shim())
-        .arg(&out)
-        .arg("--fake")
-        .arg(vramshim_fakegpu::LIB_DIR)
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run gpu_judge.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let stdout = gpu_judge_on_the_fakes(&torch, "gpu-judge-2.6", &[]);
     let summary = stdout
         .lines()
         .find(|line| line.starts_with("gpu_judge: "))
-        .unwrap_or_else(|| panic!("no summary:\n{stdout}\n{stderr}"));
+        .unwrap_or_else(|| panic!("no summary:\n{stdout}"));
     assert!(
         summary.starts_with("gpu_judge: 0 difference(s) in "),
         "{summary}"
@@ -2016,21 +2021,11 @@ fn gpu_judge_script_finds_no_difference_on_cuda_12() {
 #[test]
 fn gpu_judge_check_6_with_cudnn_off_finds_no_difference_on_cuda_12() {
     let Some(torch) = cuda12() else { return };
-    let out = scratch("gpu-judge-2.6-cudnn-off");
-    let output = Command::new(&torch.python)
-        .arg(repo().join("scripts/gpu_judge.py"))
-        .arg(vramshim_tool())
-        .arg(shim())
-        .arg(&out)
-        .args(["--fake", vramshim_fakegpu::LIB_DIR])
-        .args(["--checks", "6", "--tight-cudnn", "off"])
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run gpu_judge.py");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let stdout = gpu_judge_on_the_fakes(
+        &torch,
+        "gpu-judge-2.6-cudnn-off",
+        &["--checks", "6", "--tight-cudnn", "off"],
+    );
     assert!(stdout.contains("cuDNN off)"), "{stdout}");
     assert!(
         stdout.contains("\ngpu_judge: 0 difference(s) in 47 comparisons; logs under "),
