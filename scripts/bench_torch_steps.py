@@ -77,6 +77,12 @@ def worker(history, workloads, blocks, reference_pairs):
         else:
             reference(depth - 1)
 
+    # Under callgrind (the driver's BENCH_CALLGRIND=1): its counts zeroed at the window's start
+    # and dumped at its end, every thread's. Loaded before the untimed pass: a library loaded
+    # just before the window made vramshim rebuild its unwinder inside it, which forgets every
+    # thread's remembered walks and unwind rules (a cost of the measure, not of the steps).
+    counter = os.environ.get("BENCH_WINDOW_LIBRARY")
+    counter = __import__("ctypes").CDLL(counter) if counter else None
     one_pass()
     if reference_pairs:
         reference(8)
@@ -85,10 +91,6 @@ def worker(history, workloads, blocks, reference_pairs):
     elif history != "off":
         torch.cuda.memory._record_memory_history(stacks=history)
     block_s, reference_s = [], []
-    # Under callgrind (the driver's BENCH_CALLGRIND=1): its counts zeroed at the window's start
-    # and dumped at its end, every thread's.
-    counter = os.environ.get("BENCH_WINDOW_LIBRARY")
-    counter = __import__("ctypes").CDLL(counter) if counter else None
     if counter:
         counter.window_start()
     window_start = time.monotonic_ns()

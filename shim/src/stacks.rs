@@ -97,76 +97,101 @@ const _: () = assert!(KEY_WORDS >= WALK_FRAMES);
 /// native walk starts at `from` (an entry point's caller, or inside the shim: its frames are
 /// dropped either way).
 pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64, from: WalkFrom) -> u32 {
-    // Left uninitialised: zeroing these 8 KiB on every event cost about a tenth of the hook.
-    // Only the words written are read.
-    let mut key = [MaybeUninit::<u64>::uninit(); KEY_WORDS];
-    let last = last_key(mode);
-    let known = last.map_or((0, 0), |last| (last.native_serial, last.python_serial));
+    let Some(last) = last_key() else {
+        return 0;
+    };
+    let valid = last.count > 0
+        && last.mode == mode
+        && last.generation == GENERATION.load(Ordering::Relaxed);
+    let known = if valid {
+        (last.native_serial, last.python_serial)
+    } else {
+        (0, 0)
+    };
+    let kept = (last.native_words, last.python_words, last.id);
+    // The new key is written over the last one, in place: a part the same as the last key's
+    // is then neither written nor copied in, nor the whole key copied back. Until it is
+    // complete the buffer holds no key.
+    last.count = 0;
+    let key = &mut last.words[..];
     // Each part: (words, serial of the walk that found it, the same as the last key's part
     // and so not written).
     let mut native = (0, 0, false);
     let mut python = (0, 0, false);
     match mode {
         StackMode::Python => {
-            python = python_part(&mut key, known.1);
+            // Either part starts the key, as in the last one.
+            python = python_part(key, known.1);
             if python.0 == 0 {
                 native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from);
             }
         }
         StackMode::Mixed => {
             native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from);
-            // The same native part as the last key: its length is the last one's.
-            let native_words = match (native.2, last) {
-                (true, Some(last)) => last.native_words,
-                _ => native.0,
+            let native_same = native.2 || (valid && native.0 == 0 && kept.0 == 0);
+            // The last key's Python part is in place only behind the same native part (a
+            // native walk writes past the frames it keeps).
+            let (native_words, python_known) = if native_same {
+                (kept.0, known.1)
+            } else {
+                (native.0, 0)
             };
-            python = python_part(&mut key[native_words..], known.1);
+            python = python_part(&mut key[native_words..], python_known);
         }
         _ => native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from),
     }
     let serials = (native.1, python.1);
-    // Parts the walks did not write are the last key's: all of them, or copy them in.
-    if let Some(last) = last {
-        let native_same = native.2 || (native.0 == 0 && last.native_words == 0);
-        let python_same = python.2 || (python.0 == 0 && last.python_words == 0);
-        if native_same && python_same && last.count > 0 {
-            set_serials(serials);
-            return last.id;
+    if valid {
+        let native_same = native.2 || (native.0 == 0 && kept.0 == 0);
+        let python_same = python.2 || (python.0 == 0 && kept.1 == 0);
+        if native_same && python_same {
+            last.count = kept.0 + kept.1;
+            (last.native_serial, last.python_serial) = serials;
+            return kept.2;
         }
-        if native.2 {
-            for (word, &kept) in key.iter_mut().zip(&last.words[..last.native_words]) {
-                word.write(kept);
-            }
-            native.0 = last.native_words;
-        }
-        if python.2 {
-            let kept = &last.words[last.native_words..last.count];
-            for (word, &kept) in key[native.0..].iter_mut().zip(kept) {
-                word.write(kept);
-            }
-            python.0 = kept.len();
-        }
+    }
+    if native.2 {
+        native.0 = kept.0;
     }
     let count = native.0 + python.0;
     if count == 0 {
         return 0;
     }
-    let key = written(&key, count);
-    if let Some(id) = repeated(key) {
-        set_serials(serials);
-        return id;
-    }
-    let id = intern(key);
-    remember(key, native.0, id, mode, serials);
+    let key = written(&last.words, count);
+    let (native_words, python_words) = key.split_at(native.0);
+    // Each part's hash: the last key's where the same walk found it, a remembered native
+    // walk's where one was replayed whole, else hashed here.
+    let native_hash = if native.2 {
+        last.native_hash
+    } else {
+        last.native_hashes.get(native.1, native_words)
+    };
+    let python_hash = if valid && python.1 != 0 && python.1 == known.1 {
+        last.python_hash
+    } else {
+        part_hash(python_words)
+    };
+    let id = intern(key, key_hash(native_hash, python_hash));
+    last.count = count;
+    last.native_words = native.0;
+    last.python_words = python.0;
+    last.id = id;
+    last.generation = GENERATION.load(Ordering::Relaxed);
+    last.mode = mode;
+    (last.native_serial, last.python_serial) = serials;
+    (last.native_hash, last.python_hash) = (native_hash, python_hash);
     id
 }
 
 /// A thread's last captured stack key and its id: a hot allocation site captures the same
-/// stack event after event, and comparing the words is a few vector loads where hashing them
-/// is a serial multiply per word. With the serial numbers of the walks that found its parts,
-/// a walk that replays the same remembered walk gives that part without writing it.
+/// stack event after event. With the serial numbers of the walks that found its parts, a
+/// walk that replays the same remembered walk gives that part without writing it, and with
+/// each part's hash, a part the same as the last key's is not hashed again.
 struct LastKey {
-    words: Box<[u64]>,
+    /// The key's words: the next capture writes its key here (uninitialised past `count`,
+    /// and while a capture runs).
+    words: Box<[MaybeUninit<u64>]>,
+    /// Words of the key (0: none kept).
     count: usize,
     /// The native frames' words at the start of `words`; the Python part follows.
     native_words: usize,
@@ -178,76 +203,98 @@ struct LastKey {
     /// Serials of the native and the Python walks that found the parts (0: none).
     native_serial: u64,
     python_serial: u64,
+    /// [`part_hash`] of each part.
+    native_hash: u64,
+    python_hash: u64,
+    /// The native parts' hashes by the serials of the remembered walks that found them.
+    native_hashes: NativeHashes,
 }
 
-/// This thread's last key, if it was captured in `mode` in this process (not before a fork).
-fn last_key(mode: StackMode) -> Option<&'static LastKey> {
+/// This thread's last key (allocated on first use; `None` only without thread-local
+/// storage).
+#[inline]
+fn last_key() -> Option<&'static mut LastKey> {
     THREAD
         .try_with(|thread| {
-            let last = unsafe { thread.last_key.get().as_ref() }?;
-            (last.count > 0
-                && last.mode == mode
-                && last.generation == GENERATION.load(Ordering::Relaxed))
-            .then_some(last)
+            let mut last = thread.last_key.get();
+            if last.is_null() {
+                last = new_last_key();
+                thread.last_key.set(last);
+            }
+            // SAFETY: this thread's own, freed only at its exit; one capture at a time
+            // (hooks do not nest on a thread).
+            unsafe { &mut *last }
         })
         .ok()
-        .flatten()
 }
 
-/// The id of `key` if it is this thread's last captured key.
-fn repeated(key: &[u64]) -> Option<u32> {
-    THREAD
-        .try_with(|thread| {
-            let last = unsafe { thread.last_key.get().as_ref() }?;
-            (last.count == key.len()
-                && last.generation == GENERATION.load(Ordering::Relaxed)
-                && last.words[..last.count] == *key)
-                .then_some(last.id)
-        })
-        .ok()
-        .flatten()
+/// An empty [`LastKey`] on the heap (its buffers allocated there directly, not built on the
+/// hook's stack).
+#[cold]
+#[inline(never)]
+fn new_last_key() -> *mut LastKey {
+    Box::into_raw(Box::new(LastKey {
+        words: Box::new_uninit_slice(KEY_WORDS),
+        count: 0,
+        native_words: 0,
+        python_words: 0,
+        id: 0,
+        generation: 0,
+        mode: StackMode::None,
+        native_serial: 0,
+        python_serial: 0,
+        native_hash: 0,
+        python_hash: 0,
+        native_hashes: NativeHashes {
+            slots: vec![(0, 0, 0); NATIVE_HASH_SLOTS].into_boxed_slice(),
+        },
+    }))
 }
 
-/// The last key, the same again, was found by the walks of these serials.
-fn set_serials((native, python): (u64, u64)) {
-    let _ = THREAD.try_with(|thread| {
-        if let Some(last) = unsafe { thread.last_key.get().as_mut() } {
-            last.native_serial = native;
-            last.python_serial = python;
+/// Slots of [`NativeHashes`]: four times the native walks a thread remembers, whose serials
+/// interleave with other threads'.
+const NATIVE_HASH_SLOTS: usize = 1024;
+
+/// Hashes of native parts by the serial of the remembered walk that found them (a serial
+/// names one walk's frames for good), direct-mapped: most allocations replay a remembered
+/// walk whole, and its frames then need no hashing.
+struct NativeHashes {
+    /// (serial, words, hash); serial 0: empty. [`NATIVE_HASH_SLOTS`] of them (24 KiB).
+    slots: Box<[(u64, usize, u64)]>,
+}
+
+impl NativeHashes {
+    /// The [`part_hash`] of `words`, the native part the walk of `serial` (0: none
+    /// remembered) found.
+    fn get(&mut self, serial: u64, words: &[u64]) -> u64 {
+        if serial == 0 {
+            return part_hash(words);
         }
-    });
+        let slot = &mut self.slots[serial as usize % NATIVE_HASH_SLOTS];
+        if slot.0 == serial && slot.1 == words.len() {
+            return slot.2;
+        }
+        let hash = part_hash(words);
+        *slot = (serial, words.len(), hash);
+        hash
+    }
 }
 
-/// Keeps `key` (of id `id`, its first `native_words` words native frames) as this thread's
-/// last captured key.
-fn remember(key: &[u64], native_words: usize, id: u32, mode: StackMode, serials: (u64, u64)) {
-    let generation = GENERATION.load(Ordering::Relaxed);
-    let _ = THREAD.try_with(|thread| {
-        let mut last = thread.last_key.get();
-        if last.is_null() {
-            last = Box::into_raw(Box::new(LastKey {
-                words: vec![0; KEY_WORDS].into_boxed_slice(),
-                count: 0,
-                native_words: 0,
-                python_words: 0,
-                id: 0,
-                generation: 0,
-                mode,
-                native_serial: 0,
-                python_serial: 0,
-            }));
-            thread.last_key.set(last);
-        }
-        let last = unsafe { &mut *last };
-        last.words[..key.len()].copy_from_slice(key);
-        last.count = key.len();
-        last.native_words = native_words;
-        last.python_words = key.len() - native_words;
-        last.id = id;
-        last.generation = generation;
-        last.mode = mode;
-        (last.native_serial, last.python_serial) = serials;
-    });
+/// One part of a key (its native frames, or its Python frames and tag word) hashed; 0 for
+/// none.
+fn part_hash(words: &[u64]) -> u64 {
+    if words.is_empty() {
+        0
+    } else {
+        hash_frames(words)
+    }
+}
+
+/// A key's hash from its parts' (a key's Python part is known from its last word, so this is
+/// a function of its words).
+fn key_hash(native: u64, python: u64) -> u64 {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    (native.rotate_left(5) ^ python).wrapping_mul(K) | 1
 }
 
 /// Writes the thread's Python frames and their tag word into `key` (which has room for
@@ -450,9 +497,9 @@ pub fn release_thread_caches() {
     });
 }
 
-/// The id of `frames`, defining it in the log the first time it is seen.
-pub fn intern(frames: &[u64]) -> u32 {
-    let hash = hash_frames(frames);
+/// The id of `frames` (a whole key, of [`key_hash`] `hash`), defining it in the log the first
+/// time it is seen.
+fn intern(frames: &[u64], hash: u64) -> u32 {
     let generation = GENERATION.load(Ordering::Relaxed);
     let slot = (hash as usize) % CACHE_SLOTS;
     let cached = THREAD
@@ -647,4 +694,52 @@ fn read_build_id(start: u64, len: u64) -> Vec<u8> {
         at = next;
     }
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remembered_walks_hash_is_its_frames_hash() {
+        let mut hashes = NativeHashes {
+            slots: vec![(0, 0, 0); NATIVE_HASH_SLOTS].into_boxed_slice(),
+        };
+        let frames: Vec<u64> = (0..60).map(|i| 0x7f00_0000_1000 + i * 0x40).collect();
+        let other: Vec<u64> = (0..60).map(|i| 0x7f00_0000_2000 + i * 0x40).collect();
+        let hash = part_hash(&frames);
+        // Unremembered (serial 0): hashed each time, never kept.
+        assert_eq!(hashes.get(0, &other), part_hash(&other));
+        assert_eq!(hashes.get(0, &frames), hash);
+        // Kept under its serial: the same answer without the frames being read again.
+        assert_eq!(hashes.get(7, &frames), hash);
+        assert_eq!(hashes.slots[7], (7, 60, hash));
+        assert_eq!(hashes.get(7, &frames), hash);
+        // Another serial in the same slot replaces it; the same serial cut shorter (another
+        // frame limit) is hashed again.
+        let later = 7 + NATIVE_HASH_SLOTS as u64;
+        assert_eq!(hashes.get(later, &other), part_hash(&other));
+        assert_eq!(hashes.slots[7], (later, 60, part_hash(&other)));
+        assert_eq!(hashes.get(later, &other[..20]), part_hash(&other[..20]));
+    }
+
+    #[test]
+    fn a_keys_hash_depends_on_each_parts_words() {
+        let native = [0x7f00_0000_1000u64, 0x7f00_0000_2000, 0x7f00_0000_3000];
+        let python = [
+            0x5500_0000_1000u64,
+            0x5500_0000_2000,
+            4 << 1 | 1,
+            python::PY_KEY_TAG | 1,
+        ];
+        let whole = key_hash(part_hash(&native), part_hash(&python));
+        assert_eq!(whole, key_hash(part_hash(&native), part_hash(&python)));
+        assert_ne!(whole, key_hash(part_hash(&native), 0));
+        assert_ne!(whole, key_hash(part_hash(&native[..2]), part_hash(&python)));
+        let mut moved = python;
+        moved[2] = 5 << 1 | 1;
+        assert_ne!(whole, key_hash(part_hash(&native), part_hash(&moved)));
+        assert_eq!(part_hash(&[]), 0);
+        assert_eq!(whole & 1, 1);
+    }
 }
