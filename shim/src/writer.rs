@@ -71,10 +71,10 @@ static OPEN_CHUNK_DUE_NS: AtomicU64 = AtomicU64::new(0);
 /// written, the bound a SIGKILL in a busy stretch is documented with): a busy loop's
 /// drains, a few thousand events apart, and a training loop's, some 80 tensor events every
 /// 50 ms, then share a chunk instead of paying a chunk's fixed costs each (its head, a zstd
-/// frame and its tables, its first event in full). Under callgrind, the writer's way over a
-/// mixed-stack torch log (`format/examples/chunk_costs.rs`) in chunks of 168 records instead
-/// of 84: zstd 7.3 M -> 6.2 M instructions, 153,548 -> 143,067 bytes. Quieter recordings write
-/// every flush's chunk at once, as before.
+/// frame and its tables, its first event in full). A mixed-stack torch log re-chunked
+/// (`format/examples/chunk_costs.rs`, under callgrind) in chunks of 168 records instead of 84:
+/// zstd 7.3 M -> 6.2 M instructions, the chunks 153,548 -> 143,067 bytes. Quieter recordings
+/// write every flush's chunk at once, as before.
 const KEEP_OPEN_EVENTS: usize = 64;
 /// A chunk begun this long after the last key chunk is a key chunk too (others continue the
 /// chunk before them, format 6): damage loses at most the chunks up to the next key chunk,
