@@ -73,6 +73,10 @@ fn main() -> ExitCode {
     );
     println!("zstd level -1: {} bytes", compress_level_minus_1(&payloads));
     println!(
+        "zstd level -2 (the writer's for chunks under 16 KiB): {} bytes",
+        compress_level_minus_2(&payloads)
+    );
+    println!(
         "the writer's way (ChunkBuilder::finish_compressed_into): {} bytes",
         writer_chunks(&records, per_chunk)
     );
@@ -171,4 +175,9 @@ fn compress_level_1_raw_literals(payloads: &[&[u8]]) -> usize {
 #[inline(never)]
 fn compress_level_minus_1(payloads: &[&[u8]]) -> usize {
     compress_with(payloads, &[zstd_safe::CParameter::CompressionLevel(-1)])
+}
+
+#[inline(never)]
+fn compress_level_minus_2(payloads: &[&[u8]]) -> usize {
+    compress_with(payloads, &[zstd_safe::CParameter::CompressionLevel(-2)])
 }

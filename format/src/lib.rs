@@ -368,7 +368,7 @@ fn read_compact_apis(
     Ok(())
 }
 
-/// zstd level of compressed chunks. On a recorder log of torch tensor events with mixed stacks
+/// zstd level of compressed chunks of [`SMALL_LEVEL_BELOW`] record bytes or more. On a recorder log of torch tensor events with mixed stacks
 /// (`examples/zstd_levels.rs`), levels 2 and 3 saved 4% and 9% more bytes than level 1 for
 /// 1.4x and 1.75x its CPU; the writer's time is what the recorder is judged on.
 pub const ZSTD_LEVEL: i32 = 1;
@@ -377,14 +377,20 @@ pub const ZSTD_LEVEL: i32 = 1;
 /// larger ones only when it saves a quarter of their bytes.
 const SMALL_CHUNK_BYTES: usize = 16 << 10;
 
-/// Chunks of fewer record bytes keep their literals raw (no Huffman table: zstd's
-/// `targetLength` 1 at level 1, the same match finder). Building and writing the table costs
-/// some 40,000 instructions a chunk however short it is, the better part of compressing the
-/// few KiB a writer flushing every 50 ms seals; on a mixed-stack torch log (14,617 records,
-/// `examples/chunk_costs.rs`) in chunks of 84 records, 16.4 M → 9.0 M instructions for 136,915 →
-/// 150,458 bytes (+10%), while in chunks of 2,000 (~33 KiB) the table costs 1.3 M for 12% of the
-/// bytes and is kept.
-const HUFFMAN_LITERALS_FROM: usize = 16 << 10;
+/// Chunks of fewer record bytes are compressed at [`SMALL_CHUNK_LEVEL`], larger ones at
+/// [`ZSTD_LEVEL`].
+const SMALL_LEVEL_BELOW: usize = 16 << 10;
+
+/// zstd level of chunks of fewer than [`SMALL_LEVEL_BELOW`] record bytes: zstd's fast mode with
+/// acceleration 2 (its raw literals: no Huffman table, which costs some 40,000 instructions a
+/// chunk however short it is, and a match search that skips ahead twice as fast through
+/// bytes that do not match). On a mixed-stack torch log (14,617 records, 265,085 bytes of
+/// records, `examples/chunk_costs.rs`) in chunks of 84 records: 8.8 M instructions for 149,861
+/// bytes at level 1 with raw literals (zstd's `targetLength` 1, the setting before), 7.3 M for
+/// 154,213 at this level; in chunks of 168 records 7.5 M for 140,041 before and 6.2 M for
+/// 144,777. Chunks of 2,000 records (~33 KiB) keep level 1 and its Huffman table (1.3 M
+/// instructions there for 12% of the bytes).
+pub const SMALL_CHUNK_LEVEL: i32 = -2;
 
 /// Collects records into one chunk.
 pub struct ChunkBuilder {
@@ -395,8 +401,8 @@ pub struct ChunkBuilder {
     /// Created by the first compressed chunk and reused for every later one (a builder that
     /// writes plain chunks only never allocates one).
     compressor: Option<zstd_safe::CCtx<'static>>,
-    /// The compressor's literals are raw ([`HUFFMAN_LITERALS_FROM`]).
-    raw_literals: bool,
+    /// The compressor's level (set for each chunk by its size; 0 before the first).
+    level: i32,
     compressed: Vec<u8>,
     /// Chunks may continue the one before them (format 6); off: every chunk is a key chunk.
     continues: bool,
@@ -417,7 +423,7 @@ impl Default for ChunkBuilder {
             runs: RunWriter::default(),
             records: 0,
             compressor: None,
-            raw_literals: false,
+            level: 0,
             compressed: Vec::new(),
             continues: false,
             key: true,
@@ -547,17 +553,20 @@ impl ChunkBuilder {
         // Room for the worst case, so that the frame is never cut short for want of space.
         self.compressed
             .reserve(zstd_safe::compress_bound(self.payload.len()));
-        let raw_literals = self.payload.len() < HUFFMAN_LITERALS_FROM;
+        let level = if self.payload.len() < SMALL_LEVEL_BELOW {
+            SMALL_CHUNK_LEVEL
+        } else {
+            ZSTD_LEVEL
+        };
         let compressed = match compressor(&mut self.compressor) {
             Some(compressor) => {
-                // 0: the level's own target length (Huffman-coded literals). Should zstd
-                // refuse, the chunk is compressed as the last one was.
-                if self.raw_literals != raw_literals
+                // Should zstd refuse, the chunk is compressed as the last one was.
+                if self.level != level
                     && compressor
-                        .set_parameter(zstd_safe::CParameter::TargetLength(u32::from(raw_literals)))
+                        .set_parameter(zstd_safe::CParameter::CompressionLevel(level))
                         .is_ok()
                 {
-                    self.raw_literals = raw_literals;
+                    self.level = level;
                 }
                 compressor
                     .compress2(&mut self.compressed, &self.payload)
@@ -609,17 +618,13 @@ impl ChunkBuilder {
     }
 }
 
-/// The compression context in `slot`, created on first use at [`ZSTD_LEVEL`]; `None` when
-/// zstd cannot allocate one (the chunk is then written plain).
+/// The compression context in `slot`, created on first use (its level set by the caller);
+/// `None` when zstd cannot allocate one (the chunk is then written plain).
 fn compressor<'a>(
     slot: &'a mut Option<zstd_safe::CCtx<'static>>,
 ) -> Option<&'a mut zstd_safe::CCtx<'static>> {
     if slot.is_none() {
-        let mut compressor = zstd_safe::CCtx::try_create()?;
-        compressor
-            .set_parameter(zstd_safe::CParameter::CompressionLevel(ZSTD_LEVEL))
-            .ok()?;
-        *slot = Some(compressor);
+        *slot = Some(zstd_safe::CCtx::try_create()?);
     }
     slot.as_mut()
 }

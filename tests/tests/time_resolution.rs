@@ -314,8 +314,8 @@ fn chunk_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
 #[test]
 fn a_busy_loop_s_drains_share_chunks() {
     // 400,000 events from one thread: its 8192-event buffer is drained about every 4096
-    // events (about 98 drains). Each drain of 1024 events or more leaves the chunk open for
-    // half the flush interval (here 5 s), so chunks close at their 256 KiB instead.
+    // events (about 98 drains). Each drain of 64 events or more leaves the chunk open for
+    // one flush interval (here 10 s), so chunks close at their 256 KiB instead.
     const PAIRS: usize = 200_000;
     let run = run_under_shim(
         "time-res-busy",
