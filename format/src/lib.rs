@@ -368,9 +368,10 @@ fn read_compact_apis(
     Ok(())
 }
 
-/// zstd level of compressed chunks of [`SMALL_LEVEL_BELOW`] record bytes or more. On a recorder log of torch tensor events with mixed stacks
-/// (`examples/zstd_levels.rs`), levels 2 and 3 saved 4% and 9% more bytes than level 1 for
-/// 1.4x and 1.75x its CPU; the writer's time is what the recorder is judged on.
+/// zstd level of compressed chunks of [`SMALL_LEVEL_BELOW`] record bytes or more. On a
+/// recorder log of torch tensor events with mixed stacks (`examples/zstd_levels.rs`), levels 2
+/// and 3 saved 4% and 9% more bytes than level 1 for 1.4x and 1.75x its CPU; the writer's time
+/// is what the recorder is judged on.
 pub const ZSTD_LEVEL: i32 = 1;
 
 /// Chunks of at most this many record bytes are stored compressed whenever that is shorter;

@@ -840,6 +840,9 @@ pub struct WhatIf {
     /// hang on it (measured: 139 MiB beside the libraries, rising says a retry saves the
     /// run, falling says it raises, and the card did either).
     pub other_order: Vec<Simulator>,
+    /// Whether to build [`WhatIf::other_order`] at all (`whatif` reports it; `dryrun`'s
+    /// verdict does not use it).
+    other_layout: bool,
     pub capacity: u64,
     pub capacity_source: CapacitySource,
     /// Total memory per device from the samples seen.
@@ -890,6 +893,7 @@ impl WhatIf {
             given_capacity: capacity,
             simulators: Vec::new(),
             other_order: Vec::new(),
+            other_layout: false,
             capacity: u64::MAX,
             capacity_source: CapacitySource::Unlimited,
             totals: Vec::new(),
@@ -909,6 +913,12 @@ impl WhatIf {
         };
         what_if.start_when_ready(&[]);
         Ok(what_if)
+    }
+
+    /// Also simulate each configuration with segments laid out in the other order where
+    /// PyTorch breaks ties by address ([`WhatIf::other_order`]; call before the replay).
+    pub fn simulate_other_layout(&mut self) {
+        self.other_layout = true;
     }
 
     /// The recording's PyTorch release as the user gives it, in place of the one read from
@@ -966,7 +976,7 @@ impl WhatIf {
             AddressOrder::Falling => AddressOrder::Rising,
         };
         let mut orders = vec![self.order];
-        if self.ties == Ties::ByAddress {
+        if self.other_layout && self.ties == Ties::ByAddress {
             orders.push(other);
         }
         let mut simulators = Vec::with_capacity(self.configs.len() * orders.len());

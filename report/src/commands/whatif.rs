@@ -153,6 +153,7 @@ pub fn with_report<T>(
 
     let mut view = AllocatorView::new(args.device);
     let mut sims = WhatIf::new(args.device, configs, args.capacity).map_err(Failure::input)?;
+    sims.simulate_other_layout();
     if let Some(version) = &args.torch_version {
         sims.set_torch_version(version);
     }
