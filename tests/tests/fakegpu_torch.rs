@@ -1145,6 +1145,108 @@ fn tensors_in_expandable_segments_equal_torchs_own_history() {
     }
 }
 
+/// The releases between the ones CI installs, by request (each is a 1.3 GB venv and two
+/// minutes of a core, too much for every CI run): `VRAMSHIM_TORCH_MORE_RELEASES=2.7.1,2.8.0`
+/// (`scripts/fetch-torch.sh` installs each, PyPI's default build) runs the tensor history
+/// check of the releases above on each, default and expandable segments. The fakes preloaded
+/// are those of the wheel's CUDA major (`torch/version.py`), plus the optional ones its
+/// libraries name (cuFile, NVSHMEM, nvJitLink, NVTX 2).
+#[test]
+fn tensors_in_more_releases_equal_torchs_own_history() {
+    let Ok(list) = std::env::var("VRAMSHIM_TORCH_MORE_RELEASES") else {
+        skipped(
+            "fakegpu_torch: tensor history on more torch releases (by request: \
+             VRAMSHIM_TORCH_MORE_RELEASES=2.7.1,2.8.0,...)",
+        );
+        return;
+    };
+    for version in list.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let version: &'static str = Box::leak(version.to_owned().into_boxed_str());
+        let probe = Release { version, ..CURRENT };
+        let Some(python) = install(&probe) else {
+            continue;
+        };
+        let release: &'static Release = Box::leak(Box::new(release_of(version, &python)));
+        eprintln!(
+            "torch {version}: CUDA {}, fakes {:?}",
+            release.cuda, release.fakes
+        );
+        let torch = Torch { release, python };
+        tensors_equal_torchs_own_history(&torch, false);
+        tensors_equal_torchs_own_history(&torch, true);
+    }
+}
+
+/// The installed `version` (its venv's `python`) as a [`Release`]: its CUDA from
+/// `torch/version.py`, the fakes of that CUDA major and the optional fakes its libraries name.
+fn release_of(version: &'static str, python: &Path) -> Release {
+    let venv = python
+        .parent()
+        .and_then(Path::parent)
+        .expect("venv of python");
+    let site = std::fs::read_dir(venv.join("lib"))
+        .expect("venv lib")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path().join("site-packages/torch"))
+        .find(|torch| torch.is_dir())
+        .expect("torch in the venv");
+    let version_py = std::fs::read_to_string(site.join("version.py")).expect("torch/version.py");
+    let cuda = version_py
+        .lines()
+        .find(|line| line.starts_with("cuda"))
+        .and_then(|line| line.split('\'').nth(1))
+        .expect("torch.version.cuda");
+    let major = cuda.split('.').next().unwrap_or_default();
+    let (base, cudart) = match major {
+        "13" => (TORCH_FAKES, "libcudart.so.13"),
+        "12" => (TORCH_FAKES_CUDA12, "libcudart.so.12"),
+        other => panic!("torch {version}: no fakes for CUDA {other}"),
+    };
+    let mut fakes: Vec<&'static str> = base.to_vec();
+    let optional: [&'static str; 5] = [
+        "libcufile.so.0",
+        "libnvshmem_host.so.3",
+        if major == "13" {
+            "libnvJitLink.so.13"
+        } else {
+            "libnvJitLink.so.12"
+        },
+        "libcusparseLt.so.0",
+        "libnvToolsExt.so.1",
+    ];
+    // Which of them the wheel's libraries name (DT_NEEDED strings sit NUL-terminated in
+    // .dynstr), searched by the venv's python: gigabytes, at C speed.
+    let search = r#"
+import glob, sys
+found = set()
+for path in glob.glob(sys.argv[1] + "/lib/*.so*"):
+    data = open(path, "rb").read()
+    found.update(name for name in sys.argv[2:] if name.encode() + b"\0" in data)
+print(" ".join(sorted(found)))
+"#;
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(search)
+        .arg(&site)
+        .args(optional)
+        .output()
+        .expect("run the venv's python");
+    assert!(output.status.success(), "{output:?}");
+    let named = String::from_utf8_lossy(&output.stdout).into_owned();
+    for soname in optional {
+        if named.split_whitespace().any(|n| n == soname) && !fakes.contains(&soname) {
+            fakes.push(soname);
+        }
+    }
+    Release {
+        version,
+        cuda: Box::leak(cuda.to_owned().into_boxed_str()),
+        cudart,
+        fakes: Box::leak(fakes.into_boxed_slice()),
+        oom_docs: CURRENT.oom_docs,
+    }
+}
+
 fn tensors_equal_torchs_own_history(torch: &Torch, expandable: bool) {
     // No stacks: the peak's JSON tree of deep torch stacks nests past serde_json's limit.
     let mut env = vec![("VRAMSHIM_STACK", "none")];
