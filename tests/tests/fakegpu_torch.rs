@@ -531,6 +531,94 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
     }
 }
 
+/// PyTorch's free() reports a block's free_requested and, when no other stream used it, its
+/// free_completed at once: the log (format 7) holds each such pair as one record, so it has
+/// fewer records than events, and still reads as torch's own history, entry for entry.
+#[test]
+fn a_blocks_free_request_and_free_are_one_record_of_the_log() {
+    let Some(torch) = tracker_torches().into_iter().next() else {
+        return;
+    };
+    let run = run_torch(
+        &torch,
+        "trace",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "mixed")],
+        true,
+    );
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    assert_eq!(dump[0]["version"], 7);
+    let events = events(&dump);
+    let recorded: Vec<(String, u64, u64)> = events
+        .iter()
+        .filter_map(|e| {
+            let action = torch_action(e["event"].as_str()?)?;
+            Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
+        })
+        .collect();
+    let history = history_entries(&run.result);
+    assert!(history.len() > 1000, "{}", history.len());
+    assert_eq!(recorded[..history.len()], history[..]);
+    // The block's pairs as the dump reads them: a free request, then that block's free, on
+    // the same thread, stream and device, the free without a stack.
+    let same_block = |a: &Value, b: &Value| {
+        [
+            "thread", "addr", "size", "stream", "device", "api", "handle", "result",
+        ]
+        .iter()
+        .all(|field| a[field] == b[field])
+            && b["stack"] == 0
+    };
+    let adjacent = events
+        .windows(2)
+        .filter(|pair| {
+            pair[0]["event"] == "tensor_free_requested"
+                && pair[1]["event"] == "tensor_free"
+                && same_block(&pair[0], &pair[1])
+        })
+        .count() as u64;
+    let output = tool(&[
+        OsStr::new("dump"),
+        OsStr::new("--counts"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let counts: Value = serde_json::from_str(stdout.lines().last().expect("counts line"))
+        .unwrap_or_else(|err| panic!("{stdout}: {err}"));
+    assert_eq!(counts["type"], "counts");
+    assert_eq!(u64_of(&counts, "events"), events.len() as u64);
+    assert_eq!(
+        u64_of(&counts, "other_records"),
+        (dump.len() - 1 - events.len()) as u64
+    );
+    // Times in nanoseconds: no two events at the same time, so no runs; every record holds
+    // one event but the pairs, which hold two.
+    assert_eq!(u64_of(&counts, "runs"), 0, "{counts}");
+    let pairs = u64_of(&counts, "free_pairs");
+    assert_eq!(
+        u64_of(&counts, "event_records") + pairs,
+        events.len() as u64
+    );
+    // Not every adjacent pair is one record: a request written as a repeat of an earlier
+    // event (the same block freed again within the last four events written in full) or
+    // the last record of a chunk stays on its own.
+    assert!(adjacent > 500, "{adjacent} adjacent pairs");
+    assert!(
+        pairs <= adjacent && pairs * 10 >= adjacent * 9,
+        "{pairs} free pairs of {adjacent} adjacent ones"
+    );
+    eprintln!(
+        "{} events in {} records: {pairs} free pairs of {adjacent} adjacent ones",
+        events.len(),
+        u64_of(&counts, "event_records")
+    );
+}
+
 /// torch 2.2.2: its tracker and TraceEntry are those of the later releases, so the tensor
 /// history equals torch's own, default and expandable segments alike.
 #[test]
