@@ -577,7 +577,7 @@ fn a_blocks_free_request_and_free_are_one_record_of_the_log() {
         .filter(|pair| {
             pair[0]["event"] == "tensor_free_requested"
                 && pair[1]["event"] == "tensor_free"
-                && same_block(&pair[0], &pair[1])
+                && same_block(pair[0], pair[1])
         })
         .count() as u64;
     let output = tool(&[
