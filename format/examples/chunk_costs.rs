@@ -8,6 +8,9 @@
 //! callgrind_annotate --inclusive=yes OUT | grep chunk_costs::
 //! ```
 //!
+//! A third argument `--no-free-pairs` writes a block's `tensor_free_requested` and
+//! `tensor_free` as two records, as format versions before 7 did (the same binary's before).
+//!
 //! Prints the records, the chunks and each setting's bytes (payloads only; the writer's way
 //! counts the chunks' heads too); the instructions are callgrind's inclusive counts of
 //! `encode_chunks` (the records encoded, no compression), of each `compress_*` function and of
@@ -15,15 +18,32 @@
 
 use std::fs::File;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vramshim_format::{CONTINUED_CHUNK, ChunkBuilder, Item, LogReader, Record};
+
+/// `--no-free-pairs`: builders write as format 6 did.
+static NO_FREE_PAIRS: AtomicBool = AtomicBool::new(false);
+
+/// The builder each way of writing starts from.
+fn builder() -> ChunkBuilder {
+    let chunk = ChunkBuilder::new().with_continued_chunks();
+    if NO_FREE_PAIRS.load(Ordering::Relaxed) {
+        chunk.without_free_pairs()
+    } else {
+        chunk
+    }
+}
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (Some(path), per_chunk) = (args.next(), args.next()) else {
-        eprintln!("usage: chunk_costs LOG [RECORDS_PER_CHUNK]");
+        eprintln!("usage: chunk_costs LOG [RECORDS_PER_CHUNK] [--no-free-pairs]");
         return ExitCode::from(2);
     };
+    if args.next().as_deref() == Some("--no-free-pairs") {
+        NO_FREE_PAIRS.store(true, Ordering::Relaxed);
+    }
     let per_chunk: usize = per_chunk.and_then(|n| n.parse().ok()).unwrap_or(84).max(1);
     let reader = match File::open(&path).map(LogReader::new) {
         Ok(Ok(reader)) => reader,
@@ -87,7 +107,7 @@ fn main() -> ExitCode {
 /// payload.
 #[inline(never)]
 fn encode_chunks(records: &[Record], per_chunk: usize) -> Vec<Vec<u8>> {
-    let mut chunk = ChunkBuilder::new().with_continued_chunks();
+    let mut chunk = builder();
     let mut payloads = Vec::new();
     let mut finish = |chunk: &mut ChunkBuilder| {
         let mut out = Vec::new();
@@ -110,7 +130,7 @@ fn encode_chunks(records: &[Record], per_chunk: usize) -> Vec<Vec<u8>> {
 /// compressed by [`ChunkBuilder::finish_compressed_into`]): the chunks' bytes.
 #[inline(never)]
 fn writer_chunks(records: &[Record], per_chunk: usize) -> usize {
-    let mut chunk = ChunkBuilder::new().with_continued_chunks();
+    let mut chunk = builder();
     let mut out = Vec::new();
     for (index, record) in records.iter().enumerate() {
         chunk.push(record);

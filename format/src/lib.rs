@@ -39,14 +39,14 @@ mod varint;
 
 pub use apis::KNOWN_APIS_V4;
 
-pub use reader::{Damage, DamageKind, Item, LogReader, OpenError};
+pub use reader::{Damage, DamageKind, Item, LogReader, OpenError, RecordCounts};
 pub use record::{
     CodeDef, DeltaState, Dropped, DumpBegin, Event, EventKind, Exit, Frame, HOST_DEVICE, Mark,
     MemInfo, ModuleDef, Note, Record, StackDef, ThreadName, UNKNOWN_DEVICE,
 };
 pub use varint::{Cursor, DecodeError};
 
-use record::{NO_THREAD, RunWriter};
+use record::{NO_THREAD, RunWriter, TAG_FREE_REQUESTED};
 use varint::{put_bytes, put_u64};
 
 /// First eight bytes of every log.
@@ -57,8 +57,13 @@ pub const MAGIC: &[u8; 8] = b"VRAMSHIM";
 /// resolution, one-byte repeats of an event at the same time, compressed chunks without their
 /// own records length; 5: runs of same-time repeats, each chunk's thread starting at the pid,
 /// modules as one address and two short distances, the recorded environment variables named
-/// by their place in [`RECORDED_ENV`]; 6: continued chunks, runs of the last run's cycle).
-pub const FORMAT_VERSION: u32 = 6;
+/// by their place in [`RECORDED_ENV`]; 6: continued chunks, runs of the last run's cycle; 7: a
+/// block's `tensor_free_requested` and `tensor_free` in one record when the second follows the
+/// first at once).
+pub const FORMAT_VERSION: u32 = 7;
+/// The first version of free pairs (one record for a block's `tensor_free_requested` and the
+/// `tensor_free` right after it).
+pub(crate) const FREE_PAIRS_VERSION: u32 = 7;
 /// The first version of continued chunks and of runs of the last cycle.
 pub(crate) const CONTINUED_VERSION: u32 = 6;
 /// The first version of runs, chunks starting at the pid's thread, short module addresses
@@ -167,7 +172,12 @@ impl Header {
         } else {
             DeltaState::default()
         };
-        if self.version >= CONTINUED_VERSION {
+        if self.version >= FREE_PAIRS_VERSION {
+            state
+                .with_first_thread(self.pid)
+                .with_runs_again()
+                .with_free_pairs()
+        } else if self.version >= CONTINUED_VERSION {
             state.with_first_thread(self.pid).with_runs_again()
         } else if self.version >= RUNS_VERSION {
             state.with_first_thread(self.pid)
@@ -414,6 +424,12 @@ pub struct ChunkBuilder {
     /// Record bytes of the chunks since the last key chunk began (as written: a run's
     /// records cost its few bytes).
     since_key: usize,
+    /// A `tensor_free` right after a `tensor_free_requested` of the same block is folded into
+    /// its record (format 7); off: each is written on its own.
+    free_pairs: bool,
+    /// The last record pushed is a `tensor_free_requested` written in full, this many bytes
+    /// at the payload's end, that the next record may fold into (0: none).
+    open_free: usize,
 }
 
 impl Default for ChunkBuilder {
@@ -430,6 +446,8 @@ impl Default for ChunkBuilder {
             key: true,
             key_due: true,
             since_key: 0,
+            free_pairs: true,
+            open_free: 0,
         }
     }
 }
@@ -474,6 +492,14 @@ impl ChunkBuilder {
         self
     }
 
+    /// A builder that writes a block's `tensor_free_requested` and `tensor_free` as two records
+    /// even when they come together, as format versions before 7 do (for tests that write
+    /// older logs).
+    pub fn without_free_pairs(mut self) -> Self {
+        self.free_pairs = false;
+        self
+    }
+
     /// The next chunk begun (not one already holding records) is a key chunk.
     pub fn request_key(&mut self) {
         self.key_due = true;
@@ -503,13 +529,27 @@ impl ChunkBuilder {
         self.runs = self.runs.next_chunk(key);
     }
 
-    /// Appends one record.
+    /// Appends one record (a `tensor_free` may join the record before it: a pair is written
+    /// only within one chunk, so ending a chunk needs nothing more).
     pub fn push(&mut self, record: &Record) {
         if self.records == 0 {
             self.begin_chunk();
         }
+        let open_free = std::mem::take(&mut self.open_free);
+        if let Record::Event(event) = record
+            && open_free != 0
+            && self.delta.fold_free(event, open_free, &mut self.payload)
+        {
+            self.records += 1;
+            return;
+        }
         let start = self.payload.len();
         self.delta.encode(record, &mut self.payload);
+        // A request written in full (not a repeat) stays whole at the payload's end: a run it
+        // ends goes before it.
+        if self.free_pairs && self.payload.get(start) == Some(&TAG_FREE_REQUESTED) {
+            self.open_free = self.payload.len() - start;
+        }
         self.runs.after_record(&mut self.payload, start);
         self.records += 1;
     }
@@ -612,6 +652,7 @@ impl ChunkBuilder {
 
     /// The chunk is written: the next one starts empty (its state is set by its first record).
     fn reset(&mut self) {
+        self.open_free = 0;
         self.since_key = self.since_key.saturating_add(self.payload.len());
         self.payload.clear();
         self.runs = self.runs.next_chunk(false);

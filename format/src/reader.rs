@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io::{self, BufReader, Read};
 
-use crate::record::{DeltaState, Event, Record};
+use crate::record::{DeltaState, Event, Record, TAG_FREE_PAIR, is_run};
 use crate::varint::Cursor;
 use crate::{
     CHUNK_HEADER_LEN, CHUNK_MAGIC, COMPRESSED_CHUNK_MAGIC, CONTINUED_CHUNK,
@@ -143,6 +143,24 @@ pub struct LogReader<R: Read> {
     skipped: Option<(u64, u64, u64)>,
     /// Damage met right after skipped continued chunks, reported after them.
     pending: Option<Damage>,
+    /// What the iterator has read so far, record by record.
+    counts: RecordCounts,
+}
+
+/// Events against the records that hold them, as [`LogReader`]'s iterator read them: a run
+/// record or a free pair holds several events (counted when its last event is read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordCounts {
+    /// Events read.
+    pub events: u64,
+    /// Records that held them.
+    pub event_records: u64,
+    /// Of those, free pairs (format 7): a block's `tensor_free_requested` and `tensor_free`.
+    pub free_pairs: u64,
+    /// Of those, runs of repeated events (format 5).
+    pub runs: u64,
+    /// Other records read (stacks, modules, notes, ...).
+    pub other_records: u64,
 }
 
 impl<R: Read> LogReader<R> {
@@ -198,6 +216,7 @@ impl<R: Read> LogReader<R> {
             lost: true,
             skipped: None,
             pending: None,
+            counts: RecordCounts::default(),
         })
     }
 
@@ -601,6 +620,11 @@ impl<R: Read> LogReader<R> {
         }
     }
 
+    /// What the iterator ([`Iterator::next`], not [`LogReader::next_into`]) has read so far.
+    pub fn counts(&self) -> RecordCounts {
+        self.counts
+    }
+
     /// The event that the next record repeats, when it is a repeat in the chunk being read
     /// that will decode (see [`DeltaState::peek_repeat`]); reads nothing. Its time is not
     /// given.
@@ -662,9 +686,24 @@ impl<R: Read> Iterator for LogReader<R> {
         }
         let mut cursor = Cursor::new(&self.chunk);
         cursor.pos = self.chunk_pos;
+        let tag = self.chunk[self.chunk_pos];
         Some(match self.delta.decode(&mut cursor) {
             Ok(record) => {
+                // A record that holds several events leaves the cursor on itself until its
+                // last one.
+                let whole = cursor.pos != self.chunk_pos;
                 self.chunk_pos = cursor.pos;
+                let counts = &mut self.counts;
+                if matches!(record, Record::Event(_)) {
+                    counts.events += 1;
+                    if whole {
+                        counts.event_records += 1;
+                        counts.free_pairs += u64::from(tag == TAG_FREE_PAIR);
+                        counts.runs += u64::from(is_run(tag));
+                    }
+                } else {
+                    counts.other_records += 1;
+                }
                 Item::Record(record)
             }
             Err(err) => Item::Damage(self.bad_record(err.0)),

@@ -345,6 +345,14 @@ pub(crate) const MAX_RUN_RECORDS: u32 = 1 << 19;
 /// event (a repeat with the time delta), this tag and the count, not the cycle written once
 /// more, whichever of the loop's events crosses into the step.
 pub(crate) const TAG_RUN_AGAIN: u8 = 0xe8;
+/// `TAG_FREE_PAIR`, then a `tensor_free_requested` event's fields as `TAG_EVENT + 11` writes
+/// them, then the time from it to a `tensor_free` of the same block (an unsigned varint in
+/// time units) (format version 7): both events in one record. PyTorch's `free()` reports a
+/// block's `free_requested` and, when no other stream used it, its `free_completed` at once,
+/// on the same thread: two thirds of a training step's tensor events come as such pairs. The
+/// second event is the first with kind `tensor_free`, no stack and its own time. Both are kept
+/// for repeats, as if each had been written in full.
+pub(crate) const TAG_FREE_PAIR: u8 = 0xe0;
 /// The thread of a state that knows none (a builder told no first thread): its encoder writes
 /// the thread of every event while it is this, even an event of this very id, so that any
 /// reader's start state reads the right one.
@@ -359,6 +367,8 @@ const FRAME_NATIVE: u64 = 0;
 const FRAME_PYTHON: u64 = 1;
 const FRAME_PYTHON_ENTRY: u64 = 2;
 const TAG_EVENT: u8 = 0x10;
+/// The tag of a `tensor_free_requested` written in full.
+pub(crate) const TAG_FREE_REQUESTED: u8 = TAG_EVENT + EventKind::TensorFreeRequested as u8;
 
 // Event field-presence flags: fields equal to their usual value cost nothing.
 const F_THREAD: u8 = 1 << 0; // thread differs from the previous event in the chunk
@@ -412,6 +422,13 @@ pub struct DeltaState {
     last_again_count: u32,
     /// Format version 6 or later: [`TAG_RUN_AGAIN`] is a record (before, damage).
     runs_again: bool,
+    /// Format version 7 or later: [`TAG_FREE_PAIR`] is a record (before, damage).
+    free_pairs: bool,
+    /// Decoding: where the pair record whose first event was just read ends (0: none); the
+    /// cursor stays on the record until its second event is read.
+    pair_end: usize,
+    /// Decoding: the time of that pair's second event.
+    pair_t_ns: u64,
 }
 
 impl DeltaState {
@@ -452,6 +469,12 @@ impl DeltaState {
         self
     }
 
+    /// The same state, reading [`TAG_FREE_PAIR`] (format version 7).
+    pub(crate) fn with_free_pairs(mut self) -> DeltaState {
+        self.free_pairs = true;
+        self
+    }
+
     /// The state at the start of a new key chunk, with the same settings.
     pub(crate) fn restarted(&self) -> DeltaState {
         DeltaState {
@@ -460,6 +483,7 @@ impl DeltaState {
             thread: self.first_thread,
             absolute_modules: self.absolute_modules,
             runs_again: self.runs_again,
+            free_pairs: self.free_pairs,
             ..DeltaState::default()
         }
     }
@@ -471,6 +495,7 @@ impl DeltaState {
             run_left: 0,
             run_done: 0,
             run_records: 0,
+            pair_end: 0,
             ..*self
         }
     }
@@ -717,6 +742,35 @@ impl DeltaState {
         self.size = event.size;
     }
 
+    /// Folds `event`, a `tensor_free`, into the `tensor_free_requested` written in full as the
+    /// last `first_len` bytes of `out` (the last event encoded, so the last one kept): when it
+    /// is the same block's (every field the same but its kind, its time, not earlier, and its
+    /// stack, none), that record becomes a [`TAG_FREE_PAIR`] with the time between them, and
+    /// the state moves on as writing `event` in full would have moved it. False, nothing
+    /// written, otherwise.
+    pub(crate) fn fold_free(&mut self, event: &Event, first_len: usize, out: &mut Vec<u8>) -> bool {
+        let last = (usize::from(self.recent_next) + RECENT - 1) % RECENT;
+        let first = &self.recent[last];
+        let t_ns = self.time(event.t_ns);
+        let Some(at) = out.len().checked_sub(first_len) else {
+            return false;
+        };
+        if event.kind != EventKind::TensorFree
+            || first.kind != EventKind::TensorFreeRequested
+            || event.stack != 0
+            || t_ns < self.t_ns
+            || out[at] != TAG_FREE_REQUESTED
+            || !same_block(first, event)
+        {
+            return false;
+        }
+        out[at] = TAG_FREE_PAIR;
+        put_u64(out, (t_ns - self.t_ns) / self.time_unit());
+        self.remember(event);
+        self.t_ns = t_ns;
+        true
+    }
+
     /// Keeps `event` (about to be written in full) for later repeats.
     fn remember(&mut self, event: &Event) {
         let next = usize::from(self.recent_next);
@@ -758,6 +812,8 @@ impl DeltaState {
             self.decode_repeat_into(tag, cursor, event)?;
         } else if self.runs_again && is_run_again(tag) {
             self.decode_run_into(tag, cursor, event)?;
+        } else if tag == TAG_FREE_PAIR && self.free_pairs {
+            self.decode_pair_into(cursor, event)?;
         } else if tag >= TAG_EVENT {
             let kind =
                 EventKind::from_code(tag - TAG_EVENT).ok_or(DecodeError("unknown record tag"))?;
@@ -888,6 +944,39 @@ impl DeltaState {
         Ok(())
     }
 
+    /// The next event of the [`TAG_FREE_PAIR`] record the cursor is on (its tag read), into
+    /// `event`: its `tensor_free_requested` first, the cursor left on the record; then its
+    /// `tensor_free`, the cursor moved past it.
+    fn decode_pair_into(
+        &mut self,
+        cursor: &mut Cursor<'_>,
+        event: &mut Event,
+    ) -> Result<(), DecodeError> {
+        if self.pair_end != 0 {
+            // The second event: the first (the last event kept) as the block's free.
+            let last = (usize::from(self.recent_next) + RECENT - 1) % RECENT;
+            *event = self.recent[last];
+            event.kind = EventKind::TensorFree;
+            event.stack = 0;
+            event.t_ns = self.pair_t_ns;
+            self.remember(event);
+            self.t_ns = self.pair_t_ns;
+            cursor.pos = self.pair_end;
+            self.pair_end = 0;
+            return Ok(());
+        }
+        let at = cursor.pos - 1;
+        self.decode_event_into(EventKind::TensorFreeRequested, cursor, event)?;
+        self.remember(event);
+        let units = cursor.u64()?;
+        self.pair_t_ns = event
+            .t_ns
+            .wrapping_add(units.wrapping_mul(self.time_unit()));
+        self.pair_end = cursor.pos;
+        cursor.pos = at;
+        Ok(())
+    }
+
     /// The next record of the run whose record (tag `tag`) the cursor is on, into `event`.
     /// The cursor stays on the run record until its last record is read.
     fn decode_run_into(
@@ -970,6 +1059,11 @@ impl DeltaState {
         if tag >= TAG_RUN || (self.runs_again && is_run_again(tag)) {
             let mut event = Event::default();
             self.decode_run_into(tag, cursor, &mut event)?;
+            return Ok(Record::Event(event));
+        }
+        if tag == TAG_FREE_PAIR && self.free_pairs {
+            let mut event = Event::default();
+            self.decode_pair_into(cursor, &mut event)?;
             return Ok(Record::Event(event));
         }
         let repeat = (TAG_REPEAT..TAG_REPEAT + RECENT as u8).contains(&tag)
@@ -1138,6 +1232,11 @@ impl DeltaState {
     }
 }
 
+/// Whether `tag` is a run record's ([`TAG_RUN`] or [`TAG_RUN_AGAIN`]), in a log that has them.
+pub(crate) fn is_run(tag: u8) -> bool {
+    tag >= TAG_RUN || is_run_again(tag)
+}
+
 /// Whether `tag` is a [`TAG_RUN_AGAIN`] record's.
 #[inline]
 fn is_run_again(tag: u8) -> bool {
@@ -1166,6 +1265,34 @@ fn same_but_time(a: &Event, b: &Event) -> bool {
         && size == b.size
         && thread == b.thread
         && stack == b.stack
+        && api == b.api
+        && device == b.device
+        && stream == b.stream
+        && handle == b.handle
+        && result == b.result
+        && mem_info == b.mem_info
+}
+
+/// Whether `a` and `b` are the same block's events: every field but the kind, the time and
+/// the stack the same.
+fn same_block(a: &Event, b: &Event) -> bool {
+    let Event {
+        kind: _,
+        api,
+        t_ns: _,
+        thread,
+        device,
+        stream,
+        addr,
+        size,
+        handle,
+        result,
+        stack: _,
+        mem_info,
+    } = *a;
+    addr == b.addr
+        && size == b.size
+        && thread == b.thread
         && api == b.api
         && device == b.device
         && stream == b.stream

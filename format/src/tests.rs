@@ -1627,3 +1627,344 @@ fn a_builder_told_no_first_thread_writes_the_thread_of_a_thread_with_its_own_id(
     let bytes = encode_log(&records, 100);
     assert_eq!(read_all(&bytes), (records, Vec::new()));
 }
+
+/// A block's events as PyTorch's caching allocator reports them: its `tensor_alloc` (with a
+/// stack) at `t_ns`, then its `tensor_free_requested` and `tensor_free` (no stack) 400 and
+/// 700 ns later, on the header's pid's thread.
+fn block_events(addr: u64, size: u64, t_ns: u64) -> [Record; 3] {
+    let event = |kind, t_ns, stack| {
+        Record::Event(Event {
+            kind,
+            api: 3,
+            t_ns,
+            thread: 4242,
+            device: 0,
+            stream: 0x5000,
+            addr,
+            size,
+            stack,
+            ..Event::default()
+        })
+    };
+    [
+        event(EventKind::TensorAlloc, t_ns, 7),
+        event(EventKind::TensorFreeRequested, t_ns + 400, 0),
+        event(EventKind::TensorFree, t_ns + 700, 0),
+    ]
+}
+
+/// `records` in one plain chunk of a log of format 7 (`pairs`) or format 6: the log and the
+/// chunk's payload.
+fn one_chunk(records: &[Record], pairs: bool, version: u32) -> (Vec<u8>, Vec<u8>) {
+    let mut bytes = header().encode_as(version);
+    let header_len = bytes.len();
+    let mut chunk = ChunkBuilder::new().with_first_thread(4242);
+    if !pairs {
+        chunk = chunk.without_free_pairs();
+    }
+    for record in records {
+        chunk.push(record);
+    }
+    assert_eq!(chunk.records(), records.len(), "records pushed");
+    chunk.finish_into(&mut bytes);
+    let payload = bytes[header_len + CHUNK_HEADER_LEN..].to_vec();
+    (bytes, payload)
+}
+
+/// Reads `bytes` both ways a reader can (the iterator, and `next_into` with repeats read in
+/// place as the replay reads them): the records, which must agree, and any damage.
+fn read_both_ways(bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
+    let (records, damage) = read_all(bytes);
+    let mut reader = LogReader::new(bytes).expect("header");
+    let mut record = Record::Exit(Exit::default());
+    let mut in_place = Vec::new();
+    loop {
+        let got = match reader.next_repeat() {
+            Some(slot) => {
+                record = Record::Event(*reader.repeated(slot).expect("kept event"));
+                Some(Ok(()))
+            }
+            None => reader.next_into(&mut record),
+        };
+        match got {
+            None => break,
+            Some(Ok(())) => in_place.push(record.clone()),
+            Some(Err(_)) => {}
+        }
+    }
+    assert_eq!(in_place, records, "read in place and by the iterator");
+    (records, damage)
+}
+
+#[test]
+fn a_blocks_free_request_and_free_are_one_record() {
+    let records = block_events(0x7000_0000_0000, 1 << 20, 5_000);
+    let (bytes, payload) = one_chunk(&records, true, FORMAT_VERSION);
+    let (_, plain) = one_chunk(&records, false, FORMAT_VERSION);
+    // The alloc in full, then the free request in full under the pair's tag, then the 300 ns
+    // to the free (a 2-byte varint) in place of the free's own record (its tag, flags, api,
+    // time delta (2 bytes), address and size deltas, stream (3 bytes): 10 bytes).
+    let mut alloc = Vec::new();
+    let mut state = DeltaState::default().with_first_thread(4242);
+    state.encode(&records[0], &mut alloc);
+    let mut request = Vec::new();
+    state.encode(&records[1], &mut request);
+    let mut free = Vec::new();
+    state.encode(&records[2], &mut free);
+    assert_eq!(free.len(), 10, "{free:x?}");
+    assert_eq!(request[0], 0x10 + EventKind::TensorFreeRequested as u8);
+    let mut expected = alloc.clone();
+    expected.push(0xe0);
+    expected.extend_from_slice(&request[1..]);
+    expected.extend_from_slice(&[0xac, 0x02]);
+    assert_eq!(payload, expected);
+    assert_eq!(plain, [alloc, request, free].concat());
+    let (decoded, damage) = read_both_ways(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+    // Compressed, and at a coarse resolution (the free in the same 10 ms: a delta of 0).
+    let mut bytes = header().encode();
+    let mut chunk = ChunkBuilder::new();
+    records.iter().for_each(|record| chunk.push(record));
+    chunk.finish_compressed_into(&mut bytes);
+    assert_eq!(read_both_ways(&bytes).0, records);
+    let coarse = Header {
+        time_resolution_ns: 10_000_000,
+        ..header()
+    };
+    let mut bytes = coarse.encode();
+    let mut chunk = ChunkBuilder::new().with_time_resolution(10_000_000);
+    records.iter().for_each(|record| chunk.push(record));
+    chunk.finish_into(&mut bytes);
+    assert_eq!(*bytes.last().expect("payload"), 0, "the pair's time delta");
+    assert_eq!(read_both_ways(&bytes).0, at_10ms(&records));
+}
+
+#[test]
+fn a_pair_split_by_a_chunk_end_is_two_records() {
+    let records = block_events(0x7000_0000_0000, 1 << 20, 5_000);
+    for continued in [false, true] {
+        let mut bytes = header().encode();
+        let header_len = bytes.len();
+        let mut chunk = ChunkBuilder::new().with_first_thread(4242);
+        if continued {
+            chunk = chunk.with_continued_chunks();
+        }
+        chunk.push(&records[0]);
+        chunk.push(&records[1]);
+        chunk.finish_into(&mut bytes);
+        let first_chunk = bytes.len();
+        chunk.push(&records[2]);
+        chunk.finish_into(&mut bytes);
+        // The free starts the second chunk as a record of its own.
+        let spans = chunk_spans(&bytes);
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[1].start, first_chunk);
+        assert_eq!(spans[1].key, !continued);
+        let free_tag = bytes[spans[1].start + spans[1].head];
+        assert_eq!(free_tag, 0x10 + EventKind::TensorFree as u8);
+        assert!(!bytes[header_len..first_chunk].contains(&0xe0));
+        let (decoded, damage) = read_both_ways(&bytes);
+        assert!(damage.is_empty(), "{damage:?}");
+        assert_eq!(decoded, records);
+    }
+}
+
+#[test]
+fn a_free_that_differs_from_its_request_in_any_field_is_its_own_record() {
+    let records = block_events(0x7000_0000_0000, 1 << 20, 5_000);
+    let Record::Event(request) = records[1] else {
+        unreachable!()
+    };
+    let Record::Event(free) = records[2] else {
+        unreachable!()
+    };
+    let differing: [(&str, Event); 12] = [
+        ("thread", Event { thread: 9, ..free }),
+        (
+            "addr",
+            Event {
+                addr: 0x7000_0000_1000,
+                ..free
+            },
+        ),
+        ("size", Event { size: 512, ..free }),
+        ("device", Event { device: 1, ..free }),
+        ("stream", Event { stream: 0, ..free }),
+        ("api", Event { api: 4, ..free }),
+        ("handle", Event { handle: 1, ..free }),
+        ("result", Event { result: 2, ..free }),
+        (
+            "mem_info",
+            Event {
+                mem_info: Some((1, 2)),
+                ..free
+            },
+        ),
+        ("stack", Event { stack: 7, ..free }),
+        (
+            "earlier",
+            Event {
+                t_ns: request.t_ns - 1,
+                ..free
+            },
+        ),
+        (
+            "kind",
+            Event {
+                kind: EventKind::Free,
+                ..free
+            },
+        ),
+    ];
+    for (field, second) in differing {
+        let records = [
+            records[0].clone(),
+            records[1].clone(),
+            Record::Event(second),
+        ];
+        let (bytes, payload) = one_chunk(&records, true, FORMAT_VERSION);
+        assert_eq!(
+            payload,
+            one_chunk(&records, false, FORMAT_VERSION).1,
+            "{field}"
+        );
+        let (decoded, damage) = read_both_ways(&bytes);
+        assert!(damage.is_empty(), "{field}: {damage:?}");
+        assert_eq!(decoded, records, "{field}");
+    }
+    // A request with a stack pairs with its free (which has none); one at the same time too.
+    for first in [
+        Event {
+            stack: 9,
+            ..request
+        },
+        Event {
+            t_ns: free.t_ns,
+            ..request
+        },
+    ] {
+        let records = [records[0].clone(), Record::Event(first), records[2].clone()];
+        let (bytes, payload) = one_chunk(&records, true, FORMAT_VERSION);
+        assert!(payload.contains(&0xe0), "{first:?}");
+        assert!(payload.len() < one_chunk(&records, false, FORMAT_VERSION).1.len());
+        assert_eq!(read_both_ways(&bytes).0, records);
+    }
+    // A request written as a repeat of one before it is not folded.
+    let mut again = records.to_vec();
+    again.push(retimed(&records[1], |t| t + 5_000));
+    again.push(retimed(&records[2], |t| t + 5_000));
+    let (bytes, payload) = one_chunk(&again, true, FORMAT_VERSION);
+    let (_, plain) = one_chunk(&again, false, FORMAT_VERSION);
+    // Only the first pair is one record (the free's 10 bytes become 2); the repeats after it
+    // (the request's and the free's, each a tag and a time delta) are as before.
+    assert_eq!(payload.len() + 8, plain.len());
+    assert_eq!(payload[payload.len() - 6..], plain[plain.len() - 6..]);
+    assert_eq!(read_both_ways(&bytes).0, again);
+}
+
+#[test]
+fn pairs_keep_repeats_and_runs_as_before() {
+    // A loop over one block at 10 ms: 30,000 blocks in 30 ms. The first block's free request
+    // and free are one record (its 9-byte free becomes a 1-byte time delta); every later
+    // event is a same-time repeat of the first three (kept as if written in full), gathered
+    // into runs exactly as before.
+    let records: Vec<Record> = (0..30_000u64)
+        .flat_map(|i| block_events(0x7000_0000_0000, 4096, i * 1_000))
+        .collect();
+    let coarse = Header {
+        time_resolution_ns: 10_000_000,
+        ..header()
+    };
+    let mut written = Vec::new();
+    for pairs in [true, false] {
+        let mut bytes = coarse.encode();
+        let mut chunk = ChunkBuilder::new()
+            .with_time_resolution(10_000_000)
+            .with_first_thread(4242)
+            .with_continued_chunks();
+        if !pairs {
+            chunk = chunk.without_free_pairs();
+        }
+        for (at, record) in records.iter().enumerate() {
+            chunk.push(record);
+            if at % 20_000 == 19_999 {
+                chunk.finish_into(&mut bytes);
+            }
+        }
+        chunk.finish_into(&mut bytes);
+        let (decoded, damage) = read_both_ways(&bytes);
+        assert!(damage.is_empty(), "{damage:?}");
+        assert_eq!(decoded, at_10ms(&records));
+        written.push(bytes.len());
+    }
+    assert_eq!(written[0] + 8, written[1], "{written:?}");
+    // At full resolution, blocks cycling over three addresses: repeats of requests (not
+    // folded), of frees kept from pairs, fresh pairs; cut into chunks of every length.
+    let records: Vec<Record> = (0..60u64)
+        .flat_map(|i| block_events(0x7000_0000_0000 + (i % 3 + i / 20) * 4096, 4096, i * 1_000))
+        .collect();
+    for per_chunk in [1, 2, 3, 4, 5, 7, 64, usize::MAX] {
+        for continued in [false, true] {
+            let mut bytes = header().encode();
+            let mut chunk = ChunkBuilder::new().with_first_thread(4242);
+            if continued {
+                chunk = chunk.with_continued_chunks();
+            }
+            for record in &records {
+                chunk.push(record);
+                if chunk.records() == per_chunk {
+                    chunk.finish_into(&mut bytes);
+                }
+            }
+            chunk.finish_into(&mut bytes);
+            let (decoded, damage) = read_both_ways(&bytes);
+            assert!(damage.is_empty(), "{per_chunk} {continued}: {damage:?}");
+            assert_eq!(decoded, records, "{per_chunk} {continued}");
+        }
+    }
+}
+
+#[test]
+fn a_version_6_log_reads_as_before_and_a_pair_in_it_is_damage() {
+    let records = block_events(0x7000_0000_0000, 1 << 20, 5_000);
+    // A format 6 writer's log (the pair as two records) reads as written.
+    let (bytes, _) = one_chunk(&records, false, 6);
+    let (decoded, damage) = read_both_ways(&bytes);
+    assert!(damage.is_empty(), "{damage:?}");
+    assert_eq!(decoded, records);
+    assert_eq!(
+        LogReader::new(&bytes[..]).expect("header").header().version,
+        6
+    );
+    // A pair record is not a record of format 6: the chunk is damage from it on.
+    let (bytes, _) = one_chunk(&records, true, 6);
+    let (decoded, damage) = read_all(&bytes);
+    assert_eq!(decoded, records[..1]);
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert!(
+        matches!(
+            damage[0].kind,
+            DamageKind::BadRecord {
+                reason: "unknown record tag"
+            }
+        ),
+        "{damage:?}"
+    );
+}
+
+#[test]
+fn a_pair_cut_short_is_a_bad_record() {
+    // The pair's time delta missing: the chunk is damage, its first events kept.
+    let records = block_events(0x7000_0000_0000, 1 << 20, 5_000);
+    let (_, payload) = one_chunk(&records, true, FORMAT_VERSION);
+    let payload = &payload[..payload.len() - 2];
+    let mut torn = header().encode();
+    torn.extend_from_slice(&CHUNK_MAGIC);
+    torn.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    torn.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    torn.extend_from_slice(payload);
+    let (decoded, damage) = read_all(&torn);
+    assert_eq!(decoded, records[..1]);
+    assert_eq!(damage.len(), 1, "{damage:?}");
+}

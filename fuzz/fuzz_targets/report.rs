@@ -203,7 +203,22 @@ fn log_of(bytes: &mut Bytes<'_>) -> Vec<u8> {
     let mut chunk = ChunkBuilder::new().with_time_resolution(header.time_resolution_ns);
     let mut t_ns = 0;
     while !bytes.is_empty() {
-        chunk.push(&record(bytes, &mut t_ns));
+        let record = record(bytes, &mut t_ns);
+        chunk.push(&record);
+        // A block's free right after its free request, as PyTorch reports most of them: one
+        // record of format 7 (a free pair), when no chunk ends between them.
+        if let Record::Event(request) = record
+            && request.kind == EventKind::TensorFreeRequested
+            && bytes.u8() % 2 == 0
+        {
+            t_ns = t_ns.saturating_add(u64::from(bytes.u8()));
+            chunk.push(&Record::Event(Event {
+                kind: EventKind::TensorFree,
+                t_ns,
+                stack: 0,
+                ..request
+            }));
+        }
         if chunk.records() >= 64 {
             chunk.finish_into(&mut out);
         }

@@ -356,6 +356,13 @@ def visible():
         message=message)
 
 
-{"caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
+def trace_crash():
+    """trace(), then a crash (SIGSEGV): the recorder writes what it holds from its crash path."""
+    trace()
+    sys.stdout.flush()
+    os.kill(os.getpid(), __import__("signal").SIGSEGV)
+
+
+{"trace_crash": trace_crash, "caching": caching, "oom": oom, "expandable": expandable, "async": malloc_async,
  "train": train, "transformer": transformer, "gemm": gemm, "roundtrip": roundtrip,
  "trace": trace, "profiled": profiled, "two_devices": two_devices, "visible": visible, "snapshot": snapshot}[sys.argv[1]]()

@@ -9,6 +9,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -528,6 +529,198 @@ fn tensors_in_the_caching_allocator_equal_torchs_own_history() {
     for torch in tracker_torches() {
         eprintln!("torch {}", torch.release.version);
         tensors_equal_torchs_own_history(&torch, false);
+    }
+}
+
+/// PyTorch's free() reports a block's free_requested and, when no other stream used it, its
+/// free_completed at once: the log (format 7) holds each such pair as one record, so it has
+/// fewer records than events, and still reads as torch's own history, entry for entry.
+#[test]
+fn a_blocks_free_request_and_free_are_one_record_of_the_log() {
+    let Some(torch) = tracker_torches().into_iter().next() else {
+        return;
+    };
+    let run = run_torch(
+        &torch,
+        "trace",
+        80 << 30,
+        &[("VRAMSHIM_STACK", "mixed")],
+        true,
+    );
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    let log = run.log.as_ref().expect("log");
+    let dump = dump(log);
+    assert_eq!(dump[0]["version"], 7);
+    let events = events(&dump);
+    let recorded: Vec<(String, u64, u64)> = events
+        .iter()
+        .filter_map(|e| {
+            let action = torch_action(e["event"].as_str()?)?;
+            Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
+        })
+        .collect();
+    let history = history_entries(&run.result);
+    assert!(history.len() > 1000, "{}", history.len());
+    assert_eq!(recorded[..history.len()], history[..]);
+    // The block's pairs as the dump reads them: a free request, then that block's free, on
+    // the same thread, stream and device, the free without a stack.
+    let same_block = |a: &Value, b: &Value| {
+        [
+            "thread", "addr", "size", "stream", "device", "api", "handle", "result",
+        ]
+        .iter()
+        .all(|field| a[field] == b[field])
+            && b["stack"] == 0
+    };
+    let adjacent = events
+        .windows(2)
+        .filter(|pair| {
+            pair[0]["event"] == "tensor_free_requested"
+                && pair[1]["event"] == "tensor_free"
+                && same_block(pair[0], pair[1])
+        })
+        .count() as u64;
+    let output = tool(&[
+        OsStr::new("dump"),
+        OsStr::new("--counts"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let counts: Value = serde_json::from_str(stdout.lines().last().expect("counts line"))
+        .unwrap_or_else(|err| panic!("{stdout}: {err}"));
+    assert_eq!(counts["type"], "counts");
+    assert_eq!(u64_of(&counts, "events"), events.len() as u64);
+    assert_eq!(
+        u64_of(&counts, "other_records"),
+        (dump.len() - 1 - events.len()) as u64
+    );
+    // Times in nanoseconds: no two events at the same time, so no runs; every record holds
+    // one event but the pairs, which hold two.
+    assert_eq!(u64_of(&counts, "runs"), 0, "{counts}");
+    let pairs = u64_of(&counts, "free_pairs");
+    assert_eq!(
+        u64_of(&counts, "event_records") + pairs,
+        events.len() as u64
+    );
+    // Not every adjacent pair is one record: a request written as a repeat of an earlier
+    // event (the same block freed again within the last four events written in full) or
+    // the last record of a chunk stays on its own.
+    assert!(adjacent > 500, "{adjacent} adjacent pairs");
+    assert!(
+        pairs <= adjacent && pairs * 10 >= adjacent * 9,
+        "{pairs} free pairs of {adjacent} adjacent ones"
+    );
+    eprintln!(
+        "{} events in {} records: {pairs} free pairs of {adjacent} adjacent ones",
+        events.len(),
+        u64_of(&counts, "event_records")
+    );
+}
+
+/// Free pairs written from the flight recorder's window (`VRAMSHIM_MODE=ring`): its dump at
+/// exit, and its dump from the crash path (a SIGSEGV after the steps: plain chunks, nothing
+/// allocated), read as the stream log of the same steps: the same tensor events in the same
+/// order (sizes; addresses differ between processes), each free the size of its block.
+#[test]
+fn free_pairs_in_a_flight_recorders_dumps_read_as_the_stream_log() {
+    let Some(torch) = tracker_torches().into_iter().next() else {
+        return;
+    };
+    let run = |name: &str, mode: &str, ring: bool| -> PathBuf {
+        let dir = scratch(&format!("free-pairs-{name}"));
+        let mut command = Command::new(&torch.python);
+        command
+            .args(["-W", "ignore"])
+            .arg(repo().join("tests/python/torch_fakegpu.py"))
+            .arg(mode)
+            .env(
+                "LD_PRELOAD",
+                format!("{}:{}", shim().display(), torch.fake_preload()),
+            )
+            .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+            .env("VRAMSHIM_FAKEGPU_MEMORY", (80u64 << 30).to_string())
+            .env("VRAMSHIM_OUTPUT", dir.join("%p.vlog"))
+            .env("VRAMSHIM_STACK", "none")
+            .env("USE_PYTORCH_KERNEL_CACHE", "0")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES");
+        if ring {
+            command.env("VRAMSHIM_MODE", "ring");
+        } else {
+            command.env_remove("VRAMSHIM_MODE");
+        }
+        let output = command.output().expect("run python");
+        let crashed = mode == "trace_crash";
+        assert_eq!(
+            output.status.signal(),
+            crashed.then_some(libc::SIGSEGV),
+            "{name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("scratch directory")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "vlog"))
+            .collect();
+        assert_eq!(logs.len(), 1, "{name}: {logs:?}");
+        logs[0].clone()
+    };
+    // Each log's tensor events (kind and size), checked block by block: a free request and a
+    // free name a block allocated, of its size.
+    let tensor_events = |log: &Path| -> (Vec<(String, u64)>, Value) {
+        let dump = dump(log);
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        let mut seen = Vec::new();
+        for event in events(&dump) {
+            let kind = event["event"].as_str().expect("kind");
+            let (addr, size) = (u64_of(event, "addr"), u64_of(event, "size"));
+            match kind {
+                "tensor_alloc" => assert!(live.insert(addr, size).is_none(), "{event}"),
+                "tensor_free_requested" => assert_eq!(live.get(&addr), Some(&size), "{event}"),
+                "tensor_free" => assert_eq!(live.remove(&addr), Some(size), "{event}"),
+                _ => {}
+            }
+            if kind.starts_with("tensor_") {
+                seen.push((kind.to_owned(), size));
+            }
+        }
+        let output = tool(&[
+            OsStr::new("dump"),
+            OsStr::new("--counts"),
+            OsStr::new("--json"),
+            log.as_os_str(),
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let counts: Value = serde_json::from_str(stdout.lines().last().expect("counts"))
+            .unwrap_or_else(|err| panic!("{stdout}: {err}"));
+        assert_eq!(u64_of(&counts, "runs"), 0, "{counts}");
+        assert_eq!(
+            u64_of(&counts, "event_records") + u64_of(&counts, "free_pairs"),
+            u64_of(&counts, "events"),
+            "{counts}"
+        );
+        (seen, counts)
+    };
+    let (stream, stream_counts) = tensor_events(&run("stream", "trace", false));
+    assert!(stream.len() > 1000, "{}", stream.len());
+    assert!(
+        u64_of(&stream_counts, "free_pairs") > 300,
+        "{stream_counts}"
+    );
+    for (name, mode) in [("ring-exit", "trace"), ("ring-crash", "trace_crash")] {
+        let log = run(name, mode, true);
+        let (dumped, counts) = tensor_events(&log);
+        assert_eq!(dumped, stream, "{name}");
+        assert!(u64_of(&counts, "free_pairs") > 300, "{name}: {counts}");
+        let begins = dump(&log)
+            .iter()
+            .filter(|record| record["type"] == "dump_begin")
+            .count();
+        assert_eq!(begins, 1, "{name}");
     }
 }
 

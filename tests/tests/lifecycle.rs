@@ -947,7 +947,7 @@ fn the_header_describes_the_process() {
     let dump = dump(&run.log());
     let header = &dump[0];
     assert_eq!(header["type"], "header");
-    assert_eq!(u64_of(header, "version"), 6);
+    assert_eq!(u64_of(header, "version"), 7);
     assert_eq!(u64_of(header, "pid"), pid);
     assert_eq!(u64_of(header, "ppid"), u64::from(std::process::id()));
     assert_eq!(

@@ -550,8 +550,8 @@ fn dump_of_a_newer_log_says_so() {
     let original = small_log("dump-newer-src");
     let mut bytes = std::fs::read(&original).unwrap();
     assert_eq!(&bytes[..8], b"VRAMSHIM");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 6);
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 7);
+    bytes[8..12].copy_from_slice(&8u32.to_le_bytes());
     let dir = scratch("dump-newer");
     let newer = dir.join("newer.vlog");
     std::fs::write(&newer, &bytes).unwrap();
@@ -562,7 +562,7 @@ fn dump_of_a_newer_log_says_so() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains(&newer.display().to_string()), "{stderr}");
     assert!(stderr.contains("newer"), "{stderr}");
-    assert!(stderr.contains("version 7"), "{stderr}");
+    assert!(stderr.contains("version 8"), "{stderr}");
 }
 
 /// Where the chunks of a log lie (key and continued chunks, format 6).
@@ -869,7 +869,7 @@ fn dump_text_shows_one_line_per_event() {
         }
     }
     // The header is shown as comments.
-    assert!(stdout.starts_with("# vramshim log, format 6"), "{stdout}");
+    assert!(stdout.starts_with("# vramshim log, format 7"), "{stdout}");
     assert!(
         stdout.contains(&format!("# pid {} ", json[0]["pid"])),
         "{stdout}"

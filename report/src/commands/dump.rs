@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use vramshim_format::{Frame, Header, Item, Record};
+use vramshim_format::{Frame, Header, Item, Record, RecordCounts};
 
 use crate::commands::common;
 use crate::units::{bytes, counted, seconds};
@@ -18,6 +18,10 @@ pub struct Args {
     /// One JSON object per line (header first), integers as JSON numbers.
     #[arg(long)]
     json: bool,
+    /// Instead of the records, how many events the log holds and in how many records (a
+    /// run of repeats, or a block's free request and free together, is one record).
+    #[arg(long)]
+    counts: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -28,11 +32,13 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let written: io::Result<()> = (|| {
         if args.json {
             writeln!(out, "{}", header_json(&header))?;
-        } else {
+        } else if !args.counts {
             write_header_text(&mut out, &header)?;
         }
-        for item in reader {
+        let mut reader = reader;
+        for item in reader.by_ref() {
             match item {
+                Item::Record(_) if args.counts => {}
                 Item::Record(record) => {
                     if args.json {
                         writeln!(out, "{}", record_json(&header, &record))?;
@@ -49,9 +55,36 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
                 }
             }
         }
+        if args.counts {
+            write_counts(&mut out, reader.counts(), args.json)?;
+        }
         out.flush()
     })();
     common::finish_stdout(written)
+}
+
+/// `dump --counts`: the events read against the records that held them.
+fn write_counts(out: &mut impl Write, counts: RecordCounts, json: bool) -> io::Result<()> {
+    if json {
+        let value = json!({
+            "type": "counts",
+            "events": counts.events,
+            "event_records": counts.event_records,
+            "free_pairs": counts.free_pairs,
+            "runs": counts.runs,
+            "other_records": counts.other_records,
+        });
+        return writeln!(out, "{value}");
+    }
+    writeln!(
+        out,
+        "{} in {} ({}, {}); {}",
+        counted(counts.events, "event"),
+        counted(counts.event_records, "record"),
+        counted(counts.free_pairs, "free pair"),
+        counted(counts.runs, "run"),
+        counted(counts.other_records, "other record"),
+    )
 }
 
 fn header_json(header: &Header) -> Value {
