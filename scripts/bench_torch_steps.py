@@ -25,7 +25,8 @@ here with callgrind.h): every thread's instructions per tensor event above the f
 far steadier than the times (no cache misses or lock waits counted), though whole-process
 counts still differ by a few percent between runs. The count is the recorders' own calls
 (their inclusive costs: PyTorch's record_trace, which runs the trackers, and its stack
-gathering; vramshim's writer), not the whole window's "summary:" or "totals:" line, printed
+gathering; vramshim's writer; c10::reportMemoryUsageToProfiler, which the shim interposes,
+above its cost under the fakes alone), not the whole window's "summary:" or "totals:" line, printed
 beside it: with the counts zeroed by a client request, callgrind's whole-window lines can count
 other threads' instructions from before the window. The recorder's writer thread wakes
 by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (zstd's tables,
@@ -195,6 +196,7 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
             result["gather"] = calls[GATHER]
             result["callback"] = calls["vramshim::torch_trace::invoke"]
             result["writing"] = calls["vramshim::writer::flush"]
+            result["report"] = calls[REPORT]
             keep = os.environ.get("BENCH_CALLGRIND_KEEP")
             if keep:
                 os.makedirs(keep, exist_ok=True)
@@ -204,15 +206,21 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
 
 RECORD_TRACE = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::record_trace("
 GATHER = "torch::cuda::(anonymous namespace)::gather"  # gather() or gather_with_cpp()
+# PyTorch's allocator calls it at every block allocation and free request, outside
+# record_trace; the shim interposes it (the 2.1 route) and forwards it to libc10's: its calls
+# cost the fakes alone libc10's function, under the shim the interposer and libc10's.
+REPORT = "c10::reportMemoryUsageToProfiler("
 # name or name prefix (ending "(" or "gather"): the calls whose inclusive costs are summed.
-RECORDER_CALLS = (RECORD_TRACE, GATHER, "vramshim::torch_trace::invoke",
+RECORDER_CALLS = (RECORD_TRACE, GATHER, REPORT, "vramshim::torch_trace::invoke",
                   "vramshim::writer::flush")
 
 
 def inclusive_calls(path, functions):
     """Instructions inside calls to each of `functions` (an exact name, or a prefix when it
     ends with "(" or is GATHER) in a callgrind dump: the sum of the inclusive costs of every
-    call site (none of them may call itself or another one of the same prefix)."""
+    call site, except the calls from a function of the same name or prefix (the shim's
+    interposer calling the definition it hides, of the same name: counted inside the
+    interposer's); none of them may call itself otherwise."""
     def matches(name):
         for function in functions:
             prefix = function.endswith("(") or function == GATHER
@@ -220,6 +228,7 @@ def inclusive_calls(path, functions):
                 return function
         return None
     names, totals, target, take = {}, dict.fromkeys(functions, 0), None, False
+    caller = None
     with open(path) as dump:
         for line in dump:
             # Names are compressed: "(id) name" the first time, "(id)" after, in fn= or cfn=.
@@ -227,8 +236,12 @@ def inclusive_calls(path, functions):
                 ref, _, name = line.split("=", 1)[1].strip().partition(" ")
                 if name:
                     names[ref] = name
-                if line.startswith("cfn="):
+                if line.startswith("fn="):
+                    caller = matches(names.get(ref, ref))
+                else:
                     target = matches(names.get(ref, ref))
+                    if target is not None and target == caller:
+                        target = None
             elif line.startswith("calls="):
                 take = target is not None
             elif take:
@@ -277,7 +290,7 @@ def instructions(release):
         # costs with no history and no tracker (vramshim's callback runs inside it), stack
         # gathering, the writer.
         own = (result["record_trace"] - alone["record_trace"] + result["gather"]
-               + result["writing"])
+               + result["writing"] + result["report"] - alone["report"])
         n = result.get("events", events)
         per_event[mode] = own / n
         seconds = (result["window"][1] - result["window"][0]) / 1e9
@@ -290,7 +303,9 @@ def instructions(release):
             print(f"{'':16} vramshim's callback {result['callback']:,} "
                   f"({result['callback'] / n:.1f} an event), its writer {result['writing']:,} "
                   f"({result['writing'] / n:.1f}), PyTorch's record_trace around the callback "
-                  f"{result['record_trace'] - result['callback'] - alone['record_trace']:+,}")
+                  f"{result['record_trace'] - result['callback'] - alone['record_trace']:+,}"
+                  f", the interposed c10::reportMemoryUsageToProfiler "
+                  f"{result['report'] - alone['report']:+,}")
         elif result["gather"]:
             print(f"{'':16} PyTorch's stack gathering {result['gather']:,} "
                   f"({result['gather'] / n:.1f} an event), record_trace "

@@ -662,7 +662,7 @@ pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
         let _ = STATE.compare_exchange(UNVERIFIED, ON, Ordering::AcqRel, Ordering::Acquire);
     }
     let max = (out.len() / WORDS_PER_FRAME).min(MAX_PY_FRAMES);
-    let memo = thread_memo();
+    let memo = thread_memo(l, frame);
     if let Some(memo) = unsafe { memo.as_ref() }
         && let Some(count) = memo.replay(l, frame, out, max, known)
     {
@@ -671,6 +671,7 @@ pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
     let mut memo = unsafe { memo.as_mut() };
     if let Some(memo) = memo.as_deref_mut() {
         memo.valid = false;
+        memo.frames.clear();
     }
     let mut visited = 0usize;
     let mut count = 0usize;
@@ -690,7 +691,7 @@ pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
         if let Some(memo) = memo.as_deref_mut()
             && visited < MEMO_FRAMES
         {
-            memo.frames[visited] = unsafe { frame_words(l, frame) };
+            memo.frames.push(unsafe { frame_words(l, frame) });
         }
         visited += 1;
         let previous = unsafe { word(frame + l.frame_previous as u64) };
@@ -761,11 +762,11 @@ pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
         && visited <= MEMO_FRAMES
     {
         let words = count * WORDS_PER_FRAME;
-        for (kept, word) in memo.out[..words].iter_mut().zip(&out[..words]) {
+        memo.out.clear();
+        memo.out.extend(out[..words].iter().map(|word| {
             // SAFETY: the words of the `count` frames recorded are written.
-            *kept = unsafe { word.assume_init() };
-        }
-        memo.visited = visited;
+            unsafe { word.assume_init() }
+        }));
         memo.count = count;
         memo.serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         memo.valid = true;
@@ -804,19 +805,21 @@ unsafe fn frame_words_at(l: &Layout, flags_at: usize, frame: u64) -> FrameWords 
     ]
 }
 
-/// A thread's last complete walk: the words it read of every frame it visited, and what it
-/// wrote. Between two allocations at a hot site most frames stay where they are, running the
-/// same instruction; if every visited frame reads the same, the walk finds the same frames,
-/// and reading five words a frame is cheaper than walking it (which also reads each code
-/// object). A frame at the same place with the same code pointer runs that code object: a
-/// live frame keeps its code alive (a code object freed and another built at its address,
-/// run by a new frame at the same place and instruction, would pass unseen).
+/// A thread's last complete walk from one innermost frame ([`MemoTable`]): the words it read
+/// of every frame it visited, and what it wrote. Between two allocations at a hot site most
+/// frames stay where they are, running the same instruction; if every visited frame reads the
+/// same, the walk finds the same frames, and reading five words a frame is cheaper than
+/// walking it (which also reads each code object). A frame at the same place with the same
+/// code pointer runs that code object: a live frame keeps its code alive (a code object freed
+/// and another built at its address, run by a new frame at the same place and instruction,
+/// would pass unseen).
 struct LastWalk {
     valid: bool,
-    visited: usize,
-    frames: [FrameWords; MEMO_FRAMES],
+    /// The words of each frame visited, innermost first (at most [`MEMO_FRAMES`]).
+    frames: Vec<FrameWords>,
     count: usize,
-    out: [u64; MEMO_FRAMES * WORDS_PER_FRAME],
+    /// The words written for the `count` frames recorded.
+    out: Vec<u64>,
     /// Names this walk's result among every walk remembered in the process ([`SERIAL`]).
     serial: u64,
 }
@@ -840,7 +843,7 @@ impl LastWalk {
             return None;
         }
         let flags_at = flags_at(l);
-        for visited in &self.frames[..self.visited] {
+        for visited in &self.frames {
             // The same address as a frame visited before: non-null and aligned.
             if frame != visited[0] {
                 return None;
@@ -870,30 +873,68 @@ impl LastWalk {
     }
 }
 
-thread_local! {
-    /// This thread's last complete walk (allocated on first use, freed at thread exit).
-    static MEMO: std::cell::Cell<*mut LastWalk> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+/// A thread's last complete walks, one a slot, by their innermost frame's address and the
+/// word holding its instruction. One last walk made every allocation from another line or
+/// site than the one before walk afresh (~800 of the training steps' 2,346 allocations); a
+/// training loop comes back to each site once a step, from the same frames (CPython takes
+/// frames from a per-thread stack, so the same depth is the same address). The slot only
+/// chooses which walk to compare: a replay still compares every word the walk read.
+struct MemoTable {
+    walks: Box<[LastWalk]>,
 }
 
-/// This thread's [`LastWalk`], allocated the first time (null if thread-local storage is gone).
-fn thread_memo() -> *mut LastWalk {
+/// Slots of a thread's [`MemoTable`] (a walk's buffers grow as its frames need: ~0.5 KiB for a
+/// walk of 8 frames).
+const MEMO_SLOTS: usize = 256;
+const _: () = assert!(MEMO_SLOTS.is_power_of_two());
+
+impl MemoTable {
+    fn new() -> MemoTable {
+        MemoTable {
+            walks: (0..MEMO_SLOTS)
+                .map(|_| LastWalk {
+                    valid: false,
+                    frames: Vec::new(),
+                    count: 0,
+                    out: Vec::new(),
+                    serial: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// The slot of a walk from `frame` (non-null and aligned).
+    fn slot(&mut self, l: &Layout, frame: u64) -> &mut LastWalk {
+        let instr = unsafe { word((frame + l.frame_instr as u64) & !7) };
+        let mixed = (frame ^ instr.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let at = (mixed >> (64 - MEMO_SLOTS.trailing_zeros())) as usize;
+        &mut self.walks[at % self.walks.len()]
+    }
+}
+
+thread_local! {
+    /// This thread's last complete walks (allocated on first use, freed at thread exit).
+    static MEMO: std::cell::Cell<*mut MemoTable> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// The slot of this thread's [`MemoTable`] for a walk from `frame`, the table allocated the
+/// first time (null if thread-local storage is gone, or `frame` is null or unaligned).
+fn thread_memo(l: &Layout, frame: u64) -> *mut LastWalk {
+    if frame == 0 || !frame.is_multiple_of(8) {
+        return std::ptr::null_mut();
+    }
     MEMO.try_with(|memo| {
         if memo.get().is_null() {
-            memo.set(Box::into_raw(Box::new(LastWalk {
-                valid: false,
-                visited: 0,
-                frames: [[0; 5]; MEMO_FRAMES],
-                count: 0,
-                out: [0; MEMO_FRAMES * WORDS_PER_FRAME],
-                serial: 0,
-            })));
+            memo.set(Box::into_raw(Box::new(MemoTable::new())));
         }
-        memo.get()
+        // SAFETY: this thread's own, freed only at its exit; one walk at a time.
+        let table = unsafe { &mut *memo.get() };
+        table.slot(l, frame) as *mut LastWalk
     })
     .unwrap_or(std::ptr::null_mut())
 }
 
-/// Frees this thread's last walk (at thread exit).
+/// Frees this thread's last walks (at thread exit).
 pub fn release_thread_memo() {
     let _ = MEMO.try_with(|memo| {
         let last = memo.replace(std::ptr::null_mut());

@@ -271,6 +271,13 @@ pub fn reporting() -> bool {
     STATE.load(Ordering::Relaxed) == REPORTING
 }
 
+/// Whether this process will never take blocks from PyTorch's profiler report: the tracker
+/// was attached (its states lead only to recording or to `OFF`), or the route stepped aside for
+/// good. `SEARCHING` may still turn to [`REPORTING`].
+pub fn never_reporting() -> bool {
+    matches!(STATE.load(Ordering::Acquire), UNVERIFIED | RECORDING | OFF)
+}
+
 /// This thread's last `cudaMalloc` (address, size) and the range its last `cuMemMap` calls
 /// mapped back to back (start, end), each forgotten: a report takes them as its segment at
 /// most once.
@@ -609,7 +616,7 @@ unsafe extern "C" fn invoke_from(
             CAPTURED_POOL | (pool & !CAPTURED_POOL)
         };
     }
-    capture::record_reported(api(), spec);
+    capture::record_reported(api(), &spec);
 }
 
 /// The `handle` of a `tensor_alloc` handed out while its stream was being captured into a

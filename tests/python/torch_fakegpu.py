@@ -246,9 +246,9 @@ def trace():
 
 
 def profiled():
-    """PyTorch's legacy profiler with memory on (torch 2.1: its allocator reports each block to
-    the profiler through c10::reportMemoryUsageToProfiler): each op's CUDA memory change, and the
-    blocks of the tensors made, in order."""
+    """PyTorch's legacy profiler with memory on (its allocator reports each block to the profiler
+    through c10::reportMemoryUsageToProfiler, which the shim interposes): each op's CUDA memory
+    change, and the blocks of the tensors made, in order."""
     from torch.autograd.profiler_legacy import profile
     with profile(profile_memory=True, use_cuda=True) as prof:
         a = torch.empty(1000, 3, device="cuda")
@@ -256,7 +256,10 @@ def profiled():
         c = torch.ones(5 << 20, device="cuda") + 1
         addresses = [a.data_ptr(), b.data_ptr(), c.data_ptr()]
         del a, c
-    say(mode="profiled", ops=[[e.name, e.cuda_memory_usage] for e in prof.function_events],
+    # Named device_memory_usage in later releases (2.15).
+    say(mode="profiled", ops=[[e.name, e.cuda_memory_usage
+                               if hasattr(e, "cuda_memory_usage") else e.device_memory_usage]
+                              for e in prof.function_events],
         addresses=addresses, allocated_peak=torch.cuda.max_memory_allocated())
 
 

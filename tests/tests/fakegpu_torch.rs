@@ -837,6 +837,62 @@ fn torch_2_1_profiler_still_sees_its_memory_and_the_log_has_the_same_blocks() {
     assert_eq!(u64_of(r, "allocated_peak"), 41_955_840);
 }
 
+/// The current release's legacy profiler with memory on, under the tracker route: the shim's
+/// `c10::reportMemoryUsageToProfiler`, which PyTorch calls at every block allocation and free
+/// request, jumps straight to libc10's once the tracker is attached, so torch's per-op CUDA
+/// memory figures are those of a run without the shim; the blocks come from the tracker, at
+/// the tensors' addresses.
+#[test]
+fn the_profiler_still_sees_its_memory_under_the_tracker_route() {
+    let Some(torch) = current() else { return };
+    let env = [("VRAMSHIM_STACK", "none")];
+    let recorded = run_torch(&torch, "profiled", 80 << 30, &env, true);
+    let plain = run_torch(&torch, "profiled", 80 << 30, &env, false);
+    let stderr = String::from_utf8_lossy(&recorded.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    let ops = |run: &TorchRun| -> Vec<(String, i64)> {
+        arr(&run.result["ops"])
+            .iter()
+            .map(|op| (op[0].as_str().unwrap().to_owned(), op[1].as_i64().unwrap()))
+            .collect()
+    };
+    let memory: Vec<i64> = ops(&recorded)
+        .into_iter()
+        .filter(|(name, _)| name == "[memory]")
+        .map(|(_, bytes)| bytes)
+        .collect();
+    // Torch's own frees of the 20 MiB temporary, the 12,000-byte tensor and the 20 MiB sum
+    // (the [memory] entries with a size: its reports reached the profiler).
+    const MIB20: i64 = 20 << 20;
+    assert!(
+        [-MIB20, -12288, -MIB20]
+            .iter()
+            .all(|bytes| memory.contains(bytes)),
+        "{memory:?}"
+    );
+    assert_eq!(ops(&recorded), ops(&plain));
+    let dump = dump(recorded.log.as_ref().expect("log"));
+    let notes: Vec<&str> = dump.iter().filter_map(|v| v["text"].as_str()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("torch: recording tensors")),
+        "{notes:?}"
+    );
+    let at: Vec<u64> = arr(&recorded.result["addresses"])
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    let allocated: Vec<(u64, u64)> = events(&dump)
+        .iter()
+        .filter(|e| e["event"] == "tensor_alloc")
+        .map(|e| (u64_of(e, "addr"), u64_of(e, "size")))
+        .collect();
+    for (addr, size) in [(at[0], 12000), (at[1], 7), (at[2], MIB20 as u64)] {
+        assert!(allocated.contains(&(addr, size)), "{allocated:?}");
+    }
+}
+
 /// torch 2.1.2 through an out-of-memory error (its release of cached segments and retry),
 /// `empty_cache()` and a block used on another stream (`snapshot` mode, which ends right after
 /// torch's snapshot): the log's blocks are torch's trace entry for entry by action and
