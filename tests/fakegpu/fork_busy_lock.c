@@ -129,13 +129,18 @@ int main(void)
         struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
         if (fd < 0 || fcntl(fd, F_SETLKW, &lock) != 0)
             _exit(6);
-        send_byte(holder_ready[1]);
+        /* When the lock was taken, by the holder's clock (CLOCK_MONOTONIC is system-wide):
+         * the parent's own reading after the pipe wakes it can be late by its scheduling
+         * delay, which made the query seem to return before HOLD_MS had passed. */
+        long long taken_ms = now_ms();
+        (void)!write(holder_ready[1], &taken_ms, sizeof taken_ms);
         struct timespec hold = {HOLD_MS / 1000, (HOLD_MS % 1000) * 1000000L};
         nanosleep(&hold, NULL);
         _exit(0);
     }
-    wait_byte(holder_ready[0]);
-    long long locked_ms = now_ms();
+    long long locked_ms = 0;
+    if (read(holder_ready[0], &locked_ms, sizeof locked_ms) != sizeof locked_ms)
+        _exit(3);
     kill(victim, SIGKILL);
     int status;
     waitpid(victim, &status, 0);
