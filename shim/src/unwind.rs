@@ -22,7 +22,10 @@
 //! general register, whose changing contents made remembered walks miss though no frame's
 //! rule used them. framehop does not say which rule a step ran; what a rule does with `bp` is
 //! learnt by unwinding its frame twice over a synthetic stack ([`probe_rule`]), once per
-//! lookup address and thread ([`BpRules`]).
+//! lookup address and thread ([`BpRules`]). The same two unwinds show how far a rule that
+//! ignores `bp` moves the stack pointer, or that it is the frame-pointer rule; a fresh walk
+//! then steps such a frame from that table itself ([`step_learnt`]: framehop's cache lookup
+//! and `exec` cost ~170 instructions a frame).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -132,7 +135,8 @@ const CONFLICTS_BEFORE_BANKS: u64 = 64;
 pub struct ThreadCache {
     /// The rule cache while the thread's walks fit it.
     rules: CacheX86_64,
-    /// The larger one, once `rules` has had [`CONFLICTS_BEFORE_BANKS`] slot conflicts.
+    /// The larger one, once `rules` and `bp_rules` have had [`CONFLICTS_BEFORE_BANKS`] slot
+    /// conflicts together (a frame stepped from `bp_rules` does not look in `rules`).
     banks: Option<Box<RuleBanks>>,
     /// The last walks, a ring growing to [`REMEMBERED`]: the newest is `walks[last]`, the
     /// oldest's buffers take the next fresh walk. Each grows to the walk it holds (little
@@ -283,7 +287,7 @@ const PROBE_WORDS: u64 = 0x5a5a_a5a5_c3c3_3c3d;
 /// A rule that neither reads `bp` nor fails moved the stack pointer by a fixed amount (all of
 /// framehop's cached rules but the frame-pointer ones add a constant to `sp`); where the word
 /// it returned to is the one just below the new stack pointer, the probe keeps that amount,
-/// and [`step_sp_relative`] replays the rule without framehop.
+/// and [`step_learnt`] replays the rule without framehop.
 fn probe_rule<S>(mut step: S) -> FrameRule
 where
     S: FnMut(
@@ -306,6 +310,21 @@ where
         }
         after[i] = regs;
     }
+    // framehop's frame-pointer rule (`UseFramePointer`, and `JustReturnIfFirstFrameOtherwiseFp`
+    // past the first frame), the only cached rule whose `sp` follows `bp`: `sp = bp + 16`,
+    // `bp` and the return address the words at `bp` and `bp + 8`, from both points.
+    let frame_pointer = (0..2).all(|i| {
+        let bp = PROBE_BPS[i];
+        after[i].sp() == bp + 16
+            && after[i].bp() == bp ^ PROBE_WORDS
+            && returned[i] == Some(Some((bp + 8) ^ PROBE_WORDS))
+    });
+    if frame_pointer {
+        return FrameRule {
+            bp: BpRule::Reads,
+            sp_step_by_8: FRAME_POINTER_STEP,
+        };
+    }
     if returned[0] != returned[1] || after[0].sp() != after[1].sp() {
         return READS;
     }
@@ -320,12 +339,19 @@ where
         return READS;
     };
     // Returned to the word just below a stack pointer moved up by a multiple of 8 (that
-    // framehop's rules can encode): `step_sp_relative` does the same.
+    // framehop's rules can encode): `step_learnt` does the same.
     let new_sp = after[0].sp();
     let moved = new_sp.wrapping_sub(PROBE_SP);
     let returned_below = returned[0] == Some(Some((new_sp - 8) ^ PROBE_WORDS));
     let sp_step_by_8 = match u16::try_from(moved / 8) {
-        Ok(by_8) if new_sp > PROBE_SP && moved.is_multiple_of(8) && returned_below => by_8,
+        Ok(by_8)
+            if new_sp > PROBE_SP
+                && moved.is_multiple_of(8)
+                && returned_below
+                && by_8 != FRAME_POINTER_STEP =>
+        {
+            by_8
+        }
         _ => 0,
     };
     FrameRule {
@@ -336,19 +362,25 @@ where
 
 /// The rule at one lookup address, as learnt by [`probe_rule`]: what it does with `bp`, and,
 /// for a rule that does not read it, how far it moves the stack pointer (in 8 bytes; 0:
-/// unknown, framehop steps it).
+/// unknown, framehop steps it; [`FRAME_POINTER_STEP`]: framehop's frame-pointer rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FrameRule {
     bp: BpRule,
     sp_step_by_8: u16,
 }
 
-/// One step of a rule that moves the stack pointer by `sp_step_by_8 * 8` and does with `bp`
-/// what `bp_rule` says (never `Reads`): what framehop's `exec` does with the cached rule the
-/// probe ran (`OffsetSp`, `OffsetSpAndRestoreBp`, `JustReturn`), the same reads in the same
-/// order (the restored word, then the return address), without its cache lookup. `Err`: the
-/// step failed (the walk ends, as on framehop's error); `Ok(None)`: a zero return address.
-fn step_sp_relative<R>(
+/// [`FrameRule::sp_step_by_8`] of framehop's frame-pointer rule (an `sp` step of that many
+/// words is left to framehop).
+const FRAME_POINTER_STEP: u16 = u16::MAX;
+
+/// One step of a learnt rule ([`FrameRule`], `sp_step_by_8` not 0): what framehop's `exec`
+/// does with the cached rule the probe ran, the same reads in the same order, without its
+/// cache lookup. A rule that moves the stack pointer by `sp_step_by_8 * 8` does with `bp`
+/// what `bp_rule` says (`OffsetSp`, `OffsetSpAndRestoreBp`, `JustReturn`: the restored word
+/// read first, then the return address); [`FRAME_POINTER_STEP`] is `UseFramePointer` (the
+/// words at `bp` and `bp + 8`). `Err`: the step failed (the walk ends, as on framehop's
+/// error); `Ok(None)`: the end of the stack (a zero return address, or a zero frame pointer).
+fn step_learnt<R>(
     sp_step_by_8: u16,
     bp_rule: BpRule,
     is_first_frame: bool,
@@ -359,6 +391,17 @@ where
     R: FnMut(u64) -> Result<u64, ()>,
 {
     let (sp, bp) = (regs.sp(), regs.bp());
+    if sp_step_by_8 == FRAME_POINTER_STEP {
+        if bp == 0 {
+            return Ok(None);
+        }
+        let new_sp = bp.checked_add(16).ok_or(())?;
+        if new_sp <= sp {
+            return Err(());
+        }
+        let new_bp = read_stack(bp)?;
+        return finish_step(regs, read_stack, new_sp, new_bp);
+    }
     let new_sp = sp.checked_add(u64::from(sp_step_by_8) * 8).ok_or(())?;
     let new_bp = match bp_rule {
         BpRule::Keeps => bp,
@@ -373,6 +416,20 @@ where
         }
         BpRule::Reads => return Err(()),
     };
+    finish_step(regs, read_stack, new_sp, new_bp)
+}
+
+/// The end of `exec`: the return address below the new stack pointer, then the registers.
+fn finish_step<R>(
+    regs: &mut UnwindRegsX86_64,
+    read_stack: &mut R,
+    new_sp: u64,
+    new_bp: u64,
+) -> Result<Option<u64>, ()>
+where
+    R: FnMut(u64) -> Result<u64, ()>,
+{
+    // `exec`'s "did not advance" check cannot fire: both rules move `sp` up.
     let return_address = read_stack(new_sp - 8)?;
     if return_address == 0 {
         return Ok(None);
@@ -408,12 +465,14 @@ const BP_RULE_SLOTS_WITH_BANKS: usize = 4096;
 
 /// A thread's [`FrameRule`]s by lookup address and first-frame-ness: direct-mapped, a miss
 /// probes the rule again ([`probe_frame`]). A hit whose rule moves `sp` by a known amount
-/// steps the frame without framehop ([`step_sp_relative`]).
+/// steps the frame without framehop ([`step_learnt`]).
 struct BpRules {
     /// The unwinder the rules were learnt with: another one may have other modules at the
     /// same addresses.
     unwinder: *const ProcessUnwinder,
     slots: Box<[BpRuleSlot]>,
+    /// Rules inserted over another address's ([`CONFLICTS_BEFORE_BANKS`]).
+    conflicts: u64,
 }
 
 /// One slot of [`BpRules`] (16 bytes).
@@ -443,6 +502,7 @@ impl BpRules {
         BpRules {
             unwinder: std::ptr::null(),
             slots: vec![EMPTY_SLOT; slots].into_boxed_slice(),
+            conflicts: 0,
         }
     }
 
@@ -486,6 +546,10 @@ impl BpRules {
             BpRule::Restores(offset) => (3, offset),
         };
         let at = self.slot(lookup, is_first_frame);
+        let held = self.slots[at];
+        if held.kind != 0 && (held.lookup, held.is_first_frame) != (lookup, is_first_frame) {
+            self.conflicts += 1;
+        }
         self.slots[at] = BpRuleSlot {
             lookup,
             offset,
@@ -828,7 +892,8 @@ pub fn walk(
         .filter(|walk| walk.comparable(unwinder_ptr, bounds, capacity))
         .map(|walk| SuffixMatch::new(walk, newest_states));
     let mut reads_fit = true;
-    if banks.is_none() && rules.stats().miss_wrong_address_count >= CONFLICTS_BEFORE_BANKS {
+    let conflicts = rules.stats().miss_wrong_address_count + bp_rules.conflicts;
+    if banks.is_none() && conflicts >= CONFLICTS_BEFORE_BANKS {
         // Allocates, as the thread's first walk (this cache) and framehop's misses do.
         *banks = Some(Box::new(RuleBanks::new()));
         *bp_rules = BpRules::new(BP_RULE_SLOTS_WITH_BANKS);
@@ -868,7 +933,7 @@ pub fn walk(
         // lookup and `exec` cost ~170 instructions a frame, this a few dozen.
         let (stepped, bp_rule) = match bp_rules.get(lookup, is_first_frame) {
             Some(rule) if rule.sp_step_by_8 != 0 => {
-                let stepped = step_sp_relative(
+                let stepped = step_learnt(
                     rule.sp_step_by_8,
                     rule.bp,
                     is_first_frame,
@@ -1389,40 +1454,50 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_learns_how_far_rules_that_ignore_bp_move_sp() {
+    fn the_probe_learns_how_far_each_rule_moves_sp() {
         let steps = |label| probed_rules(label).map(|rule| rule.sp_step_by_8);
         // CFA = rsp + 8 * n, the return address just below it.
         assert_eq!(steps(vramshim_bp_probe_start), [1, 1]);
         assert_eq!(steps(vramshim_bp_probe_saved), [2, 2]);
         assert_eq!(steps(vramshim_bp_probe_framed), [6, 6]);
         assert_eq!(steps(vramshim_bp_probe_popped), [1, 1]);
-        // Read bp, evaluated in full, or the end of the stack: framehop steps them.
-        assert_eq!(steps(vramshim_bp_probe_fp), [0, 0]);
+        // The frame-pointer rule.
+        assert_eq!(
+            steps(vramshim_bp_probe_fp),
+            [FRAME_POINTER_STEP, FRAME_POINTER_STEP]
+        );
+        // Evaluated in full, or the end of the stack: framehop steps them.
         assert_eq!(steps(vramshim_bp_probe_fp_odd), [0, 0]);
         assert_eq!(steps(vramshim_bp_probe_expression), [0, 0]);
         assert_eq!(steps(vramshim_bp_probe_end), [0, 0]);
     }
 
-    /// Each probed rule stepped by [`step_sp_relative`] and by framehop over the same stack
+    /// Each probed rule stepped by [`step_learnt`] and by framehop over the same stack
     /// (every word `address ^ salt`, bounded reads): the same result, registers and reads.
     #[test]
     fn stepping_a_learnt_rule_is_what_framehop_does() {
         // SAFETY: built by `current_unwinder` and never freed.
         let unwinder = unsafe { &*current_unwinder(0) };
-        let labels: [unsafe extern "C" fn(); 5] = [
+        let labels: [unsafe extern "C" fn(); 6] = [
             vramshim_bp_probe_start,
             vramshim_bp_probe_saved,
             vramshim_bp_probe_framed,
             vramshim_bp_probe_popped,
+            vramshim_bp_probe_fp,
             vramshim_bp_probe_end,
         ];
+        // No module there: framehop's frame-pointer fallback.
+        let nowhere = FrameAddress::from_return_address(0x18).expect("non-zero");
         let mut stepped = 0;
-        for label in labels {
+        let addresses = labels.into_iter().flat_map(|label| {
             let at = label as usize as u64;
-            for address in [
+            [
                 FrameAddress::from_instruction_pointer(at),
                 FrameAddress::from_return_address(at + 1).expect("a non-zero address"),
-            ] {
+            ]
+        });
+        for address in addresses.chain([nowhere]) {
+            {
                 let mut rules = CacheX86_64::new();
                 let probe_regs = UnwindRegsX86_64::new(address.address(), 0x1800, 0x1900);
                 let mut warm = probe_regs;
@@ -1433,34 +1508,37 @@ mod tests {
                 }
                 stepped += 1;
                 let first = !address.is_return_address();
-                // Stack pointers across the bounds' edges; words zero or not.
-                for sp in [0xff8, 0x1000, 0x1008, 0x17f0, 0x1fd0, 0x1ff8, 0x2000] {
+                // Stack pointers across the bounds' edges; frame pointers above, below, at
+                // the bounds' edges and zero; words zero or not.
+                let sps = [0xff8, 0x1000, 0x1008, 0x17f0, 0x1fd0, 0x1ff8, 0x2000];
+                let bps = [
+                    0,
+                    0x4242,
+                    0x1000,
+                    0x17e0,
+                    0x1800,
+                    0x1fe8,
+                    0x1ff0,
+                    u64::MAX - 8,
+                ];
+                for (sp, bp) in sps.into_iter().flat_map(|sp| bps.map(|bp| (sp, bp))) {
                     for salt in [0, 0x7777_0000] {
                         let mut run = |ours: bool| {
-                            let mut regs = UnwindRegsX86_64::new(address.address(), sp, 0x4242);
+                            let mut regs = UnwindRegsX86_64::new(address.address(), sp, bp);
                             let mut reads = Vec::new();
                             let mut read = |addr: u64| {
                                 if !readable(addr, BOUNDS) {
                                     return Err(());
                                 }
-                                let word = if salt == 0 && addr == sp {
-                                    0
-                                } else {
-                                    addr ^ salt
-                                };
+                                let zero = salt == 0 && (addr == sp || addr == bp.wrapping_add(8));
+                                let word = if zero { 0 } else { addr ^ salt };
                                 reads.push(addr);
                                 Ok(word)
                             };
                             let result = if ours {
-                                step_sp_relative(
-                                    rule.sp_step_by_8,
-                                    rule.bp,
-                                    first,
-                                    &mut regs,
-                                    &mut read,
-                                )
-                                .ok()
-                                .flatten()
+                                step_learnt(rule.sp_step_by_8, rule.bp, first, &mut regs, &mut read)
+                                    .ok()
+                                    .flatten()
                             } else {
                                 unwinder
                                     .unwind_frame(address, &mut regs, &mut rules, &mut read)
@@ -1471,12 +1549,12 @@ mod tests {
                         };
                         let ours = run(true);
                         let framehops = run(false);
-                        assert_eq!(ours, framehops, "{address:?} sp {sp:#x} salt {salt}");
+                        assert_eq!(ours, framehops, "{address:?} sp {sp:#x} bp {bp:#x} {salt}");
                     }
                 }
             }
         }
-        assert_eq!(stepped, 8);
+        assert_eq!(stepped, 11);
     }
 
     fn probe_bp_rule<S>(step: S) -> BpRule
@@ -1566,6 +1644,16 @@ mod tests {
             get(&table, 0x4000, false),
             Some(rule(BpRule::Restores(-24), 3))
         );
+        // Three slots filled, none over another address; then one taken over.
+        assert_eq!(table.conflicts, 0);
+        table.insert(0x4000, false, rule(BpRule::Keeps, 2));
+        assert_eq!(table.conflicts, 0);
+        let other = (0x4002..)
+            .find(|&lookup| table.slot(lookup, false) == table.slot(0x4000, false))
+            .expect("another address in the slot");
+        table.insert(other, false, rule(BpRule::Keeps, 1));
+        assert_eq!(table.conflicts, 1);
+        assert_eq!(table.get(0x4000, false), None);
         table.use_unwinder(0x20 as *const ProcessUnwinder);
         assert_eq!(table.get(0x4000, false), None);
     }
