@@ -21,8 +21,11 @@
 //! it ([`BpUse`], [`keep_needed_bp`]): in code built without frame pointers it is one more
 //! general register, whose changing contents made remembered walks miss though no frame's
 //! rule used them. framehop does not say which rule a step ran; what a rule does with `bp` is
-//! learnt by unwinding its frame twice over a synthetic stack ([`probe_bp_rule`]), once per
-//! lookup address and thread ([`BpRules`]).
+//! learnt by unwinding its frame twice over a synthetic stack ([`probe_rule`]), once per
+//! lookup address and thread ([`BpRules`]). The same two unwinds show how far a rule that
+//! ignores `bp` moves the stack pointer, or that it is the frame-pointer rule; a fresh walk
+//! then steps such a frame from that table itself ([`step_learnt`]: framehop's cache lookup
+//! and `exec` cost ~170 instructions a frame).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
@@ -132,7 +135,8 @@ const CONFLICTS_BEFORE_BANKS: u64 = 64;
 pub struct ThreadCache {
     /// The rule cache while the thread's walks fit it.
     rules: CacheX86_64,
-    /// The larger one, once `rules` has had [`CONFLICTS_BEFORE_BANKS`] slot conflicts.
+    /// The larger one, once `rules` and `bp_rules` have had [`CONFLICTS_BEFORE_BANKS`] slot
+    /// conflicts together (a frame stepped from `bp_rules` does not look in `rules`).
     banks: Option<Box<RuleBanks>>,
     /// The last walks, a ring growing to [`REMEMBERED`]: the newest is `walks[last]`, the
     /// oldest's buffers take the next fresh walk. Each grows to the walk it holds (little
@@ -221,7 +225,7 @@ enum BpUse {
 
 /// What the rule at one lookup address does with `bp`, as [`BpUse`] with the restored word's
 /// address relative to the step's stack pointer: a rule depends only on its address (and on
-/// whether it is the first frame's), so this is learnt once ([`probe_bp_rule`]) and kept
+/// whether it is the first frame's), so this is learnt once ([`probe_rule`]) and kept
 /// ([`BpRules`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BpRule {
@@ -255,7 +259,7 @@ impl BpRule {
     }
 }
 
-/// The stack pointer a probe unwinds from ([`probe_bp_rule`]); the two `bp` values above it
+/// The stack pointer a probe unwinds from ([`probe_rule`]); the two `bp` values above it
 /// (a frame-pointer rule must move the stack pointer up to succeed).
 const PROBE_SP: u64 = 0x4000_0000_0000;
 const PROBE_BPS: [u64; 2] = [PROBE_SP + 0x10_0000, PROBE_SP + 0x20_0000];
@@ -279,13 +283,22 @@ const PROBE_WORDS: u64 = 0x5a5a_a5a5_c3c3_3c3d;
 /// frame-pointer-relative CFA it cannot turn into a rule): two points cannot show that such an
 /// evaluation ignores `bp`. framehop's cached rules read and write only `ip`, `sp` and `bp`, as
 /// fixed offsets from `sp` or `bp` and words read there, so two points tell them apart exactly.
-fn probe_bp_rule<S>(mut step: S) -> BpRule
+///
+/// A rule that neither reads `bp` nor fails moved the stack pointer by a fixed amount (all of
+/// framehop's cached rules but the frame-pointer ones add a constant to `sp`); where the word
+/// it returned to is the one just below the new stack pointer, the probe keeps that amount,
+/// and [`step_learnt`] replays the rule without framehop.
+fn probe_rule<S>(mut step: S) -> FrameRule
 where
     S: FnMut(
         &mut UnwindRegsX86_64,
         &mut dyn FnMut(u64) -> Result<u64, ()>,
     ) -> Option<Result<Option<u64>, framehop::Error>>,
 {
+    const READS: FrameRule = FrameRule {
+        bp: BpRule::Reads,
+        sp_step_by_8: 0,
+    };
     let mut stack = |addr: u64| -> Result<u64, ()> { Ok(addr ^ PROBE_WORDS) };
     let mut after = [UnwindRegsX86_64::new(0, 0, 0); 2];
     let mut returned = [None; 2];
@@ -293,36 +306,150 @@ where
         let mut regs = UnwindRegsX86_64::new(0, PROBE_SP, bp);
         match step(&mut regs, &mut stack) {
             Some(Ok(return_address)) => returned[i] = Some(return_address),
-            Some(Err(_)) | None => return BpRule::Reads,
+            Some(Err(_)) | None => return READS,
         }
         after[i] = regs;
     }
+    // framehop's frame-pointer rule (`UseFramePointer`, and `JustReturnIfFirstFrameOtherwiseFp`
+    // past the first frame), the only cached rule whose `sp` follows `bp`: `sp = bp + 16`,
+    // `bp` and the return address the words at `bp` and `bp + 8`, from both points.
+    let frame_pointer = (0..2).all(|i| {
+        let bp = PROBE_BPS[i];
+        after[i].sp() == bp + 16
+            && after[i].bp() == bp ^ PROBE_WORDS
+            && returned[i] == Some(Some((bp + 8) ^ PROBE_WORDS))
+    });
+    if frame_pointer {
+        return FrameRule {
+            bp: BpRule::Reads,
+            sp_step_by_8: FRAME_POINTER_STEP,
+        };
+    }
     if returned[0] != returned[1] || after[0].sp() != after[1].sp() {
-        return BpRule::Reads;
+        return READS;
     }
     let bps = [after[0].bp(), after[1].bp()];
-    if bps == PROBE_BPS {
-        return BpRule::Keeps;
-    }
-    if bps[0] == bps[1] {
-        let restored_from = bps[0] ^ PROBE_WORDS;
-        if let Ok(offset) = i32::try_from(restored_from.wrapping_sub(PROBE_SP) as i64) {
-            return BpRule::Restores(offset);
+    let rule = if bps == PROBE_BPS {
+        BpRule::Keeps
+    } else if bps[0] == bps[1]
+        && let Ok(offset) = i32::try_from((bps[0] ^ PROBE_WORDS).wrapping_sub(PROBE_SP) as i64)
+    {
+        BpRule::Restores(offset)
+    } else {
+        return READS;
+    };
+    // Returned to the word just below a stack pointer moved up by a multiple of 8 (that
+    // framehop's rules can encode): `step_learnt` does the same.
+    let new_sp = after[0].sp();
+    let moved = new_sp.wrapping_sub(PROBE_SP);
+    let returned_below = returned[0] == Some(Some((new_sp - 8) ^ PROBE_WORDS));
+    let sp_step_by_8 = match u16::try_from(moved / 8) {
+        Ok(by_8)
+            if new_sp > PROBE_SP
+                && moved.is_multiple_of(8)
+                && returned_below
+                && by_8 != FRAME_POINTER_STEP =>
+        {
+            by_8
         }
+        _ => 0,
+    };
+    FrameRule {
+        bp: rule,
+        sp_step_by_8,
     }
-    BpRule::Reads
 }
 
-/// [`probe_bp_rule`] for the frame at `address`, with framehop's cache for it: the first of
+/// The rule at one lookup address, as learnt by [`probe_rule`]: what it does with `bp`, and,
+/// for a rule that does not read it, how far it moves the stack pointer (in 8 bytes; 0:
+/// unknown, framehop steps it; [`FRAME_POINTER_STEP`]: framehop's frame-pointer rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FrameRule {
+    bp: BpRule,
+    sp_step_by_8: u16,
+}
+
+/// [`FrameRule::sp_step_by_8`] of framehop's frame-pointer rule (an `sp` step of that many
+/// words is left to framehop).
+const FRAME_POINTER_STEP: u16 = u16::MAX;
+
+/// One step of a learnt rule ([`FrameRule`], `sp_step_by_8` not 0): what framehop's `exec`
+/// does with the cached rule the probe ran, the same reads in the same order, without its
+/// cache lookup. A rule that moves the stack pointer by `sp_step_by_8 * 8` does with `bp`
+/// what `bp_rule` says (`OffsetSp`, `OffsetSpAndRestoreBp`, `JustReturn`: the restored word
+/// read first, then the return address); [`FRAME_POINTER_STEP`] is `UseFramePointer` (the
+/// words at `bp` and `bp + 8`). `Err`: the step failed (the walk ends, as on framehop's
+/// error); `Ok(None)`: the end of the stack (a zero return address, or a zero frame pointer).
+fn step_learnt<R>(
+    sp_step_by_8: u16,
+    bp_rule: BpRule,
+    is_first_frame: bool,
+    regs: &mut UnwindRegsX86_64,
+    read_stack: &mut R,
+) -> Result<Option<u64>, ()>
+where
+    R: FnMut(u64) -> Result<u64, ()>,
+{
+    let (sp, bp) = (regs.sp(), regs.bp());
+    if sp_step_by_8 == FRAME_POINTER_STEP {
+        if bp == 0 {
+            return Ok(None);
+        }
+        let new_sp = bp.checked_add(16).ok_or(())?;
+        if new_sp <= sp {
+            return Err(());
+        }
+        let new_bp = read_stack(bp)?;
+        return finish_step(regs, read_stack, new_sp, new_bp);
+    }
+    let new_sp = sp.checked_add(u64::from(sp_step_by_8) * 8).ok_or(())?;
+    let new_bp = match bp_rule {
+        BpRule::Keeps => bp,
+        BpRule::Restores(offset) => {
+            let at = sp.checked_add_signed(i64::from(offset)).ok_or(())?;
+            match read_stack(at) {
+                Ok(word) => word,
+                // `exec`'s epilogue case: a first frame's refused read below sp keeps `bp`.
+                Err(()) if is_first_frame && at < sp => bp,
+                Err(()) => return Err(()),
+            }
+        }
+        BpRule::Reads => return Err(()),
+    };
+    finish_step(regs, read_stack, new_sp, new_bp)
+}
+
+/// The end of `exec`: the return address below the new stack pointer, then the registers.
+fn finish_step<R>(
+    regs: &mut UnwindRegsX86_64,
+    read_stack: &mut R,
+    new_sp: u64,
+    new_bp: u64,
+) -> Result<Option<u64>, ()>
+where
+    R: FnMut(u64) -> Result<u64, ()>,
+{
+    // `exec`'s "did not advance" check cannot fire: both rules move `sp` up.
+    let return_address = read_stack(new_sp - 8)?;
+    if return_address == 0 {
+        return Ok(None);
+    }
+    regs.set_ip(return_address);
+    regs.set_sp(new_sp);
+    regs.set_bp(new_bp);
+    Ok(Some(return_address))
+}
+
+/// [`probe_rule`] for the frame at `address`, with framehop's cache for it: the first of
 /// the two unwinds leaves the frame's rule in that cache (framehop caches every rule it
 /// runs), so the second finds it there unless no rule ran (a full DWARF evaluation).
 fn probe_frame(
     unwinder: &ProcessUnwinder,
     address: FrameAddress,
     rules: &mut CacheX86_64,
-) -> BpRule {
+) -> FrameRule {
     let mut first = true;
-    probe_bp_rule(|regs, stack| {
+    probe_rule(|regs, stack| {
         regs.set_ip(address.address());
         let hits = rules.stats().hit_count;
         let stepped = unwinder.unwind_frame(address, regs, rules, &mut |addr| stack(addr));
@@ -336,13 +463,16 @@ fn probe_frame(
 const BP_RULE_SLOTS: usize = 256;
 const BP_RULE_SLOTS_WITH_BANKS: usize = 4096;
 
-/// A thread's [`BpRule`]s by lookup address and first-frame-ness: direct-mapped, a miss
-/// probes the rule again ([`probe_frame`]).
+/// A thread's [`FrameRule`]s by lookup address and first-frame-ness: direct-mapped, a miss
+/// probes the rule again ([`probe_frame`]). A hit whose rule moves `sp` by a known amount
+/// steps the frame without framehop ([`step_learnt`]).
 struct BpRules {
     /// The unwinder the rules were learnt with: another one may have other modules at the
     /// same addresses.
     unwinder: *const ProcessUnwinder,
     slots: Box<[BpRuleSlot]>,
+    /// Rules inserted over another address's ([`CONFLICTS_BEFORE_BANKS`]).
+    conflicts: u64,
 }
 
 /// One slot of [`BpRules`] (16 bytes).
@@ -351,6 +481,8 @@ struct BpRuleSlot {
     lookup: u64,
     /// `BpRule::Restores`'s offset.
     offset: i32,
+    /// [`FrameRule::sp_step_by_8`].
+    sp_step_by_8: u16,
     /// 0: empty, 1: reads, 2: keeps, 3: restores.
     kind: u8,
     is_first_frame: bool,
@@ -359,15 +491,18 @@ struct BpRuleSlot {
 const EMPTY_SLOT: BpRuleSlot = BpRuleSlot {
     lookup: 0,
     offset: 0,
+    sp_step_by_8: 0,
     kind: 0,
     is_first_frame: false,
 };
+const _: () = assert!(std::mem::size_of::<BpRuleSlot>() == 16);
 
 impl BpRules {
     fn new(slots: usize) -> BpRules {
         BpRules {
             unwinder: std::ptr::null(),
             slots: vec![EMPTY_SLOT; slots].into_boxed_slice(),
+            conflicts: 0,
         }
     }
 
@@ -387,29 +522,38 @@ impl BpRules {
         (mixed >> (64 - self.slots.len().trailing_zeros())) as usize
     }
 
-    fn get(&self, lookup: u64, is_first_frame: bool) -> Option<BpRule> {
+    fn get(&self, lookup: u64, is_first_frame: bool) -> Option<FrameRule> {
         let slot = self.slots[self.slot(lookup, is_first_frame)];
         if slot.lookup != lookup || slot.is_first_frame != is_first_frame {
             return None;
         }
-        match slot.kind {
-            1 => Some(BpRule::Reads),
-            2 => Some(BpRule::Keeps),
-            3 => Some(BpRule::Restores(slot.offset)),
-            _ => None,
-        }
+        let bp = match slot.kind {
+            1 => BpRule::Reads,
+            2 => BpRule::Keeps,
+            3 => BpRule::Restores(slot.offset),
+            _ => return None,
+        };
+        Some(FrameRule {
+            bp,
+            sp_step_by_8: slot.sp_step_by_8,
+        })
     }
 
-    fn insert(&mut self, lookup: u64, is_first_frame: bool, rule: BpRule) {
-        let (kind, offset) = match rule {
+    fn insert(&mut self, lookup: u64, is_first_frame: bool, rule: FrameRule) {
+        let (kind, offset) = match rule.bp {
             BpRule::Reads => (1, 0),
             BpRule::Keeps => (2, 0),
             BpRule::Restores(offset) => (3, offset),
         };
         let at = self.slot(lookup, is_first_frame);
+        let held = self.slots[at];
+        if held.kind != 0 && (held.lookup, held.is_first_frame) != (lookup, is_first_frame) {
+            self.conflicts += 1;
+        }
         self.slots[at] = BpRuleSlot {
             lookup,
             offset,
+            sp_step_by_8: rule.sp_step_by_8,
             kind,
             is_first_frame,
         };
@@ -748,7 +892,8 @@ pub fn walk(
         .filter(|walk| walk.comparable(unwinder_ptr, bounds, capacity))
         .map(|walk| SuffixMatch::new(walk, newest_states));
     let mut reads_fit = true;
-    if banks.is_none() && rules.stats().miss_wrong_address_count >= CONFLICTS_BEFORE_BANKS {
+    let conflicts = rules.stats().miss_wrong_address_count + bp_rules.conflicts;
+    if banks.is_none() && conflicts >= CONFLICTS_BEFORE_BANKS {
         // Allocates, as the thread's first walk (this cache) and framehop's misses do.
         *banks = Some(Box::new(RuleBanks::new()));
         *bp_rules = BpRules::new(BP_RULE_SLOTS_WITH_BANKS);
@@ -769,10 +914,6 @@ pub fn walk(
         if count == capacity {
             break;
         }
-        let rules = match banks {
-            Some(banks) => banks.for_address(address.address_for_lookup()),
-            None => &mut *rules,
-        };
         let reads = &mut next.reads;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             if !readable(addr, bounds) {
@@ -786,24 +927,39 @@ pub fn walk(
             }
             Ok(word)
         };
-        let (step_address, step_sp) = (address, regs.sp());
-        let stepped = unwinder.unwind_frame(address, &mut regs, rules, &mut read_stack);
-        let (lookup, is_first_frame) = (
-            step_address.address_for_lookup(),
-            !step_address.is_return_address(),
-        );
-        let bp_rule = bp_rules.get(lookup, is_first_frame).unwrap_or_else(|| {
-            let learnt = probe_frame(unwinder, step_address, rules);
-            bp_rules.insert(lookup, is_first_frame, learnt);
-            learnt
-        });
+        let step_sp = regs.sp();
+        let (lookup, is_first_frame) = (address.address_for_lookup(), !address.is_return_address());
+        // A rule learnt that moves `sp` by a known amount is stepped here: framehop's cache
+        // lookup and `exec` cost ~170 instructions a frame, this a few dozen.
+        let (stepped, bp_rule) = match bp_rules.get(lookup, is_first_frame) {
+            Some(rule) if rule.sp_step_by_8 != 0 => {
+                let stepped = step_learnt(
+                    rule.sp_step_by_8,
+                    rule.bp,
+                    is_first_frame,
+                    &mut regs,
+                    &mut read_stack,
+                );
+                (stepped.ok().flatten(), rule.bp)
+            }
+            known => {
+                let rules = match banks {
+                    Some(banks) => banks.for_address(lookup),
+                    None => &mut *rules,
+                };
+                let stepped = unwinder.unwind_frame(address, &mut regs, rules, &mut read_stack);
+                let rule = known.unwrap_or_else(|| {
+                    let learnt = probe_frame(unwinder, address, rules);
+                    bp_rules.insert(lookup, is_first_frame, learnt);
+                    learnt
+                });
+                (stepped.ok().flatten(), rule.bp)
+            }
+        };
         bp_uses.push(bp_rule.at(is_first_frame, step_sp, bounds));
-        match stepped {
-            Ok(Some(return_address)) => match FrameAddress::from_return_address(return_address) {
-                Some(caller) => address = caller,
-                None => break,
-            },
-            _ => break,
+        match stepped.and_then(FrameAddress::from_return_address) {
+            Some(caller) => address = caller,
+            None => break,
         }
         let state = (regs.ip(), regs.sp(), regs.bp());
         joined = suffix
@@ -1251,6 +1407,11 @@ mod tests {
     /// pointer) and as a caller's (a return address just past it), each with a fresh rule
     /// cache and again with that cache warm.
     fn probed(label: unsafe extern "C" fn()) -> [BpRule; 2] {
+        probed_rules(label).map(|rule| rule.bp)
+    }
+
+    /// [`probed`]'s whole rules.
+    fn probed_rules(label: unsafe extern "C" fn()) -> [FrameRule; 2] {
         // SAFETY: built by `current_unwinder` and never freed.
         let unwinder = unsafe { &*current_unwinder(0) };
         let at = label as usize as u64;
@@ -1289,7 +1450,121 @@ mod tests {
         let unwinder = unsafe { &*current_unwinder(0) };
         let nowhere = FrameAddress::from_return_address(0x18).expect("non-zero");
         let mut rules = CacheX86_64::new();
-        assert_eq!(probe_frame(unwinder, nowhere, &mut rules), Reads);
+        assert_eq!(probe_frame(unwinder, nowhere, &mut rules).bp, Reads);
+    }
+
+    #[test]
+    fn the_probe_learns_how_far_each_rule_moves_sp() {
+        let steps = |label| probed_rules(label).map(|rule| rule.sp_step_by_8);
+        // CFA = rsp + 8 * n, the return address just below it.
+        assert_eq!(steps(vramshim_bp_probe_start), [1, 1]);
+        assert_eq!(steps(vramshim_bp_probe_saved), [2, 2]);
+        assert_eq!(steps(vramshim_bp_probe_framed), [6, 6]);
+        assert_eq!(steps(vramshim_bp_probe_popped), [1, 1]);
+        // The frame-pointer rule.
+        assert_eq!(
+            steps(vramshim_bp_probe_fp),
+            [FRAME_POINTER_STEP, FRAME_POINTER_STEP]
+        );
+        // Evaluated in full, or the end of the stack: framehop steps them.
+        assert_eq!(steps(vramshim_bp_probe_fp_odd), [0, 0]);
+        assert_eq!(steps(vramshim_bp_probe_expression), [0, 0]);
+        assert_eq!(steps(vramshim_bp_probe_end), [0, 0]);
+    }
+
+    /// Each probed rule stepped by [`step_learnt`] and by framehop over the same stack
+    /// (every word `address ^ salt`, bounded reads): the same result, registers and reads.
+    #[test]
+    fn stepping_a_learnt_rule_is_what_framehop_does() {
+        // SAFETY: built by `current_unwinder` and never freed.
+        let unwinder = unsafe { &*current_unwinder(0) };
+        let labels: [unsafe extern "C" fn(); 6] = [
+            vramshim_bp_probe_start,
+            vramshim_bp_probe_saved,
+            vramshim_bp_probe_framed,
+            vramshim_bp_probe_popped,
+            vramshim_bp_probe_fp,
+            vramshim_bp_probe_end,
+        ];
+        // No module there: framehop's frame-pointer fallback.
+        let nowhere = FrameAddress::from_return_address(0x18).expect("non-zero");
+        let mut stepped = 0;
+        let addresses = labels.into_iter().flat_map(|label| {
+            let at = label as usize as u64;
+            [
+                FrameAddress::from_instruction_pointer(at),
+                FrameAddress::from_return_address(at + 1).expect("a non-zero address"),
+            ]
+        });
+        for address in addresses.chain([nowhere]) {
+            {
+                let mut rules = CacheX86_64::new();
+                let probe_regs = UnwindRegsX86_64::new(address.address(), 0x1800, 0x1900);
+                let mut warm = probe_regs;
+                let _ = unwinder.unwind_frame(address, &mut warm, &mut rules, &mut |_| Ok(1));
+                let rule = probe_frame(unwinder, address, &mut rules);
+                if rule.sp_step_by_8 == 0 {
+                    continue;
+                }
+                stepped += 1;
+                let first = !address.is_return_address();
+                // Stack pointers across the bounds' edges; frame pointers above, below, at
+                // the bounds' edges and zero; words zero or not.
+                let sps = [0xff8, 0x1000, 0x1008, 0x17f0, 0x1fd0, 0x1ff8, 0x2000];
+                let bps = [
+                    0,
+                    0x4242,
+                    0x1000,
+                    0x17e0,
+                    0x1800,
+                    0x1fe8,
+                    0x1ff0,
+                    u64::MAX - 8,
+                ];
+                for (sp, bp) in sps.into_iter().flat_map(|sp| bps.map(|bp| (sp, bp))) {
+                    for salt in [0, 0x7777_0000] {
+                        let mut run = |ours: bool| {
+                            let mut regs = UnwindRegsX86_64::new(address.address(), sp, bp);
+                            let mut reads = Vec::new();
+                            let mut read = |addr: u64| {
+                                if !readable(addr, BOUNDS) {
+                                    return Err(());
+                                }
+                                let zero = salt == 0 && (addr == sp || addr == bp.wrapping_add(8));
+                                let word = if zero { 0 } else { addr ^ salt };
+                                reads.push(addr);
+                                Ok(word)
+                            };
+                            let result = if ours {
+                                step_learnt(rule.sp_step_by_8, rule.bp, first, &mut regs, &mut read)
+                                    .ok()
+                                    .flatten()
+                            } else {
+                                unwinder
+                                    .unwind_frame(address, &mut regs, &mut rules, &mut read)
+                                    .ok()
+                                    .flatten()
+                            };
+                            (result, regs.ip(), regs.sp(), regs.bp(), reads)
+                        };
+                        let ours = run(true);
+                        let framehops = run(false);
+                        assert_eq!(ours, framehops, "{address:?} sp {sp:#x} bp {bp:#x} {salt}");
+                    }
+                }
+            }
+        }
+        assert_eq!(stepped, 11);
+    }
+
+    fn probe_bp_rule<S>(step: S) -> BpRule
+    where
+        S: FnMut(
+            &mut UnwindRegsX86_64,
+            &mut dyn FnMut(u64) -> Result<u64, ()>,
+        ) -> Option<Result<Option<u64>, framehop::Error>>,
+    {
+        probe_rule(step).bp
     }
 
     #[test]
@@ -1352,15 +1627,33 @@ mod tests {
         let unwinder = 0x10 as *const ProcessUnwinder;
         table.use_unwinder(unwinder);
         assert_eq!(table.get(0x4000, false), None);
-        table.insert(0x4000, false, BpRule::Restores(-24));
-        table.insert(0x4000, true, BpRule::Keeps);
-        table.insert(0x4001, false, BpRule::Reads);
-        assert_eq!(table.get(0x4000, false), Some(BpRule::Restores(-24)));
-        assert_eq!(table.get(0x4000, true), Some(BpRule::Keeps));
-        assert_eq!(table.get(0x4001, false), Some(BpRule::Reads));
+        let rule = |bp, sp_step_by_8| FrameRule { bp, sp_step_by_8 };
+        table.insert(0x4000, false, rule(BpRule::Restores(-24), 3));
+        table.insert(0x4000, true, rule(BpRule::Keeps, 1));
+        table.insert(0x4001, false, rule(BpRule::Reads, 0));
+        let get = |table: &BpRules, lookup, first| table.get(lookup, first);
+        assert_eq!(
+            get(&table, 0x4000, false),
+            Some(rule(BpRule::Restores(-24), 3))
+        );
+        assert_eq!(get(&table, 0x4000, true), Some(rule(BpRule::Keeps, 1)));
+        assert_eq!(get(&table, 0x4001, false), Some(rule(BpRule::Reads, 0)));
         assert_eq!(table.get(0x4001, true), None);
         table.use_unwinder(unwinder);
-        assert_eq!(table.get(0x4000, false), Some(BpRule::Restores(-24)));
+        assert_eq!(
+            get(&table, 0x4000, false),
+            Some(rule(BpRule::Restores(-24), 3))
+        );
+        // Three slots filled, none over another address; then one taken over.
+        assert_eq!(table.conflicts, 0);
+        table.insert(0x4000, false, rule(BpRule::Keeps, 2));
+        assert_eq!(table.conflicts, 0);
+        let other = (0x4002..)
+            .find(|&lookup| table.slot(lookup, false) == table.slot(0x4000, false))
+            .expect("another address in the slot");
+        table.insert(other, false, rule(BpRule::Keeps, 1));
+        assert_eq!(table.conflicts, 1);
+        assert_eq!(table.get(0x4000, false), None);
         table.use_unwinder(0x20 as *const ProcessUnwinder);
         assert_eq!(table.get(0x4000, false), None);
     }
