@@ -282,6 +282,11 @@ def instructions(release):
           f"under callgrind a mode; load average {load_start} at the start, {loadavg()} at "
           "the end")
     print("tensor events in the window: " + ", ".join(f"{m} {e}" for m, e in counted.items()))
+    if "alone" not in results:
+        # A run for the dumps alone (BENCH_CALLGRIND_KEEP): nothing to subtract from.
+        print("no per-event figures: they are counted above the fakes alone; add 'alone' to "
+              "BENCH_CALLGRIND_MODES")
+        return
     alone = results["alone"]
     events = statistics.median(counted.values())
     per_event = {}
