@@ -532,19 +532,33 @@ impl ChunkBuilder {
     /// Appends one record (a `tensor_free` may join the record before it: a pair is written
     /// only within one chunk, so ending a chunk needs nothing more).
     pub fn push(&mut self, record: &Record) {
+        if let Record::Event(event) = record {
+            self.push_event(event);
+            return;
+        }
+        if self.records == 0 {
+            self.begin_chunk();
+        }
+        self.open_free = 0;
+        let start = self.payload.len();
+        self.delta.encode(record, &mut self.payload);
+        self.runs.after_record(&mut self.payload, start);
+        self.records += 1;
+    }
+
+    /// Appends one event record, as [`ChunkBuilder::push`] of a [`Record::Event`] does (the
+    /// recorder's writer pushes its events so, without making each a `Record`).
+    pub fn push_event(&mut self, event: &Event) {
         if self.records == 0 {
             self.begin_chunk();
         }
         let open_free = std::mem::take(&mut self.open_free);
-        if let Record::Event(event) = record
-            && open_free != 0
-            && self.delta.fold_free(event, open_free, &mut self.payload)
-        {
+        if open_free != 0 && self.delta.fold_free(event, open_free, &mut self.payload) {
             self.records += 1;
             return;
         }
         let start = self.payload.len();
-        self.delta.encode(record, &mut self.payload);
+        self.delta.encode_event(event, &mut self.payload);
         // A request written in full (not a repeat) stays whole at the payload's end: a run it
         // ends goes before it.
         if self.free_pairs && self.payload.get(start) == Some(&TAG_FREE_REQUESTED) {

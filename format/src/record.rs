@@ -522,15 +522,23 @@ impl DeltaState {
         put_u64(out, t_ns / self.time_unit());
     }
 
-    /// The delta from the previous event's time (both rounded) to `t_ns`, in time units:
-    /// exact, as both are multiples of the unit.
+    /// Appends the delta from the previous event's time (both rounded) to `t_ns`, in time
+    /// units: exact, as both are multiples of the unit.
     #[inline]
     fn put_time_delta(&self, out: &mut Vec<u8>, t_ns: u64) {
-        put_i64(
-            out,
+        put_i64(out, self.time_delta_units(t_ns));
+    }
+
+    /// The delta [`DeltaState::put_time_delta`] writes.
+    #[inline]
+    fn time_delta_units(&self, t_ns: u64) -> i64 {
+        let delta = t_ns.wrapping_sub(self.t_ns) as i64;
+        if self.time_step_ns > 1 {
             // Wrapping: no resolution passed in can make it panic.
-            (t_ns.wrapping_sub(self.t_ns) as i64).wrapping_div(self.time_unit() as i64),
-        );
+            delta.wrapping_div(self.time_step_ns as i64)
+        } else {
+            delta
+        }
     }
 
     /// A time written by [`DeltaState::put_time`], in nanoseconds.
@@ -650,7 +658,8 @@ impl DeltaState {
         }
     }
 
-    fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
+    /// Appends `event`'s record to `out` (in full, or as a repeat of a recent one).
+    pub(crate) fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
         let t_ns = self.time(event.t_ns);
         let filled = usize::from(self.recent_filled);
         if let Some(slot) = self.recent[..filled]
@@ -693,39 +702,43 @@ impl DeltaState {
         if event.addr != 0 {
             flags |= F_ADDR;
         }
-        out.push(TAG_EVENT + event.kind as u8);
-        out.push(flags);
-        put_u64(out, u64::from(event.api));
-        self.put_time_delta(out, t_ns);
+        // Built on the stack and appended at once: a push to `out` reloads and checks its
+        // length and capacity for every byte (the writer's largest encoding cost).
+        let mut record = EventBytes::default();
+        record.push(TAG_EVENT + event.kind as u8);
+        record.push(flags);
+        record.put_u64(u64::from(event.api));
+        record.put_i64(self.time_delta_units(t_ns));
         if flags & F_THREAD != 0 {
-            put_u64(out, u64::from(event.thread));
+            record.put_u64(u64::from(event.thread));
         }
         if flags & F_DEVICE != 0 {
-            put_i64(out, i64::from(event.device));
+            record.put_i64(i64::from(event.device));
         }
         if flags & F_ADDR != 0 {
-            put_i64(out, event.addr.wrapping_sub(self.addr) as i64);
+            record.put_i64(event.addr.wrapping_sub(self.addr) as i64);
             self.addr = event.addr;
         }
         // Sizes repeat a lot (same tensor shapes): a repeated size costs one byte.
-        put_i64(out, event.size.wrapping_sub(self.size) as i64);
+        record.put_i64(event.size.wrapping_sub(self.size) as i64);
         self.size = event.size;
         if flags & F_STREAM != 0 {
-            put_u64(out, event.stream);
+            record.put_u64(event.stream);
         }
         if flags & F_HANDLE != 0 {
-            put_u64(out, event.handle);
+            record.put_u64(event.handle);
         }
         if flags & F_RESULT != 0 {
-            put_u64(out, u64::from(event.result));
+            record.put_u64(u64::from(event.result));
         }
         if let Some((free, total)) = event.mem_info {
-            put_u64(out, free);
-            put_u64(out, total);
+            record.put_u64(free);
+            record.put_u64(total);
         }
         if flags & F_STACK != 0 {
-            put_u64(out, u64::from(event.stack));
+            record.put_u64(u64::from(event.stack));
         }
+        out.extend_from_slice(record.bytes());
         self.t_ns = t_ns;
         self.thread = event.thread;
         self.device = event.device;
@@ -1305,6 +1318,55 @@ fn device_from(value: i64) -> Result<i32, DecodeError> {
     i32::try_from(value).map_err(|_| DecodeError("device ordinal out of range"))
 }
 
+/// The most bytes one event record takes: its tag and flags, its api (a `u16`), its time delta,
+/// thread, device, address and size deltas, stream, handle, result, the two words of memory
+/// and its stack, each a LEB128 of at most 10 bytes (5 for a `u32`, 3 for a `u16`).
+const MAX_EVENT_BYTES: usize = 2 + 3 + 10 + 5 + 10 + 10 + 10 + 10 + 10 + 5 + 20 + 5;
+
+/// One event record's bytes, written on the stack before they join the payload.
+struct EventBytes {
+    bytes: [u8; MAX_EVENT_BYTES],
+    len: usize,
+}
+
+impl Default for EventBytes {
+    #[inline(always)]
+    fn default() -> Self {
+        EventBytes {
+            bytes: [0; MAX_EVENT_BYTES],
+            len: 0,
+        }
+    }
+}
+
+impl EventBytes {
+    #[inline(always)]
+    fn push(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
+    /// As [`put_u64`].
+    #[inline(always)]
+    fn put_u64(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.push((value as u8) | 0x80);
+            value >>= 7;
+        }
+        self.push(value as u8);
+    }
+
+    /// As [`put_i64`].
+    #[inline(always)]
+    fn put_i64(&mut self, value: i64) {
+        self.put_u64(((value << 1) ^ (value >> 63)) as u64);
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// The encoder's side of runs ([`TAG_RUN`]): watches the records appended to a chunk's payload
 /// and gathers a cycle of one-byte same-time repeats that comes round again into one run
 /// record.
@@ -1355,7 +1417,19 @@ impl RunWriter {
 
     /// A record was appended to `payload` from `start` on: the record joins the run being
     /// gathered, or ends it (the run is then written before the record), or starts one.
+    #[inline]
     pub(crate) fn after_record(&mut self, payload: &mut Vec<u8>, start: usize) {
+        // Most records are neither in a run nor a one-byte repeat that may start one.
+        if self.period == 0 && payload.len() != start + 1 {
+            self.plain = 0;
+            return;
+        }
+        self.after_short_record(payload, start);
+    }
+
+    /// [`RunWriter::after_record`] with a run being gathered or a one-byte record.
+    #[inline(never)]
+    fn after_short_record(&mut self, payload: &mut Vec<u8>, start: usize) {
         let repeat = (payload.len() == start + 1)
             .then(|| payload[start])
             .filter(|tag| {
