@@ -1256,38 +1256,15 @@ fn is_run_again(tag: u8) -> bool {
     (TAG_RUN_AGAIN..TAG_RUN_AGAIN + MAX_RUN_PERIOD as u8).contains(&tag)
 }
 
-/// Whether `a` and `b` differ at most in their times (the fields that differ most often are
-/// compared first). Every field is named, so a new one cannot be forgotten here.
+/// Whether `a` and `b` differ at most in their times: the same block's (the address, which
+/// differs most often, first), then the kind and the stack.
 fn same_but_time(a: &Event, b: &Event) -> bool {
-    let Event {
-        kind,
-        api,
-        t_ns: _,
-        thread,
-        device,
-        stream,
-        addr,
-        size,
-        handle,
-        result,
-        stack,
-        mem_info,
-    } = *a;
-    addr == b.addr
-        && kind == b.kind
-        && size == b.size
-        && thread == b.thread
-        && stack == b.stack
-        && api == b.api
-        && device == b.device
-        && stream == b.stream
-        && handle == b.handle
-        && result == b.result
-        && mem_info == b.mem_info
+    same_block(a, b) && a.kind == b.kind && a.stack == b.stack
 }
 
 /// Whether `a` and `b` are the same block's events: every field but the kind, the time and
-/// the stack the same.
+/// the stack the same. Every field is named, so a new one cannot be forgotten here (nor in
+/// [`same_but_time`]).
 fn same_block(a: &Event, b: &Event) -> bool {
     let Event {
         kind: _,

@@ -485,6 +485,20 @@ fn malloc_async_backend_uses_the_pools_caching() {
     }
 }
 
+/// `vramshim dump --counts --json LOG`: the log's events against its records.
+fn dump_counts(log: &Path) -> Value {
+    let output = tool(&[
+        OsStr::new("dump"),
+        OsStr::new("--counts"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().expect("counts line"))
+        .unwrap_or_else(|err| panic!("{stdout}: {err}"))
+}
+
 /// PyTorch's own trace action for a tensor event of the log.
 fn torch_action(event: &str) -> Option<&'static str> {
     Some(match event {
@@ -581,16 +595,7 @@ fn a_blocks_free_request_and_free_are_one_record_of_the_log() {
                 && same_block(pair[0], pair[1])
         })
         .count() as u64;
-    let output = tool(&[
-        OsStr::new("dump"),
-        OsStr::new("--counts"),
-        OsStr::new("--json"),
-        log.as_os_str(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let counts: Value = serde_json::from_str(stdout.lines().last().expect("counts line"))
-        .unwrap_or_else(|err| panic!("{stdout}: {err}"));
+    let counts = dump_counts(log);
     assert_eq!(counts["type"], "counts");
     assert_eq!(u64_of(&counts, "events"), events.len() as u64);
     assert_eq!(
@@ -687,16 +692,7 @@ fn free_pairs_in_a_flight_recorders_dumps_read_as_the_stream_log() {
                 seen.push((kind.to_owned(), size));
             }
         }
-        let output = tool(&[
-            OsStr::new("dump"),
-            OsStr::new("--counts"),
-            OsStr::new("--json"),
-            log.as_os_str(),
-        ]);
-        assert!(output.status.success(), "{output:?}");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let counts: Value = serde_json::from_str(stdout.lines().last().expect("counts"))
-            .unwrap_or_else(|err| panic!("{stdout}: {err}"));
+        let counts = dump_counts(log);
         assert_eq!(u64_of(&counts, "runs"), 0, "{counts}");
         assert_eq!(
             u64_of(&counts, "event_records") + u64_of(&counts, "free_pairs"),
