@@ -753,28 +753,37 @@ fn torch_2_1() -> Option<Torch> {
     })
 }
 
+/// `torch_fakegpu.py profiled` (the legacy profiler with memory on) under the recorder and
+/// without it; the recorded run printed no warning.
+fn profiled_runs(torch: &Torch) -> (TorchRun, TorchRun) {
+    let env = [("VRAMSHIM_STACK", "none")];
+    let recorded = run_torch(torch, "profiled", 80 << 30, &env, true);
+    let plain = run_torch(torch, "profiled", 80 << 30, &env, false);
+    let stderr = String::from_utf8_lossy(&recorded.output.stderr);
+    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    (recorded, plain)
+}
+
+/// The profiler's per-op CUDA memory of a `profiled` run: (op, bytes).
+fn profiler_ops(run: &TorchRun) -> Vec<(String, i64)> {
+    arr(&run.result["ops"])
+        .iter()
+        .map(|op| (op[0].as_str().unwrap().to_owned(), op[1].as_i64().unwrap()))
+        .collect()
+}
+
 /// torch 2.1.2's legacy profiler with memory on: the shim passes each report on, so torch's
 /// per-op CUDA memory figures are those of a run without the shim; the log's blocks are the
 /// ones torch reported, in order, and its tensor peak is torch's allocated peak.
 #[test]
 fn torch_2_1_profiler_still_sees_its_memory_and_the_log_has_the_same_blocks() {
     let Some(torch) = torch_2_1() else { return };
-    let env = [("VRAMSHIM_STACK", "none")];
-    let recorded = run_torch(&torch, "profiled", 80 << 30, &env, true);
-    let plain = run_torch(&torch, "profiled", 80 << 30, &env, false);
-    let stderr = String::from_utf8_lossy(&recorded.output.stderr);
-    assert!(!stderr.contains("vramshim:"), "{stderr}");
+    let (recorded, plain) = profiled_runs(&torch);
     let r = &recorded.result;
-    let ops = |run: &TorchRun| -> Vec<(String, i64)> {
-        arr(&run.result["ops"])
-            .iter()
-            .map(|op| (op[0].as_str().unwrap().to_owned(), op[1].as_i64().unwrap()))
-            .collect()
-    };
     // Torch's own figures for the 12,000-byte and 7-byte tensors and the 20 MiB ones.
     const MIB20: i64 = 20 << 20;
     assert_eq!(
-        ops(&recorded),
+        profiler_ops(&recorded),
         [
             ("[memory]", 0),
             ("[memory]", 0),
@@ -790,7 +799,7 @@ fn torch_2_1_profiler_still_sees_its_memory_and_the_log_has_the_same_blocks() {
         ]
         .map(|(name, bytes)| (name.to_owned(), bytes))
     );
-    assert_eq!(ops(&recorded), ops(&plain));
+    assert_eq!(profiler_ops(&recorded), profiler_ops(&plain));
     let dump = dump(recorded.log.as_ref().expect("log"));
     let blocks: Vec<(String, u64, u64)> = events(&dump)
         .iter()
@@ -841,18 +850,8 @@ fn torch_2_1_profiler_still_sees_its_memory_and_the_log_has_the_same_blocks() {
 #[test]
 fn the_profiler_still_sees_its_memory_under_the_tracker_route() {
     let Some(torch) = current() else { return };
-    let env = [("VRAMSHIM_STACK", "none")];
-    let recorded = run_torch(&torch, "profiled", 80 << 30, &env, true);
-    let plain = run_torch(&torch, "profiled", 80 << 30, &env, false);
-    let stderr = String::from_utf8_lossy(&recorded.output.stderr);
-    assert!(!stderr.contains("vramshim:"), "{stderr}");
-    let ops = |run: &TorchRun| -> Vec<(String, i64)> {
-        arr(&run.result["ops"])
-            .iter()
-            .map(|op| (op[0].as_str().unwrap().to_owned(), op[1].as_i64().unwrap()))
-            .collect()
-    };
-    let memory: Vec<i64> = ops(&recorded)
+    let (recorded, plain) = profiled_runs(&torch);
+    let memory: Vec<i64> = profiler_ops(&recorded)
         .into_iter()
         .filter(|(name, _)| name == "[memory]")
         .map(|(_, bytes)| bytes)
@@ -866,7 +865,7 @@ fn the_profiler_still_sees_its_memory_under_the_tracker_route() {
             .all(|bytes| memory.contains(bytes)),
         "{memory:?}"
     );
-    assert_eq!(ops(&recorded), ops(&plain));
+    assert_eq!(profiler_ops(&recorded), profiler_ops(&plain));
     let dump = dump(recorded.log.as_ref().expect("log"));
     let notes: Vec<&str> = dump.iter().filter_map(|v| v["text"].as_str()).collect();
     assert!(
