@@ -161,6 +161,13 @@ pub struct RecordCounts {
     pub runs: u64,
     /// Other records read (stacks, modules, notes, ...).
     pub other_records: u64,
+    /// Chunks whose records were read (damaged or skipped ones not counted): how the
+    /// writer batched its records (a chunk is sealed when its drains end or it fills).
+    pub chunks: u64,
+    /// Of those, key chunks (the others continue the chunk before them, format 6).
+    pub key_chunks: u64,
+    /// Of those, compressed ones (a zstd frame).
+    pub compressed_chunks: u64,
 }
 
 impl<R: Read> LogReader<R> {
@@ -348,6 +355,7 @@ impl<R: Read> LogReader<R> {
                 kind: DamageKind::BadRecord { reason },
             });
         }
+        self.count_chunk(true, compressed);
         None
     }
 
@@ -441,7 +449,15 @@ impl<R: Read> LogReader<R> {
                 kind: DamageKind::BadRecord { reason },
             });
         }
+        self.count_chunk(false, kind == CONTINUED_COMPRESSED_CHUNK);
         None
+    }
+
+    /// A chunk loaded whole (its records are read next).
+    fn count_chunk(&mut self, key: bool, compressed: bool) {
+        self.counts.chunks += 1;
+        self.counts.key_chunks += u64::from(key);
+        self.counts.compressed_chunks += u64::from(compressed);
     }
 
     /// The file ends inside the chunk at `start`, of which `bytes` were read.

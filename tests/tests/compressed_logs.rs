@@ -55,6 +55,35 @@ fn dump(log: &Path) -> (Option<i32>, Vec<Value>) {
     (output.status.code(), lines)
 }
 
+/// `vramshim dump --counts --json LOG`: (chunks, key chunks, compressed chunks, events).
+fn chunk_counts(log: &Path) -> (u64, u64, u64, u64) {
+    let output = tool(&[
+        OsStr::new("dump"),
+        OsStr::new("--counts"),
+        OsStr::new("--json"),
+        log.as_os_str(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // The header's line first, then the counts'.
+    let counts: Value = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["type"] == "counts")
+        .unwrap_or_else(|| panic!("no counts line: {text}"));
+    let field = |name: &str| {
+        counts[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {text}"))
+    };
+    (
+        field("chunks"),
+        field("key_chunks"),
+        field("compressed_chunks"),
+        field("events"),
+    )
+}
+
 fn of_type<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|line| line["type"] == kind).collect()
 }
@@ -285,10 +314,54 @@ fn compressed_and_plain_chunks_mix_in_one_log() {
             CHUNK_MAGIC
         ]
     );
-    let (code, lines) = dump(&write(&dir, "mixed.log", &bytes));
+    let log = write(&dir, "mixed.log", &bytes);
+    let (code, lines) = dump(&log);
     assert_eq!(code, Some(0));
     assert!(of_type(&lines, "damage").is_empty());
     assert_eq!(event_keys(&lines), expected_keys(&[0, 1, 2, 3]));
+    // Four key chunks, two of them compressed, every event read.
+    assert_eq!(chunk_counts(&log), (4, 4, 2, (CHUNKS * PER_CHUNK) as u64));
+}
+
+#[test]
+fn dump_counts_the_chunks_read_key_and_continued() {
+    // A key chunk, two continued ones (the second plain), a key chunk, a continued one: five
+    // chunks, two of them key, four compressed. With the second chunk's payload damaged, it
+    // and the continued chunk after it are lost (they carry on from it), and the counts say
+    // so: three chunks read, the events of chunks 0, 3 and 4.
+    let dir = scratch("compressed-chunk-counts");
+    let mut out = header().encode();
+    let mut builder = ChunkBuilder::new().with_continued_chunks();
+    for chunk in 0..5 {
+        if chunk == 3 {
+            builder.request_key();
+        }
+        for record in chunk_records(chunk % CHUNKS) {
+            builder.push(&record);
+        }
+        if chunk == 2 {
+            builder.finish_into(&mut out);
+        } else {
+            builder.finish_compressed_into(&mut out);
+        }
+    }
+    let whole = (5 * PER_CHUNK) as u64;
+    assert_eq!(
+        chunk_counts(&write(&dir, "whole.log", &out)),
+        (5, 2, 4, whole)
+    );
+    let spans = chunks(&out);
+    let keys: Vec<bool> = spans
+        .iter()
+        .map(|span| span.magic == COMPRESSED_CHUNK_MAGIC || span.magic == CHUNK_MAGIC)
+        .collect();
+    assert_eq!(keys, [true, false, false, true, false]);
+    let second = spans[1];
+    out[second.start + second.len / 2] ^= 0x55;
+    assert_eq!(
+        chunk_counts(&write(&dir, "damaged.log", &out)),
+        (3, 2, 3, whole - 2 * PER_CHUNK as u64)
+    );
 }
 
 #[test]

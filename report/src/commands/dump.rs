@@ -19,7 +19,8 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Instead of the records, how many events the log holds and in how many records (a
-    /// run of repeats, or a block's free request and free together, is one record).
+    /// run of repeats, or a block's free request and free together, is one record) and
+    /// chunks.
     #[arg(long)]
     counts: bool,
 }
@@ -63,7 +64,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     common::finish_stdout(written)
 }
 
-/// `dump --counts`: the events read against the records that held them.
+/// `dump --counts`: the events read against the records that held them, and the chunks.
 fn write_counts(out: &mut impl Write, counts: RecordCounts, json: bool) -> io::Result<()> {
     if json {
         let value = json!({
@@ -73,17 +74,23 @@ fn write_counts(out: &mut impl Write, counts: RecordCounts, json: bool) -> io::R
             "free_pairs": counts.free_pairs,
             "runs": counts.runs,
             "other_records": counts.other_records,
+            "chunks": counts.chunks,
+            "key_chunks": counts.key_chunks,
+            "compressed_chunks": counts.compressed_chunks,
         });
         return writeln!(out, "{value}");
     }
     writeln!(
         out,
-        "{} in {} ({}, {}); {}",
+        "{} in {} ({}, {}); {}; {} ({} key, {} compressed)",
         counted(counts.events, "event"),
         counted(counts.event_records, "record"),
         counted(counts.free_pairs, "free pair"),
         counted(counts.runs, "run"),
         counted(counts.other_records, "other record"),
+        counted(counts.chunks, "chunk"),
+        counts.key_chunks,
+        counts.compressed_chunks,
     )
 }
 
