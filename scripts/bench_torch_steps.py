@@ -32,6 +32,14 @@ other threads' instructions from before the window. The recorder's writer thread
 by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (zstd's tables,
 some 50,000 - 75,000 instructions), so its share grows with the window's wall time, which
 callgrind and the host's load stretch: the window's seconds are printed too.
+Each recorder's log is also read for its chunking (`vramshim dump --counts`: events a chunk),
+and the same process is run once natively for its chunking there: at native speed a 50 ms drain
+holds 10 - 60 times the events it holds under callgrind (by the host's load). Only the
+writer's work depends on it (its costs a drain and a chunk, spread over more or fewer events;
+chunks of 16 KiB of records or more are compressed at zstd level 1, smaller ones at -2).
+BENCH_CALLGRIND_FLUSH_MS=N sets VRAMSHIM_FLUSH_MS for the recorders under callgrind, so that
+their chunks can be made to hold what native-speed chunks hold (the two are printed side by
+side): the writer's cost at native-speed chunking.
 BENCH_CALLGRIND_KEEP=DIR keeps each mode's window dump there (MODE.callgrind.out.1) for
 callgrind_annotate. Minutes of a core per process, mostly importing torch.
 """
@@ -130,6 +138,21 @@ MODES = {  # name: (PyTorch history, VRAMSHIM_STACK or None for no shim)
 }
 
 
+def shim_chunks(release, paths):
+    """(events, chunks) of the logs at `paths`, as `vramshim dump --counts` reads them: how
+    many events the writer sealed in a chunk on average (its drains' sizes)."""
+    events, chunks = 0, 0
+    for path in paths:
+        out = subprocess.run([os.path.join(release, "vramshim"), "dump", "--counts", "--json",
+                              path], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            record = json.loads(line)
+            if record.get("type") == "counts":
+                events += record["events"]
+                chunks += record["chunks"]
+    return events, chunks
+
+
 def shim_events(release, logs, window):
     """Tensor events of the logs in `logs` stamped inside the window (CLOCK_MONOTONIC ns)."""
     paths = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
@@ -163,6 +186,9 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
                    VRAMSHIM_OUTPUT=os.path.join(logs, "%p.vlog"))
         if stack:
             env["VRAMSHIM_STACK"] = stack
+        flush_ms = os.environ.get("BENCH_CALLGRIND_FLUSH_MS")
+        if stack and callgrind and flush_ms:
+            env["VRAMSHIM_FLUSH_MS"] = flush_ms
         command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--worker",
                    history, workloads, str(blocks), str(reference_pairs)]
         if callgrind:
@@ -173,6 +199,8 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
         result = json.loads(out.stdout.strip().splitlines()[-1])
         if stack:
             result["events"] = shim_events(release, logs, result["window"])
+            result["chunking"] = shim_chunks(
+                release, [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")])
         elif history in ("python", "all"):
             result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
         if callgrind:
@@ -277,6 +305,11 @@ def instructions(release):
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             results = dict(zip(modes, pool.map(
                 lambda mode: run(release, mode, workloads, 1, 0, library), modes)))
+        # The same processes at native speed, for the writer's chunking there: it drains by
+        # wall time, so under callgrind (10 - 60 times slower) each drain and chunk holds
+        # that many times fewer events.
+        native = {mode: run(release, mode, workloads, 1, 0) for mode in modes
+                  if MODES[mode][1] is not None}
     counted = {m: r["events"] for m, r in results.items() if r.get("events")}
     print(f"== training steps ({workloads}), PyTorch {results[modes[0]]['torch']}, one pass "
           f"under callgrind a mode; load average {load_start} at the start, {loadavg()} at "
@@ -288,6 +321,7 @@ def instructions(release):
               "BENCH_CALLGRIND_MODES")
         return
     alone = results["alone"]
+    flush_ms = os.environ.get("BENCH_CALLGRIND_FLUSH_MS")
     events = statistics.median(counted.values())
     per_event = {}
     for mode, result in results.items():
@@ -304,6 +338,13 @@ def instructions(release):
               f" ({(result['summary'] - alone['summary']) / n:.1f} an event), totals line "
               f"{result['totals'] - alone['totals']:+,} ({(result['totals'] - alone['totals']) / n:.1f})"
               f" above the fakes alone; window {seconds:.1f} s of wall time")
+        if mode in native:
+            ours, theirs = result["chunking"], native[mode]["chunking"]
+            native_s = (native[mode]["window"][1] - native[mode]["window"][0]) / 1e9
+            print(f"{'':16} chunks: {ours[0] / max(ours[1], 1):,.0f} events a chunk under "
+                  f"callgrind (VRAMSHIM_FLUSH_MS {flush_ms or 'default'}; {ours[0]:,} events, "
+                  f"{ours[1]} chunks); natively {theirs[0] / max(theirs[1], 1):,.0f} (flush "
+                  f"default; {theirs[0]:,} events, {theirs[1]} chunks; window {native_s:.2f} s)")
         if result["callback"]:
             print(f"{'':16} vramshim's callback {result['callback']:,} "
                   f"({result['callback'] / n:.1f} an event), its writer {result['writing']:,} "
