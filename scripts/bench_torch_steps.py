@@ -36,10 +36,11 @@ Each recorder's log is also read for its chunking (`vramshim dump --counts`: eve
 and the same process is run once natively for its chunking there: at native speed a 50 ms drain
 holds 10 - 60 times the events it holds under callgrind (by the host's load). Only the
 writer's work depends on it (its costs a drain and a chunk, spread over more or fewer events;
-chunks of 16 KiB of records or more are compressed at zstd level 1, smaller ones at -2).
-BENCH_CALLGRIND_FLUSH_MS=N sets VRAMSHIM_FLUSH_MS for the recorders under callgrind, so that
-their chunks can be made to hold what native-speed chunks hold (the two are printed side by
-side): the writer's cost at native-speed chunking.
+chunks of 16 KiB of records or more are compressed at zstd level 1, smaller ones at -2). A
+longer VRAMSHIM_FLUSH_MS under callgrind does not measure native-speed chunking: its drains
+then span the window's edges (one 3 s drain took in the untimed pass's events), so the
+writer's cost at native-speed chunking is measured on a native log re-chunked
+(`format/examples/chunk_costs.rs`).
 BENCH_CALLGRIND_KEEP=DIR keeps each mode's window dump there (MODE.callgrind.out.1) for
 callgrind_annotate. Minutes of a core per process, mostly importing torch.
 """
@@ -198,9 +199,6 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
                    VRAMSHIM_OUTPUT=os.path.join(logs, "%p.vlog"))
         if stack:
             env["VRAMSHIM_STACK"] = stack
-        flush_ms = os.environ.get("BENCH_CALLGRIND_FLUSH_MS")
-        if stack and callgrind and flush_ms:
-            env["VRAMSHIM_FLUSH_MS"] = flush_ms
         command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--worker",
                    history, workloads, str(blocks), str(reference_pairs)]
         if callgrind:
@@ -334,7 +332,6 @@ def instructions(release):
               "BENCH_CALLGRIND_MODES")
         return
     alone = results["alone"]
-    flush_ms = os.environ.get("BENCH_CALLGRIND_FLUSH_MS")
     events = statistics.median(counted.values())
     per_event = {}
     for mode, result in results.items():
@@ -356,9 +353,9 @@ def instructions(release):
             native_s = (native[mode]["window"][1] - native[mode]["window"][0]) / 1e9
             print(f"{'':16} stacks first used in the window: {result['new_stacks']}")
             print(f"{'':16} chunks: {ours[0] / max(ours[1], 1):,.0f} events a chunk under "
-                  f"callgrind (VRAMSHIM_FLUSH_MS {flush_ms or 'default'}; {ours[0]:,} events, "
-                  f"{ours[1]} chunks); natively {theirs[0] / max(theirs[1], 1):,.0f} (flush "
-                  f"default; {theirs[0]:,} events, {theirs[1]} chunks; window {native_s:.2f} s)")
+                  f"callgrind ({ours[0]:,} events, "
+                  f"{ours[1]} chunks); natively {theirs[0] / max(theirs[1], 1):,.0f} "
+                  f"({theirs[0]:,} events, {theirs[1]} chunks; window {native_s:.2f} s)")
         if result["callback"]:
             print(f"{'':16} vramshim's callback {result['callback']:,} "
                   f"({result['callback'] / n:.1f} an event), its writer {result['writing']:,} "
