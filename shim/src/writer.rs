@@ -445,12 +445,21 @@ fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
         finish_chunk(output);
         return;
     }
-    for (_, tid, slot) in &batch {
-        let record = slot_record(*tid, slot, output.start_mono_ns);
-        if let Some(window) = output.window.as_mut() {
-            window.push(&record);
-        } else {
-            push_record(output, &record);
+    if let Some(window) = output.window.as_mut() {
+        for (_, tid, slot) in &batch {
+            window.push(&slot_record(*tid, slot, output.start_mono_ns));
+        }
+    } else {
+        // The stream's events go to the chunk as they are, not each made a `Record` first.
+        for (_, tid, slot) in &batch {
+            if slot.tag == SLOT_MEM_INFO {
+                push_record(output, &slot_record(*tid, slot, output.start_mono_ns));
+            } else {
+                let event = slot_event(*tid, slot, output.start_mono_ns);
+                open_chunk_if_empty(output);
+                output.chunk.push_event(&event);
+                close_chunk_if_full(output);
+            }
         }
     }
     output.batch = batch;
@@ -505,10 +514,16 @@ fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
             total: slot.aux[1],
         });
     }
-    Record::Event(Event {
+    Record::Event(slot_event(tid, slot, start))
+}
+
+/// An event slot's event (not a [`SLOT_MEM_INFO`] slot's).
+#[inline]
+fn slot_event(tid: u32, slot: &Slot, start: u64) -> Event {
+    Event {
         kind: EventKind::from_code(slot.kind).unwrap_or_default(),
         api: slot.api,
-        t_ns,
+        t_ns: slot.t_ns.saturating_sub(start),
         thread: tid,
         device: slot.device,
         stream: slot.stream,
@@ -518,10 +533,19 @@ fn slot_record(tid: u32, slot: &Slot, start: u64) -> Record {
         result: slot.result,
         stack: slot.stack,
         mem_info: slot.has_mem_info.then_some((slot.aux[0], slot.aux[1])),
-    })
+    }
 }
 
 fn push_record(output: &mut Output, record: &Record) {
+    open_chunk_if_empty(output);
+    output.chunk.push(record);
+    close_chunk_if_full(output);
+}
+
+/// Before a record is pushed: a chunk begun now is stamped, and is a key chunk when the last
+/// one began long enough ago.
+#[inline]
+fn open_chunk_if_empty(output: &mut Output) {
     if output.chunk.is_empty() {
         let now = process::now_ns();
         output.chunk_opened_ns = now;
@@ -532,7 +556,11 @@ fn push_record(output: &mut Output, record: &Record) {
             output.key_opened_ns = now;
         }
     }
-    output.chunk.push(record);
+}
+
+/// After a record is pushed: the chunk is sealed once it holds [`CHUNK_BYTES`].
+#[inline]
+fn close_chunk_if_full(output: &mut Output) {
     if output.chunk.payload_len() >= CHUNK_BYTES {
         finish_chunk(output);
     }
