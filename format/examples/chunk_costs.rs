@@ -15,6 +15,9 @@
 //! counts the chunks' heads too); the instructions are callgrind's inclusive counts of
 //! `encode_chunks` (the records encoded, no compression), of each `compress_*` function and of
 //! `writer_chunks` (encoding and compression as the library does both).
+//! `compress_stream_*` compress a 20-chunk key interval (or, `compress_one_stream_*`, all
+//! chunks) as one zstd stream, each chunk ending with `ZSTD_e_flush`: format 8's idea, measured
+//! and not taken (README, "Fourteenth round (2026-11-28, issue 12): compression").
 
 use std::fs::File;
 use std::process::ExitCode;
@@ -95,6 +98,22 @@ fn main() -> ExitCode {
     println!(
         "zstd level -2 (the writer's for chunks under 16 KiB): {} bytes",
         compress_level_minus_2(&payloads)
+    );
+    println!(
+        "zstd level -2, hashLog 8: {} bytes",
+        compress_level_minus_2_hash_log_8(&payloads)
+    );
+    println!(
+        "zstd level -2, one stream a key interval of 20 chunks, ZSTD_e_flush a chunk: {} bytes",
+        compress_stream_minus_2(&payloads)
+    );
+    println!(
+        "zstd level 1, one stream a key interval of 20 chunks, ZSTD_e_flush a chunk: {} bytes",
+        compress_stream_level_1(&payloads)
+    );
+    println!(
+        "zstd level -2, one stream for all chunks, ZSTD_e_flush a chunk: {} bytes",
+        compress_one_stream_minus_2(&payloads)
     );
     println!(
         "the writer's way (ChunkBuilder::finish_compressed_into): {} bytes",
@@ -200,4 +219,64 @@ fn compress_level_minus_1(payloads: &[&[u8]]) -> usize {
 #[inline(never)]
 fn compress_level_minus_2(payloads: &[&[u8]]) -> usize {
     compress_with(payloads, &[zstd_safe::CParameter::CompressionLevel(-2)])
+}
+
+#[inline(never)]
+fn compress_level_minus_2_hash_log_8(payloads: &[&[u8]]) -> usize {
+    compress_with(
+        payloads,
+        &[
+            zstd_safe::CParameter::CompressionLevel(-2),
+            zstd_safe::CParameter::HashLog(8),
+        ],
+    )
+}
+
+/// One zstd stream a key interval (`key_every` chunks), each chunk's payload ending with
+/// `ZSTD_e_flush` (a block boundary: the window and tables carry on), the interval's last with
+/// `ZSTD_e_end`: the bytes the chunks' compressed payloads take.
+fn compress_stream(payloads: &[&[u8]], level: i32, key_every: usize) -> usize {
+    let mut ctx = zstd_safe::CCtx::create();
+    let _ = ctx.set_parameter(zstd_safe::CParameter::CompressionLevel(level));
+    let mut out: Vec<u8> = Vec::with_capacity(1 << 20);
+    let mut bytes = 0;
+    for (index, payload) in payloads.iter().enumerate() {
+        let last_of_interval = (index + 1) % key_every == 0 || index + 1 == payloads.len();
+        let directive = if last_of_interval {
+            zstd_safe::zstd_sys::ZSTD_EndDirective::ZSTD_e_end
+        } else {
+            zstd_safe::zstd_sys::ZSTD_EndDirective::ZSTD_e_flush
+        };
+        out.clear();
+        let mut input = zstd_safe::InBuffer::around(payload);
+        loop {
+            let mut output = zstd_safe::OutBuffer::around(&mut out);
+            let remaining = match ctx.compress_stream2(&mut output, &mut input, directive) {
+                Ok(remaining) => remaining,
+                Err(_) => return 0,
+            };
+            if remaining == 0 {
+                break;
+            }
+            let len = out.len();
+            out.reserve(len.max(4096));
+        }
+        bytes += out.len();
+    }
+    bytes
+}
+
+#[inline(never)]
+fn compress_stream_minus_2(payloads: &[&[u8]]) -> usize {
+    compress_stream(payloads, -2, 20)
+}
+
+#[inline(never)]
+fn compress_stream_level_1(payloads: &[&[u8]]) -> usize {
+    compress_stream(payloads, 1, 20)
+}
+
+#[inline(never)]
+fn compress_one_stream_minus_2(payloads: &[&[u8]]) -> usize {
+    compress_stream(payloads, -2, usize::MAX)
 }
