@@ -111,13 +111,13 @@ def worker(history, workloads, blocks, reference_pairs):
         start = time.process_time()
         one_pass()
         elapsed = time.process_time() - start
-        start = time.process_time()
         if reference_pairs:
+            start = time.process_time()
             reference(8)
+            if block >= 0:
+                reference_s.append(time.process_time() - start)
         if block >= 0:
             block_s.append(elapsed)
-            if reference_pairs:
-                reference_s.append(time.process_time() - start)
     window_end = time.monotonic_ns()
     if counter:
         counter.window_end()
@@ -160,9 +160,9 @@ def shim_chunks(release, paths):
     return events, chunks
 
 
-def shim_events(release, logs, window):
-    """Tensor events of the logs in `logs` stamped inside the window (CLOCK_MONOTONIC ns)."""
-    paths = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
+def shim_events(release, paths, window):
+    """Tensor events of the logs at `paths` stamped inside the window (CLOCK_MONOTONIC ns), and
+    how many stacks they use that no event before the window used."""
     dump = subprocess.run([os.path.join(release, "vramshim"), "dump", "--json", *paths],
                           capture_output=True, text=True, check=True).stdout
     start_mono, count = 0, 0
@@ -208,10 +208,10 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         if stack:
-            result["events"], result["new_stacks"] = shim_events(release, logs,
+            paths = [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")]
+            result["events"], result["new_stacks"] = shim_events(release, paths,
                                                                  result["window"])
-            result["chunking"] = shim_chunks(
-                release, [os.path.join(logs, f) for f in os.listdir(logs) if f.endswith(".vlog")])
+            result["chunking"] = shim_chunks(release, paths)
         elif history in ("python", "all"):
             result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
         if callgrind:

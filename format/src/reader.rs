@@ -636,7 +636,8 @@ impl<R: Read> LogReader<R> {
         }
     }
 
-    /// What the iterator ([`Iterator::next`], not [`LogReader::next_into`]) has read so far.
+    /// What the iterator ([`Iterator::next`], not [`LogReader::next_into`]) has read so far;
+    /// its chunk counts are both's (a chunk is counted as it loads).
     pub fn counts(&self) -> RecordCounts {
         self.counts
     }

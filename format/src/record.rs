@@ -1325,18 +1325,14 @@ impl EventBytes {
 
     /// As [`put_u64`].
     #[inline(always)]
-    fn put_u64(&mut self, mut value: u64) {
-        while value >= 0x80 {
-            self.push((value as u8) | 0x80);
-            value >>= 7;
-        }
-        self.push(value as u8);
+    fn put_u64(&mut self, value: u64) {
+        crate::varint::leb128(value, |byte| self.push(byte));
     }
 
     /// As [`put_i64`].
     #[inline(always)]
     fn put_i64(&mut self, value: i64) {
-        self.put_u64(((value << 1) ^ (value >> 63)) as u64);
+        self.put_u64(crate::varint::zigzag(value));
     }
 
     fn bytes(&self) -> &[u8] {

@@ -2,18 +2,31 @@
 
 /// Appends `value` as unsigned LEB128.
 #[inline]
-pub fn put_u64(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
+pub fn put_u64(out: &mut Vec<u8>, value: u64) {
+    leb128(value, |byte| out.push(byte));
 }
 
 /// Appends `value` zigzag-mapped, so small negative numbers stay short.
 #[inline]
 pub fn put_i64(out: &mut Vec<u8>, value: i64) {
-    put_u64(out, ((value << 1) ^ (value >> 63)) as u64);
+    put_u64(out, zigzag(value));
+}
+
+/// `value`'s unsigned LEB128 bytes, each handed to `push` in order (to a `Vec`, or to a record
+/// built on the stack).
+#[inline(always)]
+pub(crate) fn leb128(mut value: u64, mut push: impl FnMut(u8)) {
+    while value >= 0x80 {
+        push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    push(value as u8);
+}
+
+/// The zigzag mapping of a signed delta: small magnitudes, either sign, map to small numbers.
+#[inline(always)]
+pub(crate) fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
 }
 
 /// Appends a length-prefixed byte string.

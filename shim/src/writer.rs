@@ -455,10 +455,7 @@ fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
             if slot.tag == SLOT_MEM_INFO {
                 push_record(output, &slot_record(*tid, slot, output.start_mono_ns));
             } else {
-                let event = slot_event(*tid, slot, output.start_mono_ns);
-                open_chunk_if_empty(output);
-                output.chunk.push_event(&event);
-                close_chunk_if_full(output);
+                push_event(output, &slot_event(*tid, slot, output.start_mono_ns));
             }
         }
     }
@@ -539,6 +536,13 @@ fn slot_event(tid: u32, slot: &Slot, start: u64) -> Event {
 fn push_record(output: &mut Output, record: &Record) {
     open_chunk_if_empty(output);
     output.chunk.push(record);
+    close_chunk_if_full(output);
+}
+
+/// [`push_record`] of an event, without making it a [`Record`].
+fn push_event(output: &mut Output, event: &Event) {
+    open_chunk_if_empty(output);
+    output.chunk.push_event(event);
     close_chunk_if_full(output);
 }
 
