@@ -662,13 +662,15 @@ pub fn walk(out: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64) {
         let _ = STATE.compare_exchange(UNVERIFIED, ON, Ordering::AcqRel, Ordering::Acquire);
     }
     let max = (out.len() / WORDS_PER_FRAME).min(MAX_PY_FRAMES);
-    let memo = thread_memo(l, frame);
-    if let Some(memo) = unsafe { memo.as_ref() }
-        && let Some(count) = memo.replay(l, frame, out, max, known)
-    {
-        return (count, memo.serial);
+    let set = thread_memo(l, frame);
+    if let Some(set) = unsafe { set.as_ref() } {
+        for memo in &set.ways {
+            if let Some(count) = memo.replay(l, frame, out, max, known) {
+                return (count, memo.serial);
+            }
+        }
     }
-    let mut memo = unsafe { memo.as_mut() };
+    let mut memo = unsafe { set.as_mut() }.map(MemoSet::victim);
     if let Some(memo) = memo.as_deref_mut() {
         memo.valid = false;
         memo.frames.clear();
@@ -873,42 +875,73 @@ impl LastWalk {
     }
 }
 
-/// A thread's last complete walks, one a slot, by their innermost frame's address and the
-/// word holding its instruction. One last walk made every allocation from another line or
-/// site than the one before walk afresh (~800 of the training steps' 2,346 allocations); a
-/// training loop comes back to each site once a step, from the same frames (CPython takes
-/// frames from a per-thread stack, so the same depth is the same address). The slot only
-/// chooses which walk to compare: a replay still compares every word the walk read.
+/// A thread's last complete walks, [`MEMO_WAYS`] a set, the set chosen by their innermost
+/// frame's address and the word holding its instruction. One last walk made every allocation
+/// from another line or site than the one before walk afresh (~800 of the training steps'
+/// 2,346 allocations); a training loop comes back to each site once a step, from the same
+/// frames (CPython takes frames from a per-thread stack, so the same depth is the same
+/// address). The set only chooses which walks to compare: a replay still compares every word
+/// the walk read.
 struct MemoTable {
-    walks: Box<[LastWalk]>,
+    sets: Box<[MemoSet]>,
 }
 
-/// Slots of a thread's [`MemoTable`] (a walk's buffers grow as its frames need: ~0.5 KiB for a
-/// walk of 8 frames).
-const MEMO_SLOTS: usize = 256;
-const _: () = assert!(MEMO_SLOTS.is_power_of_two());
+/// The walks of one [`MemoTable`] set. One walk a set missed whenever the same innermost
+/// frame, at the same instruction, was reached from outer frames at other lines in turn (a
+/// layer's forward called for each of a model's layers from one line, from two steps' lines):
+/// ~150 of the training steps' 1,195 Python walks a pass walked afresh, 1,934 frames stepped
+/// at ~140 instructions each.
+struct MemoSet {
+    ways: [LastWalk; MEMO_WAYS],
+    /// The way the next fresh walk takes when every way holds a walk (first in, first out).
+    next: u8,
+}
+
+/// Sets of a thread's [`MemoTable`], and walks a set (a walk's buffers grow as its frames
+/// need: ~0.5 KiB for a walk of 8 frames).
+const MEMO_SETS: usize = 128;
+const MEMO_WAYS: usize = 4;
+const _: () = assert!(MEMO_SETS.is_power_of_two());
 
 impl MemoTable {
     fn new() -> MemoTable {
         MemoTable {
-            walks: (0..MEMO_SLOTS)
-                .map(|_| LastWalk {
-                    valid: false,
-                    frames: Vec::new(),
-                    count: 0,
-                    out: Vec::new(),
-                    serial: 0,
+            sets: (0..MEMO_SETS)
+                .map(|_| MemoSet {
+                    ways: std::array::from_fn(|_| LastWalk {
+                        valid: false,
+                        frames: Vec::new(),
+                        count: 0,
+                        out: Vec::new(),
+                        serial: 0,
+                    }),
+                    next: 0,
                 })
                 .collect(),
         }
     }
 
-    /// The slot of a walk from `frame` (non-null and aligned).
-    fn slot(&mut self, l: &Layout, frame: u64) -> &mut LastWalk {
+    /// The set of a walk from `frame` (non-null and aligned).
+    fn set(&mut self, l: &Layout, frame: u64) -> &mut MemoSet {
         let instr = unsafe { word((frame + l.frame_instr as u64) & !7) };
         let mixed = (frame ^ instr.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let at = (mixed >> (64 - MEMO_SLOTS.trailing_zeros())) as usize;
-        &mut self.walks[at % self.walks.len()]
+        let at = (mixed >> (64 - MEMO_SETS.trailing_zeros())) as usize;
+        &mut self.sets[at % self.sets.len()]
+    }
+}
+
+impl MemoSet {
+    /// The way a fresh walk is remembered in: one holding no walk, else the oldest taken.
+    fn victim(&mut self) -> &mut LastWalk {
+        let at = match self.ways.iter().position(|way| !way.valid) {
+            Some(at) => at,
+            None => {
+                let at = usize::from(self.next) % MEMO_WAYS;
+                self.next = ((at + 1) % MEMO_WAYS) as u8;
+                at
+            }
+        };
+        &mut self.ways[at]
     }
 }
 
@@ -917,9 +950,9 @@ thread_local! {
     static MEMO: std::cell::Cell<*mut MemoTable> = const { std::cell::Cell::new(std::ptr::null_mut()) };
 }
 
-/// The slot of this thread's [`MemoTable`] for a walk from `frame`, the table allocated the
+/// The set of this thread's [`MemoTable`] for a walk from `frame`, the table allocated the
 /// first time (null if thread-local storage is gone, or `frame` is null or unaligned).
-fn thread_memo(l: &Layout, frame: u64) -> *mut LastWalk {
+fn thread_memo(l: &Layout, frame: u64) -> *mut MemoSet {
     if frame == 0 || !frame.is_multiple_of(8) {
         return std::ptr::null_mut();
     }
@@ -929,7 +962,7 @@ fn thread_memo(l: &Layout, frame: u64) -> *mut LastWalk {
         }
         // SAFETY: this thread's own, freed only at its exit; one walk at a time.
         let table = unsafe { &mut *memo.get() };
-        table.slot(l, frame) as *mut LastWalk
+        table.set(l, frame) as *mut MemoSet
     })
     .unwrap_or(std::ptr::null_mut())
 }

@@ -533,6 +533,79 @@ fn consecutive_stacks_sharing_one_part_stay_whole() {
     );
 }
 
+/// One innermost Python frame, at the same place and instruction each time, reached from six
+/// caller lines in turn (`tests/python/alloc_many_callers.py`): more than the walks a thread
+/// keeps for one innermost frame, so walks are replayed from several kept ones and some are
+/// displaced. Each allocation must get its own caller's line: per mixed stack, its exact
+/// bytes, count and Python frames.
+#[test]
+fn one_frame_reached_from_more_lines_than_kept_names_each_line() {
+    let python = machine_python();
+    let minor = minor_of(&python);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_many_callers.py");
+    let dir = scratch("py-many-callers");
+    let output = shim_command(&python, &dir)
+        .arg(&script)
+        .output()
+        .expect("run python");
+    let run = Run { output, dir };
+    assert!(
+        run.output.status.success(),
+        "python failed: {}",
+        run.stderr()
+    );
+    assert_eq!(run.stdout(), "done\n");
+    let text = std::fs::read_to_string(&script).expect("read script");
+    let line = |marker: &str| -> u64 {
+        let found: Vec<usize> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim_end().ends_with(&format!("# {marker}")))
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!(found.len(), 1, "marker {marker}");
+        found[0] as u64
+    };
+    let file = script.to_string_lossy().into_owned();
+    let mixed = groups("leaks", "mixed", &run.log());
+    let got: Vec<(u64, u64, PyFrames)> = mixed
+        .iter()
+        .map(|(bytes, count, frames)| {
+            let python_frames = frames
+                .iter()
+                .filter(|f| is_python(f))
+                .map(|f| {
+                    assert_eq!(f["file"], file.as_str(), "{f}");
+                    (
+                        f["function"].as_str().unwrap_or("").to_owned(),
+                        u64_of(f, "line"),
+                    )
+                })
+                .collect();
+            (*bytes, *count, python_frames)
+        })
+        .collect();
+    // leaks: largest first; every allocation is alive at exit (4 rounds of each line).
+    let expected: Vec<(u64, u64, PyFrames)> = (1..=6u64)
+        .rev()
+        .map(|n| {
+            (
+                4 * n * K,
+                4,
+                vec![
+                    ("inner".to_owned(), line("site: inner")),
+                    (
+                        "six_lines_one_inner".to_owned(),
+                        line(&format!("call: {n}")),
+                    ),
+                    ("<module>".to_owned(), line("call: six lines")),
+                ],
+            )
+        })
+        .collect();
+    assert_eq!(got, expected, "minor {minor}");
+}
+
 #[test]
 fn frame_layout_mismatch_turns_python_capture_off_cleanly() {
     let python = machine_python();
