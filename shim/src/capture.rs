@@ -151,14 +151,16 @@ pub fn hook(
 /// Records an event no hooked call made (PyTorch's allocator reporting a block), on the
 /// calling thread, exactly as a hooked call's event: same ring, stacks and ordering.
 pub fn record_reported(api: u16, spec: &Spec) {
+    if let DeviceSource::Known(device) = spec.device {
+        return record_reported_on(api, spec, device);
+    }
     let Some(entry) = enter() else {
         return;
     };
     // No call to stamp around: the entry time is the event's (one clock read, not two:
     // a read costs 40-50 ns on some VMs, a quarter of the event's cost).
-    crate::guard((), || match spec.device {
-        DeviceSource::Known(device) => record_reported_on(api, entry.t0, entry.ring, spec, device),
-        _ => record(
+    crate::guard((), || {
+        record(
             api,
             Layer::Runtime,
             entry.t0,
@@ -166,21 +168,35 @@ pub fn record_reported(api: u16, spec: &Spec) {
             entry.ring,
             0,
             |_| Some(*spec),
-        ),
+        )
     });
     leave(entry.ring);
 }
 
-/// [`record`] for a reported event on a known device (every tensor event): no call result to
-/// turn into a failure, no device to ask the driver for and so no memory sample, and the slot
-/// handed to the ring by value. The general path took a sixth more instructions per tensor
-/// event (285 against 238 without stacks).
+/// [`record_reported`] for an event on a known device (every tensor event; inlined into
+/// PyTorch's tracker callback): no call result to turn into a failure, no device to ask the
+/// driver for and so no memory sample, and the slot handed to the ring by value. The general
+/// path took a sixth more instructions per tensor event (285 against 238 without stacks).
+/// Only the stack capture and the slow paths run under [`crate::guard`]: building the slot
+/// and pushing it cannot panic, and a guard around the whole event (its closure's captures
+/// stored and read back, its frame) cost ~50 instructions an event, most events having no
+/// stack (frees).
 #[inline(always)]
-fn record_reported_on(api: u16, t_ns: u64, ring: *const Ring, spec: &Spec, device: i32) {
+pub fn record_reported_on(api: u16, spec: &Spec, device: i32) {
+    let Some(entry) = enter() else {
+        return;
+    };
+    let t_ns = entry.t0;
     let kind = spec.kind;
     let config = process::config();
-    let stack = stack_for(config, kind, spec.segment_release, t_ns, spec.walk_from);
-    let slot = || Slot {
+    let stack = if stack_wanted(config, kind, spec.segment_release) {
+        crate::guard(0, || {
+            stacks::capture(config.stack, config.max_frames, t_ns, spec.walk_from)
+        })
+    } else {
+        0
+    };
+    let slot = |stack| Slot {
         t_ns,
         addr: spec.addr,
         size: spec.size,
@@ -195,18 +211,22 @@ fn record_reported_on(api: u16, t_ns: u64, ring: *const Ring, spec: &Spec, devic
         kind: kind as u8,
         tag: SLOT_EVENT,
     };
-    let ring = unsafe { &*ring };
+    // SAFETY: `enter` returned this thread's ring, alive while the thread records.
+    let ring = unsafe { &*entry.ring };
     // Built again for a full ring: a slot whose address the slow path takes was built on the
     // stack and copied twice, field by field, before reaching the ring (~30 instructions an
-    // event).
-    if !ring.push_value(slot()) {
-        push(ring, &slot(), config.on_full);
+    // event). The closure takes the stack id by value: one capturing it by reference had
+    // its captures' addresses stored on every event (12 instructions).
+    if !ring.push_value(slot(stack)) {
+        let full = slot(stack);
+        crate::guard((), || push(ring, &full, config.on_full));
     }
     if process::finished() {
         // As in `record`: after the final flush nobody else writes this event.
         ring.in_progress.store(t_ns + 1, Ordering::SeqCst);
-        writer::flush(writer::FlushKind::Now);
+        crate::guard((), || writer::flush(writer::FlushKind::Now));
     }
+    leave(entry.ring);
 }
 
 /// Inside an acquiring hook's spec (before its event is stamped): tells the writer that this
@@ -450,15 +470,24 @@ fn stack_for(
     now: u64,
     from: WalkFrom,
 ) -> u32 {
+    if stack_wanted(config, kind, segment_release) {
+        stacks::capture(config.stack, config.max_frames, now, from)
+    } else {
+        0
+    }
+}
+
+/// Whether an event of `kind` gets a stack: not with stacks off, nor a release unless free
+/// stacks are on or it is one of the caching allocator's segment releases.
+#[inline(always)]
+fn stack_wanted(config: &crate::config::Config, kind: EventKind, segment_release: bool) -> bool {
     match config.stack {
-        StackMode::None => 0,
-        _ if kind.releases()
-            && !config.free_stacks
-            && !(segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire)) =>
-        {
-            0
+        StackMode::None => false,
+        _ => {
+            !kind.releases()
+                || config.free_stacks
+                || (segment_release && SEGMENT_RELEASE_STACKS.load(Ordering::Acquire))
         }
-        mode => stacks::capture(mode, config.max_frames, now, from),
     }
 }
 

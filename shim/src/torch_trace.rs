@@ -616,7 +616,7 @@ unsafe extern "C" fn invoke_from(
             CAPTURED_POOL | (pool & !CAPTURED_POOL)
         };
     }
-    capture::record_reported(api(), &spec);
+    capture::record_reported_on(api(), &spec, device);
 }
 
 /// The `handle` of a `tensor_alloc` handed out while its stream was being captured into a
