@@ -669,6 +669,7 @@ impl DeltaState {
     }
 
     /// Appends `event`'s record to `out` (in full, or as a repeat of a recent one).
+    #[inline]
     pub(crate) fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
         let t_ns = self.time(event.t_ns);
         if let Some(slot) = self.repeated_slot(event) {
@@ -777,6 +778,7 @@ impl DeltaState {
     /// stack, none), that record becomes a [`TAG_FREE_PAIR`] with the time between them, and
     /// the state moves on as writing `event` in full would have moved it. False, nothing
     /// written, otherwise.
+    #[inline]
     pub(crate) fn fold_free(&mut self, event: &Event, first_len: usize, out: &mut Vec<u8>) -> bool {
         let last = (usize::from(self.recent_next) + RECENT - 1) % RECENT;
         let first = &self.recent[last];
