@@ -2,26 +2,10 @@
 
 use std::mem::MaybeUninit;
 
-/// Appends `value` as unsigned LEB128.
+/// Appends `value` as unsigned LEB128, a byte at a time: for a value or two (a record's
+/// fields, a definition's) as cheap as [`Room`]'s word stores, with no room to set up.
 #[inline]
-pub fn put_u64(out: &mut Vec<u8>, value: u64) {
-    // As `append` does, without a closure: the compiler inlines this one where it is used.
-    let start = out.len();
-    let Some(bytes) = out.spare_capacity_mut().first_chunk_mut::<ROOM_BYTES>() else {
-        put_u64_slowly(out, value);
-        return;
-    };
-    let mut room = Room { bytes, len: 0 };
-    room.put_u64(value);
-    let written = room.len;
-    // SAFETY: as in `append`: `room` held `out`'s spare capacity from `start` on, and its
-    // first `written` bytes are initialised.
-    unsafe { out.set_len(start + written) };
-}
-
-/// [`put_u64`] a byte at a time, for a `Vec` near its capacity (it grows only as it must).
-#[cold]
-fn put_u64_slowly(out: &mut Vec<u8>, mut value: u64) {
+pub fn put_u64(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -314,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn varints_of_every_length_are_written_as_byte_by_byte() {
+    fn a_room_writes_varints_of_every_length_as_a_byte_at_a_time_would() {
         // Every power of two, one less and one more: each length's bounds, 1 to 10 bytes.
         let mut values: Vec<u64> = (0..64)
             .flat_map(|bit| {
@@ -330,14 +314,17 @@ mod tests {
         ]);
         for value in values {
             let expected = leb128_plainly(value);
-            // In place (room to spare), and through the stack (none).
+            let mut plain = vec![0xaa];
+            put_u64(&mut plain, value);
+            assert_eq!(plain[1..], expected[..], "{value:#x}");
+            // A room in place (room to spare), and on the stack (none).
             let mut roomy = Vec::with_capacity(256);
             roomy.push(0xaa);
-            put_u64(&mut roomy, value);
+            append(&mut roomy, |room| room.put_u64(value));
             assert_eq!(roomy[1..], expected[..], "{value:#x}");
             let mut tight = vec![0xaa];
             tight.shrink_to_fit();
-            put_u64(&mut tight, value);
+            append(&mut tight, |room| room.put_u64(value));
             assert_eq!(tight[1..], expected[..], "{value:#x}");
             // Within a record, after other fields.
             let mut record = Vec::new();
@@ -346,10 +333,10 @@ mod tests {
                 room.put_u64(value);
                 room.put_i64(-1);
             });
-            let mut plain = leb128_plainly(300);
-            plain.extend(&expected);
-            plain.push(1);
-            assert_eq!(record, plain, "{value:#x}");
+            let mut fields = leb128_plainly(300);
+            fields.extend(&expected);
+            fields.push(1);
+            assert_eq!(record, fields, "{value:#x}");
             assert_eq!(Cursor::new(&roomy[1..]).u64(), Ok(value));
         }
         for (value, bytes) in [
@@ -360,7 +347,7 @@ mod tests {
             (-65, 2),
         ] {
             let mut out = Vec::new();
-            put_i64(&mut out, value);
+            append(&mut out, |room| room.put_i64(value));
             assert_eq!(out, leb128_plainly(zigzag(value)));
             assert_eq!(out.len(), bytes);
         }
