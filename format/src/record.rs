@@ -692,6 +692,7 @@ impl DeltaState {
         // is written, and the flags byte goes in last.
         append(out, |record| {
             let mut flags = 0;
+            // The tag, and a zero where the flags go.
             record.put_word(u64::from(TAG_EVENT + event.kind as u8), 2);
             record.put_u64(u64::from(event.api));
             record.put_i64(time_delta);

@@ -97,9 +97,9 @@ impl Room<'_> {
         self.bytes[at % ROOM_RECORD].write(byte);
     }
 
-    /// As [`put_u64`]. Values of up to four bytes (nearly all an event has: deltas, ids) take
-    /// a compare each and a few shifts, longer ones their byte count from the leading zeros;
-    /// no loop over the bytes.
+    /// As [`put_u64`]. Values of up to four bytes (most of an event's: time and size deltas,
+    /// ids) take a compare each and a few shifts, longer ones (address deltas, often) their
+    /// byte count from the leading zeros; no loop over the bytes.
     #[inline(always)]
     pub(crate) fn put_u64(&mut self, value: u64) {
         if value < 1 << 7 {
