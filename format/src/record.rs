@@ -1,6 +1,6 @@
 //! The records a log holds, and the per-chunk delta state used to encode them compactly.
 
-use crate::varint::{Cursor, DecodeError, put_bytes, put_i64, put_u64};
+use crate::varint::{Cursor, DecodeError, ROOM_RECORD, append, put_bytes, put_i64, put_u64};
 
 /// What a hooked call did to GPU (or pinned host) memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -510,6 +510,16 @@ impl DeltaState {
         }
     }
 
+    /// `ns` nanoseconds in time units (no division at full resolution).
+    #[inline]
+    fn units(&self, ns: u64) -> u64 {
+        if self.time_step_ns > 1 {
+            ns / self.time_step_ns
+        } else {
+            ns
+        }
+    }
+
     /// Nanoseconds per unit of the times written.
     #[inline]
     fn time_unit(&self) -> u64 {
@@ -659,13 +669,10 @@ impl DeltaState {
     }
 
     /// Appends `event`'s record to `out` (in full, or as a repeat of a recent one).
+    #[inline]
     pub(crate) fn encode_event(&mut self, event: &Event, out: &mut Vec<u8>) {
         let t_ns = self.time(event.t_ns);
-        let filled = usize::from(self.recent_filled);
-        if let Some(slot) = self.recent[..filled]
-            .iter()
-            .position(|recent| same_but_time(recent, event))
-        {
+        if let Some(slot) = self.repeated_slot(event) {
             if t_ns == self.t_ns {
                 out.push(TAG_REPEAT_SAME_TIME + slot as u8);
             } else {
@@ -677,71 +684,82 @@ impl DeltaState {
             return;
         }
         self.remember(event);
-        let mut flags = 0u8;
-        if event.thread != self.thread || self.thread == NO_THREAD {
-            flags |= F_THREAD;
-        }
-        if event.device != self.device {
-            flags |= F_DEVICE;
-        }
-        if event.stream != 0 {
-            flags |= F_STREAM;
-        }
-        if event.handle != 0 {
-            flags |= F_HANDLE;
-        }
-        if event.result != 0 {
-            flags |= F_RESULT;
-        }
-        if event.mem_info.is_some() {
-            flags |= F_MEM_INFO;
-        }
-        if event.stack != 0 {
-            flags |= F_STACK;
-        }
+        let time_delta = self.time_delta_units(t_ns);
+        let (last_addr, last_size) = (self.addr, self.size);
+        let thread_written = event.thread != self.thread || self.thread == NO_THREAD;
+        let device_written = event.device != self.device;
+        // Written in place at the payload's end (see `Room`); each flag is set where its field
+        // is written, and the flags byte goes in last.
+        append(out, |record| {
+            let mut flags = 0;
+            // The tag, and a zero where the flags go.
+            record.put_word(u64::from(TAG_EVENT + event.kind as u8), 2);
+            record.put_u64(u64::from(event.api));
+            record.put_i64(time_delta);
+            if thread_written {
+                flags |= F_THREAD;
+                record.put_u64(u64::from(event.thread));
+            }
+            if device_written {
+                flags |= F_DEVICE;
+                record.put_i64(i64::from(event.device));
+            }
+            if event.addr != 0 {
+                flags |= F_ADDR;
+                record.put_i64(event.addr.wrapping_sub(last_addr) as i64);
+            }
+            // Sizes repeat a lot (same tensor shapes): a repeated size costs one byte.
+            record.put_i64(event.size.wrapping_sub(last_size) as i64);
+            if event.stream != 0 {
+                flags |= F_STREAM;
+                record.put_u64(event.stream);
+            }
+            if event.handle != 0 {
+                flags |= F_HANDLE;
+                record.put_u64(event.handle);
+            }
+            if event.result != 0 {
+                flags |= F_RESULT;
+                record.put_u64(u64::from(event.result));
+            }
+            if let Some((free, total)) = event.mem_info {
+                flags |= F_MEM_INFO;
+                record.put_u64(free);
+                record.put_u64(total);
+            }
+            if event.stack != 0 {
+                flags |= F_STACK;
+                record.put_u64(u64::from(event.stack));
+            }
+            record.set(1, flags);
+        });
         if event.addr != 0 {
-            flags |= F_ADDR;
-        }
-        // Built on the stack and appended at once: a push to `out` reloads and checks its
-        // length and capacity for every byte (the writer's largest encoding cost).
-        let mut record = EventBytes::default();
-        record.push(TAG_EVENT + event.kind as u8);
-        record.push(flags);
-        record.put_u64(u64::from(event.api));
-        record.put_i64(self.time_delta_units(t_ns));
-        if flags & F_THREAD != 0 {
-            record.put_u64(u64::from(event.thread));
-        }
-        if flags & F_DEVICE != 0 {
-            record.put_i64(i64::from(event.device));
-        }
-        if flags & F_ADDR != 0 {
-            record.put_i64(event.addr.wrapping_sub(self.addr) as i64);
             self.addr = event.addr;
         }
-        // Sizes repeat a lot (same tensor shapes): a repeated size costs one byte.
-        record.put_i64(event.size.wrapping_sub(self.size) as i64);
         self.size = event.size;
-        if flags & F_STREAM != 0 {
-            record.put_u64(event.stream);
-        }
-        if flags & F_HANDLE != 0 {
-            record.put_u64(event.handle);
-        }
-        if flags & F_RESULT != 0 {
-            record.put_u64(u64::from(event.result));
-        }
-        if let Some((free, total)) = event.mem_info {
-            record.put_u64(free);
-            record.put_u64(total);
-        }
-        if flags & F_STACK != 0 {
-            record.put_u64(u64::from(event.stack));
-        }
-        out.extend_from_slice(record.bytes());
         self.t_ns = t_ns;
         self.thread = event.thread;
         self.device = event.device;
+    }
+
+    /// The first slot of the recent events that `event` repeats (every field the same but
+    /// the time), if any. The addresses, which differ most often, are compared first, all of
+    /// them at once: most events written in full match none, and cost no more.
+    #[inline(always)]
+    fn repeated_slot(&self, event: &Event) -> Option<usize> {
+        let mut candidates = 0u32;
+        for (slot, recent) in self.recent.iter().enumerate() {
+            candidates |= u32::from(recent.addr == event.addr) << slot;
+        }
+        candidates &= (1u32 << self.recent_filled) - 1;
+        while candidates != 0 {
+            let slot = candidates.trailing_zeros() as usize;
+            if same_but_time(&self.recent[slot], event) {
+                return Some(slot);
+            }
+            candidates &= candidates - 1;
+        }
+        None
     }
 
     /// Moves the delta state on past `event`, as writing it in full would.
@@ -761,6 +779,7 @@ impl DeltaState {
     /// stack, none), that record becomes a [`TAG_FREE_PAIR`] with the time between them, and
     /// the state moves on as writing `event` in full would have moved it. False, nothing
     /// written, otherwise.
+    #[inline]
     pub(crate) fn fold_free(&mut self, event: &Event, first_len: usize, out: &mut Vec<u8>) -> bool {
         let last = (usize::from(self.recent_next) + RECENT - 1) % RECENT;
         let first = &self.recent[last];
@@ -778,13 +797,15 @@ impl DeltaState {
             return false;
         }
         out[at] = TAG_FREE_PAIR;
-        put_u64(out, (t_ns - self.t_ns) / self.time_unit());
+        let units = self.units(t_ns - self.t_ns);
+        put_u64(out, units);
         self.remember(event);
         self.t_ns = t_ns;
         true
     }
 
     /// Keeps `event` (about to be written in full) for later repeats.
+    #[inline(always)]
     fn remember(&mut self, event: &Event) {
         let next = usize::from(self.recent_next);
         self.recent[next] = *event;
@@ -1245,6 +1266,9 @@ impl DeltaState {
     }
 }
 
+#[cfg(test)]
+mod encode_tests;
+
 /// Whether `tag` is a run record's ([`TAG_RUN`] or [`TAG_RUN_AGAIN`]), in a log that has them.
 pub(crate) fn is_run(tag: u8) -> bool {
     tag >= TAG_RUN || is_run_again(tag)
@@ -1299,46 +1323,8 @@ fn device_from(value: i64) -> Result<i32, DecodeError> {
 /// thread, device, address and size deltas, stream, handle, result, the two words of memory
 /// and its stack, each a LEB128 of at most 10 bytes (5 for a `u32`, 3 for a `u16`).
 const MAX_EVENT_BYTES: usize = 2 + 3 + 10 + 5 + 10 + 10 + 10 + 10 + 10 + 5 + 20 + 5;
-
-/// One event record's bytes, written on the stack before they join the payload.
-struct EventBytes {
-    bytes: [u8; MAX_EVENT_BYTES],
-    len: usize,
-}
-
-impl Default for EventBytes {
-    #[inline(always)]
-    fn default() -> Self {
-        EventBytes {
-            bytes: [0; MAX_EVENT_BYTES],
-            len: 0,
-        }
-    }
-}
-
-impl EventBytes {
-    #[inline(always)]
-    fn push(&mut self, byte: u8) {
-        self.bytes[self.len] = byte;
-        self.len += 1;
-    }
-
-    /// As [`put_u64`].
-    #[inline(always)]
-    fn put_u64(&mut self, value: u64) {
-        crate::varint::leb128(value, |byte| self.push(byte));
-    }
-
-    /// As [`put_i64`].
-    #[inline(always)]
-    fn put_i64(&mut self, value: i64) {
-        self.put_u64(crate::varint::zigzag(value));
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
+// An event record fits the room it is written in (see `Room`).
+const _: () = assert!(MAX_EVENT_BYTES <= ROOM_RECORD);
 
 /// The encoder's side of runs ([`TAG_RUN`]): watches the records appended to a chunk's payload
 /// and gathers a cycle of one-byte same-time repeats that comes round again into one run
