@@ -431,31 +431,46 @@ fn native_stack_mode_records_no_python_frames() {
 /// (function, line) of a stack's Python frames, innermost first.
 type PyFrames = Vec<(String, u64)>;
 
-/// A thread's next stack reuses the native or the Python part of its last one when its walk
-/// finds that part unchanged (`tests/python/alloc_alternating.py`): one Python line reached
-/// through two native paths in turn, then two lines through one native path in turn. Each
-/// allocation must get its own whole stack: per mixed stack, its exact bytes, count and Python
-/// frames; the two native paths differ and the two lines share theirs.
-#[test]
-fn consecutive_stacks_sharing_one_part_stay_whole() {
-    let python = machine_python();
-    let minor = minor_of(&python);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_alternating.py");
-    let dir = scratch("py-alternating");
-    let output = shim_command(&python, &dir)
-        .arg(&script)
-        .output()
-        .expect("run python");
-    let run = Run { output, dir };
-    assert!(
-        run.output.status.success(),
-        "python failed: {}",
-        run.stderr()
-    );
-    assert_eq!(run.stdout(), "done\n");
-    let text = std::fs::read_to_string(&script).expect("read script");
-    let line = |marker: &str| -> u64 {
-        let found: Vec<usize> = text
+/// A script of tests/python run to its end under the shim with the machine's Python (it
+/// prints "done"), its lines marked `# marker` to find them.
+struct ScriptRun {
+    run: Run,
+    minor: u32,
+    text: String,
+    file: String,
+}
+
+impl ScriptRun {
+    fn new(name: &str, scratch_name: &str) -> ScriptRun {
+        let python = machine_python();
+        let minor = minor_of(&python);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("python")
+            .join(name);
+        let dir = scratch(scratch_name);
+        let output = shim_command(&python, &dir)
+            .arg(&script)
+            .output()
+            .expect("run python");
+        let run = Run { output, dir };
+        assert!(
+            run.output.status.success(),
+            "python failed: {}",
+            run.stderr()
+        );
+        assert_eq!(run.stdout(), "done\n");
+        ScriptRun {
+            run,
+            minor,
+            text: std::fs::read_to_string(&script).expect("read script"),
+            file: script.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// The line ending with `# marker` (there must be exactly one).
+    fn line(&self, marker: &str) -> u64 {
+        let found: Vec<usize> = self
+            .text
             .lines()
             .enumerate()
             .filter(|(_, l)| l.trim_end().ends_with(&format!("# {marker}")))
@@ -463,21 +478,35 @@ fn consecutive_stacks_sharing_one_part_stay_whole() {
             .collect();
         assert_eq!(found.len(), 1, "marker {marker}");
         found[0] as u64
-    };
-    let file = script.to_string_lossy().into_owned();
-    let python_frames = |frames: &[Value]| -> PyFrames {
+    }
+
+    /// The Python frames among `frames` (each in this script), innermost first.
+    fn python_frames(&self, frames: &[Value]) -> PyFrames {
         frames
             .iter()
             .filter(|f| is_python(f))
             .map(|f| {
-                assert_eq!(f["file"], file.as_str(), "{f}");
+                assert_eq!(f["file"], self.file.as_str(), "{f}");
                 (
                     f["function"].as_str().unwrap_or("").to_owned(),
                     u64_of(f, "line"),
                 )
             })
             .collect()
-    };
+    }
+}
+
+/// A thread's next stack reuses the native or the Python part of its last one when its walk
+/// finds that part unchanged (`tests/python/alloc_alternating.py`): one Python line reached
+/// through two native paths in turn, then two lines through one native path in turn. Each
+/// allocation must get its own whole stack: per mixed stack, its exact bytes, count and Python
+/// frames; the two native paths differ and the two lines share theirs.
+#[test]
+fn consecutive_stacks_sharing_one_part_stay_whole() {
+    let script = ScriptRun::new("alloc_alternating.py", "py-alternating");
+    let (minor, run) = (script.minor, &script.run);
+    let line = |marker: &str| script.line(marker);
+    let python_frames = |frames: &[Value]| script.python_frames(frames);
     let native_frames = |frames: &[Value]| -> Vec<Value> {
         frames.iter().filter(|f| !is_python(f)).cloned().collect()
     };
@@ -540,50 +569,11 @@ fn consecutive_stacks_sharing_one_part_stay_whole() {
 /// bytes, count and Python frames.
 #[test]
 fn one_frame_reached_from_more_lines_than_kept_names_each_line() {
-    let python = machine_python();
-    let minor = minor_of(&python);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/alloc_many_callers.py");
-    let dir = scratch("py-many-callers");
-    let output = shim_command(&python, &dir)
-        .arg(&script)
-        .output()
-        .expect("run python");
-    let run = Run { output, dir };
-    assert!(
-        run.output.status.success(),
-        "python failed: {}",
-        run.stderr()
-    );
-    assert_eq!(run.stdout(), "done\n");
-    let text = std::fs::read_to_string(&script).expect("read script");
-    let line = |marker: &str| -> u64 {
-        let found: Vec<usize> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| l.trim_end().ends_with(&format!("# {marker}")))
-            .map(|(i, _)| i + 1)
-            .collect();
-        assert_eq!(found.len(), 1, "marker {marker}");
-        found[0] as u64
-    };
-    let file = script.to_string_lossy().into_owned();
-    let mixed = groups("leaks", "mixed", &run.log());
-    let got: Vec<(u64, u64, PyFrames)> = mixed
+    let script = ScriptRun::new("alloc_many_callers.py", "py-many-callers");
+    let (minor, line) = (script.minor, |marker: &str| script.line(marker));
+    let got: Vec<(u64, u64, PyFrames)> = groups("leaks", "mixed", &script.run.log())
         .iter()
-        .map(|(bytes, count, frames)| {
-            let python_frames = frames
-                .iter()
-                .filter(|f| is_python(f))
-                .map(|f| {
-                    assert_eq!(f["file"], file.as_str(), "{f}");
-                    (
-                        f["function"].as_str().unwrap_or("").to_owned(),
-                        u64_of(f, "line"),
-                    )
-                })
-                .collect();
-            (*bytes, *count, python_frames)
-        })
+        .map(|(bytes, count, frames)| (*bytes, *count, script.python_frames(frames)))
         .collect();
     // leaks: largest first; every allocation is alive at exit (4 rounds of each line).
     let expected: Vec<(u64, u64, PyFrames)> = (1..=6u64)
