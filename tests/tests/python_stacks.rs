@@ -51,9 +51,14 @@ fn minor_of(python: &Path) -> u32 {
 }
 
 fn run_script(test: &str, python: &Path, env: &[(&str, &str)]) -> Run {
+    run_script_at(&script(), test, python, env)
+}
+
+/// Runs `script` under the shim (scratch directory `test`); it must succeed and print "done".
+fn run_script_at(script: &Path, test: &str, python: &Path, env: &[(&str, &str)]) -> Run {
     let dir = scratch(test);
     let mut command = shim_command(python, &dir);
-    command.arg(script());
+    command.arg(script);
     for (key, value) in env {
         command.env(key, value);
     }
@@ -447,20 +452,8 @@ impl ScriptRun {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("python")
             .join(name);
-        let dir = scratch(scratch_name);
-        let output = shim_command(&python, &dir)
-            .arg(&script)
-            .output()
-            .expect("run python");
-        let run = Run { output, dir };
-        assert!(
-            run.output.status.success(),
-            "python failed: {}",
-            run.stderr()
-        );
-        assert_eq!(run.stdout(), "done\n");
         ScriptRun {
-            run,
+            run: run_script_at(&script, scratch_name, &python, &[]),
             minor,
             text: std::fs::read_to_string(&script).expect("read script"),
             file: script.to_string_lossy().into_owned(),
