@@ -115,19 +115,16 @@ fn merge_by_scan(batch: &[Slot], runs: &[Run], mut emit: impl FnMut(u32, &Slot))
     }
     let mut left = batch.len();
     while left > 0 {
-        // The first run by (next time, run), and the time and run that follow it.
-        let mut best = 0;
-        for r in 1..runs.len() {
-            if next_t[r] < next_t[best] {
-                best = r;
-            }
-        }
-        let mut second = usize::MAX;
-        let mut second_t = u64::MAX;
-        for r in 0..runs.len() {
-            if r != best && next_t[r] < second_t {
-                second = r;
-                second_t = next_t[r];
+        // The first run by (next time, run), and the time and run that follow it (runs in
+        // drain order: of runs as early, the first seen stays ahead).
+        let (mut best, mut best_t) = (0, next_t[0]);
+        let (mut second, mut second_t) = (usize::MAX, u64::MAX);
+        for (r, &t_ns) in next_t.iter().enumerate().take(runs.len()).skip(1) {
+            if t_ns < best_t {
+                (second, second_t) = (best, best_t);
+                (best, best_t) = (r, t_ns);
+            } else if t_ns < second_t {
+                (second, second_t) = (r, t_ns);
             }
         }
         // `best` goes on while its slots come before `second`'s next one: earlier, or as
@@ -291,38 +288,47 @@ impl Ring {
     ) {
         let tail = self.tail.0.load(Ordering::Acquire);
         let head = self.head.0.load(Ordering::Relaxed);
-        let room = limit.saturating_sub(out.len());
+        let available = tail.wrapping_sub(head).min(limit.saturating_sub(out.len()));
         let mut taken = 0usize;
-        let mut run_start = out.len();
-        let mut last_t = 0u64;
-        // First find how far the slots go (a look at each one's time), then copy them in at
-        // most two pieces (the ring wraps): no slot is copied twice on the way.
-        while head.wrapping_add(taken) != tail && taken < room {
-            let t_ns =
-                unsafe { (*self.slots.slot(head.wrapping_add(taken) & self.mask).get()).t_ns };
-            if t_ns >= watermark {
-                break;
-            }
-            let at = out.len() + taken;
-            if taken == 0 || t_ns < last_t {
-                // A run begins here; the one before it (if any) ends.
-                if runs.len() + usize::from(taken > 0) >= run_limit {
-                    break;
-                }
-                if taken > 0 {
-                    runs.push(Run::new(run_start, at, self.tid));
-                }
-                run_start = at;
-            }
-            last_t = t_ns;
-            taken += 1;
-        }
-        if taken > 0 {
-            runs.push(Run::new(run_start, out.len() + taken, self.tid));
+        if available > 0 && runs.len() < run_limit {
+            // Within the capacity a crash flush limits itself to: no allocation there.
+            out.reserve(available);
+            let base = out.len();
+            let free = out.spare_capacity_mut();
+            let mut run_start = base;
+            let mut last_t = 0u64;
+            // The buffered slots, in at most two pieces (the ring wraps).
             let first = head & self.mask;
-            let before_wrap = taken.min(self.mask + 1 - first);
-            out.extend_from_slice(self.slots.slice(first, before_wrap));
-            out.extend_from_slice(self.slots.slice(0, taken - before_wrap));
+            let before_wrap = available.min(self.mask + 1 - first);
+            let pieces = [
+                self.slots.slice(first, before_wrap),
+                self.slots.slice(0, available - before_wrap),
+            ];
+            'drain: for piece in pieces {
+                for slot in piece {
+                    let t_ns = slot.t_ns;
+                    if t_ns >= watermark {
+                        break 'drain;
+                    }
+                    if t_ns < last_t {
+                        // The thread stamped this slot earlier than the one before it (a
+                        // run of the merge is in time order): a run ends here.
+                        if runs.len() + 1 >= run_limit {
+                            break 'drain;
+                        }
+                        runs.push(Run::new(run_start, base + taken, self.tid));
+                        run_start = base + taken;
+                    }
+                    last_t = t_ns;
+                    free[taken].write(*slot);
+                    taken += 1;
+                }
+            }
+            // The slots written are initialized.
+            unsafe { out.set_len(base + taken) };
+            if taken > 0 {
+                runs.push(Run::new(run_start, base + taken, self.tid));
+            }
         }
         self.head
             .0
