@@ -39,7 +39,7 @@ pub struct Run {
 
 impl Run {
     fn new(start: usize, end: usize, tid: u32) -> Run {
-        // A batch holds fewer than 2^32 slots (the writer's grows by a ring at a time).
+        // A batch never holds 2^32 slots (320 GiB of them).
         Run {
             start: start as u32,
             end: end as u32,

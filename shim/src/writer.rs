@@ -383,9 +383,13 @@ fn flush_locked(output: &mut Output, kind: FlushKind, finish: bool) {
         let Some(watermark) = watermark else { return };
         output.batch.clear();
         output.runs.clear();
-        // A crash flush takes only what the batch and its runs hold without growing.
+        // A crash flush takes only what the batch, its runs and the merge's keys hold without
+        // growing (the batch may have grown past the keys in an earlier flush).
         let (limit, run_limit) = if crash {
-            (output.batch.capacity(), output.runs.capacity())
+            (
+                output.batch.capacity().min(output.merge_keys.capacity()),
+                output.runs.capacity(),
+            )
         } else {
             (usize::MAX, usize::MAX)
         };
