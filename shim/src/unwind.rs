@@ -143,6 +143,9 @@ pub struct ThreadCache {
     /// for a thread that walks a few stacks).
     walks: Vec<Walk>,
     last: usize,
+    /// The index in `walks` of the walk the last [`walk`] found (replayed or remembered): its
+    /// frames, not copied by a replay, are there until the next walk ([`ThreadCache::frames_of`]).
+    returned: usize,
     /// Per bucket of start states, the indices (+ 1; 0: none) in `walks` of the newest walks
     /// that started in it, newest first. An index may name a walk since replaced: the start
     /// is compared before anything else.
@@ -164,12 +167,22 @@ impl ThreadCache {
             banks: None,
             walks: Vec::new(),
             last: 0,
+            returned: 0,
             by_start: Box::new([[0; START_WAYS]; START_BUCKETS]),
             newest_states: Vec::new(),
             states: Vec::new(),
             bp_uses: Vec::new(),
             bp_rules: BpRules::new(BP_RULE_SLOTS),
         }
+    }
+}
+
+impl ThreadCache {
+    /// The frames of the remembered walk of `serial` if it is the one the last [`walk`] found
+    /// (a replay does not copy them: most callers need only its serial).
+    pub fn frames_of(&self, serial: u64) -> Option<&[u64]> {
+        let walk = self.walks.get(self.returned)?;
+        (serial != 0 && walk.valid && walk.serial == serial).then_some(&walk.frames[..])
     }
 }
 
@@ -606,7 +619,8 @@ struct Walk {
 }
 
 /// The last serial number given to a remembered walk: a caller that kept what a walk found
-/// under its serial needs no copy of the frames when the next walk replays the same one.
+/// under its serial (its hash, its frames) needs no copy of the frames when the next walk
+/// replays the same one.
 static SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl Walk {
@@ -794,23 +808,42 @@ pub struct CallerState {
     pub bp: u64,
 }
 
+/// What [`walk`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walked {
+    /// Frames found (0: walking failed).
+    pub count: usize,
+    /// The serial number of the remembered walk that found them (0: not remembered).
+    pub serial: u64,
+    /// Whether they were written into the caller's buffer: not when a remembered walk was
+    /// replayed whole (its frames are then [`ThreadCache::frames_of`] its serial, until the
+    /// next walk).
+    pub written: bool,
+}
+
+impl Walked {
+    pub const NONE: Walked = Walked {
+        count: 0,
+        serial: 0,
+        written: true,
+    };
+}
+
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
 /// the instruction pointer inside this function, or with the entry point's return address
-/// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
-/// of the remembered walk that found them (0: not remembered). When that serial is `known`
-/// (non-zero), the frames are the ones found under it before and are not written again.
+/// when `from` is its caller), or finds a remembered walk that found them (then they are not
+/// written: most callers need only its serial; a copy was ~100 instructions a walk).
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
     cache: &mut ThreadCache,
     stack: (u64, u64),
     now_ns: u64,
-    known: u64,
     from: WalkFrom,
-) -> (usize, u64) {
+) -> Walked {
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
-        return (0, 0);
+        return Walked::NONE;
     };
     let (ip, sp, bp): (u64, u64, u64);
     let mut address = match from {
@@ -832,7 +865,7 @@ pub fn walk(
             (ip, sp, bp) = (caller.return_address, caller.sp, caller.bp);
             // Looked up at the call instruction, as a return address found by unwinding is.
             let Some(address) = FrameAddress::from_return_address(ip) else {
-                return (0, 0);
+                return Walked::NONE;
             };
             address
         }
@@ -850,6 +883,7 @@ pub fn walk(
         banks,
         walks,
         last,
+        returned,
         by_start,
         newest_states,
         states,
@@ -859,16 +893,17 @@ pub fn walk(
     let newest = *last;
     let bucket = &mut by_start[start_bucket(start)];
     for &way in bucket.iter() {
-        let Some(remembered) = walks.get(usize::from(way).wrapping_sub(1)) else {
+        let at = usize::from(way).wrapping_sub(1);
+        let Some(remembered) = walks.get(at) else {
             break;
         };
         if let Some(count) = remembered.replay(unwinder_ptr, start, bounds, capacity) {
-            if known == 0 || remembered.serial != known {
-                for (out, &frame) in frames.iter_mut().zip(&remembered.frames[..count]) {
-                    out.write(frame);
-                }
-            }
-            return (count, remembered.serial);
+            *returned = at;
+            return Walked {
+                count,
+                serial: remembered.serial,
+                written: false,
+            };
         }
     }
     // Walk, noting every word read and each frame's state, for the next calls.
@@ -1030,6 +1065,7 @@ pub fn walk(
         let serial = next.serial;
         walks[oldest] = next;
         *last = oldest;
+        *returned = oldest;
         std::mem::swap(newest_states, states);
         // Newest first in its start's bucket (once: this slot may be listed from before).
         let way = (oldest + 1) as u16;
@@ -1040,7 +1076,11 @@ pub fn walk(
                 break;
             }
         }
-        return (count, serial);
+        return Walked {
+            count,
+            serial,
+            written: true,
+        };
     }
     if grown {
         // Not remembered: the ring does not keep an empty slot.
@@ -1048,7 +1088,11 @@ pub fn walk(
     } else {
         walks[oldest] = next;
     }
-    (count, 0)
+    Walked {
+        count,
+        serial: 0,
+        written: true,
+    }
 }
 
 /// The bucket of `by_start` for a walk starting at `start`: by its `ip` and `sp` only (a walk
@@ -1277,13 +1321,19 @@ mod tests {
                 let mut fresh = ThreadCache::new();
                 let cache = if which == 0 { &mut *memo } else { &mut fresh };
                 let mut frames = [MaybeUninit::<u64>::uninit(); MEMO_FRAMES];
-                let (count, serial) = walk(&mut frames, cache, stack, 0, 0, WalkFrom::Here);
-                let frames = frames[..count]
-                    .iter()
-                    // SAFETY: `walk` wrote the first `count` frames.
-                    .map(|frame| unsafe { frame.assume_init() })
-                    .collect();
-                found.push((frames, serial));
+                let walked = walk(&mut frames, cache, stack, 0, WalkFrom::Here);
+                let frames = if walked.written {
+                    frames[..walked.count]
+                        .iter()
+                        // SAFETY: `walk` wrote the first `count` frames.
+                        .map(|frame| unsafe { frame.assume_init() })
+                        .collect()
+                } else {
+                    let remembered = cache.frames_of(walked.serial).expect("replayed frames");
+                    assert_eq!(remembered.len(), walked.count);
+                    remembered.to_vec()
+                };
+                found.push((frames, walked.serial));
             }
         });
         let fresh = found.pop().expect("the fresh walk");
