@@ -12,7 +12,7 @@ use vramshim_format::{Frame, ModuleDef, Record, StackDef};
 
 use crate::config::StackMode;
 use crate::sync::Lock;
-use crate::unwind::{WalkFrom, Walked};
+use crate::unwind::WalkFrom;
 use crate::{python, writer};
 
 const MAX_FRAMES: usize = 256;
@@ -485,27 +485,23 @@ fn capture_native(
             };
             // SAFETY: this thread's own cache, one hook at a time.
             let cache = unsafe { &mut *cache };
-            let walked = crate::unwind::walk(into, cache, bounds, now_ns, from);
-            let copy = !walked.written && !direct && (known == 0 || walked.serial != known);
-            if copy {
+            let (walked, serial) = crate::unwind::walk(into, cache, bounds, now_ns, from);
+            let written = cache.written();
+            if !written && !direct && (known == 0 || serial != known) {
                 // Shim frames to drop and a frame limit to apply: the frames are needed here.
-                match cache.frames_of(walked.serial) {
-                    Some(found) if found.len() == walked.count => {
+                match cache.frames_of(serial) {
+                    Some(found) if found.len() == walked => {
                         for (out, &frame) in raw.iter_mut().zip(found) {
                             out.write(frame);
                         }
                     }
-                    _ => return Walked::NONE,
+                    _ => return (0, 0, true),
                 }
             }
-            walked
+            (walked, serial, written)
         })
-        .unwrap_or(Walked::NONE);
-    let Walked {
-        count: walked,
-        serial,
-        written: in_place,
-    } = walked;
+        .unwrap_or((0, 0, true));
+    let (walked, serial, in_place) = walked;
     if known != 0 && serial == known {
         return (0, serial, false);
     }

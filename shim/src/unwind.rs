@@ -146,6 +146,8 @@ pub struct ThreadCache {
     /// The index in `walks` of the walk the last [`walk`] found (replayed or remembered): its
     /// frames, not copied by a replay, are there until the next walk ([`ThreadCache::frames_of`]).
     returned: usize,
+    /// Whether the last [`walk`] wrote the frames it found (not when it replayed one whole).
+    written: bool,
     /// Per bucket of start states, the indices (+ 1; 0: none) in `walks` of the newest walks
     /// that started in it, newest first. An index may name a walk since replaced: the start
     /// is compared before anything else.
@@ -168,6 +170,7 @@ impl ThreadCache {
             walks: Vec::new(),
             last: 0,
             returned: 0,
+            written: true,
             by_start: Box::new([[0; START_WAYS]; START_BUCKETS]),
             newest_states: Vec::new(),
             states: Vec::new(),
@@ -178,6 +181,12 @@ impl ThreadCache {
 }
 
 impl ThreadCache {
+    /// Whether the last [`walk`] wrote the frames it found into the caller's buffer: not
+    /// when it replayed a remembered walk whole ([`ThreadCache::frames_of`] its serial).
+    pub fn written(&self) -> bool {
+        self.written
+    }
+
     /// The frames of the remembered walk of `serial` if it is the one the last [`walk`] found
     /// (a replay does not copy them: most callers need only its serial).
     pub fn frames_of(&self, serial: u64) -> Option<&[u64]> {
@@ -808,31 +817,13 @@ pub struct CallerState {
     pub bp: u64,
 }
 
-/// What [`walk`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Walked {
-    /// Frames found (0: walking failed).
-    pub count: usize,
-    /// The serial number of the remembered walk that found them (0: not remembered).
-    pub serial: u64,
-    /// Whether they were written into the caller's buffer: not when a remembered walk was
-    /// replayed whole (its frames are then [`ThreadCache::frames_of`] its serial, until the
-    /// next walk).
-    pub written: bool,
-}
-
-impl Walked {
-    pub const NONE: Walked = Walked {
-        count: 0,
-        serial: 0,
-        written: true,
-    };
-}
-
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
 /// the instruction pointer inside this function, or with the entry point's return address
-/// when `from` is its caller), or finds a remembered walk that found them (then they are not
-/// written: most callers need only its serial; a copy was ~100 instructions a walk).
+/// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
+/// of the remembered walk that found them (0: not remembered). A remembered walk replayed
+/// whole does not write them (most callers need only its serial; a copy was ~100
+/// instructions a walk): then [`ThreadCache::written`] is false and they are
+/// [`ThreadCache::frames_of`] its serial.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
@@ -840,10 +831,11 @@ pub fn walk(
     stack: (u64, u64),
     now_ns: u64,
     from: WalkFrom,
-) -> Walked {
+) -> (usize, u64) {
+    cache.written = true;
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
-        return Walked::NONE;
+        return (0, 0);
     };
     let (ip, sp, bp): (u64, u64, u64);
     let mut address = match from {
@@ -865,7 +857,7 @@ pub fn walk(
             (ip, sp, bp) = (caller.return_address, caller.sp, caller.bp);
             // Looked up at the call instruction, as a return address found by unwinding is.
             let Some(address) = FrameAddress::from_return_address(ip) else {
-                return Walked::NONE;
+                return (0, 0);
             };
             address
         }
@@ -884,6 +876,7 @@ pub fn walk(
         walks,
         last,
         returned,
+        written,
         by_start,
         newest_states,
         states,
@@ -899,11 +892,8 @@ pub fn walk(
         };
         if let Some(count) = remembered.replay(unwinder_ptr, start, bounds, capacity) {
             *returned = at;
-            return Walked {
-                count,
-                serial: remembered.serial,
-                written: false,
-            };
+            *written = false;
+            return (count, remembered.serial);
         }
     }
     // Walk, noting every word read and each frame's state, for the next calls.
@@ -1076,11 +1066,7 @@ pub fn walk(
                 break;
             }
         }
-        return Walked {
-            count,
-            serial,
-            written: true,
-        };
+        return (count, serial);
     }
     if grown {
         // Not remembered: the ring does not keep an empty slot.
@@ -1088,11 +1074,7 @@ pub fn walk(
     } else {
         walks[oldest] = next;
     }
-    Walked {
-        count,
-        serial: 0,
-        written: true,
-    }
+    (count, 0)
 }
 
 /// The bucket of `by_start` for a walk starting at `start`: by its `ip` and `sp` only (a walk
@@ -1321,19 +1303,19 @@ mod tests {
                 let mut fresh = ThreadCache::new();
                 let cache = if which == 0 { &mut *memo } else { &mut fresh };
                 let mut frames = [MaybeUninit::<u64>::uninit(); MEMO_FRAMES];
-                let walked = walk(&mut frames, cache, stack, 0, WalkFrom::Here);
-                let frames = if walked.written {
-                    frames[..walked.count]
+                let (count, serial) = walk(&mut frames, cache, stack, 0, WalkFrom::Here);
+                let frames = if cache.written() {
+                    frames[..count]
                         .iter()
                         // SAFETY: `walk` wrote the first `count` frames.
                         .map(|frame| unsafe { frame.assume_init() })
                         .collect()
                 } else {
-                    let remembered = cache.frames_of(walked.serial).expect("replayed frames");
-                    assert_eq!(remembered.len(), walked.count);
+                    let remembered = cache.frames_of(serial).expect("replayed frames");
+                    assert_eq!(remembered.len(), count);
                     remembered.to_vec()
                 };
-                found.push((frames, walked.serial));
+                found.push((frames, serial));
             }
         });
         let fresh = found.pop().expect("the fresh walk");
