@@ -866,6 +866,12 @@ mod tests {
         assert_eq!(hashes.get(later, &other), part_hash(&other));
         assert_eq!(hashes.slots[7], (later, 60, part_hash(&other)));
         assert_eq!(hashes.get(later, &other[..20]), part_hash(&other[..20]));
+        // Looked up by serial and length alone (a replay's frames are not copied for it).
+        assert_eq!(hashes.known(later, 20), Some(part_hash(&other[..20])));
+        assert_eq!(hashes.known(later, 60), None);
+        assert_eq!(hashes.known(7, 60), None);
+        hashes.keep(0, 60, hash);
+        assert_eq!(hashes.known(0, 60), None);
     }
 
     #[test]
