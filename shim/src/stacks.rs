@@ -115,9 +115,9 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64, from: WalkFrom) 
     // complete the buffer holds no key.
     last.count = 0;
     let key = &mut last.words[..];
-    // Each part: (words, serial of the walk that found it, the same as the last key's part
-    // and so not written).
-    let mut native = (0, 0, false);
+    // The Python part: (words, serial of the walk that found it, the same as the last key's
+    // part and so not written).
+    let mut native = NativePart::NONE;
     let mut python = (0, 0, false);
     match mode {
         StackMode::Python => {
@@ -129,52 +129,78 @@ pub fn capture(mode: StackMode, max_frames: usize, now_ns: u64, from: WalkFrom) 
         }
         StackMode::Mixed => {
             native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from);
-            let native_same = native.2 || (valid && native.0 == 0 && kept.0 == 0);
+            let native_same = native.same || (valid && native.words == 0 && kept.0 == 0);
             // The last key's Python part is in place only behind the same native part (a
             // native walk writes past the frames it keeps).
             let (native_words, python_known) = if native_same {
                 (kept.0, known.1)
             } else {
-                (native.0, 0)
+                (native.words, 0)
             };
             python = python_part(&mut key[native_words..], python_known);
         }
         _ => native = native_part(&mut key[..WALK_FRAMES], max_frames, now_ns, known.0, from),
     }
-    let serials = (native.1, python.1);
+    let serials = (native.serial, python.1);
     if valid {
-        let native_same = native.2 || (native.0 == 0 && kept.0 == 0);
+        let native_same = native.same || (native.words == 0 && kept.0 == 0);
         let python_same = python.2 || (python.0 == 0 && kept.1 == 0);
         if native_same && python_same {
+            // The native part as the last key had it, in `words` or not.
             last.count = kept.0 + kept.1;
             (last.native_serial, last.python_serial) = serials;
             return kept.2;
         }
     }
-    if native.2 {
-        native.0 = kept.0;
+    if native.same {
+        native.words = kept.0;
+        native.in_place = last.native_in_place;
     }
-    let count = native.0 + python.0;
+    let count = native.words + python.0;
     if count == 0 {
         return 0;
     }
-    let key = written(&last.words, count);
-    let (native_words, python_words) = key.split_at(native.0);
     // Each part's hash: the last key's where the same walk found it, a remembered walk's
-    // where one was replayed whole, else hashed here.
-    let native_hash = if native.2 {
+    // where one was replayed whole, else hashed here (the native frames fetched into the key
+    // first if a replay did not write them).
+    let native_hash = if native.same {
         last.native_hash
+    } else if let Some(hash) = last.native_hashes.known(native.serial, native.words) {
+        hash
     } else {
-        last.native_hashes.get(native.1, native_words)
+        if !native.in_place {
+            if !fetch_native(native.serial, &mut last.words[..native.words]) {
+                return 0;
+            }
+            native.in_place = true;
+        }
+        let hash = part_hash(written(&last.words, native.words));
+        last.native_hashes.keep(native.serial, native.words, hash);
+        hash
     };
+    let python_words = written(&last.words[native.words..], python.0);
     let python_hash = if valid && python.1 != 0 && python.1 == known.1 {
         last.python_hash
     } else {
         last.python_hashes.get(python.1, python_words)
     };
-    let id = intern(key, key_hash(native_hash, python_hash));
+    let hash = key_hash(native_hash, python_hash);
+    let id = match cached_id(hash) {
+        Some(id) => id,
+        None => {
+            // Interning compares or stores the whole key.
+            if !native.in_place {
+                if !fetch_native(native.serial, &mut last.words[..native.words]) {
+                    return 0;
+                }
+                native.in_place = true;
+            }
+            intern_new(written(&last.words, count), hash)
+        }
+    };
     last.count = count;
-    last.native_words = native.0;
+    last.native_in_place = native.in_place;
+    last.native_words = native.words;
     last.python_words = python.0;
     last.id = id;
     last.generation = GENERATION.load(Ordering::Relaxed);
@@ -196,6 +222,10 @@ struct LastKey {
     count: usize,
     /// The native frames' words at the start of `words`; the Python part follows.
     native_words: usize,
+    /// Whether `words` holds the native frames: not when the walk of `native_serial` was
+    /// replayed and nothing needed them (they are the first `native_words` of its frames,
+    /// [`fetch_native`], while the next capture replays it).
+    native_in_place: bool,
     python_words: usize,
     id: u32,
     /// [`GENERATION`] when `id` was given (a fork child must define its stacks again).
@@ -241,6 +271,7 @@ fn new_last_key() -> *mut LastKey {
         words: Box::new_uninit_slice(KEY_WORDS),
         count: 0,
         native_words: 0,
+        native_in_place: true,
         python_words: 0,
         id: 0,
         generation: 0,
@@ -276,16 +307,26 @@ impl PartHashes {
     /// The [`part_hash`] of `words`, the part the walk of `serial` (0: none remembered)
     /// found.
     fn get(&mut self, serial: u64, words: &[u64]) -> u64 {
-        if serial == 0 {
-            return part_hash(words);
-        }
-        let slot = &mut self.slots[serial as usize % PART_HASH_SLOTS];
-        if slot.0 == serial && slot.1 == words.len() {
-            return slot.2;
+        if let Some(hash) = self.known(serial, words.len()) {
+            return hash;
         }
         let hash = part_hash(words);
-        *slot = (serial, words.len(), hash);
+        self.keep(serial, words.len(), hash);
         hash
+    }
+
+    /// The hash kept for the first `words` words the walk of `serial` found, if any.
+    fn known(&self, serial: u64, words: usize) -> Option<u64> {
+        let slot = &self.slots[serial as usize % PART_HASH_SLOTS];
+        (serial != 0 && slot.0 == serial && slot.1 == words).then_some(slot.2)
+    }
+
+    /// Keeps `hash` for the first `words` words the walk of `serial` (0: none remembered,
+    /// then nothing is kept) found.
+    fn keep(&mut self, serial: u64, words: usize, hash: u64) {
+        if serial != 0 {
+            self.slots[serial as usize % PART_HASH_SLOTS] = (serial, words, hash);
+        }
     }
 }
 
@@ -323,20 +364,75 @@ fn python_part(key: &mut [MaybeUninit<u64>], known: u64) -> (usize, u64, bool) {
     (words + 1, serial, false)
 }
 
-/// The native part into `frames`: (frames written, the walk's serial, whether they are the
-/// last key's native part, then not written).
+/// A key's native part as a capture found it.
+#[derive(Clone, Copy)]
+struct NativePart {
+    /// Its frames (0: none; also while `same`).
+    words: usize,
+    /// The serial of the remembered walk that found them (0: none).
+    serial: u64,
+    /// They are the last key's native part (found by the same walk), so not written.
+    same: bool,
+    /// They are in the key's words: not where a remembered walk was replayed whole, and
+    /// they are then the first `words` of its frames ([`fetch_native`]).
+    in_place: bool,
+}
+
+impl NativePart {
+    const NONE: NativePart = NativePart {
+        words: 0,
+        serial: 0,
+        same: false,
+        in_place: true,
+    };
+}
+
+/// The native part into `frames`, or where a remembered walk was replayed whole, only its
+/// serial and length.
 fn native_part(
     frames: &mut [MaybeUninit<u64>],
     max_frames: usize,
     now_ns: u64,
     known: u64,
     from: WalkFrom,
-) -> (usize, u64, bool) {
-    let (count, serial) = capture_native(frames, max_frames, now_ns, known, from);
-    if known != 0 && serial == known {
-        return (count, serial, true);
+) -> NativePart {
+    let (words, serial, in_place) = capture_native(frames, max_frames, now_ns, known, from);
+    NativePart {
+        words,
+        serial,
+        same: known != 0 && serial == known,
+        in_place,
     }
-    (count, serial, false)
+}
+
+/// Writes the first `into.len()` frames of the remembered walk of `serial` (which this
+/// capture's walk replayed: nothing has walked since on this thread) into `into`. False only
+/// if that walk is not there, which cannot happen (the capture then records no stack).
+#[cold]
+#[inline(never)]
+fn fetch_native(serial: u64, into: &mut [MaybeUninit<u64>]) -> bool {
+    let fetched = THREAD
+        .try_with(|thread| {
+            // SAFETY: this thread's own cache (allocated by its walk), one hook at a time.
+            let Some(cache) = (unsafe { thread.unwind_cache.get().as_ref() }) else {
+                return false;
+            };
+            match cache
+                .frames_of(serial)
+                .and_then(|frames| frames.get(..into.len()))
+            {
+                Some(frames) => {
+                    for (out, &frame) in into.iter_mut().zip(frames) {
+                        out.write(frame);
+                    }
+                    true
+                }
+                None => false,
+            }
+        })
+        .unwrap_or(false);
+    debug_assert!(fetched, "the replayed walk {serial} is gone");
+    fetched
 }
 
 /// The first `count` words of `words`, which the caller has all written.
@@ -346,16 +442,18 @@ fn written(words: &[MaybeUninit<u64>], count: usize) -> &[u64] {
     unsafe { &*(words as *const [MaybeUninit<u64>] as *const [u64]) }
 }
 
-/// The native part: up to `max_frames` return addresses into `frames`; returns the count and
-/// the serial of the remembered walk that found them (0: none). When that serial is `known`,
-/// nothing is written: the frames are the ones kept under it.
+/// The native part: up to `max_frames` return addresses into `frames`; returns the count, the
+/// serial of the remembered walk that found them (0: none) and whether they were written.
+/// When that serial is `known`, nothing is written: the frames are the ones kept under it
+/// (count 0). A walk from an entry point's caller that replays a remembered walk whole writes
+/// nothing either: the frames are the first `count` of that walk's ([`fetch_native`]).
 fn capture_native(
     frames: &mut [MaybeUninit<u64>],
     max_frames: usize,
     now_ns: u64,
     known: u64,
     from: WalkFrom,
-) -> (usize, u64) {
+) -> (usize, u64, bool) {
     let mut raw = [MaybeUninit::<u64>::uninit(); WALK_FRAMES];
     let max = max_frames.min(MAX_FRAMES).min(frames.len());
     let (shim_start, shim_end) = shim_range();
@@ -385,15 +483,30 @@ fn capture_native(
             } else {
                 &mut raw[..]
             };
-            crate::unwind::walk(into, unsafe { &mut *cache }, bounds, now_ns, known, from)
+            // SAFETY: this thread's own cache, one hook at a time.
+            let cache = unsafe { &mut *cache };
+            let (walked, serial) = crate::unwind::walk(into, cache, bounds, now_ns, from);
+            let written = cache.written();
+            if !written && !direct && (known == 0 || serial != known) {
+                // Shim frames to drop and a frame limit to apply: the frames are needed here.
+                match cache.frames_of(serial) {
+                    Some(found) if found.len() == walked => {
+                        for (out, &frame) in raw.iter_mut().zip(found) {
+                            out.write(frame);
+                        }
+                    }
+                    _ => return (0, 0, true),
+                }
+            }
+            (walked, serial, written)
         })
-        .unwrap_or((0, 0));
-    let (walked, serial) = walked;
+        .unwrap_or((0, 0, true));
+    let (walked, serial, in_place) = walked;
     if known != 0 && serial == known {
-        return (0, serial);
+        return (0, serial, false);
     }
     if direct && walked > 0 {
-        return (walked.min(max), serial);
+        return (walked.min(max), serial, in_place);
     }
     let raw = written(&raw, walked);
     let skip = raw.iter().take_while(|&&ip| in_shim(ip)).count();
@@ -405,9 +518,9 @@ fn capture_native(
     if count == 0 {
         // Objects without .eh_frame_hdr: the slow, general unwinder.
         count = capture_with_libgcc(&mut frames[..max], in_shim);
-        return (count, 0);
+        return (count, 0, true);
     }
-    (count, serial)
+    (count, serial, true)
 }
 
 fn capture_with_libgcc(frames: &mut [MaybeUninit<u64>], in_shim: impl Fn(u64) -> bool) -> usize {
@@ -506,22 +619,25 @@ pub fn release_thread_caches() {
     });
 }
 
-/// The id of `frames` (a whole key, of [`key_hash`] `hash`), defining it in the log the first
-/// time it is seen.
-fn intern(frames: &[u64], hash: u64) -> u32 {
+/// The id of the key of [`key_hash`] `hash` if this thread's cache has it.
+#[inline]
+fn cached_id(hash: u64) -> Option<u32> {
     let generation = GENERATION.load(Ordering::Relaxed);
-    let slot = cache_slot(hash);
-    let cached = THREAD
+    THREAD
         .try_with(|thread| {
             let cache = unsafe { &*thread.stack_cache.get() };
-            let entry = cache.entries[slot];
+            let entry = cache.entries[cache_slot(hash)];
             (entry.hash == hash && entry.generation == generation).then_some(entry.id)
         })
         .ok()
-        .flatten();
-    if let Some(id) = cached {
-        return id;
-    }
+        .flatten()
+}
+
+/// The id of `frames` (a whole key, of [`key_hash`] `hash`, not in this thread's cache:
+/// [`cached_id`]), defining it in the log the first time it is seen.
+fn intern_new(frames: &[u64], hash: u64) -> u32 {
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let slot = cache_slot(hash);
     let id = intern_shared(hash, frames);
     let _ = THREAD.try_with(|thread| {
         let cache = unsafe { &mut *thread.stack_cache.get() };
@@ -750,6 +866,12 @@ mod tests {
         assert_eq!(hashes.get(later, &other), part_hash(&other));
         assert_eq!(hashes.slots[7], (later, 60, part_hash(&other)));
         assert_eq!(hashes.get(later, &other[..20]), part_hash(&other[..20]));
+        // Looked up by serial and length alone (a replay's frames are not copied for it).
+        assert_eq!(hashes.known(later, 20), Some(part_hash(&other[..20])));
+        assert_eq!(hashes.known(later, 60), None);
+        assert_eq!(hashes.known(7, 60), None);
+        hashes.keep(0, 60, hash);
+        assert_eq!(hashes.known(0, 60), None);
     }
 
     #[test]

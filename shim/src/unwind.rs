@@ -143,6 +143,11 @@ pub struct ThreadCache {
     /// for a thread that walks a few stacks).
     walks: Vec<Walk>,
     last: usize,
+    /// The index in `walks` of the walk the last [`walk`] found (replayed or remembered): its
+    /// frames, not copied by a replay, are there until the next walk ([`ThreadCache::frames_of`]).
+    returned: usize,
+    /// Whether the last [`walk`] wrote the frames it found (not when it replayed one whole).
+    written: bool,
     /// Per bucket of start states, the indices (+ 1; 0: none) in `walks` of the newest walks
     /// that started in it, newest first. An index may name a walk since replaced: the start
     /// is compared before anything else.
@@ -164,12 +169,27 @@ impl ThreadCache {
             banks: None,
             walks: Vec::new(),
             last: 0,
+            returned: 0,
+            written: true,
             by_start: Box::new([[0; START_WAYS]; START_BUCKETS]),
             newest_states: Vec::new(),
             states: Vec::new(),
             bp_uses: Vec::new(),
             bp_rules: BpRules::new(BP_RULE_SLOTS),
         }
+    }
+
+    /// Whether the last [`walk`] wrote the frames it found into the caller's buffer: not
+    /// when it replayed a remembered walk whole ([`ThreadCache::frames_of`] its serial).
+    pub fn written(&self) -> bool {
+        self.written
+    }
+
+    /// The frames of the remembered walk of `serial` if it is the one the last [`walk`] found
+    /// (a replay does not copy them: most callers need only its serial).
+    pub fn frames_of(&self, serial: u64) -> Option<&[u64]> {
+        let walk = self.walks.get(self.returned)?;
+        (serial != 0 && walk.valid && walk.serial == serial).then_some(&walk.frames[..])
     }
 }
 
@@ -606,7 +626,8 @@ struct Walk {
 }
 
 /// The last serial number given to a remembered walk: a caller that kept what a walk found
-/// under its serial needs no copy of the frames when the next walk replays the same one.
+/// under its serial (its hash, its frames) needs no copy of the frames when the next walk
+/// replays the same one.
 static SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl Walk {
@@ -797,17 +818,19 @@ pub struct CallerState {
 /// Walks the caller's stack into `frames` (return addresses, innermost first, starting with
 /// the instruction pointer inside this function, or with the entry point's return address
 /// when `from` is its caller). Returns the count, 0 if walking failed, and the serial number
-/// of the remembered walk that found them (0: not remembered). When that serial is `known`
-/// (non-zero), the frames are the ones found under it before and are not written again.
+/// of the remembered walk that found them (0: not remembered). A remembered walk replayed
+/// whole does not write them (most callers need only its serial; the copy of its ~40 frames
+/// was 44 instructions a walk in the training steps): then [`ThreadCache::written`] is false and they are
+/// [`ThreadCache::frames_of`] its serial.
 #[inline(never)]
 pub fn walk(
     frames: &mut [MaybeUninit<u64>],
     cache: &mut ThreadCache,
     stack: (u64, u64),
     now_ns: u64,
-    known: u64,
     from: WalkFrom,
 ) -> (usize, u64) {
+    cache.written = true;
     let unwinder_ptr = current_unwinder(now_ns);
     let Some(unwinder) = (unsafe { unwinder_ptr.as_ref() }) else {
         return (0, 0);
@@ -850,6 +873,8 @@ pub fn walk(
         banks,
         walks,
         last,
+        returned,
+        written,
         by_start,
         newest_states,
         states,
@@ -859,15 +884,13 @@ pub fn walk(
     let newest = *last;
     let bucket = &mut by_start[start_bucket(start)];
     for &way in bucket.iter() {
-        let Some(remembered) = walks.get(usize::from(way).wrapping_sub(1)) else {
+        let at = usize::from(way).wrapping_sub(1);
+        let Some(remembered) = walks.get(at) else {
             break;
         };
         if let Some(count) = remembered.replay(unwinder_ptr, start, bounds, capacity) {
-            if known == 0 || remembered.serial != known {
-                for (out, &frame) in frames.iter_mut().zip(&remembered.frames[..count]) {
-                    out.write(frame);
-                }
-            }
+            *returned = at;
+            *written = false;
             return (count, remembered.serial);
         }
     }
@@ -1030,6 +1053,7 @@ pub fn walk(
         let serial = next.serial;
         walks[oldest] = next;
         *last = oldest;
+        *returned = oldest;
         std::mem::swap(newest_states, states);
         // Newest first in its start's bucket (once: this slot may be listed from before).
         let way = (oldest + 1) as u16;
@@ -1277,12 +1301,18 @@ mod tests {
                 let mut fresh = ThreadCache::new();
                 let cache = if which == 0 { &mut *memo } else { &mut fresh };
                 let mut frames = [MaybeUninit::<u64>::uninit(); MEMO_FRAMES];
-                let (count, serial) = walk(&mut frames, cache, stack, 0, 0, WalkFrom::Here);
-                let frames = frames[..count]
-                    .iter()
-                    // SAFETY: `walk` wrote the first `count` frames.
-                    .map(|frame| unsafe { frame.assume_init() })
-                    .collect();
+                let (count, serial) = walk(&mut frames, cache, stack, 0, WalkFrom::Here);
+                let frames = if cache.written() {
+                    frames[..count]
+                        .iter()
+                        // SAFETY: `walk` wrote the first `count` frames.
+                        .map(|frame| unsafe { frame.assume_init() })
+                        .collect()
+                } else {
+                    let remembered = cache.frames_of(serial).expect("replayed frames");
+                    assert_eq!(remembered.len(), count);
+                    remembered.to_vec()
+                };
                 found.push((frames, serial));
             }
         });
