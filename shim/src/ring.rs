@@ -362,6 +362,18 @@ pub fn wake() {
     }
 }
 
+/// A test's pseudo-random numbers (xorshift64 from `seed`, not 0): each call a number below its
+/// argument.
+#[cfg(test)]
+pub(crate) fn below_from(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |below| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,13 +458,7 @@ mod tests {
     fn merge_is_the_stable_sort_by_time() {
         // Runs of 1 to 40 threads' slots with few distinct times (many ties), as the rings
         // drain them; every merge path (runs in order, a scan of up to 8 runs, sorted keys).
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = below_from(0x9e37_79b9_7f4a_7c15);
         for round in 0..2000 {
             let threads = 1 + next(if round % 2 == 0 { 9 } else { 40 }) as u32;
             let mut batch = Vec::new();

@@ -774,13 +774,7 @@ mod tests {
         // some going back in time, drained below a watermark as `flush_locked` does; the
         // chunk must be byte for byte the one of the old drain's stable sort of
         // (order drained, thread, slot) by time.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = crate::ring::below_from(0x2545_f491_4f6c_dd1d);
         for round in 0..300 {
             let threads = 1 + next(12) as u32;
             let rings: Vec<Ring> = (0..threads)
