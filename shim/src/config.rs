@@ -65,6 +65,9 @@ pub struct Config {
     /// Ring mode's dump signal (`None`: no signal asks for a dump).
     pub dump_signal: Option<DumpSignal>,
     pub debug: bool,
+    /// The writer compresses its chunks (zstd) itself; off by default: `vramshim run` (or
+    /// `vramshim compact`) compresses the log once the program has exited, out of its process.
+    pub compress: bool,
     /// Where `vramshim run` wants the names of written logs appended.
     pub manifest: Option<OsString>,
     /// Times are written rounded down to a multiple of this many nanoseconds (a power of ten
@@ -89,6 +92,7 @@ impl Config {
             ring_events: 1_000_000,
             dump_signal: Some(DumpSignal::default()),
             debug: false,
+            compress: false,
             manifest: env("VRAMSHIM_MANIFEST").filter(|v| !v.is_empty()),
             time_resolution_ns: 1,
         };
@@ -149,6 +153,13 @@ impl Config {
                     "VRAMSHIM_TIME_RESOLUTION={value:?} is not a power of ten from 1ns to 1s \
                      (1ns, 1us, 1ms, 10ms, ...); using 1ns"
                 )),
+            }
+        }
+        if let Some(value) = env_str("VRAMSHIM_COMPRESS", &mut warnings) {
+            match value.as_str() {
+                "1" | "true" | "yes" => config.compress = true,
+                "0" | "false" | "no" | "" => {}
+                _ => warnings.push(invalid("VRAMSHIM_COMPRESS", &value, "0, 1", "0")),
             }
         }
         if let Some(value) = env_str("VRAMSHIM_DEBUG", &mut warnings) {

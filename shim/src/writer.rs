@@ -52,6 +52,8 @@ pub struct Output {
     write_failed: bool,
     /// A crash flush is running: no formatted (allocating) warning.
     crashing: bool,
+    /// `VRAMSHIM_COMPRESS=1`: chunks are compressed here (else written plain).
+    compress: bool,
     /// Flight-recorder mode: events go to this window, not to the file.
     pub window: Option<Window>,
     /// When the chunk being built got its first record (monotonic ns; 0: it is empty).
@@ -193,6 +195,10 @@ pub fn open_log(
             OpenError::Failed(err.to_string())
         });
     }
+    // Held while the log is written (released when the process ends, however it ends):
+    // `vramshim compact` leaves a log alone while its writer may still append to it. A file
+    // system without locks just goes without.
+    unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
     if let Err(why) = write_within_limit(fd, 0, header) {
         // The file is ours and holds nothing readable: take it away again.
         unsafe {
@@ -218,6 +224,7 @@ pub fn open_log(
         merge_keys: Vec::with_capacity(BATCH_SLOTS),
         write_failed: false,
         crashing: false,
+        compress: crate::process::config().compress,
         window: ring_events.map(Window::new),
         chunk_opened_ns: 0,
         key_opened_ns: 0,
@@ -594,11 +601,13 @@ fn close_chunk_if_full(output: &mut Output) {
 
 fn finish_chunk(output: &mut Output) {
     OPEN_CHUNK_DUE_NS.store(0, Ordering::Release);
-    if output.crashing {
-        // Compressing allocates: a crash writes its chunk plain, into the buffer set aside.
-        output.chunk.finish_into(&mut output.out);
-    } else {
+    if output.compress && !output.crashing {
         output.chunk.finish_compressed_into(&mut output.out);
+    } else {
+        // Plain by default: zstd cost the writer ~290 instructions a tensor event on the torch
+        // steps (issue 12), compressing after the program exits costs the program nothing.
+        // Compressing allocates too: a crash writes its chunk plain, into the buffer set aside.
+        output.chunk.finish_into(&mut output.out);
     }
     if output.out.is_empty() {
         return;

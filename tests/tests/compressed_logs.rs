@@ -111,7 +111,12 @@ fn a_real_process_log_is_compressed_and_reads_back_exactly() {
         "compressed-real",
         "bench",
         &[&THREADS.to_string(), &PAIRS.to_string(), "8"],
-        &[("FAKECUDA_MEM", "unlimited"), ("VRAMSHIM_STACK", "native")],
+        &[
+            ("FAKECUDA_MEM", "unlimited"),
+            ("VRAMSHIM_STACK", "native"),
+            // The in-process compression, kept as an option (off by default).
+            ("VRAMSHIM_COMPRESS", "1"),
+        ],
     );
     assert!(
         run.output.status.success(),

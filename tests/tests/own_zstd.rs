@@ -32,7 +32,13 @@ fn a_program_using_the_system_libzstd_is_unaffected_by_the_recorders_own() {
         "own_zstd without the shim: {}",
         String::from_utf8_lossy(&plain.stderr)
     );
-    let run = run_under_shim("own-zstd", "own_zstd", &[&pairs], &[]);
+    // The recorder's in-process compression on (off by default): its zstd beside the program's.
+    let run = run_under_shim(
+        "own-zstd",
+        "own_zstd",
+        &[&pairs],
+        &[("VRAMSHIM_COMPRESS", "1")],
+    );
     assert!(
         run.output.status.success(),
         "own_zstd under the shim: {}",
