@@ -7,7 +7,8 @@
 # and the fakes (tests/build-c.sh target/c-release), then runs, interleaved, BENCH_ROUNDS rounds
 # (default 5) of:
 #   C, PAIRS malloc+free at call depth 30:       without a tool, under heaptrack
-#   C, PAIRS cudaMalloc+cudaFree (fake runtime):  without a tool, under vramshim (native stacks),
+#   C, PAIRS cudaMalloc+cudaFree (fake runtime):  without a tool, under `vramshim run` (native
+#     stacks; the log compressed after the program exits, as `run` does, counted too),
 #     and under vramshim with VRAMSHIM_TIME_RESOLUTION=10ms (heaptrack's own time step), for
 #     its log size only
 #   Python, PY_PAIRS pairs at Python depth 30:    malloc+free without a tool / under
@@ -50,7 +51,6 @@ python="$venv/bin/python"
 echo "== building (cargo build --release, tests/build-c.sh target/c-release)"
 cargo build --release --workspace --quiet
 bash tests/build-c.sh target/c-release >/dev/null
-shim="$root/target/release/libvramshim.so"
 vramshim="$root/target/release/vramshim"
 fakes="$root/target/c-release/lib"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/vramshim-peers.XXXXXX")"
@@ -111,17 +111,20 @@ for round in $(seq 1 "$rounds"); do
     timed c_malloc "$tmp/bench_malloc" "$pairs" "$depth"
     timed heaptrack heaptrack -o "$tmp/ht" "$tmp/bench_malloc" "$pairs" "$depth"
     timed c_cuda "$tmp/bench_cuda" "$pairs" "$depth"
-    timed vramshim env LD_PRELOAD="$shim" VRAMSHIM_OUTPUT="$tmp/c.vlog" VRAMSHIM_STACK=native \
+    # Through `vramshim run`, which compresses the log once the program has exited (the
+    # recorder writes it plain), as heaptrack's own process compresses its file: both in the
+    # CPU counted and the bytes.
+    timed vramshim "$vramshim" run -o "$tmp/c.vlog" --stack native -- \
         "$tmp/bench_cuda" "$pairs" "$depth"
     # The same at heaptrack's time resolution (it writes time in 10 ms ticks): bytes only.
-    timed vramshim_10ms env LD_PRELOAD="$shim" VRAMSHIM_OUTPUT="$tmp/c10.vlog" VRAMSHIM_STACK=native \
-        VRAMSHIM_TIME_RESOLUTION=10ms "$tmp/bench_cuda" "$pairs" "$depth"
+    timed vramshim_10ms env VRAMSHIM_TIME_RESOLUTION=10ms "$vramshim" run -o "$tmp/c10.vlog" \
+        --stack native -- "$tmp/bench_cuda" "$pairs" "$depth"
     # Python + native stacks.
     timed py_malloc "$python" scripts/bench_peers.py malloc "$py_pairs" "$depth"
     timed memray "$python" -m memray run --native -q -f -o "$tmp/py.bin" \
         scripts/bench_peers.py malloc "$py_pairs" "$depth"
     timed py_cuda "$python" scripts/bench_peers.py cuda "$py_pairs" "$depth"
-    timed vramshim_py env LD_PRELOAD="$shim" VRAMSHIM_OUTPUT="$tmp/py.vlog" VRAMSHIM_STACK=mixed \
+    timed vramshim_py "$vramshim" run -o "$tmp/py.vlog" --stack mixed -- \
         "$python" scripts/bench_peers.py cuda "$py_pairs" "$depth"
     # Reports, one core.
     ht_file="$(ls "$tmp"/ht* | head -n 1)"

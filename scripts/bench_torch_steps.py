@@ -29,14 +29,18 @@ gathering; vramshim's writer; c10::reportMemoryUsageToProfiler, which the shim i
 above its cost under the fakes alone), not the whole window's "summary:" or "totals:" line, printed
 beside it: with the counts zeroed by a client request, callgrind's whole-window lines can count
 other threads' instructions from before the window. The recorder's writer thread wakes
-by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (zstd's tables,
-some 50,000 - 75,000 instructions), so its share grows with the window's wall time, which
-callgrind and the host's load stretch: the window's seconds are printed too.
+by wall time (every VRAMSHIM_FLUSH_MS) and pays a fixed cost per chunk it seals (its head,
+its first event in full; with VRAMSHIM_COMPRESS=1 also zstd's tables, some 50,000 - 75,000
+instructions), so its share grows with the window's wall time, which callgrind and the host's
+load stretch: the window's seconds are printed too. The recorder writes its chunks plain;
+`vramshim run` compresses the log after the program exits: that cost (`vramshim compact` of a
+copy of the log under callgrind, its own process) is printed beside, per event of the log.
 Each recorder's log is also read for its chunking (`vramshim dump --counts`: events a chunk),
 and the same process is run once natively for its chunking there: at native speed a 50 ms drain
 holds 10 - 60 times the events it holds under callgrind (by the host's load). Only the
 writer's work depends on it (its costs a drain and a chunk, spread over more or fewer events;
-chunks of 16 KiB of records or more are compressed at zstd level 1, smaller ones at -2). A
+with VRAMSHIM_COMPRESS=1, chunks of 16 KiB of records or more are compressed at zstd level 1,
+smaller ones at -2). A
 longer VRAMSHIM_FLUSH_MS under callgrind does not measure native-speed chunking: its drains
 then span the window's edges (one 3 s drain took in the untimed pass's events), so the
 writer's cost at native-speed chunking is measured on a native log re-chunked
@@ -183,6 +187,31 @@ def shim_events(release, paths, window):
     return count, len(new_stacks)
 
 
+def compaction(release, paths, work):
+    """`vramshim compact` of copies of the logs at `paths`, under callgrind: (instructions,
+    events in the logs, bytes as recorded, bytes compacted). What `vramshim run` spends on the
+    logs after the program has exited (the recorder writes its chunks plain: VRAMSHIM_COMPRESS),
+    in its own process, not the program's. None without a `vramshim compact`."""
+    tool = os.path.join(release, "vramshim")
+    if subprocess.run([tool, "compact", "--help"], capture_output=True).returncode != 0:
+        return None
+    os.makedirs(work, exist_ok=True)
+    copies = []
+    for path in paths:
+        copy = os.path.join(work, os.path.basename(path))
+        shutil.copy(path, copy)
+        copies.append(copy)
+    recorded = sum(os.path.getsize(copy) for copy in copies)
+    events = shim_chunks(release, copies)[0]
+    out = os.path.join(work, "compact.callgrind.out")
+    subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=no",
+                    f"--callgrind-out-file={out}", tool, "compact", *copies],
+                   capture_output=True, check=True)
+    with open(out) as dump:
+        total = next(int(line.split()[1]) for line in dump if line.startswith("summary:"))
+    return total, events, recorded, sum(os.path.getsize(copy) for copy in copies)
+
+
 def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
     """One worker process of `mode`; with `callgrind` (the window library's path) under
     callgrind, adding "instructions": every thread's, inside the timed window."""
@@ -212,6 +241,8 @@ def run(release, mode, workloads, blocks, reference_pairs, callgrind=None):
             result["events"], result["new_stacks"] = shim_events(release, paths,
                                                                  result["window"])
             result["chunking"] = shim_chunks(release, paths)
+            if callgrind:
+                result["compaction"] = compaction(release, paths, os.path.join(logs, "compact"))
         elif history in ("python", "all"):
             result["events"] = sum(result["trace"].get(a, 0) for a in TORCH_TENSOR_EVENTS)
         if callgrind:
@@ -356,6 +387,12 @@ def instructions(release):
                   f"callgrind ({ours[0]:,} events, "
                   f"{ours[1]} chunks); natively {theirs[0] / max(theirs[1], 1):,.0f} "
                   f"({theirs[0]:,} events, {theirs[1]} chunks; window {native_s:.2f} s)")
+        if result.get("compaction"):
+            total, logged, recorded, compacted = result["compaction"]
+            print(f"{'':16} after the program exits, `vramshim compact` (as `vramshim run` "
+                  f"does; its own process): {total:,} instructions for the log's {logged:,} "
+                  f"events ({total / max(logged, 1):,.0f} an event), {recorded:,} -> "
+                  f"{compacted:,} bytes")
         if result["callback"]:
             print(f"{'':16} vramshim's callback {result['callback']:,} "
                   f"({result['callback'] / n:.1f} an event), its writer {result['writing']:,} "
