@@ -1219,3 +1219,55 @@ unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
+
+/// Whether another open file description could take `flock(LOCK_EX)` on `path` now (taken and
+/// released again at once).
+fn lock_is_free(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).expect("open the log");
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !taken {
+        let error = std::io::Error::last_os_error();
+        assert_eq!(error.raw_os_error(), Some(libc::EWOULDBLOCK), "{error}");
+    }
+    taken
+}
+
+/// The recorder holds `flock` on its log while it may still write it (so `vramshim compact`
+/// leaves it alone), and the lock goes with the process however it ends: here by SIGKILL,
+/// with nothing run at exit.
+#[test]
+fn the_log_is_locked_while_its_process_lives_and_freed_by_sigkill() {
+    use std::process::Stdio;
+    let dir = scratch("log-lock");
+    let mut child = shim_command(&program("sigkill"), &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sigkill");
+    let log = dir.join(format!("{}.vlog", child.id()));
+    // sigkill makes 5 allocations, then sleeps 500 ms: its log exists (the header is written
+    // after the lock is taken) well before it kills itself.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(&log).map_or(true, |meta| meta.len() == 0) {
+        assert!(std::time::Instant::now() < deadline, "no log at {log:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let locked_while_running = !lock_is_free(&log);
+    let status = child.wait().expect("wait");
+    assert_eq!(status.signal(), Some(9), "sigkill must die by SIGKILL");
+    assert!(
+        locked_while_running,
+        "the log was not locked while sigkill ran"
+    );
+    assert!(lock_is_free(&log), "the lock outlived the process");
+    // What was flushed reads back: the first five during the sleep, the last five maybe.
+    let allocs = dump(&log)
+        .iter()
+        .filter(|r| r["type"] == "event" && r["event"] == "alloc")
+        .count();
+    assert!(
+        (5..=10).contains(&allocs),
+        "{allocs} allocations in {log:?}"
+    );
+}
