@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::torch;
 use common::*;
 
 /// (chunks, compressed chunks) of the log at `path`, by its chunks' heads; the chunks must
@@ -426,4 +427,78 @@ fn run_leaves_a_log_still_held_as_recorded() {
     );
     assert_eq!(chunk_kinds(&log).1, 0);
     assert_eq!(files_in(&dir), vec!["held.vlog"]);
+}
+
+/// A real PyTorch training log (the default caching allocator: tensor events, free pairs,
+/// mixed native and Python stacks), recorded by `vramshim run --no-compact`, compacts to the
+/// same records and the same report.
+#[test]
+fn a_torch_training_log_compacts_to_the_same_records_and_report() {
+    let Some(python) = torch::torch_python() else {
+        return;
+    };
+    let dir = scratch("compact-torch");
+    let log = dir.join("train.vlog");
+    let script = torch::repo().join("tests/python/torch_judge.py");
+    let output = Command::new(vramshim_tool())
+        .arg("run")
+        .arg("--no-compact")
+        .arg("-o")
+        .arg(&log)
+        .arg("--")
+        .arg(&python)
+        .args(["-W", "ignore"])
+        .arg(&script)
+        .arg("mlp,transformer")
+        .env("LD_PRELOAD", torch::fake_preload())
+        .env("LD_LIBRARY_PATH", vramshim_fakegpu::LIB_DIR)
+        .env("VRAMSHIM_FAKEGPU_MEMORY", (8u64 << 30).to_string())
+        .env("VRAMSHIM_FAKEGPU_LOG", dir.join("unimplemented.txt"))
+        .env("VRAMSHIM_COMPRESS", "0")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+        .env_remove("VRAMSHIM_OUTPUT")
+        .env_remove("VRAMSHIM_STACK")
+        .env_remove("VRAMSHIM_MODE")
+        .output()
+        .expect("vramshim run python");
+    assert!(output.status.success(), "{output:?}");
+    let recorded = std::fs::metadata(&log).expect("log").len();
+    assert_eq!(
+        text(&output.stderr),
+        format!(
+            "vramshim: wrote {} ({})\n",
+            log.display(),
+            printed_size(recorded)
+        )
+    );
+    assert_eq!(chunk_kinds(&log).1, 0, "recorded plain");
+    let dump_before = dump(&log);
+    let tensor_frees = dump_before
+        .iter()
+        .filter(|record| record["event"] == "tensor_free")
+        .count();
+    assert!(tensor_frees > 100, "{tensor_frees} tensor frees");
+    let report_before = json_of(&[OsStr::new("report"), OsStr::new("--json"), log.as_os_str()]);
+    // Its JSON nests deeper than serde_json parses: compared as printed.
+    let leaks = || {
+        let output = tool(&[OsStr::new("leaks"), OsStr::new("--json"), log.as_os_str()]);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        output.stdout
+    };
+    let leaks_before = leaks();
+
+    let output = compact(&[&log]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let after = std::fs::metadata(&log).expect("log").len();
+    assert_eq!(text(&output.stdout), compacted_line(&log, recorded, after));
+    let (chunks, compressed) = chunk_kinds(&log);
+    assert_eq!(compressed, chunks);
+    assert_eq!(dump(&log), dump_before);
+    assert_eq!(
+        json_of(&[OsStr::new("report"), OsStr::new("--json"), log.as_os_str()]),
+        report_before
+    );
+    assert!(leaks() == leaks_before, "leaks --json differs");
 }
