@@ -295,8 +295,12 @@ fn only_regular_vramshim_logs_are_rewritten_and_the_others_named() {
     let subdir = dir.join("subdir");
     std::fs::create_dir(&subdir).expect("mkdir");
     let missing = dir.join("missing.vlog");
+    let fifo = dir.join("fifo.vlog");
+    let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `c_fifo` is a NUL-terminated path for the call.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0, "mkfifo");
 
-    let output = compact(&[&link, &subdir, &notes, &missing, &log]);
+    let output = compact(&[&link, &subdir, &fifo, &notes, &missing, &log]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert_eq!(
         text(&output.stderr),
@@ -304,10 +308,12 @@ fn only_regular_vramshim_logs_are_rewritten_and_the_others_named() {
             "vramshim: {} not compacted: it is a symbolic link (compact rewrites regular files \
              only: name the file it points to)\n\
              vramshim: {} not compacted: not a regular file\n\
+             vramshim: {} not compacted: not a regular file\n\
              vramshim: {} not compacted: not a vramshim log (no VRAMSHIM magic at the start)\n\
              vramshim: {} not compacted: cannot look at it: No such file or directory (os error 2)\n",
             link.display(),
             subdir.display(),
+            fifo.display(),
             notes.display(),
             missing.display()
         )

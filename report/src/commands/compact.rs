@@ -99,10 +99,11 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
     if !seen.is_file() {
         return Err("not a regular file".to_string());
     }
-    // O_NOFOLLOW: should a symlink have replaced it since, the open fails.
+    // Should a symlink have replaced it since, the open fails (O_NOFOLLOW); a FIFO does not
+    // block it (O_NONBLOCK, which changes nothing for a regular file) and is refused below.
     let original = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|err| format!("cannot open it: {err}"))?;
     let opened = original
@@ -146,7 +147,7 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
 
     // Re-encode every record as the recorder does (its time resolution, chunks starting at
     // its pid's thread, continued chunks), in large compressed chunks.
-    let header = reader.header().clone();
+    let header = reader.header();
     let mut chunk = ChunkBuilder::new()
         .with_time_resolution(header.time_resolution_ns)
         .with_first_thread(header.pid)
@@ -229,9 +230,11 @@ fn lock(file: &File) -> Result<(), String> {
              compact it after that ends"
                 .to_string(),
         ),
-        // A file system without locks: no recorder could have locked it either.
-        Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP) => Ok(()),
-        _ => Err(format!("cannot lock it: {err}")),
+        // Without the lock, a recorder still writing it would go on writing the old file
+        // once the new one replaced it: what it wrote after would be lost.
+        _ => Err(format!(
+            "cannot lock it ({err}), so cannot tell whether a process still writes it"
+        )),
     }
 }
 
