@@ -414,6 +414,9 @@ pub struct ChunkBuilder {
     compressor: Option<zstd_safe::CCtx<'static>>,
     /// The compressor's level (set for each chunk by its size; 0 before the first).
     level: i32,
+    /// Every compressed chunk at this zstd level whatever its size (`vramshim compact`);
+    /// `None`: by its size, as the recorder compresses.
+    fixed_level: Option<i32>,
     compressed: Vec<u8>,
     /// Chunks may continue the one before them (format 6); off: every chunk is a key chunk.
     continues: bool,
@@ -441,6 +444,7 @@ impl Default for ChunkBuilder {
             records: 0,
             compressor: None,
             level: 0,
+            fixed_level: None,
             compressed: Vec::new(),
             continues: false,
             key: true,
@@ -497,6 +501,13 @@ impl ChunkBuilder {
     /// older logs).
     pub fn without_free_pairs(mut self) -> Self {
         self.free_pairs = false;
+        self
+    }
+
+    /// A builder whose compressed chunks are all compressed at zstd level `level` (zstd
+    /// clamps it to its range), not at a level chosen by the chunk's size.
+    pub fn with_compression_level(mut self, level: i32) -> Self {
+        self.fixed_level = Some(level);
         self
     }
 
@@ -608,7 +619,9 @@ impl ChunkBuilder {
         // Room for the worst case, so that the frame is never cut short for want of space.
         self.compressed
             .reserve(zstd_safe::compress_bound(self.payload.len()));
-        let level = if self.payload.len() < SMALL_LEVEL_BELOW {
+        let level = if let Some(level) = self.fixed_level {
+            level
+        } else if self.payload.len() < SMALL_LEVEL_BELOW {
             SMALL_CHUNK_LEVEL
         } else {
             ZSTD_LEVEL

@@ -82,6 +82,10 @@ enum Command {
     Export(commands::export::Args),
     /// Print every record of a log, as text or as JSON lines.
     Dump(commands::dump::Args),
+    /// Rewrite logs with their records compressed (`vramshim run` does it after the program
+    /// exits): checked record by record before the log is replaced; a damaged log or one a
+    /// process still writes is left as it is.
+    Compact(commands::compact::Args),
 }
 
 /// An error that ends the command: a one-line message and an exit code.
@@ -149,6 +153,7 @@ where
         Command::Whatif(args) => commands::whatif::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Dump(args) => commands::dump::run(args),
+        Command::Compact(args) => commands::compact::run(args),
     };
     match result {
         Ok(code) => code,

@@ -475,13 +475,13 @@ fn vramshim_run(args: &[&OsStr], tmp: &Path, cwd: &Path, env: &[(&str, &OsStr)])
         .expect("run vramshim")
 }
 
-fn wrote_line(log: &Path) -> String {
-    let size = std::fs::metadata(log).expect("log").len();
-    format!(
-        "vramshim: wrote {} ({})\n",
-        log.display(),
-        printed_size(size)
-    )
+/// Checks that `stderr` is the one line `vramshim run` prints for `log`, compacted.
+fn assert_wrote(log: &Path, stderr: &str) {
+    let line = stderr
+        .strip_suffix('\n')
+        .unwrap_or_else(|| panic!("not one line: {stderr:?}"));
+    assert!(!line.contains('\n'), "not one line: {stderr:?}");
+    assert_compacted_wrote_line(log, line);
 }
 
 /// The manifest's old name was predictable (`$TMPDIR/vramshim-run-<pid>.manifest`): another
@@ -538,7 +538,7 @@ fn run_ignores_a_symlink_or_fifo_planted_at_the_old_manifest_name() {
             .collect();
         assert_eq!(logs.len(), 1, "{plant}: {logs:?}");
         let log = dir.join(&logs[0]);
-        assert_eq!(run.stderr, wrote_line(&log), "{plant}");
+        assert_wrote(&log, &run.stderr);
         assert_eq!(event_shapes(&log), printed_shapes(&run.stdout), "{plant}");
         // Only the planted file is left in TMPDIR: the private directory was removed.
         let planted = old_name.file_name().unwrap().to_string_lossy().into_owned();
@@ -625,7 +625,7 @@ fn run_replaces_its_own_stale_log_but_nothing_else() {
         let run = finish(vramshim_run(&args, &tmp, &dir, &[]), "vramshim run");
         assert!(run.status.success(), "round {round}: {}", run.stderr);
         assert_eq!(files_in(&dir), vec!["fixed.vlog"], "round {round}");
-        assert_eq!(run.stderr, wrote_line(&fixed), "round {round}");
+        assert_wrote(&fixed, &run.stderr);
         assert_eq!(event_shapes(&fixed), printed_shapes(&run.stdout));
         pids.push(header_pid(&fixed));
     }
@@ -639,15 +639,16 @@ fn run_replaces_its_own_stale_log_but_nothing_else() {
     assert_eq!(names.len(), 2, "{names:?}");
     let log = dir.join(names.iter().find(|n| *n != "fixed.vlog").unwrap());
     assert_eq!(log, dir.join(format!("fixed.{}.vlog", header_pid(&log))));
-    assert_eq!(
-        run.stderr,
-        format!(
-            "vramshim: {} already exists; logging to {}\n{}",
-            fixed.display(),
-            log.display(),
-            wrote_line(&log)
-        )
+    let already = format!(
+        "vramshim: {} already exists; logging to {}\n",
+        fixed.display(),
+        log.display()
     );
+    let wrote = run
+        .stderr
+        .strip_prefix(&already)
+        .unwrap_or_else(|| panic!("{:?} does not start with {already:?}", run.stderr));
+    assert_wrote(&log, wrote);
     assert_eq!(
         files_in(&tmp),
         Vec::<String>::new(),

@@ -112,15 +112,8 @@ fn run_names_the_log_of_a_cuda_program() {
         u64::from(vramshim_pid),
         "vramshim ran the program itself"
     );
-    let size = std::fs::metadata(&log).unwrap().len();
-    assert_eq!(
-        stderr,
-        format!(
-            "vramshim: wrote {} ({})\n",
-            log.display(),
-            printed_size(size)
-        )
-    );
+    // Compacted after the program exited (`run` does by default).
+    assert_compacted_wrote_line(&log, stderr.strip_suffix('\n').expect("one line"));
     let events = events(&dump);
     assert_eq!(
         events
@@ -165,20 +158,14 @@ fn run_names_every_log_of_a_process_tree() {
         pid_after("child pid="),
         pid_after("exec pid="),
     );
-    // Each process appends its log's name when it opens it: parent, fork child, exec child.
-    let expected: String = [parent, child, exec]
-        .iter()
-        .map(|pid| {
-            let log = dir.join(format!("{pid}.vlog"));
-            let size = std::fs::metadata(&log).expect("log").len();
-            format!(
-                "vramshim: wrote {} ({})\n",
-                log.display(),
-                printed_size(size)
-            )
-        })
-        .collect();
-    assert_eq!(text(&output.stderr), expected);
+    // Each process appends its log's name when it opens it: parent, fork child, exec child;
+    // each is compacted (every process has ended, and with it its hold on its log).
+    let stderr = text(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    for (pid, line) in [parent, child, exec].iter().zip(lines) {
+        assert_compacted_wrote_line(&dir.join(format!("{pid}.vlog")), line);
+    }
     assert_eq!(files_in(&dir).len(), 3);
     assert_eq!(
         u64_of(&dump(&dir.join(format!("{parent}.vlog")))[0], "ppid"),
@@ -207,15 +194,8 @@ fn run_without_output_writes_the_default_name_in_the_working_directory() {
     let dump = dump(&log);
     let pid = u64_of(&dump[0], "pid");
     assert_eq!(logs[0], format!("vramshim-oom.{pid}.vlog"));
-    let size = std::fs::metadata(&log).unwrap().len();
-    assert_eq!(
-        text(&output.stderr),
-        format!(
-            "vramshim: wrote {} ({})\n",
-            log.display(),
-            printed_size(size)
-        )
-    );
+    let stderr = text(&output.stderr);
+    assert_compacted_wrote_line(&log, stderr.strip_suffix('\n').expect("one line"));
     assert_eq!(dump[0]["stack_mode"], "none");
     assert_eq!(events(&dump).len(), 3);
     assert!(events(&dump).iter().all(|e| u64_of(e, "stack") == 0));
@@ -245,15 +225,8 @@ fn run_dies_by_the_signal_that_killed_the_program() {
         .parse()
         .unwrap();
     let log = dir.join(format!("{pid}.vlog"));
-    let size = std::fs::metadata(&log).expect("the log").len();
-    assert_eq!(
-        text(&output.stderr),
-        format!(
-            "vramshim: wrote {} ({})\n",
-            log.display(),
-            printed_size(size)
-        )
-    );
+    let stderr = text(&output.stderr);
+    assert_compacted_wrote_line(&log, stderr.strip_suffix('\n').expect("one line"));
     // Every allocation made before the abort is there.
     let recorded: Vec<u64> = events(&dump(&log))
         .iter()

@@ -4,6 +4,7 @@ pub mod advise;
 pub mod allocator;
 pub mod breakdown;
 pub mod common;
+pub mod compact;
 pub mod diff;
 pub mod dryrun;
 pub mod dump;

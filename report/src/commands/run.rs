@@ -1,5 +1,6 @@
 //! `vramshim run [-o PATH] [--stack MODE] -- CMD ARGS...`: runs a program with the recorder
-//! preloaded, passes on its exit status (and the signal that killed it), then names the logs.
+//! preloaded, passes on its exit status (and the signal that killed it), then compacts the
+//! logs (`compact`: the recorder writes them plain) and names them.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -7,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use crate::Failure;
-use crate::commands::launch;
+use crate::commands::{compact, launch};
 use crate::units::bytes;
 
 #[derive(clap::Args)]
@@ -19,6 +20,9 @@ pub struct Args {
     /// plus, in a Python process, the Python frames).
     #[arg(long, value_parser = ["none", "native", "python", "mixed"])]
     stack: Option<String>,
+    /// Leave the logs as the recorder wrote them (plain chunks), not compacted.
+    #[arg(long)]
+    no_compact: bool,
     /// The program and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -58,7 +62,7 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
         command.env(launch::NVTX_INJECTION, nvtx);
     }
     let status = launch::spawn_and_wait(&mut command, program)?;
-    report_logs(&manifest.logs(), args.output.as_deref());
+    report_logs(&manifest.logs(), args.output.as_deref(), !args.no_compact);
     Ok(launch::exit_like(status))
 }
 
@@ -108,7 +112,9 @@ fn unwritable(output: &OsStr) -> Option<String> {
     None
 }
 
-fn report_logs(logs: &[PathBuf], output: Option<&OsStr>) {
+/// Names each log written, with its size, after compacting it when `compact` (one that cannot
+/// be is left as recorded, and the line says why).
+fn report_logs(logs: &[PathBuf], output: Option<&OsStr>, compact: bool) {
     if logs.is_empty() {
         match output.and_then(unwritable) {
             Some(why) => eprintln!(
@@ -121,6 +127,25 @@ fn report_logs(logs: &[PathBuf], output: Option<&OsStr>) {
     }
     for path in logs {
         let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        eprintln!("vramshim: wrote {} ({})", path.display(), bytes(size));
+        if !compact {
+            eprintln!("vramshim: wrote {} ({})", path.display(), bytes(size));
+            continue;
+        }
+        match compact::compact_log(path, compact::DEFAULT_LEVEL) {
+            Ok(compact::Outcome::Compacted { before, after }) => eprintln!(
+                "vramshim: wrote {} ({}; {} as recorded)",
+                path.display(),
+                bytes(after),
+                bytes(before)
+            ),
+            Ok(compact::Outcome::Unchanged { size }) => {
+                eprintln!("vramshim: wrote {} ({})", path.display(), bytes(size))
+            }
+            Err(why) => eprintln!(
+                "vramshim: wrote {} ({}, as recorded: not compacted: {why})",
+                path.display(),
+                bytes(size)
+            ),
+        }
     }
 }

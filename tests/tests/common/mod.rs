@@ -478,3 +478,43 @@ pub fn printed_size(n: u64) -> String {
     }
     format!("{value:.2} {}", UNITS[unit])
 }
+
+/// Bytes of a size as `vramshim` prints it ([`printed_size`]), to the print's precision.
+pub fn parse_printed_size(text: &str) -> f64 {
+    let (number, unit) = text
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("not a printed size: {text:?}"));
+    let number: f64 = number
+        .parse()
+        .unwrap_or_else(|err| panic!("not a printed size: {text:?}: {err}"));
+    let scale = match unit {
+        "B" => 1u64,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => panic!("not a printed size: {text:?}"),
+    };
+    number * scale as f64
+}
+
+/// Checks that `printed` is the line `vramshim run` prints for a log it compacted:
+/// `vramshim: wrote LOG (SIZE; RECORDED as recorded)`, SIZE the log's size now and RECORDED
+/// larger (the recorded size itself depends on how the recorder's chunks fell).
+pub fn assert_compacted_wrote_line(log: &Path, printed: &str) {
+    let size = std::fs::metadata(log)
+        .unwrap_or_else(|err| panic!("{}: {err}", log.display()))
+        .len();
+    let start = format!(
+        "vramshim: wrote {} ({}; ",
+        log.display(),
+        printed_size(size)
+    );
+    let recorded = printed
+        .strip_prefix(&start)
+        .and_then(|rest| rest.strip_suffix(" as recorded)"))
+        .unwrap_or_else(|| panic!("{printed:?} is not {start:?}... as recorded)"));
+    assert!(
+        parse_printed_size(recorded) > size as f64,
+        "{printed:?}: the recorded size is not larger"
+    );
+}
