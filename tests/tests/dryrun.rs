@@ -173,6 +173,18 @@ fn a_job_that_fits_gets_exact_peaks_per_device() {
     let samples: Vec<&Value> = dump.iter().filter(|r| r["type"] == "mem_info").collect();
     assert!(!samples.is_empty());
     assert!(samples.iter().all(|s| u(&s["total"]) == GIB), "{samples:?}");
+    // Compacted once the verdict read it, as `vramshim run` leaves its logs: one chunk, and
+    // compressed (the recorder wrote it plain).
+    let bytes = std::fs::read(&log).expect("read the log");
+    let chunks = vramshim_format::chunk_spans(&bytes);
+    assert_eq!(
+        chunks
+            .iter()
+            .map(|chunk| chunk.compressed)
+            .collect::<Vec<_>>(),
+        [true],
+        "{log:?}"
+    );
 }
 
 #[test]

@@ -18,8 +18,8 @@ use crate::analysis::peaks::Peaks;
 use crate::analysis::requests::WhatIf;
 use crate::analysis::summary::Summary;
 use crate::commands::common::{UnfoldArg, finish_stdout};
-use crate::commands::launch;
 use crate::commands::whatif::{DEFAULT_CONFIGS, rank_key};
+use crate::commands::{compact, launch};
 use crate::gpus::{self, Gpu};
 use crate::python::{PYTHON_MODULE, StackView};
 use crate::render::dryrun::{
@@ -340,6 +340,16 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     ) {
         Ok(()) => {}
         Err(failure) => eprintln!("vramshim: {}", failure.message),
+    }
+    // Kept for other reports: compressed now, as `vramshim run` leaves its logs (the recorder
+    // writes them plain), once the verdict has read them.
+    for log in &logs {
+        if let Err(why) = compact::compact_log(log, compact::DEFAULT_LEVEL) {
+            eprintln!(
+                "vramshim: {} left as recorded: not compacted: {why}",
+                log.display()
+            );
+        }
     }
     Ok(launch::exit_like(status))
 }
