@@ -99,11 +99,7 @@ fn plain_bench_log(test: &str) -> (PathBuf, PathBuf) {
 #[test]
 fn compact_rewrites_a_recorded_log_compressed_with_the_same_records() {
     let (dir, log) = plain_bench_log("compact-bench");
-    let name = log
-        .file_name()
-        .expect("name")
-        .to_string_lossy()
-        .into_owned();
+    let name = file_name_of(&log);
     let recorded = std::fs::read(&log).expect("read log");
     let dump_before = dump(&log);
     let report_before = json_of(&[OsStr::new("report"), OsStr::new("--json"), log.as_os_str()]);
@@ -147,6 +143,14 @@ fn compact_rewrites_a_recorded_log_compressed_with_the_same_records() {
     assert_eq!(std::fs::read(&log).expect("read log"), compacted);
 }
 
+/// The last component of `path`, as text.
+fn file_name_of(path: &Path) -> String {
+    path.file_name()
+        .expect("a file name")
+        .to_string_lossy()
+        .into_owned()
+}
+
 fn header_bytes_of(log: &[u8]) -> Vec<u8> {
     let first = vramshim_format::chunk_spans(log)
         .first()
@@ -157,11 +161,7 @@ fn header_bytes_of(log: &[u8]) -> Vec<u8> {
 #[test]
 fn a_damaged_log_is_refused_and_left_byte_for_byte() {
     let (dir, log) = plain_bench_log("compact-damaged");
-    let name = log
-        .file_name()
-        .expect("name")
-        .to_string_lossy()
-        .into_owned();
+    let name = file_name_of(&log);
     let recorded = std::fs::read(&log).expect("read log");
     let spans = vramshim_format::chunk_spans(&recorded);
 
