@@ -208,6 +208,57 @@ fn a_real_process_log_is_compressed_and_reads_back_exactly() {
     );
 }
 
+/// The recorder writes plain chunks unless `VRAMSHIM_COMPRESS=1`; an odd value warns once and
+/// keeps the default. The same events either way.
+#[test]
+fn the_recorder_compresses_only_when_asked() {
+    const PAIRS: usize = 20_000;
+    for (label, value) in [("default", None), ("on", Some("1")), ("odd", Some("zstd"))] {
+        let mut env = vec![("FAKECUDA_MEM", "unlimited"), ("VRAMSHIM_STACK", "native")];
+        env.extend(value.map(|v| ("VRAMSHIM_COMPRESS", v)));
+        let run = run_under_shim(
+            &format!("compress-{label}"),
+            "bench",
+            &["1", &PAIRS.to_string(), "8"],
+            &env,
+        );
+        assert!(run.output.status.success(), "{label}: {}", run.stderr());
+        let stderr = run.stderr();
+        if label == "odd" {
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.starts_with("vramshim: ") && stderr.contains("VRAMSHIM_COMPRESS=\"zstd\""),
+                "{stderr}"
+            );
+        } else {
+            assert_eq!(stderr, "", "{label}");
+        }
+        let log = run.log();
+        let bytes = std::fs::read(&log).expect("read log");
+        let spans = chunks(&bytes);
+        let compressed = spans
+            .iter()
+            .filter(|span| {
+                span.magic == COMPRESSED_CHUNK_MAGIC
+                    || span.magic[0] == vramshim_format::CONTINUED_COMPRESSED_CHUNK
+            })
+            .count();
+        if label == "on" {
+            assert!(
+                compressed > 0,
+                "{label}: no compressed chunk of {}",
+                spans.len()
+            );
+        } else {
+            assert_eq!(compressed, 0, "{label}: {} chunks", spans.len());
+        }
+        let (code, lines) = dump(&log);
+        assert_eq!(code, Some(0), "{label}");
+        assert!(of_type(&lines, "damage").is_empty(), "{label}");
+        assert_eq!(of_type(&lines, "event").len(), 2 * PAIRS, "{label}");
+    }
+}
+
 fn header() -> Header {
     Header {
         version: FORMAT_VERSION,
