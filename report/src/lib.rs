@@ -6,6 +6,7 @@ mod commands;
 mod debug_prefix;
 mod gpus;
 mod logfile;
+mod progress;
 mod python;
 mod render;
 mod replay;

@@ -8,9 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vramshim_format::{
@@ -18,6 +16,7 @@ use vramshim_format::{
     Mark, MemInfo, ModuleDef, Note, Record,
 };
 
+use crate::progress::Progress;
 use crate::python::PyFrame;
 use crate::{Failure, logfile};
 
@@ -1167,7 +1166,7 @@ pub fn run_view_with<O: Observers + ?Sized>(
         })
         .collect();
     let mut last_device: Option<i32> = None;
-    let mut progress = Progress::new(inputs.iter().map(|i| i.size_bytes).sum());
+    let mut progress = Progress::new("replaying", inputs.iter().map(|i| i.size_bytes).sum());
     let mut end_ns = 0u64;
     let mut steps = 0u64;
     let mut complete = false;
@@ -2211,71 +2210,6 @@ fn apply_tensor(
         }
         _ => return None,
     })
-}
-
-/// A progress bar on stderr for long replays, only when stderr is a terminal.
-struct Progress {
-    total_bytes: u64,
-    started: Instant,
-    shown: bool,
-    enabled: bool,
-    last: Instant,
-}
-
-impl Progress {
-    fn new(total_bytes: u64) -> Progress {
-        let now = Instant::now();
-        Progress {
-            total_bytes,
-            started: now,
-            shown: false,
-            enabled: std::io::stderr().is_terminal() && total_bytes > 0,
-            last: now,
-        }
-    }
-
-    fn update(&mut self, done_bytes: u64) {
-        if !self.enabled {
-            return;
-        }
-        let now = Instant::now();
-        // Short replays finish before a bar would help; redraw at most 10 times a second.
-        if now.duration_since(self.started) < Duration::from_millis(500)
-            || now.duration_since(self.last) < Duration::from_millis(100)
-        {
-            return;
-        }
-        self.last = now;
-        let fraction = (done_bytes as f64 / self.total_bytes as f64).min(1.0);
-        let width = 30;
-        let filled = (fraction * width as f64) as usize;
-        let mut stderr = std::io::stderr().lock();
-        let elapsed = now.duration_since(self.started).as_secs_f64();
-        let left = if fraction > 0.0 {
-            elapsed * (1.0 - fraction) / fraction
-        } else {
-            0.0
-        };
-        let _ = write!(
-            stderr,
-            "\rvramshim: replaying [{}{}] {:3.0}% of {}, about {:.0} s left ",
-            "#".repeat(filled),
-            " ".repeat(width - filled),
-            fraction * 100.0,
-            crate::units::bytes(self.total_bytes),
-            left.ceil()
-        );
-        let _ = stderr.flush();
-        self.shown = true;
-    }
-
-    fn finish(&mut self) {
-        if self.shown {
-            let mut stderr = std::io::stderr().lock();
-            let _ = write!(stderr, "\r{:90}\r", "");
-            let _ = stderr.flush();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use vramshim_format::{ChunkBuilder, FORMAT_VERSION, Item, LogReader};
 
 use crate::Failure;
+use crate::progress::Progress;
 use crate::units::bytes;
 
 /// zstd level of `compact` (and of `vramshim run`'s compaction). On a mixed-stack log of 250
@@ -155,7 +156,9 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
         .with_compression_level(level);
     let mut out = Vec::with_capacity(chunk_bytes);
     out.extend_from_slice(&header_bytes);
-    for item in reader.by_ref() {
+    // Both passes (encoding, then the check) in one bar: half of it each.
+    let mut progress = Progress::new("compacting", opened.len());
+    while let Some(item) = reader.next() {
         match item {
             Item::Record(record) => chunk.push(&record),
             Item::Damage(damage) => {
@@ -169,6 +172,7 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
             chunk.finish_compressed_into(&mut out);
             temp.file.write_all(&out).map_err(&write_error)?;
             out.clear();
+            progress.update(reader.offset() / 2);
         }
     }
     chunk.finish_compressed_into(&mut out);
@@ -186,7 +190,9 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
     keep_attributes(&temp.file, &opened)?;
     temp.file.sync_all().map_err(&write_error)?;
 
-    same_records(&original, &temp.file, &header_bytes).map_err(|why| {
+    let checked = same_records(&original, &temp.file, &header_bytes, &mut progress);
+    progress.finish();
+    checked.map_err(|why| {
         format!("the compacted version does not read back as the original ({why})")
     })?;
 
@@ -264,7 +270,12 @@ fn keep_attributes(temp: &File, of: &std::fs::Metadata) -> Result<(), String> {
 
 /// Whether `compacted` holds `header` byte for byte and decodes to exactly the records of
 /// `original`, in order, without damage; the first difference otherwise.
-fn same_records(original: &File, compacted: &File, header: &[u8]) -> Result<(), String> {
+fn same_records(
+    original: &File,
+    compacted: &File,
+    header: &[u8],
+    progress: &mut Progress,
+) -> Result<(), String> {
     let mut head = vec![0u8; header.len()];
     compacted
         .read_exact_at(&mut head, 0)
@@ -280,11 +291,18 @@ fn same_records(original: &File, compacted: &File, header: &[u8]) -> Result<(), 
     rewind(compacted)?;
     let mut old = LogReader::new(original).map_err(|err| format!("the original: {err}"))?;
     let mut new = LogReader::new(compacted).map_err(|err| err.to_string())?;
+    let size = original.metadata().map_or(0, |meta| meta.len());
     let mut records = 0u64;
     loop {
         match (old.next(), new.next()) {
             (None, None) => return Ok(()),
-            (Some(Item::Record(was)), Some(Item::Record(now))) if was == now => records += 1,
+            (Some(Item::Record(was)), Some(Item::Record(now))) if was == now => {
+                records += 1;
+                if records.is_multiple_of(1 << 16) {
+                    // The second half of the bar (the first was the encoding).
+                    progress.update((size + old.offset()) / 2);
+                }
+            }
             (_, Some(Item::Damage(damage))) => return Err(format!("it is damaged: {damage}")),
             (Some(Item::Damage(damage)), _) => {
                 return Err(format!("the original reads damaged now: {damage}"));
