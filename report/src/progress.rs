@@ -16,7 +16,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// A bar for `total_bytes` of work, drawn by [`Progress::update`].
+    /// A bar for `total_bytes` of work, drawn by [`Progress::update`] (never for 0 bytes).
     pub fn new(verb: &'static str, total_bytes: u64) -> Progress {
         let now = Instant::now();
         Progress {

@@ -13,6 +13,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use vramshim_format::{ChunkBuilder, FORMAT_VERSION, Item, LogReader};
 
@@ -52,8 +53,8 @@ pub enum Outcome {
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut failed = 0usize;
-    for log in &args.logs {
-        match compact_log(log, args.level) {
+    for (log, outcome) in args.logs.iter().zip(compact_logs(&args.logs, args.level)) {
+        match outcome {
             Ok(Outcome::Compacted { before, after }) => println!(
                 "compacted {}: {} -> {} ({:.1}% of its bytes)",
                 log.display(),
@@ -79,16 +80,69 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     })
 }
 
-/// Rewrites the log at `path` with its records in compressed chunks of
-/// [`CHUNK_RECORD_BYTES`] at zstd `level`, its header byte for byte. On any failure (a
-/// one-line reason) the log is untouched and no temporary file is left.
-pub fn compact_log(path: &Path, level: i32) -> Result<Outcome, String> {
-    compact_log_in_chunks(path, level, CHUNK_RECORD_BYTES)
+/// Compacts each of `logs` ([`compact_log_in_chunks`]), their outcomes in the same order. Several logs
+/// (a multi-process run's: one a rank) are compacted at once, a thread a core; a single log
+/// draws the progress bar.
+pub fn compact_logs(logs: &[PathBuf], level: i32) -> Vec<Result<Outcome, String>> {
+    if logs.len() <= 1 {
+        return logs
+            .iter()
+            .map(|log| compact_log_in_chunks(log, level, CHUNK_RECORD_BYTES, true))
+            .collect();
+    }
+    let next = AtomicUsize::new(0);
+    // Takes the next log not yet taken until none is left: (its index, its outcome).
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(log) = logs.get(index) else {
+                return done;
+            };
+            done.push((
+                index,
+                compact_log_in_chunks(log, level, CHUNK_RECORD_BYTES, false),
+            ));
+        }
+    };
+    let helpers = std::thread::available_parallelism()
+        .map_or(1, |cores| cores.get())
+        .min(logs.len())
+        - 1;
+    let mut outcomes: Vec<Option<Result<Outcome, String>>> = logs.iter().map(|_| None).collect();
+    std::thread::scope(|scope| {
+        // A thread that cannot be started is one helper fewer: this thread works too.
+        let started: Vec<_> = (0..helpers)
+            .map_while(|_| std::thread::Builder::new().spawn_scoped(scope, work).ok())
+            .collect();
+        let mut done = work();
+        for helper in started {
+            // A helper that panicked leaves its logs without an outcome (said below).
+            done.extend(helper.join().unwrap_or_default());
+        }
+        for (index, outcome) in done {
+            outcomes[index] = Some(outcome);
+        }
+    });
+    outcomes
+        .into_iter()
+        .map(|outcome| {
+            outcome.unwrap_or_else(|| Err("its compaction stopped unexpectedly".to_string()))
+        })
+        .collect()
 }
 
-/// [`compact_log`] in chunks of `chunk_bytes` of records (tests write several chunks with
-/// small ones).
-fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<Outcome, String> {
+/// Rewrites the log at `path` with its records in compressed chunks of `chunk_bytes` of
+/// records ([`CHUNK_RECORD_BYTES`]; tests write several chunks with small ones) at zstd
+/// `level`, its header byte for byte, with a progress bar when `progress_bar` (on a terminal,
+/// past half a second). On any failure (a one-line reason) the log is untouched and no
+/// temporary file is left.
+fn compact_log_in_chunks(
+    path: &Path,
+    level: i32,
+    chunk_bytes: usize,
+    progress_bar: bool,
+) -> Result<Outcome, String> {
     let seen =
         std::fs::symlink_metadata(path).map_err(|err| format!("cannot look at it: {err}"))?;
     if seen.file_type().is_symlink() {
@@ -157,7 +211,7 @@ fn compact_log_in_chunks(path: &Path, level: i32, chunk_bytes: usize) -> Result<
     let mut out = Vec::with_capacity(chunk_bytes);
     out.extend_from_slice(&header_bytes);
     // Both passes (encoding, then the check) in one bar: half of it each.
-    let mut progress = Progress::new("compacting", opened.len());
+    let mut progress = Progress::new("compacting", if progress_bar { opened.len() } else { 0 });
     while let Some(item) = reader.next() {
         match item {
             Item::Record(record) => chunk.push(&record),
@@ -436,7 +490,8 @@ mod tests {
         let before = std::fs::metadata(&path).expect("log").len();
 
         // Chunks of 8 KiB of records: continued ones among them (a key chunk every 64 KiB).
-        let outcome = compact_log_in_chunks(&path, DEFAULT_LEVEL, 8 << 10).expect("compacted");
+        let outcome =
+            compact_log_in_chunks(&path, DEFAULT_LEVEL, 8 << 10, false).expect("compacted");
         let bytes = std::fs::read(&path).expect("read log");
         match outcome {
             Outcome::Compacted { before: was, after } => {

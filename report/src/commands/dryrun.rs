@@ -343,8 +343,11 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     // Kept for other reports: compressed now, as `vramshim run` leaves its logs (the recorder
     // writes them plain), once the verdict has read them.
-    for log in &logs {
-        if let Err(why) = compact::compact_log(log, compact::DEFAULT_LEVEL) {
+    for (log, outcome) in logs
+        .iter()
+        .zip(compact::compact_logs(&logs, compact::DEFAULT_LEVEL))
+    {
+        if let Err(why) = outcome {
             eprintln!(
                 "vramshim: {} left as recorded: not compacted: {why}",
                 log.display()

@@ -125,13 +125,16 @@ fn report_logs(logs: &[PathBuf], output: Option<&OsStr>, compact: bool) {
         }
         return;
     }
-    for path in logs {
-        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        if !compact {
+    if !compact {
+        for path in logs {
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             eprintln!("vramshim: wrote {} ({})", path.display(), bytes(size));
-            continue;
         }
-        match compact::compact_log(path, compact::DEFAULT_LEVEL) {
+        return;
+    }
+    let outcomes = compact::compact_logs(logs, compact::DEFAULT_LEVEL);
+    for (path, outcome) in logs.iter().zip(outcomes) {
+        match outcome {
             Ok(compact::Outcome::Compacted { before, after }) => eprintln!(
                 "vramshim: wrote {} ({}; {} as recorded)",
                 path.display(),
@@ -144,7 +147,7 @@ fn report_logs(logs: &[PathBuf], output: Option<&OsStr>, compact: bool) {
             Err(why) => eprintln!(
                 "vramshim: wrote {} ({}, as recorded: not compacted: {why})",
                 path.display(),
-                bytes(size)
+                bytes(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
             ),
         }
     }
