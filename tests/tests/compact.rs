@@ -516,3 +516,62 @@ fn a_torch_training_log_compacts_to_the_same_records_and_report() {
     );
     assert!(leaks() == leaks_before, "leaks --json differs");
 }
+
+/// Ctrl-C (SIGINT) during a compaction stops it cleanly: the log byte for byte as recorded, no
+/// temporary file left, one line, exit 130 as a shell reports a command Ctrl-C ended.
+#[test]
+fn an_interrupted_compaction_leaves_the_log_as_recorded() {
+    use std::process::Stdio;
+    // About 24 MB plain: its compaction takes most of a second, and the signal goes once the
+    // temporary file exists (the compaction under way).
+    let run = run_under_shim(
+        "compact-interrupted",
+        "bench",
+        &["1", "4000000", "4"],
+        &[
+            ("FAKECUDA_MEM", "unlimited"),
+            ("VRAMSHIM_STACK", "native"),
+            ("VRAMSHIM_COMPRESS", "0"),
+        ],
+    );
+    assert!(run.output.status.success(), "bench: {}", run.stderr());
+    let log = run.log();
+    let name = file_name_of(&log);
+    let recorded = std::fs::read(&log).expect("read log");
+    let mut child = Command::new(vramshim_tool())
+        .arg("compact")
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vramshim compact");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !files_in(&run.dir)
+        .iter()
+        .any(|file| file.contains(".compact-"))
+    {
+        assert!(
+            child.try_wait().expect("poll compact").is_none(),
+            "compact ended before it could be interrupted"
+        );
+        assert!(std::time::Instant::now() < deadline, "no temporary file");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: kill touches no memory; the child is ours and not yet waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let output = child.wait_with_output().expect("wait for compact");
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    assert_eq!(text(&output.stdout), "");
+    assert_eq!(
+        text(&output.stderr),
+        format!(
+            "vramshim: {} not compacted: interrupted: left as recorded\n",
+            log.display()
+        )
+    );
+    assert!(
+        std::fs::read(&log).expect("read log") == recorded,
+        "the log changed"
+    );
+    assert_eq!(files_in(&run.dir), vec![name]);
+}

@@ -13,7 +13,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use vramshim_format::{ChunkBuilder, FORMAT_VERSION, Item, LogReader};
 
@@ -30,6 +30,35 @@ pub const DEFAULT_LEVEL: i32 = 3;
 /// larger chunks gain little (4 MiB: 0.333 of the recorded bytes at level 3, 1 MiB: 0.345,
 /// 256 KiB: 0.388) while a reader holds a whole chunk in memory and damage loses one.
 const CHUNK_RECORD_BYTES: usize = 4 << 20;
+
+/// Set by SIGINT, SIGTERM or SIGHUP once [`stop_on_interrupt`] is in place: every compaction
+/// under way stops at its next check and leaves its log as it was.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Why a compaction stopped on [`INTERRUPTED`].
+const INTERRUPTED_WHY: &str = "interrupted: left as recorded";
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// From now on Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the compactions cleanly (the logs as
+/// they were, no temporary file left) instead of killing the process half way; what
+/// follows them (the lines, the exit status) still runs.
+pub fn stop_on_interrupt() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, on_interrupt as *const () as libc::sighandler_t) };
+    }
+}
+
+/// [`INTERRUPTED_WHY`] once a signal asked to stop.
+fn check_interrupted() -> Result<(), String> {
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        return Err(INTERRUPTED_WHY.to_string());
+    }
+    Ok(())
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,6 +81,7 @@ pub enum Outcome {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
+    stop_on_interrupt();
     let mut failed = 0usize;
     for (log, outcome) in args.logs.iter().zip(compact_logs(&args.logs, args.level)) {
         match outcome {
@@ -73,7 +103,10 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
             }
         }
     }
-    Ok(if failed == 0 {
+    Ok(if INTERRUPTED.load(Ordering::Relaxed) {
+        // As a shell reports a command Ctrl-C ended.
+        ExitCode::from(130)
+    } else if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -143,6 +176,7 @@ fn compact_log_in_chunks(
     chunk_bytes: usize,
     progress_bar: bool,
 ) -> Result<Outcome, String> {
+    check_interrupted()?;
     let seen =
         std::fs::symlink_metadata(path).map_err(|err| format!("cannot look at it: {err}"))?;
     if seen.file_type().is_symlink() {
@@ -212,7 +246,12 @@ fn compact_log_in_chunks(
     out.extend_from_slice(&header_bytes);
     // Both passes (encoding, then the check) in one bar: half of it each.
     let mut progress = Progress::new("compacting", if progress_bar { opened.len() } else { 0 });
+    let mut records = 0u64;
     while let Some(item) = reader.next() {
+        records += 1;
+        if records.is_multiple_of(1 << 12) {
+            check_interrupted()?;
+        }
         match item {
             Item::Record(record) => chunk.push(&record),
             Item::Damage(damage) => {
@@ -247,7 +286,11 @@ fn compact_log_in_chunks(
     let checked = same_records(&original, &temp.file, &header_bytes, &mut progress);
     progress.finish();
     checked.map_err(|why| {
-        format!("the compacted version does not read back as the original ({why})")
+        if why == INTERRUPTED_WHY {
+            why
+        } else {
+            format!("the compacted version does not read back as the original ({why})")
+        }
     })?;
 
     // Nothing may have changed the original since it was read (a writer that ignores the
@@ -352,6 +395,9 @@ fn same_records(
             (None, None) => return Ok(()),
             (Some(Item::Record(was)), Some(Item::Record(now))) if was == now => {
                 records += 1;
+                if records.is_multiple_of(1 << 12) {
+                    check_interrupted()?;
+                }
                 if records.is_multiple_of(1 << 16) {
                     // The second half of the bar (the first was the encoding).
                     progress.update((size + old.offset()) / 2);
