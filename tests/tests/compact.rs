@@ -78,10 +78,15 @@ fn compacted_line(log: &Path, before: u64, after: u64) -> String {
 /// A log of `bench` (2 threads, 50,000 allocation/free pairs each, native stacks) as the
 /// recorder writes it by default: plain chunks (of at most 256 KiB of records: several).
 fn plain_bench_log(test: &str) -> (PathBuf, PathBuf) {
+    plain_bench_log_of(test, &["2", "50000", "8"])
+}
+
+/// [`plain_bench_log`] of `bench THREADS PAIRS DEPTH` as `bench_args` say.
+fn plain_bench_log_of(test: &str, bench_args: &[&str]) -> (PathBuf, PathBuf) {
     let run = run_under_shim(
         test,
         "bench",
-        &["2", "50000", "8"],
+        bench_args,
         &[
             ("FAKECUDA_MEM", "unlimited"),
             ("VRAMSHIM_STACK", "native"),
@@ -524,18 +529,7 @@ fn an_interrupted_compaction_leaves_the_log_as_recorded() {
     use std::process::Stdio;
     // About 24 MB plain: its compaction takes most of a second, and the signal goes once the
     // temporary file exists (the compaction under way).
-    let run = run_under_shim(
-        "compact-interrupted",
-        "bench",
-        &["1", "4000000", "4"],
-        &[
-            ("FAKECUDA_MEM", "unlimited"),
-            ("VRAMSHIM_STACK", "native"),
-            ("VRAMSHIM_COMPRESS", "0"),
-        ],
-    );
-    assert!(run.output.status.success(), "bench: {}", run.stderr());
-    let log = run.log();
+    let (dir, log) = plain_bench_log_of("compact-interrupted", &["1", "4000000", "4"]);
     let name = file_name_of(&log);
     let recorded = std::fs::read(&log).expect("read log");
     let mut child = Command::new(vramshim_tool())
@@ -546,10 +540,7 @@ fn an_interrupted_compaction_leaves_the_log_as_recorded() {
         .spawn()
         .expect("start vramshim compact");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !files_in(&run.dir)
-        .iter()
-        .any(|file| file.contains(".compact-"))
-    {
+    while !files_in(&dir).iter().any(|file| file.contains(".compact-")) {
         assert!(
             child.try_wait().expect("poll compact").is_none(),
             "compact ended before it could be interrupted"
@@ -573,5 +564,5 @@ fn an_interrupted_compaction_leaves_the_log_as_recorded() {
         std::fs::read(&log).expect("read log") == recorded,
         "the log changed"
     );
-    assert_eq!(files_in(&run.dir), vec![name]);
+    assert_eq!(files_in(&dir), vec![name]);
 }

@@ -45,6 +45,17 @@ fn chunks(bytes: &[u8]) -> Vec<ChunkSpan> {
     spans
 }
 
+/// How many of `spans` are compressed chunks, key or continued.
+fn compressed_count(spans: &[ChunkSpan]) -> usize {
+    spans
+        .iter()
+        .filter(|span| {
+            span.magic == COMPRESSED_CHUNK_MAGIC
+                || span.magic[0] == vramshim_format::CONTINUED_COMPRESSED_CHUNK
+        })
+        .count()
+}
+
 /// `vramshim dump --json LOG`: exit code and the JSON lines.
 fn dump(log: &Path) -> (Option<i32>, Vec<Value>) {
     let output = tool(&[OsStr::new("dump"), OsStr::new("--json"), log.as_os_str()]);
@@ -126,13 +137,7 @@ fn a_real_process_log_is_compressed_and_reads_back_exactly() {
     let log = run.log();
     let bytes = std::fs::read(&log).expect("read log");
     let spans = chunks(&bytes);
-    let compressed = spans
-        .iter()
-        .filter(|span| {
-            span.magic == COMPRESSED_CHUNK_MAGIC
-                || span.magic[0] == vramshim_format::CONTINUED_COMPRESSED_CHUNK
-        })
-        .count();
+    let compressed = compressed_count(&spans);
     assert!(
         compressed > 0,
         "no compressed chunk among {} chunks",
@@ -236,13 +241,7 @@ fn the_recorder_compresses_only_when_asked() {
         let log = run.log();
         let bytes = std::fs::read(&log).expect("read log");
         let spans = chunks(&bytes);
-        let compressed = spans
-            .iter()
-            .filter(|span| {
-                span.magic == COMPRESSED_CHUNK_MAGIC
-                    || span.magic[0] == vramshim_format::CONTINUED_COMPRESSED_CHUNK
-            })
-            .count();
+        let compressed = compressed_count(&spans);
         if label == "on" {
             assert!(
                 compressed > 0,
