@@ -17,7 +17,7 @@
 //! `writer_chunks` (encoding and compression as the library does both).
 //! `compress_stream_*` compress a 20-chunk key interval (or, `compress_one_stream_*`, all
 //! chunks) as one zstd stream, each chunk ending with `ZSTD_e_flush`: format 8's idea, measured
-//! and not taken (README, "Fourteenth round (2026-11-28, issue 12): compression").
+//! and not taken (docs/tensor-cost-rounds.md, "Fourteenth round (compression, 2026-11-28, issue 12)").
 
 use std::fs::File;
 use std::process::ExitCode;

@@ -2,14 +2,16 @@
 scripts/gpu-smoke.sh). One process runs the workloads named in argv[1] (comma-separated: mlp,
 transformer, inference; churn for the cost comparison) under whatever allocator PYTORCH_CUDA_ALLOC_CONF /
 PYTORCH_NO_CUDA_MEMORY_CACHING select, and prints torch's own figures as one JSON line.
-resnet: a small ResNet (convolutions through cuDNN, batch norm); ddp: DistributedDataParallel
+resnet: a small ResNet (convolutions through cuDNN, batch norm); bert: a BERT-style encoder
+trained through a Trainer-like call chain (allocations ~25 Python frames deep); ddp: DistributedDataParallel
 over NCCL, run under `torchrun --nproc_per_node=N` (each rank also writes its figures to
 JUDGE_RANK_DIR/rank<R>.json when that is set).
 
 Optional environment:
   JUDGE_FRACTION=F        torch.cuda.set_per_process_memory_fraction(F) first
-  JUDGE_SNAPSHOT=PATH     _record_memory_history(stacks="python"); writes PATH (_dump_snapshot)
-                          and PATH.json: each traced allocation's size and Python frames
+  JUDGE_SNAPSHOT=PATH     _record_memory_history(stacks="python"); writes PATH (_dump_snapshot),
+                          PATH.json: each traced allocation's size and Python frames, and
+                          PATH.trace.json: every trace entry's [action, address, size]
   JUDGE_OOM=1             after the workloads, ask for more than the card has (caught)
   JUDGE_HISTORY=python|all  record memory history with these stacks (cost comparison)
   JUDGE_WARMUP=1          run the workloads once untimed first (cost comparison)
@@ -195,6 +197,139 @@ def churn():
     torch.cuda.synchronize()
 
 
+class BertSelfAttention(torch.nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads, self.head_size = heads, hidden // heads
+        self.query = torch.nn.Linear(hidden, hidden)
+        self.key = torch.nn.Linear(hidden, hidden)
+        self.value = torch.nn.Linear(hidden, hidden)
+
+    def split_heads(self, x):
+        return x.view(x.shape[0], x.shape[1], self.heads, self.head_size).transpose(1, 2)
+
+    def forward(self, hidden_states, mask):
+        query = self.split_heads(self.query(hidden_states))
+        key = self.split_heads(self.key(hidden_states))
+        value = self.split_heads(self.value(hidden_states))
+        scores = torch.matmul(query, key.transpose(-1, -2)) / self.head_size ** 0.5 + mask
+        context = torch.matmul(torch.softmax(scores, dim=-1), value)
+        return context.transpose(1, 2).reshape(hidden_states.shape)
+
+
+class BertAddNorm(torch.nn.Module):
+    def __init__(self, cin, hidden):
+        super().__init__()
+        self.dense = torch.nn.Linear(cin, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, x, residual):
+        return self.norm(self.dense(x) + residual)
+
+
+class BertAttention(torch.nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.self = BertSelfAttention(hidden, heads)
+        self.output = BertAddNorm(hidden, hidden)
+
+    def forward(self, hidden_states, mask):
+        return self.output(self.self(hidden_states, mask), hidden_states)
+
+
+class BertIntermediate(torch.nn.Module):
+    def __init__(self, hidden, inner):
+        super().__init__()
+        self.dense = torch.nn.Linear(hidden, inner)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.dense(x))
+
+
+class BertLayer(torch.nn.Module):
+    def __init__(self, hidden, heads, inner):
+        super().__init__()
+        self.attention = BertAttention(hidden, heads)
+        self.intermediate = BertIntermediate(hidden, inner)
+        self.output = BertAddNorm(inner, hidden)
+
+    def forward(self, hidden_states, mask):
+        attended = self.attention(hidden_states, mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(torch.nn.Module):
+    def __init__(self, layers, hidden, heads, inner):
+        super().__init__()
+        self.layer = torch.nn.ModuleList(BertLayer(hidden, heads, inner) for _ in range(layers))
+
+    def forward(self, hidden_states, mask):
+        for layer in self.layer:
+            hidden_states = layer(hidden_states, mask)
+        return hidden_states
+
+
+class BertForClassification(torch.nn.Module):
+    def __init__(self, vocab=8000, hidden=256, heads=4, inner=1024, layers=2, labels=10):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(vocab, hidden)
+        self.position_embeddings = torch.nn.Embedding(512, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.encoder = BertEncoder(layers, hidden, heads, inner)
+        self.classifier = torch.nn.Linear(hidden, labels)
+
+    def forward(self, input_ids, attention_mask, labels):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        embedded = self.norm(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+        mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
+        logits = self.classifier(self.encoder(embedded, mask)[:, 0])
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+
+class Trainer:
+    """The call chain of a training framework's loop (Hugging Face's Trainer: train, its inner
+    loop, training_step, compute_loss), so that allocations happen as deep in Python as they
+    do there (~25 frames)."""
+
+    def __init__(self, model, batches):
+        self.model, self.batches = model, batches
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train(self):
+        return self._inner_training_loop()
+
+    def _inner_training_loop(self):
+        for inputs in self.batches:
+            self.training_step(inputs)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def training_step(self, inputs):
+        self.model.train()
+        loss = self.compute_loss(inputs)
+        loss.backward()
+        return loss.detach()
+
+    def compute_loss(self, inputs):
+        return self.model(**inputs)
+
+
+def bert():
+    """A BERT-style encoder (Hugging Face transformers' module layout: embeddings, layers of
+    attention / intermediate / output modules) trained with AdamW through a Trainer-like call
+    chain: the same kind of steps as `transformer`, ~25 Python frames deep instead of ~10."""
+    torch.manual_seed(0)
+    model = BertForClassification().cuda()
+    batches = []
+    for length in [64, 192, 128, 256]:
+        batches.append({"input_ids": torch.randint(0, 8000, (8, length), device="cuda"),
+                        "attention_mask": torch.ones(8, length, device="cuda", dtype=torch.long),
+                        "labels": torch.randint(0, 10, (8,), device="cuda")})
+    Trainer(model, batches).train()
+    torch.cuda.synchronize()
+    del model, batches
+
+
 def ballast(leave):
     """Leaves `leave` bytes of the device free for the workload: one cuMemAlloc of the rest,
     from the driver torch loaded, held until the process ends. Free memory is read after the
@@ -232,7 +367,7 @@ def main():
     snapshot = os.environ.get("JUDGE_SNAPSHOT")
     history = os.environ.get("JUDGE_HISTORY")
     workloads = {"mlp": mlp, "transformer": transformer, "inference": inference,
-                 "churn": churn, "resnet": resnet, "ddp": ddp}
+                 "churn": churn, "resnet": resnet, "ddp": ddp, "bert": bert}
     if os.environ.get("JUDGE_WARMUP"):
         # Timing only: CUDA's and the libraries' first-use costs, untimed and unrecorded.
         for name in sys.argv[1].split(","):
@@ -308,6 +443,10 @@ def main():
                   if e["action"] == "alloc"]
         with open(snapshot + ".json", "w") as out:
             json.dump(allocs, out)
+        # Every entry by action, address and size, for a comparison with the log's events.
+        with open(snapshot + ".trace.json", "w") as out:
+            json.dump([[e["action"], e["addr"], e["size"]]
+                       for e in torch.cuda.memory._snapshot()["device_traces"][0]], out)
         torch.cuda.memory._record_memory_history(enabled=None)
     if distributed:
         dist.barrier()
