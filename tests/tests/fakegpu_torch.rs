@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use common::torch::{
     CUBLAS_HANDLE, CUBLAS_KERNELS, CUDNN_HANDLE, CUDNN_KERNELS, TORCH_FAKES, TORCH_FAKES_CUDA12,
-    TORCH_FAKES_CUDA121, preload_of, repo, rounded_async_peak,
+    TORCH_FAKES_CUDA121, preload_of, repo, rounded_async_peak, trace_triples,
 };
 use common::*;
 use serde_json::Value;
@@ -514,17 +514,7 @@ fn torch_action(event: &str) -> Option<&'static str> {
 
 /// Torch's own history as the workload script printed it (`entries`: action, address, size).
 fn history_entries(result: &Value) -> Vec<(String, u64, u64)> {
-    arr(&result["entries"])
-        .iter()
-        .map(|entry| {
-            let entry = arr(entry);
-            (
-                entry[0].as_str().expect("action").to_owned(),
-                entry[1].as_u64().expect("addr"),
-                entry[2].as_u64().expect("size"),
-            )
-        })
-        .collect()
+    trace_triples(&result["entries"])
 }
 
 /// The releases whose tensor history is compared: every release of [`torches`] and 2.3.1
@@ -1889,17 +1879,7 @@ fn reports_and_snapshot_export_of_a_default_allocator_recording_are_torchs_own()
                 && libraries.contains(&(*addr, *size)))
         })
         .collect();
-    let torch_trace: Vec<(String, u64, u64)> = arr(&r["entries"])
-        .iter()
-        .map(|e| {
-            let e = arr(e);
-            (
-                e[0].as_str().expect("action").to_owned(),
-                e[1].as_u64().expect("addr"),
-                e[2].as_u64().expect("size"),
-            )
-        })
-        .collect();
+    let torch_trace = history_entries(r);
     let count = |action: &str| torch_trace.iter().filter(|(a, _, _)| a == action).count();
     assert_eq!(
         (count("segment_alloc"), count("segment_free"), count("oom")),

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use common::torch::{
     CUBLAS_HANDLE, TORCH_FAKES_CUDA12, fake_preload, preload_of, repo, rounded_async_peak,
-    torch_python, torch_python_of,
+    torch_python, torch_python_of, trace_triples,
 };
 use common::*;
 use serde_json::Value;
@@ -1720,19 +1720,8 @@ fn deep_python_stacks_of_bert_training_are_torchs_own() {
         "{}.trace.json",
         torch_snapshot.display()
     )));
-    let theirs: Vec<(String, u64, u64)> = arr(&trace)
-        .iter()
-        .map(|entry| {
-            let entry = arr(entry);
-            (
-                entry[0].as_str().expect("action").to_owned(),
-                entry[1].as_u64().expect("addr"),
-                entry[2].as_u64().expect("size"),
-            )
-        })
-        .collect();
     // The script's two snapshots (`_dump_snapshot`, then `_snapshot`) are marks in the trace.
-    let theirs: Vec<(String, u64, u64)> = theirs
+    let theirs: Vec<(String, u64, u64)> = trace_triples(&trace)
         .into_iter()
         .filter(|(action, _, _)| action != "snapshot")
         .collect();

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use super::{dump, events, skipped, u64_of};
+use serde_json::Value;
+
+use super::{arr, dump, events, skipped, u64_of};
 
 /// Device memory each cuBLAS handle takes for itself (one handle per thread that runs cuBLAS:
 /// training makes two, the main thread's and the autograd thread's), as the fake cuBLAS
@@ -181,4 +183,20 @@ pub fn preload_of(fakes: &[&str]) -> String {
         })
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// Torch's trace entries as the workload scripts print them (`[action, address, size]` each):
+/// (action, address, size).
+pub fn trace_triples(entries: &Value) -> Vec<(String, u64, u64)> {
+    arr(entries)
+        .iter()
+        .map(|entry| {
+            let entry = arr(entry);
+            (
+                entry[0].as_str().expect("action").to_owned(),
+                entry[1].as_u64().expect("addr"),
+                entry[2].as_u64().expect("size"),
+            )
+        })
+        .collect()
 }
