@@ -18,7 +18,8 @@
 #
 # BENCH_WORKLOAD=steps: real training steps instead of the loop (scripts/bench_torch_steps.py:
 # tests/python/torch_judge.py's MLP, transformer and ResNet trained with Adam, BENCH_STEPS to
-# choose (e.g. BENCH_STEPS=bert: a BERT-style encoder, allocations ~25 Python frames deep), BENCH_BLOCKS passes timed per process, BENCH_ROUNDS interleaved rounds, default 5),
+# choose (e.g. BENCH_STEPS=bert: a BERT-style encoder, allocations ~25 Python frames deep),
+# BENCH_BLOCKS passes timed per process, BENCH_ROUNDS interleaved rounds, default 5),
 # under the fakes alone, vramshim (none, mixed, native, python) and PyTorch's history
 # ("python", "all", and enabled="state"); tensor events counted from the shim's log and from
 # PyTorch's trace; each ratio's median, min and max over the rounds. BENCH_NORMALISED=1 there

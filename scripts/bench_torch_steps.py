@@ -6,8 +6,8 @@
 Each process imports tests/python/torch_judge.py's workloads (an MLP, a transformer and a ResNet
 trained with Adam: tensors made inside nn.Module calls, on autograd's thread and for the
 optimizer's state; BENCH_STEPS=bert for a BERT-style encoder trained through a Trainer-like call
-chain, its allocations ~25 Python frames deep instead of ~10), runs them once untimed (CUDA's, cuDNN's and the allocator's first-use costs),
-starts PyTorch's memory history if asked, then times BENCH_BLOCKS blocks, each one pass of the
+chain, its allocations ~25 Python frames deep instead of ~10), runs them once untimed (CUDA's,
+cuDNN's and the allocator's first-use costs), starts PyTorch's memory history if asked, then times BENCH_BLOCKS blocks, each one pass of the
 workloads: the CPU time of the whole process (every thread: the recorder's writer, autograd's)
 per block. Tensor events are counted from the shim's log (tensor_alloc, tensor_free_requested,
 tensor_free stamped inside the timed window) and from PyTorch's own trace (alloc,

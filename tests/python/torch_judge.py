@@ -3,9 +3,9 @@ scripts/gpu-smoke.sh). One process runs the workloads named in argv[1] (comma-se
 transformer, inference; churn for the cost comparison) under whatever allocator PYTORCH_CUDA_ALLOC_CONF /
 PYTORCH_NO_CUDA_MEMORY_CACHING select, and prints torch's own figures as one JSON line.
 resnet: a small ResNet (convolutions through cuDNN, batch norm); bert: a BERT-style encoder
-trained through a Trainer-like call chain (allocations ~25 Python frames deep); ddp: DistributedDataParallel
-over NCCL, run under `torchrun --nproc_per_node=N` (each rank also writes its figures to
-JUDGE_RANK_DIR/rank<R>.json when that is set).
+trained through a Trainer-like call chain (allocations ~25 Python frames deep); ddp:
+DistributedDataParallel over NCCL, run under `torchrun --nproc_per_node=N` (each rank also
+writes its figures to JUDGE_RANK_DIR/rank<R>.json when that is set).
 
 Optional environment:
   JUDGE_FRACTION=F        torch.cuda.set_per_process_memory_fraction(F) first
