@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use common::torch::{
     CUBLAS_HANDLE, CUBLAS_KERNELS, CUDNN_HANDLE, CUDNN_KERNELS, TORCH_FAKES, TORCH_FAKES_CUDA12,
-    TORCH_FAKES_CUDA121, preload_of, repo, rounded_async_peak, trace_triples,
+    TORCH_FAKES_CUDA121, preload_of, repo, rounded_async_peak, torch_action, trace_triples,
 };
 use common::*;
 use serde_json::Value;
@@ -497,19 +497,6 @@ fn dump_counts(log: &Path) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     serde_json::from_str(stdout.lines().last().expect("counts line"))
         .unwrap_or_else(|err| panic!("{stdout}: {err}"))
-}
-
-/// PyTorch's own trace action for a tensor event of the log.
-fn torch_action(event: &str) -> Option<&'static str> {
-    Some(match event {
-        "tensor_alloc" => "alloc",
-        "tensor_free_requested" => "free_requested",
-        "tensor_free" => "free_completed",
-        "tensor_segment" => "segment_alloc",
-        "tensor_segment_map" => "segment_map",
-        "tensor_segment_unmap" => "segment_unmap",
-        _ => return None,
-    })
 }
 
 /// Torch's own history as the workload script printed it (`entries`: action, address, size).

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use common::torch::{
     CUBLAS_HANDLE, TORCH_FAKES_CUDA12, fake_preload, preload_of, repo, rounded_async_peak,
-    torch_python, torch_python_of, trace_triples,
+    torch_action, torch_python, torch_python_of, trace_triples,
 };
 use common::*;
 use serde_json::Value;
@@ -1735,13 +1735,7 @@ fn deep_python_stacks_of_bert_training_are_torchs_own() {
     let ours: Vec<(String, u64, u64)> = events(&dump(log))
         .iter()
         .filter_map(|e| {
-            let action = match e["event"].as_str()? {
-                "tensor_alloc" => "alloc",
-                "tensor_free_requested" => "free_requested",
-                "tensor_free" => "free_completed",
-                "tensor_segment" => "segment_alloc",
-                _ => return None,
-            };
+            let action = torch_action(e["event"].as_str()?)?;
             Some((action.to_owned(), u64_of(e, "addr"), u64_of(e, "size")))
         })
         .collect();

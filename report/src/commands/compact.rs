@@ -44,8 +44,9 @@ extern "C" fn on_interrupt(_signal: libc::c_int) {
 
 /// From now on Ctrl-C (SIGINT), SIGTERM and SIGHUP stop the compactions cleanly (the logs as
 /// they were, no temporary file left) instead of killing the process half way; what
-/// follows them (the lines, the exit status) still runs.
-pub fn stop_on_interrupt() {
+/// follows them (the lines, the exit status) still runs. Set by [`compact_logs`], so every
+/// command that compacts (`compact`, `run` once its program has ended, `dryrun`) has it.
+fn stop_on_interrupt() {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, on_interrupt as *const () as libc::sighandler_t) };
@@ -81,7 +82,6 @@ pub enum Outcome {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, Failure> {
-    stop_on_interrupt();
     let mut failed = 0usize;
     for (log, outcome) in args.logs.iter().zip(compact_logs(&args.logs, args.level)) {
         match outcome {
@@ -115,8 +115,9 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
 
 /// Compacts each of `logs` ([`compact_log_in_chunks`]), their outcomes in the same order. Several logs
 /// (a multi-process run's: one a rank) are compacted at once, a thread a core; a single log
-/// draws the progress bar.
+/// draws the progress bar. From here on a signal stops them ([`stop_on_interrupt`]).
 pub fn compact_logs(logs: &[PathBuf], level: i32) -> Vec<Result<Outcome, String>> {
+    stop_on_interrupt();
     if logs.len() <= 1 {
         return logs
             .iter()

@@ -343,7 +343,6 @@ pub fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     // Kept for other reports: compressed now, as `vramshim run` leaves its logs (the recorder
     // writes them plain), once the verdict has read them.
-    compact::stop_on_interrupt();
     for (log, outcome) in logs
         .iter()
         .zip(compact::compact_logs(&logs, compact::DEFAULT_LEVEL))

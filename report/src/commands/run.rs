@@ -132,9 +132,8 @@ fn report_logs(logs: &[PathBuf], output: Option<&OsStr>, compact: bool) {
         }
         return;
     }
-    // The program has ended: Ctrl-C (ignored while it ran) now stops the compaction, the logs
-    // left as recorded, the exit status still the program's.
-    compact::stop_on_interrupt();
+    // The program has ended: Ctrl-C (ignored while it ran) now stops the compaction (which
+    // sets its handlers), the logs left as recorded, the exit status still the program's.
     let outcomes = compact::compact_logs(logs, compact::DEFAULT_LEVEL);
     for (path, outcome) in logs.iter().zip(outcomes) {
         match outcome {

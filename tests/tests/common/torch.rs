@@ -200,3 +200,16 @@ pub fn trace_triples(entries: &Value) -> Vec<(String, u64, u64)> {
         })
         .collect()
 }
+
+/// PyTorch's own trace action for a tensor event of the log.
+pub fn torch_action(event: &str) -> Option<&'static str> {
+    Some(match event {
+        "tensor_alloc" => "alloc",
+        "tensor_free_requested" => "free_requested",
+        "tensor_free" => "free_completed",
+        "tensor_segment" => "segment_alloc",
+        "tensor_segment_map" => "segment_map",
+        "tensor_segment_unmap" => "segment_unmap",
+        _ => return None,
+    })
+}
