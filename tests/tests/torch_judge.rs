@@ -1892,7 +1892,7 @@ fn tree_children(text: &str, parent: &str) -> Vec<String> {
 /// allocator, ATen, the dispatcher, `Module.__call__`): on the MLP with caching off, the
 /// forward line shows within `peak`'s default 8 frames. It did not before: `--unfold` shows
 /// the stacks as every text view printed them until then, the first 8 frames all PyTorch's
-/// C++.
+/// C++. Long C++ names show with their parameters elided, whole when unfolded.
 #[test]
 fn text_views_show_the_programs_python_line_within_the_default_frames() {
     let Some(torch) = current() else { return };
@@ -1988,6 +1988,39 @@ fn text_views_show_the_programs_python_line_within_the_default_frames() {
         ],
         "{folded}"
     );
+    // A C++ name too long for a line shows with its parameters elided (autograd's backward
+    // function is 500 characters demangled), whole with `--unfold`; the frames where the
+    // process and autograd's thread began are folded (shown unfolded).
+    let tree_labels = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|line| !line.starts_with("  callers -> callees:"))
+            .skip(1)
+            .map(|line| {
+                line.split_whitespace()
+                    .skip(3)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    let elided = format!("{backward}...)");
+    assert!(tree_labels(&folded).contains(&elided), "{folded}");
+    assert!(
+        tree_labels(&unfolded)
+            .iter()
+            .any(|label| label.starts_with(&format!("{backward}std::vector<at::Tensor"))),
+        "{unfolded}"
+    );
+    assert!(!tree_labels(&unfolded).contains(&elided), "{unfolded}");
+    for start in ["__libc_start_main_impl", "start_thread"] {
+        let begins = |text: &str| {
+            tree_labels(text)
+                .iter()
+                .any(|label| label.starts_with(&format!("{start} (")))
+        };
+        assert!(!begins(&folded), "{folded}");
+        assert!(begins(&unfolded), "{unfolded}");
+    }
     // Unfolded, the two paths stay apart, each with its own bytes.
     let unfolded_allocations: Vec<String> = unfolded
         .lines()

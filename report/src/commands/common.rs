@@ -40,10 +40,11 @@ pub struct StacksArg {
 /// this; JSON always has every frame).
 #[derive(clap::Args, Clone, Copy, Debug, Default)]
 pub struct UnfoldArg {
-    /// Text: show every frame of each stack. By default the interpreter's, libffi's,
-    /// pybind11's, the C++ runtime's and PyTorch's own frames (its C++ allocator, ATen,
-    /// dispatcher and `Module.__call__` wrappers) are folded so the program's frames come
-    /// first.
+    /// Text: show every frame of each stack, each name whole. By default the interpreter's,
+    /// libffi's, pybind11's, the C++ runtime's, PyTorch's own frames (its C++ allocator, ATen,
+    /// dispatcher and `Module.__call__` wrappers) and those where a process or thread began
+    /// are folded so the program's frames come first, and C++ names longer than 80
+    /// characters show with their parameters (then template arguments) elided.
     #[arg(long)]
     pub unfold: bool,
 }

@@ -292,10 +292,6 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
     })
 }
 
-fn place_text(frame: &SymFrame) -> String {
-    frame.label()
-}
-
 pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
     let gpu = report.gpu;
     // In MIG mode the program has one MIG device, whatever the cards hold (the line below).
@@ -440,10 +436,18 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
             process.thread_name(f.thread)
         )?;
         if let Some(frame) = &verdict.python_frame {
-            writeln!(out, "  python: {}", place_text(frame))?;
+            writeln!(
+                out,
+                "  python: {}",
+                super::frames::text_label(frame, report.fold)
+            )?;
         }
         if let Some(frame) = &verdict.user_frame {
-            writeln!(out, "  at: {}", place_text(frame))?;
+            writeln!(
+                out,
+                "  at: {}",
+                super::frames::text_label(frame, report.fold)
+            )?;
         }
         writeln!(out, "  {}", explain(f))?;
         match f.retry {

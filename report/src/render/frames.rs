@@ -2,8 +2,13 @@
 //! between them (the CPython interpreter, libffi, pybind11, the C++ runtime, PyTorch's C++
 //! allocator, ATen and dispatcher, and PyTorch's own `Module.__call__` wrappers) are folded,
 //! so that `model.py:42 in forward` shows within the first few frames instead of after 30
-//! frames of `c10::`, `at::` and `_PyEval_*`. `--unfold` shows every frame. JSON, flame
-//! graphs and exports always keep every frame.
+//! frames of `c10::`, `at::` and `_PyEval_*`. The frames where a process or thread began
+//! (`_start`, `start_thread`) are folded the same way, and a C++ function whose demangled name
+//! is too long for a line shows with its parameters (then its template arguments) elided:
+//! `AddmmBackward0_apply_functional(...)`. `--unfold` shows every frame, each name whole. JSON,
+//! flame graphs and exports always keep every frame and every name as symbolised.
+
+use std::borrow::Cow;
 
 use rustc_hash::FxHashMap;
 
@@ -17,7 +22,7 @@ pub enum Fold {
     /// The machinery's frames folded (the default).
     #[default]
     Machinery,
-    /// Every frame shown (`--unfold`).
+    /// Every frame shown, each name whole (`--unfold`).
     Nothing,
 }
 
@@ -38,6 +43,9 @@ pub fn machinery(frame: &SymFrame) -> Option<&'static str> {
         } else {
             None
         };
+    }
+    if is_start(frame) {
+        return Some("libc");
     }
     let module = frame.module.rsplit('/').next().unwrap_or("");
     if module.starts_with("libpython")
@@ -71,6 +79,133 @@ pub fn machinery(frame: &SymFrame) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// How wide a C++ function's name may be in a text view before its parameters, then its
+/// template arguments, are elided (a demangled ATen name runs to 500 characters).
+const NAME_WIDTH: usize = 80;
+
+/// A frame's label as text views print it: [`SymFrame::label`], with a native function's name
+/// shortened by [`short_name`] unless `fold` is `Fold::Nothing` (`--unfold`).
+pub fn text_label(frame: &SymFrame, fold: Fold) -> String {
+    match frame.function.as_deref() {
+        Some(function) if fold == Fold::Machinery && &*frame.module != PYTHON_MODULE => {
+            match short_name(function) {
+                Cow::Borrowed(_) => frame.label(),
+                Cow::Owned(short) => SymFrame {
+                    function: Some(short.into()),
+                    ..frame.clone()
+                }
+                .label(),
+            }
+        }
+        _ => frame.label(),
+    }
+}
+
+/// A demangled C++ name no wider than [`NAME_WIDTH`] where eliding can make it so: first the
+/// parameter list (`f(...)`), then the outermost template argument lists (`f<...>`). Names
+/// that fit, and names whose brackets do not balance, are returned as they are.
+pub fn short_name(name: &str) -> Cow<'_, str> {
+    if name.len() <= NAME_WIDTH {
+        return Cow::Borrowed(name);
+    }
+    let mut short = elide_parameters(name).unwrap_or_else(|| name.to_string());
+    if short.len() > NAME_WIDTH
+        && let Some(fewer) = elide_template_arguments(&short)
+    {
+        short = fewer;
+    }
+    if short == name {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(short)
+    }
+}
+
+/// `name` with its parameter list elided (`f(int, long) const` → `f(...) const`), or `None`
+/// when it has none that balances.
+fn elide_parameters(name: &str) -> Option<String> {
+    // What may follow the parameter list: GCC's clone suffixes and the qualifiers of a member.
+    let mut core = name;
+    loop {
+        let before = core;
+        if core.ends_with(']')
+            && let Some(at) = core.rfind(" [clone ")
+        {
+            core = &core[..at];
+        }
+        for qualifier in [" const", " volatile", " &&", " &", " noexcept"] {
+            if let Some(rest) = core.strip_suffix(qualifier) {
+                core = rest;
+            }
+        }
+        if core == before {
+            break;
+        }
+    }
+    let close = core.len().checked_sub(1).filter(|_| core.ends_with(')'))?;
+    let mut depth = 0usize;
+    for (at, byte) in core.bytes().enumerate().rev() {
+        match byte {
+            b')' => depth += 1,
+            b'(' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    if close - at <= 1 || &core[at + 1..close] == "..." {
+                        return None;
+                    }
+                    return Some(format!("{}(...){}", &core[..at], &name[close..][1..]));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `name` with every outermost template argument list elided (`f<int>::g` → `f<...>::g`),
+/// leaving `operator<`, `operator<<`, `operator->` and the like alone; `None` when a list does
+/// not balance.
+fn elide_template_arguments(name: &str) -> Option<String> {
+    let bytes = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut at = 0;
+    let mut copied = 0;
+    while at < bytes.len() {
+        let opens = bytes[at] == b'<'
+            && !name[..at].ends_with("operator")
+            && !name[..at].ends_with("operator<");
+        if !opens {
+            at += 1;
+            continue;
+        }
+        // The matching '>': angle brackets counted outside parentheses (`f<void (int)>`), and
+        // a '-' before '>' is an arrow, not a bracket.
+        let (mut angle, mut paren, mut end) = (0usize, 0usize, None);
+        for (offset, &byte) in bytes[at..].iter().enumerate() {
+            match byte {
+                b'(' => paren += 1,
+                b')' => paren = paren.checked_sub(1)?,
+                b'<' if paren == 0 => angle += 1,
+                b'>' if paren == 0 && bytes[at + offset - 1] != b'-' => {
+                    angle -= 1;
+                    if angle == 0 {
+                        end = Some(at + offset);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        out.push_str(&name[copied..at]);
+        out.push_str(if end - at > 1 { "<...>" } else { "<>" });
+        at = end + 1;
+        copied = at;
+    }
+    out.push_str(&name[copied..]);
+    Some(out)
 }
 
 /// Where every process or thread begins (libc), never what allocated.
@@ -311,26 +446,19 @@ mod tests {
         ];
         let shown = shown(&frames, Fold::Machinery);
         let labels: Vec<String> = shown.frames.iter().map(|f| f.label()).collect();
-        assert_eq!(
-            labels,
-            [
-                "Mlp.forward (model.py:42)",
-                "train (train.py:9)",
-                "__libc_start_call_main"
-            ]
-        );
+        assert_eq!(labels, ["Mlp.forward (model.py:42)", "train (train.py:9)"]);
         assert_eq!(
             shown.leading_line().as_deref(),
             Some("[4 frames of PyTorch, CPython folded]")
         );
-        assert_eq!(shown.folded, 7);
+        assert_eq!(shown.folded, 8);
         assert_eq!(
-            shown.rest_line(2).as_deref(),
-            Some("... 1 more frame, 3 folded (--unfold shows every frame)")
+            shown.rest_line(1).as_deref(),
+            Some("... 1 more frame, 4 folded (--unfold shows every frame)")
         );
         assert_eq!(
             shown.rest_line(8).as_deref(),
-            Some("... 3 frames folded (--unfold shows every frame)")
+            Some("... 4 frames folded (--unfold shows every frame)")
         );
         let all = super::shown(&frames, Fold::Nothing);
         assert_eq!(all.frames.len(), frames.len());
@@ -345,6 +473,72 @@ mod tests {
         let thread_shown = super::shown(&thread, Fold::Machinery);
         assert_eq!(thread_shown.frames.len(), 5);
         assert_eq!(thread_shown.leading_line(), None);
+    }
+
+    #[test]
+    fn long_cpp_names_are_elided_in_text_and_whole_when_unfolded() {
+        // Names PyTorch 2.15's libraries give (demangled), and what text views print.
+        let backward = "torch::autograd::generated::AddmmBackward0_apply_functional(\
+            std::vector<at::Tensor, std::allocator<at::Tensor> >&&, std::array<bool, \
+            (unsigned long)3>, c10::Scalar&, c10::Scalar&, at::Tensor&, c10::Layout&)";
+        assert_eq!(
+            short_name(backward),
+            "torch::autograd::generated::AddmmBackward0_apply_functional(...)"
+        );
+        let wrapper = "c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::\
+            WrapFunctionIntoFunctor_<c10::CompileTimeFunctionPointer<at::Tensor (c10::\
+            ArrayRef<c10::SymInt>, std::optional<c10::ScalarType>), &at::(anonymous \
+            namespace)::wrapper_CUDA_empty_memory_format>, at::Tensor, c10::guts::\
+            typelist::typelist<c10::ArrayRef<c10::SymInt> > >, at::Tensor (c10::ArrayRef<\
+            c10::SymInt>)>::call(c10::OperatorKernel*, c10::DispatchKeySet, c10::ArrayRef<\
+            c10::SymInt>) const [clone .cold]";
+        assert_eq!(
+            short_name(wrapper),
+            "c10::impl::wrap_kernel_functor_unboxed_<...>::call(...) const [clone .cold]"
+        );
+        // Short names, operators and unbalanced names stay as they are.
+        for name in [
+            "c10::cuda::CUDACachingAllocator::Native::uncached_allocate(unsigned long)",
+            "bool std::operator< <int, std::allocator<int> >(std::vector<int, std::allocator<\
+             int> > const&, std::vector<int, std::allocator<int> > const&)",
+            "a_name_with_no_brackets_that_is_longer_than_eighty_characters_and_then_some_more",
+            "f(((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((",
+        ] {
+            let short = short_name(name);
+            if name.starts_with("bool std::operator<") {
+                // Fits once the parameters are elided: the template arguments stay.
+                assert_eq!(
+                    short,
+                    "bool std::operator< <int, std::allocator<int> >(...)"
+                );
+            } else {
+                assert_eq!(short, name);
+            }
+        }
+        assert_eq!(
+            elide_template_arguments("std::operator< <int>(a) -> b<c>::operator<<<d>").as_deref(),
+            Some("std::operator< <...>(a) -> b<...>::operator<<<...>")
+        );
+        assert_eq!(elide_template_arguments("f<g<h>(x)"), None);
+        let frame = |function: &str, module: &str| SymFrame {
+            function: Some(function.into()),
+            file: Some("/src/functions_0.cpp".into()),
+            line: Some(3),
+            module: module.into(),
+            offset: 0,
+            inlined: false,
+        };
+        let native = frame(backward, "/venv/torch/lib/libtorch_cpu.so");
+        assert_eq!(
+            text_label(&native, Fold::Machinery),
+            "torch::autograd::generated::AddmmBackward0_apply_functional(...) (functions_0.cpp:3)"
+        );
+        assert_eq!(text_label(&native, Fold::Nothing), native.label());
+        // A Python frame's name is never touched, however long (`<locals>` is no template).
+        let qualified =
+            "Trainer._inner_training_loop.<locals>.closure.<locals>.step_with_a_very_long_name";
+        let python = frame(qualified, PYTHON_MODULE);
+        assert_eq!(text_label(&python, Fold::Machinery), python.label());
     }
 
     #[test]

@@ -210,7 +210,7 @@ pub fn short_stack(frames: &[SymFrame], n: usize, fold: Fold) -> String {
         .frames
         .iter()
         .take(n)
-        .map(|frame| frame.label())
+        .map(|frame| frames::text_label(frame, fold))
         .collect::<Vec<_>>()
         .join(" <- ")
 }
@@ -250,7 +250,7 @@ pub fn write_stack(
         writeln!(out, "{indent}{line}")?;
     }
     for frame in shown.frames.iter().take(limit) {
-        writeln!(out, "{indent}{}", frame.label())?;
+        writeln!(out, "{indent}{}", frames::text_label(frame, fold))?;
     }
     if let Some(line) = shown.rest_line(limit) {
         writeln!(out, "{indent}{line}")?;
@@ -324,7 +324,7 @@ pub fn write_tree(
                 continue;
             }
             let label = match (child.frame(), child.thread()) {
-                (Some(frame), _) => frame.label(),
+                (Some(frame), _) => frames::text_label(frame, fold),
                 (None, Some(thread)) => thread.label(),
                 (None, None) => String::new(),
             };
