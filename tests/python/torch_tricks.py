@@ -10,6 +10,7 @@ which variant runs:
   autocast    the training forward under `torch.autocast` (bfloat16)
   eval_leak   no training: an evaluation loop summing `criterion(...)` (graphs kept)
   eval_item   no training: the same loop summing `.item()`
+  train       training alone, no evaluation: nothing allocated after the last optimizer step
   accumulate  gradient accumulation: each step's batch as MICRO_BATCHES micro-batches, each
               loss scaled and back-propagated before the next forward
   release     as `item`, and with `probe`, `del` of the data and `torch.cuda.empty_cache()`
@@ -148,6 +149,25 @@ def main():
                 val_total += criterion(model(val_data), val_target).item()
         print(json.dumps({"mode": mode, "steps": steps, "step_end_allocated": step_ends}),
               flush=True)
+        return
+    if mode == "train":
+        # Training alone, nothing allocated after the last optimizer step: the log ends
+        # within the last step. Live bytes at each step's end once its gradients are gone
+        # (where the next step's forward begins), and torch's highest allocated bytes per
+        # step, its counter reset there (where vramshim's steps begin) and read at the end.
+        step_peaks = []
+        for index in range(steps):
+            optimizer.zero_grad()
+            if index:
+                step_ends.append(torch.cuda.memory_allocated())
+                step_peaks.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            criterion(model(data), target).backward()
+            optimizer.step()
+        torch.cuda.synchronize()
+        step_peaks.append(torch.cuda.max_memory_allocated())
+        print(json.dumps({"mode": mode, "steps": steps, "step_end_allocated": step_ends,
+                          "step_peak_allocated": step_peaks}), flush=True)
         return
     for _ in range(steps):
         optimizer.zero_grad()

@@ -231,6 +231,11 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
                 .collect::<Vec<_>>(),
             "{mode}"
         );
+        // Each step's end was seen (the evaluation after it allocates).
+        assert!(
+            steps.iter().all(|s| s["ends_with_log"] == false),
+            "{report}"
+        );
         let advice = advice(&log);
         if mode == "leak" {
             assert_eq!(found[0]["grows"], true);
@@ -261,8 +266,9 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
     }
 
     // An evaluation loop alone (no optimizer): steps are the model's calls, cut where the
-    // loop's call starts again, so 5 iterations give 4 steps whose ends are torch's
-    // allocated before the next call, plus the main thread's cuBLAS handle.
+    // loop's call starts again, so 5 iterations give 5 steps: 4 whose ends are torch's
+    // allocated before the next call, plus the main thread's cuBLAS handle, and the last,
+    // which ends with the log.
     let eval_line =
         script_line("                val_total += criterion(model(val_data), val_target)");
     for mode in ["eval_leak", "eval_item"] {
@@ -283,10 +289,16 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
             .iter()
             .map(|v| v.as_u64().expect("bytes"))
             .collect();
-        let ends: Vec<u64> = arr(&found["steps"])
-            .iter()
-            .map(|s| u64_of(s, "end_bytes"))
-            .collect();
+        let steps = arr(&found["steps"]);
+        assert_eq!(
+            steps
+                .iter()
+                .map(|s| s["ends_with_log"] == true)
+                .collect::<Vec<_>>(),
+            [false, false, false, false, true],
+            "{report}"
+        );
+        let ends: Vec<u64> = steps[..4].iter().map(|s| u64_of(s, "end_bytes")).collect();
         assert_eq!(
             ends,
             torch_ends[1..]
@@ -313,6 +325,77 @@ fn steps_flag_the_line_that_keeps_every_graph_and_not_its_item_variant() {
             assert!(arr(&found["leaks"]).is_empty());
         }
     }
+}
+
+/// A training loop with nothing allocated after its last optimizer step: the log ends within
+/// that step, which still counts (it held the run's peak here). Every step's highest live
+/// bytes are torch's `max_memory_allocated()` of the step, its counter reset where the step
+/// begins, plus the two cuBLAS handles; the ends seen are torch's allocated there.
+#[test]
+fn steps_count_the_last_one_when_the_log_ends_within_it() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (figures, log) = recorded(&python, "train", false);
+    let torch_figures = |key: &str| -> Vec<u64> {
+        arr(&figures[key])
+            .iter()
+            .map(|v| v.as_u64().expect("bytes"))
+            .collect()
+    };
+    let (torch_ends, torch_peaks) = (
+        torch_figures("step_end_allocated"),
+        torch_figures("step_peak_allocated"),
+    );
+    assert_eq!(torch_peaks.len(), STEPS, "{figures}");
+    let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let found = arr(&report["steps"]);
+    assert_eq!(found.len(), 1, "{report}");
+    let steps = arr(&found[0]["steps"]);
+    assert_eq!(steps.len(), STEPS, "{report}");
+    assert_eq!(
+        steps
+            .iter()
+            .map(|s| s["ends_with_log"] == true)
+            .collect::<Vec<_>>(),
+        [false, false, false, true],
+        "{report}"
+    );
+    let ends: Vec<u64> = steps[..STEPS - 1]
+        .iter()
+        .map(|s| u64_of(s, "end_bytes"))
+        .collect();
+    assert_eq!(
+        ends,
+        torch_ends
+            .iter()
+            .map(|b| b + 2 * CUBLAS_HANDLE)
+            .collect::<Vec<_>>()
+    );
+    // From step 2 on (step 1 also builds the model, its window starts with the log).
+    let peaks: Vec<u64> = steps.iter().map(|s| u64_of(s, "peak_bytes")).collect();
+    assert_eq!(
+        peaks[1..],
+        torch_peaks[1..]
+            .iter()
+            .map(|b| b + 2 * CUBLAS_HANDLE)
+            .collect::<Vec<_>>(),
+        "{report}"
+    );
+    assert_eq!(found[0]["grows"], false);
+    assert_eq!(
+        steps[STEPS - 1]["growth_bytes"],
+        serde_json::Value::Null,
+        "{report}"
+    );
+    let (code, text, stderr) = vramshim(&["steps".as_ref(), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        text.contains(&format!(
+            ": {STEPS} steps (each ends where the optimizer's step ends; step {STEPS} ends with the log, its live bytes not compared)"
+        )),
+        "{text}"
+    );
 }
 
 #[test]

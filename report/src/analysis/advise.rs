@@ -156,7 +156,7 @@ pub fn suggest(
                         .map(|d| size(d.unsigned_abs()))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    process.steps.len()
+                    process.closed().len()
                 ),
                 format!(
                     "{} in {} allocations made by {}:{} ({}) in steps 2 to {} are still live at the end of step {}",
@@ -165,8 +165,8 @@ pub fn suggest(
                     leak.file,
                     leak.line,
                     leak.function,
-                    process.steps.len() - 1,
-                    process.steps.len()
+                    process.closed().len() - 1,
+                    process.closed().len()
                 ),
             ],
             line: Some((leak.file.clone(), leak.line)),

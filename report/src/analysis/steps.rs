@@ -27,6 +27,11 @@ pub struct StepFigures {
     /// Model calls started within the step at its most called call site: the forward passes
     /// per optimizer step (more than one: gradients accumulated over micro-batches).
     pub forward_calls: u32,
+    /// The log ends within this step (always the last one): the optimizer's step ran, or the
+    /// model call started, but what ends a step (the next one's first allocation) never came.
+    /// It ends at the process's last allocation or free; its live bytes then are not compared
+    /// with the other steps' (a program may free its model before it exits).
+    pub open: bool,
 }
 
 /// A line of the training loop whose allocations outlive the steps that made them.
@@ -54,6 +59,14 @@ pub struct ProcessSteps {
 }
 
 impl ProcessSteps {
+    /// The steps whose end was seen: every step but an [`StepFigures::open`] last one.
+    pub fn closed(&self) -> &[StepFigures] {
+        match self.steps.split_last() {
+            Some((last, closed)) if last.open => closed,
+            _ => &self.steps,
+        }
+    }
+
     /// Forward passes per optimizer step: the most model calls at one site in a step after
     /// the first (the first may differ: set-up); None for a process split by model calls or
     /// with fewer than two steps.
@@ -68,9 +81,9 @@ impl ProcessSteps {
             .max()
     }
 
-    /// End-of-step live bytes minus the previous step's, from step 2 on.
+    /// End-of-step live bytes minus the previous step's, from step 2 on (closed steps only).
     pub fn growth(&self) -> Vec<i64> {
-        self.steps
+        self.closed()
             .windows(2)
             .map(|pair| {
                 (i128::from(pair[1].end_bytes) - i128::from(pair[0].end_bytes))
@@ -79,14 +92,14 @@ impl ProcessSteps {
             .collect()
     }
 
-    /// Whether memory grows across steps: at least three steps, and the live bytes at the
-    /// end of every step from the third on are above the step before's. (The first step
+    /// Whether memory grows across steps: at least three closed steps, and the live bytes at
+    /// the end of every step from the third on are above the step before's. (The first step
     /// also builds the model and the optimizer's state, and the second may still set up
     /// what runs once; their ends are not compared.)
     pub fn grows(&self) -> bool {
-        self.steps.len() >= 3
-            && self
-                .steps
+        let closed = self.closed();
+        closed.len() >= 3
+            && closed
                 .windows(2)
                 .skip(1)
                 .all(|pair| pair[1].end_bytes > pair[0].end_bytes)
@@ -113,6 +126,7 @@ impl Tracker {
         self.current.end_t_ns = t_ns;
         self.current.end_bytes = self.live_bytes;
         self.steps.push(self.current);
+        self.optimizer_ran = false;
         self.current = StepFigures {
             start_t_ns: t_ns,
             peak_bytes: self.live_bytes,
@@ -126,6 +140,10 @@ impl Tracker {
 struct Tracker {
     steps: Vec<StepFigures>,
     in_optimizer: bool,
+    /// The optimizer allocated since the last step ended: the step in progress has run it.
+    optimizer_ran: bool,
+    /// The time of the process's latest allocation or free (where an open step ends).
+    last_t_ns: u64,
     live_bytes: u64,
     current: StepFigures,
     /// The training loop's code: the user function that called the optimizer.
@@ -238,6 +256,7 @@ impl Steps {
         let origin = self.origin(processes, live.process, live.stack);
         let split = self.split.get(&live.process).copied();
         let tracker = self.processes.entry(live.process).or_default();
+        tracker.last_t_ns = tracker.last_t_ns.max(t_ns);
         let previous = tracker.thread_call.insert(live.thread, origin.call_site);
         let mut call_start = false;
         if let Some(site) = origin.call_site {
@@ -268,6 +287,7 @@ impl Steps {
                 tracker.loop_code = origin.user.map(|(code, _)| code);
             }
             tracker.in_optimizer = true;
+            tracker.optimizer_ran = true;
         } else if tracker.in_optimizer {
             // The optimizer's step is over: so is the training step.
             tracker.in_optimizer = false;
@@ -297,7 +317,22 @@ impl Steps {
         let mut trackers: Vec<(u32, Tracker)> = self.processes.drain().collect();
         trackers.sort_by_key(|(process, _)| *process);
         let mut found = Vec::new();
-        for (process, tracker) in trackers {
+        for (process, mut tracker) in trackers {
+            // Survivors are charged to the steps whose end was seen, whatever comes after.
+            let closed = tracker.steps.len();
+            let step_in_progress = match self.split.contains_key(&process) {
+                // Every model call after the first began a step: the last one's is running.
+                true => tracker.split_calls > 1,
+                false => tracker.optimizer_ran,
+            };
+            if step_in_progress {
+                let mut open = tracker.current;
+                open.forward_calls = tracker.step_calls.values().copied().max().unwrap_or(0);
+                open.end_t_ns = tracker.last_t_ns.max(open.start_t_ns);
+                open.end_bytes = tracker.live_bytes;
+                open.open = true;
+                tracker.steps.push(open);
+            }
             if tracker.steps.is_empty() {
                 continue;
             }
@@ -311,7 +346,7 @@ impl Steps {
                 steps: tracker.steps,
                 leaks: Vec::new(),
             };
-            let last = result.steps.len();
+            let last = closed;
             if result.grows() {
                 // Made in steps 2..N−1 (indices 1..N−2), still live at the end of step N.
                 let mut by_line: FxHashMap<(u32, u32), (u64, u64, Vec<u64>)> = FxHashMap::default();
@@ -378,7 +413,14 @@ impl Observer for Steps {
                         self.added(processes, *t_ns, live);
                     }
                 }
-                Effect::Removed(live) => self.ended(live),
+                Effect::Removed(live) => {
+                    if self.counts(live.device)
+                        && let Some(tracker) = self.processes.get_mut(&live.process)
+                    {
+                        tracker.last_t_ns = tracker.last_t_ns.max(*t_ns);
+                    }
+                    self.ended(live);
+                }
                 _ => {}
             },
             Step::Dump { cleared, .. } => {

@@ -46,15 +46,23 @@ pub fn text(out: &mut dyn Write, report: &StepsReport<'_>) -> io::Result<()> {
             .processes
             .get(found.process as usize)
             .map_or(0, |p| p.header.pid);
+        // The last step, when the log ends within it: said once, in the heading.
+        let open = match found.steps.last() {
+            Some(last) if last.open => format!(
+                "; step {} ends with the log, its live bytes not compared",
+                found.steps.len()
+            ),
+            _ => String::new(),
+        };
         match &found.by_call {
             Some((file, line)) => writeln!(
                 out,
-                "\nprocess {pid}: {} steps (no optimizer; each ends where the model call at {file}:{line} starts again)",
+                "\nprocess {pid}: {} steps (no optimizer; each ends where the model call at {file}:{line} starts again{open})",
                 found.steps.len()
             )?,
             None => writeln!(
                 out,
-                "\nprocess {pid}: {} steps (each ends where the optimizer's step ends)",
+                "\nprocess {pid}: {} steps (each ends where the optimizer's step ends{open})",
                 found.steps.len()
             )?,
         }
@@ -147,6 +155,7 @@ pub fn json(report: &StepsReport<'_>) -> Value {
                     "peak_bytes": step.peak_bytes,
                     "end_bytes": step.end_bytes,
                     "forward_calls": step.forward_calls,
+                    "ends_with_log": step.open,
                     "growth_bytes": index.checked_sub(1).and_then(|i| growth.get(i)),
                 })).collect::<Vec<_>>(),
                 "leaks": found.leaks.iter().map(leak_json).collect::<Vec<_>>(),
