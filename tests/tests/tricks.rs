@@ -382,6 +382,15 @@ fn steps_count_the_last_one_when_the_log_ends_within_it() {
             .collect::<Vec<_>>(),
         "{report}"
     );
+    // One model call in each step, the last one's too.
+    assert_eq!(
+        steps
+            .iter()
+            .map(|s| u64_of(s, "forward_calls"))
+            .collect::<Vec<_>>(),
+        vec![1; STEPS],
+        "{report}"
+    );
     assert_eq!(found[0]["grows"], false);
     assert_eq!(
         steps[STEPS - 1]["growth_bytes"],
@@ -587,18 +596,18 @@ fn gradient_accumulation_and_empty_cache_show_in_breakdown_diff_and_advise() {
     assert!(kinds(&advice(&plain_log)).contains(&"activations".to_string()));
     assert!(!kinds(&advice(&log)).contains(&"activations".to_string()));
     // Forward passes per optimizer step (model calls at the training line): one without
-    // accumulation, four with (steps after the first); only the full batch is told to
-    // accumulate, with half its activations' highest for k = 2 and three quarters for k = 4.
+    // accumulation, four with, in every step (each counted in the step it begins); only the
+    // full batch is told to accumulate, with half its activations' highest for k = 2 and
+    // three quarters for k = 4.
     let forward_calls = |log: &Path| {
         let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
         arr(&arr(&report["steps"])[0]["steps"])
             .iter()
-            .skip(1)
             .map(|s| u64_of(s, "forward_calls"))
             .collect::<Vec<_>>()
     };
-    assert_eq!(forward_calls(&plain_log), vec![1; STEPS - 1]);
-    assert_eq!(forward_calls(&log), vec![4; STEPS - 1]);
+    assert_eq!(forward_calls(&plain_log), vec![1; STEPS]);
+    assert_eq!(forward_calls(&log), vec![4; STEPS]);
     let suggestions = advice(&plain_log);
     let accumulate = suggestions
         .iter()

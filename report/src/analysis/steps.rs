@@ -268,8 +268,6 @@ impl Steps {
                 *first = (live.stack, 0);
                 let calls = tracker.calls.entry(site).or_default();
                 *calls = calls.saturating_add(1);
-                let calls = tracker.step_calls.entry(site).or_default();
-                *calls = calls.saturating_add(1);
             } else {
                 first.1 = first.1.saturating_add(1);
             }
@@ -292,6 +290,11 @@ impl Steps {
             // The optimizer's step is over: so is the training step.
             tracker.in_optimizer = false;
             tracker.close(t_ns);
+        }
+        // Counted once the step before has ended at this allocation: in the step it begins.
+        if call_start && let Some(site) = origin.call_site {
+            let calls = tracker.step_calls.entry(site).or_default();
+            *calls = calls.saturating_add(1);
         }
         tracker.live_bytes = tracker.live_bytes.saturating_add(live.size);
         tracker.current.peak_bytes = tracker.current.peak_bytes.max(tracker.live_bytes);
