@@ -2449,6 +2449,91 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
     }
 }
 
+/// `vramshim dryrun` of a torch job whose first failed allocation torch recovers from (it
+/// releases its cache and asks again) and whose second it does not: the verdict is DOES NOT
+/// FIT at the second, as torch's own `num_ooms` (1) and `num_alloc_retries` (2) say. (The
+/// verdict once read only the first failure, and called this run one that fits as far as it
+/// ran, "not for want of memory".) The best allocator setting is simulated on the tensors the
+/// log has (it once asked for a re-run with `backend:cudaMallocAsync`).
+#[test]
+fn dryrun_verdict_is_the_first_failure_torch_did_not_recover_from() {
+    let Some(torch) = current() else { return };
+    let script = repo().join("tests/python/torch_dryrun.py");
+    let logs = scratch("torch-dryrun-recovered");
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let dryrun = |json: bool| {
+        let mut command = Command::new(vramshim_tool());
+        command.args(["dryrun", "--memory", "1GiB"]);
+        if json {
+            command.arg("--json");
+        }
+        command
+            .arg("-o")
+            .arg(logs.join("%p.vlog"))
+            .arg("--")
+            .arg(&torch.python)
+            .args(["-W", "ignore"])
+            .arg(&script)
+            .arg("recovered_first")
+            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("VRAMSHIM_STACK")
+            .output()
+            .expect("run vramshim dryrun")
+    };
+    let output = dryrun(true);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let v: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let torch_figures: Value = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|figures| figures.get("num_ooms").is_some())
+        .unwrap_or_else(|| panic!("no torch figures in:\n{stderr}"));
+    assert_eq!(torch_figures["num_ooms"], 1, "{torch_figures}");
+    assert_eq!(torch_figures["num_alloc_retries"], 2, "{torch_figures}");
+    assert_eq!(v["fits"], false, "{v}");
+    assert_eq!(u64_of(&v, "recovered_failures"), 1, "{v}");
+    let failure = &v["failure"];
+    assert_eq!(u64_of(failure, "request"), 2048 * MIB, "{failure}");
+    assert_eq!(failure["retry"]["succeeded"], false, "{failure}");
+    let text = std::fs::read_to_string(&script).expect("read script");
+    let marked = text
+        .lines()
+        .position(|line| line.contains("# DRYRUN: then 2 GiB"))
+        .expect("marker line") as u64
+        + 1;
+    assert_eq!(
+        u64_of(&failure["python_frame"], "line"),
+        marked,
+        "{failure}"
+    );
+    // The peak: the weights' and bias's segments (64 + 2 MiB) and the recovered request's
+    // (rounded up to 2 MiB), once the activations' cached segment was released.
+    let recovered = u64_of(&torch_figures, "recovered_request");
+    assert_eq!(
+        u64_of(&arr(&v["devices"])[0], "peak_recorded"),
+        66 * MIB + recovered.next_multiple_of(2 * MIB),
+        "{v}"
+    );
+    // The log has torch's tensors: the allocator settings are simulated on them (the
+    // requests torch's allocator served before the failure), with no advice to record again.
+    assert_eq!(v["whatif"]["requests"], torch_figures["allocations"], "{v}");
+    assert_eq!(v["whatif_note"], Value::Null, "{v}");
+    let output = dryrun(false);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("\nverdict: DOES NOT FIT\n"), "{stdout}");
+    assert!(
+        stdout.contains("1 failed allocation(s) recovered after releasing cached memory"),
+        "{stdout}"
+    );
+}
+
 /// `vramshim dryrun --gpu A100-80GB --mig 3g.40gb --gpus 2` of real torch 2.15
 /// (`torch_mig.py`): the fakes put both cards in MIG mode; torch sees one device, the MIG device
 /// (`device_count()` 1, its name, the slice's 42,487,775,232 B = 4/8 of the card in

@@ -28,7 +28,7 @@ use crate::render::dryrun::{
 use crate::render::frames::Fold;
 use crate::render::oom::FailureView;
 use crate::render::whatif::Row;
-use crate::replay::{self, Stop};
+use crate::replay::{self, Stop, View};
 use crate::symbols::SymFrame;
 use crate::units::parse_size;
 
@@ -456,12 +456,15 @@ fn verdict(
         })
         .collect();
 
-    // The first failure the program did not recover from (PyTorch's retry did not save it).
-    let first = oom
-        .failures
-        .iter()
-        .position(|f| f.device >= 0 && f.is_out_of_memory() && f.is_retry_of.is_none())
-        .filter(|index| !recovered(&oom.failures, *index));
+    // The first failure the program did not recover from (PyTorch's retry did not save it):
+    // failures it recovered from may come before it.
+    let first = (0..oom.failures.len()).find(|&index| {
+        let f = &oom.failures[index];
+        f.device >= 0
+            && f.is_out_of_memory()
+            && f.is_retry_of.is_none()
+            && !recovered(&oom.failures, index)
+    });
     let recovered = oom
         .failures
         .iter()
@@ -549,9 +552,17 @@ fn verdict(
                 .iter()
                 .find(|d| d.device == device)
                 .map(|d| d.pattern);
+            // PyTorch's tensors, where the log has them (its default allocator recorded
+            // through its tracker), are requests whatever the segments look like.
+            let mut tensors = false;
+            for log in logs {
+                tensors = tensors || replay::has_tensors(log)?;
+            }
             match pattern {
                 Some(p)
-                    if !p.is_segments() && p != crate::analysis::allocator::Pattern::Unknown =>
+                    if tensors
+                        || (!p.is_segments()
+                            && p != crate::analysis::allocator::Pattern::Unknown) =>
                 {
                     let context = device_verdicts
                         .iter()
@@ -629,7 +640,8 @@ fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Ro
     }
     let labels: Vec<String> = configs.iter().map(Config::to_conf_string).collect();
     let mut sims = WhatIf::new(Some(device), configs, Some(capacity)).map_err(Failure::input)?;
-    let replay = replay::run(logs, &mut [&mut sims], Stop::End)?;
+    // Tensors in place of the segments they came from where the log has them, as `whatif`.
+    let replay = replay::run_view(logs, &mut [&mut sims], Stop::End, View::Tensors)?;
     sims.finish(&replay.processes).map_err(Failure::input)?;
     if sims.requests.allocs == 0 {
         return Ok(None);
