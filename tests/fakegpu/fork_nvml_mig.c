@@ -133,13 +133,17 @@ int main(void)
         struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
         if (fd < 0 || fcntl(fd, F_SETLKW, &lock) != 0)
             _exit(6);
-        send_byte(holder_ready[1]);
+        /* The time the lock was taken, from the holder itself: the parent may be scheduled
+         * late on a loaded machine, and the destroy cannot end before HOLD_MS after this. */
+        long long locked_at = now_ms();
+        (void)!write(holder_ready[1], &locked_at, sizeof locked_at);
         struct timespec hold = {HOLD_MS / 1000, (HOLD_MS % 1000) * 1000000L};
         nanosleep(&hold, NULL);
         _exit(0);
     }
-    wait_byte(holder_ready[0]);
-    long long locked_ms = now_ms();
+    long long locked_ms;
+    if (read(holder_ready[0], &locked_ms, sizeof locked_ms) != (ssize_t)sizeof locked_ms)
+        _exit(3);
     kill(victim, SIGKILL);
     int status;
     waitpid(victim, &status, 0);
