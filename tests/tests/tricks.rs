@@ -405,6 +405,19 @@ fn steps_count_the_last_one_when_the_log_ends_within_it() {
         )),
         "{text}"
     );
+    // One step alone is a step (it was "no steps found").
+    let (figures, log) = recorded_steps(&python, "train", 1, false);
+    let report = json_of(&["steps".as_ref(), log.as_os_str(), "--json".as_ref()]);
+    let steps = arr(&arr(&report["steps"])[0]["steps"]);
+    assert_eq!(steps.len(), 1, "{report}");
+    assert_eq!(steps[0]["ends_with_log"], true, "{report}");
+    let (code, text, stderr) = vramshim(&["steps".as_ref(), log.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        text.contains(": 1 step (each ends where the optimizer's step ends; step 1 ends with the log, its live bytes not compared)"),
+        "{text}"
+    );
+    assert_eq!(arr(&figures["step_peak_allocated"]).len(), 1, "{figures}");
 }
 
 #[test]

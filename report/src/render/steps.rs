@@ -10,7 +10,7 @@ use super::{processes_json, write_processes};
 use crate::analysis::lines::LineStats;
 use crate::analysis::steps::{Leak, ProcessSteps};
 use crate::replay::Process;
-use crate::units::{bytes, seconds};
+use crate::units::{bytes, counted, seconds};
 
 pub struct StepsReport<'a> {
     pub processes: &'a [Process],
@@ -57,13 +57,13 @@ pub fn text(out: &mut dyn Write, report: &StepsReport<'_>) -> io::Result<()> {
         match &found.by_call {
             Some((file, line)) => writeln!(
                 out,
-                "\nprocess {pid}: {} steps (no optimizer; each ends where the model call at {file}:{line} starts again{open})",
-                found.steps.len()
+                "\nprocess {pid}: {} (no optimizer; each ends where the model call at {file}:{line} starts again{open})",
+                counted(found.steps.len() as u64, "step")
             )?,
             None => writeln!(
                 out,
-                "\nprocess {pid}: {} steps (each ends where the optimizer's step ends{open})",
-                found.steps.len()
+                "\nprocess {pid}: {} (each ends where the optimizer's step ends{open})",
+                counted(found.steps.len() as u64, "step")
             )?,
         }
         writeln!(
