@@ -2365,21 +2365,7 @@ fn dryrun_of_a_torch_job_names_its_failing_line() {
         eprintln!("torch {}", torch.release.version);
         let script = repo().join("tests/python/torch_dryrun.py");
         let logs = scratch("torch-dryrun");
-        let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-            .parent()
-            .expect("fakegpu dir");
-        let output = Command::new(vramshim_tool())
-            .args(["dryrun", "--memory", "1GiB", "--json", "-o"])
-            .arg(logs.join("%p.vlog"))
-            .arg("--")
-            .arg(&torch.python)
-            .args(["-W", "ignore"])
-            .arg(&script)
-            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-            .env_remove("LD_PRELOAD")
-            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VRAMSHIM_STACK")
+        let output = torch_dryrun(&torch, &["--memory", "1GiB", "--json"], &logs, &script, &[])
             .output()
             .expect("run vramshim dryrun");
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -2460,28 +2446,13 @@ fn dryrun_verdict_is_the_first_failure_torch_did_not_recover_from() {
     let Some(torch) = current() else { return };
     let script = repo().join("tests/python/torch_dryrun.py");
     let logs = scratch("torch-dryrun-recovered");
-    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-        .parent()
-        .expect("fakegpu dir");
     let dryrun = |json: bool| {
-        let mut command = Command::new(vramshim_tool());
-        command.args(["dryrun", "--memory", "1GiB"]);
-        if json {
-            command.arg("--json");
-        }
-        command
-            .arg("-o")
-            .arg(logs.join("%p.vlog"))
-            .arg("--")
-            .arg(&torch.python)
-            .args(["-W", "ignore"])
-            .arg(&script)
-            .arg("recovered_first")
-            .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-            .env_remove("LD_PRELOAD")
-            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .env_remove("VRAMSHIM_STACK")
+        let args: &[&str] = if json {
+            &["--memory", "1GiB", "--json"]
+        } else {
+            &["--memory", "1GiB"]
+        };
+        torch_dryrun(&torch, args, &logs, &script, &["recovered_first"])
             .output()
             .expect("run vramshim dryrun")
     };
@@ -3364,6 +3335,38 @@ fn resnet_tensors_equal_torchs_own_history() {
     );
 }
 
+/// `vramshim dryrun ARGS -o LOGS/%p.vlog -- python -W ignore SCRIPT SCRIPT_ARGS` under `torch`,
+/// on the product fakes, with the allocator settings, a preload, visible devices and the stack
+/// mode of this test's own environment cleared.
+fn torch_dryrun(
+    torch: &Torch,
+    args: &[&str],
+    logs: &Path,
+    script: &Path,
+    script_args: &[&str],
+) -> Command {
+    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
+        .parent()
+        .expect("fakegpu dir");
+    let mut command = Command::new(vramshim_tool());
+    command
+        .arg("dryrun")
+        .args(args)
+        .arg("-o")
+        .arg(logs.join("%p.vlog"))
+        .arg("--")
+        .arg(&torch.python)
+        .args(["-W", "ignore"])
+        .arg(script)
+        .args(script_args)
+        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("VRAMSHIM_STACK");
+    command
+}
+
 /// `vramshim dryrun --gpu h200 --json` of `tests/python/SCRIPT MODE` (allocator settings
 /// cleared, then `env` set): the verdict, and torch's own figures (the script's JSON line on
 /// stderr).
@@ -3375,23 +3378,13 @@ fn dryrun_h200(
     env: &[(&str, &str)],
 ) -> (Value, Value) {
     let dir = scratch(name);
-    let fakes = Path::new(vramshim_fakegpu::LIB_DIR)
-        .parent()
-        .expect("fakegpu dir");
-    let mut command = Command::new(vramshim_tool());
-    command
-        .args(["dryrun", "--gpu", "h200", "--json", "-o"])
-        .arg(dir.join("%p.vlog"))
-        .arg("--")
-        .arg(&torch.python)
-        .args(["-W", "ignore"])
-        .arg(repo().join("tests/python").join(script))
-        .arg(mode)
-        .env("VRAMSHIM_FAKEGPU_DIR", fakes)
-        .env_remove("LD_PRELOAD")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("VRAMSHIM_STACK");
+    let mut command = torch_dryrun(
+        torch,
+        &["--gpu", "h200", "--json"],
+        &dir,
+        &repo().join("tests/python").join(script),
+        &[mode],
+    );
     for (key, value) in env {
         command.env(key, value);
     }
