@@ -552,18 +552,19 @@ fn verdict(
                 .iter()
                 .find(|d| d.device == device)
                 .map(|d| d.pattern);
+            let per_tensor = pattern.is_some_and(|p| {
+                !p.is_segments() && p != crate::analysis::allocator::Pattern::Unknown
+            });
             // PyTorch's tensors, where the log has them (its default allocator recorded
             // through its tracker), are requests whatever the segments look like.
             let mut tensors = false;
-            for log in logs {
-                tensors = tensors || replay::has_tensors(log)?;
+            if pattern.is_some() && !per_tensor {
+                for log in logs {
+                    tensors = tensors || replay::has_tensors(log)?;
+                }
             }
             match pattern {
-                Some(p)
-                    if tensors
-                        || (!p.is_segments()
-                            && p != crate::analysis::allocator::Pattern::Unknown) =>
-                {
+                Some(_) if per_tensor || tensors => {
                     let context = device_verdicts
                         .iter()
                         .find(|d| d.device == device)
