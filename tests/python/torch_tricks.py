@@ -10,7 +10,10 @@ which variant runs:
   autocast    the training forward under `torch.autocast` (bfloat16)
   eval_leak   no training: an evaluation loop summing `criterion(...)` (graphs kept)
   eval_item   no training: the same loop summing `.item()`
-  train       training alone, no evaluation: nothing allocated after the last optimizer step
+  eval_sequential  as eval_leak, the model a plain `nn.Sequential` (below)
+  train       training alone, no evaluation: nothing allocated after the last optimizer step;
+              the model a plain `nn.Sequential` of Linear and ReLU layers, whose Linear layers
+              allocate from one stack (a call's first stack comes again within each call)
   accumulate  gradient accumulation: each step's batch as MICRO_BATCHES micro-batches, each
               loss scaled and back-propagated before the next forward
   release     as `item`, and with `probe`, `del` of the data and `torch.cuda.empty_cache()`
@@ -107,7 +110,12 @@ def main():
         lines_mode(steps)
         return
     torch.manual_seed(0)
-    model = Net(mode == "inplace", mode == "checkpoint").cuda()
+    if mode in ("train", "eval_sequential"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH),
+            torch.nn.ReLU(), torch.nn.Linear(WIDTH, 10)).cuda()
+    else:
+        model = Net(mode == "inplace", mode == "checkpoint").cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     criterion = torch.nn.CrossEntropyLoss()
     data = torch.randn(BATCH, 256, device="cuda")
@@ -138,12 +146,12 @@ def main():
     def reset_peak():
         run_peak[0] = max(run_peak[0], torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
-    if mode in ("eval_leak", "eval_item"):
+    if mode in ("eval_leak", "eval_item", "eval_sequential"):
         # An evaluation loop alone: no optimizer, so steps are the model's calls.
         for _ in range(steps):
             torch.cuda.synchronize()
             step_ends.append(torch.cuda.memory_allocated())
-            if mode == "eval_leak":
+            if mode in ("eval_leak", "eval_sequential"):
                 val_total += criterion(model(val_data), val_target)
             else:
                 val_total += criterion(model(val_data), val_target).item()

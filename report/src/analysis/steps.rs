@@ -106,11 +106,32 @@ impl ProcessSteps {
     }
 }
 
+/// The model call site a process without an optimizer is split at (from a first replay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitSite {
+    /// (code, instruction offset) that called the outermost `Module._call_impl`.
+    pub site: (u32, u32),
+    /// Whether the stack of a call's first allocation coming again starts a call (calls made
+    /// back to back), or is a layer like the first within one call (see
+    /// `Tracker::repeats_are_layers`).
+    pub repeats_start_calls: bool,
+}
+
+/// Calls of one model call site within a step: started from outside the call, and started by
+/// the call's first stack coming again.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepCalls {
+    from_outside: u32,
+    repeated: u32,
+}
+
 /// Where an allocation came from, for charging growth.
 #[derive(Clone, Debug, Default)]
 struct Origin {
     optimizer: bool,
-    /// (code, line) that called the outermost `Module._call_impl`: the model call.
+    /// (code, instruction offset) that called the outermost `Module._call_impl`: the model
+    /// call. By instruction, not line: `criterion(model(x), y)` makes two calls on one line,
+    /// and the loss's allocations are outside the model's call.
     call_site: Option<(u32, u32)>,
     /// The user's innermost Python frame: (code, line).
     user: Option<(u32, u32)>,
@@ -119,10 +140,46 @@ struct Origin {
 }
 
 impl Tracker {
+    /// Whether the site's first stack coming again is a layer like the first within one call
+    /// (a model whose forward runs identical layers one after another, as `nn.Sequential` of
+    /// `Linear`s does, repeats its first stack in every call), not a call made back to back:
+    /// its calls came from outside it (from other code of the thread) at least twice, and the
+    /// first stack came again the same number of times (at least once) after each of them
+    /// (fewer after the last, which may have been cut short). Calls back to back come from
+    /// outside once, or a few times with other counts between.
+    fn repeats_are_layers(&self, site: (u32, u32)) -> bool {
+        let Some((last, before)) = self
+            .repeats_after_outside
+            .get(&site)
+            .and_then(|runs| runs.split_last())
+        else {
+            return false;
+        };
+        let Some(&layers) = before.first() else {
+            return false;
+        };
+        layers >= 1 && before.iter().all(|&run| run == layers) && *last <= layers
+    }
+
+    /// Model calls per step at the most called site (see [`StepFigures::forward_calls`]).
+    fn forward_calls(&self, calls: &FxHashMap<(u32, u32), StepCalls>) -> u32 {
+        calls
+            .iter()
+            .map(|(&site, counted)| {
+                if self.repeats_are_layers(site) {
+                    counted.from_outside
+                } else {
+                    counted.from_outside.saturating_add(counted.repeated)
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Ends the current step before the allocation at `t_ns`.
     fn close(&mut self, t_ns: u64) {
-        self.current.forward_calls = self.step_calls.values().copied().max().unwrap_or(0);
-        self.step_calls.clear();
+        self.calls_per_step
+            .push(std::mem::take(&mut self.step_calls));
         self.current.end_t_ns = t_ns;
         self.current.end_bytes = self.live_bytes;
         self.steps.push(self.current);
@@ -157,7 +214,12 @@ struct Tracker {
     /// Model call site → calls started.
     calls: FxHashMap<(u32, u32), u32>,
     /// Model call site → calls started in the current step.
-    step_calls: FxHashMap<(u32, u32), u32>,
+    step_calls: FxHashMap<(u32, u32), StepCalls>,
+    /// `step_calls` of each step ended so far.
+    calls_per_step: Vec<FxHashMap<(u32, u32), StepCalls>>,
+    /// Model call site → for each call started from outside it, how often its first stack
+    /// came again before the next such call.
+    repeats_after_outside: FxHashMap<(u32, u32), Vec<u32>>,
     /// Model call site → the stack of its current call's first allocation, and allocations
     /// since.
     call_first: FxHashMap<(u32, u32), (u32, u32)>,
@@ -172,7 +234,7 @@ pub struct Steps {
     origins: FxHashMap<(u32, u32), Rc<Origin>>,
     processes: FxHashMap<u32, Tracker>,
     /// Process → the model call site that splits it (second replay).
-    split: FxHashMap<u32, (u32, u32)>,
+    split: FxHashMap<u32, SplitSite>,
 }
 
 impl Steps {
@@ -188,7 +250,7 @@ impl Steps {
     }
 
     /// Steps of the processes in `split`, each cut where its model call site starts a call.
-    pub fn by_calls(device: Option<i32>, split: FxHashMap<u32, (u32, u32)>) -> Steps {
+    pub fn by_calls(device: Option<i32>, split: FxHashMap<u32, SplitSite>) -> Steps {
         Steps {
             split,
             ..Steps::new(device)
@@ -197,7 +259,7 @@ impl Steps {
 
     /// After a replay: for each process without an optimizer step, its most repeated model
     /// call site, if called at least three times.
-    pub fn call_split(&self) -> FxHashMap<u32, (u32, u32)> {
+    pub fn call_split(&self) -> FxHashMap<u32, SplitSite> {
         self.processes
             .iter()
             .filter(|(_, tracker)| tracker.steps.is_empty() && tracker.loop_code.is_none())
@@ -206,7 +268,11 @@ impl Steps {
                     .calls
                     .iter()
                     .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
-                (calls >= 3).then_some((process, site))
+                let split = SplitSite {
+                    site,
+                    repeats_start_calls: !tracker.repeats_are_layers(site),
+                };
+                (calls >= 3).then_some((process, split))
             })
             .collect()
     }
@@ -227,12 +293,15 @@ impl Steps {
             && let Some(frames) = info.python_stacks.get(&stack)
         {
             let mut outermost_call = None;
+            // (code, offset) of each frame kept in `origin.frames`.
+            let mut instructions = Vec::with_capacity(frames.len());
             for frame in frames {
                 let Some(code) = info.codes.get(&frame.code) else {
                     continue;
                 };
                 let line = python::line_of(code, frame.offset).unwrap_or(0);
                 origin.frames.push((frame.code, line));
+                instructions.push((frame.code, frame.offset));
                 if code.filename.ends_with("/torch/nn/modules/module.py")
                     && code.qualname.ends_with("_call_impl")
                 {
@@ -245,7 +314,7 @@ impl Steps {
                     origin.user = Some((frame.code, line));
                 }
             }
-            origin.call_site = outermost_call.and_then(|index| origin.frames.get(index).copied());
+            origin.call_site = outermost_call.and_then(|index| instructions.get(index).copied());
         }
         let origin = Rc::new(origin);
         self.origins.insert((process, stack), origin.clone());
@@ -255,16 +324,41 @@ impl Steps {
     fn added(&mut self, processes: &[Process], t_ns: u64, live: &Live) {
         let origin = self.origin(processes, live.process, live.stack);
         let split = self.split.get(&live.process).copied();
+        let repeats_start_calls = split.is_none_or(|split| split.repeats_start_calls);
         let tracker = self.processes.entry(live.process).or_default();
         tracker.last_t_ns = tracker.last_t_ns.max(t_ns);
         let previous = tracker.thread_call.insert(live.thread, origin.call_site);
-        let mut call_start = false;
+        let mut call_start = None;
         if let Some(site) = origin.call_site {
             // A call starts when the thread comes from outside it, or when the call's first
             // stack comes again (calls made back to back: the repeating stack pattern).
             let first = tracker.call_first.entry(site).or_insert((live.stack, 0));
-            call_start = previous.flatten() != Some(site) || (first.0 == live.stack && first.1 > 0);
-            if call_start {
+            let from_outside = previous.flatten() != Some(site);
+            let repeated = first.0 == live.stack && first.1 > 0;
+            if from_outside {
+                tracker
+                    .repeats_after_outside
+                    .entry(site)
+                    .or_default()
+                    .push(0);
+                call_start = Some(StepCalls {
+                    from_outside: 1,
+                    repeated: 0,
+                });
+            } else if repeated {
+                if let Some(run) = tracker
+                    .repeats_after_outside
+                    .get_mut(&site)
+                    .and_then(|runs| runs.last_mut())
+                {
+                    *run = run.saturating_add(1);
+                }
+                call_start = Some(StepCalls {
+                    from_outside: 0,
+                    repeated: 1,
+                });
+            }
+            if call_start.is_some() {
                 *first = (live.stack, 0);
                 let calls = tracker.calls.entry(site).or_default();
                 *calls = calls.saturating_add(1);
@@ -272,9 +366,11 @@ impl Steps {
                 first.1 = first.1.saturating_add(1);
             }
         }
-        if let Some(site) = split {
-            tracker.loop_code = Some(site.0);
-            if call_start && origin.call_site == Some(site) {
+        if let Some(split) = split {
+            tracker.loop_code = Some(split.site.0);
+            let starts_split =
+                call_start.is_some_and(|start| start.from_outside > 0 || repeats_start_calls);
+            if starts_split && origin.call_site == Some(split.site) {
                 tracker.split_calls = tracker.split_calls.saturating_add(1);
                 if tracker.split_calls > 1 {
                     tracker.close(t_ns);
@@ -292,9 +388,10 @@ impl Steps {
             tracker.close(t_ns);
         }
         // Counted once the step before has ended at this allocation: in the step it begins.
-        if call_start && let Some(site) = origin.call_site {
+        if let (Some(start), Some(site)) = (call_start, origin.call_site) {
             let calls = tracker.step_calls.entry(site).or_default();
-            *calls = calls.saturating_add(1);
+            calls.from_outside = calls.from_outside.saturating_add(start.from_outside);
+            calls.repeated = calls.repeated.saturating_add(start.repeated);
         }
         tracker.live_bytes = tracker.live_bytes.saturating_add(live.size);
         tracker.current.peak_bytes = tracker.current.peak_bytes.max(tracker.live_bytes);
@@ -330,17 +427,29 @@ impl Steps {
             };
             if step_in_progress {
                 let mut open = tracker.current;
-                open.forward_calls = tracker.step_calls.values().copied().max().unwrap_or(0);
                 open.end_t_ns = tracker.last_t_ns.max(open.start_t_ns);
                 open.end_bytes = tracker.live_bytes;
                 open.open = true;
                 tracker.steps.push(open);
+                let calls = std::mem::take(&mut tracker.step_calls);
+                tracker.calls_per_step.push(calls);
+            }
+            // Model calls per step, now that every call's start is known for what it was.
+            let forward_calls: Vec<u32> = tracker
+                .calls_per_step
+                .iter()
+                .map(|calls| tracker.forward_calls(calls))
+                .collect();
+            for (step, calls) in tracker.steps.iter_mut().zip(forward_calls) {
+                step.forward_calls = calls;
             }
             if tracker.steps.is_empty() {
                 continue;
             }
-            let by_call = self.split.get(&process).and_then(|&(code, line)| {
+            let by_call = self.split.get(&process).and_then(|split| {
+                let (code, offset) = split.site;
                 let code = processes.get(process as usize)?.codes.get(&code)?;
+                let line = python::line_of(code, offset).unwrap_or(0);
                 Some((Rc::from(code.filename.as_str()), line))
             });
             let mut result = ProcessSteps {
