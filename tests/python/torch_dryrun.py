@@ -28,6 +28,7 @@ if sys.argv[1:] == ["recovered_first"]:
         stats = torch.cuda.memory_stats()
         print(json.dumps({"recovered_request": larger, "num_alloc_retries": stats["num_alloc_retries"],
                           "num_ooms": stats["num_ooms"],
-                          "allocations": stats["allocation.all.allocated"]}), flush=True)
+                          "allocations": stats["allocation.all.allocated"],
+                          "reserved_peak": stats["reserved_bytes.all.peak"]}), flush=True)
         raise
 too_big = torch.empty(2048 * MiB, dtype=torch.uint8, device="cuda")  # DRYRUN: too big

@@ -2496,11 +2496,23 @@ fn dryrun_verdict_is_the_first_failure_torch_did_not_recover_from() {
     // requests torch's allocator served before the failure), with no advice to record again.
     assert_eq!(v["whatif"]["requests"], torch_figures["allocations"], "{v}");
     assert_eq!(v["whatif_note"], Value::Null, "{v}");
+    // Under the default settings the simulation reserves at its peak what torch did.
+    assert_eq!(
+        v["whatif"]["default_peak_reserved_before_failure"], torch_figures["reserved_peak"],
+        "{v}"
+    );
     let output = dryrun(false);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("\nverdict: DOES NOT FIT\n"), "{stdout}");
     assert!(
         stdout.contains("1 failed allocation(s) recovered after releasing cached memory"),
+        "{stdout}"
+    );
+    let default_reserved = u64_of(&torch_figures, "reserved_peak") as f64 / MIB as f64;
+    assert!(
+        stdout.contains(&format!(
+            "({default_reserved:.2} MiB with the default settings)"
+        )),
         "{stdout}"
     );
 }

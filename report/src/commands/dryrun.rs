@@ -633,8 +633,13 @@ fn read_unimplemented(path: &Path) -> Vec<String> {
 }
 
 /// Replays the failing device's allocations through the caching-allocator model under the
-/// default settings on `capacity` bytes; the best row, ranked as `vramshim whatif` ranks.
-fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Row>, Failure> {
+/// default set of settings on `capacity` bytes; the best row, ranked as `vramshim whatif`
+/// ranks, and the peak reserved bytes under PyTorch's default settings.
+fn best_whatif(
+    logs: &[PathBuf],
+    device: i32,
+    capacity: u64,
+) -> Result<Option<(Row, u64)>, Failure> {
     let mut configs = Vec::with_capacity(DEFAULT_CONFIGS.len());
     for text in DEFAULT_CONFIGS {
         configs.push(Config::parse(text).map_err(Failure::input)?);
@@ -664,8 +669,13 @@ fn best_whatif(logs: &[PathBuf], device: i32, capacity: u64) -> Result<Option<Ro
             )
         })
         .collect();
+    // The default settings' row comes first in DEFAULT_CONFIGS: the best is told beside it.
+    let default_reserved = rows.first().map_or(0, |(_, row)| row.stats.peak_reserved);
     rows.sort_by_key(|(index, row)| rank_key(*index, row));
-    Ok(rows.into_iter().next().map(|(_, row)| row))
+    Ok(rows
+        .into_iter()
+        .next()
+        .map(|(_, row)| (row, default_reserved)))
 }
 
 /// Libraries that are not the user's code: NVIDIA's, PyTorch's, the recorder's, the C

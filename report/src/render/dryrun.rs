@@ -112,8 +112,9 @@ pub struct DryrunReport<'a> {
     /// The smallest preset whose memory exceeds what is needed (its own context counted once
     /// per process that used the device, with a device ledger).
     pub smallest: Option<Gpu>,
-    /// The best allocator setting for a per-tensor log that failed.
-    pub whatif: Option<Row>,
+    /// The best allocator setting for a per-tensor log that failed, and the peak reserved
+    /// bytes the default settings gave on the same requests.
+    pub whatif: Option<(Row, u64)>,
     /// Which frames the text shows.
     pub fold: Fold,
 }
@@ -278,10 +279,11 @@ pub fn json(report: &DryrunReport<'_>) -> Value {
         "recovered_failures": report.recovered,
         "needed": report.needed,
         "smallest_fitting_gpu": report.smallest.as_ref().map(gpu_json),
-        "whatif": report.whatif.as_ref().map(|row| json!({
+        "whatif": report.whatif.as_ref().map(|(row, default_reserved)| json!({
             "label": row.label,
             "conf": row.conf,
             "peak_reserved_before_failure": row.stats.peak_reserved,
+            "default_peak_reserved_before_failure": default_reserved,
             "ooms_before_failure": row.stats.num_ooms,
             "requests": row.stats.allocs,
         })),
@@ -510,13 +512,14 @@ pub fn text(out: &mut dyn Write, report: &DryrunReport<'_>) -> io::Result<()> {
             bytes(report.needed)
         )?,
     }
-    if let Some(row) = &report.whatif {
+    if let Some((row, default_reserved)) = &report.whatif {
         writeln!(
             out,
-            "best allocator setting, simulated on the {} allocations made before the failure (the failed request and what would have followed it are not in the recording): PYTORCH_CUDA_ALLOC_CONF={} peak reserved {}{} (`vramshim whatif LOG` ranks them all)",
+            "best allocator setting, simulated on the {} allocations made before the failure (the failed request and what would have followed it are not in the recording): PYTORCH_CUDA_ALLOC_CONF={} peak reserved {} ({} with the default settings){} (`vramshim whatif LOG` ranks them all)",
             row.stats.allocs,
             if row.conf.is_empty() { "''" } else { &row.conf },
             bytes(row.stats.peak_reserved),
+            bytes(*default_reserved),
             if row.fits() {
                 ""
             } else {
