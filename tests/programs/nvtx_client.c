@@ -9,7 +9,8 @@
  *                                    children that do the same and exit; prints
  *                                    `forks N`, `hung H` (children still running after 10 s),
  *                                    `failed F` (children that did not exit 0: a domain
- *                                    range's level other than 0)
+ *                                    range's level other than 0) and `outcomes` (one
+ *                                    character a child, in fork order: `.` exited 0, `F` not)
  *   nvtx_client fork-tables T N      T threads create a domain over and over (the domain
  *                                    table's lock taken and released without pause, no mark)
  *                                    while the main thread forks N children that each create
@@ -202,6 +203,8 @@ static void fork_storm(int threads, int forks) {
     if (threads > 64) threads = 64;
     for (int i = 0; i < threads; i++) pthread_create(&tids[i], NULL, ranges, NULL);
     int hung = 0, failed = 0;
+    char outcomes[1025];
+    if (forks > 1024) forks = 1024;
     for (int i = 0; i < forks; i++) {
         pid_t child = fork();
         if (child == 0) {
@@ -214,11 +217,14 @@ static void fork_storm(int threads, int forks) {
         }
         int status = 0;
         if (!wait_child(child, &status)) hung++;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+        int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok) failed++;
+        outcomes[i] = ok ? '.' : 'F';
     }
+    outcomes[forks] = '\0';
     stop = 1;
     for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
-    printf("forks %d\nhung %d\nfailed %d\n", forks, hung, failed);
+    printf("forks %d\nhung %d\nfailed %d\noutcomes %s\n", forks, hung, failed, outcomes);
 }
 
 static void *create_domains(void *arg) {

@@ -697,7 +697,13 @@ fn nvtx_calls_become_marks_and_the_library_declines_without_the_recorder() {
 fn forks_while_threads_record_nvtx_ranges_never_hang_a_child() {
     let run = nvtx_client("nvtx-fork-storm", &["fork-storm", "8", "100"], true);
     assert_exited_cleanly(&run);
-    assert_eq!(run.stdout, "init 1\nforks 100\nhung 0\nfailed 0\n");
+    assert_eq!(
+        run.stdout,
+        format!(
+            "init 1\nforks 100\nhung 0\nfailed 0\noutcomes {}\n",
+            ".".repeat(100)
+        )
+    );
     // The parent's log and one per child (each child's first mark starts its recording).
     let logs = run.logs();
     assert_eq!(logs.len(), 101, "{}", run.stderr);
@@ -764,9 +770,12 @@ fn forks_while_threads_create_domains_give_every_child_its_domain() {
 /// first NVTX calls at once (racing to initialise) while the main thread forks 100 children
 /// that call NVTX too (the first may fork while another thread is loading the injection
 /// library). Nobody deadlocks, no child hangs, and the children forked after the
-/// initialisation record their own ranges, their domain's included (100 of 100 in the runs
-/// so far); a child that went on without the tool fails its domain range (level -2), so the
-/// failed children are exactly those without marks.
+/// initialisation record their own ranges, their domain's included; a child that went on
+/// without the tool fails its domain range (level -2), so the failed children are exactly
+/// those without marks, and only children forked before the initialisation ended can be:
+/// the failures, if any, are the first children in fork order, never one after a child that
+/// had the tool. (How many the loading window covers depends on the machine's load: 100 of
+/// 100 recorded on an idle machine, 91 beside a busy CI run.)
 #[test]
 fn the_fake_libnvtoolsext_initialises_once_under_racing_threads_and_forks() {
     let library = Path::new(vramshim_fakegpu::LIB_DIR).join("libnvToolsExt.so.1");
@@ -777,11 +786,17 @@ fn the_fake_libnvtoolsext_initialises_once_under_racing_threads_and_forks() {
         true,
     );
     assert_exited_cleanly(&run);
-    let failed: usize = run
+    let (failed, outcomes): (usize, &str) = run
         .stdout
         .strip_prefix("library 1\nforks 100\nhung 0\nfailed ")
-        .and_then(|rest| rest.trim_end().parse().ok())
+        .and_then(|rest| rest.trim_end().split_once("\noutcomes "))
+        .and_then(|(failed, outcomes)| Some((failed.parse().ok()?, outcomes)))
         .unwrap_or_else(|| panic!("{}", run.stdout));
+    assert_eq!(outcomes.len(), 100, "{}", run.stdout);
+    // Failures only as a prefix: once a child had the tool, every later one did.
+    let first_ok = outcomes.find('.').unwrap_or(outcomes.len());
+    assert!(outcomes[first_ok..].chars().all(|c| c == '.'), "{outcomes}");
+    assert_eq!(first_ok, failed, "{outcomes}");
     let with_mark = |text: &str| {
         run.logs()
             .into_iter()
@@ -794,12 +809,10 @@ fn the_fake_libnvtoolsext_initialises_once_under_racing_threads_and_forks() {
     };
     assert_eq!(with_mark("nvtx push: worker"), 1, "{}", run.stderr);
     // A child forked while a thread was loading the injection library goes on without it
-    // (that thread does not exist in the child): only the first few children can be.
+    // (that thread does not exist in the child): only the first children can be, and most
+    // come after the loading.
     let children = with_mark("nvtx push: child");
-    assert!(
-        (95..=100).contains(&children),
-        "{children} children recorded"
-    );
+    assert!(children >= 50, "{children} children recorded: {outcomes}");
     assert_eq!(with_mark("nvtx pop: children: child"), children);
     assert_eq!(failed, 100 - children);
 }
