@@ -176,13 +176,20 @@ impl Tracker {
             .unwrap_or(0)
     }
 
-    /// Ends the current step before the allocation at `t_ns`.
-    fn close(&mut self, t_ns: u64) {
+    /// Adds the current step, ended at `t_ns` with the bytes live now (`open`: the log ended
+    /// within it), with its model calls.
+    fn end_step(&mut self, t_ns: u64, open: bool) {
         self.calls_per_step
             .push(std::mem::take(&mut self.step_calls));
         self.current.end_t_ns = t_ns;
         self.current.end_bytes = self.live_bytes;
+        self.current.open = open;
         self.steps.push(self.current);
+    }
+
+    /// Ends the current step before the allocation at `t_ns`; the next one begins.
+    fn close(&mut self, t_ns: u64) {
+        self.end_step(t_ns, false);
         self.optimizer_ran = false;
         self.current = StepFigures {
             start_t_ns: t_ns,
@@ -426,13 +433,8 @@ impl Steps {
                 false => tracker.optimizer_ran,
             };
             if step_in_progress {
-                let mut open = tracker.current;
-                open.end_t_ns = tracker.last_t_ns.max(open.start_t_ns);
-                open.end_bytes = tracker.live_bytes;
-                open.open = true;
-                tracker.steps.push(open);
-                let calls = std::mem::take(&mut tracker.step_calls);
-                tracker.calls_per_step.push(calls);
+                let end = tracker.last_t_ns.max(tracker.current.start_t_ns);
+                tracker.end_step(end, true);
             }
             // Model calls per step, now that every call's start is known for what it was.
             let forward_calls: Vec<u32> = tracker
